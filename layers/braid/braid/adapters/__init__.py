@@ -1,0 +1,1 @@
+"""Adapters: the ports of the core, implemented locally and over boto3."""

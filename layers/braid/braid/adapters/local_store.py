@@ -1,0 +1,134 @@
+"""ObjectStore over a local directory: the embedded default's repository.
+
+Writes go to a temporary file in the target directory, are fsynced, then
+linked (create-only) or renamed into place, so a reader never sees a partial
+object and a crash leaves at most a `.tmp-*` file that is not part of the
+repository.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from braid.errors import AlreadyExistsError, NotFoundError, StorageError
+from braid.object_store import Buffer, ObjectInfo
+from braid.stored_checksum import stored_checksum
+
+_TMP_PREFIX = ".tmp-"
+
+
+def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
+    if exc.errno == errno.ENOSPC:
+        return StorageError(f"repository disk is full while {action} {path}; free space and run the backup again")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return StorageError(f"permission denied while {action} {path}")
+    return StorageError(f"error while {action} {path}: {exc.strerror or exc}")
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def url(self) -> str:
+        return str(self.root)
+
+    def _path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"invalid object key {key!r}")
+        return self.root / key
+
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+        path = self._path(key)
+        if checksum is not None and stored_checksum(data) != checksum:
+            raise StorageError(f"checksum mismatch writing {path}: data changed in memory before it was stored")
+        tmp_name: str | None = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if create_only:
+                try:
+                    os.link(tmp_name, path)
+                except FileExistsError:
+                    raise AlreadyExistsError(f"object {key} already exists in {self.root}") from None
+            else:
+                os.replace(tmp_name, path)
+                tmp_name = None
+        except OSError as exc:
+            raise _storage_error("writing", path, exc) from None
+        finally:
+            if tmp_name is not None:
+                try:
+                    os.unlink(tmp_name)
+                except OSError:
+                    pass
+
+    def get(self, key: str) -> bytes:
+        path = self._path(key)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise NotFoundError(f"object {key} not found in {self.root}") from None
+        except OSError as exc:
+            raise _storage_error("reading", path, exc) from None
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        path = self._path(key)
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(start)
+                return handle.read(length)
+        except FileNotFoundError:
+            raise NotFoundError(f"object {key} not found in {self.root}") from None
+        except OSError as exc:
+            raise _storage_error("reading", path, exc) from None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            return ObjectInfo(key, self._path(key).stat().st_size)
+        except FileNotFoundError:
+            return None
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        base = self._path(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
+        start = base if base.is_dir() else base.parent
+        found: list[ObjectInfo] = []
+        for dirpath, _dirs, files in os.walk(start):
+            for name in files:
+                if name.startswith(_TMP_PREFIX):
+                    continue
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    try:
+                        found.append(ObjectInfo(key, full.stat().st_size))
+                    except FileNotFoundError:
+                        continue
+        yield from sorted(found, key=lambda info: info.key)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _storage_error("deleting", path, exc) from None
+            self._prune_empty_dirs(path.parent)
+
+    def _prune_empty_dirs(self, directory: Path) -> None:
+        while directory != self.root and self.root in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            directory = directory.parent

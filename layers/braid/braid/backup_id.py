@@ -1,0 +1,56 @@
+"""Backup identity: `NAME@ID`, where ID sorts by creation time.
+
+The id doubles as the Step Functions execution name and a path component in
+the repository, so both parts use a conservative alphabet.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from braid.errors import UsageError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
+_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+LATEST = "latest"
+
+
+def validate_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise UsageError(
+            f"invalid backup name {name!r}: use 1-48 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True, order=True)
+class BackupRef:
+    """A backup's full identity; `id` may be `latest` until resolved."""
+
+    name: str
+    id: str
+
+    @classmethod
+    def new(cls, name: str, now: datetime | None = None) -> "BackupRef":
+        moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+        return cls(validate_name(name), moment.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4))
+
+    @classmethod
+    def parse(cls, text: str) -> "BackupRef":
+        name, sep, ident = text.partition("@")
+        if not sep:
+            raise UsageError(f"invalid backup reference {text!r}: expected NAME@ID or NAME@latest")
+        validate_name(name)
+        if ident != LATEST and not _ID.match(ident):
+            raise UsageError(f"invalid backup id {ident!r} in {text!r}: expected an id such as 20261123T010203Z-1a2b3c4d, or 'latest'")
+        return cls(name, ident)
+
+    @property
+    def is_latest(self) -> bool:
+        return self.id == LATEST
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.id}"

@@ -1,0 +1,97 @@
+"""Typed errors for every way a backup can go wrong.
+
+Each error carries a message that tells the user what to fix, and an exit code
+the CLI returns, so scripts around `braid` can tell a wrong key from a corrupt
+chunk without parsing text. The codes are a contract (README, `braid --help`).
+"""
+
+from __future__ import annotations
+
+
+class BackupError(Exception):
+    """Base of every error Braid reports to a user."""
+
+    exit_code: int = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(BackupError):
+    """The command line asks for something impossible or contradictory."""
+
+    exit_code = 2
+
+
+class RepositoryError(BackupError):
+    """The repository is missing, not initialised, or of an unknown format."""
+
+    exit_code = 3
+
+
+class KeyAccessError(BackupError):
+    """The key file or key service cannot provide the key a backup needs."""
+
+    exit_code = 4
+
+
+class InputError(BackupError):
+    """A backup input (stdin, file, named pipe) or restore output cannot be used."""
+
+    exit_code = 5
+
+
+class IntegrityError(BackupError):
+    """Stored data failed authentication or a checksum: never trust it."""
+
+    exit_code = 6
+
+
+class StorageError(BackupError):
+    """The object store refused or failed a read or write."""
+
+    exit_code = 7
+
+
+class NotFoundError(BackupError):
+    """The named backup (or object) does not exist in the repository."""
+
+    exit_code = 8
+
+
+class AlreadyExistsError(StorageError):
+    """A create-only write found an object already there."""
+
+    exit_code = 7
+
+
+class ExecutionError(BackupError):
+    """The cloud fan-out (Step Functions execution) failed or was aborted."""
+
+    exit_code = 9
+
+
+class LimitError(BackupError):
+    """A hard format limit would be exceeded (chunks per key, part counts)."""
+
+    exit_code = 10
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "unexpected error (run with --debug for the traceback)",
+    2: "usage error: bad arguments or options",
+    3: "repository missing, not initialised or unreadable",
+    4: "key error: key file missing or wrong key for this repository/backup",
+    5: "input/output error: a stream, file or named pipe cannot be read or written",
+    6: "integrity error: a chunk or manifest failed authentication or a checksum",
+    7: "storage error: the repository refused or failed a read or write",
+    8: "backup not found",
+    9: "cloud execution failed",
+    10: "format limit exceeded",
+    130: "interrupted",
+}

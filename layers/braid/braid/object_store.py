@@ -1,0 +1,52 @@
+"""Port: the object store a repository lives in (a directory, or S3).
+
+Deliberately small, as restic's backends are: the repository format is built
+on these few operations, so every backend behaves the same and one set of
+conformance tests (tests/test_store_conformance.py) runs against all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Protocol
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    checksum: str | None = None  # "crc64nvme:<base64>" when the store keeps it
+
+
+class ObjectStore(Protocol):
+    @property
+    def url(self) -> str:
+        """Where the repository lives, as the user names it (`/path`, `s3://bucket/prefix`)."""
+        ...
+
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+        """Store an object atomically: readers see all of it or none.
+
+        `checksum` ("crc64nvme:...") makes the store verify what it received.
+        `create_only` raises AlreadyExistsError instead of replacing, so a
+        late or retried worker can never overwrite a published object.
+        """
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The whole object; NotFoundError if missing."""
+        ...
+
+    def get_range(self, key: str, start: int, length: int) -> bytes: ...
+
+    def head(self, key: str) -> ObjectInfo | None: ...
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Objects under `prefix`, in key order."""
+        ...
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Remove objects; missing ones are not an error."""
+        ...

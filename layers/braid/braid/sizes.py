@@ -1,0 +1,46 @@
+"""Human byte sizes (`64MiB`, `8M`, `1g`) for CLI options and reports."""
+
+from __future__ import annotations
+
+import re
+
+from braid.errors import UsageError
+
+_UNITS: dict[str, int] = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """Parse a size; bare `K/M/G/T` are binary, as in dd and zstd."""
+    match = _PATTERN.match(text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise UsageError(f"invalid size {text!r}: use a number with an optional unit such as 64MiB, 8M or 1G")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value != int(value):
+        raise UsageError(f"invalid size {text!r}: not a whole number of bytes")
+    return int(value)
+
+
+def format_size(n: float) -> str:
+    """Format bytes with binary units, three significant figures."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
