@@ -1,0 +1,165 @@
+"""Restore: stream a backup's original bytes back, verified before written.
+
+Each output (stdout, a file, or a named pipe a database restore reads from)
+has its own writer thread, so a restore tool that reads its pipes in any
+order never deadlocks us. Chunks are fetched and decoded in a shared pool, a
+bounded window ahead of each writer; a chunk's bytes reach the output only
+after it authenticated and its plaintext checksum matched, and the chunks
+of an input are written strictly in order.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO, Callable
+
+from braid.backup_id import BackupRef
+from braid.chunk_codec import ChunkCodec
+from braid.errors import BackupError, InputError, IntegrityError, NotFoundError, UsageError
+from braid.keys import DataKey
+from braid.layout import chunk_key
+from braid.manifest import ChunkEntry, InputEntry, Manifest
+from braid.object_store import ObjectStore
+
+ProgressFn = Callable[[dict[str, object]], None]
+
+
+@dataclass(frozen=True)
+class OutputTarget:
+    label: str
+    path: str | None  # None: stdout
+
+    def open(self, force: bool) -> BinaryIO:
+        if self.path is None:
+            return os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
+        try:
+            mode = os.stat(self.path).st_mode
+            if stat.S_ISREG(mode) and os.path.getsize(self.path) > 0 and not force:
+                raise InputError(f"output {self.path} already exists; remove it or pass --force to overwrite")
+            if stat.S_ISDIR(mode):
+                raise InputError(f"output {self.path} is a directory")
+        except FileNotFoundError:
+            pass
+        try:
+            return open(self.path, "wb", buffering=0)
+        except OSError as exc:
+            raise InputError(f"cannot open output {self.path}: {exc.strerror}") from None
+
+
+def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[OutputTarget]:
+    count = len(manifest.inputs)
+    if not paths:
+        if count != 1:
+            raise UsageError(f"backup {manifest.backup} has {count} inputs; give {count} --output paths, one per input")
+        return [OutputTarget("stdout", None)]
+    if len(paths) != count:
+        raise UsageError(f"backup {manifest.backup} has {count} input(s) but {len(paths)} --output path(s) were given")
+    if len(set(paths)) != len(paths):
+        raise UsageError("the same output is named twice")
+    return [OutputTarget(p, p) for p in paths]
+
+
+def _write_all(handle: BinaryIO, data: bytes, label: str) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            written = handle.write(view)
+            if written is None:
+                continue
+            view = view[written:]
+    except BrokenPipeError:
+        raise InputError(f"output {label} was closed by its reader before the restore finished") from None
+    except OSError as exc:
+        raise InputError(f"error writing output {label}: {exc.strerror or exc}") from None
+
+
+def restore_backup(
+    store: ObjectStore,
+    manifest: Manifest,
+    key: DataKey,
+    targets: list[OutputTarget],
+    *,
+    workers: int,
+    force: bool = False,
+    progress: ProgressFn | None = None,
+) -> None:
+    ref = BackupRef.parse(manifest.backup)
+    codecs = threading.local()
+    cancelled = threading.Event()
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    totals = {"bytes_written": 0, "chunks_done": 0}
+    window = max(2, (workers + 2) // max(1, len(targets)))
+
+    def fetch(entry: ChunkEntry) -> bytes:
+        if cancelled.is_set():
+            raise BackupError("restore cancelled")
+        codec = getattr(codecs, "codec", None)
+        if codec is None:
+            codec = codecs.codec = ChunkCodec(key)
+        try:
+            stored = store.get(chunk_key(ref, entry.index))
+        except NotFoundError:
+            raise IntegrityError(f"chunk {entry.index} of backup {ref} is missing from the repository") from None
+        return codec.decode(
+            stored,
+            backup=str(ref),
+            index=entry.index,
+            input_index=entry.input_index,
+            plaintext_length=entry.length,
+            plaintext_mac=entry.mac,
+        )
+
+    def write_input(entry: InputEntry, target: OutputTarget, pool: ThreadPoolExecutor) -> None:
+        try:
+            pending: deque[tuple[ChunkEntry, Future[bytes]]] = deque()
+            chunks = iter(entry.chunks)
+            with target.open(force) as handle:
+                for chunk in chunks:
+                    pending.append((chunk, pool.submit(fetch, chunk)))
+                    if len(pending) >= window:
+                        break
+                while pending:
+                    if cancelled.is_set():
+                        return
+                    chunk, future = pending.popleft()
+                    plaintext = future.result()
+                    nxt = next(chunks, None)
+                    if nxt is not None:
+                        pending.append((nxt, pool.submit(fetch, nxt)))
+                    _write_all(handle, plaintext, target.label)
+                    with lock:
+                        totals["bytes_written"] += len(plaintext)
+                        totals["chunks_done"] += 1
+                        snapshot = dict(totals)
+                    if progress:
+                        progress({"event": "chunk", "backup": str(ref), **snapshot})
+        except BaseException as exc:  # reported by the caller, first error wins
+            with lock:
+                errors.append(exc)
+            cancelled.set()
+
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") as pool:
+        writers = [
+            threading.Thread(target=write_input, args=(entry, target, pool), name=f"braid-out-{entry.index}", daemon=True)
+            for entry, target in zip(manifest.inputs, targets)
+        ]
+        for writer in writers:
+            writer.start()
+        while any(w.is_alive() for w in writers):
+            for writer in writers:
+                writer.join(0.1)
+            if cancelled.is_set():
+                # A writer may be blocked opening a named pipe nobody will
+                # read; it is a daemon thread and must not hold the exit.
+                for writer in writers:
+                    writer.join(1.0)
+                break
+    if errors:
+        raise errors[0]
