@@ -1,0 +1,60 @@
+"""Shared fixtures: isolated config dirs, repositories, and the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BRAID = ROOT / ".venv" / "bin" / "braid"
+
+
+@pytest.fixture(autouse=True)
+def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep key files out of the real ~/.config and env settings out of tests."""
+    config = tmp_path / "xdg-config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    for name in ("BRAID_REPO", "BRAID_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    return config
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: bytes
+    stderr: str
+
+    @property
+    def out(self) -> str:
+        return self.stdout.decode()
+
+
+def run_braid(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None, timeout: float = 120) -> Result:
+    """Run the installed CLI as a user would: a separate process."""
+    proc = subprocess.run(
+        [str(BRAID), *args],
+        input=stdin if stdin is not None else b"",
+        capture_output=True,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr.decode())
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    result = run_braid("init", "--repo", str(path))
+    assert result.code == 0, result.stderr
+    return path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not BRAID.exists():
+        sys.stderr.write(f"{BRAID} is missing: run scripts/setup first\n")

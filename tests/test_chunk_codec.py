@@ -1,0 +1,116 @@
+"""The stored chunk format: round trips, and every way of corrupting it fails loudly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from braid.chunk_codec import COMPRESSION_NONE, COMPRESSION_ZSTD, MAX_CHUNKS_PER_KEY, ChunkCodec, ChunkHeader
+from braid.errors import IntegrityError, LimitError
+from braid.keys import DataKey
+
+BACKUP = "db1@20261123T010203Z-0a1b2c3d"
+KEY = DataKey(bytes(range(32)))
+
+
+def decode(codec: ChunkCodec, stored: bytes, plaintext: bytes, index: int = 7, input_index: int = 1, backup: str = BACKUP) -> bytes:
+    mac = KEY.chunk_mac(index, plaintext)
+    return codec.decode(stored, backup=backup, index=index, input_index=input_index, plaintext_length=len(plaintext), plaintext_mac=mac)
+
+
+@settings(max_examples=60, deadline=None)
+@given(plaintext=st.binary(min_size=1, max_size=4096), index=st.integers(0, 2**32 - 1), input_index=st.integers(0, 65535))
+def test_round_trip(plaintext: bytes, index: int, input_index: int) -> None:
+    codec = ChunkCodec(KEY)
+    encoded = codec.encode(BACKUP, index, input_index, plaintext)
+    stored = bytes(encoded.stored)
+    assert codec.decode(
+        stored, backup=BACKUP, index=index, input_index=input_index, plaintext_length=len(plaintext), plaintext_mac=encoded.plaintext_mac
+    ) == plaintext
+
+
+def test_compressible_data_is_compressed_and_random_is_stored_raw() -> None:
+    codec = ChunkCodec(KEY)
+    text = b"page row " * 10000
+    encoded = codec.encode(BACKUP, 0, 0, text)
+    assert encoded.compression == COMPRESSION_ZSTD and encoded.stored_length < len(text) // 10
+    noise = os.urandom(100000)
+    encoded = codec.encode(BACKUP, 1, 0, noise)
+    assert encoded.compression == COMPRESSION_NONE
+    assert decode(codec, bytes(encoded.stored), noise, index=1, input_index=0) == noise
+
+
+def test_nonce_is_fresh_per_encoding() -> None:
+    codec = ChunkCodec(KEY)
+    first = ChunkHeader.unpack(bytes(codec.encode(BACKUP, 0, 0, b"x" * 100).stored), "t")[0].nonce
+    second = ChunkHeader.unpack(bytes(codec.encode(BACKUP, 0, 0, b"x" * 100).stored), "t")[0].nonce
+    assert first != second and len(first) == 12
+
+
+@pytest.fixture(scope="module")
+def sample() -> tuple[bytes, bytes]:
+    plaintext = b"some table data 12345 " * 50 + os.urandom(64)
+    return plaintext, bytes(ChunkCodec(KEY).encode(BACKUP, 7, 1, plaintext).stored)
+
+
+def test_every_flipped_byte_fails_and_names_the_chunk(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    codec = ChunkCodec(KEY)
+    for position in range(len(stored)):
+        tampered = bytearray(stored)
+        tampered[position] ^= 0x01
+        with pytest.raises(IntegrityError, match=f"chunk 7 of backup {BACKUP}"):
+            decode(codec, bytes(tampered), plaintext)
+
+
+def test_truncated_chunk_fails(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    for cut in (0, 10, 40, len(stored) - 1):
+        with pytest.raises(IntegrityError, match="chunk 7"):
+            decode(ChunkCodec(KEY), stored[:cut], plaintext)
+
+
+def test_chunk_moved_to_another_index_or_backup_fails(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    with pytest.raises(IntegrityError, match="moved or swapped"):
+        decode(ChunkCodec(KEY), stored, plaintext, index=8)
+    with pytest.raises(IntegrityError, match="moved or swapped"):
+        decode(ChunkCodec(KEY), stored, plaintext, backup="db1@20261123T010203Z-ffffffff")
+    with pytest.raises(IntegrityError, match="moved or swapped"):
+        decode(ChunkCodec(KEY), stored, plaintext, input_index=0)
+
+
+def test_header_rewritten_to_claim_another_index_fails_authentication(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    header, start = ChunkHeader.unpack(stored, "t")
+    forged = ChunkHeader(header.backup, 8, header.input_index, header.plaintext_length, header.compression, header.nonce).pack()
+    with pytest.raises(IntegrityError, match="failed authentication"):
+        decode(ChunkCodec(KEY), forged + stored[start:], plaintext, index=8)
+
+
+def test_wrong_key_fails(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    other = DataKey(os.urandom(32))
+    with pytest.raises(IntegrityError, match="failed authentication"):
+        ChunkCodec(other).decode(stored, backup=BACKUP, index=7, input_index=1, plaintext_length=len(plaintext), plaintext_mac=b"\0" * 16)
+
+
+def test_wrong_plaintext_checksum_fails(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    with pytest.raises(IntegrityError, match="plaintext checksum mismatch"):
+        ChunkCodec(KEY).decode(stored, backup=BACKUP, index=7, input_index=1, plaintext_length=len(plaintext), plaintext_mac=b"\0" * 16)
+
+
+def test_refuses_more_than_2_to_the_32_chunks_under_one_key() -> None:
+    with pytest.raises(LimitError, match="2\\^32"):
+        ChunkCodec(KEY).encode(BACKUP, MAX_CHUNKS_PER_KEY, 0, b"x")
+
+
+def test_plaintext_mac_is_keyed_and_index_bound() -> None:
+    data = b"same bytes"
+    assert KEY.chunk_mac(1, data) != KEY.chunk_mac(2, data)
+    assert KEY.chunk_mac(1, data) != DataKey(os.urandom(32)).chunk_mac(1, data)
+    assert "fingerprint" in repr(KEY) and bytes(range(32)).hex() not in repr(KEY)
