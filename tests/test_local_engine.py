@@ -1,0 +1,165 @@
+"""The local engine in-process: stream shapes, bounded memory, failing stores."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Iterable
+
+import pytest
+
+from braid.adapters.local_engine import LocalEngine
+from braid.adapters.local_keys import LocalKeyFile
+from braid.adapters.local_store import LocalStore
+from braid.backup_id import BackupRef
+from braid.engine import BackupRequest
+from braid.errors import InputError, StorageError
+from braid.finalize import utc_now
+from braid.layout import DATA, MANIFESTS
+from braid.object_store import Buffer
+from braid.repository import Repository, RepositoryConfig
+from braid.restore import OutputTarget, restore_backup
+from braid.stream_reader import InputSource
+
+
+def make_repo(tmp_path: Path, store: LocalStore | None = None) -> tuple[Repository, LocalKeyFile]:
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    store = store or LocalStore(tmp_path / "repo")
+    (tmp_path / "repo").mkdir(exist_ok=True)
+    config = RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now())
+    return Repository.create(store, config), keys
+
+
+def write_inputs(tmp_path: Path, sizes: list[int]) -> list[InputSource]:
+    sources = []
+    for i, size in enumerate(sizes):
+        path = tmp_path / f"in{i}.bin"
+        path.write_bytes((b"row %d " % i) * (size // 8) + os.urandom(size - (size // 8) * len(b"row %d " % i)) if size else b"")
+        sources.append(InputSource(i, str(path), str(path)))
+    return sources
+
+
+def backup(repo: Repository, keys: LocalKeyFile, sources: list[InputSource], chunk_size: int = 4096, workers: int = 3) -> tuple[LocalEngine, str]:
+    engine = LocalEngine(repo, keys)
+    manifest = engine.run(BackupRequest(BackupRef.new("db"), sources, chunk_size, 3, workers), lambda e: None)
+    return engine, manifest.backup
+
+
+def restore_to(repo: Repository, keys: LocalKeyFile, backup_id: str, tmp_path: Path) -> list[bytes]:
+    sealed = repo.load(BackupRef.parse(backup_id))
+    key = keys.unwrap(sealed.manifest.key)
+    manifest = sealed.authenticate(key)
+    targets = [OutputTarget(str(tmp_path / f"out{i}"), str(tmp_path / f"out{i}")) for i in range(len(manifest.inputs))]
+    restore_backup(repo.store, manifest, key, targets, workers=2)
+    return [Path(t.path).read_bytes() for t in targets if t.path]
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[0], [1], [4096], [4096 * 3 + 100], [10000, 0, 1], [50000, 3000, 4096 * 5]],
+    ids=["empty", "one-byte", "exact-chunk", "mid-chunk", "three-unequal", "three-larger"],
+)
+def test_backup_restore_round_trip(tmp_path: Path, sizes: list[int]) -> None:
+    repo, keys = make_repo(tmp_path)
+    sources = write_inputs(tmp_path, sizes)
+    _, backup_id = backup(repo, keys, sources)
+    restored = restore_to(repo, keys, backup_id, tmp_path)
+    assert restored == [Path(s.path).read_bytes() for s in sources if s.path]
+    manifest = repo.load(BackupRef.parse(backup_id)).manifest
+    assert [i.length for i in manifest.inputs] == sizes
+    assert manifest.chunk_count == sum(-(-s // 4096) for s in sizes)
+
+
+def test_memory_is_bounded_to_workers_plus_two_chunks(tmp_path: Path) -> None:
+    repo, keys = make_repo(tmp_path)
+    sources = write_inputs(tmp_path, [4096 * 200, 4096 * 150])
+    engine, backup_id = backup(repo, keys, sources, workers=2)
+    assert engine.last_pool is not None
+    assert engine.last_pool.max_in_use <= 2 + 2
+    assert engine.last_pool._created <= 2 + 2
+    assert repo.load(BackupRef.parse(backup_id)).manifest.stats["max_buffers_in_flight"] <= 4
+
+
+class FailingStore(LocalStore):
+    """A repository disk that fills up after a number of chunk writes."""
+
+    def __init__(self, root: Path, fail_after: int) -> None:
+        super().__init__(root)
+        self.fail_after = fail_after
+        self.writes = 0
+        self.lock = threading.Lock()
+
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+        if key.startswith(DATA):
+            with self.lock:
+                self.writes += 1
+                full = self.writes > self.fail_after
+            if full:
+                raise StorageError(f"repository disk is full while writing {key}; free space and run the backup again")
+        super().put(key, data, checksum=checksum, create_only=create_only)
+
+
+def test_full_disk_marks_nothing_complete_and_cleans_up(tmp_path: Path) -> None:
+    store = FailingStore(tmp_path / "repo", fail_after=5)
+    repo, keys = make_repo(tmp_path, store)
+    sources = write_inputs(tmp_path, [4096 * 40])
+    with pytest.raises(StorageError, match="disk is full"):
+        backup(repo, keys, sources)
+    assert repo.backups() == []
+    assert list(store.list(MANIFESTS)) == []
+    assert list(store.list(DATA)) == []
+
+
+def test_failing_manifest_write_publishes_nothing(tmp_path: Path) -> None:
+    class ManifestFails(LocalStore):
+        def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+            if key.startswith(MANIFESTS):
+                raise StorageError("repository disk is full")
+            super().put(key, data, checksum=checksum, create_only=create_only)
+
+    store = ManifestFails(tmp_path / "repo")
+    repo, keys = make_repo(tmp_path, store)
+    with pytest.raises(StorageError):
+        backup(repo, keys, write_inputs(tmp_path, [9000]))
+    assert repo.backups() == [] and list(store.list(DATA)) == []
+
+
+def test_unreadable_input_fails_before_anything_is_stored(tmp_path: Path) -> None:
+    repo, keys = make_repo(tmp_path)
+    missing = InputSource(0, str(tmp_path / "nope"), str(tmp_path / "nope"))
+    with pytest.raises(InputError, match="does not exist"):
+        backup(repo, keys, [missing])
+    assert list(repo.store.list("")) == [i for i in repo.store.list("") if i.key == "config.json"]
+
+
+def test_local_store_leaves_no_partial_files(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "s")
+    store.put("a/b", b"x" * 10)
+    with pytest.raises(StorageError):
+        store.put("a/c", b"y", checksum="crc64nvme:AAAAAAAAAAA=")
+    assert [i.key for i in store.list("")] == ["a/b"]
+    assert not any(p.name.startswith(".tmp-") for p in (tmp_path / "s" / "a").iterdir())
+
+
+def stored_keys(store: LocalStore, prefix: str) -> Iterable[str]:
+    return [i.key for i in store.list(prefix)]
+
+
+def test_retried_worker_cannot_replace_a_published_chunk(tmp_path: Path) -> None:
+    from braid.chunk_codec import ChunkCodec
+    from braid.errors import IntegrityError
+    from braid.layout import chunk_key
+    from braid.worker import ChunkTask, store_chunk
+
+    repo, keys = make_repo(tmp_path)
+    ref = BackupRef.new("db")
+    data_key, _ = keys.generate_data_key({"braid:backup": str(ref)})
+    codec = ChunkCodec(data_key)
+    first = store_chunk(codec, repo.store, ref, ChunkTask(0, 0, 0), b"a" * 5000)
+    original = repo.store.get(chunk_key(ref, 0))
+    again = store_chunk(codec, repo.store, ref, ChunkTask(0, 0, 0), b"a" * 5000)
+    assert again == first and repo.store.get(chunk_key(ref, 0)) == original
+    with pytest.raises(IntegrityError, match="already exists with different content"):
+        store_chunk(codec, repo.store, ref, ChunkTask(0, 0, 0), b"b" * 5000)
+    assert repo.store.get(chunk_key(ref, 0)) == original
