@@ -1,0 +1,210 @@
+"""One set of ObjectStore tests, run against every backend.
+
+The repository format relies only on what these tests pin down, so a backup
+written through one store reads back through any other. S3 runs on moto.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from braid.adapters.local_store import LocalStore
+from braid.adapters.s3_store import S3Store, map_error, parse_s3_url, s3_client
+from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
+from braid.object_store import ObjectStore
+from braid.stored_checksum import stored_checksum
+
+BUCKET = "braid-conformance"
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials and no endpoint override: moto, never a real account."""
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    if request.param == "local":
+        yield LocalStore(tmp_path / "repo")
+        return
+    request.getfixturevalue("aws_env")
+    with mock_aws():
+        client = s3_client(region="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield S3Store(client, BUCKET, "team/repo")
+
+
+def keys(store: ObjectStore, prefix: str = "") -> list[str]:
+    return [info.key for info in store.list(prefix)]
+
+
+def test_put_get_head(store: ObjectStore) -> None:
+    data = os.urandom(3000)
+    store.put("data/a", data)
+    assert store.get("data/a") == data
+    info = store.head("data/a")
+    assert info is not None and info.key == "data/a" and info.size == 3000
+    assert store.head("data/missing") is None
+
+
+def test_put_accepts_memoryview_slices_and_bytearrays(store: ObjectStore) -> None:
+    buffer = bytearray(os.urandom(4096))
+    store.put("a", memoryview(buffer)[100:1100])
+    store.put("b", buffer)
+    store.put("empty", b"")
+    assert store.get("a") == bytes(buffer[100:1100])
+    assert store.get("b") == bytes(buffer)
+    assert store.get("empty") == b""
+
+
+def test_get_range(store: ObjectStore) -> None:
+    data = bytes(range(256)) * 4
+    store.put("obj", data)
+    assert store.get_range("obj", 0, 10) == data[:10]
+    assert store.get_range("obj", 500, 24) == data[500:524]
+    assert store.get_range("obj", 1000, 100) == data[1000:]  # a range past the end is cut short
+    assert store.get_range("obj", 5, 0) == b""
+
+
+def test_missing_object(store: ObjectStore) -> None:
+    with pytest.raises(NotFoundError, match="nope"):
+        store.get("data/nope")
+    with pytest.raises(NotFoundError):
+        store.get_range("data/nope", 0, 5)
+
+
+def test_list_in_key_order_under_prefix(store: ObjectStore) -> None:
+    names = ["m/b", "m/a/2", "m/a/10", "m/ab", "n/x", "m-z", "ma"]
+    for name in names:
+        store.put(name, name.encode())
+    assert keys(store) == sorted(names)
+    assert keys(store, "m/") == ["m/a/10", "m/a/2", "m/ab", "m/b"]
+    assert keys(store, "m/ab") == ["m/ab"]
+    assert keys(store, "zzz/") == []
+    sizes = {info.key: info.size for info in store.list("m/")}
+    assert sizes["m/a/10"] == len(b"m/a/10")
+
+
+def test_list_prefix_is_a_string_prefix_not_a_directory(store: ObjectStore, request: pytest.FixtureRequest) -> None:
+    if isinstance(store, LocalStore):
+        # LocalStore walks only inside the directory named "m/a" and misses
+        # its sibling "m/ab"; strict, so this fails once LocalStore is fixed.
+        request.applymarker(pytest.mark.xfail(strict=True, reason="LocalStore.list treats a directory-named prefix as a directory"))
+    for name in ["m/a/1", "m/ab", "m/b"]:
+        store.put(name, b"")
+    assert keys(store, "m/a") == ["m/a/1", "m/ab"]
+
+
+def test_overwrite_replaces_whole_object(store: ObjectStore) -> None:
+    store.put("k", b"old" * 1000)
+    store.put("k", b"new")
+    assert store.get("k") == b"new"
+    assert keys(store) == ["k"]
+
+
+def test_create_only_refuses_existing_and_leaves_it_intact(store: ObjectStore) -> None:
+    store.put("chunk", b"published", create_only=True)
+    with pytest.raises(AlreadyExistsError, match="chunk"):
+        store.put("chunk", b"late worker", create_only=True)
+    assert store.get("chunk") == b"published"
+    assert keys(store) == ["chunk"]
+
+
+def test_checksum_verified_on_put(store: ObjectStore) -> None:
+    data = os.urandom(2048)
+    store.put("good", data, checksum=stored_checksum(data))
+    assert store.get("good") == data
+
+
+def test_checksum_mismatch_refused_and_nothing_stored(store: ObjectStore) -> None:
+    data = os.urandom(2048)
+    wrong = stored_checksum(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(StorageError, match="checksum"):
+        store.put("bad", data, checksum=wrong)
+    assert store.head("bad") is None
+    assert keys(store) == []
+    store.put("kept", b"original")
+    with pytest.raises(StorageError):
+        store.put("kept", data, checksum=wrong)
+    assert store.get("kept") == b"original"
+
+
+def test_delete_missing_is_ok(store: ObjectStore) -> None:
+    store.put("x/1", b"1")
+    store.put("x/2", b"2")
+    store.delete(["x/1", "x/never-existed"])
+    assert keys(store) == ["x/2"]
+    store.delete([])
+    assert store.head("x/1") is None
+
+
+def test_delete_more_than_one_batch(store: ObjectStore) -> None:
+    names = [f"many/{i:05d}" for i in range(1003)]
+    for name in names:
+        store.put(name, b"")
+    store.put("other", b"stays")
+    store.delete(iter(names))  # a generator, as the pipeline passes listings through
+    assert keys(store) == ["other"]
+
+
+def test_head_checksum_is_the_stored_checksum(store: ObjectStore) -> None:
+    """S3 keeps the CRC64NVME it verified; quick verify compares it with the manifest."""
+    if not isinstance(store, S3Store):
+        pytest.skip("the local store does not keep checksums")
+    data = os.urandom(10_000)
+    store.put("c", data, checksum=stored_checksum(data))
+    info = store.head("c")
+    assert info is not None and info.checksum == stored_checksum(data)
+    store.put("d", memoryview(bytearray(data))[1:])  # no checksum given: the store still sends one
+    info = store.head("d")
+    assert info is not None and info.checksum == stored_checksum(data[1:])
+
+
+def test_s3_url_and_prefix(aws_env: None) -> None:
+    assert parse_s3_url("s3://my-bucket") == ("my-bucket", "")
+    assert parse_s3_url("s3://my-bucket/a/b/") == ("my-bucket", "a/b")
+    for bad in ("my-bucket/a", "s3://", "s3://A_B/x", "s3://ok-bucket/a//b", "s3://ok-bucket/../x", "http://b/x"):
+        with pytest.raises(UsageError):
+            parse_s3_url(bad)
+    with mock_aws():
+        client = s3_client(region="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        store = S3Store.from_url(f"s3://{BUCKET}/p/q/", client=client)
+        assert store.url == f"s3://{BUCKET}/p/q"
+        store.put("obj", b"1")
+        assert [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET)["Contents"]] == ["p/q/obj"]
+        assert S3Store(client, BUCKET).url == f"s3://{BUCKET}"
+
+
+def test_s3_missing_bucket_is_a_repository_error(aws_env: None) -> None:
+    with mock_aws():
+        store = S3Store(s3_client(region="us-east-1"), "no-such-bucket", "repo")
+        with pytest.raises(RepositoryError, match="no-such-bucket"):
+            store.get("config.json")
+        with pytest.raises(RepositoryError):
+            list(store.list(""))
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+def test_s3_error_messages_name_the_object_and_the_fix() -> None:
+    denied = map_error(_client_error("AccessDenied", 403), action="writing", bucket="b", key="r/k", permission="s3:PutObject")
+    assert isinstance(denied, StorageError) and "s3://b/r/k" in str(denied) and "s3:PutObject" in str(denied)
+    digest = map_error(_client_error("BadDigest", 400), action="writing", bucket="b", key="k", permission="s3:PutObject")
+    assert "checksum mismatch" in str(digest)
+    slow = map_error(_client_error("SlowDown", 503), action="writing", bucket="b", key="k", permission="s3:PutObject")
+    assert "SlowDown" in str(slow) and "--concurrency" in str(slow)
+    assert isinstance(map_error(_client_error("NoSuchKey", 404), action="reading", bucket="b", key="k", permission="x"), NotFoundError)
