@@ -1,0 +1,5 @@
+import sys
+
+from bench_lib.cli import main
+
+sys.exit(main())

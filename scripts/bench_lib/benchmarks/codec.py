@@ -1,0 +1,193 @@
+"""codec: the worker's chunk codec on one thread vs the zstd CLI on one thread.
+
+Ours: `ChunkCodec.encode` over the data set cut into --chunk-size chunks (the
+data is read into memory first, so no I/O is timed), one thread. That is
+Poly1305 plaintext MAC + zstd + AES-256-GCM. The `worker` row adds the stored
+checksum (CRC64NVME) that `store_chunk` computes for the object store.
+Reference: `zstd -3 -T1 -c FILE > /dev/null` (the file is in the page cache).
+Decode: `ChunkCodec.decode` (GCM decrypt, zstd decompress, Poly1305 check) vs
+`zstd -d -T1 -c FILE.zst > /dev/null`.
+
+A component breakdown (CPU seconds per GiB of plaintext for each step, timed
+the same way the codec runs it) follows, so a miss can be attributed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import zstandard
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from braid.backup_id import BackupRef
+from braid.chunk_codec import ChunkCodec, NONCE_BYTES, TAG_BYTES
+from braid.keys import DataKey
+from braid.stored_checksum import stored_checksum
+
+from bench_lib.context import Context, add_engine_options
+from bench_lib.report import MB, Comparison, Section, Table
+from bench_lib.timing import Sample, Series, interleave, measure, run_command
+
+NAME = "codec"
+HELP = "ChunkCodec encode/decode on one thread vs zstd -3 -T1 / zstd -d -T1"
+ORDER = 10
+IN_ALL = True
+TARGET = 0.90
+
+
+def add_arguments(parser) -> None:
+    add_engine_options(parser)
+    parser.add_argument("--no-breakdown", action="store_true", help="codec: skip the per-component breakdown")
+
+
+def _read(path: Path, size: int) -> bytearray:
+    buf = bytearray(size)
+    with open(path, "rb", buffering=0) as handle:
+        view, got = memoryview(buf), 0
+        while got < size:
+            n = handle.readinto(view[got:])
+            if not n:
+                raise RuntimeError(f"{path} is shorter than {size} bytes")
+            got += n
+    return buf
+
+
+def _reference_frame(ctx: Context, path: Path, level: int) -> Path:
+    """The data set compressed by the zstd CLI, for the decode reference (cached)."""
+    target = ctx.scratch("codec") / f"{path.stem}.l{level}.zst"
+    if not target.exists() or target.stat().st_mtime < path.stat().st_mtime:
+        tmp = target.with_suffix(".tmp")
+        run_command(["zstd", f"-{level}", "-T1", "-q", "-c", str(path)], stdout=tmp)
+        os.replace(tmp, target)
+    return target
+
+
+def _best(fn, reps: int) -> Sample:
+    """Best-of-reps of an in-process step, by thread CPU time (wall alongside)."""
+    best: Sample | None = None
+    for _ in range(reps):
+        cpu0, wall0 = time.thread_time(), time.perf_counter()
+        fn()
+        sample = Sample(time.perf_counter() - wall0, time.thread_time() - cpu0)
+        if best is None or sample.cpu < best.cpu:
+            best = sample
+    assert best is not None
+    return best
+
+
+def run(ctx: Context) -> Section:
+    args = ctx.args
+    data = ctx.dataset()
+    level, chunk_size = args.level, args.chunk_size
+    section = Section(NAME, f"chunk codec, one thread, {chunk_size // 2**20} MiB chunks, zstd level {level}")
+
+    buf = _read(data.path, data.size)
+    view = memoryview(buf)
+    chunks = [view[i : i + chunk_size] for i in range(0, data.size, chunk_size)]
+    key = DataKey(os.urandom(32))
+    codec = ChunkCodec(key, level)
+    ref = str(BackupRef.new("bench"))
+    reference_zst = _reference_frame(ctx, data.path, level)
+
+    # Warm-up (allocates the codec's reusable output buffer) and the stored copies for decode.
+    stored: list[tuple[bytes, bytes]] = []
+    stored_bytes = 0
+    for i, chunk in enumerate(chunks):
+        encoded = codec.encode(ref, i, 0, chunk)
+        stored.append((bytes(encoded.stored), encoded.plaintext_mac))
+        stored_bytes += encoded.stored_length
+
+    def encode_all() -> None:
+        for i, chunk in enumerate(chunks):
+            codec.encode(ref, i, 0, chunk)
+
+    def worker_all() -> None:
+        for i, chunk in enumerate(chunks):
+            stored_checksum(codec.encode(ref, i, 0, chunk).stored)
+
+    def decode_all() -> None:
+        for i, (blob, mac) in enumerate(stored):
+            codec.decode(blob, backup=ref, index=i, input_index=0, plaintext_length=len(chunks[i]), plaintext_mac=mac)
+
+    enc_ours, enc_worker, enc_ref = Series(), Series(), Series()
+    dec_ours, dec_ref = Series(), Series()
+    zstd_enc = ["zstd", f"-{level}", "-T1", "-q", "-c", str(data.path)]
+    zstd_dec = ["zstd", "-d", "-T1", "-q", "-c", str(reference_zst)]
+
+    ctx.log(f"codec: encode, {ctx.reps} interleaved repetitions ...")
+    interleave(
+        ctx.reps,
+        [
+            lambda: enc_ours.add(measure(encode_all)[0]),
+            lambda: enc_ref.add(run_command(zstd_enc)),
+            lambda: enc_worker.add(measure(worker_all)[0]),
+        ],
+    )
+    ctx.log(f"codec: decode, {ctx.reps} interleaved repetitions ...")
+    interleave(ctx.reps, [lambda: dec_ours.add(measure(decode_all)[0]), lambda: dec_ref.add(run_command(zstd_dec))])
+
+    ours_label = f"ChunkCodec.encode x{len(chunks)} chunks, 1 thread"
+    section.comparisons = [
+        Comparison("encode", ours_label, " ".join(zstd_enc[:-1]) + " FILE >/dev/null", data.size, enc_ours, enc_ref, TARGET),
+        Comparison("worker encode", ours_label + " + CRC64NVME", " ".join(zstd_enc[:-1]) + " FILE >/dev/null", data.size, enc_worker, enc_ref),
+        Comparison("decode", f"ChunkCodec.decode x{len(chunks)} chunks, 1 thread", " ".join(zstd_dec[:-1]) + " FILE.zst >/dev/null", data.size, dec_ours, dec_ref),
+    ]
+    ref_size = reference_zst.stat().st_size
+    section.facts = {
+        "stored bytes (codec)": stored_bytes,
+        "zstd CLI frame bytes": ref_size,
+        "stored / zstd CLI size": round(stored_bytes / ref_size, 4),
+        "compression ratio (plaintext / stored)": round(data.size / stored_bytes, 3),
+    }
+    if not args.no_breakdown:
+        ctx.log("codec: per-component breakdown ...")
+        section.tables.append(_breakdown(ctx, key, level, chunks, stored, enc_ours, dec_ours, enc_ref, dec_ref, data.size))
+    return section
+
+
+def _breakdown(ctx, key: DataKey, level: int, chunks, stored, enc_ours: Series, dec_ours: Series, enc_ref: Series, dec_ref: Series, nbytes: int) -> Table:
+    """Each step of encode and decode alone, timed as the codec runs it."""
+    compressor = zstandard.ZstdCompressor(level=level)
+    decompressor = zstandard.ZstdDecompressor()
+    aead = AESGCM(key.encryption_key)
+    nonce, aad = os.urandom(NONCE_BYTES), b"h" * 64
+    payloads = [compressor.compress(c) for c in chunks]
+    out = bytearray(max(len(p) for p in payloads) + TAG_BYTES)
+    sealed = [aead.encrypt(nonce, p, aad) for p in payloads]
+    plain_out = bytearray(max(len(c) for c in chunks))
+    reps = ctx.reps
+
+    def each(fn):
+        return lambda: [fn(i) for i in range(len(chunks))]
+
+    steps: list[tuple[str, str, Sample]] = [
+        ("encode", "Poly1305 plaintext MAC", _best(each(lambda i: key.chunk_mac(i, chunks[i])), reps)),
+        ("encode", f"zstd compress level {level}", _best(each(lambda i: compressor.compress(chunks[i])), reps)),
+        ("encode", "AES-256-GCM encrypt_into (reused buffer)", _best(each(lambda i: aead.encrypt_into(nonce, payloads[i], aad, memoryview(out)[: len(payloads[i]) + TAG_BYTES])), reps)),
+        ("worker", "CRC64NVME stored checksum", _best(each(lambda i: stored_checksum(stored[i][0])), reps)),
+        ("decode", "AES-256-GCM decrypt (fresh buffer, as the codec does)", _best(each(lambda i: aead.decrypt(nonce, sealed[i], aad)), reps)),
+        ("decode", "AES-256-GCM decrypt_into (reused buffer; not used)", _best(each(lambda i: aead.decrypt_into(nonce, sealed[i], aad, memoryview(plain_out)[: len(sealed[i]) - TAG_BYTES])), reps)),
+        ("decode", "zstd decompress", _best(each(lambda i: decompressor.decompress(payloads[i])), reps)),
+        ("decode", "Poly1305 plaintext MAC check", _best(each(lambda i: key.chunk_mac(i, chunks[i])), reps)),
+    ]
+    gib = nbytes / 2**30
+    enc_total, dec_total = enc_ours.best_cpu, dec_ours.best_cpu
+    rows: list[list[object]] = []
+    for phase, name, sample in steps:
+        total = dec_total if phase == "decode" else enc_total
+        rows.append([phase, name, round(sample.cpu / gib, 3), round(nbytes / sample.cpu / MB, 1), f"{sample.cpu / total:.1%}"])
+    enc_parts = sum(s.cpu for p, n, s in steps if p == "encode")
+    dec_parts = sum(s.cpu for p, n, s in steps if p == "decode" and "not used" not in n)
+    rows.append(["encode", "other (header, nonce, Python, cache effects)", round((enc_total - enc_parts) / gib, 3), "", f"{(enc_total - enc_parts) / enc_total:.1%}"])
+    rows.append(["decode", "other (header, checks, Python, cache effects)", round((dec_total - dec_parts) / gib, 3), "", f"{(dec_total - dec_parts) / dec_total:.1%}"])
+    rows.append(["encode", "= ChunkCodec.encode total", round(enc_total / gib, 3), round(nbytes / enc_total / MB, 1), "100.0%"])
+    rows.append(["decode", "= ChunkCodec.decode total", round(dec_total / gib, 3), round(nbytes / dec_total / MB, 1), "100.0%"])
+    rows.append(["ref", "zstd -T1 CLI compress (child CPU)", round(enc_ref.best_cpu / gib, 3), round(nbytes / enc_ref.best_cpu / MB, 1), f"{enc_ref.best_cpu / enc_total:.1%}"])
+    rows.append(["ref", "zstd -d -T1 CLI decompress (child CPU)", round(dec_ref.best_cpu / gib, 3), round(nbytes / dec_ref.best_cpu / MB, 1), f"{dec_ref.best_cpu / dec_total:.1%}"])
+    return Table(
+        "breakdown: CPU seconds per GiB of plaintext, best of reps (share = of ChunkCodec encode/decode CPU time)",
+        ["phase", "step", "cpu s/GiB", "MB/cpu-s", "share"],
+        rows,
+    )

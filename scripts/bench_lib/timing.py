@@ -1,0 +1,117 @@
+"""Measuring: wall and CPU time of in-process code and of child processes.
+
+The machine is noisy and small, so every comparison interleaves the runs of
+ours and the reference (alternating which goes first) and keeps every
+repetition; the report takes the best and the median of each side. CPU time
+(user + system) is measured alongside wall time: for a single-threaded
+workload it is the steadier figure.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+@dataclass(frozen=True)
+class Sample:
+    wall: float  # seconds
+    cpu: float  # user + system seconds (own process or the child and all it waited for)
+    max_rss: int = 0  # KiB, children only
+
+    def __post_init__(self) -> None:
+        if self.wall <= 0:
+            raise ValueError("a measured run took no time")
+
+
+@dataclass
+class Series:
+    """Every repetition of one side of a comparison."""
+
+    samples: list[Sample] = field(default_factory=list)
+
+    def add(self, sample: Sample) -> Sample:
+        self.samples.append(sample)
+        return sample
+
+    @property
+    def best_wall(self) -> float:
+        return min(s.wall for s in self.samples)
+
+    @property
+    def median_wall(self) -> float:
+        return statistics.median(s.wall for s in self.samples)
+
+    @property
+    def best_cpu(self) -> float:
+        return min(s.cpu for s in self.samples)
+
+    @property
+    def median_cpu(self) -> float:
+        return statistics.median(s.cpu for s in self.samples)
+
+    @property
+    def max_rss(self) -> int:
+        return max((s.max_rss for s in self.samples), default=0)
+
+
+def measure(fn: Callable[[], object]) -> tuple[Sample, object]:
+    """Run `fn` in this process: wall time and this process's CPU time (all threads)."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    result = fn()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return Sample(wall, cpu), result
+
+
+class CommandFailed(RuntimeError):
+    pass
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    stdin: Path | None = None,
+    stdout: Path | None = None,
+    stderr: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> Sample:
+    """Run one command (for a pipeline, `bash -c`), timing it with wait4's rusage.
+
+    wait4 reports the child's own usage plus that of every descendant it
+    waited for, so a `bash -c 'a | b'` sample covers the whole pipeline.
+    stdout defaults to /dev/null.
+    """
+    with _open(stdin, "rb") as fin, _open(stdout, "wb") as fout, _open(stderr, "ab") as ferr:
+        wall0 = time.perf_counter()
+        proc = subprocess.Popen(list(argv), stdin=fin, stdout=fout, stderr=ferr, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - wall0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        where = f"; see {stderr}" if stderr else ""
+        raise CommandFailed(f"{' '.join(argv)} exited with {proc.returncode}{where}")
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+
+
+def _open(path: Path | None, mode: str):
+    if path is None:
+        return open(os.devnull, mode)
+    return open(path, mode)
+
+
+def drop_dirty_pages() -> None:
+    """Flush written data between runs so one run's writeback does not bill the next."""
+    os.sync()
+
+
+def interleave(reps: int, sides: Sequence[Callable[[], None]]) -> None:
+    """Run each side once per repetition, rotating which goes first."""
+    for rep in range(reps):
+        order = list(sides[rep % len(sides) :]) + list(sides[: rep % len(sides)])
+        for side in order:
+            side()
