@@ -96,11 +96,7 @@ def test_list_in_key_order_under_prefix(store: ObjectStore) -> None:
     assert sizes["m/a/10"] == len(b"m/a/10")
 
 
-def test_list_prefix_is_a_string_prefix_not_a_directory(store: ObjectStore, request: pytest.FixtureRequest) -> None:
-    if isinstance(store, LocalStore):
-        # LocalStore walks only inside the directory named "m/a" and misses
-        # its sibling "m/ab"; strict, so this fails once LocalStore is fixed.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="LocalStore.list treats a directory-named prefix as a directory"))
+def test_list_prefix_is_a_string_prefix_not_a_directory(store: ObjectStore) -> None:
     for name in ["m/a/1", "m/ab", "m/b"]:
         store.put(name, b"")
     assert keys(store, "m/a") == ["m/a/1", "m/ab"]

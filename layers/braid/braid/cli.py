@@ -236,7 +236,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         try:
             rows.append(_summary(repository.load(ref).manifest))
         except BackupError as exc:
-            rows.append({"backup": str(ref), "error": str(exc)})
+            rows.append({"backup": str(ref), "error": str(exc), "created": ""})
+    rows.sort(key=lambda row: (row["created"], row["backup"]))
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

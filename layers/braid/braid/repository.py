@@ -86,7 +86,13 @@ class Repository:
         found = self.backups(ref.name)
         if not found:
             raise NotFoundError(f"no backups named {ref.name!r} in {self.url}")
-        return found[-1]
+        # Ids order by start second; within one second the random suffix does
+        # not, so the manifests' own start times decide.
+        second = found[-1].id.partition("-")[0]
+        candidates = [r for r in found if r.id.partition("-")[0] == second]
+        if len(candidates) == 1:
+            return candidates[0]
+        return max(candidates, key=lambda r: self.load(r).manifest.created)
 
     def load(self, ref: BackupRef) -> SealedManifest:
         """Read and self-check a manifest (needs no key; authenticate it before trusting chunks)."""

@@ -98,8 +98,10 @@ class LocalStore:
             return None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        base = self._path(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
-        start = base if base.is_dir() else base.parent
+        # Walk from the deepest directory the prefix names in full: a prefix
+        # is a string prefix ("data/db" matches "data/db2/..."), as on S3.
+        directory = prefix[: prefix.rfind("/") + 1]
+        start = self._path(directory.rstrip("/")) if directory else self.root
         found: list[ObjectInfo] = []
         for dirpath, _dirs, files in os.walk(start):
             for name in files:
