@@ -38,7 +38,7 @@ def test_backup_ref_round_trip_and_order() -> None:
     assert BackupRef.parse("db@latest").is_latest
 
 
-@pytest.mark.parametrize("text", ["db", "db@", "@20261123T010203Z-0a1b2c3d", "db/x@latest", "db@2026", "-db@latest"])
+@pytest.mark.parametrize("text", ["db", "db@", "@20261123T010203.000Z-0a1b2c3d", "db/x@latest", "db@2026", "db@20261123T010203Z-0a1b2c3d", "-db@latest"])
 def test_backup_ref_rejects(text: str) -> None:
     with pytest.raises(UsageError):
         BackupRef.parse(text)
@@ -66,11 +66,11 @@ def test_key_file_errors(tmp_path: Path) -> None:
 
 def test_wrapped_key_bound_to_context_and_key(tmp_path: Path) -> None:
     keys = LocalKeyFile.create(tmp_path / "a.key")
-    data_key, wrapped = keys.generate_data_key(encryption_context("r", "db@20261123T010203Z-0a1b2c3d"))
+    data_key, wrapped = keys.generate_data_key(encryption_context("r", "db@20261123T010203.000Z-0a1b2c3d"))
     assert keys.unwrap(wrapped).fingerprint == data_key.fingerprint
     from dataclasses import replace
 
-    moved = replace(wrapped, context=encryption_context("r", "db@20261123T010203Z-ffffffff"))
+    moved = replace(wrapped, context=encryption_context("r", "db@20261123T010203.000Z-ffffffff"))
     with pytest.raises(KeyAccessError, match="does not unwrap"):
         keys.unwrap(moved)
     other = LocalKeyFile.create(tmp_path / "b.key")

@@ -12,7 +12,7 @@ from braid.chunk_codec import COMPRESSION_NONE, COMPRESSION_ZSTD, MAX_CHUNKS_PER
 from braid.errors import IntegrityError, LimitError
 from braid.keys import DataKey
 
-BACKUP = "db1@20261123T010203Z-0a1b2c3d"
+BACKUP = "db1@20261123T010203.000Z-0a1b2c3d"
 KEY = DataKey(bytes(range(32)))
 
 
@@ -78,7 +78,7 @@ def test_chunk_moved_to_another_index_or_backup_fails(sample: tuple[bytes, bytes
     with pytest.raises(IntegrityError, match="moved or swapped"):
         decode(ChunkCodec(KEY), stored, plaintext, index=8)
     with pytest.raises(IntegrityError, match="moved or swapped"):
-        decode(ChunkCodec(KEY), stored, plaintext, backup="db1@20261123T010203Z-ffffffff")
+        decode(ChunkCodec(KEY), stored, plaintext, backup="db1@20261123T010203.000Z-ffffffff")
     with pytest.raises(IntegrityError, match="moved or swapped"):
         decode(ChunkCodec(KEY), stored, plaintext, input_index=0)
 

@@ -31,11 +31,11 @@ def make_manifest(lengths: list[list[int]], chunk_size: int = 1000) -> Manifest:
         inputs.append(InputEntry(input_index, f"/pipe{input_index}", offset, KEY.input_mac(input_index, offset, [c.mac for c in chunks]), tuple(chunks)))
     return Manifest(
         repository="repo-1",
-        backup="db@20261123T010203Z-0a1b2c3d",
+        backup="db@20261123T010203.000Z-0a1b2c3d",
         created="2026-11-23T01:02:03.000000Z",
         completed="2026-11-23T01:02:04.000000Z",
         chunk_size=chunk_size,
-        key=WrappedKey("local:abc", b"wrapped", {"braid:backup": "db@20261123T010203Z-0a1b2c3d"}),
+        key=WrappedKey("local:abc", b"wrapped", {"braid:backup": "db@20261123T010203.000Z-0a1b2c3d"}),
         inputs=tuple(inputs),
         algorithms={"compression": "zstd", "level": 3},
         timings={"total_seconds": 1.5},

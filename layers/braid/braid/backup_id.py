@@ -1,4 +1,5 @@
-"""Backup identity: `NAME@ID`, where ID sorts by creation time.
+"""Backup identity: `NAME@ID`, where ID (UTC start, to the millisecond, and
+32 random bits) sorts by creation time.
 
 The id doubles as the Step Functions execution name and a path component in
 the repository, so both parts use a conservative alphabet.
@@ -14,7 +15,7 @@ from datetime import datetime, timezone
 from braid.errors import UsageError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
-_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]{8}$")
+_ID = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}$")
 LATEST = "latest"
 
 
@@ -36,7 +37,8 @@ class BackupRef:
     @classmethod
     def new(cls, name: str, now: datetime | None = None) -> "BackupRef":
         moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
-        return cls(validate_name(name), moment.strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(4))
+        stamp = moment.strftime("%Y%m%dT%H%M%S") + f".{moment.microsecond // 1000:03d}Z"
+        return cls(validate_name(name), stamp + "-" + secrets.token_hex(4))
 
     @classmethod
     def parse(cls, text: str) -> "BackupRef":
@@ -45,7 +47,7 @@ class BackupRef:
             raise UsageError(f"invalid backup reference {text!r}: expected NAME@ID or NAME@latest")
         validate_name(name)
         if ident != LATEST and not _ID.match(ident):
-            raise UsageError(f"invalid backup id {ident!r} in {text!r}: expected an id such as 20261123T010203Z-1a2b3c4d, or 'latest'")
+            raise UsageError(f"invalid backup id {ident!r} in {text!r}: expected an id such as 20261123T010203.456Z-1a2b3c4d, or 'latest'")
         return cls(name, ident)
 
     @property

@@ -130,6 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
     verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), help="parallel checks")
     verify.set_defaults(handler=cmd_verify)
+
+    prune = sub.add_parser("prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers")
+    prune.add_argument("--keep-last", type=_positive_int, metavar="N", help="keep the newest N backups of each name")
+    prune.add_argument("--keep-days", type=float, metavar="D", help="keep every backup started in the last D days")
+    prune.add_argument("--orphan-grace-hours", type=float, default=48.0, metavar="H",
+                       help="collect data of backups that never completed once older than H hours (default 48)")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    prune.set_defaults(handler=cmd_prune)
     return parser
 
 
@@ -322,6 +330,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
         first = failed[0]["failures"][0] if failed[0]["failures"] else "verification failed"
         raise IntegrityError(f"{len(failed)} of {len(reports)} backup(s) failed verification; first: {first}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from braid.retention import RetentionPolicy, execute_prune, plan_prune
+
+    policy = RetentionPolicy(args.keep_last, args.keep_days, args.orphan_grace_hours)
+    repository = open_repository(repo_url(args.repo))
+    plan = plan_prune(repository, policy)
+    if not args.dry_run:
+        execute_prune(repository, plan)
+    if args.json:
+        print(json.dumps({"dry_run": args.dry_run, **plan.to_json()}, indent=2))
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        for ref in plan.forget:
+            print(f"{verb} {ref}")
+        for ref in plan.orphans:
+            print(f"{verb} leftovers of incomplete backup {ref}")
+        print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
     return 0
 
 

@@ -86,8 +86,8 @@ class Repository:
         found = self.backups(ref.name)
         if not found:
             raise NotFoundError(f"no backups named {ref.name!r} in {self.url}")
-        # Ids order by start second; within one second the random suffix does
-        # not, so the manifests' own start times decide.
+        # Ids order by start millisecond; within one millisecond the random
+        # suffix does not, so the manifests' own start times decide.
         second = found[-1].id.partition("-")[0]
         candidates = [r for r in found if r.id.partition("-")[0] == second]
         if len(candidates) == 1:
