@@ -104,7 +104,7 @@ class ChunkHeader:
 class EncodedChunk:
     """What a worker reports about a chunk it stored."""
 
-    stored: memoryview  # valid until the codec's next encode
+    stored: memoryview  # valid until the codec's next encode or decode
     plaintext_mac: bytes
     compression: int
 
@@ -176,8 +176,12 @@ class ChunkCodec:
             )
         if header.plaintext_length != plaintext_length:
             raise IntegrityError(f"{where}: header length {header.plaintext_length} does not match the manifest ({plaintext_length})")
+        payload_length = len(stored) - start - TAG_BYTES
+        if len(self._out) < payload_length:
+            self._out = bytearray(payload_length)
+        payload = memoryview(self._out)[:payload_length]
         try:
-            payload = self._aead.decrypt(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start])
+            self._aead.decrypt_into(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start], payload)
         except InvalidTag:
             raise IntegrityError(f"{where}: failed authentication (corrupt, tampered, or a different key)") from None
         if header.compression == COMPRESSION_ZSTD:
@@ -186,7 +190,9 @@ class ChunkCodec:
             except zstandard.ZstdError as exc:
                 raise IntegrityError(f"{where}: zstd frame does not decode ({exc})") from None
         else:
-            plaintext = payload
+            # The reusable buffer is overwritten by the next decode; the caller
+            # keeps what it gets.
+            plaintext = bytes(payload)
         if len(plaintext) != plaintext_length:
             raise IntegrityError(f"{where}: decoded {len(plaintext)} bytes, manifest says {plaintext_length}")
         if not hmac.compare_digest(self._key.chunk_mac(index, plaintext), plaintext_mac):

@@ -25,7 +25,8 @@ from braid.object_store import ObjectStore
 from braid.stored_checksum import stored_checksum
 
 
-def check_chunk(store: ObjectStore, ref: BackupRef, entry: ChunkEntry) -> None:
+def check_chunk(store: ObjectStore, ref: BackupRef, entry: ChunkEntry, *, read_if_unknown: bool = True) -> None:
+    """Presence, size, and checksum; `read_if_unknown` reads objects whose store keeps no checksum."""
     key = chunk_key(ref, entry.index)
     info = store.head(key)
     where = f"chunk {entry.index} of backup {ref}"
@@ -35,16 +36,20 @@ def check_chunk(store: ObjectStore, ref: BackupRef, entry: ChunkEntry) -> None:
         raise IntegrityError(f"{where} is {info.size} bytes, manifest says {entry.stored_length}")
     checksum = info.checksum
     if checksum is None:
+        if not read_if_unknown:
+            return
         checksum = stored_checksum(store.get(key))
     if checksum != entry.checksum:
         raise IntegrityError(f"{where}: stored checksum mismatch (corrupt in the repository)")
 
 
-def check_chunk_presence(store: ObjectStore, ref: BackupRef, entries: Iterable[ChunkEntry], workers: int = 16) -> None:
+def check_chunk_presence(
+    store: ObjectStore, ref: BackupRef, entries: Iterable[ChunkEntry], workers: int = 16, *, read_if_unknown: bool = True
+) -> None:
     """Quick check of many chunks in parallel; raises the first failure by chunk order."""
     ordered = sorted(entries, key=lambda e: e.index)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for future in [pool.submit(check_chunk, store, ref, e) for e in ordered]:
+        for future in [pool.submit(check_chunk, store, ref, e, read_if_unknown=read_if_unknown) for e in ordered]:
             future.result()
 
 
