@@ -28,7 +28,7 @@ def kms_client(*, region: str | None = None, endpoint_url: str | None = None, se
     """A boto3 KMS client with standard retries (KMS throttles bursts of Decrypt)."""
     import boto3
 
-    config = Config(retries={"mode": "standard", "max_attempts": 8}, connect_timeout=10, read_timeout=30)
+    config = Config(retries={"mode": "standard", "total_max_attempts": 8}, connect_timeout=10, read_timeout=30)
     kwargs: dict[str, Any] = {"config": config}
     if region:
         kwargs["region_name"] = region

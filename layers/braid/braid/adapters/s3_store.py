@@ -93,7 +93,7 @@ def s3_client(
     if retry_mode not in ("standard", "adaptive", "legacy"):
         raise UsageError(f"invalid retry mode {retry_mode!r}: use standard or adaptive")
     config = Config(
-        retries={"mode": retry_mode, "max_attempts": max_attempts},
+        retries={"mode": retry_mode, "total_max_attempts": max_attempts},
         max_pool_connections=max(10, concurrency + 8),
         connect_timeout=10,
         read_timeout=120,

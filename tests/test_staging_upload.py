@@ -1,0 +1,399 @@
+"""The agent's staging uploader against S3 (moto): segments, retries, rate, resume, memory."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import moto.s3.models
+import pytest
+from botocore.awsrequest import AWSResponse
+from moto import mock_aws
+
+from braid.adapters.s3_store import S3Store, s3_client
+from braid.backup_id import BackupRef
+from braid.cloud.staging_upload import ExistingPart, RetryPolicy, StagingUpload, TokenBucket, default_segment_parts
+from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
+from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
+from braid.stored_checksum import crc64nvme, encode_crc64nvme, stored_checksum
+
+BUCKET = "braid-staging-test"
+CHUNK = 16 * 1024
+SMALL_PART = 1024  # moto's minimum part size is lowered to this, and so is ours
+REF = BackupRef.new("db")
+
+
+class Crash(Exception):
+    """The agent process dying mid-upload."""
+
+
+class _Raw(io.BytesIO):
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.read()
+
+
+@dataclass
+class S3Calls:
+    """Counts S3 requests and injects failures the way S3 returns them (HTTP responses)."""
+
+    uploads_sent: int = 0
+    uploads_ok: int = 0
+    slowdowns_left: int = 0
+    always_fail: bool = False
+    crash_after: int | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def before_send(self, request: Any, **_: Any) -> AWSResponse | None:
+        with self.lock:
+            self.uploads_sent += 1
+            if self.crash_after is not None and self.uploads_sent > self.crash_after:
+                raise Crash()
+            if self.always_fail or self.slowdowns_left > 0:
+                self.slowdowns_left -= 1
+                body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw(body))
+        return None
+
+    def after_call(self, http_response: Any, **_: Any) -> None:
+        if http_response.status_code == 200:
+            with self.lock:
+                self.uploads_ok += 1
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Store, S3Calls]]:
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", SMALL_PART)
+    with mock_aws():
+        # botocore's own retries off, so the tests see (and count) ours.
+        client = s3_client(region="us-east-1", max_attempts=1)
+        client.create_bucket(Bucket=BUCKET)
+        calls = S3Calls()
+        client.meta.events.register_first("before-send.s3.UploadPart", calls.before_send)
+        client.meta.events.register("after-call.s3.UploadPart", calls.after_call)
+        yield S3Store(client, BUCKET, "repo"), calls
+
+
+class Sleeps:
+    """Records retry sleeps instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def __call__(self, seconds: float) -> None:
+        self.total += seconds
+        self.count += 1
+
+
+def options(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"concurrency": 3, "min_part_size": SMALL_PART, "sleep": Sleeps(), "rng": random.Random(7)}
+    base.update(overrides)
+    return base
+
+
+@dataclass
+class Feeder:
+    """The reader's side: a bounded pool of reusable buffers, round-robin over inputs."""
+
+    held: int = 0
+    peak_held: int = 0
+    released: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def feed(self, upload: StagingUpload, streams: list[bytes], pool_size: int | None = None) -> None:
+        import queue
+
+        pool: queue.Queue[bytearray] = queue.Queue()
+        for _ in range(pool_size or upload.max_in_flight * 3):
+            pool.put(bytearray(upload.chunk_size))
+        cursors = [0] * len(streams)
+        numbers = [0] * len(streams)
+        open_inputs = [i for i, s in enumerate(streams)]
+        for i, data in enumerate(streams):
+            if not data:
+                upload.end_input(i, 0)
+                open_inputs.remove(i)
+        while open_inputs:
+            for i in list(open_inputs):
+                data = streams[i]
+                piece = data[cursors[i] : cursors[i] + upload.chunk_size]
+                buf = pool.get(timeout=10)
+                buf[: len(piece)] = piece
+
+                def release(buf: bytearray = buf) -> None:
+                    with self.lock:
+                        self.held -= 1
+                        self.released += 1
+                    pool.put(buf)
+
+                with self.lock:
+                    self.held += 1
+                    self.peak_held = max(self.peak_held, self.held)
+                upload.submit(i, numbers[i], memoryview(buf)[: len(piece)], release)
+                cursors[i] += len(piece)
+                numbers[i] += 1
+                if cursors[i] >= len(data):
+                    upload.end_input(i, len(data))
+                    open_inputs.remove(i)
+
+
+def run(store: S3Store, streams: list[bytes], *, segment_parts: int = 4, feeder: Feeder | None = None, **overrides: Any) -> tuple[StagingUpload, StreamEnd]:
+    upload = StagingUpload.start(
+        store, REF, inputs=[f"/pipe{i}" for i in range(len(streams))], chunk_size=CHUNK, level=3, segment_parts=segment_parts, **options(**overrides)
+    )
+    with upload:
+        (feeder or Feeder()).feed(upload, streams)
+        end = upload.finish()
+    return upload, end
+
+
+def records(store: S3Store) -> list[SegmentRecord]:
+    found = [SegmentRecord.from_bytes(store.get(info.key)) for info in store.list(segment_records_prefix(REF))]
+    return sorted(found, key=lambda r: (r.input_index, r.segment))
+
+
+def reassemble(store: S3Store, input_index: int) -> bytes:
+    return b"".join(store.get(r.key) for r in records(store) if r.input_index == input_index)
+
+
+def stream(size: int, seed: int = 1) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    data = stream(CHUNK * 9 + 1234)  # 10 parts: segments of 4, 4 and 2
+    progress: list[dict[str, Any]] = []
+    upload, end = run(store, [data], progress=progress.append)
+    assert reassemble(store, 0) == data
+    found = records(store)
+    assert [(r.segment, r.parts, r.offset, r.length) for r in found] == [
+        (0, 4, 0, 4 * CHUNK),
+        (1, 4, 4 * CHUNK, 4 * CHUNK),
+        (2, 2, 8 * CHUNK, CHUNK + 1234),
+    ]
+    for r in found:
+        segment = store.get(r.key)
+        assert r.checksum == stored_checksum(segment)
+        info = store.head(r.key)
+        assert info is not None and info.checksum == r.checksum  # S3's own full-object CRC64NVME
+    assert end == StreamEnd(lengths=[len(data)], segments=[3])
+    assert StreamEnd.from_bytes(store.get(stream_end_key(REF))) == end
+    session = SessionRecord.from_bytes(store.get(session_key(REF)))
+    assert (session.chunk_size, session.segment_parts, session.inputs, session.level) == (CHUNK, 4, ["/pipe0"], 3)
+    assert calls.uploads_ok == 10
+    assert progress[-1]["bytes_uploaded"] == len(data) and progress[-1]["parts_uploaded"] == 10
+    assert progress[-1]["segments_completed"] == 3
+    assert store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+def test_two_inputs_of_unequal_size_and_an_empty_one(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    big, small = stream(CHUNK * 5 + 7, seed=2), stream(CHUNK - 1, seed=3)
+    _, end = run(store, [big, small, b""], segment_parts=2)
+    assert reassemble(store, 0) == big
+    assert reassemble(store, 1) == small
+    assert reassemble(store, 2) == b""
+    assert end == StreamEnd(lengths=[len(big), len(small), 0], segments=[3, 1, 0])
+
+
+def test_input_ending_on_a_segment_boundary(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    data = stream(CHUNK * 4)
+    _, end = run(store, [data], segment_parts=2)
+    assert end.segments == [2] and reassemble(store, 0) == data
+
+
+def test_session_is_written_first_and_never_replaced(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    run(store, [b"x" * 10])
+    with pytest.raises(AlreadyExistsError, match="--resume"):
+        StagingUpload.start(store, REF, inputs=["/pipe0"], chunk_size=CHUNK, level=3, **options())
+
+
+def test_slowdown_is_retried(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    calls.slowdowns_left = 4
+    sleeps = Sleeps()
+    data = stream(CHUNK * 6 + 5)
+    run(store, [data], sleep=sleeps)
+    assert reassemble(store, 0) == data
+    assert calls.uploads_sent == 7 + 4 and calls.uploads_ok == 7
+    assert sleeps.count == 4  # one backoff per failed attempt
+
+
+def test_always_failing_gives_storage_error_and_records_nothing(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    calls.always_fail = True
+    feeder = Feeder()
+    with pytest.raises(StorageError, match="SlowDown.*--concurrency"):
+        run(store, [stream(CHUNK * 6)], feeder=feeder, retry=RetryPolicy(attempts=3))
+    assert records(store) == []
+    assert store.head(stream_end_key(REF)) is None
+    assert feeder.held == 0  # every buffer went back to the reader
+    assert calls.uploads_ok == 0
+
+
+def test_backoff_is_full_jitter_and_bounded() -> None:
+    policy = RetryPolicy(attempts=6, base=0.5, cap=4.0)
+    rng = random.Random(1)
+    delays = [[policy.delay(attempt, rng) for _ in range(200)] for attempt in range(6)]
+    for attempt, values in enumerate(delays):
+        ceiling = min(4.0, 0.5 * 2**attempt)
+        assert all(0 <= v <= ceiling for v in values)
+        assert max(values) > ceiling * 0.8 and min(values) < ceiling * 0.2  # spread over the whole range
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.now += seconds
+
+
+def test_token_bucket_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(1000.0, burst=100.0, clock=clock, sleep=clock.sleep)
+    for _ in range(50):
+        bucket.take(200)
+    assert 50 * 200 / clock.now == pytest.approx(1000.0, rel=0.02)
+    clock.now += 10  # idle: tokens refill to the burst only
+    start = clock.now
+    bucket.take(100)
+    assert clock.now == start
+    bucket.take(1000)
+    assert clock.now - start == pytest.approx(1.0)
+
+
+def test_rate_limit_is_honoured(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    clock = FakeClock()
+    rate = 64 * 1024.0  # four chunks a second
+    data = stream(CHUNK * 12)
+    run(store, [data], rate_limit=rate, clock=clock, sleep=clock.sleep, concurrency=1)
+    achieved = len(data) / clock.now
+    assert rate * 0.9 <= achieved <= rate * 1.15  # the burst lets the first part go at once
+    assert reassemble(store, 0) == data
+
+
+def test_memory_bound(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    slow = threading.Event()
+
+    def slow_upload(**_: Any) -> None:
+        slow.wait(0.005)  # uploads slower than the reader: the reader must wait
+
+    store.client.meta.events.register("before-send.s3.UploadPart", slow_upload)
+    feeder = Feeder()
+    upload, _ = run(store, [stream(CHUNK * 20), stream(CHUNK * 7 + 3, seed=9)], feeder=feeder, concurrency=2)
+    assert upload.peak_in_flight <= upload.concurrency + 2 == 4
+    assert upload.peak_in_flight >= 3  # the bound was actually reached
+    assert feeder.peak_held <= 4 + 1 and feeder.held == 0
+
+
+def crash_then_resume(store: S3Store, calls: S3Calls, data: bytes, crash_after: int) -> int:
+    """Upload until `crash_after` parts were sent, then die; returns parts stored before the crash."""
+    calls.crash_after = crash_after
+    with pytest.raises(Crash):
+        run(store, [data], segment_parts=4)
+    stored = calls.uploads_ok
+    calls.crash_after = None
+    calls.uploads_sent = calls.uploads_ok = 0
+    return stored
+
+
+def test_resume_sends_only_missing_parts(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    data = stream(CHUNK * 16 + 999)  # 17 parts, 5 segments of 4
+    stored = crash_then_resume(store, calls, data, crash_after=7)
+    assert 0 < stored <= 7
+    assert store.head(stream_end_key(REF)) is None
+
+    upload = StagingUpload.resume(store, REF, inputs=["/pipe0"], **options())
+    with upload:
+        Feeder().feed(upload, [data])  # the database restarts its stream from the beginning
+        end = upload.finish()
+    assert calls.uploads_ok == 17 - stored
+    assert upload.parts_skipped == stored
+    assert end == StreamEnd(lengths=[len(data)], segments=[5])
+    assert reassemble(store, 0) == data
+    assert [r.parts for r in records(store)] == [4, 4, 4, 4, 1]
+
+
+def test_resume_resends_a_part_that_differs(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    data = stream(CHUNK * 8 + 10)
+    stored = crash_then_resume(store, calls, data, crash_after=3)  # segment 0 incomplete
+    uploads = store.client.list_multipart_uploads(Bucket=BUCKET)["Uploads"]
+    assert len(uploads) == 1
+    key, upload_id = uploads[0]["Key"], uploads[0]["UploadId"]
+    parts = store.client.list_parts(Bucket=BUCKET, Key=key, UploadId=upload_id)["Parts"]
+    victim = parts[0]["PartNumber"]
+    store.client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload_id, PartNumber=victim, Body=b"\0" * CHUNK)
+    calls.uploads_sent = calls.uploads_ok = 0
+
+    upload = StagingUpload.resume(store, REF, **options())
+    with upload:
+        Feeder().feed(upload, [data])
+        upload.finish()
+    assert calls.uploads_ok == 9 - stored + 1
+    assert reassemble(store, 0) == data
+
+
+def test_resume_refuses_a_different_stream(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    data = stream(CHUNK * 8 + 10)
+    crash_then_resume(store, calls, data, crash_after=6)
+    assert records(store)  # segment 0 was completed before the crash
+    changed = bytes([data[0] ^ 0xFF]) + data[1:]
+    upload = StagingUpload.resume(store, REF, **options())
+    with pytest.raises(InputError, match="not the stream"):
+        with upload:
+            Feeder().feed(upload, [changed])
+            upload.finish()
+
+
+def test_resume_needs_the_session(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    with pytest.raises(NotFoundError, match="nothing to resume"):
+        StagingUpload.resume(store, REF, **options())
+    run(store, [b"abc"])
+    with pytest.raises(UsageError, match="same inputs"):
+        StagingUpload.resume(store, REF, inputs=["/a", "/b"], **options())
+
+
+def test_existing_part_matching() -> None:
+    chunk = memoryview(os.urandom(4096))
+    crc = crc64nvme(chunk)
+    assert ExistingPart(4096, '"x"', encode_crc64nvme(crc)).matches(chunk, crc)  # S3's per-part CRC64NVME
+    assert not ExistingPart(4096, '"x"', encode_crc64nvme(crc ^ 1)).matches(chunk, crc)
+    assert not ExistingPart(4095, '"x"', encode_crc64nvme(crc)).matches(chunk, crc)
+    import hashlib
+
+    md5 = hashlib.md5(chunk).hexdigest()
+    assert ExistingPart(4096, f'"{md5}"', None).matches(chunk, crc)  # no checksum: a plain-MD5 ETag
+    assert not ExistingPart(4096, '"0123abcd-1"', None).matches(chunk, crc)  # SSE-KMS ETag: cannot tell, resend
+
+
+def test_sizes_are_checked() -> None:
+    assert default_segment_parts(64 * 1024**2) == 32
+    assert default_segment_parts(1024) == 10_000
+    store = S3Store(client=None, bucket="b")
+    session = SessionRecord("db@x", "s3://b", 1024, 4, 3, ["-"], "now")
+    with pytest.raises(UsageError, match="minimum part size"):
+        StagingUpload(store, REF, session)
