@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from braid import __version__
 from braid.backup_id import BackupRef, validate_name
 from braid.connect import is_s3_url, key_file_path, open_key_service, open_repository, open_store, repo_url
-from braid.engine import BackupEngine, BackupRequest
+from braid.engine import BackupRequest
 from braid.errors import EXIT_CODES, BackupError, UsageError
 from braid.finalize import utc_now
 from braid.manifest import Manifest
@@ -96,16 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"braid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    init = sub.add_parser("init", parents=[common], help="create a repository and its master key")
+    init = sub.add_parser("init", parents=[common], help="create a repository (and, locally, its master key)")
+    init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
     init.set_defaults(handler=cmd_init)
 
     backup = sub.add_parser("backup", parents=[common], help="back up stdin or --input streams")
-    backup.add_argument("--name", required=True, help="backup name, e.g. the database name")
+    backup.add_argument("--name", help="backup name, e.g. the database name")
     backup.add_argument("--input", action="append", metavar="PATH", help="file or named pipe; repeat for several (read concurrently)")
     backup.add_argument("--chunk-size", default="64MiB", help="chunk size (default 64MiB)")
     backup.add_argument("--workers", type=_positive_int, default=_cores(), help="worker threads (default: cores)")
     backup.add_argument("--level", type=_level, default=3, help="zstd level (default 3)")
+    cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
+    cloud.add_argument("--concurrency", type=_positive_int, help="uploads in flight (default 8); memory is (concurrency + 2) chunks")
+    cloud.add_argument("--rate-limit", metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
+    cloud.add_argument("--fan-out", type=_positive_int, help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
+    cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
+    cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=cmd_backup)
+
+    status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
+    status.add_argument("backup", metavar="NAME@ID")
+    status.add_argument("--once", action="store_true", help="print the current state and exit")
+    status.set_defaults(handler=cmd_status)
 
     restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
     restore.add_argument("backup", metavar="NAME@ID", help="backup to restore (NAME@latest for the newest)")
@@ -150,7 +162,9 @@ def cmd_init(args: argparse.Namespace) -> int:
 
     url = repo_url(args.repo)
     if is_s3_url(url):
-        raise UsageError("initialising s3:// repositories needs the cloud stack: use 'braid init --repo s3://... --stack NAME'")
+        return _init_cloud(url, args)
+    if args.stack:
+        raise UsageError("--stack is for s3:// repositories")
     root = Path(url).expanduser().absolute()
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise UsageError(f"{root} exists and is not an empty directory; choose a new path for the repository")
@@ -176,18 +190,33 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngine:
-    if repository.config.cloud:
-        from braid.cloud.agent import cloud_engine  # the cloud path's engine
+def _init_cloud(url: str, args: argparse.Namespace) -> int:
+    from braid.cloud.stack_config import config_from_stack
 
-        return cloud_engine(repository, args)
-    from braid.adapters.local_engine import LocalEngine
+    if not args.stack:
+        raise UsageError("an s3:// repository is served by a deployed stack: give --stack NAME (see README, 'Cloud')")
+    store = open_store(url)
+    config = config_from_stack(args.stack, store, utc_now())
+    Repository.create(store, config)
+    if args.json:
+        print(json.dumps({"repository": url, "id": config.id, "key_id": config.key["key_id"], **config.cloud}))
+    else:
+        print(f"initialised repository {url} (id {config.id}) on stack {args.stack}", file=sys.stderr)
+    return 0
 
-    return LocalEngine(repository, open_key_service(repository, args.key_file))
+
+_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    validate_name(args.name)
+    if args.resume:
+        ref = BackupRef.parse(args.resume)
+        if ref.is_latest or (args.name and args.name != ref.name):
+            raise UsageError("--resume takes the exact NAME@ID the interrupted backup printed")
+    else:
+        if not args.name:
+            raise UsageError("the following arguments are required: --name")
+        ref = BackupRef.new(validate_name(args.name))
     chunk_size = parse_size(args.chunk_size)
     if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
@@ -195,10 +224,51 @@ def cmd_backup(args: argparse.Namespace) -> int:
     for source in sources:
         source.check()
     repository = open_repository(repo_url(args.repo))
-    engine = _engine_for(repository, args)
     progress = Progress.for_terminal(args.json)
-    request = BackupRequest(BackupRef.new(args.name), sources, chunk_size, args.level, args.workers)
-    manifest = engine.run(request, progress or (lambda event: None))
+    request = BackupRequest(ref, sources, chunk_size, args.level, args.workers)
+    report = progress or (lambda event: None)
+    if repository.config.cloud:
+        from braid.cloud.agent import cloud_engine
+
+        args.rate_limit_bytes = parse_size(args.rate_limit) if args.rate_limit else None
+        if args.rate_limit_bytes == 0:
+            raise UsageError("--rate-limit must be more than 0")
+        manifest = cloud_engine(repository, args).run(request, report, resume=bool(args.resume))
+        if manifest is None:
+            print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
+            print(ref)
+            return 0
+    else:
+        given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
+        if given:
+            raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
+        from braid.adapters.local_engine import LocalEngine
+
+        manifest = LocalEngine(repository, open_key_service(repository, args.key_file)).run(request, report)
+    if progress:
+        progress({"event": "done", **_summary(manifest)})
+    print(manifest.backup)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from braid.cloud.agent import cloud_engine, stream_end_of
+
+    repository = open_repository(repo_url(args.repo))
+    if not repository.config.cloud:
+        raise UsageError("status follows cloud pipeline executions; this is a local repository")
+    ref = BackupRef.parse(args.backup)
+    engine = cloud_engine(repository, args)
+    status, processed = engine.status(ref)
+    if args.once or status.done:
+        doc = {"backup": str(ref), "status": status.status, "chunks_done": processed, "execution": status.arn}
+        if status.done and status.status != "SUCCEEDED":
+            doc["cause"] = status.failure_message(ref)
+        print(json.dumps(doc) if args.json else f"{ref}: {status.status}, {processed} chunks processed")
+        if not status.done:
+            return 0
+    progress = Progress.for_terminal(args.json)
+    manifest = engine.wait(ref, progress or (lambda event: None), expected=stream_end_of(engine.store, ref))
     if progress:
         progress({"event": "done", **_summary(manifest)})
     print(manifest.backup)
