@@ -39,7 +39,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("common options")
     group.add_argument("--size", type=size_arg, default=size_arg("512MiB"), help="size of the generated data set (default 512MiB)")
     group.add_argument("--workdir", type=Path, default=ROOT / ".bench", help="cache and scratch directory (default .bench/ at the repo root)")
-    group.add_argument("--reps", type=int, default=3, help="repetitions per side, interleaved (default 3)")
+    group.add_argument("--reps", type=int, default=5, help="repetitions per side, interleaved; best and median are reported (default 5)")
     group.add_argument("--seed", type=int, default=1, help="data generator seed (default 1)")
     group.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
     group.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -9,9 +9,12 @@ workload it is the steadier figure.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +75,9 @@ class CommandFailed(RuntimeError):
     pass
 
 
+_SPAWN = Path(__file__).with_name("spawn.py")
+
+
 def run_command(
     argv: Sequence[str],
     *,
@@ -80,22 +86,24 @@ def run_command(
     stderr: Path | None = None,
     env: dict[str, str] | None = None,
 ) -> Sample:
-    """Run one command (for a pipeline, `bash -c`), timing it with wait4's rusage.
+    """Run one command (for a pipeline, `bash -c`): wall time, CPU time and peak RSS.
 
-    wait4 reports the child's own usage plus that of every descendant it
-    waited for, so a `bash -c 'a | b'` sample covers the whole pipeline.
+    The command runs under spawn.py, which times it with wait4: the rusage
+    covers the command and every descendant it waited for (a whole `bash -c
+    'a | b'` pipeline), and the peak RSS is the command's own (see spawn.py).
     stdout defaults to /dev/null.
     """
-    with _open(stdin, "rb") as fin, _open(stdout, "wb") as fout, _open(stderr, "ab") as ferr:
-        wall0 = time.perf_counter()
-        proc = subprocess.Popen(list(argv), stdin=fin, stdout=fout, stderr=ferr, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - wall0
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        where = f"; see {stderr}" if stderr else ""
-        raise CommandFailed(f"{' '.join(argv)} exited with {proc.returncode}{where}")
-    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+    result = Path(tempfile.mkstemp(prefix="braid-bench-", suffix=".json")[1])
+    try:
+        with _open(stdin, "rb") as fin, _open(stdout, "wb") as fout, _open(stderr, "ab") as ferr:
+            code = subprocess.call([sys.executable, str(_SPAWN), str(result), "--", *argv], stdin=fin, stdout=fout, stderr=ferr, env=env)
+        if code != 0:
+            where = f"; see {stderr}" if stderr else ""
+            raise CommandFailed(f"{' '.join(argv)} exited with {code}{where}")
+        doc = json.loads(result.read_text())
+    finally:
+        result.unlink(missing_ok=True)
+    return Sample(doc["wall"], doc["cpu"], doc["max_rss"])
 
 
 def _open(path: Path | None, mode: str):
