@@ -1,0 +1,1 @@
+"""Braid's CDK constructs: one per concern, composed by BraidStack (stack.py)."""

@@ -1,0 +1,160 @@
+"""Functions: the pipeline Lambdas, each with its own least-privilege role.
+
+All arm64 (Graviton: cheaper per GB-s and as fast for zstd/AES here), one
+shared layer, Powertools configured through the environment, X-Ray active.
+
+Memory: the worker gets 1,769 MB, the size at which Lambda grants one full
+vCPU. Its bytes need far less (two lanes of one chunk, its compressed frame
+and its stored form: ~400 MiB at 64 MiB chunks), but it is CPU-bound, and
+below a full vCPU a GB-s buys proportionally less CPU, so the bill per chunk
+stays the same while each item takes longer. The coordinating functions
+(prepare, plan, cleanup) move only small JSON and get 256 MB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from braid_infra.keys import Keys
+from braid_infra.layer import ARCHITECTURE, RUNTIME
+from braid_infra.storage import Storage
+
+FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
+WORKER_LANES = 2
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    name: str
+    memory: int
+    timeout: Duration
+    description: str
+
+
+SPECS = {
+    "prepare": FunctionSpec("prepare", 256, Duration.seconds(60), "Braid Prepare: make and stage the backup's data key"),
+    "plan": FunctionSpec("plan", 256, Duration.seconds(60), "Braid Plan: completed staging segments to map rounds"),
+    # EXPRESS child workflows end at 5 minutes; the worker must finish well before.
+    "worker": FunctionSpec("worker", 1769, Duration.seconds(180), "Braid Worker: compress, encrypt and store a few chunks"),
+    "finalize": FunctionSpec("finalize", 1024, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
+    "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
+    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
+}
+
+
+class PipelineFunctions(Construct):
+    def __init__(self, scope: Construct, construct_id: str, *, storage: Storage, keys: Keys, layer: lambda_.ILayerVersion) -> None:
+        super().__init__(scope, construct_id)
+        self.storage = storage
+        self.keys = keys
+        environment = {
+            "BRAID_BUCKET": storage.bucket.bucket_name,
+            "BRAID_KMS_KEY_ID": keys.key.key_arn,
+            "BRAID_EVENT_BUS": "default",
+            "BRAID_WORKER_LANES": str(WORKER_LANES),
+            "POWERTOOLS_SERVICE_NAME": "braid",
+            "POWERTOOLS_METRICS_NAMESPACE": "Braid",
+            "POWERTOOLS_LOG_LEVEL": "INFO",
+        }
+        self.functions: dict[str, lambda_.Function] = {}
+        self.roles: dict[str, iam.Role] = {}
+        for spec in SPECS.values():
+            self._add(spec, environment, layer)
+        self._grant()
+
+    def __getitem__(self, name: str) -> lambda_.Function:
+        return self.functions[name]
+
+    def _add(self, spec: FunctionSpec, environment: dict[str, str], layer: lambda_.ILayerVersion) -> None:
+        title = spec.name.capitalize()
+        log_group = logs.LogGroup(
+            self, f"{title}Logs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY
+        )
+        role = iam.Role(self, f"{title}Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=spec.description)
+        role.add_to_policy(
+            iam.PolicyStatement(actions=["logs:CreateLogStream", "logs:PutLogEvents"], resources=[f"{log_group.log_group_arn}:*"])
+        )
+        function = lambda_.Function(
+            self,
+            title,
+            description=spec.description,
+            code=lambda_.Code.from_asset(str(FUNCTIONS_DIR / spec.name), exclude=["__pycache__", "*.pyc"]),
+            handler="app.handler",
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            layers=[layer],
+            memory_size=spec.memory,
+            timeout=spec.timeout,
+            role=role,
+            log_group=log_group,
+            tracing=lambda_.Tracing.ACTIVE,
+            environment=environment,
+        )
+        self.functions[spec.name] = function
+        self.roles[spec.name] = role
+
+    def _s3(self, name: str, actions: list[str], *patterns: str) -> None:
+        self.roles[name].add_to_policy(iam.PolicyStatement(actions=actions, resources=[self.storage.arn(p) for p in patterns]))
+
+    def _list(self, name: str) -> None:
+        """Unconditional: without s3:ListBucket S3 answers 403, not 404, for a missing key,
+        and the steps must tell "not there yet" from "denied". Key names carry no content."""
+        self.roles[name].add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.storage.bucket.bucket_arn]))
+
+    def _events(self, name: str) -> None:
+        stack = self.storage.bucket.stack
+        self.roles[name].add_to_policy(
+            iam.PolicyStatement(
+                actions=["events:PutEvents"],
+                resources=[f"arn:{stack.partition}:events:{stack.region}:{stack.account}:event-bus/default"],
+            )
+        )
+
+    def _uploads(self, name: str) -> None:
+        self.roles[name].add_to_policy(
+            iam.PolicyStatement(actions=["s3:ListBucketMultipartUploads"], resources=[self.storage.bucket.bucket_arn])
+        )
+        self._s3(name, ["s3:AbortMultipartUpload"], "staging/*")
+
+    def _grant(self) -> None:
+        # Prepare: read the session and the repository config, stage the wrapped key.
+        self._s3("prepare", ["s3:GetObject"], "config.json", "staging/*")
+        self._s3("prepare", ["s3:PutObject"], "staging/*")
+        self._list("prepare")
+        self.keys.allow_generate(self.roles["prepare"])
+        # Plan: read staging records, write plan rounds.
+        self._s3("plan", ["s3:GetObject"], "staging/*")
+        self._s3("plan", ["s3:PutObject"], "staging/*")
+        self._list("plan")
+        # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
+        self._s3("worker", ["s3:GetObject"], "staging/*", "data/*")
+        self._s3("worker", ["s3:PutObject"], "data/*", "staging/*")
+        self._list("worker")
+        self.keys.allow_decrypt(self.roles["worker"])
+        # Finalize: read everything it checks, publish the manifest, delete staging.
+        self._s3("finalize", ["s3:GetObject"], "config.json", "staging/*", "data/*", "manifests/*")
+        self._s3("finalize", ["s3:PutObject"], "manifests/*")
+        self._s3("finalize", ["s3:DeleteObject"], "staging/*")
+        self._list("finalize")
+        self._uploads("finalize")
+        self._events("finalize")
+        self.keys.allow_decrypt(self.roles["finalize"])
+        # Cleanup: never publishes and never decrypts; removes a failed backup's data.
+        self._s3("cleanup", ["s3:GetObject"], "manifests/*", "staging/*")
+        self._s3("cleanup", ["s3:DeleteObject"], "staging/*", "data/*")
+        self._list("cleanup")
+        self._uploads("cleanup")
+        self._events("cleanup")
+        # Verify: read and decrypt published backups, prune data without a manifest.
+        self._s3("verify", ["s3:GetObject"], "config.json", "manifests/*", "data/*", "staging/*")
+        self._s3("verify", ["s3:DeleteObject"], "data/*")
+        self._list("verify")
+        self._events("verify")
+        self.keys.allow_decrypt(self.roles["verify"])

@@ -1,0 +1,98 @@
+"""cdk-nag (AWS Solutions) and the findings Braid accepts.
+
+Each acknowledgement names one construct and one exact finding (cdk-nag v3
+acknowledges findings individually, e.g. one wildcard resource), with the
+reason it is the least privilege that works. Anything new fails synth.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
+from cdk_nag import AwsSolutionsChecks
+from constructs import IConstruct
+
+if TYPE_CHECKING:
+    from braid_infra.stack import BraidStack
+
+XRAY = "X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions (Resource: *); tracing is required."
+LOG_STREAMS = "Log streams are created at run time inside the function's own log group; the wildcard covers only that group's streams."
+OBJECTS = {
+    "staging/*": "Staging objects are named per backup at run time (NAME/ID/...); access is confined to the staging prefix.",
+    "data/*": "Chunks are named per backup and index at run time; access is confined to the data prefix.",
+    "manifests/*": "Manifests are named per backup at run time; access is confined to the manifests prefix.",
+}
+
+
+def add_nag_checks(scope: IConstruct) -> None:
+    Validations.of(scope).add_plugins(AwsSolutionsChecks(scope))
+
+
+def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
+    Validations.of(construct).acknowledge(Acknowledgment(id=finding, reason=reason))
+
+
+def _ref(stack: Stack, element: IConstruct) -> str:
+    child = element.node.default_child if not isinstance(element, CfnElement) else element
+    assert isinstance(child, CfnElement)
+    return stack.get_logical_id(child)
+
+
+def wildcard(resource: str) -> str:
+    return f"AwsSolutions-IAM5[Resource::{resource}]"
+
+
+def suppress_findings(stack: "BraidStack") -> None:
+    bucket = f"<{_ref(stack, stack.storage.bucket)}.Arn>"
+    functions = stack.functions
+    uses = {
+        "prepare": ["staging/*"],
+        "plan": ["staging/*"],
+        "worker": ["staging/*", "data/*"],
+        "finalize": ["staging/*", "data/*", "manifests/*"],
+        "cleanup": ["staging/*", "data/*", "manifests/*"],
+        "verify": ["staging/*", "data/*", "manifests/*"],
+    }
+    for name, patterns in uses.items():
+        policy = functions.roles[name].node.find_child("DefaultPolicy")
+        acknowledge(policy, wildcard("*"), XRAY)
+        log_group = functions.node.find_child(f"{name.capitalize()}Logs")
+        acknowledge(policy, wildcard(f"<{_ref(stack, log_group)}.Arn>:*"), LOG_STREAMS)
+        for pattern in patterns:
+            acknowledge(policy, wildcard(f"{bucket}/{pattern}"), OBJECTS[pattern])
+
+    machine = stack.pipeline.state_machine
+    machine_id = _ref(stack, machine)
+    machine_policy = machine.role.node.find_child("DefaultPolicy")
+    acknowledge(machine_policy, wildcard("*"), XRAY + " (state machine tracing)")
+    acknowledge(machine_policy, wildcard(f"{bucket}/staging/*"), "The map's ItemReader reads plan rounds under staging/.")
+    acknowledge(
+        machine_policy,
+        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
+        "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the plan rounds' keys are per backup.",
+    )
+    for name in uses:
+        acknowledge(
+            machine_policy,
+            wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
+            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
+        )
+    map_policy = machine.node.find_child("DistributedMapPolicy")
+    execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{machine_id}"}}]}}]}}'
+    reason = "Added by CDK's DistributedMap: the state machine manages its own map runs, whose ids are made at run time."
+    acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
+    acknowledge(map_policy, wildcard(f"{execution}/chunks:*"), reason)
+
+    access = stack.access
+    agent = access.agent_policy
+    acknowledge(agent, wildcard(f"{bucket}/staging/*"), OBJECTS["staging/*"] + " The agent writes only here.")
+    acknowledge(agent, wildcard(f"{bucket}/manifests/*"), "The agent reads manifests to confirm a backup was published.")
+    acknowledge(
+        agent,
+        wildcard(f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:<{machine_id}.Name>:*"),
+        "DescribeExecution on this state machine's executions, which are named per backup at run time.",
+    )
+    restore = access.restore_role.node.find_child("DefaultPolicy")
+    acknowledge(restore, wildcard(f"{bucket}/data/*"), OBJECTS["data/*"])
+    acknowledge(restore, wildcard(f"{bucket}/manifests/*"), OBJECTS["manifests/*"])

@@ -1,0 +1,164 @@
+"""Pipeline: the backup state machine, one Standard execution per backup.
+
+    Prepare ─► PlanSegments ─► SegmentsReady? ─ready─► ProcessChunks ─┐
+                    ▲              │ waiting                          │
+                    │              ▼                                  │
+                    └──────── WaitForSegments                         │
+                    └─────────────────────────────────────────────────┘
+                                   │ done
+                                   ▼
+                                Finalize ─► BackupSucceeded
+    any failure (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
+
+The wait loop lets the fan-out of finished segments start while later
+segments still upload. ProcessChunks is a Distributed Map reading a plan
+round from S3 (ItemReader), MaxConcurrency from the execution input, with
+EXPRESS child workflows (billed per child, not per state transition; see
+braid.cloud.item_sizing) running the Worker with retries on Lambda
+throttling and transient errors. The map tolerates no failed item on AWS;
+Finalize re-checks every chunk anyway, which also covers emulators that
+turn failed items into nulls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from braid_infra.functions import PipelineFunctions
+from braid_infra.storage import Storage
+
+# Lambda's own transient failures, as Step Functions names them.
+LAMBDA_TRANSIENT = [
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
+    "Lambda.TooManyRequestsException",
+]
+# Braid's typed error for S3 that kept failing past the client's retries.
+TRANSIENT = [*LAMBDA_TRANSIENT, "StorageError", "Sandbox.Timedout"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    interval: Duration = Duration.seconds(2)
+    max_attempts: int = 6
+    backoff_rate: float = 2.0
+    max_delay: Duration = Duration.seconds(60)
+
+
+class BackupPipeline(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        storage: Storage,
+        functions: PipelineFunctions,
+        worker_retry: RetryPolicy = RetryPolicy(),
+        step_retry: RetryPolicy = RetryPolicy(max_attempts=3),
+    ) -> None:
+        super().__init__(scope, construct_id)
+
+        def step(name: str, function: str, result_path: str) -> tasks.LambdaInvoke:
+            task = tasks.LambdaInvoke(
+                self,
+                name,
+                state_name=name,
+                lambda_function=functions[function],
+                payload_response_only=True,
+                retry_on_service_exceptions=False,
+                result_path=result_path,
+            )
+            task.add_retry(
+                errors=LAMBDA_TRANSIENT,
+                interval=step_retry.interval,
+                max_attempts=step_retry.max_attempts,
+                backoff_rate=step_retry.backoff_rate,
+                max_delay=step_retry.max_delay,
+                jitter_strategy=sfn.JitterType.FULL,
+            )
+            return task
+
+        prepare = step("Prepare", "prepare", "$.prepared")
+        plan = step("PlanSegments", "plan", "$.plan")
+        finalize = step("Finalize", "finalize", "$.summary")
+        cleanup = step("Cleanup", "cleanup", "$.failure")
+
+        worker = tasks.LambdaInvoke(
+            self,
+            "Worker",
+            state_name="Worker",
+            lambda_function=functions["worker"],
+            payload_response_only=True,
+            retry_on_service_exceptions=False,
+        )
+        worker.add_retry(
+            errors=TRANSIENT,
+            interval=worker_retry.interval,
+            max_attempts=worker_retry.max_attempts,
+            backoff_rate=worker_retry.backoff_rate,
+            max_delay=worker_retry.max_delay,
+            jitter_strategy=sfn.JitterType.FULL,
+        )
+
+        process = sfn.DistributedMap(
+            self,
+            "ProcessChunks",
+            state_name="ProcessChunks",
+            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
+            max_concurrency_path="$.max_concurrency",
+            item_selector={
+                "backup.$": "$.backup",
+                "prefix.$": "$.prefix",
+                "repository.$": "$.prepared.repository",
+                "level.$": "$.prepared.level",
+                "item.$": "$$.Map.Item.Value",
+            },
+            result_path=sfn.JsonPath.DISCARD,
+            label="chunks",
+        )
+        process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
+
+        wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path("$.plan.wait_seconds"))
+        succeeded = sfn.Succeed(self, "BackupSucceeded", state_name="BackupSucceeded")
+        failed = sfn.Fail(self, "BackupFailed", state_name="BackupFailed", error_path="$.failure.error", cause_path="$.failure.cause")
+        cleanup_failed = sfn.Fail(
+            self,
+            "CleanupFailed",
+            state_name="CleanupFailed",
+            error="CleanupFailed",
+            cause="The backup failed and so did its cleanup; nothing was published. Staging expires by the bucket lifecycle within 2 days.",
+        )
+
+        for state in (prepare, plan, process, finalize):
+            state.add_catch(cleanup, errors=["States.ALL"], result_path="$.error")
+        cleanup.add_catch(cleanup_failed, errors=["States.ALL"], result_path="$.cleanup_error")
+        cleanup.next(failed)
+
+        choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
+        choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
+        choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
+        choice.otherwise(wait.next(plan))
+
+        definition = prepare.next(plan).next(choice)
+        log_group = logs.LogGroup(self, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
+        self.state_machine = sfn.StateMachine(
+            self,
+            "Backup",
+            definition_body=sfn.DefinitionBody.from_chainable(definition),
+            state_machine_type=sfn.StateMachineType.STANDARD,
+            comment="Braid backup: staged stream -> chunks -> verified manifest",
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+            timeout=Duration.days(7),
+        )
+        # The ItemReader reads plan rounds straight from S3.
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn("staging/*")]))

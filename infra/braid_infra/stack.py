@@ -1,0 +1,67 @@
+"""BraidStack: one stack composed of one construct per concern.
+
+Its outputs are what `braid init --repo s3://... --stack NAME` reads to
+write the repository config, so nobody copies ARNs by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import CfnOutput, Stack
+from constructs import Construct
+
+from braid_infra.access import HostAccess
+from braid_infra.functions import PipelineFunctions
+from braid_infra.keys import Keys
+from braid_infra.layer import BraidLayer
+from braid_infra.monitoring import Monitoring
+from braid_infra.nag import suppress_findings
+from braid_infra.pipeline import BackupPipeline, RetryPolicy
+from braid_infra.schedules import Schedules
+from braid_infra.storage import Storage
+
+# Output names: a contract with the agent's `braid init --stack`.
+OUTPUT_BUCKET = "RepositoryBucket"
+OUTPUT_REPOSITORY = "RepositoryUrl"
+OUTPUT_KEY = "DataKeyArn"
+OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
+OUTPUT_AGENT_POLICY = "AgentPolicyArn"
+OUTPUT_AGENT_ROLE = "AgentRoleArn"
+OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
+
+
+class BraidStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        repository_prefix: str = "",
+        layer_dir: Path | None = None,
+        worker_retry: RetryPolicy = RetryPolicy(),
+        step_retry: RetryPolicy = RetryPolicy(max_attempts=3),
+        **kwargs,  # type: ignore[no-untyped-def]
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        prefix = repository_prefix.strip("/")
+        self.storage = Storage(self, "Storage", repository_prefix=prefix)
+        self.keys = Keys(self, "Keys", alias=f"alias/braid/{construct_id}")
+        self.layer = BraidLayer(self, "Layer", asset_dir=layer_dir)
+        self.functions = PipelineFunctions(self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer)
+        self.pipeline = BackupPipeline(
+            self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
+        )
+        self.schedules = Schedules(self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix)
+        self.monitoring = Monitoring(self, "Monitoring", state_machine=self.pipeline.state_machine, functions=self.functions.functions)
+        self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
+
+        bucket = self.storage.bucket.bucket_name
+        CfnOutput(self, OUTPUT_BUCKET, value=bucket, description="Repository bucket")
+        CfnOutput(self, OUTPUT_REPOSITORY, value=f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", description="braid --repo")
+        CfnOutput(self, OUTPUT_KEY, value=self.keys.key.key_arn, description="KMS key wrapping data keys")
+        CfnOutput(self, OUTPUT_STATE_MACHINE, value=self.pipeline.state_machine.state_machine_arn, description="Backup state machine")
+        CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
+        CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")
+        CfnOutput(self, OUTPUT_RESTORE_ROLE, value=self.access.restore_role.role_arn, description="Role for restore hosts")
+        suppress_findings(self)
