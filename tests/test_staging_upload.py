@@ -310,7 +310,7 @@ def crash_then_resume(store: S3Store, calls: S3Calls, data: bytes, crash_after: 
     """Upload until `crash_after` parts were sent, then die; returns parts stored before the crash."""
     calls.crash_after = crash_after
     with pytest.raises(Crash):
-        run(store, [data], segment_parts=4)
+        run(store, [data], segment_parts=4, concurrency=1)  # one thread: the crash point is exact
     stored = calls.uploads_ok
     calls.crash_after = None
     calls.uploads_sent = calls.uploads_ok = 0
@@ -321,7 +321,7 @@ def test_resume_sends_only_missing_parts(s3: tuple[S3Store, S3Calls]) -> None:
     store, calls = s3
     data = stream(CHUNK * 16 + 999)  # 17 parts, 5 segments of 4
     stored = crash_then_resume(store, calls, data, crash_after=7)
-    assert 0 < stored <= 7
+    assert stored == 7  # segment 0 complete and recorded, 3 parts of segment 1
     assert store.head(stream_end_key(REF)) is None
 
     upload = StagingUpload.resume(store, REF, inputs=["/pipe0"], **options())
@@ -353,6 +353,48 @@ def test_resume_resends_a_part_that_differs(s3: tuple[S3Store, S3Calls]) -> None
         upload.finish()
     assert calls.uploads_ok == 9 - stored + 1
     assert reassemble(store, 0) == data
+
+
+def test_resume_after_a_crash_between_complete_and_record(s3: tuple[S3Store, S3Calls]) -> None:
+    """S3 completed segment 0 but the agent died before writing its record."""
+    store, calls = s3
+
+    def die_on_record(params: dict[str, Any], **_: Any) -> None:
+        if "/segments/" in params["Key"]:
+            raise Crash()
+
+    handler_id = "crash-before-record"
+    store.client.meta.events.register("before-parameter-build.s3.PutObject", die_on_record, unique_id=handler_id)
+    data = stream(CHUNK * 6)
+    with pytest.raises(Crash):
+        run(store, [data], segment_parts=4, concurrency=1)
+    store.client.meta.events.unregister("before-parameter-build.s3.PutObject", unique_id=handler_id)
+    assert records(store) == [] and store.head(f"staging/{REF.name}/{REF.id}/in0/seg00000") is not None
+    calls.uploads_sent = calls.uploads_ok = 0
+
+    upload = StagingUpload.resume(store, REF, **options())
+    with upload:
+        Feeder().feed(upload, [data])
+        upload.finish()
+    assert calls.uploads_ok == 2  # only segment 1; segment 0 was checked against S3's checksum and recorded
+    assert [r.parts for r in records(store)] == [4, 2]
+    assert reassemble(store, 0) == data
+
+
+def test_a_part_changed_before_completion_is_not_recorded(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    tampered = threading.Event()
+
+    def tamper(params: dict[str, Any], **_: Any) -> None:
+        if not tampered.is_set():
+            tampered.set()
+            key, upload_id = params["Key"], params["UploadId"]
+            store.client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload_id, PartNumber=1, Body=b"\1" * CHUNK)
+
+    store.client.meta.events.register("before-parameter-build.s3.CompleteMultipartUpload", tamper)
+    with pytest.raises(StorageError):
+        run(store, [stream(CHUNK * 3)], segment_parts=4)
+    assert records(store) == [] and store.head(stream_end_key(REF)) is None
 
 
 def test_resume_refuses_a_different_stream(s3: tuple[S3Store, S3Calls]) -> None:
