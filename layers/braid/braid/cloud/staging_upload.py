@@ -300,7 +300,12 @@ class StagingUpload:
 
     @classmethod
     def resume(cls, store: S3Store, ref: BackupRef, *, inputs: list[str] | None = None, **options: Any) -> "StagingUpload":
-        """Continue an interrupted upload from what S3 holds (nothing from the host)."""
+        """Continue an interrupted upload from what S3 holds (nothing from the host).
+
+        Feed it the re-read inputs from their first byte, as for `start`.
+        If the upload had already finished (`stream_end` is set) there is
+        nothing to send: skip reading and go on to the pipeline.
+        """
         try:
             session = SessionRecord.from_bytes(store.get(session_key(ref)))
         except NotFoundError:
@@ -484,7 +489,10 @@ class StagingUpload:
         except BaseException as exc:  # recorded; finish() raises it
             self._fail(exc)
         finally:
-            release()
+            try:
+                release()
+            except BaseException as exc:  # the reader's bug must not leak a slot
+                self._fail(exc)
             with self._lock:
                 self.in_flight -= 1
             self._slots.release()
