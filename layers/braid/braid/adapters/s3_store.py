@@ -83,7 +83,9 @@ def s3_client(
     """A boto3 S3 client sized for `concurrency` threads sharing it.
 
     boto3 clients are thread-safe; the pool must hold one connection per
-    thread plus a few for records and listings, or threads queue for a socket.
+    thread plus a few for records and listings, or urllib3 discards and
+    reopens connections. Connections open lazily, so a generous floor costs
+    nothing when a caller does not say how many threads it runs.
     `AWS_ENDPOINT_URL` (an emulator, s3proxy) is honoured by boto3 itself.
     "standard" retries back off with jitter on throttling, 5xx and connection
     errors; "adaptive" also rate-limits the client when S3 answers SlowDown.
@@ -94,7 +96,7 @@ def s3_client(
         raise UsageError(f"invalid retry mode {retry_mode!r}: use standard or adaptive")
     config = Config(
         retries={"mode": retry_mode, "total_max_attempts": max_attempts},
-        max_pool_connections=max(10, concurrency + 8),
+        max_pool_connections=max(64, concurrency + 8),
         connect_timeout=10,
         read_timeout=120,
         tcp_keepalive=True,
