@@ -204,3 +204,13 @@ def test_s3_error_messages_name_the_object_and_the_fix() -> None:
     slow = map_error(_client_error("SlowDown", 503), action="writing", bucket="b", key="k", permission="s3:PutObject")
     assert "SlowDown" in str(slow) and "--concurrency" in str(slow)
     assert isinstance(map_error(_client_error("NoSuchKey", 404), action="reading", bucket="b", key="k", permission="x"), NotFoundError)
+
+
+def test_s3_client_settings(aws_env: None) -> None:
+    """Host cost: no SHA-256 of every payload byte (the CRC64NVME covers integrity), pool fits the threads."""
+    client = s3_client(region="us-east-1", concurrency=100)
+    assert client.meta.config.s3["payload_signing_enabled"] is False
+    assert client.meta.config.max_pool_connections >= 100
+    assert client.meta.config.retries["mode"] == "standard"
+    with pytest.raises(UsageError):
+        s3_client(region="us-east-1", retry_mode="fast")
