@@ -50,3 +50,13 @@ class ObjectStore(Protocol):
     def delete(self, keys: Iterable[str]) -> None:
         """Remove objects; missing ones are not an error."""
         ...
+
+
+def read_object(store: ObjectStore, key: str, buffer: bytearray) -> memoryview | bytes:
+    """The whole object, into a reused buffer where the store offers `get_into`.
+
+    Restore and deep verify read thousands of 64 MiB chunks; a fresh buffer
+    for each costs page faults comparable to decrypting it.
+    """
+    get_into = getattr(store, "get_into", None)
+    return get_into(key, buffer) if get_into else store.get(key)

@@ -25,7 +25,7 @@ from braid.errors import BackupError, InputError, IntegrityError, NotFoundError,
 from braid.keys import DataKey
 from braid.layout import chunk_key
 from braid.manifest import ChunkEntry, InputEntry, Manifest
-from braid.object_store import ObjectStore
+from braid.object_store import ObjectStore, read_object
 
 ProgressFn = Callable[[dict[str, object]], None]
 
@@ -65,8 +65,8 @@ def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[Outpu
     return [OutputTarget(p, p) for p in paths]
 
 
-def _write_all(handle: BinaryIO, data: bytes, label: str) -> None:
-    view = memoryview(data)
+def _write_all(handle: BinaryIO, data: memoryview, label: str) -> None:
+    view = data
     try:
         while view:
             written = handle.write(view)
@@ -95,30 +95,46 @@ def restore_backup(
     errors: list[BaseException] = []
     lock = threading.Lock()
     totals = {"bytes_written": 0, "chunks_done": 0}
-    window = max(2, (workers + 2) // max(1, len(targets)))
+    window = max(2, (workers + 1) // max(1, len(targets)))
+    # Plaintext buffers circulate between decoders and writers: at most
+    # (window + 1) per output exist, so memory is bounded and no chunk pays
+    # for a fresh 64 MiB allocation.
+    free_buffers: list[bytearray] = []
 
-    def fetch(entry: ChunkEntry) -> bytes:
+    def take_buffer() -> bytearray:
+        with lock:
+            return free_buffers.pop() if free_buffers else bytearray()
+
+    def give_buffer(buffer: bytearray) -> None:
+        with lock:
+            free_buffers.append(buffer)
+
+    def fetch(entry: ChunkEntry) -> tuple[bytearray, memoryview]:
         if cancelled.is_set():
             raise BackupError("restore cancelled")
         codec = getattr(codecs, "codec", None)
         if codec is None:
             codec = codecs.codec = ChunkCodec(key)
+            codecs.stored = bytearray()
         try:
-            stored = store.get(chunk_key(ref, entry.index))
+            stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
         except NotFoundError:
             raise IntegrityError(f"chunk {entry.index} of backup {ref} is missing from the repository") from None
-        return codec.decode(
+        buffer = take_buffer()
+        plaintext = codec.decode(
             stored,
             backup=str(ref),
             index=entry.index,
             input_index=entry.input_index,
             plaintext_length=entry.length,
             plaintext_mac=entry.mac,
+            out=buffer,
         )
+        return buffer, plaintext
 
     def write_input(entry: InputEntry, target: OutputTarget, pool: ThreadPoolExecutor) -> None:
         try:
-            pending: deque[tuple[ChunkEntry, Future[bytes]]] = deque()
+            pending: deque[tuple[ChunkEntry, Future[tuple[bytearray, memoryview]]]] = deque()
             chunks = iter(entry.chunks)
             with target.open(force) as handle:
                 for chunk in chunks:
@@ -129,11 +145,12 @@ def restore_backup(
                     if cancelled.is_set():
                         return
                     chunk, future = pending.popleft()
-                    plaintext = future.result()
+                    buffer, plaintext = future.result()
                     nxt = next(chunks, None)
                     if nxt is not None:
                         pending.append((nxt, pool.submit(fetch, nxt)))
                     _write_all(handle, plaintext, target.label)
+                    give_buffer(buffer)
                     with lock:
                         totals["bytes_written"] += len(plaintext)
                         totals["chunks_done"] += 1

@@ -21,7 +21,7 @@ from braid.errors import BackupError, IntegrityError, NotFoundError
 from braid.keys import DataKey
 from braid.layout import chunk_key
 from braid.manifest import ChunkEntry, Manifest
-from braid.object_store import ObjectStore
+from braid.object_store import ObjectStore, read_object
 from braid.stored_checksum import stored_checksum
 
 
@@ -108,8 +108,9 @@ def verify_backup(
         codec = getattr(codecs, "codec", None)
         if codec is None:
             codec = codecs.codec = ChunkCodec(key)
+            codecs.stored, codecs.plaintext = bytearray(), bytearray()
         try:
-            stored = store.get(chunk_key(ref, entry.index))
+            stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
         except NotFoundError:
             raise IntegrityError(f"chunk {entry.index} of backup {ref} is missing from the repository") from None
         if len(stored) != entry.stored_length or stored_checksum(stored) != entry.checksum:
@@ -121,6 +122,7 @@ def verify_backup(
             input_index=entry.input_index,
             plaintext_length=entry.length,
             plaintext_mac=entry.mac,
+            out=codecs.plaintext,
         )
 
     def run(entry: ChunkEntry) -> None:

@@ -80,6 +80,27 @@ class LocalStore:
         except OSError as exc:
             raise _storage_error("reading", path, exc) from None
 
+    def get_into(self, key: str, buffer: bytearray) -> memoryview:
+        """The whole object read into `buffer` (grown if needed): no fresh allocation per chunk."""
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if len(buffer) < size:
+                    buffer.extend(bytes(size - len(buffer)))
+                view = memoryview(buffer)[:size]
+                filled = 0
+                while filled < size:
+                    n = handle.readinto(view[filled:])
+                    if not n:
+                        break
+                    filled += n
+                return view[:filled]
+        except FileNotFoundError:
+            raise NotFoundError(f"object {key} not found in {self.root}") from None
+        except OSError as exc:
+            raise _storage_error("reading", path, exc) from None
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         path = self._path(key)
         try:

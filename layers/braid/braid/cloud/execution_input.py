@@ -27,7 +27,7 @@ DEFAULT_POLL_SECONDS = 15
 DEFAULT_STALL_SECONDS = 3600
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
 MAX_CONCURRENCY_LIMIT = 10_000
-_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,80}$")
+_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
 
 
 def execution_name(ref: BackupRef) -> str:
