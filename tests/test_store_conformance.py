@@ -17,7 +17,7 @@ from moto import mock_aws
 from braid.adapters.local_store import LocalStore
 from braid.adapters.s3_store import S3Store, map_error, parse_s3_url, s3_client
 from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
-from braid.object_store import ObjectStore
+from braid.object_store import ObjectStore, read_object
 from braid.stored_checksum import stored_checksum
 
 BUCKET = "braid-conformance"
@@ -66,6 +66,20 @@ def test_put_accepts_memoryview_slices_and_bytearrays(store: ObjectStore) -> Non
     assert store.get("a") == bytes(buffer[100:1100])
     assert store.get("b") == bytes(buffer)
     assert store.get("empty") == b""
+
+
+def test_get_into_reuses_the_buffer(store: ObjectStore) -> None:
+    big, small = os.urandom(50_000), os.urandom(1_000)
+    store.put("big", big)
+    store.put("small", small)
+    buffer = bytearray(10)
+    assert bytes(read_object(store, "big", buffer)) == big
+    assert len(buffer) >= 50_000
+    grown = len(buffer)
+    assert bytes(read_object(store, "small", buffer)) == small
+    assert len(buffer) == grown  # reused, not replaced
+    with pytest.raises(NotFoundError):
+        read_object(store, "nope", buffer)
 
 
 def test_get_range(store: ObjectStore) -> None:

@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterable, Iterator
 
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError, HTTPClientError, NoCredentialsError, NoRegionError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from braid.errors import AlreadyExistsError, BackupError, NotFoundError, RepositoryError, StorageError, UsageError
@@ -27,6 +27,7 @@ from braid.object_store import Buffer, ObjectInfo
 from braid.stored_checksum import ALGORITHM, s3_checksum_value, stored_checksum
 
 DELETE_BATCH = 1000  # DeleteObjects' limit per request
+_READ_BLOCK = 8 * 1024**2
 _CONFLICT_ATTEMPTS = 5  # 409 ConditionalRequestConflict: S3 asks us to retry
 
 # S3 error codes worth another attempt after botocore's own retries gave up.
@@ -173,6 +174,8 @@ def map_error(exc: BaseException, *, action: str, bucket: str, key: str | None, 
         if is_retryable(exc):
             return StorageError(f"S3 kept failing while {action} {where} after retries: {code}: {message}")
         return StorageError(f"S3 refused {action} {where}: {code}: {message}")
+    if isinstance(exc, FlexibleChecksumError):
+        return StorageError(f"checksum mismatch while {action} {where}: the bytes changed on the way; run it again")
     if isinstance(exc, BotoCoreError):
         return StorageError(f"error while {action} {where}: {exc}")
     return StorageError(f"error while {action} {where}: {exc}")
@@ -312,6 +315,35 @@ class S3Store:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
             return response["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "reading", key, "s3:GetObject") from None
+
+    def get_into(self, key: str, buffer: bytearray) -> memoryview:
+        """The whole object read into `buffer` (grown if needed), for restore's reused buffers.
+
+        Read in blocks through botocore's body, not `readinto` on the raw
+        stream, so botocore still checks the length and the CRC64NVME S3
+        returns with the object.
+        """
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            size = int(response["ContentLength"])
+            if len(buffer) < size:
+                buffer.extend(bytes(size - len(buffer)))
+            view = memoryview(buffer)
+            body = response["Body"]
+            filled = 0
+            while True:
+                block = body.read(_READ_BLOCK)
+                if not block:
+                    break
+                if filled + len(block) > size:
+                    raise StorageError(f"s3://{self.bucket}/{self.object_key(key)} returned more bytes than its length {size}; run it again")
+                view[filled : filled + len(block)] = block
+                filled += len(block)
+            if filled != size:
+                raise StorageError(f"s3://{self.bucket}/{self.object_key(key)} ended after {filled} of {size} bytes; run it again")
+            return view[:filled]
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, "reading", key, "s3:GetObject") from None
 
