@@ -340,7 +340,7 @@ class StagingUpload:
             if match and 0 <= int(match.group(1)) < len(self._inputs):
                 segment = self._segment(int(match.group(1)), int(match.group(2)))
                 if segment.record is None:
-                    segment.stored = self.store.head(info.key)
+                    segment.stored = self._stored_with_checksum(info.key)
         end = self.store.head(stream_end_key(self.ref))
         if end is not None:
             self.stream_end = StreamEnd.from_bytes(self.store.get(stream_end_key(self.ref)))
@@ -370,6 +370,19 @@ class StagingUpload:
                 if keep is None or upload_id != keep[0]:
                     # A completed segment's stray upload, or a duplicate: ours, under our staging prefix.
                     self._abort(segment.key, upload_id)
+
+    def _stored_with_checksum(self, key: str) -> ObjectInfo | None:
+        """An unrecorded segment object, if S3 tells its checksum; else it is uploaded again.
+
+        Without the checksum we could not tell whether it holds the re-read
+        bytes; no record points at it, so replacing it is safe. (HEAD's
+        checksum needs kms:Decrypt on SSE-KMS objects, which the agent may lack.)
+        """
+        try:
+            info = self.store.head(key)
+        except StorageError:
+            return None
+        return info if info is not None and info.checksum is not None else None
 
     def _list_parts(self, key: str, upload_id: str) -> dict[int, ExistingPart]:
         found: dict[int, ExistingPart] = {}
@@ -693,8 +706,7 @@ class StagingUpload:
             raise ValueError(f"finish before inputs {open_inputs} ended")
         self._wait_idle()
         self._shutdown()
-        if self._error is not None:
-            raise self._error
+        self._raise_if_failed()  # the first error, or "stopped" after abort()
         lengths = [state.length for state in self._inputs]
         counts = [-(-state.next_number // self.segment_parts) for state in self._inputs]
         for index, state in enumerate(self._inputs):
