@@ -27,18 +27,23 @@ def python_version() -> str:
     return RUNTIME.name.removeprefix("python")
 
 
-def build_layer(out: Path | None = None) -> Path:
-    """Run scripts/build-layer (a no-op when nothing changed); returns the asset directory."""
-    target = out or ROOT / "build" / "layer"
+def build_layer(root: Path | None = None) -> Path:
+    """Run scripts/build-layer (a no-op when nothing changed); returns the asset directory.
+
+    Content-addressed (build/layers/<input hash>/python/...), so a synth never
+    hashes a directory that another process is rebuilding.
+    """
+    target = root or ROOT / "build" / "layers"
     try:
-        subprocess.run(
-            [sys.executable, str(BUILD_SCRIPT), "--out", str(target), "--python-version", python_version()],
+        done = subprocess.run(
+            [sys.executable, str(BUILD_SCRIPT), "--out", str(target), "--content-addressed", "--python-version", python_version()],
             check=True,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
         )
     except subprocess.CalledProcessError as exc:
         raise RuntimeError(f"building the Lambda layer failed ({BUILD_SCRIPT}); see its output above") from exc
-    return target
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 class BraidLayer(Construct):

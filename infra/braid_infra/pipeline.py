@@ -124,6 +124,7 @@ class BackupPipeline(Construct):
             },
             result_path=sfn.JsonPath.DISCARD,
             label="chunks",
+            map_execution_type=sfn.StateMachineType.EXPRESS,
         )
         process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
 

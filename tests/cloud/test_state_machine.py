@@ -1,0 +1,276 @@
+"""The synthesized state machine, executed by moto with the handlers in-process.
+
+The definition is the one CDK synthesizes (tests/support/moto_stack renders
+its references to the moto resources); moto's Step Functions parser runs it
+and invokes the real handlers through tests/support/inprocess_lambda.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import boto3
+import moto.s3.models
+import pytest
+from aws_cdk import Duration
+from moto import mock_aws
+
+from braid.adapters.kms_keys import KmsKeyService
+from braid.adapters.s3_store import S3Store
+from braid.backup_id import BackupRef
+from braid.chunk_codec import ChunkCodec
+from braid.cloud.execution_input import ExecutionInput, execution_name
+from braid.errors import StorageError
+from braid.finalize import utc_now
+from braid.layout import chunk_key, data_prefix, manifest_key, staging_prefix
+from braid.repository import Repository, RepositoryConfig
+from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+from braid.stored_checksum import stored_checksum
+from braid.verification import verify_backup
+
+from support.inprocess_lambda import InProcessLambdas
+from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize
+
+pytestmark = pytest.mark.cloud
+
+CHUNK = 4096
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> SynthesizedStack:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra"))
+    from braid_infra.pipeline import RetryPolicy
+
+    fast = RetryPolicy(interval=Duration.seconds(1), max_attempts=3, backoff_rate=1.0, max_delay=Duration.seconds(1))
+    return synthesize(tmp_path_factory.mktemp("cdk.out"), worker_retry=fast, step_retry=fast)
+
+
+class Cloud:
+    def __init__(self, session: Any, deployed: DeployedStack, lambdas: InProcessLambdas) -> None:
+        self.session = session
+        self.deployed = deployed
+        self.lambdas = lambdas
+        self.s3 = session.client("s3")
+        self.sfn = session.client("stepfunctions")
+        self.store = S3Store(self.s3, deployed.bucket, "")
+        self.keys = KmsKeyService(session.client("kms"), deployed.key_arn)
+        self.repository = Repository.create(
+            self.store, RepositoryConfig.new(key={"type": "kms", "key_id": deployed.key_arn}, created=utc_now())
+        )
+
+    # -- the agent's side of the staging contract, written directly -----------------
+    def stage_session(self, ref: BackupRef, inputs: int, segment_parts: int) -> None:
+        session = SessionRecord(str(ref), self.repository.config.id, CHUNK, segment_parts, 3, [f"pipe{i}" for i in range(inputs)], utc_now())
+        self.store.put(session_key(ref), session.to_bytes())
+
+    def stage_segment(self, ref: BackupRef, input_index: int, segment: int, offset: int, data: bytes) -> None:
+        key = segment_key(ref, input_index, segment)
+        upload = self.s3.create_multipart_upload(Bucket=self.deployed.bucket, Key=key)["UploadId"]
+        parts = []
+        for number, start in enumerate(range(0, len(data), CHUNK), start=1):
+            etag = self.s3.upload_part(
+                Bucket=self.deployed.bucket, Key=key, UploadId=upload, PartNumber=number, Body=data[start : start + CHUNK]
+            )["ETag"]
+            parts.append({"ETag": etag, "PartNumber": number})
+        self.s3.complete_multipart_upload(Bucket=self.deployed.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+        record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data))
+        self.store.put(segment_record_key(ref, input_index, segment), record.to_bytes())
+
+    def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_parts: int, first_segment: int = 0) -> int:
+        size = CHUNK * segment_parts
+        segments = 0
+        for segment, start in enumerate(range(0, len(data), size)):
+            if segment >= first_segment:
+                self.stage_segment(ref, input_index, segment, start, data[start : start + size])
+            segments += 1
+        return segments
+
+    def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
+        counts = [-(-len(d) // (CHUNK * segment_parts)) for d in inputs]
+        self.store.put(stream_end_key(ref), StreamEnd([len(d) for d in inputs], counts).to_bytes())
+
+    def stage_backup(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
+        self.stage_session(ref, len(inputs), segment_parts)
+        for index, data in enumerate(inputs):
+            self.stage_input(ref, index, data, segment_parts)
+        self.stage_end(ref, inputs, segment_parts)
+
+    # -- the pipeline --------------------------------------------------------------
+    def start(self, ref: BackupRef, **options: Any) -> str:
+        request = ExecutionInput(backup=str(ref), poll_seconds=1, stall_seconds=30, **options)
+        return self.sfn.start_execution(
+            stateMachineArn=self.deployed.state_machine_arn, name=execution_name(ref), input=json.dumps(request.to_json())
+        )["executionArn"]
+
+    def wait(self, arn: str, timeout: float = 90) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            described = self.sfn.describe_execution(executionArn=arn)
+            if described["status"] != "RUNNING":
+                return described
+            time.sleep(0.2)
+        raise AssertionError(f"execution {arn} still running after {timeout} s")
+
+    def failures(self, arn: str) -> list[str]:
+        """The failure events of an execution, for assertion messages."""
+        events = self.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+        found = []
+        for event in events:
+            for name, detail in event.items():
+                if name.endswith("EventDetails") and isinstance(detail, dict) and ("error" in detail or "cause" in detail):
+                    found.append(f"{event['type']}: {detail.get('error')}: {str(detail.get('cause'))[:400]}")
+        return found
+
+    def keys_under(self, prefix: str) -> list[str]:
+        return [info.key for info in self.store.list(prefix)]
+
+    def open_uploads(self, prefix: str) -> list[str]:
+        return [u["Key"] for u in self.s3.list_multipart_uploads(Bucket=self.deployed.bucket, Prefix=prefix).get("Uploads", [])]
+
+    def restore(self, ref: BackupRef) -> list[bytes]:
+        """Decode every chunk of the published backup (authenticated, checksummed), per input."""
+        sealed = self.repository.load(ref)
+        key = self.keys.unwrap(sealed.manifest.key)
+        manifest = sealed.authenticate(key)
+        codec = ChunkCodec(key)
+        outputs = []
+        for entry in manifest.inputs:
+            parts = [
+                codec.decode(
+                    self.store.get(chunk_key(ref, c.index)),
+                    backup=str(ref),
+                    index=c.index,
+                    input_index=c.input_index,
+                    plaintext_length=c.length,
+                    plaintext_mac=c.mac,
+                )
+                for c in entry.chunks
+            ]
+            outputs.append(b"".join(parts))
+        return outputs
+
+
+@pytest.fixture
+def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), InProcessLambdas() as lambdas:
+        session = boto3.session.Session(region_name=REGION)
+        yield Cloud(session, deploy(synthesized, session), lambdas)
+
+
+def pattern(size: int, seed: int) -> bytes:
+    """Compressible but not trivial: distinct per input, so swapped chunks would show."""
+    line = f"row {seed:04d} ".encode()
+    return (line * (size // len(line) + 1))[:size]
+
+
+def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Cloud) -> None:
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 5 + 123, 1), pattern(CHUNK * 2, 2)]
+    segment_parts = 2
+    # The agent is still uploading when the pipeline starts: only input 1's
+    # first segment is there, so the first round maps while the rest uploads.
+    cloud.stage_session(ref, 2, segment_parts)
+    cloud.stage_segment(ref, 1, 0, 0, inputs[1][: CHUNK * 2])
+    arn = cloud.start(ref, max_concurrency=2)
+    time.sleep(1.5)
+    cloud.stage_input(ref, 0, inputs[0], segment_parts)
+    cloud.stage_end(ref, inputs, segment_parts)
+
+    result = cloud.wait(arn)
+
+    assert result["status"] == "SUCCEEDED", cloud.failures(arn)
+    output = json.loads(result["output"])
+    assert output["summary"]["chunks"] == 8 and output["summary"]["plaintext_bytes"] == sum(map(len, inputs))
+    assert cloud.restore(ref) == inputs
+    assert cloud.store.head(manifest_key(ref)) is not None
+    assert cloud.keys_under(staging_prefix(ref)) == []
+    assert cloud.open_uploads(staging_prefix(ref)) == []
+    # The map ran more than once: fan-out began before the stream ended.
+    history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    assert sum(1 for e in history if e["type"] == "MapRunStarted") >= 2
+
+
+def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Cloud) -> None:
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 3, 3)]
+    cloud.stage_backup(ref, inputs, segment_parts=4)
+    worker = cloud.deployed.functions["worker"]
+    cloud.lambdas.fail(worker, lambda: StorageError("S3 kept throttling (SlowDown) after retries"), times=1)
+
+    result = cloud.wait(cloud.start(ref, max_concurrency=1, max_chunks_per_item=1))
+
+    assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
+    assert cloud.lambdas.invocation_count(worker) == 3 + 1
+    assert cloud.restore(ref) == inputs
+
+
+def test_a_worker_that_always_fails_fails_the_backup_cleanly(cloud: Cloud) -> None:
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 4, 4)]
+    cloud.stage_backup(ref, inputs, segment_parts=2)
+    # A stray upload the agent left behind must be aborted too.
+    cloud.s3.create_multipart_upload(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 7))
+    worker = cloud.deployed.functions["worker"]
+    # Only the items of the second segment fail: the first segment's chunks get stored, then removed.
+    cloud.lambdas.fail(worker, lambda: StorageError("S3 refused writing: InternalError"), times=None, when=lambda e: e["item"]["seg"] == 1)
+
+    result = cloud.wait(cloud.start(ref, max_concurrency=2, max_chunks_per_item=1))
+
+    assert result["status"] == "FAILED", result
+    assert "Nothing was published" in result["cause"] and str(ref) in result["cause"]
+    assert result["error"] == "IntegrityError"
+    assert cloud.store.head(manifest_key(ref)) is None
+    assert cloud.keys_under(data_prefix(ref)) == []
+    assert cloud.keys_under(staging_prefix(ref)) == []
+    assert cloud.open_uploads(staging_prefix(ref)) == []
+    states = [e["type"] for e in cloud.sfn.get_execution_history(executionArn=result["executionArn"], maxResults=1000)["events"]]
+    assert "ExecutionFailed" in states
+    assert cloud.lambdas.invocation_count(cloud.deployed.functions["cleanup"]) == 1
+
+
+def invoke_worker(cloud: Cloud, ref: BackupRef, item: dict[str, Any]) -> dict[str, Any]:
+    event = {"backup": str(ref), "prefix": "", "repository": cloud.repository.config.id, "level": 3, "item": item}
+    response = cloud.session.client("lambda").invoke(FunctionName=cloud.deployed.functions["worker"], Payload=json.dumps(event))
+    payload = json.loads(response["Payload"].read() or b"null")
+    return {"error": response.get("FunctionError"), "payload": payload}
+
+
+def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud) -> None:
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 2, 5)]
+    cloud.stage_backup(ref, inputs, segment_parts=2)
+    assert cloud.wait(cloud.start(ref))["status"] == "SUCCEEDED"
+    published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)}
+    manifest = cloud.repository.load(ref).manifest
+    item = {"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
+            "chunk_size": CHUNK, "first_part": 1, "count": 2, "first_index": 0}
+    cloud.store.put(f"{staging_prefix(ref)}key.json", json.dumps(manifest.key.to_json()).encode())
+
+    # A retried worker with the same bytes: accepted, the stored chunks untouched.
+    cloud.stage_segment(ref, 0, 0, 0, inputs[0])
+    assert invoke_worker(cloud, ref, item)["error"] is None
+    # A late worker with different bytes: refused, the stored chunks untouched.
+    cloud.stage_segment(ref, 0, 0, 0, pattern(CHUNK * 2, 6))
+    late = invoke_worker(cloud, ref, item)
+
+    assert late["error"] and late["payload"]["errorType"] == "IntegrityError"
+    assert "already exists with different content" in late["payload"]["errorMessage"]
+    assert {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)} == published
+    key = cloud.keys.unwrap(manifest.key)
+    assert verify_backup(cloud.store, cloud.repository.load(ref).authenticate(key), key, deep=True).ok

@@ -1,0 +1,170 @@
+"""Synthesize the Braid stack and create its pipeline in moto.
+
+The template CDK synthesizes is the source: functions are created from their
+assets (zipped from cdk.out) with their rendered environments, and the state
+machine from its rendered DefinitionString. One documented compatibility
+pass is applied for moto 5.2.5's Step Functions parser (`compat_definition`).
+
+Not created: IAM policies, key policy, alarms, schedules and the layer (the
+in-process handlers import the `braid` package the layer is built from).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+_FUNCTION_ID = re.compile(r"^Functions([A-Z][a-z]+)[0-9A-F]{8}$")
+
+
+def cdk_context() -> dict[str, Any]:
+    """The context `cdk synth` uses (cdk.json), so tests synthesize the same template."""
+    return dict(json.loads((ROOT / "cdk.json").read_text())["context"])
+
+
+@dataclass(frozen=True)
+class SynthesizedStack:
+    name: str
+    template: dict[str, Any]
+    outdir: Path
+    assets: dict[str, Path]  # asset object key ("<hash>.zip") -> source directory
+
+
+def synthesize(outdir: Path, *, stack_name: str = "Braid", nag: bool = True, **props: Any) -> SynthesizedStack:
+    """Synthesize BraidStack offline with the Python API (cdk-nag on, as `cdk synth` runs it)."""
+    infra = str(ROOT / "infra")
+    if infra not in sys.path:
+        sys.path.insert(0, infra)
+    import aws_cdk as cdk
+
+    from braid_infra.nag import add_nag_checks
+    from braid_infra.stack import BraidStack
+
+    app = cdk.App(context=cdk_context(), outdir=str(outdir))
+    BraidStack(app, stack_name, **props)
+    if nag:
+        add_nag_checks(app)
+    app.synth()
+    template = json.loads((outdir / f"{stack_name}.template.json").read_text())
+    manifest = json.loads((outdir / f"{stack_name}.assets.json").read_text())
+    assets = {}
+    for entry in manifest.get("files", {}).values():
+        for destination in entry["destinations"].values():
+            assets[destination["objectKey"]] = outdir / entry["source"]["path"]
+    return SynthesizedStack(stack_name, template, outdir, assets)
+
+
+def resources_of(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def compat_definition(definition: str) -> str:
+    """moto 5.2.5's ASL parser knows only STANDARD child workflows; EXPRESS children run as
+    STANDARD there. Nothing Braid relies on differs: the worker is idempotent either way
+    (EXPRESS children are at-least-once), and Finalize checks every chunk itself."""
+    doc = json.loads(definition)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            config = node.get("ProcessorConfig")
+            if isinstance(config, dict) and config.get("ExecutionType") == "EXPRESS":
+                config["ExecutionType"] = "STANDARD"
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return json.dumps(doc)
+
+
+def zip_directory(directory: Path) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(directory.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                archive.write(path, path.relative_to(directory).as_posix())
+    return buffer.getvalue()
+
+
+@dataclass
+class DeployedStack:
+    bucket: str
+    key_arn: str
+    state_machine_arn: str
+    functions: dict[str, str] = field(default_factory=dict)  # step ("worker") -> function name
+    definition: str = ""
+
+
+def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) -> DeployedStack:
+    """Create the stack's bucket, key, functions and state machine in moto (via `session`)."""
+    from support.cfn_render import Resolver
+
+    region = session.region_name or "us-east-1"
+    s3, kms, iam = session.client("s3"), session.client("kms"), session.client("iam")
+    lambda_, sfn = session.client("lambda"), session.client("stepfunctions")
+    account = session.client("sts").get_caller_identity()["Account"]
+    resolver = Resolver(region=region, account=account)
+    template = stack.template
+
+    (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
+    bucket_name = bucket or f"braid-repository-{uuid.uuid4().hex[:12]}"
+    if region == "us-east-1":
+        s3.create_bucket(Bucket=bucket_name)
+    else:
+        s3.create_bucket(Bucket=bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
+    s3.put_bucket_versioning(Bucket=bucket_name, VersioningConfiguration={"Status": "Enabled"})
+    resolver.refs[bucket_id] = bucket_name
+    resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{bucket_name}"
+
+    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    key = kms.create_key(Description="Braid data keys (emulated)")["KeyMetadata"]
+    resolver.refs[key_id] = key["KeyId"]
+    resolver.attributes[(key_id, "Arn")] = key["Arn"]
+
+    role_arn = iam.create_role(
+        RoleName=f"braid-emulated-{uuid.uuid4().hex[:8]}",
+        AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}),
+    )["Role"]["Arn"]
+    for layer_id in resources_of(template, "AWS::Lambda::LayerVersion"):
+        resolver.refs[layer_id] = f"arn:aws:lambda:{region}:{account}:layer:braid:1"
+
+    deployed = DeployedStack(bucket_name, key["Arn"], "")
+    for lid, resource in resources_of(template, "AWS::Lambda::Function").items():
+        match = _FUNCTION_ID.match(lid)
+        if not match:
+            continue
+        props = resource["Properties"]
+        source = stack.assets[props["Code"]["S3Key"]]
+        created = lambda_.create_function(
+            FunctionName=lid[:64],
+            Runtime=props["Runtime"],
+            Role=role_arn,
+            Handler=props["Handler"],
+            Code={"ZipFile": zip_directory(source)},
+            Environment={"Variables": {k: str(resolver.render(v)) for k, v in props["Environment"]["Variables"].items()}},
+            MemorySize=int(props.get("MemorySize", 128)),
+            Timeout=int(props.get("Timeout", 3)),
+            Architectures=props.get("Architectures", ["x86_64"]),
+        )
+        resolver.refs[lid] = created["FunctionName"]
+        resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
+        deployed.functions[match.group(1).lower()] = created["FunctionName"]
+
+    ((machine_id, machine),) = resources_of(template, "AWS::StepFunctions::StateMachine").items()
+    definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
+    created_machine = sfn.create_state_machine(
+        name=f"{stack.name}-Backup", definition=definition, roleArn=role_arn, type=machine["Properties"].get("StateMachineType", "STANDARD")
+    )
+    deployed.state_machine_arn = created_machine["stateMachineArn"]
+    deployed.definition = definition
+    return deployed
