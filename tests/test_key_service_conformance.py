@@ -16,7 +16,7 @@ from braid.adapters import local_keys
 from braid.adapters.kms_keys import KmsKeyService, kms_client
 from braid.adapters.local_keys import LocalKeyFile
 from braid.errors import KeyAccessError
-from braid.keys import DataKey, KeyService, WrappedKey, encryption_context
+from braid.keys import KeyService, WrappedKey, encryption_context
 
 CONTEXT = encryption_context("repo-1", "db@20261123T010203Z-1a2b3c4d")
 

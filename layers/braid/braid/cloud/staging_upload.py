@@ -29,7 +29,6 @@ thread-safe); `concurrency` pool threads upload; `finish` waits for all.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import random
 import re
@@ -45,7 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.s3_store import S3Store, checksum_from_response, error_code, is_retryable, map_error, request_body
 from braid.backup_id import BackupRef
-from braid.errors import AlreadyExistsError, BackupError, InputError, NotFoundError, StorageError, UsageError
+from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
 from braid.layout import staging_prefix
 from braid.object_store import ObjectInfo
 from braid.staging_layout import (
