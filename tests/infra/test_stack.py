@@ -1,0 +1,239 @@
+"""What matters in the synthesized stack: permissions, encryption, the pipeline's shape.
+
+Synthesized offline with the Python API and cdk.json's context, cdk-nag
+(AWS Solutions) on: synth fails on any unacknowledged finding.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "infra"))
+
+import aws_cdk as cdk  # noqa: E402
+from aws_cdk import aws_iam as iam  # noqa: E402
+from aws_cdk.assertions import Match, Template  # noqa: E402
+
+from braid_infra.nag import add_nag_checks  # noqa: E402
+from braid_infra.stack import BraidStack  # noqa: E402
+from support.cfn_render import Resolver  # noqa: E402
+from support.moto_stack import cdk_context, resources_of  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> BraidStack:
+    app = cdk.App(context=cdk_context(), outdir=str(tmp_path_factory.mktemp("cdk.out")))
+    built = BraidStack(app, "Braid")
+    add_nag_checks(app)
+    app.synth()  # raises if cdk-nag reports an unacknowledged finding
+    return built
+
+
+@pytest.fixture(scope="module")
+def template(stack: BraidStack) -> Template:
+    return Template.from_stack(stack)
+
+
+def statements_of(template: Template, logical_prefix: str) -> list[dict[str, Any]]:
+    found = []
+    doc = template.to_json()["Resources"]
+    for lid, resource in doc.items():
+        if lid.startswith(logical_prefix) and resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+            found.extend(resource["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def actions(statements: list[dict[str, Any]]) -> set[str]:
+    result: set[str] = set()
+    for statement in statements:
+        value = statement["Action"]
+        result.update([value] if isinstance(value, str) else value)
+    return result
+
+
+def test_agent_may_stage_and_run_backups_but_holds_no_kms_permission(template: Template) -> None:
+    agent = statements_of(template, "AccessAgentPolicy")
+    granted = actions(agent)
+    assert not any(a.startswith("kms:") for a in granted)
+    assert granted == {
+        "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:GetObject",
+        "s3:ListBucket", "s3:ListBucketMultipartUploads", "states:StartExecution", "states:DescribeExecution",
+    }
+    writes = [s for s in agent if "s3:PutObject" in s["Action"]]
+    assert json.dumps(writes).count("/staging/*") == 1 and "/data/" not in json.dumps(writes)
+
+
+def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: Template) -> None:
+    (key,) = resources_of(template.to_json(), "AWS::KMS::Key").values()
+    assert key["Properties"]["EnableKeyRotation"] is True
+    policy = key["Properties"]["KeyPolicy"]["Statement"]
+    admin = [s for s in policy if s.get("Sid") == "KeyAdministration"]
+    assert admin and not any(a in admin[0]["Action"] for a in ("kms:Decrypt", "kms:GenerateDataKey", "kms:*"))
+    decrypters = {s["Sid"] for s in policy if s["Action"] == "kms:Decrypt"}
+    generators = {s["Sid"] for s in policy if s["Action"] == "kms:GenerateDataKey"}
+    assert decrypters == {"DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysVerifyRole", "DecryptDataKeysRestoreRole"}
+    assert generators == {"GenerateDataKeysPrepareRole"}
+    assert all(s["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}} for s in policy if s.get("Sid") != "KeyAdministration")
+    for role in ("FunctionsPlanRole", "FunctionsCleanupRole", "PipelineBackupRole"):
+        assert not any(a.startswith("kms:") for a in actions(statements_of(template, role))), role
+
+
+def test_pipeline_roles_write_only_where_their_step_must(template: Template) -> None:
+    def writes(role: str) -> str:
+        return json.dumps([s for s in statements_of(template, role) if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
+
+    assert "/manifests/*" not in writes("FunctionsWorkerRole") and "/data/*" in writes("FunctionsWorkerRole")
+    assert "s3:DeleteObject" not in writes("FunctionsWorkerRole")
+    assert "/manifests/*" in writes("FunctionsFinalizeRole") and "/data/*" not in writes("FunctionsFinalizeRole")
+    assert "/manifests/*" not in writes("FunctionsCleanupRole")
+
+
+def test_bucket_blocks_public_access_denies_plain_http_and_expires_staging(template: Template) -> None:
+    template.has_resource_properties(
+        "AWS::S3::Bucket",
+        {
+            "PublicAccessBlockConfiguration": {"BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True},
+            "BucketEncryption": {"ServerSideEncryptionConfiguration": [{"BucketKeyEnabled": True, "ServerSideEncryptionByDefault": {"SSEAlgorithm": "aws:kms"}}]},
+            "VersioningConfiguration": {"Status": "Enabled"},
+            "LifecycleConfiguration": {
+                "Rules": Match.array_with(
+                    [
+                        Match.object_like({"AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}),
+                        Match.object_like({"Prefix": "staging/", "ExpirationInDays": 2, "NoncurrentVersionExpiration": {"NoncurrentDays": 1}}),
+                    ]
+                )
+            },
+        },
+    )
+    template.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Effect": "Deny", "Action": "s3:*", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})]
+                )
+            }
+        },
+    )
+
+
+def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -> None:
+    functions = resources_of(template.to_json(), "AWS::Lambda::Function")
+    assert len(functions) == 6
+    (layer_id,) = resources_of(template.to_json(), "AWS::Lambda::LayerVersion")
+    for lid, function in functions.items():
+        props = function["Properties"]
+        assert props["Architectures"] == ["arm64"], lid
+        assert props["Runtime"] == "python3.14", lid
+        assert props["Layers"] == [{"Ref": layer_id}], lid
+        assert props["TracingConfig"] == {"Mode": "Active"}, lid
+        assert props["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"] == "braid"
+    template.has_resource_properties("AWS::Lambda::LayerVersion", {"CompatibleArchitectures": ["arm64"], "CompatibleRuntimes": ["python3.14"]})
+    template.has_resource_properties("AWS::Lambda::Function", {"Description": Match.string_like_regexp("Worker"), "MemorySize": 1769})
+
+
+class Placeholders(Resolver):
+    """Renders references as `<LogicalId>` / `<LogicalId.Attr>`, to read a definition offline."""
+
+    def ref(self, name: str) -> str:
+        return self.pseudo().get(name, f"<{name}>")
+
+    def get_att(self, name: str, attribute: str) -> str:
+        return f"<{name}.{attribute}>"
+
+
+def test_state_machine_definition(template: Template) -> None:
+    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    assert machine["Properties"]["StateMachineType"] == "STANDARD"
+    rendered = Placeholders().render(machine["Properties"]["DefinitionString"])
+    Template.from_json({"Resources": {"Definition": {"Type": "Braid::Definition", "Properties": {"DefinitionString": rendered}}}}).has_resource_properties(
+        "Braid::Definition",
+        {
+            "DefinitionString": Match.serialized_json(
+                Match.object_like(
+                    {
+                        "StartAt": "Prepare",
+                        "States": Match.object_like(
+                            {
+                                "Prepare": Match.object_like({"Next": "PlanSegments", "Catch": [Match.object_like({"Next": "Cleanup"})]}),
+                                "SegmentsReady?": Match.object_like({"Type": "Choice", "Default": "WaitForSegments"}),
+                                "WaitForSegments": {"Type": "Wait", "SecondsPath": "$.plan.wait_seconds", "Next": "PlanSegments"},
+                                "ProcessChunks": Match.object_like(
+                                    {
+                                        "Type": "Map",
+                                        "MaxConcurrencyPath": "$.max_concurrency",
+                                        "Next": "PlanSegments",
+                                        "ItemReader": Match.object_like(
+                                            {"ReaderConfig": {"InputType": "JSON"}, "Parameters": Match.object_like({"Key.$": "$.plan.items_object"})}
+                                        ),
+                                        "ItemProcessor": Match.object_like(
+                                            {
+                                                "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"},
+                                                "States": {
+                                                    "Worker": Match.object_like(
+                                                        {
+                                                            "Retry": [
+                                                                Match.object_like(
+                                                                    {
+                                                                        "ErrorEquals": Match.array_with(["Lambda.TooManyRequestsException", "StorageError"]),
+                                                                        "BackoffRate": 2,
+                                                                        "JitterStrategy": "FULL",
+                                                                    }
+                                                                )
+                                                            ]
+                                                        }
+                                                    )
+                                                },
+                                            }
+                                        ),
+                                        "Catch": [Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "Cleanup"})],
+                                    }
+                                ),
+                                "Finalize": Match.object_like({"Next": "BackupSucceeded", "Catch": [Match.object_like({"Next": "Cleanup"})]}),
+                                "Cleanup": Match.object_like({"Next": "BackupFailed"}),
+                                "BackupFailed": {"Type": "Fail", "ErrorPath": "$.failure.error", "CausePath": "$.failure.cause"},
+                            }
+                        ),
+                    }
+                )
+            ),
+        },
+    )
+    # Features moto's parser rejects, which must stay out of the definition.
+    definition = json.dumps(template.to_json())
+    for unsupported in ("ItemBatcher", "WriterConfig", "JSONL"):
+        assert unsupported not in definition
+
+
+def test_outputs_name_what_braid_init_needs(template: Template) -> None:
+    outputs = template.to_json()["Outputs"]
+    for name in ("RepositoryBucket", "RepositoryUrl", "DataKeyArn", "BackupStateMachineArn", "AgentPolicyArn", "AgentRoleArn", "RestoreRoleArn"):
+        assert name in outputs
+
+
+def test_cdk_nag_is_enforced_not_silenced(tmp_path: Path) -> None:
+    """A finding nobody acknowledged must fail synth (so the clean synth above means something)."""
+    app = cdk.App(context=cdk_context(), outdir=str(tmp_path))
+    stack = cdk.Stack(app, "Probe")
+    role = iam.Role(stack, "Wide", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    role.add_to_policy(iam.PolicyStatement(actions=["s3:*"], resources=["*"]))
+    add_nag_checks(app)
+    with pytest.raises(Exception, match=r"AwsSolutions-IAM5\[Action::s3:\*\]"):
+        app.synth()
+
+
+def test_cfn_lint_accepts_the_template(stack: BraidStack, tmp_path: Path) -> None:
+    path = tmp_path / "Braid.template.json"
+    path.write_text(json.dumps(Template.from_stack(stack).to_json()))
+    done = subprocess.run([str(ROOT / ".venv" / "bin" / "cfn-lint"), "--format", "parseable", str(path)], capture_output=True, text=True)
+    # parseable: path:line:col:endline:endcol:RULE:message; W3005 (CDK's explicit DependsOn) is only a warning
+    errors = [line for line in done.stdout.splitlines() if line.split(":")[5:6] and line.split(":")[5].startswith("E")]
+    assert done.returncode in (0, 4, 8), done.stdout + done.stderr  # 2 = errors; 4 = warnings; 8 = informational
+    assert not errors, done.stdout
