@@ -1,0 +1,58 @@
+"""Planner: contiguous, persisted chunk indexes; a retried planner never renumbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from braid.adapters.local_store import LocalStore
+from braid.backup_id import BackupRef
+from braid.cloud.item_sizing import chunks_per_item
+from braid.cloud.pipeline_plan import StagingStalledError, items_for_segments, load_rounds, plan_next_round, write_round
+from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+
+CHUNK = 100
+
+
+def record(ref: BackupRef, input_index: int, segment: int, offset: int, length: int) -> SegmentRecord:
+    return SegmentRecord(input_index, segment, segment_key(ref, input_index, segment), offset, length, -(-length // CHUNK), "crc64nvme:x")
+
+
+def plan(store: LocalStore, ref: BackupRef, idle: int = 0):  # type: ignore[no-untyped-def]
+    return plan_next_round(store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=20, idle_seconds=idle)
+
+
+def test_rounds_number_chunks_contiguously_and_a_retry_adopts_the_written_round(tmp_path: Path) -> None:
+    store, ref = LocalStore(tmp_path), BackupRef.new("db")
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a", "b"], "now").to_bytes())
+    assert plan(store, ref).status == "waiting"
+    first = record(ref, 1, 0, 0, 350)
+    store.put(segment_record_key(ref, 1, 0), first.to_bytes())
+    ready = plan(store, ref)
+    assert (ready.status, ready.round, ready.chunks) == ("ready", 1, 4)
+    # A racing attempt that computed round 1 differently loses and adopts what is stored.
+    adopted = write_round(store, ref, 1, items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 1))
+    assert {(i.input_index, i.segment_index) for i in adopted.items} == {(1, 0)} and sum(i.count for i in adopted.items) == 4
+    for segment, offset in ((0, 0), (1, 400)):
+        store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, offset, 400 if segment == 0 else 50).to_bytes())
+    second = plan(store, ref)
+    assert (second.round, second.chunks, second.planned_chunks) == (2, 5, 9)
+    indexes = sorted(c.index for r in load_rounds(store, ref) for item in r.items for c in item.chunks())
+    assert indexes == list(range(9))
+    assert plan(store, ref).status == "waiting"
+    store.put(stream_end_key(ref), StreamEnd([450, 350], [2, 1]).to_bytes())
+    assert plan(store, ref).status == "done"
+
+
+def test_a_stalled_agent_fails_the_plan(tmp_path: Path) -> None:
+    store, ref = LocalStore(tmp_path), BackupRef.new("db")
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    with pytest.raises(StagingStalledError, match="stopped uploading"):
+        plan(store, ref, idle=20)
+
+
+def test_items_are_a_few_chunks_only_when_that_still_fills_the_workers() -> None:
+    assert chunks_per_item(10, 100, 8) == 1
+    assert chunks_per_item(1000, 100, 8) == 8
+    assert chunks_per_item(300, 100, 8) == 3
