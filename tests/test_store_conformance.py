@@ -68,16 +68,18 @@ def test_put_accepts_memoryview_slices_and_bytearrays(store: ObjectStore) -> Non
     assert store.get("empty") == b""
 
 
-def test_get_into_reuses_the_buffer(store: ObjectStore) -> None:
+def test_get_into_reuses_the_buffer_and_never_resizes_it(store: ObjectStore) -> None:
     big, small = os.urandom(50_000), os.urandom(1_000)
     store.put("big", big)
     store.put("small", small)
-    buffer = bytearray(10)
-    assert bytes(read_object(store, "big", buffer)) == big
-    assert len(buffer) >= 50_000
-    grown = len(buffer)
-    assert bytes(read_object(store, "small", buffer)) == small
-    assert len(buffer) == grown  # reused, not replaced
+    buffer = bytearray(20_000)
+    alive = memoryview(buffer)  # another thread's view of the previous chunk
+    assert bytes(read_object(store, "big", buffer)) == big  # too big: read elsewhere
+    assert len(buffer) == 20_000
+    view = read_object(store, "small", buffer)
+    assert bytes(view) == small
+    assert isinstance(view, memoryview) and view.obj is buffer  # reused, not replaced
+    alive.release()
     with pytest.raises(NotFoundError):
         read_object(store, "nope", buffer)
 

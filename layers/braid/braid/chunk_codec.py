@@ -187,7 +187,7 @@ class ChunkCodec:
     ) -> memoryview:
         """Authenticate, decrypt, decompress and check one chunk, or raise.
 
-        The plaintext lands in `out` (grown if needed; a new buffer if None)
+        The plaintext lands in `out` (a new buffer if None or too small)
         and a view of it is returned only when every check passed, so callers
         may write it straight to the restore target.
         """
@@ -200,10 +200,8 @@ class ChunkCodec:
             )
         if header.plaintext_length != plaintext_length:
             raise IntegrityError(f"{where}: header length {header.plaintext_length} does not match the manifest ({plaintext_length})")
-        if out is None:
-            out = bytearray(plaintext_length)
-        elif len(out) < plaintext_length:
-            out.extend(bytes(plaintext_length - len(out)))
+        if out is None or len(out) < plaintext_length:
+            out = bytearray(plaintext_length)  # never resize the caller's: its old views may be alive
         plaintext = memoryview(out)[:plaintext_length]
         payload_length = len(stored) - start - TAG_BYTES
         compressed = header.compression == COMPRESSION_ZSTD

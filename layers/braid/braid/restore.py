@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Callable
 
 from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec
+from braid.chunk_codec import ChunkCodec, stored_size
 from braid.errors import BackupError, InputError, IntegrityError, NotFoundError, UsageError
 from braid.keys import DataKey
 from braid.layout import chunk_key
@@ -103,7 +103,7 @@ def restore_backup(
 
     def take_buffer() -> bytearray:
         with lock:
-            return free_buffers.pop() if free_buffers else bytearray()
+            return free_buffers.pop() if free_buffers else bytearray(manifest.chunk_size)
 
     def give_buffer(buffer: bytearray) -> None:
         with lock:
@@ -115,7 +115,7 @@ def restore_backup(
         codec = getattr(codecs, "codec", None)
         if codec is None:
             codec = codecs.codec = ChunkCodec(key)
-            codecs.stored = bytearray()
+            codecs.stored = bytearray(stored_size(str(ref), manifest.chunk_size))
         try:
             stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
         except NotFoundError:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec
+from braid.chunk_codec import ChunkCodec, stored_size
 from braid.errors import BackupError, IntegrityError, NotFoundError
 from braid.keys import DataKey
 from braid.layout import chunk_key
@@ -108,7 +108,8 @@ def verify_backup(
         codec = getattr(codecs, "codec", None)
         if codec is None:
             codec = codecs.codec = ChunkCodec(key)
-            codecs.stored, codecs.plaintext = bytearray(), bytearray()
+            codecs.stored = bytearray(stored_size(str(ref), manifest.chunk_size))
+            codecs.plaintext = bytearray(manifest.chunk_size)
         try:
             stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
         except NotFoundError:

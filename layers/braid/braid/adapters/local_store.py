@@ -81,14 +81,16 @@ class LocalStore:
             raise _storage_error("reading", path, exc) from None
 
     def get_into(self, key: str, buffer: bytearray) -> memoryview:
-        """The whole object read into `buffer` (grown if needed): no fresh allocation per chunk."""
+        """The whole object, read into `buffer` when it fits (else into a new one).
+
+        Never resizes `buffer`: views of its previous contents may still be
+        alive in other threads.
+        """
         path = self._path(key)
         try:
             with open(path, "rb", buffering=0) as handle:
                 size = os.fstat(handle.fileno()).st_size
-                if len(buffer) < size:
-                    buffer.extend(bytes(size - len(buffer)))
-                view = memoryview(buffer)[:size]
+                view = memoryview(buffer if len(buffer) >= size else bytearray(size))[:size]
                 filled = 0
                 while filled < size:
                     n = handle.readinto(view[filled:])

@@ -319,7 +319,10 @@ class S3Store:
             raise self._error(exc, "reading", key, "s3:GetObject") from None
 
     def get_into(self, key: str, buffer: bytearray) -> memoryview:
-        """The whole object read into `buffer` (grown if needed), for restore's reused buffers.
+        """The whole object, read into `buffer` when it fits (else into a new one).
+
+        Never resizes `buffer`: views of its previous contents may still be
+        alive in other threads (restore's reused buffers).
 
         Read in blocks through botocore's body, not `readinto` on the raw
         stream, so botocore still checks the length and the CRC64NVME S3
@@ -328,9 +331,7 @@ class S3Store:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
             size = int(response["ContentLength"])
-            if len(buffer) < size:
-                buffer.extend(bytes(size - len(buffer)))
-            view = memoryview(buffer)
+            view = memoryview(buffer if len(buffer) >= size else bytearray(size))
             body = response["Body"]
             filled = 0
             while True:
