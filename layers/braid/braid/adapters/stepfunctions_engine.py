@@ -16,6 +16,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.backup_id import BackupRef
+from braid.cloud.execution_input import execution_name
 from braid.errors import ExecutionError, NotFoundError, StorageError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
@@ -23,11 +24,6 @@ TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 
 def stepfunctions_client(region: str | None = None) -> Any:
     return boto3.client("stepfunctions", region_name=region, config=Config(retries={"mode": "standard", "max_attempts": 8}))
-
-
-def execution_name(ref: BackupRef) -> str:
-    """`NAME@ID` is a valid execution name (80 characters at most, no spaces or /:)."""
-    return str(ref)
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,17 @@ DEFAULT_POLL_SECONDS = 15
 DEFAULT_STALL_SECONDS = 3600
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
 MAX_CONCURRENCY_LIMIT = 10_000
-_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9._-]{1,80}$")
+# Step Functions execution names: 1-80 characters, no spaces, brackets, wildcards or "#%\\^|~`$&,;:/".
+_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,80}$")
 
 
 def execution_name(ref: BackupRef) -> str:
-    """The execution is named by the backup id, so a resumed start finds the same one."""
-    if not _EXECUTION_NAME.match(ref.id):
-        raise UsageError(f"backup id {ref.id!r} cannot name a Step Functions execution")
-    return ref.id
+    """The execution is named `NAME@ID`, so the console shows which backup it is
+    and a resumed start finds the same execution."""
+    name = str(ref)
+    if not _EXECUTION_NAME.match(name):
+        raise UsageError(f"backup {name!r} cannot name a Step Functions execution")
+    return name
 
 
 @dataclass(frozen=True)
