@@ -67,7 +67,15 @@ class CloudEngine:
         if resume:
             upload = StagingUpload.resume(self.store, ref, inputs=labels, **upload_options)
         else:
-            upload = StagingUpload.start(self.store, ref, inputs=labels, chunk_size=request.chunk_size, level=request.level, **upload_options)
+            upload = StagingUpload.start(
+                self.store,
+                ref,
+                inputs=labels,
+                chunk_size=request.chunk_size,
+                level=request.level,
+                repository_id=self.repository.config.id,
+                **upload_options,
+            )
         # Start the pipeline as soon as the session exists: it fans out each
         # segment as the agent completes it, while later ones still upload.
         document = ExecutionInput(backup=str(ref), prefix=self.store.prefix, max_concurrency=self.options.fan_out).to_json()
