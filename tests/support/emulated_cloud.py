@@ -1,0 +1,484 @@
+"""The emulated cloud: Braid's stack on a moto server on loopback (`scripts/emulated-aws`).
+
+    scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always]
+                         [--s3-slowdown N] [--fast-retries]
+
+Starts moto's server in this process (so the in-process Lambda hook of
+support.inprocess_lambda applies), with Step Functions execution on, and
+creates the stack's bucket, KMS key, functions and state machine from the
+template CDK synthesizes (support.moto_stack). The synthesized template is
+cached under build/emulated-cloud/, keyed by a hash of infra/, functions/,
+cdk.json and the options that change it, so only the first start synthesizes.
+
+It then does what an operator does after `cdk deploy`: a CloudFormation stack
+named after the CDK stack holds the stack's outputs (rendered from the
+template's own Outputs), and the real `braid init --repo s3://BUCKET --stack
+NAME` writes the repository config from them. Once ready it prints, on stdout
+and nothing else, `export NAME=VALUE` lines (AWS_ENDPOINT_URL,
+AWS_DEFAULT_REGION, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, BRAID_REPO),
+closes stdout, and serves until SIGINT or SIGTERM. Logs (the handlers'
+Powertools lines included) go to stderr.
+
+    scripts/emulated-aws > /tmp/braid.env &
+    until grep -q BRAID_REPO /tmp/braid.env; do sleep 0.2; done
+    . /tmp/braid.env
+    .venv/bin/braid backup --name db --input /p1 --input /p2
+
+Nothing in the product knows it runs on an emulator except the endpoint URL.
+
+Test aids (never needed to use it):
+  --request-log FILE   one JSON line per request the server answered:
+                       {"service", "op", "key", "part", "status", "caller"};
+                       "caller" is the access key id (the agent's is
+                       AGENT_ACCESS_KEY, the pipeline's PIPELINE_ACCESS_KEY)
+  --fail-worker MODE   the Worker Lambda raises StorageError (a transient
+                       error its Retry covers) once, or on every invocation
+  --s3-slowdown N      the first N UploadPart requests get 503 SlowDown
+  --fast-retries       synthesize the stack with 1 s, 3-attempt retry
+                       policies (construct props), so exhausting them is quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+from urllib.parse import parse_qs, unquote
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "tests") not in sys.path:
+    sys.path.insert(0, str(ROOT / "tests"))
+
+from support.moto_stack import SynthesizedStack, cdk_context, resources_of  # noqa: E402
+
+log = logging.getLogger("emulated-aws")
+
+REGION = "us-east-1"
+STACK_NAME = "Braid"
+AGENT_ACCESS_KEY = "testing"
+AGENT_SECRET_KEY = "testing"
+# The emulator's own calls (deploying, and the in-process handlers) sign with
+# this key, so a request log tells the agent's requests from the pipeline's.
+PIPELINE_ACCESS_KEY = "emulatedpipeline"
+CACHE_DIR = ROOT / "build" / "emulated-cloud"
+CACHE_FORMAT = "1"
+
+
+# -- the synthesized template, cached ------------------------------------------
+
+
+def _source_files() -> Iterable[Path]:
+    yield ROOT / "cdk.json"
+    for top in ("infra", "functions"):
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and "cdk.out" not in path.parts and path.suffix != ".pyc":
+                yield path
+
+
+def template_digest(options: dict[str, Any]) -> str:
+    import aws_cdk  # the version is part of what synthesizes the template
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps({"format": CACHE_FORMAT, "cdk": _cdk_version(aws_cdk), "options": options}, sort_keys=True).encode())
+    for path in _source_files():
+        digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def _cdk_version(module: Any) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aws-cdk-lib")
+    except Exception:  # pragma: no cover
+        return str(getattr(module, "__version__", "?"))
+
+
+def _retry_props(fast: bool) -> dict[str, Any]:
+    if not fast:
+        return {}
+    if str(ROOT / "infra") not in sys.path:
+        sys.path.insert(0, str(ROOT / "infra"))
+    from aws_cdk import Duration
+    from braid_infra.pipeline import RetryPolicy
+
+    quick = RetryPolicy(interval=Duration.seconds(1), max_attempts=3, backoff_rate=1.0, max_delay=Duration.seconds(1))
+    return {"worker_retry": quick, "step_retry": quick}
+
+
+def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> SynthesizedStack:
+    """The synthesized stack: from the cache, or synthesized once (a few seconds) and cached.
+
+    The layer is not built for the emulator (the in-process handlers import
+    the editable `braid` package the layer is built from), so an empty layer
+    asset stands in; everything else is what `cdk synth` writes.
+    """
+    options = {"stack": STACK_NAME, "fast_retries": fast_retries}
+    entry = cache_dir / template_digest(options)
+    if not (entry / "template.json").is_file():
+        started = time.monotonic()
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="synth-", dir=cache_dir))
+        try:
+            from support.moto_stack import synthesize
+
+            layer = work / "layer"
+            (layer / "python").mkdir(parents=True)
+            stack = synthesize(work / "cdk.out", stack_name=STACK_NAME, nag=False, layer_dir=layer, **_retry_props(fast_retries))
+            staged = work / "entry"
+            (staged / "assets").mkdir(parents=True)
+            assets = {}
+            for resource in resources_of(stack.template, "AWS::Lambda::Function").values():
+                object_key = resource["Properties"]["Code"]["S3Key"]
+                if isinstance(object_key, str) and object_key in stack.assets:
+                    shutil.copytree(stack.assets[object_key], staged / "assets" / object_key)
+                    assets[object_key] = object_key
+            (staged / "assets.json").write_text(json.dumps(assets, indent=1))
+            (staged / "template.json").write_text(json.dumps(stack.template))
+            try:
+                staged.rename(entry)
+            except OSError:  # another process cached the same digest first
+                if not (entry / "template.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        log.info("synthesized the stack in %.1f s; cached in %s", time.monotonic() - started, entry)
+    template = json.loads((entry / "template.json").read_text())
+    assets = {key: entry / "assets" / name for key, name in json.loads((entry / "assets.json").read_text()).items()}
+    return SynthesizedStack(STACK_NAME, template, entry, assets)
+
+
+# -- the server ------------------------------------------------------------------
+
+
+def s3_operation(method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]) -> tuple[str, str]:
+    """(S3 operation name, key) of a path-style request."""
+    bucket, _, key = path.lstrip("/").partition("/")
+    key = unquote(key)
+    if method == "PUT" and "partNumber" in query and "uploadId" in query:
+        return ("UploadPartCopy" if "x-amz-copy-source" in headers else "UploadPart"), key
+    if method == "POST" and "uploads" in query:
+        return "CreateMultipartUpload", key
+    if method == "POST" and "uploadId" in query:
+        return "CompleteMultipartUpload", key
+    if method == "POST" and "delete" in query:
+        return "DeleteObjects", ""
+    if method == "DELETE" and "uploadId" in query:
+        return "AbortMultipartUpload", key
+    if method == "GET" and "uploadId" in query:
+        return "ListParts", key
+    if method == "GET" and "uploads" in query:
+        return "ListMultipartUploads", ""
+    if not key:
+        if method == "GET" and not (set(query) - {"list-type", "prefix", "delimiter", "continuation-token", "max-keys", "encoding-type", "start-after", "fetch-owner"}):
+            return "ListObjects", ""
+        return f"{method} bucket?{','.join(sorted(query))}", ""
+    return {"GET": "GetObject", "PUT": "PutObject", "HEAD": "HeadObject", "DELETE": "DeleteObject"}.get(method, method), key
+
+
+def _credential(authorization: str) -> tuple[str, str]:
+    """(access key id, service) from a SigV4 Authorization header."""
+    marker = "Credential="
+    if marker not in authorization:
+        return "", ""
+    scope = authorization.split(marker, 1)[1].split(",", 1)[0].split("/")
+    return (scope[0], scope[3]) if len(scope) >= 5 else (scope[0], "")
+
+
+_SLOWDOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>emulated</RequestId></Error>"
+)
+
+
+class Faults:
+    """What the server and the Lambdas are told to do wrong (tests)."""
+
+    def __init__(self, s3_slowdown: int = 0) -> None:
+        self.s3_slowdown = s3_slowdown
+        self._lock = threading.Lock()
+
+    def take_slowdown(self) -> bool:
+        with self._lock:
+            if self.s3_slowdown > 0:
+                self.s3_slowdown -= 1
+                return True
+            return False
+
+
+class RequestLog:
+    def __init__(self, path: Path | None) -> None:
+        self._file = open(path, "a", buffering=1) if path else None
+        self._lock = threading.Lock()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        line = json.dumps(record, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+
+
+class Middleware:
+    """Between the WSGI server and moto: logs requests, injects S3 faults."""
+
+    def __init__(self, app: Callable[..., Any], faults: Faults, requests: RequestLog) -> None:
+        self.app = app
+        self.faults = faults
+        self.requests = requests
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        method = environ.get("REQUEST_METHOD", "")
+        caller, service = _credential(environ.get("HTTP_AUTHORIZATION", ""))
+        record: dict[str, Any] = {"t": round(time.time(), 3), "service": service, "caller": caller}
+        if service == "s3":
+            query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+            headers = {k[5:].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith("HTTP_")}
+            op, key = s3_operation(method, environ.get("PATH_INFO", "/"), query, headers)
+            record.update(op=op, key=key)
+            if op == "UploadPart":
+                record["part"] = int(query["partNumber"][0])
+                if self.faults.take_slowdown():
+                    length = int(environ.get("CONTENT_LENGTH") or 0)
+                    stream = environ["wsgi.input"]
+                    while length > 0:  # drain the body, as S3 does before answering
+                        got = stream.read(min(length, 1 << 20))
+                        if not got:
+                            break
+                        length -= len(got)
+                    record["status"] = 503
+                    self.requests.write(record)
+                    start_response("503 Slow Down", [("Content-Type", "application/xml"), ("Content-Length", str(len(_SLOWDOWN)))])
+                    return [_SLOWDOWN]
+        else:
+            target = environ.get("HTTP_X_AMZ_TARGET", "")
+            record["op"] = target.rpartition(".")[2] if target else parse_qs(environ.get("QUERY_STRING", "")).get("Action", [method])[0]
+
+        def capture(status: str, response_headers: Any, exc_info: Any = None) -> Any:
+            record["status"] = int(status.split(" ", 1)[0])
+            return start_response(status, response_headers, exc_info) if exc_info else start_response(status, response_headers)
+
+        result = self.app(environ, capture)
+        self.requests.write(record)
+        return result
+
+
+class EmulatorServer:
+    """moto's ThreadedMotoServer, with the middleware in front of its WSGI app."""
+
+    def __init__(self, port: int, middleware: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+
+        self.port = port
+        wrap = middleware
+
+        class Server(ThreadedMotoServer):
+            def _server_entry(self) -> None:
+                from werkzeug.serving import make_server
+
+                from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+
+                app = wrap(DomainDispatcherApplication(create_backend_app))
+                self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+                self._server_ready_event.set()
+                self._server.serve_forever()
+
+        self._server = Server(ip_address="127.0.0.1", port=port, verbose=False)
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- deploying -------------------------------------------------------------------
+
+
+def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str, str]]:
+    """The template's Outputs, rendered with the emulated resources (those it can render)."""
+    from support.cfn_render import Resolver
+
+    template = stack.template
+    resolver = Resolver(region=REGION)
+    (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
+    resolver.refs[bucket_id] = deployed.bucket
+    resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{deployed.bucket}"
+    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
+    resolver.attributes[(key_id, "Arn")] = deployed.key_arn
+    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
+    resolver.refs[machine_id] = deployed.state_machine_arn
+    resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    outputs = {}
+    for name, output in template.get("Outputs", {}).items():
+        try:
+            value = resolver.render(output["Value"])
+        except KeyError as exc:  # roles and policies: IAM is not emulated
+            log.info("output %s not emulated (%s)", name, exc)
+            continue
+        outputs[name] = {"Value": str(value), "Description": output.get("Description", "")}
+    return outputs
+
+
+def publish_outputs(session: Any, stack_name: str, outputs: dict[str, dict[str, str]]) -> None:
+    """A CloudFormation stack holding the outputs, as `cdk deploy` leaves one."""
+    template = {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": "Braid (emulated): outputs of the synthesized stack",
+        "Resources": {"Placeholder": {"Type": "AWS::CloudFormation::WaitConditionHandle"}},
+        "Outputs": outputs,
+    }
+    session.client("cloudformation").create_stack(StackName=stack_name, TemplateBody=json.dumps(template))
+
+
+def agent_environment(endpoint: str, repo: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": AGENT_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": AGENT_SECRET_KEY,
+        "BRAID_REPO": repo,
+    }
+
+
+def braid_init(environment: dict[str, str], stack_name: str) -> None:
+    """The real `braid init --repo s3://BUCKET --stack NAME`, as the operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BRAID_"))}
+    env.update(environment)
+    done = subprocess.run(
+        [sys.executable, "-m", "braid.cli", "init", "--repo", environment["BRAID_REPO"], "--stack", stack_name],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"braid init failed ({done.returncode}): {done.stderr.strip()}")
+    log.info("%s", done.stderr.strip())
+
+
+# -- main --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="emulated-aws", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    parser.add_argument("--request-log", type=Path, help="append one JSON line per request answered")
+    parser.add_argument("--fail-worker", choices=["once", "always"], help="make the Worker Lambda fail (tests)")
+    parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
+    parser.add_argument("--fast-retries", action="store_true", help="1 s, 3-attempt retry policies in the state machine (tests)")
+    parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
+    parser.add_argument("--debug", action="store_true", help="debug logging")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # stdout carries the export lines and nothing else: everything printed
+    # afterwards (moto, handlers' Powertools logs) goes to stderr.
+    exports = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s emulated-aws %(levelname)s %(message)s")
+    for noisy in ("werkzeug", "botocore", "urllib3", "moto"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    port = args.port or free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    # This process's own AWS calls: deploying, and the handlers run in-process.
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name == "BRAID_REPO":
+            del os.environ[name]
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": PIPELINE_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": "emulated",
+            "MOTO_PORT": str(port),  # where moto's Step Functions interpreter sends its own calls
+        }
+    )
+
+    started = time.monotonic()
+    stack = cached_stack(fast_retries=args.fast_retries)
+
+    import boto3
+    from moto.core.config import default_user_config
+
+    from braid.errors import StorageError
+    from support.inprocess_lambda import InProcessLambdas
+    from support.moto_stack import deploy
+
+    default_user_config["stepfunctions"] = {"execute_state_machine": True}
+    faults = Faults(s3_slowdown=args.s3_slowdown)
+    requests = RequestLog(args.request_log)
+    server = EmulatorServer(port, lambda app: Middleware(app, faults, requests))
+    server.start()
+    lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")))
+    lambdas.install()
+
+    session = boto3.session.Session(region_name=REGION)
+    deployed = deploy(stack, session, bucket=args.bucket)
+    if args.fail_worker:
+        worker = deployed.functions["worker"]
+        lambdas.fail(
+            worker,
+            lambda: StorageError(f"injected fault: the emulator was started with --fail-worker {args.fail_worker}"),
+            times=1 if args.fail_worker == "once" else None,
+        )
+    publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
+    environment = agent_environment(endpoint, f"s3://{deployed.bucket}")
+    braid_init(environment, STACK_NAME)
+    log.info(
+        "ready in %.1f s: %s, bucket %s, state machine %s", time.monotonic() - started, endpoint, deployed.bucket, deployed.state_machine_arn
+    )
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    for name, value in environment.items():
+        exports.write(f"export {name}={shlex.quote(value)}\n")
+    exports.close()
+
+    while not stop.wait(3600):
+        pass
+    log.info("stopping")
+    lambdas.uninstall()
+    try:
+        server.stop()
+    finally:
+        sys.stderr.flush()
+        # Executions may still be running in moto's threads; they end with us.
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
