@@ -95,7 +95,9 @@ def restore_backup(
     errors: list[BaseException] = []
     lock = threading.Lock()
     totals = {"bytes_written": 0, "chunks_done": 0}
-    window = max(2, (workers + 1) // max(1, len(targets)))
+    # Enough chunks ahead of each writer to keep every decoder busy: writing
+    # is several times faster than decoding, so `workers` in flight suffice.
+    window = max(2, -(-workers // max(1, len(targets))))
     # Plaintext buffers circulate between decoders and writers: at most
     # (window + 1) per output exist, so memory is bounded and no chunk pays
     # for a fresh 64 MiB allocation.

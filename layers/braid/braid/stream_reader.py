@@ -121,6 +121,15 @@ class ReadFailure:
     error: BackupError
 
 
+def _drop_cache(handle: BinaryIO, offset: int, length: int) -> None:
+    """Backup input files are read once; don't let them evict the database's cache (no-op on pipes)."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(handle.fileno(), offset, length, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass  # pipes and sockets: nothing cached
+
+
 def _read_full(handle: BinaryIO, view: memoryview) -> int:
     """Fill `view` unless EOF comes first; pipes return short reads."""
     filled = 0
@@ -159,6 +168,7 @@ class StreamCutter:
                     if n == 0:
                         self.pool.release(buf)
                         break
+                    _drop_cache(handle, offset, n)
                     self._events.put(Piece(source.index, number, offset, buf, n))
                     offset += n
                     number += 1

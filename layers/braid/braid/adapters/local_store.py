@@ -29,6 +29,20 @@ def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
     return StorageError(f"error while {action} {path}: {exc.strerror or exc}")
 
 
+def _drop_cache(fd: int) -> None:
+    """Chunks are written once and read once: keep them out of the page cache.
+
+    On a database host the page cache belongs to the database; a backup that
+    fills it with chunks evicts hot pages (and makes the kernel reclaim under
+    memory limits, which we measured costing more CPU than the writes).
+    """
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
 class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -54,6 +68,7 @@ class LocalStore:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
+                _drop_cache(handle.fileno())
             if create_only:
                 try:
                     os.link(tmp_name, path)
@@ -97,6 +112,7 @@ class LocalStore:
                     if not n:
                         break
                     filled += n
+                _drop_cache(handle.fileno())
                 return view[:filled]
         except FileNotFoundError:
             raise NotFoundError(f"object {key} not found in {self.root}") from None
