@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qs, unquote
@@ -62,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
-from support.moto_stack import SynthesizedStack, cdk_context, resources_of  # noqa: E402
+from support.moto_stack import SynthesizedStack, resources_of  # noqa: E402
 
 log = logging.getLogger("emulated-aws")
 
@@ -89,22 +92,21 @@ def _source_files() -> Iterable[Path]:
 
 
 def template_digest(options: dict[str, Any]) -> str:
-    import aws_cdk  # the version is part of what synthesizes the template
-
     digest = hashlib.sha256()
-    digest.update(json.dumps({"format": CACHE_FORMAT, "cdk": _cdk_version(aws_cdk), "options": options}, sort_keys=True).encode())
+    digest.update(json.dumps({"format": CACHE_FORMAT, "cdk": _cdk_version(), "options": options}, sort_keys=True).encode())
     for path in _source_files():
         digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:20]
 
 
-def _cdk_version(module: Any) -> str:
-    try:
-        from importlib.metadata import version
+def _cdk_version() -> str:
+    """aws-cdk-lib's version (part of what synthesizes the template), without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("aws-cdk-lib")
-    except Exception:  # pragma: no cover
-        return str(getattr(module, "__version__", "?"))
+    except PackageNotFoundError:  # pragma: no cover
+        return "?"
 
 
 def _retry_props(fast: bool) -> dict[str, Any]:
@@ -198,6 +200,47 @@ def _credential(authorization: str) -> tuple[str, str]:
     return (scope[0], scope[3]) if len(scope) >= 5 else (scope[0], "")
 
 
+def _operation(environ: dict[str, Any]) -> str:
+    """The API operation of a non-S3 request: JSON target, query-protocol Action, or REST method and path."""
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target:
+        return target.rpartition(".")[2]
+    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
+    if action:
+        return action[0]
+    if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
+        action = parse_qs(_peek_body(environ).decode("utf-8", "replace")).get("Action")
+        if action:
+            return action[0]
+    return f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
+
+
+_INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations$")
+
+
+def _peek_body(environ: dict[str, Any], limit: int = 1 << 20) -> bytes:
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if not 0 < length <= limit:
+        return b""
+    body = environ["wsgi.input"].read(length)
+    environ["wsgi.input"] = io.BytesIO(body)  # moto reads it again
+    return body
+
+
+def _resources(environ: dict[str, Any]) -> dict[str, Any]:
+    """What a JSON-protocol request acts on (Step Functions ARNs, KMS key and encryption context)."""
+    if not environ.get("HTTP_X_AMZ_TARGET") or not environ.get("CONTENT_TYPE", "").startswith("application/x-amz-json"):
+        return {}
+    try:
+        body = json.loads(_peek_body(environ) or b"{}")
+    except ValueError:
+        return {}
+    found: dict[str, Any] = {k: body[k] for k in ("stateMachineArn", "executionArn", "KeyId") if isinstance(body.get(k), str)}
+    if isinstance(body.get("EncryptionContext"), dict):
+        found["context"] = sorted(body["EncryptionContext"])
+    return found
+
+
 _SLOWDOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message><RequestId>emulated</RequestId></Error>"
@@ -249,6 +292,8 @@ class Middleware:
             headers = {k[5:].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith("HTTP_")}
             op, key = s3_operation(method, environ.get("PATH_INFO", "/"), query, headers)
             record.update(op=op, key=key)
+            if "prefix" in query:
+                record["prefix"] = query["prefix"][0]
             if op == "UploadPart":
                 record["part"] = int(query["partNumber"][0])
                 if self.faults.take_slowdown():
@@ -264,11 +309,17 @@ class Middleware:
                     start_response("503 Slow Down", [("Content-Type", "application/xml"), ("Content-Length", str(len(_SLOWDOWN)))])
                     return [_SLOWDOWN]
         else:
-            target = environ.get("HTTP_X_AMZ_TARGET", "")
-            record["op"] = target.rpartition(".")[2] if target else parse_qs(environ.get("QUERY_STRING", "")).get("Action", [method])[0]
+            record["op"] = _operation(environ)
+            invoke = _INVOKE.match(environ.get("PATH_INFO", ""))
+            if invoke and method == "POST":
+                record.update(op="Invoke", function=unquote(invoke.group(1)))
+            record.update(_resources(environ))
 
         def capture(status: str, response_headers: Any, exc_info: Any = None) -> Any:
             record["status"] = int(status.split(" ", 1)[0])
+            for name, value in response_headers:
+                if name.lower() == "x-amz-function-error":  # a Lambda handler raised
+                    record["function_error"] = value
             return start_response(status, response_headers, exc_info) if exc_info else start_response(status, response_headers)
 
         result = self.app(environ, capture)
@@ -404,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s emulated-aws %(levelname)s %(message)s")
     for noisy in ("werkzeug", "botocore", "urllib3", "moto"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*WaitConditionHandle.*")  # the outputs stack's placeholder
 
     port = args.port or free_port()
     endpoint = f"http://127.0.0.1:{port}"

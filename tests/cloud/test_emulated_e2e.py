@@ -1,0 +1,526 @@
+"""End to end on the emulated cloud: the real agent CLI against `scripts/emulated-aws`.
+
+The emulator runs as its own process (moto server on loopback, the stack
+created from the CDK-synthesized template, handlers in-process) and prints
+the environment the agent needs; `.venv/bin/braid` then runs as a separate
+process with only that environment, as on a database host. The emulator's
+request log (one JSON line per request it answered) is how the tests see
+what went over the wire: parts uploaded, SlowDown retries, failed Lambda
+invocations, and every request the agent and restore made, which is checked
+against the stack's own IAM policies (moto does not enforce IAM).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import boto3
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EMULATOR = ROOT / "scripts" / "emulated-aws"
+BRAID = ROOT / ".venv" / "bin" / "braid"
+MiB = 1024**2
+CHUNK = "5MiB"  # S3's minimum part size: the smallest chunk of a multi-part segment
+
+pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
+
+
+# -- the emulator -------------------------------------------------------------------
+
+
+class Emulator:
+    """`scripts/emulated-aws` as a subprocess; its exports, request log and logs."""
+
+    def __init__(self, workdir: Path, *options: str) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.request_log = workdir / "requests.jsonl"
+        self.log = workdir / "emulator.log"
+        with open(self.log, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [str(EMULATOR), "--request-log", str(self.request_log), *options],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env={k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BRAID_"))},
+                start_new_session=True,
+            )
+        self.env = self._read_exports(timeout=240)
+
+    def _read_exports(self, timeout: float) -> dict[str, str]:
+        out: list[bytes] = []
+        reader = threading.Thread(target=lambda: out.append(self.proc.stdout.read() if self.proc.stdout else b""), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive() or not out:
+            self.stop()
+            raise AssertionError(f"emulator not ready after {timeout} s:\n{self.tail()}")
+        env = {}
+        for line in out[0].decode().splitlines():
+            words = shlex.split(line)
+            assert len(words) == 2 and words[0] == "export" and "=" in words[1], f"unexpected stdout line {line!r}:\n{self.tail()}"
+            name, _, value = words[1].partition("=")
+            env[name] = value
+        assert set(env) == {"AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "BRAID_REPO"}, (env, self.tail())
+        return env
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+    # -- what the server saw ----------------------------------------------------------
+
+    def requests(self, **match: Any) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in self.request_log.read_text().splitlines() if line.strip()]
+        return [r for r in records if all(r.get(k) == v for k, v in match.items())]
+
+    # -- clients ------------------------------------------------------------------------
+
+    @property
+    def bucket(self) -> str:
+        return self.env["BRAID_REPO"].removeprefix("s3://").partition("/")[0]
+
+    def client(self, service: str) -> Any:
+        return boto3.client(
+            service,
+            endpoint_url=self.env["AWS_ENDPOINT_URL"],
+            region_name=self.env["AWS_DEFAULT_REGION"],
+            aws_access_key_id="test-inspector",
+            aws_secret_access_key="test",
+        )
+
+    def keys(self, prefix: str) -> list[str]:
+        pages = self.client("s3").get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def open_uploads(self, prefix: str = "") -> list[str]:
+        return [u["Key"] for u in self.client("s3").list_multipart_uploads(Bucket=self.bucket, Prefix=prefix).get("Uploads", [])]
+
+    def config(self) -> dict[str, Any]:
+        return json.loads(self.client("s3").get_object(Bucket=self.bucket, Key="config.json")["Body"].read())
+
+    # -- the agent ------------------------------------------------------------------------
+
+    def braid_env(self, caller: str) -> dict[str, str]:
+        """The emulator's exports, and nothing else of AWS; `caller` names the requests in the log."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BRAID_"))}
+        env.update(self.env)
+        env["AWS_ACCESS_KEY_ID"] = caller
+        return env
+
+
+@dataclass
+class Run:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def errors(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("braid: ")]
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        found = []
+        for line in self.stderr.splitlines():
+            if line.startswith("{"):
+                event = json.loads(line)
+                if event.get("event") == kind:
+                    found.append(event)
+        return found
+
+
+def braid(emulator: Emulator, caller: str, *args: str, timeout: float = 180) -> Run:
+    proc = subprocess.run([str(BRAID), *args], env=emulator.braid_env(caller), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return Run(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
+    emulator = Emulator(tmp_path_factory.mktemp("emulated-cloud"))
+    try:
+        yield emulator
+    finally:
+        emulator.stop()
+
+
+@pytest.fixture
+def start_emulator(tmp_path: Path) -> Iterator[Callable[..., Emulator]]:
+    """A fresh emulator for a scenario with faults; torn down after the test."""
+    started: list[Emulator] = []
+
+    def start(*options: str) -> Emulator:
+        emulator = Emulator(tmp_path / f"emulator-{len(started)}", *options)
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.stop()
+
+
+# -- streams ----------------------------------------------------------------------------
+
+
+def stream_bytes(size: int, seed: int) -> bytes:
+    """Half random, half a repeated row: compressible, and distinct per input."""
+    rng = random.Random(seed)
+    row = f"row {seed:04d} of a table; ".encode()
+    half = size // 2
+    return (rng.randbytes(half) + row * ((size - half) // len(row) + 1))[:size]
+
+
+class PipeWriter(threading.Thread):
+    """Feeds a named pipe as a database tool does; `pause_after` stops mid-stream until released."""
+
+    def __init__(self, path: Path, data: bytes, pause_after: int | None = None) -> None:
+        super().__init__(daemon=True)
+        if not path.exists():
+            os.mkfifo(path)
+        self.path, self.data, self.pause_after = path, data, pause_after
+        self.release = threading.Event()
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            with open(self.path, "wb") as pipe:
+                cut = len(self.data) if self.pause_after is None else self.pause_after
+                pipe.write(self.data[:cut])
+                pipe.flush()
+                if cut < len(self.data):
+                    self.release.wait(120)
+                    return  # the reader was killed: stop, as the database tool would
+                pipe.write(self.data[cut:])
+        except BrokenPipeError:
+            pass
+        except BaseException as exc:  # pragma: no cover - reported by finish()
+            self.error = exc
+
+    def finish(self) -> None:
+        self.release.set()
+        self.join(30)
+        assert not self.is_alive(), f"writer of {self.path} is stuck"
+        assert self.error is None, self.error
+
+
+class PipeReader(threading.Thread):
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        os.mkfifo(path)
+        self.path = path
+        self.data = b""
+        self.start()
+
+    def run(self) -> None:
+        with open(self.path, "rb") as pipe:
+            self.data = pipe.read()
+
+
+def backup_pipes(emulator: Emulator, tmp: Path, caller: str, name: str, inputs: list[bytes], *extra: str) -> Run:
+    """`braid backup` of `inputs` through named pipes, fed concurrently."""
+    writers = [PipeWriter(tmp / f"{name}-in{i}", data) for i, data in enumerate(inputs)]
+    args = ["backup", "--name", name, "--chunk-size", CHUNK, "--json", *extra]
+    for writer in writers:
+        args += ["--input", str(writer.path)]
+    run = braid(emulator, caller, *args)
+    for writer in writers:
+        writer.release.set()
+        writer.join(30)
+    return run
+
+
+def restore_two(emulator: Emulator, tmp: Path, caller: str, ref: str) -> list[bytes]:
+    """Restore a two-input backup: the first input to a named pipe, the second to a file."""
+    reader = PipeReader(tmp / f"restore-{ref.replace('@', '_')}-0")
+    target = tmp / f"restore-{ref.replace('@', '_')}-1"
+    run = braid(emulator, caller, "restore", ref, "--output", str(reader.path), "--output", str(target))
+    reader.join(60)
+    assert run.code == 0, run.stderr
+    return [reader.data, target.read_bytes()]
+
+
+def parts_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
+    return sum(-(-size // chunk) for size in sizes)
+
+
+# -- IAM: every request of a role's commands, allowed by the stack's policy for it -----
+
+
+S3_ACTIONS = {
+    "GetObject": "s3:GetObject",
+    "HeadObject": "s3:GetObject",
+    "PutObject": "s3:PutObject",
+    "CreateMultipartUpload": "s3:PutObject",
+    "UploadPart": "s3:PutObject",
+    "CompleteMultipartUpload": "s3:PutObject",
+    "AbortMultipartUpload": "s3:AbortMultipartUpload",
+    "ListParts": "s3:ListMultipartUploadParts",
+    "DeleteObject": "s3:DeleteObject",
+    "ListObjects": "s3:ListBucket",
+    "ListMultipartUploads": "s3:ListBucketMultipartUploads",
+}
+BUCKET_LEVEL = {"ListObjects", "ListMultipartUploads"}
+
+
+def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
+    """The agent's managed policy and the restore role's policy, rendered for the emulated resources."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from support.cfn_render import Resolver
+    from support.emulated_cloud import cached_stack
+    from support.moto_stack import resources_of
+
+    template = cached_stack().template
+    config = emulator.config()
+    machine, key = config["cloud"]["state_machine_arn"], config["key"]["key_id"]
+    resolver = Resolver()
+    (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
+    resolver.refs[bucket_id] = emulator.bucket
+    resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{emulator.bucket}"
+    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    resolver.attributes[(key_id, "Arn")] = key
+    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
+    resolver.refs[machine_id] = machine
+    resolver.attributes[(machine_id, "Name")] = machine.rpartition(":")[2]
+    policies = {}
+    for lid, resource in template["Resources"].items():
+        if lid.startswith("AccessAgentPolicy") and resource["Type"] == "AWS::IAM::ManagedPolicy":
+            policies["agent"] = resolver.render(resource["Properties"]["PolicyDocument"])["Statement"]
+        if lid.startswith("AccessRestoreRoleDefaultPolicy") and resource["Type"] == "AWS::IAM::Policy":
+            policies["restore"] = resolver.render(resource["Properties"]["PolicyDocument"])["Statement"]
+    assert set(policies) == {"agent", "restore"}, "the stack's host policies were not found"
+    return policies
+
+
+def _listify(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _conditions_hold(conditions: dict[str, Any], context: dict[str, Any]) -> bool:
+    for operator, tests in conditions.items():
+        if operator != "Null":
+            raise AssertionError(f"the policy check does not understand condition {operator}; extend it")
+        for name, expected in tests.items():
+            present = name in context
+            if present != (str(expected).lower() == "false"):
+                return False
+    return True
+
+
+def allowed(statements: list[dict[str, Any]], action: str, resource: str, context: dict[str, Any]) -> bool:
+    for statement in statements:
+        assert statement.get("Effect") == "Allow" and "NotAction" not in statement and "NotResource" not in statement, statement
+        if not any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in _listify(statement["Action"])):
+            continue
+        if not any(fnmatch.fnmatchcase(resource, pattern) for pattern in _listify(statement["Resource"])):
+            continue
+        if _conditions_hold(statement.get("Condition", {}), context):
+            return True
+    return False
+
+
+def request_permission(record: dict[str, Any], bucket: str, key_arn: str) -> tuple[str, str, dict[str, Any]]:
+    service, op = record["service"], record["op"]
+    if service == "s3":
+        if op not in S3_ACTIONS:
+            raise AssertionError(f"unmapped S3 request {record}")
+        resource = f"arn:aws:s3:::{bucket}" if op in BUCKET_LEVEL else f"arn:aws:s3:::{bucket}/{record['key']}"
+        return S3_ACTIONS[op], resource, {}
+    if service == "states" and op in ("StartExecution", "DescribeExecution"):
+        return f"states:{op}", record.get("stateMachineArn") or record["executionArn"], {}
+    if service == "kms" and op == "Decrypt":
+        context = {f"kms:EncryptionContext:{k}": True for k in record.get("context", [])}
+        return "kms:Decrypt", record.get("KeyId") or key_arn, context
+    raise AssertionError(f"unmapped request {record}")
+
+
+def assert_within_policy(emulator: Emulator, caller: str, role: str) -> None:
+    """Every request `caller` made is allowed by the stack's `role` policy."""
+    statements = stack_policies(emulator)[role]
+    key_arn = emulator.config()["key"]["key_id"]
+    records = emulator.requests(caller=caller)
+    assert records, f"no requests from {caller}"
+    denied = []
+    for record in records:
+        action, resource, context = request_permission(record, emulator.bucket, key_arn)
+        if not allowed(statements, action, resource, context):
+            denied.append(f"{action} on {resource} ({record['op']})")
+    assert not denied, f"the {role} policy would deny:\n" + "\n".join(sorted(set(denied)))
+
+
+def staged_parts(emulator: Emulator, prefix: str, status: int | None = 200, since: float = 0) -> list[tuple[str, int]]:
+    return [
+        (r["key"], r["part"])
+        for r in emulator.requests(op="UploadPart")
+        if r["key"].startswith(prefix) and (status is None or r["status"] == status) and r["t"] >= since
+    ]
+
+
+def ref_prefix(ref: str) -> str:
+    name, _, backup_id = ref.partition("@")
+    return f"staging/{name}/{backup_id}/"
+
+
+# -- tests -------------------------------------------------------------------------------
+
+
+def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(cloud: Emulator, tmp_path: Path) -> None:
+    inputs = [stream_bytes(23 * MiB + 4321, 1), stream_bytes(7 * MiB + 17, 2)]
+
+    run = backup_pipes(cloud, tmp_path, "agent-pipes", "pg", inputs)
+
+    assert run.code == 0, run.stderr
+    ref = run.stdout.strip()
+    assert ref.startswith("pg@") and run.errors == []
+    done = run.events("done")[-1]
+    assert (done["plaintext_bytes"], done["chunks"], done["inputs"]) == (sum(map(len, inputs)), parts_of(list(map(len, inputs))), 2)
+    assert restore_two(cloud, tmp_path, "restore-pipes", ref) == inputs
+
+    listed = braid(cloud, "restore-pipes", "list", "--json")
+    assert listed.code == 0, listed.stderr
+    assert ref in [row["backup"] for row in json.loads(listed.stdout)]
+    shown = braid(cloud, "restore-pipes", "show", ref, "--json")
+    assert shown.code == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    assert [i["bytes"] for i in detail["input_details"]] == list(map(len, inputs))
+    assert detail["engine"] == "cloud" and detail["key_id"] == cloud.config()["key"]["key_id"]
+    verified = braid(cloud, "restore-pipes", "verify", ref, "--deep")
+    assert verified.code == 0 and "ok (deep" in verified.stdout, verified.stdout + verified.stderr
+
+    # Published, and nothing raw left behind.
+    assert cloud.keys(ref_prefix(ref)) == [] and cloud.open_uploads(ref_prefix(ref)) == []
+    assert sorted(set(staged_parts(cloud, ref_prefix(ref)))) == sorted(staged_parts(cloud, ref_prefix(ref)))  # each part sent once
+    assert_within_policy(cloud, "agent-pipes", "agent")
+    assert_within_policy(cloud, "restore-pipes", "restore")
+
+
+def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emulator, tmp_path: Path) -> None:
+    data = stream_bytes(11 * MiB, 3)
+    source = tmp_path / "dump.bin"
+    source.write_bytes(data)
+
+    staged = braid(cloud, "agent-nowait", "backup", "--name", "nowait", "--input", str(source), "--chunk-size", CHUNK, "--no-wait")
+
+    assert staged.code == 0, staged.stderr
+    ref = staged.stdout.strip()
+    assert f"braid status {ref}" in staged.stderr
+    once = braid(cloud, "agent-nowait", "status", ref, "--once", "--json")
+    assert once.code == 0, once.stderr
+    assert json.loads(once.stdout)["status"] in ("RUNNING", "SUCCEEDED")
+    followed = braid(cloud, "agent-nowait", "status", ref)
+    assert followed.code == 0, followed.stderr
+    assert followed.stdout.strip() == ref
+    final = json.loads(braid(cloud, "agent-nowait", "status", ref, "--once", "--json").stdout)
+    assert (final["status"], final["chunks_done"]) == ("SUCCEEDED", 3)
+    restored = tmp_path / "restored.bin"
+    assert braid(cloud, "restore-nowait", "restore", ref, "--output", str(restored)).code == 0
+    assert restored.read_bytes() == data
+    assert_within_policy(cloud, "agent-nowait", "agent")
+
+
+def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(cloud: Emulator, tmp_path: Path) -> None:
+    inputs = [stream_bytes(27 * MiB + 99, 4), stream_bytes(8 * MiB, 5)]
+    # Each writer stops after whole chunks, so exactly those parts can be uploaded before the kill.
+    first = [PipeWriter(tmp_path / "in0", inputs[0], pause_after=15 * MiB), PipeWriter(tmp_path / "in1", inputs[1], pause_after=5 * MiB)]
+    args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--input", str(first[0].path), "--input", str(first[1].path)]
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while len(staged_parts(cloud, "staging/resumed/")) < 4:
+        assert agent.poll() is None, agent.communicate()
+        assert time.monotonic() < deadline, "the agent did not upload the first parts"
+        time.sleep(0.05)
+    agent.send_signal(signal.SIGKILL)
+    agent.communicate(timeout=30)
+    killed_at = time.time()
+    for writer in first:
+        writer.finish()
+    (session,) = [r["key"] for r in cloud.requests(caller="agent-resume", op="PutObject") if r["key"].endswith("/session.json")]
+    _, name, backup_id, _ = session.split("/")
+    ref = f"{name}@{backup_id}"
+    before = staged_parts(cloud, ref_prefix(ref))
+    assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", p) for p in (1, 2, 3)] + [(f"{ref_prefix(ref)}in1/seg00000", 1)]
+
+    again = [PipeWriter(tmp_path / "in0", inputs[0]), PipeWriter(tmp_path / "in1", inputs[1])]
+    run = braid(cloud, "agent-resume", "backup", "--resume", ref, "--json", "--input", str(again[0].path), "--input", str(again[1].path))
+    for writer in again:
+        writer.finish()
+
+    assert run.code == 0, run.stderr
+    assert run.stdout.strip() == ref
+    after = staged_parts(cloud, ref_prefix(ref), since=killed_at)
+    assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
+    assert len(before) + len(after) == parts_of(list(map(len, inputs)))
+    (end,) = run.events("stream-end")
+    assert (end["parts_skipped"], end["parts_uploaded"]) == (4, len(after))
+    assert restore_two(cloud, tmp_path, "restore-resume", ref) == inputs
+    assert_within_policy(cloud, "agent-resume", "agent")
+
+
+def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
+    emulator = start_emulator("--fail-worker", "once")
+    inputs = [stream_bytes(12 * MiB, 6), stream_bytes(3 * MiB, 7)]
+
+    run = backup_pipes(emulator, tmp_path, "agent", "retried", inputs)
+
+    assert run.code == 0, run.stderr + emulator.tail()
+    invocations = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]
+    assert len([r for r in invocations if "function_error" in r]) == 1
+    assert len(invocations) >= 2
+    assert restore_two(emulator, tmp_path, "restore", run.stdout.strip()) == inputs
+
+
+def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
+    emulator = start_emulator("--fail-worker", "always", "--fast-retries")
+    inputs = [stream_bytes(6 * MiB, 8), stream_bytes(2 * MiB, 9)]
+
+    run = backup_pipes(emulator, tmp_path, "agent", "doomed", inputs)
+
+    assert run.code == 9, run.stderr + emulator.tail()
+    assert run.stdout == ""
+    assert len(run.errors) == 1 and run.stderr.rstrip().splitlines()[-1] == run.errors[0], run.stderr
+    message = run.errors[0]
+    assert message.startswith("braid: error: backup doomed@") and "failed" in message
+    assert "never stored" in message and "Nothing was published" in message, message
+    assert emulator.keys("manifests/") == [] and emulator.keys("data/") == []
+    assert emulator.keys("staging/") == [] and emulator.open_uploads() == []
+    failed = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"] and "function_error" in r]
+    assert len(failed) >= 4  # the first item's attempt and its 3 retries, at least
+
+
+def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
+    emulator = start_emulator("--s3-slowdown", "3")
+    inputs = [stream_bytes(16 * MiB, 10), stream_bytes(6 * MiB, 11)]
+
+    run = backup_pipes(emulator, tmp_path, "agent", "throttled", inputs)
+
+    assert run.code == 0, run.stderr + emulator.tail()
+    ref = run.stdout.strip()
+    throttled = staged_parts(emulator, ref_prefix(ref), status=503)
+    stored = staged_parts(emulator, ref_prefix(ref))
+    assert len(throttled) == 3
+    assert set(throttled) <= set(stored)  # each throttled part was sent again and stored
+    assert len(stored) == len(set(stored)) == parts_of(list(map(len, inputs)))
+    assert restore_two(emulator, tmp_path, "restore", ref) == inputs
