@@ -18,13 +18,15 @@ from braid.adapters.s3_store import S3Store
 from braid.adapters.stepfunctions_engine import ExecutionStatus, StepFunctionsEngine, stepfunctions_client
 from braid.backup_id import BackupRef
 from braid.cloud.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
+from braid.cloud.pipeline_plan import load_rounds
+from braid.cloud.pipeline_results import processed_chunks
 from braid.cloud.staging_upload import StagingUpload
 from braid.engine import BackupRequest, ProgressFn
-from braid.errors import ExecutionError, IntegrityError, RepositoryError, UsageError
+from braid.errors import BackupError, ExecutionError, IntegrityError, RepositoryError, UsageError
 from braid.layout import data_prefix
 from braid.manifest import Manifest
 from braid.repository import Repository
-from braid.staging_layout import StreamEnd, results_prefix, stream_end_key
+from braid.staging_layout import StreamEnd, stream_end_key
 from braid.stream_reader import BufferPool, InputEnd, StreamCutter
 
 
@@ -97,7 +99,16 @@ class CloudEngine:
             upload.abort(exc)
             cutter.join()
             raise _resumable(exc, ref)
-        progress({"event": "stream-end", "backup": str(ref), "bytes_read": sum(stream_end.lengths), "max_buffers_in_flight": pool.max_in_use})
+        progress(
+            {
+                "event": "stream-end",
+                "backup": str(ref),
+                "bytes_read": sum(stream_end.lengths),
+                "parts_uploaded": upload.parts_uploaded,
+                "parts_skipped": upload.parts_skipped,  # already in S3 (--resume)
+                "max_buffers_in_flight": pool.max_in_use,
+            }
+        )
         if not self.options.wait:
             return None
         return self.wait(ref, progress, expected=stream_end)
@@ -112,17 +123,31 @@ class CloudEngine:
             if status.done:
                 break
             count = self.chunks_processed(ref)
-            if count != last_count:
+            if count is not None and count != last_count:
                 progress({"event": "status", "backup": str(ref), "status": status.status, "chunks_done": count})
                 last_count = count
             time.sleep(delay)
         return self.outcome(ref, status, expected)
 
     def status(self, ref: BackupRef) -> tuple[ExecutionStatus, int]:
-        return self.pipeline.describe(ref), self.chunks_processed(ref)
+        status = self.pipeline.describe(ref)
+        if status.status == "SUCCEEDED":  # staging is gone; the manifest tells
+            try:
+                return status, self.repository.load(ref).manifest.chunk_count
+            except BackupError:
+                pass
+        return status, self.chunks_processed(ref) or 0
 
-    def chunks_processed(self, ref: BackupRef) -> int:
-        return sum(1 for _ in self.store.list(results_prefix(ref)))
+    def chunks_processed(self, ref: BackupRef) -> int | None:
+        """Chunks with a worker result so far (results are per map item, several chunks each).
+
+        None when staging changes under the count (Finalize or Cleanup
+        removing it): progress is best effort and must never fail a backup.
+        """
+        try:
+            return processed_chunks(self.store, ref, load_rounds(self.store, ref))
+        except BackupError:
+            return None
 
     def outcome(self, ref: BackupRef, status: ExecutionStatus, expected: StreamEnd | None = None) -> Manifest:
         if status.status != "SUCCEEDED":
@@ -160,8 +185,6 @@ def _releaser(pool: BufferPool, buffer: bytearray) -> Callable[[], None]:
 
 def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:
     """Tell the user the way back in, without changing what went wrong."""
-    from braid.errors import BackupError
-
     if isinstance(exc, BackupError) and "--resume" not in exc.message:
         exc.message = f"{exc.message}; what was uploaded stays staged: continue with 'braid backup --resume {ref}' and the same inputs"
         exc.args = (exc.message,)
