@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
     status.add_argument("backup", metavar="NAME@ID")
-    status.add_argument("--once", action="store_true", help="print the current state and exit")
+    status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
     status.set_defaults(handler=cmd_status)
 
     restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
@@ -260,13 +260,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     ref = BackupRef.parse(args.backup)
     engine = cloud_engine(repository, args)
     status, processed = engine.status(ref)
-    if args.once or status.done:
+    if args.once:
         doc = {"backup": str(ref), "status": status.status, "chunks_done": processed, "execution": status.arn}
-        if status.done and status.status != "SUCCEEDED":
+        failed = status.done and status.status != "SUCCEEDED"
+        if failed:
             doc["cause"] = status.failure_message(ref)
         print(json.dumps(doc) if args.json else f"{ref}: {status.status}, {processed} chunks processed")
-        if not status.done:
-            return 0
+        if failed:
+            from braid.errors import ExecutionError
+
+            raise ExecutionError(doc["cause"])
+        return 0
+    # Following: the same outcome as a waiting backup (NAME@ID on stdout, or the failure).
     progress = Progress.for_terminal(args.json)
     manifest = engine.wait(ref, progress or (lambda event: None), expected=stream_end_of(engine.store, ref))
     if progress:
