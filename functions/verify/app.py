@@ -1,14 +1,14 @@
-"""Scheduled maintenance Lambda: deep-verify the latest backups, prune incomplete ones.
+"""Scheduled maintenance Lambda: deep-verify the latest backups, then apply retention.
 
 Event (from the EventBridge schedule): {"prefix": "", "sample_percent": 10,
-"prune_after_days": 2}; all optional.
-Returns: {"ok", "verified": [VerifyReport JSON...], "pruned": ["NAME@ID", ...]}.
+"keep_last": 7, "keep_days": 35, "orphan_grace_hours": 48}; a retention rule
+(keep_last and/or keep_days) is required, the rest optional.
+Returns: {"ok", "verified": [VerifyReport JSON...], "pruned": ["NAME@ID", ...], "collected": [...]}.
 A failed verify also emits an EventBridge "Verify Failed" event and an error metric.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -16,7 +16,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from braid.cloud.aws_pipeline import event_publisher, key_service, repository_store
-from braid.cloud.scheduled_maintenance import run_maintenance
+from braid.cloud.scheduled_maintenance import policy_from_event, run_maintenance
 from braid.repository import Repository
 
 logger = Logger()
@@ -37,12 +37,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         key_service(),
         event_publisher(),
         sample_percent=float(sample) if sample is not None else None,
-        prune_after=timedelta(days=float(event.get("prune_after_days", 2))),
+        policy=policy_from_event(event),
     )
     failed = [r for r in report.verified if not r.get("ok")]
     metrics.add_metric(name="BackupsVerified", unit=MetricUnit.Count, value=len(report.verified))
     metrics.add_metric(name="VerifyFailures", unit=MetricUnit.Count, value=len(failed))
     metrics.add_metric(name="BackupsPruned", unit=MetricUnit.Count, value=len(report.pruned))
+    metrics.add_metric(name="LeftoversCollected", unit=MetricUnit.Count, value=len(report.collected))
     if failed:
         logger.error("verify failed", extra={"failed": [r["backup"] for r in failed]})
     return report.to_json()

@@ -154,7 +154,7 @@ class PipelineFunctions(Construct):
         self._events("cleanup")
         # Verify: read and decrypt published backups, prune data without a manifest.
         self._s3("verify", ["s3:GetObject"], "config.json", "manifests/*", "data/*", "staging/*")
-        self._s3("verify", ["s3:DeleteObject"], "data/*")
+        self._s3("verify", ["s3:DeleteObject"], "manifests/*", "data/*", "staging/*")
         self._list("verify")
         self._events("verify")
         self.keys.allow_decrypt(self.roles["verify"])

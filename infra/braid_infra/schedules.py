@@ -21,20 +21,28 @@ class Schedules(Construct):
         verify: lambda_.IFunction,
         repository_prefix: str,
         sample_percent: float = 10.0,
-        prune_after_days: int = 2,
+        keep_last: int = 7,
+        keep_days: int = 35,
+        orphan_grace_hours: int = 48,
     ) -> None:
         super().__init__(scope, construct_id)
         self.rule = events.Rule(
             self,
             "DailyVerify",
-            description="Braid: deep-verify a sample of the latest backups, prune backups that never completed",
+            description="Braid: deep-verify a sample of the latest backups, then apply retention",
             schedule=events.Schedule.cron(minute="17", hour="4"),
         )
         self.rule.add_target(
             targets.LambdaFunction(
                 verify,
                 event=events.RuleTargetInput.from_object(
-                    {"prefix": repository_prefix, "sample_percent": sample_percent, "prune_after_days": prune_after_days}
+                    {
+                        "prefix": repository_prefix,
+                        "sample_percent": sample_percent,
+                        "keep_last": keep_last,
+                        "keep_days": keep_days,
+                        "orphan_grace_hours": orphan_grace_hours,
+                    }
                 ),
                 retry_attempts=2,
             )

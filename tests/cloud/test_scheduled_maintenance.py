@@ -1,0 +1,84 @@
+"""Scheduled maintenance (the EventBridge verify-and-prune job) on a real repository."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from braid.adapters.local_keys import LocalKeyFile
+from braid.backup_id import BackupRef
+from braid.cloud.pipeline_ports import VERIFY_FAILED, RecordingPublisher
+from braid.cloud.scheduled_maintenance import policy_from_event, run_maintenance
+from braid.connect import open_repository
+from braid.errors import UsageError
+from braid.retention import RetentionPolicy
+from conftest import run_braid
+
+
+def backup(repo: Path, name: str, data: bytes) -> str:
+    result = run_braid("backup", "--repo", str(repo), "--name", name, "--chunk-size", "4KiB", stdin=data)
+    assert result.code == 0, result.stderr
+    return result.out.strip()
+
+
+def key_file(tmp_path: Path) -> LocalKeyFile:
+    (path,) = (tmp_path / "xdg-config" / "braid" / "keys").glob("*.key")
+    return LocalKeyFile.open(path)
+
+
+def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> None:
+    old = backup(repo, "db", b"a" * 9000)
+    new = backup(repo, "db", b"b" * 9000)
+    logs = backup(repo, "logs", b"l" * 100)
+    repository = open_repository(str(repo))
+    orphan = BackupRef("db", "20200101T000000.000Z-0badc0de")
+    repository.store.put(f"data/db/{orphan.id}/0000000000", b"never finished")
+    events = RecordingPublisher()
+
+    report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+
+    assert report.ok and sorted(r["backup"] for r in report.verified) == sorted([new, logs])
+    assert all(r["mode"] == "deep" and r["chunks_checked"] == r["chunks_total"] for r in report.verified)
+    assert report.pruned == [old] and report.collected == [str(orphan)]
+    assert sorted(str(r) for r in repository.backups()) == sorted([new, logs])
+    assert list(repository.store.list(f"data/db/{orphan.id}/")) == []
+    assert events.events == []
+
+
+def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: Path) -> None:
+    latest = backup(repo, "db", b"rows " * 3000)
+    ref = BackupRef.parse(latest)
+    chunk = sorted((repo / "data" / ref.name / ref.id).iterdir())[0]
+    raw = bytearray(chunk.read_bytes())
+    raw[-1] ^= 1
+    chunk.write_bytes(bytes(raw))
+    events = RecordingPublisher()
+
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_days=30))
+
+    assert not report.ok
+    (failed,) = report.verified
+    assert failed["backup"] == latest and any(f"chunk 0 of backup {latest}" in f and "corrupt" in f for f in failed["failures"])
+    assert [kind for kind, _ in events.events] == [VERIFY_FAILED]
+    assert events.events[0][1]["backup"] == latest
+    assert report.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
+
+
+def test_policy_from_the_schedule_event() -> None:
+    policy = policy_from_event({"keep_last": 7, "keep_days": 35, "orphan_grace_hours": 12})
+    assert policy == RetentionPolicy(keep_last=7, keep_days=35.0, orphan_grace_hours=12.0)
+    with pytest.raises(UsageError, match="needs --keep-last"):
+        policy_from_event({"sample_percent": 10})
+
+
+def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
+    repository = open_repository(str(repo))
+    in_flight = BackupRef.new("db")
+    repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
+    report = run_maintenance(
+        repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1),
+        now=datetime.now(timezone.utc) + timedelta(hours=1),
+    )
+    assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
