@@ -50,7 +50,7 @@ class Emulator:
         self.log = workdir / "emulator.log"
         with open(self.log, "wb") as stderr:
             self.proc = subprocess.Popen(
-                [str(EMULATOR), "--request-log", str(self.request_log), *options],
+                [str(EMULATOR), "--exit-with-parent", "--request-log", str(self.request_log), *options],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env={k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BRAID_"))},
@@ -153,9 +153,9 @@ class Run:
         return found
 
 
-def braid(emulator: Emulator, caller: str, *args: str, timeout: float = 180) -> Run:
-    proc = subprocess.run([str(BRAID), *args], env=emulator.braid_env(caller), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    return Run(proc.returncode, proc.stdout.decode(), proc.stderr.decode())
+def braid(emulator: Emulator, caller: str, *args: str, stdin: bytes = b"", timeout: float = 180) -> Run:
+    proc = subprocess.run([str(BRAID), *args], env=emulator.braid_env(caller), input=stdin, capture_output=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode())
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +415,19 @@ def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(clo
     assert sorted(set(staged_parts(cloud, ref_prefix(ref)))) == sorted(staged_parts(cloud, ref_prefix(ref)))  # each part sent once
     assert_within_policy(cloud, "agent-pipes", "agent")
     assert_within_policy(cloud, "restore-pipes", "restore")
+
+
+def test_backup_of_stdin_needs_nothing_but_the_exported_environment(cloud: Emulator) -> None:
+    data = stream_bytes(3 * MiB + 5, 12)
+
+    run = braid(cloud, "agent-stdin", "backup", "--name", "plain", stdin=data)
+
+    assert run.code == 0, run.stderr
+    ref = run.stdout.strip()
+    restored = subprocess.run([str(BRAID), "restore", ref], env=cloud.braid_env("restore-stdin"), capture_output=True, timeout=120)
+    assert restored.returncode == 0, restored.stderr
+    assert restored.stdout == data
+    assert_within_policy(cloud, "agent-stdin", "agent")
 
 
 def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emulator, tmp_path: Path) -> None:

@@ -440,6 +440,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
     parser.add_argument("--fast-retries", action="store_true", help="1 s, 3-attempt retry policies in the state machine (tests)")
     parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
+    parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends (tests)")
     parser.add_argument("--debug", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -515,6 +516,16 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch_parent() -> None:
+            while not stop.wait(1.0):
+                if os.getppid() != parent:
+                    log.info("parent %d ended", parent)
+                    stop.set()
+
+        threading.Thread(target=watch_parent, name="watch-parent", daemon=True).start()
     for name, value in environment.items():
         exports.write(f"export {name}={shlex.quote(value)}\n")
     exports.close()
