@@ -78,6 +78,7 @@ AGENT_SECRET_KEY = "testing"
 PIPELINE_ACCESS_KEY = "emulatedpipeline"
 CACHE_DIR = ROOT / "build" / "emulated-cloud"
 CACHE_FORMAT = "1"
+CACHE_KEEP = 8
 
 
 # -- the synthesized template, cached ------------------------------------------
@@ -121,6 +122,13 @@ def _retry_props(fast: bool) -> dict[str, Any]:
     return {"worker_retry": quick, "step_retry": quick}
 
 
+def _prune_cache(cache_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` templates (each infra change adds one)."""
+    entries = sorted((p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith("synth-")), key=lambda p: p.stat().st_mtime)
+    for stale in entries[:-keep]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> SynthesizedStack:
     """The synthesized stack: from the cache, or synthesized once (a few seconds) and cached.
 
@@ -158,6 +166,7 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
         finally:
             shutil.rmtree(work, ignore_errors=True)
         log.info("synthesized the stack in %.1f s; cached in %s", time.monotonic() - started, entry)
+        _prune_cache(cache_dir, keep=CACHE_KEEP)
     template = json.loads((entry / "template.json").read_text())
     assets = {key: entry / "assets" / name for key, name in json.loads((entry / "assets.json").read_text()).items()}
     return SynthesizedStack(STACK_NAME, template, entry, assets)
