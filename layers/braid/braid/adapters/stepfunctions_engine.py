@@ -45,6 +45,8 @@ class ExecutionStatus:
                 detail = f"{parsed.get('errorType', self.error)}: {parsed['errorMessage']}"
         except (TypeError, ValueError):
             pass
+        if detail.startswith(f"backup {ref} "):  # the pipeline's Cleanup already says it all
+            return detail
         return f"backup {ref} {self.status.lower().replace('_', ' ')} in Step Functions ({self.error or 'error'}): {detail}"
 
 
