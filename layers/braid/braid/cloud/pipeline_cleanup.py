@@ -24,7 +24,8 @@ from braid.object_store import ObjectStore
 
 # What to do about each error the pipeline raises or Step Functions reports.
 HINTS: dict[str, str] = {
-    "IntegrityError": "staged data did not match what the agent recorded; run the backup again",
+    "IntegrityError": "a check of the staged stream or of the stored chunks failed (the cause says which); run the backup again",
+    "States.ExceededToleratedFailureThreshold": "workers kept failing on some chunks past every retry (see the map run's failed items); run the backup again",
     "StagingStalledError": "start the backup again; the agent must keep uploading until the stream ends",
     "KeyAccessError": "check that the stack's KMS key is enabled and its key policy lets the pipeline roles use it",
     "RepositoryError": "the agent must stage the backup (session.json) in the stack's bucket before starting the pipeline",
