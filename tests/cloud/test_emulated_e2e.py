@@ -492,6 +492,28 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert_within_policy(cloud, "agent-resume", "agent")
 
 
+def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path) -> None:
+    writer = PipeWriter(tmp_path / "in0", stream_bytes(12 * MiB, 13), pause_after=5 * MiB)
+    args = ["backup", "--name", "interrupted", "--chunk-size", CHUNK, "--input", str(writer.path)]
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not staged_parts(cloud, "staging/interrupted/"):
+        assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()
+        time.sleep(0.05)
+
+    agent.send_signal(signal.SIGINT)
+    out, err = agent.communicate(timeout=60)
+    writer.finish()
+
+    (session,) = [r["key"] for r in cloud.requests(caller="agent-sigint", op="PutObject") if r["key"].endswith("/session.json")]
+    ref = "{1}@{2}".format(*session.split("/"))
+    assert agent.returncode == 130 and out == b""
+    assert err.decode().splitlines()[-1] == (
+        f"braid: interrupted; what was uploaded stays staged: continue with 'braid backup --resume {ref}' and the same inputs"
+    )
+    assert cloud.open_uploads(ref_prefix(ref)) != []  # kept for --resume
+
+
 def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
     emulator = start_emulator("--fail-worker", "once")
     inputs = [stream_bytes(12 * MiB, 6), stream_bytes(3 * MiB, 7)]

@@ -442,8 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"braid: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("braid: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print("; ".join(["braid: interrupted", *getattr(exc, "__notes__", [])]), file=sys.stderr)
         return 130
     except BrokenPipeError:
         print("braid: error: output closed by its reader", file=sys.stderr)

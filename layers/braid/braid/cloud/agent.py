@@ -185,6 +185,8 @@ def _releaser(pool: BufferPool, buffer: bytearray) -> Callable[[], None]:
 
 def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:
     """Tell the user the way back in, without changing what went wrong."""
+    if isinstance(exc, KeyboardInterrupt):  # braid.cli prints the note after "interrupted"
+        exc.add_note(f"what was uploaded stays staged: continue with 'braid backup --resume {ref}' and the same inputs")
     if isinstance(exc, BackupError) and "--resume" not in exc.message:
         exc.message = f"{exc.message}; what was uploaded stays staged: continue with 'braid backup --resume {ref}' and the same inputs"
         exc.args = (exc.message,)
