@@ -543,6 +543,11 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Cal
     assert emulator.keys("staging/") == [] and emulator.open_uploads() == []
     failed = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"] and "function_error" in r]
     assert len(failed) >= 4  # the first item's attempt and its 3 retries, at least
+    ref = message.removeprefix("braid: error: backup ").split(" ", 1)[0]
+    status = braid(emulator, "agent", "status", ref, "--once", "--json")
+    assert status.code == 9 and status.errors == [message]
+    assert json.loads(status.stdout)["status"] == "FAILED"
+    assert braid(emulator, "agent", "status", ref).errors == [message]
 
 
 def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
