@@ -1,0 +1,249 @@
+"""cloud: the agent's host cost and upload throughput against a local S3-compatible server.
+
+Ours: the real agent, `braid backup --repo s3://BUCKET/runN --name bench
+--concurrency C --chunk-size S --no-wait < FILE`, as a child process: it
+opens the repository (its config names a state machine), writes the staging
+session, uploads every chunk as a multipart part with its CRC64NVME,
+completes the segment(s) with the combined full-object checksum, writes the
+segment records and the stream-end record, and calls StartExecution. S3 is
+s3proxy on loopback (filesystem blobstore; --s3-server moto for moto's
+server); Step Functions is a moto server holding a one-state machine with
+execution off, so nothing runs behind the agent and only the agent's own work
+is measured. CPU is the agent process's rusage (wait4), not the servers'.
+
+Host cost: the agent's CPU seconds per GiB vs `zstd -3 -T1 -c FILE` on the
+same data (CPU of each child). Target: agent/zstd <= 0.15. Start-up
+(interpreter, boto3, repository config, StartExecution) is a fixed cost per
+backup; the empty-stream row measures it, and the marginal figure leaves it
+out.
+
+Throughput: the agent's wall time vs a plain boto3 multipart upload of the
+same file to the same server: `upload_fileobj` with TransferConfig at the
+same part size and concurrency, in a child process, with the same wire
+settings as the agent's client (unsigned payload, no extra checksum
+trailers), so the comparison is like for like. Target: ours/boto3 >= 0.95.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench_lib import s3proxy
+from bench_lib.context import Context, add_engine_options, add_option_once
+from bench_lib.report import MB, Comparison, Section, Table
+from bench_lib.timing import CommandFailed, Series, drop_dirty_pages, run_command
+
+NAME = "cloud"
+HELP = "cloud agent (braid backup to s3://, staging upload) vs zstd -3 -T1 (host CPU) and boto3 multipart (throughput)"
+ORDER = 30
+IN_ALL = True
+HOST_TARGET = 0.15  # agent CPU / zstd -3 -T1 CPU, at most
+THROUGHPUT_TARGET = 0.95  # agent / boto3 throughput, at least
+BUCKET = "braid-bench"
+STATE_MACHINE = "braid-bench-pipeline"
+
+# The reference: plain boto3, no braid import. argv: FILE BUCKET KEY PART_SIZE CONCURRENCY
+_REFERENCE = r"""
+import sys, boto3
+from botocore.config import Config
+from boto3.s3.transfer import TransferConfig
+path, bucket, key, part, conc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+client = boto3.client("s3", config=Config(
+    max_pool_connections=max(64, conc + 8), request_checksum_calculation="when_required",
+    response_checksum_validation="when_supported", s3={"payload_signing_enabled": False}))
+transfer = TransferConfig(multipart_threshold=part, multipart_chunksize=part, max_concurrency=conc,
+                          use_threads=True, preferred_transfer_client="classic")
+with open(path, "rb") as handle:
+    client.upload_fileobj(handle, bucket, key, Config=transfer)
+"""
+
+# Set-up inside a child with the compat shim: bucket, repository config, state machine.
+_SETUP = r"""
+import json, sys, boto3
+from braid.adapters.s3_store import S3Store, s3_client
+from braid.repository import Repository, RepositoryConfig
+doc = json.loads(sys.argv[1])
+sfn = boto3.client("stepfunctions", endpoint_url=doc["sfn"])
+arn = sfn.create_state_machine(
+    name=doc["machine"], roleArn="arn:aws:iam::123456789012:role/braid-bench",
+    definition=json.dumps({"StartAt": "Noop", "States": {"Noop": {"Type": "Pass", "End": True}}}))["stateMachineArn"]
+client = s3_client(endpoint_url=doc["s3"])
+try:
+    client.create_bucket(Bucket=doc["bucket"])
+except client.exceptions.BucketAlreadyOwnedByYou:
+    pass
+for prefix in doc["prefixes"]:
+    store = S3Store(client, doc["bucket"], prefix)
+    config = RepositoryConfig.new({"type": "kms", "key_id": "arn:aws:kms:us-east-1:123456789012:key/braid-bench"},
+                                  "2025-01-01T00:00:00Z", {"state_machine_arn": arn, "bucket": doc["bucket"], "region": "us-east-1"})
+    Repository.create(store, config)
+print(arn)
+"""
+
+
+def add_arguments(parser) -> None:
+    add_engine_options(parser)
+    add_option_once(parser, "--concurrency", type=int, default=8, help="cloud: agent --concurrency and boto3 max_concurrency (default 8)")
+    add_option_once(
+        parser, "--s3-server", choices=("s3proxy", "moto"), default="s3proxy",
+        help="cloud: the local S3-compatible server (default s3proxy, falling back to moto if it cannot start)",
+    )
+
+
+def _servers(ctx: Context, work: Path, notes: list[str]) -> tuple[s3proxy.Server, s3proxy.Server]:
+    sfn = s3proxy.start_moto(work, ctx.venv_bin, "moto-sfn")
+    if ctx.args.s3_server == "moto":
+        return s3proxy.start_moto(work, ctx.venv_bin, "moto-s3"), sfn
+    try:
+        return s3proxy.start_s3proxy(ctx.workdir, ctx.log), sfn
+    except s3proxy.ServerError as exc:
+        notes.append(f"s3proxy could not be used ({exc}); fell back to moto's server: throughput figures are moto-bound (~100 MB/s)")
+        ctx.log(f"cloud: s3proxy unavailable ({exc}); using moto")
+        return s3proxy.start_moto(work, ctx.venv_bin, "moto-s3"), sfn
+
+
+def _remove(server: s3proxy.Server, env: dict[str, str], ctx: Context, prefix: str) -> None:
+    """Drop what one run stored, outside the timing, so the disk and the server's index stay small."""
+    if server.kind == "s3proxy" and server.data_dir is not None:
+        shutil.rmtree(server.data_dir / BUCKET / prefix, ignore_errors=True)
+        return
+    script = (
+        "import sys, boto3\n"
+        "b = boto3.resource('s3', endpoint_url=sys.argv[1]).Bucket(sys.argv[2])\n"
+        "b.objects.filter(Prefix=sys.argv[3] + '/').delete()\n"
+        "for u in b.multipart_uploads.filter(Prefix=sys.argv[3] + '/'): u.abort()\n"
+    )
+    subprocess.run([str(ctx.python), "-c", script, server.endpoint, BUCKET, prefix], env=env, check=True, capture_output=True)
+
+
+def run(ctx: Context) -> Section:
+    args = ctx.args
+    data = ctx.dataset()
+    chunk, conc = args.chunk_size, args.concurrency
+    section = Section(NAME, f"cloud agent staging upload, {chunk // 2**20} MiB parts, concurrency {conc}")
+    if not shutil.which("zstd"):
+        section.skipped = "zstd is not on PATH"
+        return section
+    work = ctx.scratch("cloud")
+    notes: list[str] = []
+    s3, sfn = _servers(ctx, work, notes)
+    try:
+        return _run(ctx, section, work, s3, sfn, notes)
+    finally:
+        s3.stop()
+        sfn.stop()
+
+
+def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3proxy.Server, notes: list[str]) -> Section:
+    args = ctx.args
+    data = ctx.dataset()
+    chunk, conc = args.chunk_size, args.concurrency
+    base = ctx.env(**s3proxy.credentials_env())
+    base.pop("AWS_ENDPOINT_URL", None)
+    base.pop("AWS_PROFILE", None)
+    base["AWS_ENDPOINT_URL_S3"] = s3.endpoint
+    base["AWS_ENDPOINT_URL_SFN"] = sfn.endpoint
+    env = s3proxy.compat_env(base) if s3.kind == "s3proxy" else base
+    env["PYTHONPATH"] = os.pathsep.join([str(ctx.root / "scripts"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    prefixes = [f"run{i}" for i in range(ctx.reps)] + ["empty"]
+    setup = {"sfn": sfn.endpoint, "s3": s3.endpoint, "bucket": BUCKET, "machine": STATE_MACHINE, "prefixes": prefixes}
+    proc = subprocess.run([str(ctx.python), "-c", _SETUP, json.dumps(setup)], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"cloud set-up failed: {proc.stderr.strip().splitlines()[-3:]}")
+
+    braid = str(ctx.braid)
+    log = work / "agent.log"
+    empty = work / "empty.bin"
+    empty.write_bytes(b"")
+
+    def agent_argv(prefix: str) -> list[str]:
+        return [braid, "backup", "--repo", f"s3://{BUCKET}/{prefix}", "--name", "bench", "--chunk-size", str(chunk),
+                "--level", str(args.level), "--concurrency", str(conc), "--no-wait"]
+
+    agent, reference, zstd, startup = Series(), Series(), Series(), Series()
+    zstd_argv = ["zstd", f"-{args.level}", "-T1", "-q", "-c", str(data.path)]
+
+    def run_agent(rep: int) -> None:
+        log.unlink(missing_ok=True)
+        try:
+            agent.add(run_command(agent_argv(f"run{rep}"), stdin=data.path, stderr=log, env=env))
+        except CommandFailed as exc:
+            raise RuntimeError(f"{exc}: {log.read_text(errors='replace').strip().splitlines()[-2:]}") from None
+        finally:
+            _remove(s3, env, ctx, f"run{rep}")
+            drop_dirty_pages()
+
+    def run_reference(rep: int) -> None:
+        argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"ref{rep}/data", str(chunk), str(conc)]
+        try:
+            reference.add(run_command(argv, stderr=work / "reference.log", env=env))
+        finally:
+            _remove(s3, env, ctx, f"ref{rep}")
+            drop_dirty_pages()
+
+    ctx.log(f"cloud: S3 = {s3.kind} at {s3.endpoint}, Step Functions = moto at {sfn.endpoint}")
+    ctx.log("cloud: agent start-up (empty stream) ...")
+    log.unlink(missing_ok=True)
+    startup.add(run_command(agent_argv("empty"), stdin=empty, stderr=log, env=env))
+    for rep in range(ctx.reps):
+        ctx.log(f"cloud: repetition {rep + 1}/{ctx.reps} ...")
+        sides = [lambda: run_agent(rep), lambda: run_reference(rep), lambda: zstd.add(run_command(zstd_argv))]
+        sides = sides[rep % 3 :] + sides[: rep % 3]
+        for side in sides:
+            side()
+
+    gib = data.size / 2**30
+    agent_cpu = agent.best_cpu / gib
+    agent_marginal = (agent.best_cpu - startup.best_cpu) / gib
+    zstd_cpu = zstd.best_cpu / gib
+    ratio = agent.best_cpu / zstd.best_cpu
+    ratio_marginal = (agent.best_cpu - startup.best_cpu) / zstd.best_cpu
+    ratio_median = agent.median_cpu / zstd.median_cpu
+    server = f"{s3.kind} {s3.version}".strip()
+    section.comparisons = [
+        Comparison(
+            "upload throughput",
+            f"braid backup --repo s3://... --concurrency {conc} --no-wait < FILE ({server})",
+            f"boto3 upload_fileobj, TransferConfig {chunk // 2**20} MiB x {conc} threads, same server",
+            data.size, agent, reference, THROUGHPUT_TARGET,
+        ),
+    ]
+    section.tables.append(
+        Table(
+            "host cost: CPU seconds per GiB of the agent process (best of reps) vs zstd -3 -T1 on the same data",
+            ["what", "cpu s/GiB", "cpu s/GiB (med)", "vs zstd -3 -T1", "target", ""],
+            [
+                ["braid backup (agent), whole process", round(agent_cpu, 3), round(agent.median_cpu / gib, 3), round(ratio, 3),
+                 f"<= {HOST_TARGET:.2f}", "PASS" if ratio <= HOST_TARGET else "MISS"],
+                ["  of which start-up (empty stream, s per backup)", round(startup.best_cpu, 3), "", "", "", ""],
+                ["braid backup, marginal (start-up left out)", round(agent_marginal, 3), "", round(ratio_marginal, 3), "", ""],
+                ["boto3 upload_fileobj (reference upload)", round(reference.best_cpu / gib, 3), round(reference.median_cpu / gib, 3),
+                 round(reference.best_cpu / zstd.best_cpu, 3), "", ""],
+                [" ".join(zstd_argv[:-1]) + " FILE", round(zstd_cpu, 3), round(zstd.median_cpu / gib, 3), 1.0, "", ""],
+            ],
+        )
+    )
+    section.facts = {
+        "S3 server": f"{server} at {s3.endpoint} (Step Functions: moto, execution off)",
+        "host CPU ratio agent/zstd (best; median)": f"{ratio:.3f}; {ratio_median:.3f}",
+        "agent peak RSS (MiB)": round(agent.max_rss / 1024, 1),
+        "boto3 reference peak RSS (MiB)": round(reference.max_rss / 1024, 1),
+        "agent MB/s best / median": f"{data.size / agent.best_wall / MB:.1f} / {data.size / agent.median_wall / MB:.1f}",
+        "boto3 MB/s best / median": f"{data.size / reference.best_wall / MB:.1f} / {data.size / reference.median_wall / MB:.1f}",
+    }
+    if s3.kind == "s3proxy":
+        notes.append(
+            "s3proxy 2.6.0 answers 501 to the checksum headers on CreateMultipartUpload/HEAD/GET and 500 to per-part "
+            "ChecksumCRC64NVME in CompleteMultipartUpload; a benchmark-only botocore hook (scripts/bench_lib/s3compat) drops "
+            "those in the child processes. It accepts but does not verify CRC64NVME on UploadPart/PUT and ignores If-None-Match."
+        )
+    chunks = -(-data.size // chunk)
+    if chunks < 2 * conc:
+        notes.append(f"only {chunks} parts for concurrency {conc}: start-up and the last part's tail weigh more; use a larger --size")
+    section.notes = notes
+    return section

@@ -1,0 +1,53 @@
+"""Benchmark-only S3 compatibility shim for s3proxy, loaded into child processes.
+
+The `cloud` benchmark puts this directory on PYTHONPATH of the processes it
+starts (the agent `braid backup` and the boto3 reference) and sets
+BRAID_BENCH_S3COMPAT=1; Python then imports this file at start-up. It never
+touches product code: it registers one botocore handler in every new session
+(through botocore's list of built-in handlers) that drops what s3proxy 2.6.0
+answers with "501 NotImplemented" or a 500:
+
+- the headers x-amz-checksum-algorithm / x-amz-checksum-type on
+  CreateMultipartUpload, x-amz-checksum-mode on HeadObject and GetObject, and
+  x-amz-checksum-crc64nvme / -type / x-amz-mp-object-size on
+  CompleteMultipartUpload;
+- the per-part ChecksumCRC64NVME elements in CompleteMultipartUpload's XML
+  body (s3proxy's parser rejects unknown fields).
+
+Everything else the agent sends (UploadPart with its CRC64NVME header, PUT
+with CRC64NVME and If-None-Match) goes out unchanged: s3proxy accepts those
+headers but neither verifies the checksum nor honours If-None-Match. The
+bytes on the wire and the client-side work (the agent still computes every
+CRC) are the same as against S3, so CPU and throughput figures are not
+flattered by the shim.
+"""
+
+import os
+
+if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
+    import re
+
+    import botocore.handlers
+
+    _STRIP = {
+        "CreateMultipartUpload": ("x-amz-checksum-algorithm", "x-amz-checksum-type", "x-amz-sdk-checksum-algorithm"),
+        "HeadObject": ("x-amz-checksum-mode",),
+        "GetObject": ("x-amz-checksum-mode",),
+        "CompleteMultipartUpload": ("x-amz-checksum-crc64nvme", "x-amz-checksum-type", "x-amz-mp-object-size"),
+    }
+    _PART_CHECKSUM = re.compile(rb"<ChecksumCRC64NVME>[^<]*</ChecksumCRC64NVME>")
+
+    def _s3proxy_compat(request, operation_name=None, **_kwargs):
+        for header in _STRIP.get(operation_name, ()):
+            if header in request.headers:
+                del request.headers[header]
+        if operation_name == "CompleteMultipartUpload" and request.data:
+            body = request.data if isinstance(request.data, bytes) else request.data.encode()
+            stripped = _PART_CHECKSUM.sub(b"", body)
+            if stripped != body:
+                request.data = stripped
+                for header in ("Content-Length", "Content-MD5"):
+                    if header in request.headers:
+                        del request.headers[header]
+
+    botocore.handlers.BUILTIN_HANDLERS.append(("before-sign.s3", _s3proxy_compat))

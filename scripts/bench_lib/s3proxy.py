@@ -1,0 +1,194 @@
+"""Local S3-compatible servers for the cloud benchmarks: s3proxy (and moto as fallback).
+
+s3proxy (Maven Central `org.gaul:s3proxy`, the `jar-with-dependencies`
+artifact, filesystem blobstore) is fetched once with Maven into the bench work
+directory (`.bench/s3proxy/`, gitignored) and started on loopback with a
+properties file: fixed identity and credential, aws-v2-or-v4 authorization,
+blobs under the work directory. It is what the throughput figures use: here
+it sustains several times moto's ~100 MB/s.
+
+moto's server (`moto_server` from the project venv) is used for Step
+Functions (the agent's StartExecution; execution of the state machine stays
+off, so nothing runs behind it) and, with --s3-server moto, for S3 too.
+
+s3proxy 2.6.0 rejects a few request headers the agent sends (see
+s3compat/sitecustomize.py); `COMPAT_ENV` turns on the benchmark-only shim
+in the child processes it is passed to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+S3PROXY_VERSIONS = ("2.6.0", "2.4.1")
+IDENTITY = "braidbench"
+CREDENTIAL = "braidbench-secret"
+REGION = "us-east-1"
+COMPAT_DIR = Path(__file__).resolve().parent / "s3compat"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch_s3proxy(cache: Path, log=lambda msg: None, versions: tuple[str, ...] = S3PROXY_VERSIONS) -> Path:
+    """The s3proxy jar, from the cache or fetched with `mvn dependency:copy`."""
+    cache.mkdir(parents=True, exist_ok=True)
+    for version in versions:
+        jar = cache / f"s3proxy-{version}-jar-with-dependencies.jar"
+        if jar.exists():
+            return jar
+    if not shutil.which("mvn"):
+        raise ServerError("s3proxy is not cached and Maven (mvn) is not on PATH to fetch it")
+    errors = []
+    for version in versions:
+        log(f"fetching org.gaul:s3proxy:{version} (jar-with-dependencies) with Maven into {cache} ...")
+        proc = subprocess.run(
+            [
+                "mvn", "-q", "-B", "dependency:copy",
+                f"-Dartifact=org.gaul:s3proxy:{version}:jar:jar-with-dependencies",
+                f"-DoutputDirectory={cache}",
+            ],
+            cwd=cache, capture_output=True, text=True,
+        )
+        jar = cache / f"s3proxy-{version}-jar-with-dependencies.jar"
+        if proc.returncode == 0 and jar.exists():
+            return jar
+        errors.append(f"{version}: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+    raise ServerError("cannot fetch s3proxy: " + "; ".join(errors))
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            raise ServerError(f"server exited with {proc.returncode}: {tail}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answers (403/404 without credentials): ready
+        except OSError:
+            time.sleep(0.2)
+    raise ServerError(f"server at {url} not ready after {timeout:.0f} s; see {log_path}")
+
+
+@dataclass
+class Server:
+    kind: str  # "s3proxy" or "moto"
+    endpoint: str
+    proc: subprocess.Popen
+    log_path: Path
+    data_dir: Path | None = None
+    version: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_s3proxy(workdir: Path, log=lambda msg: None) -> Server:
+    """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data."""
+    if not shutil.which("java"):
+        raise ServerError("java is not on PATH")
+    home = workdir / "s3proxy"
+    jar = fetch_s3proxy(home, log)
+    data = home / "data"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    props = home / "s3proxy.properties"
+    props.write_text(
+        "\n".join(
+            [
+                f"s3proxy.endpoint={endpoint}",
+                "s3proxy.authorization=aws-v2-or-v4",
+                f"s3proxy.identity={IDENTITY}",
+                f"s3proxy.credential={CREDENTIAL}",
+                "jclouds.provider=filesystem",
+                f"jclouds.filesystem.basedir={data}",
+                "",
+            ]
+        )
+    )
+    log_path = home / "s3proxy.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            ["java", "-Xmx1g", "-jar", str(jar), "--properties", str(props)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    server = Server("s3proxy", endpoint, proc, log_path, data, jar.name.split("-")[1])
+    try:
+        _wait_http(endpoint + "/", proc, log_path)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def start_moto(workdir: Path, venv_bin: Path, name: str = "moto") -> Server:
+    """moto's server on a free loopback port (state machine execution off)."""
+    home = workdir / name
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log_path = home / "moto.log"
+    env = dict(os.environ)
+    env.pop("MOTO_STEPFUNCTIONS_EXECUTE_STATE_MACHINE", None)
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [str(venv_bin / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+        )
+    server = Server("moto", endpoint, proc, log_path)
+    try:
+        _wait_http(endpoint + "/moto-api/", proc, log_path)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def credentials_env() -> dict[str, str]:
+    """Credentials both servers accept (moto takes any; s3proxy this fixed pair)."""
+    return {"AWS_ACCESS_KEY_ID": IDENTITY, "AWS_SECRET_ACCESS_KEY": CREDENTIAL, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
+
+
+def compat_env(base: dict[str, str]) -> dict[str, str]:
+    """Child-process environment with the s3proxy compatibility shim on."""
+    env = dict(base)
+    env["BRAID_BENCH_S3COMPAT"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(COMPAT_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
