@@ -177,7 +177,7 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
 
 def s3_operation(method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]) -> tuple[str, str]:
     """(S3 operation name, key) of a path-style request."""
-    bucket, _, key = path.lstrip("/").partition("/")
+    _bucket, _, key = path.lstrip("/").partition("/")
     key = unquote(key)
     if method == "PUT" and "partNumber" in query and "uploadId" in query:
         return ("UploadPartCopy" if "x-amz-copy-source" in headers else "UploadPart"), key
