@@ -56,3 +56,22 @@ def test_items_are_a_few_chunks_only_when_that_still_fills_the_workers() -> None
     assert chunks_per_item(10, 100, 8) == 1
     assert chunks_per_item(1000, 100, 8) == 8
     assert chunks_per_item(300, 100, 8) == 3
+
+
+def test_items_stay_full_while_the_stream_is_still_arriving() -> None:
+    # A streaming round is about one segment: filling 500 workers with it would
+    # make every item a single unoverlapped chunk.
+    assert chunks_per_item(32, 500, 8, streaming=True) == 8
+    assert chunks_per_item(32, 500, 8, streaming=False) == 1
+
+
+def test_planner_sizes_items_by_whether_the_stream_ended(tmp_path: Path) -> None:
+    store, ref = LocalStore(tmp_path), BackupRef.new("db")
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    streaming = plan(store, ref)  # max_concurrency=2 would want 2 items; streaming keeps items of 3
+    assert [i.count for i in load_rounds(store, ref)[0].items] == [3, 1] and streaming.items == 2
+    store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 400).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([800], [2]).to_bytes())
+    ended = plan(store, ref)  # after stream end: spread over both workers
+    assert [i.count for i in load_rounds(store, ref)[1].items] == [2, 2] and ended.items == 2

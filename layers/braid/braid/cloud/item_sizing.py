@@ -37,8 +37,19 @@ from __future__ import annotations
 MAX_ITEMS_PER_ROUND = 10_000
 
 
-def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item: int) -> int:
-    """Fewest items that still give every allowed worker something to do, capped at `max_chunks_per_item`."""
+def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item: int, *, streaming: bool = False) -> int:
+    """Fewest items that still give every allowed worker something to do, capped at `max_chunks_per_item`.
+
+    While the stream is still arriving, a round is about one segment (32
+    chunks at 64 MiB), and sizing it to fill hundreds of workers would make
+    every item one chunk: the unoverlapped, most expensive shape (measured in
+    scripts/bench cloud-model: ~$1.01/TiB against ~$0.5). The agent's upload
+    rate, not worker count, bounds throughput then, so items stay full;
+    only once the stream has ended do the last rounds spread over every
+    worker to shorten the tail.
+    """
+    if streaming:
+        return max(1, max_chunks_per_item)
     if ready_chunks <= 0:
         return 1
     wanted = -(-ready_chunks // max(1, max_concurrency))

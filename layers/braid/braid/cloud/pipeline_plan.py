@@ -350,8 +350,9 @@ def plan_next_round(
     planned = {(item.input_index, item.segment_index) for found in rounds for item in found.items}
     planned_chunks = next_chunk_index(rounds)
     ready = [r for r in records if r.parts > 0 and (r.input_index, r.segment) not in planned]
+    end = read_stream_end(store, ref)
     if ready:
-        per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item)
+        per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item, streaming=end is None)
         chosen = select_ready(ready, per_item, max_items)
         found = write_round(store, ref, len(rounds) + 1, items_for_segments(chosen, session.chunk_size, planned_chunks, per_item))
         write_segment_plans(store, ref, found)
@@ -363,7 +364,6 @@ def plan_next_round(
             chunks=found.chunk_count,
             planned_chunks=planned_chunks + found.chunk_count,
         )
-    end = read_stream_end(store, ref)
     if end is not None and check_complete(ref, records, end, session):
         return PlanStatus("done", round=len(rounds), planned_chunks=planned_chunks)
     if idle_seconds >= stall_seconds:
