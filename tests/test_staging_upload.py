@@ -184,6 +184,10 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls]) -> None:
     for r in found:
         segment = store.get(r.key)
         assert r.checksum == stored_checksum(segment)
+        # Per-part checksums, which the worker checks its fetched bytes against.
+        assert [f"crc64nvme:{c}" for c in r.part_checksums] == [
+            stored_checksum(segment[i : i + CHUNK]) for i in range(0, len(segment), CHUNK)
+        ]
         info = store.head(r.key)
         assert info is not None and info.checksum == r.checksum  # S3's own full-object CRC64NVME
     assert end == StreamEnd(lengths=[len(data)], segments=[3])

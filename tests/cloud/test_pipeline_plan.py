@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,14 +10,18 @@ import pytest
 from braid.adapters.local_store import LocalStore
 from braid.backup_id import BackupRef
 from braid.cloud.item_sizing import chunks_per_item
-from braid.cloud.pipeline_plan import StagingStalledError, items_for_segments, load_rounds, plan_next_round, write_round
+from braid.cloud.pipeline_plan import MapItem, StagingStalledError, items_for_segments, load_rounds, plan_next_round, write_round
+from braid.errors import IntegrityError
 from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
 
 CHUNK = 100
 
 
 def record(ref: BackupRef, input_index: int, segment: int, offset: int, length: int) -> SegmentRecord:
-    return SegmentRecord(input_index, segment, segment_key(ref, input_index, segment), offset, length, -(-length // CHUNK), "crc64nvme:x")
+    parts = -(-length // CHUNK)
+    return SegmentRecord(
+        input_index, segment, segment_key(ref, input_index, segment), offset, length, parts, "crc64nvme:x", [f"part-{p}" for p in range(parts)]
+    )
 
 
 def plan(store: LocalStore, ref: BackupRef, idle: int = 0):  # type: ignore[no-untyped-def]
@@ -75,3 +80,13 @@ def test_planner_sizes_items_by_whether_the_stream_ended(tmp_path: Path) -> None
     store.put(stream_end_key(ref), StreamEnd([800], [2]).to_bytes())
     ended = plan(store, ref)  # after stream end: spread over both workers
     assert [i.count for i in load_rounds(store, ref)[1].items] == [2, 2] and ended.items == 2
+
+
+def test_items_carry_their_parts_checksums_and_records_must_list_them(tmp_path: Path) -> None:
+    ref = BackupRef.new("db")
+    items = items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 3)
+    assert [c.checksum for item in items for c in item.chunks()] == ["part-0", "part-1", "part-2", "part-3"]
+    assert MapItem.from_json(items[0].to_json()) == items[0]
+    broken = replace(record(ref, 0, 0, 0, 400), part_checksums=["part-0"])
+    with pytest.raises(IntegrityError, match="lists 1 part checksums for 4 parts"):
+        items_for_segments([broken], CHUNK, 0, 3)

@@ -28,7 +28,7 @@ from braid.finalize import utc_now
 from braid.layout import chunk_key, data_prefix, manifest_key, staging_prefix
 from braid.repository import Repository, RepositoryConfig
 from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
-from braid.stored_checksum import stored_checksum
+from braid.stored_checksum import s3_checksum_value, stored_checksum
 from braid.verification import verify_backup
 
 from support.inprocess_lambda import InProcessLambdas
@@ -79,7 +79,8 @@ class Cloud:
             )["ETag"]
             parts.append({"ETag": etag, "PartNumber": number})
         self.s3.complete_multipart_upload(Bucket=self.deployed.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
-        record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data))
+        part_checksums = [s3_checksum_value(stored_checksum(data[start : start + CHUNK])) for start in range(0, len(data), CHUNK)]
+        record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data), part_checksums)
         self.store.put(segment_record_key(ref, input_index, segment), record.to_bytes())
 
     def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_parts: int, first_segment: int = 0) -> int:
@@ -267,16 +268,23 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     assert cloud.wait(cloud.start(ref))["status"] == "SUCCEEDED"
     published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)}
     manifest = cloud.repository.load(ref).manifest
-    item = {"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
-            "chunk_size": CHUNK, "first_part": 1, "count": 2, "first_index": 0}
+    def item_for(data: bytes) -> dict[str, object]:
+        crcs = [s3_checksum_value(stored_checksum(data[i : i + CHUNK])) for i in range(0, len(data), CHUNK)]
+        return {"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
+                "chunk_size": CHUNK, "first_part": 1, "count": 2, "first_index": 0, "crc": crcs}
+
     cloud.store.put(f"{staging_prefix(ref)}key.json", json.dumps(manifest.key.to_json()).encode())
 
     # A retried worker with the same bytes: accepted, the stored chunks untouched.
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])
-    assert invoke_worker(cloud, ref, item)["error"] is None
-    # A late worker with different bytes: refused, the stored chunks untouched.
-    cloud.stage_segment(ref, 0, 0, 0, pattern(CHUNK * 2, 6))
-    late = invoke_worker(cloud, ref, item)
+    assert invoke_worker(cloud, ref, item_for(inputs[0]))["error"] is None
+    # Staged bytes that changed under a planned item: refused before encoding.
+    other = pattern(CHUNK * 2, 6)
+    cloud.stage_segment(ref, 0, 0, 0, other)
+    changed = invoke_worker(cloud, ref, item_for(inputs[0]))
+    assert changed["error"] and "does not match the checksum the agent recorded" in changed["payload"]["errorMessage"]
+    # A late worker of another attempt, with different bytes: refused, the stored chunks untouched.
+    late = invoke_worker(cloud, ref, item_for(other))
 
     assert late["error"] and late["payload"]["errorType"] == "IntegrityError"
     assert "already exists with different content" in late["payload"]["errorMessage"]

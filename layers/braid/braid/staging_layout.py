@@ -25,7 +25,7 @@ leftover staging.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from braid.backup_id import BackupRef
@@ -96,6 +96,10 @@ class SegmentRecord:
     length: int
     parts: int
     checksum: str  # crc64nvme full-object checksum S3 verified on completion
+    # CRC64NVME (base64) of each part as the agent read it, in part order: the
+    # worker checks the bytes it fetched against them before encoding, so
+    # what gets encrypted is exactly what left the database host.
+    part_checksums: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

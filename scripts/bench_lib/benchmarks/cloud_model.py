@@ -82,6 +82,7 @@ from braid.cloud.pipeline_plan import MapItem
 from braid.cloud.pipeline_worker import ChunkLanes, process_item
 from braid.keys import DataKey
 from braid.staging_layout import segment_key
+from braid.stored_checksum import crc64nvme, encode_crc64nvme
 from braid.worker import ChunkTask, store_chunk
 doc = json.loads(sys.argv[1])
 chunk, per_item, lanes_n, level, reps = doc["chunk"], doc["per_item"], doc["lanes"], doc["level"], doc["reps"]
@@ -121,7 +122,8 @@ for rep in range(reps + 1):  # the first pass warms the lanes' codecs and connec
     first = 1
     while first <= parts:
         count = min(per_item, parts - first + 1)
-        item = MapItem(seg, 0, 0, 0, size, chunk, first, count, first - 1)
+        crcs = tuple(encode_crc64nvme(crc64nvme(memoryview(data)[(p - 1) * chunk : p * chunk])) for p in range(first, first + count))
+        item = MapItem(seg, 0, 0, 0, size, chunk, first, count, first - 1, crcs)
         c0, w0 = time.process_time(), time.perf_counter()
         outcome = process_item(store, ref, item, key=key, level=level, lanes=lanes)
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0

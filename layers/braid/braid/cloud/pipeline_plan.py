@@ -60,6 +60,7 @@ class ChunkSlice:
     start: int  # within the segment object
     length: int
     offset: int  # within the input
+    checksum: str  # CRC64NVME (base64) of the part as the agent read it
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class MapItem:
     first_part: int  # 1-based, as S3 numbers parts
     count: int
     first_index: int  # global index of the item's first chunk
+    checksums: tuple[str, ...]  # per part, from the segment record
 
     @property
     def end_index(self) -> int:
@@ -88,7 +90,7 @@ class MapItem:
             length = min(self.chunk_size, self.segment_length - start)
             if length <= 0:
                 raise IntegrityError(f"map item for {self.segment} names part {part}, beyond the segment's {self.segment_length} bytes")
-            slices.append(ChunkSlice(self.first_index + j, part, start, length, self.segment_offset + start))
+            slices.append(ChunkSlice(self.first_index + j, part, start, length, self.segment_offset + start, self.checksums[j]))
         return slices
 
     def to_json(self) -> dict[str, Any]:
@@ -102,6 +104,7 @@ class MapItem:
             "first_part": self.first_part,
             "count": self.count,
             "first_index": self.first_index,
+            "crc": list(self.checksums),
         }
 
     @classmethod
@@ -117,10 +120,11 @@ class MapItem:
                 first_part=int(doc["first_part"]),
                 count=int(doc["count"]),
                 first_index=int(doc["first_index"]),
+                checksums=tuple(str(c) for c in doc["crc"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"malformed map item {dict(doc)!r}: {exc}") from None
-        if item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0:
+        if item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0 or len(item.checksums) != item.count:
             raise IntegrityError(f"impossible map item {dict(doc)!r}")
         return item
 
@@ -259,11 +263,16 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
     items = []
     index = first_index
     for record in records:
+        if len(record.part_checksums) != record.parts:
+            raise IntegrityError(
+                f"segment record {record.key} lists {len(record.part_checksums)} part checksums for {record.parts} parts"
+            )
         part = 1
         while part <= record.parts:
             count = min(per_item, record.parts - part + 1)
+            checksums = tuple(record.part_checksums[part - 1 : part - 1 + count])
             items.append(
-                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index)
+                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums)
             )
             part += count
             index += count

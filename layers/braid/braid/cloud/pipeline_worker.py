@@ -34,6 +34,7 @@ from braid.keys import DataKey, KeyService, WrappedKey
 from braid.manifest import ChunkEntry
 from braid.object_store import ObjectStore
 from braid.staging_layout import segment_key
+from braid.stored_checksum import crc64nvme, encode_crc64nvme
 from braid.worker import ChunkTask, store_chunk
 
 
@@ -110,6 +111,11 @@ def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSl
         raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
     if len(data) != piece.length:
         raise IntegrityError(f"part {piece.part} of {item.segment} is {len(data)} bytes, the segment record implies {piece.length}")
+    if encode_crc64nvme(crc64nvme(data)) != piece.checksum:
+        raise IntegrityError(
+            f"part {piece.part} of {item.segment} (chunk {piece.index} of {ref}) does not match the checksum the agent"
+            " recorded: the staged bytes changed between the host and the worker"
+        )
     return data
 
 

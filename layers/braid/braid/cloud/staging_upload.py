@@ -628,7 +628,10 @@ class StagingUpload:
 
         if segment.record is not None:
             record = segment.record
-            if (record.length, record.parts, record.checksum, record.offset) != (length, len(parts), checksum, offset):
+            part_checksums = [encode_crc64nvme(p.crc) for p in parts]
+            if (record.length, record.parts, record.checksum, record.offset, record.part_checksums) != (
+                length, len(parts), checksum, offset, part_checksums
+            ):
                 raise InputError(
                     f"input {self.session.inputs[segment.input_index]} is not the stream that was uploaded before the interruption "
                     f"(segment {segment.number} differs); --resume needs the same bytes: start a new backup instead"
@@ -653,6 +656,7 @@ class StagingUpload:
             length=length,
             parts=len(parts),
             checksum=checksum,
+            part_checksums=[encode_crc64nvme(p.crc) for p in parts],
         )
         self.store.put(segment_record_key(self.ref, segment.input_index, segment.number), record.to_bytes())
 
