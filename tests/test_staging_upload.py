@@ -25,6 +25,7 @@ BUCKET = "braid-staging-test"
 CHUNK = 16 * 1024
 SMALL_PART = 1024  # moto's minimum part size is lowered to this, and so is ours
 REF = BackupRef.new("db")
+REPOSITORY_ID = "c0ffee00-0000-4000-8000-000000000001"
 
 
 class Crash(Exception):
@@ -148,7 +149,14 @@ class Feeder:
 
 def run(store: S3Store, streams: list[bytes], *, segment_parts: int = 4, feeder: Feeder | None = None, **overrides: Any) -> tuple[StagingUpload, StreamEnd]:
     upload = StagingUpload.start(
-        store, REF, inputs=[f"/pipe{i}" for i in range(len(streams))], chunk_size=CHUNK, level=3, segment_parts=segment_parts, **options(**overrides)
+        store,
+        REF,
+        repository_id=REPOSITORY_ID,
+        inputs=[f"/pipe{i}" for i in range(len(streams))],
+        chunk_size=CHUNK,
+        level=3,
+        segment_parts=segment_parts,
+        **options(**overrides),
     )
     with upload:
         (feeder or Feeder()).feed(upload, streams)
@@ -193,7 +201,7 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls]) -> None:
     assert end == StreamEnd(lengths=[len(data)], segments=[3])
     assert StreamEnd.from_bytes(store.get(stream_end_key(REF))) == end
     session = SessionRecord.from_bytes(store.get(session_key(REF)))
-    assert (session.chunk_size, session.segment_parts, session.inputs, session.level) == (CHUNK, 4, ["/pipe0"], 3)
+    assert (session.repository, session.chunk_size, session.segment_parts, session.inputs, session.level) == (REPOSITORY_ID, CHUNK, 4, ["/pipe0"], 3)
     assert calls.uploads_ok == 10
     assert progress[-1]["bytes_uploaded"] == len(data) and progress[-1]["parts_uploaded"] == 10
     assert progress[-1]["segments_completed"] == 3
@@ -221,7 +229,7 @@ def test_session_is_written_first_and_never_replaced(s3: tuple[S3Store, S3Calls]
     store, _ = s3
     run(store, [b"x" * 10])
     with pytest.raises(AlreadyExistsError, match="--resume"):
-        StagingUpload.start(store, REF, inputs=["/pipe0"], chunk_size=CHUNK, level=3, **options())
+        StagingUpload.start(store, REF, repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3, **options())
 
 
 def test_slowdown_is_retried(s3: tuple[S3Store, S3Calls]) -> None:

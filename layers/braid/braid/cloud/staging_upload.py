@@ -268,24 +268,23 @@ class StagingUpload:
         store: S3Store,
         ref: BackupRef,
         *,
+        repository_id: str,
         inputs: list[str],
         chunk_size: int,
         level: int,
         segment_parts: int | None = None,
-        repository_id: str | None = None,
         **options: Any,
     ) -> "StagingUpload":
         """Begin a new backup's staging: writes the session record first, create-only.
 
         `repository_id` is the repository config's id: the pipeline checks the
-        session against it and binds the data key and manifest to it. Only
-        stores without a repository config (unit tests) may leave it out.
+        session against it and binds the data key and manifest to it.
         """
         if not inputs:
             raise UsageError("a backup needs at least one input")
         session = SessionRecord(
             backup=str(ref),
-            repository=repository_id or store.url,
+            repository=repository_id,
             chunk_size=chunk_size,
             segment_parts=segment_parts or default_segment_parts(chunk_size),
             level=level,
