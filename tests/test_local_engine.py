@@ -163,3 +163,18 @@ def test_retried_worker_cannot_replace_a_published_chunk(tmp_path: Path) -> None
     with pytest.raises(IntegrityError, match="already exists with different content"):
         store_chunk(codec, repo.store, ref, ChunkTask(0, 0, 0), b"b" * 5000)
     assert repo.store.get(chunk_key(ref, 0)) == original
+
+
+def test_a_manifest_that_does_not_read_back_is_withdrawn(tmp_path: Path) -> None:
+    class CorruptingReads(LocalStore):
+        def get(self, key: str) -> bytes:
+            data = super().get(key)
+            return data[:-1] + b"!" if key.startswith(MANIFESTS) else data
+
+    store = CorruptingReads(tmp_path / "repo")
+    repo, keys = make_repo(tmp_path, store)
+    from braid.errors import IntegrityError
+
+    with pytest.raises(IntegrityError, match="read back differently"):
+        backup(repo, keys, write_inputs(tmp_path, [9000]))
+    assert list(store.list(MANIFESTS)) == [] and list(store.list(DATA)) == []

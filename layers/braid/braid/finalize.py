@@ -97,10 +97,16 @@ def finalize_backup(
         store.put(target, sealed, create_only=True)
     except AlreadyExistsError:
         raise StorageError(f"a manifest for {ref} is already published; refusing to replace it") from None
-    reread = store.get(target)
-    if reread != sealed:
-        raise IntegrityError(f"manifest of {ref} read back differently from what was written")
-    open_manifest(reread, target).authenticate(key)
+    try:
+        reread = store.get(target)
+        if reread != sealed:
+            raise IntegrityError(f"manifest of {ref} read back differently from what was written")
+        open_manifest(reread, target).authenticate(key)
+    except BaseException:
+        # Not verified, so not a backup: withdraw it before anyone lists it,
+        # and before the caller removes the chunks it names.
+        store.delete([target])
+        raise
     return manifest
 
 
