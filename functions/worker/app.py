@@ -35,7 +35,7 @@ def _container() -> tuple[DataKeyCache, ChunkLanes]:
     global _keys, _lanes
     if _keys is None or _lanes is None:
         _keys = DataKeyCache(key_service())
-        _lanes = ChunkLanes(int(os.environ.get("BRAID_WORKER_LANES", "2")))
+        _lanes = ChunkLanes(int(os.environ.get("BRAID_WORKER_LANES", "4")))
     return _keys, _lanes
 
 

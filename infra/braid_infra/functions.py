@@ -4,8 +4,8 @@ All arm64 (Graviton: cheaper per GB-s and as fast for zstd/AES here), one
 shared layer, Powertools configured through the environment, X-Ray active.
 
 Memory: the worker gets 1,769 MB, the size at which Lambda grants one full
-vCPU. Its bytes need far less (two lanes of one chunk, its compressed frame
-and its stored form: ~400 MiB at 64 MiB chunks), but it is CPU-bound, and
+vCPU. Its bytes need less (four lanes, each with one chunk, its compressed
+frame and its stored form: ~800 MiB at 64 MiB chunks), but it is CPU-bound, and
 below a full vCPU a GB-s buys proportionally less CPU, so the bill per chunk
 stays the same while each item takes longer. The coordinating functions
 (prepare, plan, cleanup) move only small JSON and get 256 MB.
@@ -27,7 +27,7 @@ from braid_infra.layer import ARCHITECTURE, RUNTIME
 from braid_infra.storage import Storage
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
-WORKER_LANES = 2
+WORKER_LANES = 4  # the cost model's pick: I/O of three chunks overlaps one's compression
 
 
 @dataclass(frozen=True)

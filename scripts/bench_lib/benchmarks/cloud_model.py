@@ -274,7 +274,8 @@ def estimate(
     streamed: the pipeline runs while the agent uploads. The planner plans
     whatever segments completed since its last round (about one 2 GiB segment
     per round when the round is quicker than the agent's segment interval), and
-    item_sizing.chunks_per_item sizes the items from *that* round's chunks.
+    item_sizing.chunks_per_item keeps those items full (streaming=True); only
+    the last round, planned after stream end, is spread over the workers.
     staged: the whole TiB is staged before the fan-out starts (the upper bound
     on time after stream end; items sized from all 16,384 chunks)."""
     mb = 1e6
@@ -287,7 +288,7 @@ def estimate(
         # A round: plan + map start + one wave of items; segments that completed meanwhile go in the next.
         round_s = 1.0 + assume["map_start_s"] + item_seconds(1, cpu_chunk_arm, chunk, ratio, lanes, assume)
         per_round = seg_chunks * max(1, math.ceil(round_s / seg_interval))
-        k = per_item or chunks_per_item(per_round, workers, DEFAULT_MAX_CHUNKS_PER_ITEM)
+        k = per_item or chunks_per_item(per_round, workers, DEFAULT_MAX_CHUNKS_PER_ITEM, streaming=True)
         rounds = -(-chunks // per_round)
         loops = max(rounds, math.ceil(stream_s / DEFAULT_POLL_SECONDS))
     else:
@@ -384,7 +385,8 @@ def run(ctx: Context) -> Section:
                 round(c["kms"], 5), round(e.total, 3),
             ])
     section.tables.append(Table(
-        "1 TiB as the stack runs it: EXPRESS children, items sized by item_sizing.chunks_per_item (max 8) from each round's chunks",
+        "1 TiB as the stack runs it: EXPRESS children, items sized by item_sizing.chunks_per_item "
+        f"(max {DEFAULT_MAX_CHUNKS_PER_ITEM}, full while streaming)",
         ["workers", "scenario", "chunks/item", "items", "item s", "s after end", "GB-s", "$ lambda", "$ s3", "$ sfn", "$ kms", "$ total/TiB"],
         rows,
     ))

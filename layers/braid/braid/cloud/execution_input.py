@@ -6,7 +6,7 @@ backup's staging prefix (see braid.staging_layout), so the input stays tiny
 and the same execution can be followed, or found again, from any host.
 
     {"backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
-     "max_chunks_per_item": 8, "poll_seconds": 15, "stall_seconds": 3600}
+     "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600}
 
 `prefix` is the repository's key prefix inside the stack's bucket ("" for
 the bucket root), so one stack can serve several repositories in a bucket.
@@ -22,7 +22,7 @@ from braid.backup_id import BackupRef
 from braid.errors import UsageError
 
 DEFAULT_MAX_CONCURRENCY = 100
-DEFAULT_MAX_CHUNKS_PER_ITEM = 8
+DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
 DEFAULT_POLL_SECONDS = 15
 DEFAULT_STALL_SECONDS = 3600
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.

@@ -21,11 +21,12 @@ previous chunk's upload with the current chunk's compression
 (braid.cloud.pipeline_worker), so it bills about the CPU time (~0.35 s per
 chunk, ~$0.13/TiB).
 
-So an item is *a few* chunks: as many as keep every allowed worker busy, up
-to `max_chunks_per_item` (default 8). With k chunks per item, at 1 TiB:
-k=1 ≈ $0.75 (EXPRESS) / $1.55 (STANDARD children); k=8 ≈ $0.30. More than 8
-buys little (the per-chunk costs dominate) and would starve concurrency on
-small rounds and stretch the tail after stream end. Grouping never crosses a
+So an item is *a few* chunks: while the stream arrives, `max_chunks_per_item`
+(default 16); after stream end, as many as keep every allowed worker busy, up
+to that. scripts/bench cloud-model measures the worker and prices 1 TiB at 500
+workers (EXPRESS children, 90 MB/s per S3 stream in Lambda): k=1 ≈ $1.01,
+k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.43, its
+pick; beyond that the per-chunk costs dominate. Grouping never crosses a
 segment, so an item's parts are one contiguous range of one staging object.
 
 The round cap keeps every map's state output (a null per item) far below the
