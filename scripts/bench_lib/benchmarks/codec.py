@@ -155,14 +155,13 @@ def _breakdown(ctx, key: DataKey, codec: ChunkCodec, ref: str, chunks, stored, e
     steps: list[tuple[str, str, object]] = [
         ("encode", "= ChunkCodec.encode (whole call)", lambda i: codec.encode(ref, i, 0, chunks[i])),
         ("encode", "Poly1305 plaintext MAC", lambda i: key.chunk_mac(i, chunks[i])),
-        ("encode", f"zstd compress level {codec.level}", lambda i: compressor.compress(chunks[i])),
+        ("encode", f"zstd compress level {codec.level} (one-shot; encode streams into a reused buffer)", lambda i: compressor.compress(chunks[i])),
         ("encode", "AES-256-GCM encrypt_into (reused buffer)", lambda i: aead.encrypt_into(nonce, payloads[i], aad, memoryview(out)[: len(payloads[i]) + TAG_BYTES])),
         ("worker", "CRC64NVME stored checksum (store_chunk, not encode)", lambda i: stored_checksum(stored[i][0])),
         ("decode", "= ChunkCodec.decode (whole call)", lambda i: codec.decode(stored[i][0], backup=ref, index=i, input_index=0, plaintext_length=len(chunks[i]), plaintext_mac=stored[i][1])),
-        ("decode", "AES-256-GCM decrypt (fresh buffer, as decode does)", lambda i: aead.decrypt(nonce, sealed[i], aad)),
-        ("decode", "zstd decompress (fresh buffer)", lambda i: decompressor.decompress(payloads[i])),
+        ("decode", "AES-256-GCM decrypt_into (reused buffer, as decode does)", lambda i: aead.decrypt_into(nonce, sealed[i], aad, memoryview(plain_out)[: len(sealed[i]) - TAG_BYTES])),
+        ("decode", "zstd decompress (one-shot; decode streams into a reused buffer)", lambda i: decompressor.decompress(payloads[i])),
         ("decode", "Poly1305 plaintext MAC check", lambda i: key.chunk_mac(i, chunks[i])),
-        ("alt", "AES-256-GCM decrypt_into (reused buffer; decode does not use it)", lambda i: aead.decrypt_into(nonce, sealed[i], aad, memoryview(plain_out)[: len(sealed[i]) - TAG_BYTES])),
     ]
     best = [[float("inf")] * len(chunks) for _ in steps]
     for _rep in range(ctx.reps):
