@@ -14,7 +14,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from braid.backup_id import BackupRef
-from braid.cloud.aws_pipeline import S3UploadAborter, event_publisher, repository_store
+from braid.cloud.aws_pipeline import S3StagingJanitor, event_publisher, repository_store
 from braid.cloud.pipeline_cleanup import cleanup_step
 
 logger = Logger()
@@ -30,7 +30,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, str]:
     ref = BackupRef.parse(str(event["backup"]))
     logger.append_keys(backup=str(ref))
     store = repository_store(str(event.get("prefix", "")))
-    failure = cleanup_step(store, S3UploadAborter(store), event_publisher(), ref, event.get("error"))
+    failure = cleanup_step(store, S3StagingJanitor(store), event_publisher(), ref, event.get("error"))
     metrics.add_metric(name="BackupsFailed", unit=MetricUnit.Count, value=1)
     logger.error("backup failed", extra=failure.to_json())
     return failure.to_json()

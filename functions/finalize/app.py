@@ -14,7 +14,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.cloud.aws_pipeline import S3UploadAborter, event_publisher, key_service, repository_store
+from braid.cloud.aws_pipeline import S3StagingJanitor, event_publisher, key_service, repository_store
 from braid.cloud.execution_input import ExecutionInput
 from braid.cloud.pipeline_finalize import finalize_step
 
@@ -30,7 +30,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = ExecutionInput.from_event(event)
     logger.append_keys(backup=request.backup)
     store = repository_store(request.prefix)
-    summary = finalize_step(store, key_service(), S3UploadAborter(store), event_publisher(), request.ref)
+    summary = finalize_step(store, key_service(), S3StagingJanitor(store), event_publisher(), request.ref)
     metrics.add_metric(name="BackupsCompleted", unit=MetricUnit.Count, value=1)
     metrics.add_metric(name="BackupBytesIn", unit=MetricUnit.Bytes, value=summary.plaintext_bytes)
     metrics.add_metric(name="BackupBytesOut", unit=MetricUnit.Bytes, value=summary.stored_bytes)

@@ -108,6 +108,16 @@ class PipelineFunctions(Construct):
         and the steps must tell "not there yet" from "denied". Key names carry no content."""
         self.roles[name].add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.storage.bucket.bucket_arn]))
 
+    def _list_versions(self, name: str) -> None:
+        """Finalize and Cleanup purge the old versions of staging objects (raw database bytes)."""
+        self.roles[name].add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucketVersions"],
+                resources=[self.storage.bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [self.storage.prefix_pattern("staging/*")]}},
+            )
+        )
+
     def _events(self, name: str) -> None:
         stack = self.storage.bucket.stack
         self.roles[name].add_to_policy(
@@ -141,15 +151,18 @@ class PipelineFunctions(Construct):
         # Finalize: read everything it checks, publish the manifest, delete staging.
         self._s3("finalize", ["s3:GetObject"], "config.json", "staging/*", "data/*", "manifests/*")
         self._s3("finalize", ["s3:PutObject"], "manifests/*")
-        self._s3("finalize", ["s3:DeleteObject"], "staging/*")
+        self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], "staging/*")
         self._list("finalize")
+        self._list_versions("finalize")
         self._uploads("finalize")
         self._events("finalize")
         self.keys.allow_decrypt(self.roles["finalize"])
         # Cleanup: never publishes and never decrypts; removes a failed backup's data.
         self._s3("cleanup", ["s3:GetObject"], "manifests/*", "staging/*")
         self._s3("cleanup", ["s3:DeleteObject"], "staging/*", "data/*")
+        self._s3("cleanup", ["s3:DeleteObjectVersion"], "staging/*")
         self._list("cleanup")
+        self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
         # Verify: read and decrypt published backups, prune data without a manifest.

@@ -131,6 +131,11 @@ class Cloud:
     def keys_under(self, prefix: str) -> list[str]:
         return [info.key for info in self.store.list(prefix)]
 
+    def staging_versions(self, prefix: str) -> list[str]:
+        """Old versions and delete markers the versioned bucket still holds: raw database bytes."""
+        listing = self.s3.list_object_versions(Bucket=self.deployed.bucket, Prefix=prefix)
+        return [v["Key"] for v in listing.get("Versions", []) + listing.get("DeleteMarkers", [])]
+
     def open_uploads(self, prefix: str) -> list[str]:
         return [u["Key"] for u in self.s3.list_multipart_uploads(Bucket=self.deployed.bucket, Prefix=prefix).get("Uploads", [])]
 
@@ -207,6 +212,7 @@ def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Clo
     assert cloud.store.head(manifest_key(ref)) is not None
     assert cloud.keys_under(staging_prefix(ref)) == []
     assert cloud.open_uploads(staging_prefix(ref)) == []
+    assert cloud.staging_versions(staging_prefix(ref)) == []  # no plaintext kept as old versions either
     # The map ran more than once: fan-out began before the stream ended.
     assert map_runs(cloud, arn) >= 2
 
@@ -249,6 +255,7 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(cloud: Cloud) -> No
     assert cloud.keys_under(data_prefix(ref)) == []
     assert cloud.keys_under(staging_prefix(ref)) == []
     assert cloud.open_uploads(staging_prefix(ref)) == []
+    assert cloud.staging_versions(staging_prefix(ref)) == []  # no plaintext kept as old versions either
     states = [e["type"] for e in cloud.sfn.get_execution_history(executionArn=result["executionArn"], maxResults=1000)["events"]]
     assert "ExecutionFailed" in states
     assert cloud.lambdas.invocation_count(cloud.deployed.functions["cleanup"]) == 1

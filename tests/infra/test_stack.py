@@ -95,6 +95,21 @@ def test_pipeline_roles_write_only_where_their_step_must(template: Template) -> 
     assert "/manifests/*" not in writes("FunctionsCleanupRole")
 
 
+def test_only_finalize_and_cleanup_purge_old_versions_and_only_of_staging(template: Template) -> None:
+    """Versioning keeps deleted staging (raw database bytes); those two steps purge it, nothing else may."""
+    everything = statements_of(template, "")
+    purging = [s for s in everything if "s3:DeleteObjectVersion" in actions([s])]
+    assert purging and all("/staging/*" in json.dumps(s["Resource"]) and "/data/" not in json.dumps(s["Resource"]) for s in purging)
+    for role in ("FunctionsFinalizeRole", "FunctionsCleanupRole"):
+        mine = statements_of(template, role)
+        assert {"s3:DeleteObjectVersion", "s3:ListBucketVersions"} <= actions(mine)
+        (listing,) = [s for s in mine if "s3:ListBucketVersions" in actions([s])]
+        assert "staging/*" in json.dumps(listing["Condition"])
+    for role in ("FunctionsWorkerRole", "FunctionsPrepareRole", "FunctionsPlanRole", "AccessAgentPolicy"):
+        theirs = statements_of(template, role)
+        assert theirs and "s3:DeleteObjectVersion" not in actions(theirs)
+
+
 def test_bucket_blocks_public_access_denies_plain_http_and_expires_staging(template: Template) -> None:
     template.has_resource_properties(
         "AWS::S3::Bucket",

@@ -59,8 +59,8 @@ def key_service() -> KmsKeyService:
     return KmsKeyService(_kms(), setting("BRAID_KMS_KEY_ID"))
 
 
-class S3UploadAborter:
-    """Aborts incomplete multipart uploads under a repository-relative prefix."""
+class S3StagingJanitor:
+    """Aborts incomplete multipart uploads and purges object versions under a repository-relative prefix."""
 
     def __init__(self, store: S3Store) -> None:
         self.store = store
@@ -81,6 +81,30 @@ class S3UploadAborter:
         except (ClientError, BotoCoreError) as exc:
             raise map_error(exc, action="aborting uploads under", bucket=bucket, key=self.store.object_key(prefix), permission="s3:ListBucketMultipartUploads and s3:AbortMultipartUpload") from None
         return aborted
+
+
+    def purge_versions(self, prefix: str) -> int:
+        client, bucket = self.store.client, self.store.bucket
+        purged = 0
+        try:
+            paginator = client.get_paginator("list_object_versions")
+            for page in paginator.paginate(Bucket=bucket, Prefix=self.store.object_key(prefix)):
+                doomed = [
+                    {"Key": v["Key"], "VersionId": v["VersionId"]}
+                    for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])
+                ]
+                for start in range(0, len(doomed), 1000):
+                    batch = doomed[start : start + 1000]
+                    response = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+                    if response.get("Errors"):
+                        first = response["Errors"][0]
+                        raise StorageError(
+                            f"could not delete old versions of s3://{bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                        )
+                    purged += len(batch)
+        except (ClientError, BotoCoreError) as exc:
+            raise map_error(exc, action="purging old versions under", bucket=bucket, key=self.store.object_key(prefix), permission="s3:ListBucketVersions and s3:DeleteObjectVersion") from None
+        return purged
 
 
 class EventBridgePublisher:

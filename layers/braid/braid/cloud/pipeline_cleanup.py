@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from braid.backup_id import BackupRef
 from braid.cloud.pipeline_finalize import delete_staging, published_manifest
-from braid.cloud.pipeline_ports import BACKUP_FAILED, EventPublisher, UploadAborter
+from braid.cloud.pipeline_ports import BACKUP_FAILED, EventPublisher, StagingJanitor
 from braid.finalize import discard_backup_data
 from braid.object_store import ObjectStore
 
@@ -76,7 +76,7 @@ def actionable_cause(ref: BackupRef, error: Mapping[str, Any] | None, kept_manif
 
 def cleanup_step(
     store: ObjectStore,
-    uploads: UploadAborter,
+    uploads: StagingJanitor,
     events: EventPublisher,
     ref: BackupRef,
     error: Mapping[str, Any] | None,

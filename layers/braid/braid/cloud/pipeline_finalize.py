@@ -21,7 +21,7 @@ from typing import Any
 from braid.adapters.local_engine import algorithms
 from braid.backup_id import BackupRef
 from braid.cloud.pipeline_plan import check_complete, load_rounds, read_segment_records, read_session, read_stream_end
-from braid.cloud.pipeline_ports import BACKUP_COMPLETED, EventPublisher, UploadAborter
+from braid.cloud.pipeline_ports import BACKUP_COMPLETED, EventPublisher, StagingJanitor
 from braid.cloud.pipeline_prepare import check_repository, load_data_key
 from braid.cloud.pipeline_results import read_results
 from braid.errors import IntegrityError, NotFoundError
@@ -75,12 +75,14 @@ def summarize(manifest: Manifest, store_url: str, seconds: float) -> Summary:
     )
 
 
-def delete_staging(store: ObjectStore, uploads: UploadAborter, ref: BackupRef) -> int:
-    """Abort stray multipart uploads, then delete every staging object; returns objects deleted."""
+def delete_staging(store: ObjectStore, janitor: StagingJanitor, ref: BackupRef) -> int:
+    """Abort stray multipart uploads, delete every staging object, then purge
+    the versions a versioned bucket keeps of them; returns objects deleted."""
     prefix = staging_prefix(ref)
-    uploads.abort_uploads(prefix)
+    janitor.abort_uploads(prefix)
     keys = [info.key for info in store.list(prefix)]
     store.delete(keys)
+    janitor.purge_versions(prefix)
     return len(keys)
 
 
@@ -94,7 +96,7 @@ def published_manifest(store: ObjectStore, ref: BackupRef) -> bytes | None:
 def finalize_step(
     store: ObjectStore,
     keys: KeyService,
-    uploads: UploadAborter,
+    uploads: StagingJanitor,
     events: EventPublisher,
     ref: BackupRef,
 ) -> Summary:

@@ -14,11 +14,21 @@ BACKUP_FAILED = "Backup Failed"
 VERIFY_FAILED = "Verify Failed"
 
 
-class UploadAborter(Protocol):
-    """Aborts incomplete multipart uploads; S3 keeps their parts (and bills them) otherwise."""
+class StagingJanitor(Protocol):
+    """What removing staging needs beyond deleting its objects.
+
+    S3 keeps the parts of incomplete multipart uploads (and bills them) until
+    they are aborted, and a versioned bucket keeps every deleted object as a
+    noncurrent version: staging is raw database bytes, so both must go for
+    "no plaintext stays in staging" to hold.
+    """
 
     def abort_uploads(self, prefix: str) -> int:
         """Abort every incomplete upload under the repository-relative `prefix`; returns how many."""
+        ...
+
+    def purge_versions(self, prefix: str) -> int:
+        """Delete every remaining version and delete marker under `prefix`; returns how many."""
         ...
 
 
@@ -28,10 +38,13 @@ class EventPublisher(Protocol):
     def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None: ...
 
 
-class NoUploads:
-    """UploadAborter for stores without multipart uploads (the local directory store)."""
+class PlainStoreJanitor:
+    """StagingJanitor for stores with neither multipart uploads nor versions (a local directory)."""
 
     def abort_uploads(self, prefix: str) -> int:
+        return 0
+
+    def purge_versions(self, prefix: str) -> int:
         return 0
 
 
