@@ -90,14 +90,14 @@ class FailingStore(LocalStore):
         self.writes = 0
         self.lock = threading.Lock()
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
         if key.startswith(DATA):
             with self.lock:
                 self.writes += 1
                 full = self.writes > self.fail_after
             if full:
                 raise StorageError(f"repository disk is full while writing {key}; free space and run the backup again")
-        super().put(key, data, checksum=checksum, create_only=create_only)
+        super().put(key, data, checksum=checksum, create_only=create_only, durable=durable)
 
 
 def test_full_disk_marks_nothing_complete_and_cleans_up(tmp_path: Path) -> None:
@@ -113,10 +113,10 @@ def test_full_disk_marks_nothing_complete_and_cleans_up(tmp_path: Path) -> None:
 
 def test_failing_manifest_write_publishes_nothing(tmp_path: Path) -> None:
     class ManifestFails(LocalStore):
-        def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+        def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
             if key.startswith(MANIFESTS):
                 raise StorageError("repository disk is full")
-            super().put(key, data, checksum=checksum, create_only=create_only)
+            super().put(key, data, checksum=checksum, create_only=create_only, durable=durable)
 
     store = ManifestFails(tmp_path / "repo")
     repo, keys = make_repo(tmp_path, store)
@@ -178,3 +178,34 @@ def test_a_manifest_that_does_not_read_back_is_withdrawn(tmp_path: Path) -> None
     with pytest.raises(IntegrityError, match="read back differently"):
         backup(repo, keys, write_inputs(tmp_path, [9000]))
     assert list(store.list(MANIFESTS)) == [] and list(store.list(DATA)) == []
+
+
+def test_chunks_are_synced_before_the_manifest_is_published(tmp_path: Path) -> None:
+    """Workers write without fsync; finalize syncs every chunk, then publishes."""
+    order: list[str] = []
+
+    class Recording(LocalStore):
+        def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+            order.append(f"put {key.split('/')[0]} durable={durable}")
+            super().put(key, data, checksum=checksum, create_only=create_only, durable=durable)
+
+        def sync(self, keys: Iterable[str]) -> None:
+            keys = list(keys)
+            order.append(f"sync {len(keys)}")
+            super().sync(keys)
+
+    store = Recording(tmp_path / "repo")
+    repo, keys = make_repo(tmp_path, store)
+    order.clear()
+    backup(repo, keys, write_inputs(tmp_path, [4096 * 3]))
+    assert order == ["put data durable=False"] * 3 + ["sync 3", "put manifests durable=True"]
+
+
+def test_sync_of_a_missing_object_is_an_error(tmp_path: Path) -> None:
+    from braid.errors import NotFoundError
+
+    store = LocalStore(tmp_path / "s")
+    store.put("a/b", b"x", durable=False)
+    store.sync(["a/b"])
+    with pytest.raises(NotFoundError):
+        store.sync(["a/missing"])

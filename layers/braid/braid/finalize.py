@@ -91,6 +91,7 @@ def finalize_backup(
     # the very buffer it wrote, so reading every chunk back would only
     # measure the page cache.
     check_chunk_presence(store, ref, manifest.chunks(), read_if_unknown=False)
+    store.sync(chunk_key(ref, c.index) for c in manifest.chunks())
     sealed = manifest.seal(key)
     target = manifest_key(ref)
     try:

@@ -26,13 +26,19 @@ class ObjectStore(Protocol):
         """Where the repository lives, as the user names it (`/path`, `s3://bucket/prefix`)."""
         ...
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
         """Store an object atomically: readers see all of it or none.
 
         `checksum` ("crc64nvme:...") makes the store verify what it received.
         `create_only` raises AlreadyExistsError instead of replacing, so a
         late or retried worker can never overwrite a published object.
+        `durable=False` lets a store return before the object is on stable
+        storage; `sync` must then come before anything depends on it.
         """
+        ...
+
+    def sync(self, keys: Iterable[str]) -> None:
+        """Make objects put with `durable=False` durable (S3: already are)."""
         ...
 
     def get(self, key: str) -> bytes:

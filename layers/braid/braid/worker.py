@@ -30,7 +30,9 @@ def compression_name(compression_id: int) -> str:
     return "zstd" if compression_id == COMPRESSION_ZSTD else "none"
 
 
-def store_chunk(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, task: ChunkTask, plaintext: Buffer) -> ChunkEntry:
+def store_chunk(
+    codec: ChunkCodec, store: ObjectStore, ref: BackupRef, task: ChunkTask, plaintext: Buffer, *, durable: bool = True
+) -> ChunkEntry:
     """Encode and store one chunk, create-only.
 
     If the chunk already exists (a retried or late worker), it is accepted
@@ -52,7 +54,7 @@ def store_chunk(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, task: Chu
     )
     key = chunk_key(ref, task.index)
     try:
-        store.put(key, encoded.stored, checksum=entry.checksum, create_only=True)
+        store.put(key, encoded.stored, checksum=entry.checksum, create_only=True, durable=durable)
         return entry
     except AlreadyExistsError:
         existing = store.get(key)

@@ -98,7 +98,7 @@ key = DataKey(os.urandom(32))
 out = {"size": size, "items": [], "codec": []}
 class NullStore:
     url = "null://"
-    def put(self, key, data, *, checksum=None, create_only=False):
+    def put(self, key, data, *, checksum=None, create_only=False, durable=True):
         pass
 view = memoryview(data)
 # The codec alone (thread CPU per chunk), one lane, after a warm-up.

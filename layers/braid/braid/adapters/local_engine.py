@@ -72,7 +72,9 @@ class LocalEngine:
                 codec = getattr(codecs, "codec", None)
                 if codec is None:
                     codec = codecs.codec = ChunkCodec(key, request.level)
-                entry = store_chunk(codec, store, ref, task, piece.data)
+                # Not fsynced here: finalize syncs every chunk before the
+                # manifest, so no worker waits on the disk mid-stream.
+                entry = store_chunk(codec, store, ref, task, piece.data, durable=False)
             finally:
                 pool.release(piece.buffer)
             with lock:

@@ -43,6 +43,20 @@ def _drop_cache(fd: int) -> None:
             pass
 
 
+def _fsync_directory(directory: Path) -> None:
+    """A new name is durable only once its directory is synced."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some file systems refuse fsync on directories; the data itself is synced
+    finally:
+        os.close(fd)
+
+
 class LocalStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -56,7 +70,7 @@ class LocalStore:
             raise ValueError(f"invalid object key {key!r}")
         return self.root / key
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
         path = self._path(key)
         if checksum is not None and stored_checksum(data) != checksum:
             raise StorageError(f"checksum mismatch writing {path}: data changed in memory before it was stored")
@@ -67,8 +81,9 @@ class LocalStore:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
                 handle.flush()
-                os.fsync(handle.fileno())
-                _drop_cache(handle.fileno())
+                if durable:
+                    os.fsync(handle.fileno())
+                    _drop_cache(handle.fileno())
             if create_only:
                 try:
                     os.link(tmp_name, path)
@@ -77,6 +92,8 @@ class LocalStore:
             else:
                 os.replace(tmp_name, path)
                 tmp_name = None
+            if durable:
+                _fsync_directory(path.parent)
         except OSError as exc:
             raise _storage_error("writing", path, exc) from None
         finally:
@@ -85,6 +102,34 @@ class LocalStore:
                     os.unlink(tmp_name)
                 except OSError:
                     pass
+
+    def sync(self, keys: Iterable[str]) -> None:
+        """Make objects written with `durable=False` durable: one fsync per file,
+        one per directory, and their pages dropped from the cache once clean.
+
+        The local engine writes chunks without waiting for the disk and syncs
+        them all here, before the manifest: a worker never stalls on fsync,
+        and nothing is published before every chunk it names is on disk.
+        """
+        directories: set[Path] = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise NotFoundError(f"object {key} not found in {self.root}") from None
+            except OSError as exc:
+                raise _storage_error("syncing", path, exc) from None
+            try:
+                os.fsync(fd)
+                _drop_cache(fd)
+            except OSError as exc:
+                raise _storage_error("syncing", path, exc) from None
+            finally:
+                os.close(fd)
+            directories.add(path.parent)
+        for directory in sorted(directories):
+            _fsync_directory(directory)
 
     def get(self, key: str) -> bytes:
         path = self._path(key)

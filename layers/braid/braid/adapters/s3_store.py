@@ -284,7 +284,10 @@ class S3Store:
     def _error(self, exc: BaseException, action: str, key: str | None, permission: str) -> BackupError:
         return map_error(exc, action=action, bucket=self.bucket, key=self.object_key(key) if key else self._base or None, permission=permission)
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False) -> None:
+    def sync(self, keys: Iterable[str]) -> None:
+        """Nothing to do: S3 has stored an object durably when PUT returns."""
+
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
         # Checked here too, not only by S3: a mismatch means the caller's
         # buffer changed after it was checksummed, and some S3-compatible
         # servers (and emulators) accept a wrong checksum without a word.
