@@ -272,3 +272,10 @@ def test_help_documents_exit_codes() -> None:
 def test_debug_shows_traceback(tmp_path: Path) -> None:
     result = run_braid("list", "--repo", str(tmp_path / "none"), "--debug")
     assert result.code == 3 and "Traceback" in result.stderr
+
+
+def test_init_refuses_a_key_file_inside_the_repository(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    result = run_braid("init", "--repo", str(repo), "--key-file", str(repo / "master.key"))
+    assert result.code == 2 and "inside the repository" in error_line(result.stderr)
+    assert not repo.exists()

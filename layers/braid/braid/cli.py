@@ -173,6 +173,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     # The key file path depends on the repository id; make the id first.
     provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, utc_now())
     path = key_file_path(args.key_file, provisional.id)
+    if path.absolute() == root or root in path.absolute().parents:
+        raise UsageError(f"key file {path} would be inside the repository; keep the master key outside it (anyone with both can read every backup)")
     if path.exists():
         keys = LocalKeyFile.open(path)
         note = f"using existing key file {path}"
