@@ -279,3 +279,16 @@ def test_init_refuses_a_key_file_inside_the_repository(tmp_path: Path) -> None:
     result = run_braid("init", "--repo", str(repo), "--key-file", str(repo / "master.key"))
     assert result.code == 2 and "inside the repository" in error_line(result.stderr)
     assert not repo.exists()
+
+
+def test_stdin_on_a_terminal_is_refused_rather_than_waited_on(repo: Path) -> None:
+    import pty
+
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.run([str(BRAID), "backup", "--repo", str(repo), "--name", "db"], stdin=terminal, capture_output=True, timeout=30)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == 5
+    assert "stdin is a terminal" in error_line(proc.stderr.decode())

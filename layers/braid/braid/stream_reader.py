@@ -66,6 +66,8 @@ class InputSource:
     def check(self) -> None:
         """Fail early, before any key is made or byte stored, on a path that cannot work."""
         if self.path is None:
+            if sys.stdin is None or sys.stdin.isatty():
+                raise InputError("stdin is a terminal, not a backup stream: pipe the stream in (pg_basebackup ... | braid backup) or give --input PATH")
             return
         try:
             mode = os.stat(self.path).st_mode
