@@ -292,3 +292,17 @@ def test_stdin_on_a_terminal_is_refused_rather_than_waited_on(repo: Path) -> Non
         os.close(terminal)
     assert proc.returncode == 5
     assert "stdin is a terminal" in error_line(proc.stderr.decode())
+
+
+def test_restore_to_a_terminal_is_refused(repo: Path) -> None:
+    import pty
+
+    backup_id = backup(repo, b"rows" * 100)
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.run([str(BRAID), "restore", "--repo", str(repo), backup_id], stdout=terminal, stderr=subprocess.PIPE, timeout=30)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert proc.returncode == 2
+    assert "stdout is a terminal" in error_line(proc.stderr.decode())
