@@ -20,6 +20,7 @@ from braid.repository import RepositoryConfig
 OUTPUT_BUCKET = "RepositoryBucket"
 OUTPUT_KEY = "DataKeyArn"
 OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
+OUTPUT_REPOSITORY = "RepositoryUrl"
 
 
 def stack_outputs(stack: str, client: Any = None) -> dict[str, str]:
@@ -39,6 +40,11 @@ def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, cre
         raise RepositoryError(f"stack {stack!r} has no output(s) {', '.join(missing)}: is it a Braid stack?")
     if outputs[OUTPUT_BUCKET] != store.bucket:
         raise UsageError(f"stack {stack!r} serves bucket {outputs[OUTPUT_BUCKET]}, not {store.bucket}: use --repo s3://{outputs[OUTPUT_BUCKET]}/PREFIX")
+    served = outputs.get(OUTPUT_REPOSITORY)
+    if served is not None and served.rstrip("/") != store.url.rstrip("/"):
+        # The stack's roles are scoped to its repository prefix: any other
+        # prefix would fail later, half-way through a backup, on AccessDenied.
+        raise UsageError(f"stack {stack!r} serves the repository {served}, not {store.url}: use --repo {served}")
     cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE], "bucket": store.bucket}
     if region:
         cloud["region"] = region
