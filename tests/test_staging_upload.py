@@ -66,12 +66,7 @@ class S3Calls:
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Store, S3Calls]]:
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def s3(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Store, S3Calls]]:
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", SMALL_PART)
     with mock_aws():
         # botocore's own retries off, so the tests see (and count) ours.
