@@ -306,3 +306,18 @@ def test_restore_to_a_terminal_is_refused(repo: Path) -> None:
         os.close(terminal)
     assert proc.returncode == 2
     assert "stdout is a terminal" in error_line(proc.stderr.decode())
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--concurrency", "4"], ["--rate-limit", "10MiB"], ["--fan-out", "10"], ["--no-wait"]],
+)
+def test_cloud_options_on_a_local_repository_are_refused(repo: Path, args: list[str]) -> None:
+    result = run_braid("backup", "--repo", str(repo), "--name", "db", *args, stdin=b"rows")
+    assert result.code == 2 and "only apply to s3:// repositories" in error_line(result.stderr)
+    assert json.loads(run_braid("list", "--repo", str(repo), "--json").out) == []
+
+
+def test_resume_on_a_local_repository_is_refused(repo: Path) -> None:
+    result = run_braid("backup", "--repo", str(repo), "--resume", "db@20261123T010203.456Z-1a2b3c4d", stdin=b"rows")
+    assert result.code == 2 and "--resume only apply to s3:// repositories" in error_line(result.stderr)

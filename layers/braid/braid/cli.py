@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from braid import __version__
 from braid.backup_id import BackupRef, validate_name
 from braid.connect import is_s3_url, key_file_path, open_key_service, open_repository, open_store, repo_url
-from braid.engine import BackupRequest
+from braid.engine import BackupEngine, BackupRequest
 from braid.errors import EXIT_CODES, BackupError, UsageError
 from braid.finalize import utc_now
 from braid.manifest import Manifest
@@ -210,6 +210,23 @@ def _init_cloud(url: str, args: argparse.Namespace) -> int:
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
 
 
+def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngine:
+    """The repository's config decides: a pipeline named in it, or this machine."""
+    if repository.config.cloud:
+        from braid.cloud.agent import cloud_engine
+
+        args.rate_limit_bytes = parse_size(args.rate_limit) if args.rate_limit else None
+        if args.rate_limit_bytes == 0:
+            raise UsageError("--rate-limit must be more than 0")
+        return cloud_engine(repository, args)
+    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
+    from braid.adapters.local_engine import LocalEngine
+
+    return LocalEngine(repository, open_key_service(repository, args.key_file))
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     if args.resume:
         ref = BackupRef.parse(args.resume)
@@ -227,26 +244,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
         source.check()
     repository = open_repository(repo_url(args.repo))
     progress = Progress.for_terminal(args.json)
-    request = BackupRequest(ref, sources, chunk_size, args.level, args.workers)
-    report = progress or (lambda event: None)
-    if repository.config.cloud:
-        from braid.cloud.agent import cloud_engine
-
-        args.rate_limit_bytes = parse_size(args.rate_limit) if args.rate_limit else None
-        if args.rate_limit_bytes == 0:
-            raise UsageError("--rate-limit must be more than 0")
-        manifest = cloud_engine(repository, args).run(request, report, resume=bool(args.resume))
-        if manifest is None:
-            print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
-            print(ref)
-            return 0
-    else:
-        given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
-        if given:
-            raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
-        from braid.adapters.local_engine import LocalEngine
-
-        manifest = LocalEngine(repository, open_key_service(repository, args.key_file)).run(request, report)
+    request = BackupRequest(ref, sources, chunk_size, args.level, args.workers, resume=bool(args.resume))
+    engine = _engine_for(repository, args)
+    manifest = engine.run(request, progress or (lambda event: None))
+    if manifest is None:
+        print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
+        print(ref)
+        return 0
     if progress:
         progress({"event": "done", **_summary(manifest)})
     print(manifest.backup)

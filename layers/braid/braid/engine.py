@@ -3,19 +3,21 @@
 The local engine cuts, encodes and stores chunks with a thread pool on this
 machine; the cloud engine stages raw parts in S3 and lets Step Functions run
 the same worker code in Lambda. Both end in the same `finalize_backup`, so
-both write the same repository format.
+both write the same repository format, and the CLI drives either through
+this one interface.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Protocol
 
 from braid.backup_id import BackupRef
 from braid.manifest import Manifest
+from braid.progress import ProgressFn
 from braid.stream_reader import InputSource
 
-ProgressFn = Callable[[dict[str, Any]], None]
+__all__ = ["BackupEngine", "BackupRequest", "ProgressFn"]
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,13 @@ class BackupRequest:
     chunk_size: int
     level: int
     workers: int
+    resume: bool = False  # continue an interrupted upload (engines whose staging outlives the agent)
 
 
 class BackupEngine(Protocol):
     name: str
 
-    def run(self, request: BackupRequest, progress: ProgressFn) -> Manifest: ...
+    def run(self, request: BackupRequest, progress: ProgressFn) -> Manifest | None:
+        """The published, verified manifest; None only when told not to wait
+        for a pipeline that goes on without the caller."""
+        ...

@@ -10,9 +10,12 @@ import json
 import sys
 import threading
 import time
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from braid.sizes import format_size
+
+# What every long operation reports to: one dict per event, never raising.
+ProgressFn = Callable[[dict[str, Any]], None]
 
 
 class Progress:

@@ -17,7 +17,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 from braid.backup_id import BackupRef
 from braid.chunk_codec import ChunkCodec, stored_size
@@ -26,8 +26,8 @@ from braid.keys import DataKey
 from braid.layout import chunk_key
 from braid.manifest import ChunkEntry, InputEntry, Manifest
 from braid.object_store import ObjectStore, read_object
+from braid.progress import ProgressFn
 
-ProgressFn = Callable[[dict[str, object]], None]
 
 
 @dataclass(frozen=True)

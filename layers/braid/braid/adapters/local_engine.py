@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 from braid.chunk_codec import MAX_CHUNKS_PER_KEY, ChunkCodec
 from braid.engine import BackupRequest, ProgressFn
-from braid.errors import BackupError, LimitError
+from braid.errors import BackupError, LimitError, UsageError
 from braid.finalize import InputRecord, discard_backup_data, finalize_backup, utc_now
 from braid.keys import KeyService, encryption_context
 from braid.manifest import ChunkEntry, Manifest
@@ -51,6 +51,8 @@ class LocalEngine:
         self.last_pool: BufferPool | None = None
 
     def run(self, request: BackupRequest, progress: ProgressFn) -> Manifest:
+        if request.resume:
+            raise UsageError("a local backup has no staging to resume: run the backup again")
         for source in request.sources:
             source.check()
         ref = request.ref
@@ -107,7 +109,7 @@ class LocalEngine:
                 if failed:
                     raise failed[0].exception()  # type: ignore[misc]
             stream_end = time.monotonic() - started
-            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+            wait(futures, return_when=FIRST_EXCEPTION)
             for future in futures:
                 if future.done() and future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]

@@ -55,7 +55,7 @@ class CloudEngine:
 
     # -- backup ---------------------------------------------------------------
 
-    def run(self, request: BackupRequest, progress: ProgressFn, *, resume: bool = False) -> Manifest | None:
+    def run(self, request: BackupRequest, progress: ProgressFn) -> Manifest | None:
         """Stage the inputs and start the pipeline; wait for it unless told not to."""
         for source in request.sources:
             source.check()
@@ -66,7 +66,7 @@ class CloudEngine:
             "progress": lambda snapshot: progress({"event": "upload", "backup": str(ref), **snapshot}),
         }
         labels = [s.label for s in request.sources]
-        if resume:
+        if request.resume:
             upload = StagingUpload.resume(self.store, ref, inputs=labels, **upload_options)
         else:
             upload = StagingUpload.start(

@@ -47,6 +47,7 @@ from braid.backup_id import BackupRef
 from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
 from braid.layout import staging_prefix
 from braid.object_store import ObjectInfo
+from braid.progress import ProgressFn
 from braid.staging_layout import (
     SegmentRecord,
     SessionRecord,
@@ -66,7 +67,6 @@ MAX_OBJECT_SIZE = 5 * 1024**4
 SEGMENT_TARGET_BYTES = 2 * 1024**3
 
 Release = Callable[[], None]
-ProgressFn = Callable[[dict[str, Any]], None]
 
 _SEGMENT_KEY = re.compile(r"in(\d+)/seg(\d{5})$")
 
