@@ -10,7 +10,6 @@ accepted are suppressed narrowly, with reasons, in braid_infra/nag.py.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -20,12 +20,11 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec, stored_size
-from braid.errors import BackupError, InputError, IntegrityError, NotFoundError, UsageError
+from braid.chunk_reader import ChunkReader
+from braid.errors import BackupError, InputError, UsageError
 from braid.keys import DataKey
-from braid.layout import chunk_key
 from braid.manifest import ChunkEntry, InputEntry, Manifest
-from braid.object_store import ObjectStore, read_object
+from braid.object_store import ObjectStore
 from braid.progress import ProgressFn
 
 
@@ -92,7 +91,7 @@ def restore_backup(
     progress: ProgressFn | None = None,
 ) -> None:
     ref = BackupRef.parse(manifest.backup)
-    codecs = threading.local()
+    readers = threading.local()
     cancelled = threading.Event()
     errors: list[BaseException] = []
     lock = threading.Lock()
@@ -116,25 +115,11 @@ def restore_backup(
     def fetch(entry: ChunkEntry) -> tuple[bytearray, memoryview]:
         if cancelled.is_set():
             raise BackupError("restore cancelled")
-        codec = getattr(codecs, "codec", None)
-        if codec is None:
-            codec = codecs.codec = ChunkCodec(key)
-            codecs.stored = bytearray(stored_size(str(ref), manifest.chunk_size))
-        try:
-            stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
-        except NotFoundError:
-            raise IntegrityError(f"chunk {entry.index} of backup {ref} is missing from the repository") from None
+        reader = getattr(readers, "reader", None)
+        if reader is None:
+            reader = readers.reader = ChunkReader(store, manifest, key)
         buffer = take_buffer()
-        plaintext = codec.decode(
-            stored,
-            backup=str(ref),
-            index=entry.index,
-            input_index=entry.input_index,
-            plaintext_length=entry.length,
-            plaintext_mac=entry.mac,
-            out=buffer,
-        )
-        return buffer, plaintext
+        return buffer, reader.read(entry, buffer)
 
     def write_input(entry: InputEntry, target: OutputTarget, pool: ThreadPoolExecutor) -> None:
         try:

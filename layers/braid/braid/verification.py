@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec, stored_size
-from braid.errors import BackupError, IntegrityError, NotFoundError
+from braid.chunk_reader import ChunkReader
+from braid.errors import BackupError, IntegrityError
 from braid.keys import DataKey
 from braid.layout import chunk_key
 from braid.manifest import ChunkEntry, Manifest
-from braid.object_store import ObjectStore, read_object
+from braid.object_store import ObjectStore
 from braid.stored_checksum import stored_checksum
 
 
@@ -101,30 +101,18 @@ def verify_backup(
     chunks = select_chunks(manifest, sample_percent)
     report = VerifyReport(str(ref), "deep" if deep else "quick", manifest.chunk_count)
     lock = threading.Lock()
-    codecs = threading.local()
+    readers = threading.local()
 
     def deep_check(entry: ChunkEntry) -> None:
         assert key is not None
-        codec = getattr(codecs, "codec", None)
-        if codec is None:
-            codec = codecs.codec = ChunkCodec(key)
-            codecs.stored = bytearray(stored_size(str(ref), manifest.chunk_size))
-            codecs.plaintext = bytearray(manifest.chunk_size)
-        try:
-            stored = read_object(store, chunk_key(ref, entry.index), codecs.stored)
-        except NotFoundError:
-            raise IntegrityError(f"chunk {entry.index} of backup {ref} is missing from the repository") from None
+        reader = getattr(readers, "reader", None)
+        if reader is None:
+            reader = readers.reader = ChunkReader(store, manifest, key)
+            readers.plaintext = bytearray(manifest.chunk_size)
+        stored = reader.fetch(entry)
         if len(stored) != entry.stored_length or stored_checksum(stored) != entry.checksum:
             raise IntegrityError(f"chunk {entry.index} of backup {ref}: stored size or checksum mismatch (corrupt in the repository)")
-        codec.decode(
-            stored,
-            backup=str(ref),
-            index=entry.index,
-            input_index=entry.input_index,
-            plaintext_length=entry.length,
-            plaintext_mac=entry.mac,
-            out=codecs.plaintext,
-        )
+        reader.decode(stored, entry, readers.plaintext)
 
     def run(entry: ChunkEntry) -> None:
         try:

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from bench_lib import s3proxy
@@ -123,7 +122,7 @@ def _remove(server: s3proxy.Server, env: dict[str, str], ctx: Context, prefix: s
 
 def run(ctx: Context) -> Section:
     args = ctx.args
-    data = ctx.dataset()
+    ctx.dataset()  # generate (or find) the data set before the servers start
     chunk, conc = args.chunk_size, args.concurrency
     section = Section(NAME, f"cloud agent staging upload, {chunk // 2**20} MiB parts, concurrency {conc}")
     if not shutil.which("zstd"):

@@ -28,7 +28,7 @@ from braid.stored_checksum import stored_checksum
 
 from bench_lib.context import Context, add_engine_options
 from bench_lib.report import MB, Comparison, Section, Table
-from bench_lib.timing import Sample, Series, interleave, measure, run_command
+from bench_lib.timing import Series, interleave, measure, run_command
 
 NAME = "codec"
 HELP = "ChunkCodec encode/decode on one thread vs zstd -3 -T1 / zstd -d -T1"

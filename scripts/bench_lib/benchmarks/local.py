@@ -177,7 +177,7 @@ def run(ctx: Context) -> Section:
         Comparison(
             "backup vs pipeline+sync",
             f"braid backup --workers {workers} < FILE (fsyncs each chunk)",
-            f"the same pipeline, then sync (durable like braid's store)",
+            "the same pipeline, then sync (durable like braid's store)",
             data.size,
             backup_ours,
             backup_ref_synced,
