@@ -26,7 +26,6 @@ def test_config_names_the_key_and_pipeline_of_the_stack() -> None:
     assert config.cloud == {
         "stack": "Braid",
         "state_machine_arn": OUTPUTS["BackupStateMachineArn"],
-        "bucket": "braid-repo",
         "region": "eu-west-1",
     }
 

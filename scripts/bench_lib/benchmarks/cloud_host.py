@@ -79,7 +79,7 @@ except client.exceptions.BucketAlreadyOwnedByYou:
 for prefix in doc["prefixes"]:
     store = S3Store(client, doc["bucket"], prefix)
     config = RepositoryConfig.new({"type": "kms", "key_id": "arn:aws:kms:us-east-1:123456789012:key/braid-bench"},
-                                  "2025-01-01T00:00:00Z", {"state_machine_arn": arn, "bucket": doc["bucket"], "region": "us-east-1"})
+                                  "2025-01-01T00:00:00Z", {"state_machine_arn": arn, "region": "us-east-1"})
     Repository.create(store, config)
 print(arn)
 """

@@ -45,7 +45,8 @@ def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, cre
         # The stack's roles are scoped to its repository prefix: any other
         # prefix would fail later, half-way through a backup, on AccessDenied.
         raise UsageError(f"stack {stack!r} serves the repository {served}, not {store.url}: use --repo {served}")
-    cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE], "bucket": store.bucket}
+    # The bucket is not recorded: the config lives in it.
+    cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE]}
     if region:
         cloud["region"] = region
     return RepositoryConfig.new({"type": "kms", "key_id": outputs[OUTPUT_KEY]}, created, cloud)
