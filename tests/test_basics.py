@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from braid.adapters.local_keys import LocalKeyFile
-from braid.backup_id import BackupRef
+from braid.adapters.local.keys import LocalKeyFile
+from braid.format.ids import BackupRef
 from braid.errors import KeyAccessError, UsageError
-from braid.keys import encryption_context
-from braid.sizes import format_size, parse_size
+from braid.format.keys import encryption_context
+from braid.cli.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from braid.adapters import local_keys
-from braid.adapters.kms_keys import KmsKeyService, kms_client
-from braid.adapters.local_keys import LocalKeyFile
+from braid.adapters.local import keys as local_keys
+from braid.adapters.aws.kms import KmsKeyService, kms_client
+from braid.adapters.local.keys import LocalKeyFile
 from braid.errors import KeyAccessError
-from braid.keys import KeyService, WrappedKey, encryption_context
+from braid.format.keys import KeyService, WrappedKey, encryption_context
 
 CONTEXT = encryption_context("repo-1", "db@20261123T010203Z-1a2b3c4d")
 

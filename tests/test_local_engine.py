@@ -9,18 +9,18 @@ from typing import Iterable
 
 import pytest
 
-from braid.adapters.local_engine import LocalEngine
-from braid.adapters.local_keys import LocalKeyFile
-from braid.adapters.local_store import LocalStore
-from braid.backup_id import BackupRef
-from braid.engine import BackupRequest
+from braid.engine.local import LocalEngine
+from braid.adapters.local.keys import LocalKeyFile
+from braid.adapters.local.store import LocalStore
+from braid.format.ids import BackupRef
+from braid.engine.port import BackupRequest
 from braid.errors import InputError, StorageError
-from braid.finalize import utc_now
-from braid.layout import DATA, MANIFESTS
-from braid.object_store import Buffer
-from braid.repository import Repository, RepositoryConfig
-from braid.restore import OutputTarget, restore_backup
-from braid.stream_reader import InputSource
+from braid.engine.finalize import utc_now
+from braid.format.layout import DATA, MANIFESTS
+from braid.ports.store import Buffer
+from braid.format.repository import Repository, RepositoryConfig
+from braid.ops.restore import OutputTarget, restore_backup
+from braid.engine.stream import InputSource
 
 
 def make_repo(tmp_path: Path, store: LocalStore | None = None) -> tuple[Repository, LocalKeyFile]:
@@ -147,10 +147,10 @@ def stored_keys(store: LocalStore, prefix: str) -> Iterable[str]:
 
 
 def test_retried_worker_cannot_replace_a_published_chunk(tmp_path: Path) -> None:
-    from braid.chunk_codec import ChunkCodec
+    from braid.format.chunk import ChunkCodec
     from braid.errors import IntegrityError
-    from braid.layout import chunk_key
-    from braid.worker import ChunkTask, store_chunk
+    from braid.format.layout import chunk_key
+    from braid.engine.chunk_worker import ChunkTask, store_chunk
 
     repo, keys = make_repo(tmp_path)
     ref = BackupRef.new("db")

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from braid.errors import IntegrityError
-from braid.keys import DataKey, WrappedKey
-from braid.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
+from braid.format.keys import DataKey, WrappedKey
+from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
 
 KEY = DataKey(bytes(range(32)))
 
@@ -68,7 +68,7 @@ def test_recomputed_checksum_without_key_fails_authentication() -> None:
     import hashlib
     import json
 
-    from braid.manifest import canonical_json
+    from braid.format.manifest import canonical_json
 
     doc = json.loads(make_manifest([[1000, 3]]).seal(KEY))
     doc["manifest"]["inputs"][0]["chunks"][1]["stored_length"] += 1

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from braid.adapters.local_store import LocalStore
-from braid.backup_id import BackupRef
-from braid.connect import open_repository
+from braid.adapters.local.store import LocalStore
+from braid.format.ids import BackupRef
+from braid.cli.compose import open_repository
 from braid.errors import UsageError
-from braid.retention import RetentionPolicy, execute_prune, plan_prune
+from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from conftest import run_braid
 
 

@@ -14,12 +14,12 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
-from braid.adapters.s3_store import S3Store, s3_client
-from braid.backup_id import BackupRef
-from braid.cloud.staging_upload import ExistingPart, RetryPolicy, StagingUpload, TokenBucket, default_segment_parts
+from braid.adapters.aws.s3 import S3Store, s3_client
+from braid.format.ids import BackupRef
+from braid.agent.uploader import ExistingPart, RetryPolicy, StagingUpload, TokenBucket, default_segment_parts
 from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
-from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
-from braid.stored_checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
+from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 
 BUCKET = "braid-staging-test"
 CHUNK = 16 * 1024

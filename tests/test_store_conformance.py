@@ -14,11 +14,11 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from braid.adapters.local_store import LocalStore
-from braid.adapters.s3_store import S3Store, map_error, parse_s3_url, s3_client
+from braid.adapters.local.store import LocalStore
+from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url, s3_client
 from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
-from braid.object_store import ObjectStore, read_object
-from braid.stored_checksum import stored_checksum
+from braid.ports.store import ObjectStore, read_object
+from braid.format.checksum import stored_checksum
 
 BUCKET = "braid-conformance"
 

@@ -13,9 +13,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.backup_id import BackupRef
-from braid.cloud.aws_pipeline import S3StagingJanitor, event_publisher, repository_store
-from braid.cloud.pipeline_cleanup import cleanup_step
+from braid.format.ids import BackupRef
+from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, repository_store
+from braid.pipeline.cleanup import cleanup_step
 
 logger = Logger()
 tracer = Tracer()

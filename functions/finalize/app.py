@@ -14,9 +14,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.cloud.aws_pipeline import S3StagingJanitor, event_publisher, key_service, repository_store
-from braid.cloud.execution_input import ExecutionInput
-from braid.cloud.pipeline_finalize import finalize_step
+from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, key_service, repository_store
+from braid.pipeline.execution_input import ExecutionInput
+from braid.pipeline.finalize import finalize_step
 
 logger = Logger()
 tracer = Tracer()

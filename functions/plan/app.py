@@ -14,9 +14,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.cloud.aws_pipeline import repository_store
-from braid.cloud.execution_input import ExecutionInput
-from braid.cloud.pipeline_plan import plan_next_round
+from braid.adapters.aws.lambda_env import repository_store
+from braid.pipeline.execution_input import ExecutionInput
+from braid.pipeline.plan import plan_next_round
 
 logger = Logger()
 tracer = Tracer()

@@ -12,9 +12,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.cloud.aws_pipeline import key_service, repository_store
-from braid.cloud.execution_input import ExecutionInput
-from braid.cloud.pipeline_prepare import prepare_backup
+from braid.adapters.aws.lambda_env import key_service, repository_store
+from braid.pipeline.execution_input import ExecutionInput
+from braid.pipeline.prepare import prepare_backup
 
 logger = Logger()
 tracer = Tracer()

@@ -15,9 +15,9 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.cloud.aws_pipeline import event_publisher, key_service, repository_store
-from braid.cloud.scheduled_maintenance import policy_from_event, run_maintenance
-from braid.repository import Repository
+from braid.adapters.aws.lambda_env import event_publisher, key_service, repository_store
+from braid.pipeline.maintenance import policy_from_event, run_maintenance
+from braid.format.repository import Repository
 
 logger = Logger()
 tracer = Tracer()

@@ -15,10 +15,10 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.backup_id import BackupRef
-from braid.cloud.aws_pipeline import key_service, repository_store
-from braid.cloud.pipeline_plan import MapItem
-from braid.cloud.pipeline_worker import ChunkLanes, DataKeyCache, process_item
+from braid.format.ids import BackupRef
+from braid.adapters.aws.lambda_env import key_service, repository_store
+from braid.pipeline.plan import MapItem
+from braid.pipeline.worker import ChunkLanes, DataKeyCache, process_item
 from braid.errors import UsageError
 
 logger = Logger()

@@ -14,7 +14,7 @@ The wait loop lets the fan-out of finished segments start while later
 segments still upload. ProcessChunks is a Distributed Map reading a plan
 round from S3 (ItemReader), MaxConcurrency from the execution input, with
 EXPRESS child workflows (billed per child, not per state transition; see
-braid.cloud.item_sizing) running the Worker with retries on Lambda
+braid.pipeline.item_sizing) running the Worker with retries on Lambda
 throttling and transient errors. The map tolerates no failed item on AWS;
 Finalize re-checks every chunk anyway, which also covers emulators that
 turn failed items into nulls.

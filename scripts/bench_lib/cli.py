@@ -21,7 +21,7 @@ from bench_lib.context import ROOT, Context, size_arg
 from bench_lib.report import Section, print_json, print_table
 
 try:
-    from braid.sizes import format_size
+    from braid.cli.sizes import format_size
 except ImportError:  # the harness must still explain itself without the package
     sys.exit("bench: the braid package is not importable; run it through scripts/bench (project .venv)")
 

@@ -66,7 +66,7 @@ class Context:
 
 def size_arg(text: str) -> int:
     """argparse type for sizes with units (64MiB, 8M, 1G)."""
-    from braid.sizes import parse_size
+    from braid.cli.sizes import parse_size
 
     try:
         return parse_size(text)

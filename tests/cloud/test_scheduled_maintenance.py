@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from braid.adapters.local_keys import LocalKeyFile
-from braid.backup_id import BackupRef
-from braid.cloud.pipeline_ports import VERIFY_FAILED, RecordingPublisher
-from braid.cloud.scheduled_maintenance import policy_from_event, run_maintenance
-from braid.connect import open_repository
+from braid.adapters.local.keys import LocalKeyFile
+from braid.format.ids import BackupRef
+from braid.ports.pipeline import VERIFY_FAILED, RecordingPublisher
+from braid.pipeline.maintenance import policy_from_event, run_maintenance
+from braid.cli.compose import open_repository
 from braid.errors import UsageError
-from braid.retention import RetentionPolicy
+from braid.ops.retention import RetentionPolicy
 from conftest import run_braid
 
 

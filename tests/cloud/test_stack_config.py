@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from braid.adapters.s3_store import S3Store
-from braid.cloud.stack_config import config_from_outputs
+from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.stack_outputs import config_from_outputs
 from braid.errors import RepositoryError, UsageError
 
 OUTPUTS = {

@@ -18,18 +18,18 @@ import pytest
 from aws_cdk import Duration
 from moto import mock_aws
 
-from braid.adapters.kms_keys import KmsKeyService
-from braid.adapters.s3_store import S3Store
-from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec
-from braid.cloud.execution_input import ExecutionInput, execution_name
+from braid.adapters.aws.kms import KmsKeyService
+from braid.adapters.aws.s3 import S3Store
+from braid.format.ids import BackupRef
+from braid.format.chunk import ChunkCodec
+from braid.pipeline.execution_input import ExecutionInput, execution_name
 from braid.errors import StorageError
-from braid.finalize import utc_now
-from braid.layout import chunk_key, data_prefix, manifest_key, staging_prefix
-from braid.repository import Repository, RepositoryConfig
-from braid.staging_layout import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
-from braid.stored_checksum import s3_checksum_value, stored_checksum
-from braid.verification import verify_backup
+from braid.engine.finalize import utc_now
+from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+from braid.format.checksum import s3_checksum_value, stored_checksum
+from braid.ops.verify import verify_backup
 
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize

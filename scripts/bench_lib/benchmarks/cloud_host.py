@@ -64,8 +64,8 @@ with open(path, "rb") as handle:
 # Set-up inside a child with the compat shim: bucket, repository config, state machine.
 _SETUP = r"""
 import json, sys, boto3
-from braid.adapters.s3_store import S3Store, s3_client
-from braid.repository import Repository, RepositoryConfig
+from braid.adapters.aws.s3 import S3Store, s3_client
+from braid.format.repository import Repository, RepositoryConfig
 doc = json.loads(sys.argv[1])
 sfn = boto3.client("stepfunctions", endpoint_url=doc["sfn"])
 arn = sfn.create_state_machine(

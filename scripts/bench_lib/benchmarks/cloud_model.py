@@ -1,7 +1,7 @@
 """cloud-model: time after stream end and cost per TiB on arm64 Lambda, from measured worker CPU.
 
 Measured here (in a child process, the real worker code):
-- `braid.cloud.pipeline_worker.process_item` on map items of up to
+- `braid.pipeline.worker.process_item` on map items of up to
   `max_chunks_per_item` chunks of the bench data: ranged GETs of a staging
   segment, `store_chunk` (ChunkCodec: Poly1305 + zstd + AES-256-GCM, then the
   CRC64NVME and create-only PUT of S3Store) on the worker's lanes, and the
@@ -11,7 +11,7 @@ Measured here (in a child process, the real worker code):
   the codec's share, for attribution.
 
 Modelled (printed with every assumption): a 1 TiB backup at 100, 500 and
-1,000 workers, using the pipeline's own sizing (braid.cloud.item_sizing
+1,000 workers, using the pipeline's own sizing (braid.pipeline.item_sizing
 `chunks_per_item`, MAX_ITEMS_PER_ROUND; the execution input's defaults; the
 staging segment size) and the worker's memory and lanes read from
 infra/braid_infra/functions.py. The x86 CPU figure is scaled to Graviton2 by
@@ -27,9 +27,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from braid.cloud.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS
-from braid.cloud.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
-from braid.cloud.staging_upload import default_segment_parts
+from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
+from braid.agent.uploader import default_segment_parts
 
 from bench_lib import s3proxy
 from bench_lib.context import Context, add_engine_options, add_option_once
@@ -74,15 +74,15 @@ ASSUME = {
 # Child: put the data as one staging segment, then time process_item and store_chunk.
 _MEASURE = r"""
 import json, os, sys, time, threading
-from braid.adapters.s3_store import S3Store, s3_client
-from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec
-from braid.cloud.pipeline_plan import MapItem
-from braid.cloud.pipeline_worker import ChunkLanes, process_item
-from braid.keys import DataKey
-from braid.staging_layout import segment_key
-from braid.stored_checksum import crc64nvme, encode_crc64nvme
-from braid.worker import ChunkTask, store_chunk
+from braid.adapters.aws.s3 import S3Store, s3_client
+from braid.format.ids import BackupRef
+from braid.format.chunk import ChunkCodec
+from braid.pipeline.plan import MapItem
+from braid.pipeline.worker import ChunkLanes, process_item
+from braid.format.keys import DataKey
+from braid.format.staging import segment_key
+from braid.format.checksum import crc64nvme, encode_crc64nvme
+from braid.engine.chunk_worker import ChunkTask, store_chunk
 doc = json.loads(sys.argv[1])
 chunk, per_item, lanes_n, level, reps = doc["chunk"], doc["per_item"], doc["lanes"], doc["level"], doc["reps"]
 with open(doc["path"], "rb") as f:

@@ -21,10 +21,10 @@ from pathlib import Path
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from braid.backup_id import BackupRef
-from braid.chunk_codec import ChunkCodec, NONCE_BYTES, TAG_BYTES
-from braid.keys import DataKey
-from braid.stored_checksum import stored_checksum
+from braid.format.ids import BackupRef
+from braid.format.chunk import ChunkCodec, NONCE_BYTES, TAG_BYTES
+from braid.format.keys import DataKey
+from braid.format.checksum import stored_checksum
 
 from bench_lib.context import Context, add_engine_options
 from bench_lib.report import MB, Comparison, Section, Table

@@ -1,1 +1,3 @@
-"""Adapters: the ports of the core, implemented locally and over boto3."""
+"""Adapters: the outside systems behind the ports. `local/` (a directory, the
+master-key file) and `aws/` (S3, KMS, Step Functions, EventBridge,
+CloudFormation). boto3 and botocore are imported nowhere else."""

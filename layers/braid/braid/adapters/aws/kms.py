@@ -1,0 +1,135 @@
+"""KeyService over AWS KMS: the cloud twin of the local master-key file.
+
+Prepare asks KMS for a fresh AES-256 data key per backup, bound to an
+encryption context naming the repository and the backup; only the wrapped
+form (CiphertextBlob) is ever stored. Workers and restore unwrap it with
+kms:Decrypt, passing the same context, so KMS refuses to hand the key of one
+backup to a request made for another, and CloudTrail logs every use with the
+backup's name.
+
+Roles that only decrypt (Lambda workers, restore hosts) use
+`KmsKeyService.for_unwrap(client)`: the key id comes from the wrapped key
+itself, so they need neither kms:GenerateDataKey nor the repository's key id.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError, NoRegionError
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from braid.errors import KeyAccessError, UsageError
+from braid.format.keys import DataKey, WrappedKey
+
+
+def kms_client(*, region: str | None = None, endpoint_url: str | None = None, session: Any = None) -> Any:
+    """A boto3 KMS client with standard retries (KMS throttles bursts of Decrypt)."""
+    import boto3
+
+    config = Config(retries={"mode": "standard", "total_max_attempts": 8}, connect_timeout=10, read_timeout=30)
+    kwargs: dict[str, Any] = {"config": config}
+    if region:
+        kwargs["region_name"] = region
+    if endpoint_url:
+        kwargs["endpoint_url"] = endpoint_url
+    try:
+        return (session or boto3.session.Session()).client("kms", **kwargs)
+    except NoRegionError:
+        raise UsageError("no AWS region configured: set AWS_DEFAULT_REGION or AWS_REGION") from None
+
+
+def _same_key(a: str, b: str) -> bool:
+    """A key ARN and its bare id name the same key."""
+    return a == b or a.endswith("/" + b) or b.endswith("/" + a)
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class KmsKeyService:
+    """KeyService over one customer-managed KMS key (or, unwrap-only, any key)."""
+
+    def __init__(self, client: Any, key_id: str | None) -> None:
+        self.client = client
+        self._key_id = key_id
+
+    @classmethod
+    def for_unwrap(cls, client: Any) -> "KmsKeyService":
+        """Decrypt-only: for roles that hold kms:Decrypt and nothing else."""
+        return cls(client, None)
+
+    def __repr__(self) -> str:
+        return f"KmsKeyService(key_id={self._key_id!r})"
+
+    @property
+    def key_id(self) -> str:
+        if self._key_id is None:
+            raise KeyAccessError("this KMS key service only unwraps data keys; give the repository's KMS key to make new ones")
+        return self._key_id
+
+    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]:
+        key_id = self.key_id
+        backup = context.get("braid:backup", "a backup")
+        try:
+            response = self.client.generate_data_key(KeyId=key_id, KeySpec="AES_256", EncryptionContext=dict(context))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "make the data key of", backup, key_id, "kms:GenerateDataKey") from None
+        wrapped = WrappedKey(key_id=str(response["KeyId"]), ciphertext=bytes(response["CiphertextBlob"]), context=dict(context))
+        return DataKey(bytes(response["Plaintext"])), wrapped
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        # A service bound to a key passes that key to Decrypt, so KMS refuses a
+        # data key wrapped under another one (as the local key file does); an
+        # unwrap-only service trusts the key id recorded with the backup.
+        key_id = self._key_id or wrapped.key_id
+        backup = wrapped.context.get("braid:backup", "this backup")
+        try:
+            response = self.client.decrypt(
+                CiphertextBlob=wrapped.ciphertext, EncryptionContext=dict(wrapped.context), KeyId=key_id
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "unwrap the data key of", backup, key_id, "kms:Decrypt", recorded=wrapped.key_id) from None
+        try:
+            return DataKey(bytes(response["Plaintext"]))
+        except ValueError:
+            raise KeyAccessError(f"KMS returned a data key of the wrong size for {backup}: it was not made by Braid") from None
+
+    def _error(
+        self, exc: BaseException, action: str, backup: str, key_id: str, permission: str, recorded: str | None = None
+    ) -> KeyAccessError:
+        """One line a DBA can act on: which backup, which key, what to fix."""
+        if isinstance(exc, NoCredentialsError):
+            return KeyAccessError(f"no AWS credentials to {action} {backup} with KMS key {key_id}: configure a profile or role")
+        if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+            return KeyAccessError(f"cannot reach KMS to {action} {backup}: {exc}; check the network or AWS_ENDPOINT_URL")
+        if not isinstance(exc, ClientError):
+            return KeyAccessError(f"KMS failed to {action} {backup}: {exc}")
+        code = _error_code(exc)
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code == "InvalidCiphertextException":
+            return KeyAccessError(
+                f"KMS refused to {action} {backup}: the wrapped key or its encryption context does not match "
+                "(the key belongs to another backup or repository, or the manifest was altered)"
+            )
+        other_key = recorded is not None and self._key_id is not None and not _same_key(recorded, key_id)
+        if code == "IncorrectKeyException" or (code == "AccessDeniedException" and other_key and "alias/" not in key_id):
+            # KMS says IncorrectKeyException; some emulators say AccessDenied.
+            return KeyAccessError(
+                f"{backup} was encrypted under KMS key {recorded}, not {key_id}: use the repository's original key "
+                "(or restore with the key the backup records)"
+            )
+        if code == "AccessDeniedException":
+            also = f", or {backup} was wrapped under another key ({recorded})" if other_key else ""
+            return KeyAccessError(
+                f"KMS denied {permission} on key {key_id} to {action} {backup}: grant {permission} to this role in the key policy{also}"
+            )
+        if code == "NotFoundException":
+            return KeyAccessError(f"KMS key {key_id} not found (needed to {action} {backup}): check the key id or alias and the region")
+        if code in ("DisabledException", "KMSInvalidStateException"):
+            return KeyAccessError(f"KMS key {key_id} is disabled or pending deletion, so it cannot {action} {backup}: re-enable it")
+        if code in ("ThrottlingException", "KMSInternalException", "KeyUnavailableException", "DependencyTimeoutException"):
+            return KeyAccessError(f"KMS is unavailable or throttling ({code}) and could not {action} {backup}: run it again")
+        return KeyAccessError(f"KMS could not {action} {backup} with key {key_id}: {code}: {message}")

@@ -1,0 +1,57 @@
+"""A cloud repository's configuration, read from the deployed stack's outputs.
+
+`braid init --repo s3://BUCKET/PREFIX --stack NAME` reads the outputs once
+and writes them into the repository's config.json, so afterwards the agent
+needs only `--repo` (or BRAID_REPO): no hand-copied ARNs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from braid.adapters.aws.s3 import S3Store
+from braid.errors import RepositoryError, UsageError
+from braid.format.repository import RepositoryConfig
+
+# Output keys of infra/braid_infra/stack.py: the contract with the stack.
+OUTPUT_BUCKET = "RepositoryBucket"
+OUTPUT_KEY = "DataKeyArn"
+OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
+OUTPUT_REPOSITORY = "RepositoryUrl"
+
+
+def stack_outputs(stack: str, client: Any = None) -> dict[str, str]:
+    client = client or boto3.client("cloudformation")
+    try:
+        stacks = client.describe_stacks(StackName=stack)["Stacks"]
+    except ClientError as exc:
+        raise RepositoryError(f"cannot read stack {stack!r}: {exc.response.get('Error', {}).get('Message', exc)}") from None
+    except BotoCoreError as exc:
+        raise RepositoryError(f"cannot reach CloudFormation to read stack {stack!r}: {exc}") from None
+    return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
+
+
+def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, created: str, region: str | None) -> RepositoryConfig:
+    missing = [k for k in (OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_STATE_MACHINE) if k not in outputs]
+    if missing:
+        raise RepositoryError(f"stack {stack!r} has no output(s) {', '.join(missing)}: is it a Braid stack?")
+    if outputs[OUTPUT_BUCKET] != store.bucket:
+        raise UsageError(f"stack {stack!r} serves bucket {outputs[OUTPUT_BUCKET]}, not {store.bucket}: use --repo s3://{outputs[OUTPUT_BUCKET]}/PREFIX")
+    served = outputs.get(OUTPUT_REPOSITORY)
+    if served is not None and served.rstrip("/") != store.url.rstrip("/"):
+        # The stack's roles are scoped to its repository prefix: any other
+        # prefix would fail later, half-way through a backup, on AccessDenied.
+        raise UsageError(f"stack {stack!r} serves the repository {served}, not {store.url}: use --repo {served}")
+    # The bucket is not recorded: the config lives in it.
+    cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE]}
+    if region:
+        cloud["region"] = region
+    return RepositoryConfig.new({"type": "kms", "key_id": outputs[OUTPUT_KEY]}, created, cloud)
+
+
+def config_from_stack(stack: str, store: S3Store, created: str) -> RepositoryConfig:
+    client = boto3.client("cloudformation")
+    return config_from_outputs(stack, stack_outputs(stack, client), store, created, client.meta.region_name)

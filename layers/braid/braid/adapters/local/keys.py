@@ -1,0 +1,96 @@
+"""The local key service: a master-key file standing in for KMS.
+
+The file holds a 256-bit master key that wraps each backup's data key with
+AES-256-GCM, the encryption context as associated data, exactly as KMS binds
+a data key to its context. It lives outside the repository (losing the
+repository must not give away the key), is created 0600, and is never
+overwritten.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Mapping
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from braid.errors import KeyAccessError
+from braid.format.keys import DATA_KEY_BYTES, DataKey, WrappedKey, canonical_context
+
+KEY_FILE_FORMAT = "braid-master-key"
+
+
+def _key_id(master: bytes) -> str:
+    return "local:" + hashlib.sha256(b"braid/v1/master-key-id" + master).hexdigest()[:24]
+
+
+class LocalKeyFile:
+    """KeyService over a master-key file."""
+
+    def __init__(self, path: Path, master: bytes) -> None:
+        self.path = path
+        self._master = AESGCM(master)
+        self._key_id = _key_id(master)
+
+    @property
+    def key_id(self) -> str:
+        return self._key_id
+
+    @classmethod
+    def create(cls, path: Path) -> "LocalKeyFile":
+        """Write a new master key; refuses to replace an existing file."""
+        master = os.urandom(32)
+        doc = {"format": KEY_FILE_FORMAT, "version": 1, "key_id": _key_id(master), "key": base64.b64encode(master).decode()}
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise KeyAccessError(f"key file {path} already exists; refusing to overwrite a master key") from None
+        except OSError as exc:
+            raise KeyAccessError(f"cannot create key file {path}: {exc.strerror}") from None
+        with os.fdopen(fd, "w") as handle:
+            json.dump(doc, handle)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        return cls(path, master)
+
+    @classmethod
+    def open(cls, path: Path) -> "LocalKeyFile":
+        try:
+            doc = json.loads(path.read_text())
+            if doc.get("format") != KEY_FILE_FORMAT:
+                raise ValueError("not a Braid master key file")
+            master = base64.b64decode(doc["key"], validate=True)
+            if len(master) != 32 or doc.get("key_id") != _key_id(master):
+                raise ValueError("key file is damaged (key id does not match the key)")
+        except FileNotFoundError:
+            raise KeyAccessError(f"key file {path} not found; give --key-file or BRAID_KEY_FILE, or run 'braid init'") from None
+        except PermissionError:
+            raise KeyAccessError(f"key file {path} is not readable by this user") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KeyAccessError(f"key file {path} is not a valid Braid master key: {exc}") from None
+        return cls(path, master)
+
+    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]:
+        material = os.urandom(DATA_KEY_BYTES)
+        nonce = os.urandom(12)
+        ciphertext = nonce + self._master.encrypt(nonce, material, canonical_context(context))
+        return DataKey(material), WrappedKey(self._key_id, ciphertext, dict(context))
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        backup = wrapped.context.get("braid:backup", "this backup")
+        if wrapped.key_id != self._key_id:
+            raise KeyAccessError(
+                f"{backup} was encrypted under key {wrapped.key_id}, but key file {self.path} holds {self._key_id}: wrong key file"
+            )
+        try:
+            material = self._master.decrypt(wrapped.ciphertext[:12], wrapped.ciphertext[12:], canonical_context(wrapped.context))
+        except InvalidTag:
+            raise KeyAccessError(f"the data key of {backup} does not unwrap under {self.path}: wrong key or altered encryption context") from None
+        return DataKey(material)

@@ -1,0 +1,7 @@
+"""`python -m braid.cli`."""
+
+import sys
+
+from braid.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,61 @@
+"""Progress on stderr: a bar on a terminal, JSON lines for scripts and logs.
+
+stdout is reserved for data (restore) and the backup id (backup), so
+progress never mixes with either.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+from braid.cli.sizes import format_size
+
+
+
+class Progress:
+    def __init__(self, json_lines: bool, stream: TextIO | None = None, interval: float = 0.5) -> None:
+        self.stream = stream or sys.stderr
+        self.json_lines = json_lines
+        self.interval = interval
+        self._last = 0.0
+        self._started = time.monotonic()
+        self._lock = threading.Lock()
+        self._drawn = False
+
+    @classmethod
+    def for_terminal(cls, force_json: bool, quiet: bool = False) -> "Progress | None":
+        if quiet:
+            return None
+        return cls(json_lines=force_json or not sys.stderr.isatty())
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            final = event.get("event") not in ("chunk", "upload", "status")
+            if not final and now - self._last < self.interval:
+                return
+            self._last = now
+            elapsed = now - self._started
+            if self.json_lines:
+                self.stream.write(json.dumps({"elapsed": round(elapsed, 3), **event}, sort_keys=True) + "\n")
+            else:
+                self._draw(event, elapsed, final)
+            self.stream.flush()
+
+    def _draw(self, event: dict[str, Any], elapsed: float, final: bool) -> None:
+        done = int(event.get("bytes_read", event.get("bytes_written", 0)) or 0)
+        rate = done / elapsed if elapsed > 0 else 0.0
+        parts = [f"{event.get('backup', '')}", f"{format_size(done)}", f"{event.get('chunks_done', 0)} chunks"]
+        if "stored_bytes" in event:
+            parts.append(f"stored {format_size(int(event['stored_bytes']))}")
+        parts.append(f"{format_size(rate)}/s")
+        line = "  ".join(parts)
+        self.stream.write("\r\033[K" + line)
+        self._drawn = True
+        if final:
+            self.stream.write("\n")
+            self._drawn = False

@@ -1,0 +1,121 @@
+"""Finalize: turn stored chunks into a published, verified backup.
+
+Shared by the local engine and the Finalize Lambda. The order is the safety
+argument: check every chunk the manifest will name (present, recorded size,
+store's own checksum), seal the manifest, publish it create-only (so two
+finalizers can never both win), read it back and authenticate it. Only then
+is the backup complete; until then it does not exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Sequence
+
+from braid.format.ids import BackupRef
+from braid.errors import AlreadyExistsError, IntegrityError, StorageError
+from braid.format.keys import DataKey, WrappedKey
+from braid.format.layout import chunk_key, manifest_key
+from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
+from braid.ports.store import ObjectStore
+from braid.ops.verify import check_chunk_presence
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """One input as the reader saw it: what the user named and how long it was."""
+
+    index: int
+    source: str
+    length: int
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def assemble_inputs(key: DataKey, inputs: Sequence[InputRecord], entries: Iterable[ChunkEntry], backup: str) -> tuple[InputEntry, ...]:
+    """Group chunk results by input, in offset order, and check they tile each input exactly."""
+    by_input: dict[int, list[ChunkEntry]] = {record.index: [] for record in inputs}
+    for entry in entries:
+        if entry.input_index not in by_input:
+            raise IntegrityError(f"{backup}: chunk {entry.index} names input {entry.input_index}, which the backup does not have")
+        by_input[entry.input_index].append(entry)
+    assembled = []
+    for record in sorted(inputs, key=lambda r: r.index):
+        chunks = sorted(by_input[record.index], key=lambda c: c.offset)
+        covered = sum(c.length for c in chunks)
+        if covered != record.length:
+            raise IntegrityError(
+                f"{backup}: input {record.index} ({record.source}) is {record.length} bytes but its stored chunks cover {covered};"
+                " chunks are missing or duplicated"
+            )
+        mac = key.input_mac(record.index, record.length, [c.mac for c in chunks])
+        assembled.append(InputEntry(record.index, record.source, record.length, mac, tuple(chunks)))
+    return tuple(assembled)
+
+
+def finalize_backup(
+    store: ObjectStore,
+    *,
+    ref: BackupRef,
+    repository_id: str,
+    key: DataKey,
+    wrapped: WrappedKey,
+    chunk_size: int,
+    inputs: Sequence[InputRecord],
+    entries: Iterable[ChunkEntry],
+    algorithms: dict[str, Any],
+    created: str,
+    timings: dict[str, float],
+    engine: str,
+    stats: dict[str, Any] | None = None,
+) -> Manifest:
+    manifest = Manifest(
+        repository=repository_id,
+        backup=str(ref),
+        created=created,
+        completed=utc_now(),
+        chunk_size=chunk_size,
+        key=wrapped,
+        inputs=assemble_inputs(key, inputs, entries, str(ref)),
+        algorithms=algorithms,
+        timings=timings,
+        engine=engine,
+        stats=stats or {},
+    )
+    manifest.check_structure()
+    # Presence and size everywhere; the checksum where the store keeps its
+    # own (S3 verified it on upload). A local store checked it in `put`, from
+    # the very buffer it wrote, so reading every chunk back would only
+    # measure the page cache.
+    check_chunk_presence(store, ref, manifest.chunks(), read_if_unknown=False)
+    store.sync(chunk_key(ref, c.index) for c in manifest.chunks())
+    sealed = manifest.seal(key)
+    target = manifest_key(ref)
+    try:
+        store.put(target, sealed, create_only=True)
+    except AlreadyExistsError:
+        raise StorageError(f"a manifest for {ref} is already published; refusing to replace it") from None
+    try:
+        reread = store.get(target)
+        if reread != sealed:
+            raise IntegrityError(f"manifest of {ref} read back differently from what was written")
+        open_manifest(reread, target).authenticate(key)
+    except BaseException:
+        # Not verified, so not a backup: withdraw it before anyone lists it,
+        # and before the caller removes the chunks it names.
+        store.delete([target])
+        raise
+    return manifest
+
+
+def discard_backup_data(store: ObjectStore, ref: BackupRef, indexes: Iterable[int] | None = None) -> None:
+    """Remove a failed backup's chunks (all under its data prefix, or the given ones)."""
+    from braid.format.layout import data_prefix
+
+    if indexes is None:
+        store.delete([info.key for info in store.list(data_prefix(ref))])
+    else:
+        store.delete([chunk_key(ref, i) for i in indexes])

@@ -1,0 +1,110 @@
+"""A repository: its identity, its configuration and its published backups.
+
+The config says which key service wraps data keys (a local key file by id,
+or a KMS key) and, for cloud repositories, where the pipeline is, so a user
+names only the repository and Braid finds the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from braid.format.ids import BackupRef
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError
+from braid.format.layout import CONFIG, manifest_key, manifest_prefix, ref_from_manifest_key
+from braid.format.manifest import SealedManifest, open_manifest
+from braid.ports.store import ObjectStore
+
+FORMAT = "braid-repository"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class RepositoryConfig:
+    id: str
+    created: str
+    key: dict[str, str]  # {"type": "local"|"kms", "key_id": ...}
+    cloud: dict[str, Any] = field(default_factory=dict)  # pipeline settings (state machine, region, ...)
+
+    @classmethod
+    def new(cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None) -> "RepositoryConfig":
+        return cls(id=str(uuid.uuid4()), created=created, key=key, cloud=cloud or {})
+
+    def to_bytes(self) -> bytes:
+        doc = {"format": FORMAT, "version": VERSION, "id": self.id, "created": self.created, "key": self.key, "cloud": self.cloud}
+        return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> "RepositoryConfig":
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != FORMAT:
+                raise ValueError("not a Braid repository config")
+            if int(doc.get("version", 0)) != VERSION:
+                raise RepositoryError(f"{where} is repository format v{doc.get('version')}; this Braid reads v{VERSION}")
+            return cls(id=str(doc["id"]), created=str(doc["created"]), key=dict(doc["key"]), cloud=dict(doc.get("cloud", {})))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RepositoryError(f"{where} is not a valid Braid repository config: {exc}") from None
+
+
+class Repository:
+    def __init__(self, store: ObjectStore, config: RepositoryConfig) -> None:
+        self.store = store
+        self.config = config
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @classmethod
+    def create(cls, store: ObjectStore, config: RepositoryConfig) -> "Repository":
+        try:
+            store.put(CONFIG, config.to_bytes(), create_only=True)
+        except AlreadyExistsError:
+            raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it") from None
+        return cls(store, config)
+
+    @classmethod
+    def open(cls, store: ObjectStore) -> "Repository":
+        try:
+            raw = store.get(CONFIG)
+        except NotFoundError:
+            raise RepositoryError(f"no Braid repository at {store.url}; create one with 'braid init --repo {store.url}'") from None
+        return cls(store, RepositoryConfig.from_bytes(raw, f"{store.url}/{CONFIG}"))
+
+    def backups(self, name: str | None = None) -> list[BackupRef]:
+        """Published backups (those with a manifest), oldest first."""
+        refs = [ref_from_manifest_key(info.key) for info in self.store.list(manifest_prefix(name))]
+        return sorted((r for r in refs if r is not None), key=lambda r: (r.id, r.name))
+
+    def resolve(self, ref: BackupRef) -> BackupRef:
+        if not ref.is_latest:
+            return ref
+        found = self.backups(ref.name)
+        if not found:
+            raise NotFoundError(f"no backups named {ref.name!r} in {self.url}")
+        # Ids order by start millisecond; within one millisecond the random
+        # suffix does not, so the manifests' own start times decide.
+        second = found[-1].id.partition("-")[0]
+        candidates = [r for r in found if r.id.partition("-")[0] == second]
+        if len(candidates) == 1:
+            return candidates[0]
+        return max(candidates, key=lambda r: self.load(r).manifest.created)
+
+    def load(self, ref: BackupRef) -> SealedManifest:
+        """Read and self-check a manifest (needs no key; authenticate it before trusting chunks)."""
+        resolved = self.resolve(ref)
+        key = manifest_key(resolved)
+        try:
+            raw = self.store.get(key)
+        except NotFoundError:
+            raise NotFoundError(f"backup {resolved} not found in {self.url}") from None
+        sealed = open_manifest(raw, f"backup {resolved}")
+        if sealed.manifest.backup != str(resolved) or sealed.manifest.repository != self.config.id:
+            raise IntegrityError(
+                f"manifest at {key} describes {sealed.manifest.backup} of repository {sealed.manifest.repository}; it was moved or copied"
+            )
+        return sealed

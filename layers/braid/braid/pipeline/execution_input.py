@@ -1,0 +1,83 @@
+"""The input of one backup's Step Functions execution: the agent ↔ pipeline contract.
+
+The agent starts one execution per backup, named by the backup id, with this
+document as input. Everything else the pipeline needs is in S3 under the
+backup's staging prefix (see braid.format.staging), so the input stays tiny
+and the same execution can be followed, or found again, from any host.
+
+    {"backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
+     "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600}
+
+`prefix` is the repository's key prefix inside the stack's bucket ("" for
+the bucket root), so one stack can serve several repositories in a bucket.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping
+
+from braid.format.ids import BackupRef
+from braid.errors import UsageError
+
+DEFAULT_MAX_CONCURRENCY = 100
+DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
+DEFAULT_POLL_SECONDS = 15
+DEFAULT_STALL_SECONDS = 3600
+# Step Functions caps a Distributed Map at 10,000 concurrent child executions.
+MAX_CONCURRENCY_LIMIT = 10_000
+# Step Functions execution names: 1-80 characters, no spaces, brackets, wildcards or "#%\\^|~`$&,;:/".
+_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,80}$")
+
+
+def execution_name(ref: BackupRef) -> str:
+    """The execution is named `NAME@ID`, so the console shows which backup it is
+    and a resumed start finds the same execution."""
+    name = str(ref)
+    if not _EXECUTION_NAME.match(name):
+        raise UsageError(f"backup {name!r} cannot name a Step Functions execution")
+    return name
+
+
+@dataclass(frozen=True)
+class ExecutionInput:
+    backup: str
+    prefix: str = ""
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    max_chunks_per_item: int = DEFAULT_MAX_CHUNKS_PER_ITEM
+    poll_seconds: int = DEFAULT_POLL_SECONDS
+    stall_seconds: int = DEFAULT_STALL_SECONDS
+
+    def __post_init__(self) -> None:
+        BackupRef.parse(self.backup)
+        if not 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT:
+            raise UsageError(f"max_concurrency must be 1..{MAX_CONCURRENCY_LIMIT}, not {self.max_concurrency}")
+        if not 1 <= self.max_chunks_per_item <= 64:
+            raise UsageError(f"max_chunks_per_item must be 1..64, not {self.max_chunks_per_item}")
+        if self.poll_seconds < 1 or self.stall_seconds < self.poll_seconds:
+            raise UsageError("poll_seconds must be >= 1 and stall_seconds >= poll_seconds")
+        if self.prefix.startswith("/") or ".." in self.prefix.split("/"):
+            raise UsageError(f"invalid repository prefix {self.prefix!r}")
+
+    @property
+    def ref(self) -> BackupRef:
+        return BackupRef.parse(self.backup)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> "ExecutionInput":
+        """Read the fields the pipeline defined; ignore what steps added to the state."""
+        try:
+            return cls(
+                backup=str(event["backup"]),
+                prefix=str(event.get("prefix", "")),
+                max_concurrency=int(event.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)),
+                max_chunks_per_item=int(event.get("max_chunks_per_item", DEFAULT_MAX_CHUNKS_PER_ITEM)),
+                poll_seconds=int(event.get("poll_seconds", DEFAULT_POLL_SECONDS)),
+                stall_seconds=int(event.get("stall_seconds", DEFAULT_STALL_SECONDS)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"invalid pipeline input: {exc}") from None

@@ -1,0 +1,139 @@
+"""Finalize: check every planned chunk, publish the manifest, drop staging.
+
+Correctness never rests on the map's own bookkeeping (on moto a failed
+DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
+reads the plan rounds and the workers' result records itself, requires a
+result for every planned chunk that matches its place in the plan, and
+`finalize_backup` then checks each stored chunk (present, size, S3's own
+checksum) before it writes the manifest last, create-only, and reads it back
+authenticated. Only then is staging deleted and "Backup Completed" emitted.
+
+Re-running Finalize after it published (a Lambda retry) is safe: the
+published manifest is authenticated and the remaining steps are repeated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from braid.engine.local import algorithms
+from braid.format.ids import BackupRef
+from braid.pipeline.plan import check_complete, load_rounds, read_segment_records, read_session, read_stream_end
+from braid.ports.pipeline import BACKUP_COMPLETED, EventPublisher, StagingJanitor
+from braid.pipeline.prepare import check_repository, load_data_key
+from braid.pipeline.results import read_results
+from braid.errors import IntegrityError, NotFoundError
+from braid.engine.finalize import InputRecord, finalize_backup
+from braid.format.keys import KeyService
+from braid.format.layout import manifest_key, staging_prefix
+from braid.format.manifest import Manifest, open_manifest
+from braid.ports.store import ObjectStore
+
+ENGINE = "cloud"
+
+
+@dataclass(frozen=True)
+class Summary:
+    backup: str
+    repository: str
+    manifest: str
+    inputs: int
+    chunks: int
+    plaintext_bytes: int
+    stored_bytes: int
+    ratio: float
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backup": self.backup,
+            "repository": self.repository,
+            "manifest": self.manifest,
+            "inputs": self.inputs,
+            "chunks": self.chunks,
+            "plaintext_bytes": self.plaintext_bytes,
+            "stored_bytes": self.stored_bytes,
+            "ratio": round(self.ratio, 4),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def summarize(manifest: Manifest, store_url: str, seconds: float) -> Summary:
+    ref = BackupRef.parse(manifest.backup)
+    return Summary(
+        backup=manifest.backup,
+        repository=store_url,
+        manifest=manifest_key(ref),
+        inputs=len(manifest.inputs),
+        chunks=manifest.chunk_count,
+        plaintext_bytes=manifest.plaintext_bytes,
+        stored_bytes=manifest.stored_bytes,
+        ratio=manifest.ratio,
+        seconds=seconds,
+    )
+
+
+def delete_staging(store: ObjectStore, janitor: StagingJanitor, ref: BackupRef) -> int:
+    """Abort stray multipart uploads, delete every staging object, then purge
+    the versions a versioned bucket keeps of them; returns objects deleted."""
+    prefix = staging_prefix(ref)
+    janitor.abort_uploads(prefix)
+    keys = [info.key for info in store.list(prefix)]
+    store.delete(keys)
+    janitor.purge_versions(prefix)
+    return len(keys)
+
+
+def published_manifest(store: ObjectStore, ref: BackupRef) -> bytes | None:
+    try:
+        return store.get(manifest_key(ref))
+    except NotFoundError:
+        return None
+
+
+def finalize_step(
+    store: ObjectStore,
+    keys: KeyService,
+    uploads: StagingJanitor,
+    events: EventPublisher,
+    ref: BackupRef,
+) -> Summary:
+    started = time.monotonic()
+    session = read_session(store, ref)
+    check_repository(store, session)
+    key, wrapped = load_data_key(store, keys, ref, session.repository)
+    existing = published_manifest(store, ref)
+    if existing is not None:
+        manifest = open_manifest(existing, f"backup {ref}").authenticate(key)
+    else:
+        end = read_stream_end(store, ref)
+        records = read_segment_records(store, ref, session)
+        if end is None or not check_complete(ref, records, end, session):
+            raise IntegrityError(f"backup {ref} reached Finalize before every staged segment was recorded")
+        rounds = load_rounds(store, ref)
+        planned = {(i.input_index, i.segment_index) for r in rounds for i in r.items}
+        unplanned = [(r.input_index, r.segment) for r in records if r.parts > 0 and (r.input_index, r.segment) not in planned]
+        if unplanned:
+            raise IntegrityError(f"backup {ref}: staged segments {unplanned} (input, segment) were never planned")
+        entries = read_results(store, ref, rounds)
+        manifest = finalize_backup(
+            store,
+            ref=ref,
+            repository_id=session.repository,
+            key=key,
+            wrapped=wrapped,
+            chunk_size=session.chunk_size,
+            inputs=[InputRecord(i, source, end.lengths[i]) for i, source in enumerate(session.inputs)],
+            entries=entries,
+            algorithms=algorithms(session.level),
+            created=session.created,
+            timings={"finalize_seconds": round(time.monotonic() - started, 3)},
+            engine=ENGINE,
+            stats={"rounds": len(rounds), "map_items": sum(len(r.items) for r in rounds)},
+        )
+    delete_staging(store, uploads, ref)
+    summary = summarize(manifest, store.url, time.monotonic() - started)
+    events.publish(BACKUP_COMPLETED, summary.to_json())
+    return summary

@@ -1,0 +1,57 @@
+"""How many chunks one Distributed Map item carries, and the cost model behind it.
+
+At 64 MiB chunks a TiB is 16,384 chunks. What each *item* costs, whatever its
+size (us-east-1 list prices):
+
+- a child workflow execution: STANDARD children bill every state transition
+  ($0.025 per 1,000; ~2 per item: the iteration and the Worker task, more on
+  retries) = $0.82/TiB at one chunk per item, more than the compute. EXPRESS
+  children bill $1 per million executions plus ~nothing for duration
+  (64 MB, a few seconds) = $0.016/TiB; the stack uses EXPRESS children.
+- a Lambda invoke ($0.20 per million) and a result record PUT ($0.005 per
+  1,000 = $0.082/TiB at one chunk per item).
+
+What each *chunk* costs whatever the grouping: its chunk PUT ($0.082/TiB), the
+agent's UploadPart ($0.082/TiB), ranged GET and HEAD (~$0.013/TiB), and the
+worker's GB-seconds. That last one is the lever grouping pulls hardest: a
+one-chunk item pays for download, then compress+encrypt, then upload, one
+after another (~1.3 s at 1 vCPU for 64 MiB, ~$0.50/TiB at 1,769 MB arm64),
+while an item of several chunks overlaps the next chunk's download and the
+previous chunk's upload with the current chunk's compression
+(braid.pipeline.worker), so it bills about the CPU time (~0.35 s per
+chunk, ~$0.13/TiB).
+
+So an item is *a few* chunks: while the stream arrives, `max_chunks_per_item`
+(default 16); after stream end, as many as keep every allowed worker busy, up
+to that. scripts/bench cloud-model measures the worker and prices 1 TiB at 500
+workers (EXPRESS children, 90 MB/s per S3 stream in Lambda): k=1 ≈ $1.01,
+k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.43, its
+pick; beyond that the per-chunk costs dominate. Grouping never crosses a
+segment, so an item's parts are one contiguous range of one staging object.
+
+The round cap keeps every map's state output (a null per item) far below the
+256 KiB payload limit without a ResultWriter.
+"""
+
+from __future__ import annotations
+
+MAX_ITEMS_PER_ROUND = 10_000
+
+
+def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item: int, *, streaming: bool = False) -> int:
+    """Fewest items that still give every allowed worker something to do, capped at `max_chunks_per_item`.
+
+    While the stream is still arriving, a round is about one segment (32
+    chunks at 64 MiB), and sizing it to fill hundreds of workers would make
+    every item one chunk: the unoverlapped, most expensive shape (measured in
+    scripts/bench cloud-model: ~$1.01/TiB against ~$0.5). The agent's upload
+    rate, not worker count, bounds throughput then, so items stay full;
+    only once the stream has ended do the last rounds spread over every
+    worker to shorten the tail.
+    """
+    if streaming:
+        return max(1, max_chunks_per_item)
+    if ready_chunks <= 0:
+        return 1
+    wanted = -(-ready_chunks // max(1, max_concurrency))
+    return max(1, min(max_chunks_per_item, wanted))

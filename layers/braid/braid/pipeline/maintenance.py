@@ -1,0 +1,89 @@
+"""Scheduled maintenance: deep-verify recent backups, then apply retention.
+
+Run by an EventBridge schedule (functions/verify), without the host. Deep
+verify of the latest backup of each name (or a sample of its chunks) catches
+silent corruption while an older good backup still exists. Retention is the
+same policy and code as `braid prune` (braid.ops.retention): backups the policy
+lets go lose their manifest first, then their chunks; leftovers of backups
+that never completed are collected after a grace period, so a backup still
+in flight is never touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from braid.format.ids import BackupRef
+from braid.ports.pipeline import VERIFY_FAILED, EventPublisher
+from braid.errors import BackupError
+from braid.format.keys import KeyService
+from braid.format.repository import Repository
+from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
+from braid.ops.verify import verify_backup
+
+
+@dataclass
+class MaintenanceReport:
+    verified: list[dict[str, Any]] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)  # backups the retention policy let go
+    collected: list[str] = field(default_factory=list)  # leftovers of backups that never completed
+
+    @property
+    def ok(self) -> bool:
+        return all(r.get("ok") for r in self.verified)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "verified": self.verified, "pruned": self.pruned, "collected": self.collected}
+
+
+def latest_per_name(repository: Repository) -> list[BackupRef]:
+    latest: dict[str, BackupRef] = {}
+    for ref in repository.backups():
+        latest[ref.name] = ref  # backups() is oldest first
+    return sorted(latest.values())
+
+
+def verify_latest(repository: Repository, keys: KeyService, sample_percent: float | None) -> list[dict[str, Any]]:
+    reports = []
+    for ref in latest_per_name(repository):
+        try:
+            sealed = repository.load(ref)
+            key = keys.unwrap(sealed.manifest.key)
+            report = verify_backup(repository.store, sealed.authenticate(key), key, deep=True, sample_percent=sample_percent)
+            reports.append(report.to_json())
+        except BackupError as exc:
+            reports.append({"backup": str(ref), "mode": "deep", "ok": False, "failures": [str(exc)]})
+    return reports
+
+
+def run_maintenance(
+    repository: Repository,
+    keys: KeyService,
+    events: EventPublisher,
+    *,
+    sample_percent: float | None,
+    policy: RetentionPolicy,
+    now: datetime | None = None,
+) -> MaintenanceReport:
+    """Verify first, then prune: a failed verify never stops retention from
+    running, but it is reported before anything is removed."""
+    report = MaintenanceReport(verified=verify_latest(repository, keys, sample_percent))
+    plan = plan_prune(repository, policy, now)
+    execute_prune(repository, plan)
+    report.pruned = [str(r) for r in plan.forget]
+    report.collected = [str(r) for r in plan.orphans]
+    for failed in (r for r in report.verified if not r.get("ok")):
+        events.publish(VERIFY_FAILED, {"repository": repository.url, "backup": failed["backup"], "failures": failed["failures"][:10]})
+    return report
+
+
+def policy_from_event(event: dict[str, Any]) -> RetentionPolicy:
+    """The schedule's retention settings: {"keep_last", "keep_days", "orphan_grace_hours"}."""
+    keep_last, keep_days = event.get("keep_last"), event.get("keep_days")
+    return RetentionPolicy(
+        keep_last=int(keep_last) if keep_last is not None else None,
+        keep_days=float(keep_days) if keep_days is not None else None,
+        orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
+    )

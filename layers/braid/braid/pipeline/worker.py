@@ -1,0 +1,147 @@
+"""Worker: one map item, a few consecutive parts of a staging segment.
+
+Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
+input's last, so the range follows from the part number), then
+`braid.engine.chunk_worker.store_chunk`: the same encode and create-only PUT the local
+engine runs, so a retried or late worker can never replace a published chunk.
+The item's result goes to S3 (pipeline_results); the Lambda returns almost
+nothing.
+
+Chunks of an item run on a few *lanes* (threads, each with its own codec and
+reusable output buffer): while one lane compresses, another downloads or
+uploads. zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the
+worker bills about the CPU time instead of CPU + I/O (see item_sizing).
+
+The data key is unwrapped once per container and backup (DataKeyCache):
+KMS Decrypt is billed and throttled per request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from braid.format.ids import BackupRef
+from braid.format.chunk import ChunkCodec
+from braid.pipeline.plan import ChunkSlice, MapItem
+from braid.pipeline.prepare import load_data_key
+from braid.pipeline.results import ItemResult, write_result
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.keys import DataKey, KeyService, WrappedKey
+from braid.format.manifest import ChunkEntry
+from braid.ports.store import ObjectStore
+from braid.format.staging import segment_key
+from braid.format.checksum import crc64nvme, encode_crc64nvme
+from braid.engine.chunk_worker import ChunkTask, store_chunk
+
+
+class DataKeyCache:
+    """Unwrapped data keys by repository and backup; small, since a container serves few backups."""
+
+    def __init__(self, keys: KeyService, capacity: int = 4) -> None:
+        self._keys = keys
+        self._capacity = capacity
+        self._cache: OrderedDict[tuple[str, str], tuple[DataKey, WrappedKey]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.unwraps = 0
+
+    def get(self, store: ObjectStore, ref: BackupRef, repository_id: str) -> tuple[DataKey, WrappedKey]:
+        slot = (store.url, str(ref))
+        with self._lock:
+            if slot in self._cache:
+                self._cache.move_to_end(slot)
+                return self._cache[slot]
+            found = load_data_key(store, self._keys, ref, repository_id)
+            self.unwraps += 1
+            self._cache[slot] = found
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+            return found
+
+
+class ChunkLanes:
+    """A few threads, each with a codec per data key; kept for the container's lifetime
+    so the codecs' large output buffers are allocated once, not per invocation."""
+
+    def __init__(self, lanes: int = 2) -> None:
+        self.lanes = max(1, lanes)
+        self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="braid-lane")
+        self._local = threading.local()
+
+    def codec(self, key: DataKey, level: int) -> ChunkCodec:
+        slot = (key.fingerprint, level)
+        if getattr(self._local, "slot", None) != slot:
+            self._local.codec = ChunkCodec(key, level)
+            self._local.slot = slot
+        return self._local.codec
+
+    def map(self, fn, items):  # type: ignore[no-untyped-def]
+        return list(self._pool.map(fn, items))
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    result: ItemResult
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_out / self.bytes_in if self.bytes_in else 1.0
+
+    @property
+    def seconds_per_chunk(self) -> float:
+        return self.seconds / max(1, len(self.result.entries))
+
+
+def check_item(ref: BackupRef, item: MapItem) -> None:
+    """An item may only read its own backup's staging segment."""
+    if item.segment != segment_key(ref, item.input_index, item.segment_index):
+        raise IntegrityError(f"map item names {item.segment}, which is not a staging segment of {ref}")
+
+
+def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice) -> bytes:
+    try:
+        data = store.get_range(item.segment, piece.start, piece.length)
+    except NotFoundError:
+        raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
+    if len(data) != piece.length:
+        raise IntegrityError(f"part {piece.part} of {item.segment} is {len(data)} bytes, the segment record implies {piece.length}")
+    if encode_crc64nvme(crc64nvme(data)) != piece.checksum:
+        raise IntegrityError(
+            f"part {piece.part} of {item.segment} (chunk {piece.index} of {ref}) does not match the checksum the agent"
+            " recorded: the staged bytes changed between the host and the worker"
+        )
+    return data
+
+
+def process_item(
+    store: ObjectStore,
+    ref: BackupRef,
+    item: MapItem,
+    *,
+    key: DataKey,
+    level: int,
+    lanes: ChunkLanes,
+) -> ItemOutcome:
+    check_item(ref, item)
+    started = time.monotonic()
+
+    def one(piece: ChunkSlice) -> ChunkEntry:
+        plaintext = fetch_part(store, ref, item, piece)
+        task = ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset)
+        return store_chunk(lanes.codec(key, level), store, ref, task, plaintext)
+
+    entries = tuple(lanes.map(one, item.chunks()))
+    result = ItemResult(item.first_index, entries)
+    write_result(store, ref, result)
+    return ItemOutcome(
+        result,
+        bytes_in=sum(e.length for e in entries),
+        bytes_out=sum(e.stored_length for e in entries),
+        seconds=time.monotonic() - started,
+    )

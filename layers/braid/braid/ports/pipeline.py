@@ -1,0 +1,58 @@
+"""Ports the pipeline steps need beyond ObjectStore and KeyService.
+
+Kept as small Protocols so the steps stay free of boto3 and run against
+in-memory fakes, moto, or AWS alike; braid.adapters.aws.lambda_env implements them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+EVENT_SOURCE = "braid"
+BACKUP_COMPLETED = "Backup Completed"
+BACKUP_FAILED = "Backup Failed"
+VERIFY_FAILED = "Verify Failed"
+
+
+class StagingJanitor(Protocol):
+    """What removing staging needs beyond deleting its objects.
+
+    S3 keeps the parts of incomplete multipart uploads (and bills them) until
+    they are aborted, and a versioned bucket keeps every deleted object as a
+    noncurrent version: staging is raw database bytes, so both must go for
+    "no plaintext stays in staging" to hold.
+    """
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Abort every incomplete upload under the repository-relative `prefix`; returns how many."""
+        ...
+
+    def purge_versions(self, prefix: str) -> int:
+        """Delete every remaining version and delete marker under `prefix`; returns how many."""
+        ...
+
+
+class EventPublisher(Protocol):
+    """Announces outcomes (EventBridge) so people and automation can react."""
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None: ...
+
+
+class PlainStoreJanitor:
+    """StagingJanitor for stores with neither multipart uploads nor versions (a local directory)."""
+
+    def abort_uploads(self, prefix: str) -> int:
+        return 0
+
+    def purge_versions(self, prefix: str) -> int:
+        return 0
+
+
+class RecordingPublisher:
+    """EventPublisher that keeps events in memory, for tests and local runs."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
+        self.events.append((detail_type, dict(detail)))
