@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aws_cdk as cdk  # noqa: E402
-from braid_infra.nag import add_nag_checks  # noqa: E402
 
+from braid_infra.nag import add_nag_checks  # noqa: E402
 from braid_infra.stack import BraidStack  # noqa: E402
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from braid.adapters.local.keys import LocalKeyFile
-from braid.format.ids import BackupRef
-from braid.errors import KeyAccessError, UsageError
-from braid.format.keys import encryption_context
 from braid.cli.sizes import format_size, parse_size
+from braid.errors import KeyAccessError, UsageError
+from braid.format.ids import BackupRef
+from braid.format.keys import encryption_context
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from braid.format.chunk import COMPRESSION_NONE, COMPRESSION_ZSTD, MAX_CHUNKS_PER_KEY, ChunkCodec, ChunkHeader
 from braid.errors import IntegrityError, LimitError
+from braid.format.chunk import COMPRESSION_NONE, COMPRESSION_ZSTD, MAX_CHUNKS_PER_KEY, ChunkCodec, ChunkHeader
 from braid.format.keys import DataKey
 
 BACKUP = "db1@20261123T010203.000Z-0a1b2c3d"

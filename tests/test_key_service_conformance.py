@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from braid.adapters.local import keys as local_keys
 from braid.adapters.aws.kms import KmsKeyService, kms_client
+from braid.adapters.local import keys as local_keys
 from braid.adapters.local.keys import LocalKeyFile
 from braid.errors import KeyAccessError
 from braid.format.keys import KeyService, WrappedKey, encryption_context

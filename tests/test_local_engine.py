@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 
-from braid.engine.local import LocalEngine
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
-from braid.format.ids import BackupRef
+from braid.engine.local import LocalEngine
 from braid.engine.port import BackupRequest
-from braid.errors import InputError, StorageError
-from braid.engine.finalize import utc_now
-from braid.format.layout import DATA, MANIFESTS
-from braid.ports.store import Buffer
-from braid.format.repository import Repository, RepositoryConfig
-from braid.ops.restore import OutputTarget, restore_backup
 from braid.engine.stream import InputSource
+from braid.errors import InputError, StorageError
+from braid.format.ids import BackupRef
+from braid.format.layout import DATA, MANIFESTS
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.timestamps import utc_now
+from braid.ops.restore import OutputTarget, restore_backup
+from braid.ports.store import Buffer
 
 
 def make_repo(tmp_path: Path, store: LocalStore | None = None) -> tuple[Repository, LocalKeyFile]:
@@ -147,10 +147,10 @@ def stored_keys(store: LocalStore, prefix: str) -> Iterable[str]:
 
 
 def test_retried_worker_cannot_replace_a_published_chunk(tmp_path: Path) -> None:
-    from braid.format.chunk import ChunkCodec
-    from braid.errors import IntegrityError
-    from braid.format.layout import chunk_key
     from braid.engine.chunk_worker import ChunkTask, store_chunk
+    from braid.errors import IntegrityError
+    from braid.format.chunk import ChunkCodec
+    from braid.format.layout import chunk_key
 
     repo, keys = make_repo(tmp_path)
     ref = BackupRef.new("db")

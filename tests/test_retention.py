@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from braid.adapters.local.store import LocalStore
-from braid.format.ids import BackupRef
 from braid.cli.compose import open_repository
 from braid.errors import UsageError
+from braid.format.ids import BackupRef
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from conftest import run_braid
 
@@ -61,7 +61,7 @@ def test_keep_days_keeps_recent_and_orphans_wait_for_grace(repo: Path) -> None:
     assert [i.key for i in store.list("data/")] == sorted(
         [i.key for i in store.list(f"data/db/{BackupRef.parse(kept).id}/")] + [f"data/db/{young_orphan.id}/0000000000"]
     )
-    later = plan_prune(repository, RetentionPolicy(keep_days=7), now=datetime.now(timezone.utc) + timedelta(days=30))
+    later = plan_prune(repository, RetentionPolicy(keep_days=7), now=datetime.now(UTC) + timedelta(days=30))
     assert [str(r) for r in later.forget] == [kept] and later.orphans == [young_orphan]
 
 

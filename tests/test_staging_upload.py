@@ -6,8 +6,9 @@ import io
 import os
 import random
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import moto.s3.models
 import pytest
@@ -15,11 +16,11 @@ from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 from braid.adapters.aws.s3 import S3Store, s3_client
-from braid.format.ids import BackupRef
 from braid.agent.uploader import ExistingPart, RetryPolicy, StagingUpload, TokenBucket, default_segment_parts
 from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
-from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.ids import BackupRef
+from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
 
 BUCKET = "braid-staging-test"
 CHUNK = 16 * 1024

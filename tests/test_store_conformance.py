@@ -7,18 +7,18 @@ written through one store reads back through any other. S3 runs on moto.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from braid.adapters.local.store import LocalStore
 from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url, s3_client
+from braid.adapters.local.store import LocalStore
 from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
-from braid.ports.store import ObjectStore, read_object
 from braid.format.checksum import stored_checksum
+from braid.ports.store import ObjectStore, read_object
 
 BUCKET = "braid-conformance"
 

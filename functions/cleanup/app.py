@@ -13,8 +13,8 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from braid.format.ids import BackupRef
 from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, repository_store
+from braid.format.ids import BackupRef
 from braid.pipeline.cleanup import cleanup_step
 
 logger = Logger()

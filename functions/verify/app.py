@@ -16,8 +16,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from braid.adapters.aws.lambda_env import event_publisher, key_service, repository_store
-from braid.pipeline.maintenance import policy_from_event, run_maintenance
 from braid.format.repository import Repository
+from braid.pipeline.maintenance import policy_from_event, run_maintenance
 
 logger = Logger()
 tracer = Tracer()

@@ -8,18 +8,17 @@ result list crosses the state payload limit.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from braid.adapters.aws.lambda_env import key_service, repository_store, worker_lanes
+from braid.errors import UsageError
 from braid.format.ids import BackupRef
-from braid.adapters.aws.lambda_env import key_service, repository_store
 from braid.pipeline.plan import MapItem
 from braid.pipeline.worker import ChunkLanes, DataKeyCache, process_item
-from braid.errors import UsageError
 
 logger = Logger()
 tracer = Tracer()
@@ -35,7 +34,7 @@ def _container() -> tuple[DataKeyCache, ChunkLanes]:
     global _keys, _lanes
     if _keys is None or _lanes is None:
         _keys = DataKeyCache(key_service())
-        _lanes = ChunkLanes(int(os.environ.get("BRAID_WORKER_LANES", "4")))
+        _lanes = ChunkLanes(worker_lanes())
     return _keys, _lanes
 
 

@@ -22,12 +22,13 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
 from braid_infra.storage import Storage
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
-WORKER_LANES = 4  # the cost model's pick: I/O of three chunks overlaps one's compression
+WORKER_LANES = contract.DEFAULT_WORKER_LANES
 
 
 @dataclass(frozen=True)
@@ -55,12 +56,12 @@ class PipelineFunctions(Construct):
         self.storage = storage
         self.keys = keys
         environment = {
-            "BRAID_BUCKET": storage.bucket.bucket_name,
-            "BRAID_KMS_KEY_ID": keys.key.key_arn,
-            "BRAID_EVENT_BUS": "default",
-            "BRAID_WORKER_LANES": str(WORKER_LANES),
-            "POWERTOOLS_SERVICE_NAME": "braid",
-            "POWERTOOLS_METRICS_NAMESPACE": "Braid",
+            contract.ENV_BUCKET: storage.bucket.bucket_name,
+            contract.ENV_KMS_KEY_ID: keys.key.key_arn,
+            contract.ENV_EVENT_BUS: contract.DEFAULT_EVENT_BUS,
+            contract.ENV_WORKER_LANES: str(WORKER_LANES),
+            "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME,
+            "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
         }
         self.functions: dict[str, lambda_.Function] = {}

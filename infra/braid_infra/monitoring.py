@@ -15,6 +15,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from braid import contract
+
 
 class Monitoring(Construct):
     def __init__(
@@ -39,7 +41,13 @@ class Monitoring(Construct):
                 evaluation_periods=1,
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             ),
-            cloudwatch.Metric(namespace="Braid", metric_name="VerifyFailures", dimensions_map={"service": "braid"}, period=Duration.days(1), statistic="Sum").create_alarm(
+            cloudwatch.Metric(
+                namespace=contract.METRICS_NAMESPACE,
+                metric_name=contract.METRIC_VERIFY_FAILURES,
+                dimensions_map={"service": contract.SERVICE_NAME},
+                period=Duration.days(1),
+                statistic="Sum",
+            ).create_alarm(
                 self,
                 "VerifyFailed",
                 alarm_description="Scheduled deep verify found a damaged backup",

@@ -43,7 +43,7 @@ def wildcard(resource: str) -> str:
     return f"AwsSolutions-IAM5[Resource::{resource}]"
 
 
-def suppress_findings(stack: "BraidStack") -> None:
+def suppress_findings(stack: BraidStack) -> None:
     bucket = f"<{_ref(stack, stack.storage.bucket)}.Arn>"
     functions = stack.functions
     uses = {

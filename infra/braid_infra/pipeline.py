@@ -31,19 +31,12 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from braid import contract
 from braid_infra.functions import PipelineFunctions
 from braid_infra.storage import Storage
 
-# Lambda's own transient failures, as Step Functions names them.
-LAMBDA_TRANSIENT = [
-    "Lambda.ServiceException",
-    "Lambda.AWSLambdaException",
-    "Lambda.SdkClientException",
-    "Lambda.ClientExecutionTimeoutException",
-    "Lambda.TooManyRequestsException",
-]
-# Braid's typed error for S3 that kept failing past the client's retries.
-TRANSIENT = [*LAMBDA_TRANSIENT, "StorageError", "Sandbox.Timedout"]
+LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
+TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
 
 
 @dataclass(frozen=True)

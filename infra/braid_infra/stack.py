@@ -11,6 +11,15 @@ from pathlib import Path
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
+from braid.contract import (
+    OUTPUT_AGENT_POLICY,
+    OUTPUT_AGENT_ROLE,
+    OUTPUT_BUCKET,
+    OUTPUT_KEY,
+    OUTPUT_REPOSITORY,
+    OUTPUT_RESTORE_ROLE,
+    OUTPUT_STATE_MACHINE,
+)
 from braid_infra.access import HostAccess
 from braid_infra.functions import PipelineFunctions
 from braid_infra.keys import Keys
@@ -20,15 +29,6 @@ from braid_infra.nag import suppress_findings
 from braid_infra.pipeline import BackupPipeline, RetryPolicy
 from braid_infra.schedules import Schedules
 from braid_infra.storage import Storage
-
-# Output names: a contract with the agent's `braid init --stack`.
-OUTPUT_BUCKET = "RepositoryBucket"
-OUTPUT_REPOSITORY = "RepositoryUrl"
-OUTPUT_KEY = "DataKeyArn"
-OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
-OUTPUT_AGENT_POLICY = "AgentPolicyArn"
-OUTPUT_AGENT_ROLE = "AgentRoleArn"
-OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
 
 
 class BraidStack(Stack):

@@ -6,8 +6,8 @@ import argparse
 import importlib
 import os
 import pkgutil
-import re
 import platform
+import re
 import shutil
 import subprocess
 import sys

@@ -111,7 +111,7 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self
 
     def __exit__(self, *exc) -> None:

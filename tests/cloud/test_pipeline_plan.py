@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from braid.adapters.local.store import LocalStore
+from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
+from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
 from braid.pipeline.item_sizing import chunks_per_item
 from braid.pipeline.plan import MapItem, StagingStalledError, items_for_segments, load_rounds, plan_next_round, write_round
-from braid.errors import IntegrityError
-from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
 
 CHUNK = 100
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from braid.adapters.local.keys import LocalKeyFile
-from braid.format.ids import BackupRef
-from braid.ports.pipeline import VERIFY_FAILED, RecordingPublisher
-from braid.pipeline.maintenance import policy_from_event, run_maintenance
 from braid.cli.compose import open_repository
+from braid.contract import VERIFY_FAILED
 from braid.errors import UsageError
+from braid.format.ids import BackupRef
 from braid.ops.retention import RetentionPolicy
+from braid.pipeline.maintenance import policy_from_event, run_maintenance
+from braid.ports.pipeline import RecordingPublisher
 from conftest import run_braid
 
 
@@ -79,6 +80,6 @@ def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
     repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
     report = run_maintenance(
         repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1),
-        now=datetime.now(timezone.utc) + timedelta(hours=1),
+        now=datetime.now(UTC) + timedelta(hours=1),
     )
     assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]

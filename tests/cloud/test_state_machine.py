@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import boto3
 import moto.s3.models
@@ -20,17 +21,16 @@ from moto import mock_aws
 
 from braid.adapters.aws.kms import KmsKeyService
 from braid.adapters.aws.s3 import S3Store
-from braid.format.ids import BackupRef
-from braid.format.chunk import ChunkCodec
-from braid.pipeline.execution_input import ExecutionInput, execution_name
 from braid.errors import StorageError
-from braid.engine.finalize import utc_now
+from braid.format.checksum import s3_checksum_value, stored_checksum
+from braid.format.chunk import ChunkCodec
+from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
-from braid.format.checksum import s3_checksum_value, stored_checksum
+from braid.format.timestamps import utc_now
 from braid.ops.verify import verify_backup
-
+from braid.pipeline.execution_input import ExecutionInput, execution_name
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize
 

@@ -57,8 +57,9 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +117,7 @@ def _retry_props(fast: bool) -> dict[str, Any]:
     if str(ROOT / "infra") not in sys.path:
         sys.path.insert(0, str(ROOT / "infra"))
     from aws_cdk import Duration
+
     from braid_infra.pipeline import RetryPolicy
 
     quick = RetryPolicy(interval=Duration.seconds(1), max_attempts=3, backoff_rate=1.0, max_delay=Duration.seconds(1))
@@ -347,9 +349,8 @@ class EmulatorServer:
 
         class Server(ThreadedMotoServer):
             def _server_entry(self) -> None:
-                from werkzeug.serving import make_server
-
                 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+                from werkzeug.serving import make_server
 
                 app = wrap(DomainDispatcherApplication(create_backend_app))
                 self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)

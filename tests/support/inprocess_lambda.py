@@ -35,10 +35,11 @@ import threading
 import traceback
 import uuid
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from moto.awslambda.models import LambdaFunction
 
@@ -108,7 +109,7 @@ class InProcessLambdas:
             self._environ_before.clear()
             self._environ_set.clear()
 
-    def __enter__(self) -> "InProcessLambdas":
+    def __enter__(self) -> InProcessLambdas:
         self.install()
         return self
 

@@ -27,13 +27,12 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
-from braid.agent.uploader import default_segment_parts
-
 from bench_lib import s3proxy
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
+from braid.agent.uploader import default_segment_parts
+from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 
 NAME = "cloud-model"
 HELP = "cloud model: seconds after stream end and $ per TiB at 100/500/1000 arm64 Lambda workers, from measured worker CPU"

@@ -21,14 +21,13 @@ from pathlib import Path
 import zstandard
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from braid.format.ids import BackupRef
-from braid.format.chunk import ChunkCodec, NONCE_BYTES, TAG_BYTES
-from braid.format.keys import DataKey
-from braid.format.checksum import stored_checksum
-
 from bench_lib.context import Context, add_engine_options
 from bench_lib.report import MB, Comparison, Section, Table
 from bench_lib.timing import Series, interleave, measure, run_command
+from braid.format.checksum import stored_checksum
+from braid.format.chunk import NONCE_BYTES, TAG_BYTES, ChunkCodec
+from braid.format.ids import BackupRef
+from braid.format.keys import DataKey
 
 NAME = "codec"
 HELP = "ChunkCodec encode/decode on one thread vs zstd -3 -T1 / zstd -d -T1"

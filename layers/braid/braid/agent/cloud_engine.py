@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.stepfunctions import ExecutionStatus, StepFunctionsEngine, stepfunctions_client
-from braid.format.ids import BackupRef
-from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
-from braid.pipeline.plan import load_rounds
-from braid.pipeline.results import processed_chunks
 from braid.agent.uploader import StagingUpload
 from braid.engine.port import BackupRequest
-from braid.ports.progress import ProgressFn
+from braid.engine.stream import BufferPool, InputEnd, StreamCutter
 from braid.errors import BackupError, ExecutionError, IntegrityError, RepositoryError, UsageError
+from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import StreamEnd, stream_end_key
-from braid.engine.stream import BufferPool, InputEnd, StreamCutter
+from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
+from braid.pipeline.plan import load_rounds
+from braid.pipeline.results import processed_chunks
+from braid.ports.progress import ProgressFn
 
 
 @dataclass(frozen=True)

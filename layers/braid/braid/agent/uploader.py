@@ -34,20 +34,19 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any
 
 from awscrt.checksums import combine_crc64nvme
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.s3 import S3Store, checksum_from_response, error_code, is_retryable, map_error, request_body
-from braid.format.ids import BackupRef
 from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
+from braid.format.checksum import ALGORITHM, crc64nvme, encode_crc64nvme
+from braid.format.ids import BackupRef
 from braid.format.layout import staging_prefix
-from braid.ports.store import ObjectInfo
-from braid.ports.progress import ProgressFn
 from braid.format.staging import (
     SegmentRecord,
     SessionRecord,
@@ -58,7 +57,9 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.checksum import ALGORITHM, crc64nvme, encode_crc64nvme
+from braid.format.timestamps import utc_now
+from braid.ports.progress import ProgressFn
+from braid.ports.store import ObjectInfo
 
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
@@ -274,7 +275,7 @@ class StagingUpload:
         level: int,
         segment_parts: int | None = None,
         **options: Any,
-    ) -> "StagingUpload":
+    ) -> StagingUpload:
         """Begin a new backup's staging: writes the session record first, create-only.
 
         `repository_id` is the repository config's id: the pipeline checks the
@@ -289,7 +290,7 @@ class StagingUpload:
             segment_parts=segment_parts or default_segment_parts(chunk_size),
             level=level,
             inputs=list(inputs),
-            created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            created=utc_now(),
         )
         upload = cls(store, ref, session, **options)
         try:
@@ -303,7 +304,7 @@ class StagingUpload:
         return upload
 
     @classmethod
-    def resume(cls, store: S3Store, ref: BackupRef, *, inputs: list[str] | None = None, **options: Any) -> "StagingUpload":
+    def resume(cls, store: S3Store, ref: BackupRef, *, inputs: list[str] | None = None, **options: Any) -> StagingUpload:
         """Continue an interrupted upload from what S3 holds (nothing from the host).
 
         Feed it the re-read inputs from their first byte, as for `start`.
@@ -737,7 +738,7 @@ class StagingUpload:
         self._wait_idle()
         self._shutdown()
 
-    def __enter__(self) -> "StagingUpload":
+    def __enter__(self) -> StagingUpload:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:

@@ -11,10 +11,11 @@ from pathlib import Path
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
+from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, UsageError
 from braid.format.keys import KeyService
-from braid.ports.store import ObjectStore
 from braid.format.repository import Repository
+from braid.ports.store import ObjectStore
 
 
 def is_s3_url(url: str) -> bool:
@@ -22,7 +23,7 @@ def is_s3_url(url: str) -> bool:
 
 
 def repo_url(arg: str | None) -> str:
-    url = arg or os.environ.get("BRAID_REPO")
+    url = arg or os.environ.get(ENV_REPO)
     if not url:
         raise UsageError("no repository given: pass --repo DIR|s3://BUCKET/PREFIX or set BRAID_REPO")
     return url
@@ -56,7 +57,7 @@ def default_key_file(repository_id: str) -> Path:
 
 
 def key_file_path(arg: str | None, repository_id: str) -> Path:
-    explicit = arg or os.environ.get("BRAID_KEY_FILE")
+    explicit = arg or os.environ.get(ENV_KEY_FILE)
     return Path(explicit).expanduser() if explicit else default_key_file(repository_id)
 
 

@@ -11,20 +11,21 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from braid import __version__
-from braid.format.ids import BackupRef, validate_name
 from braid.cli.compose import is_s3_url, key_file_path, open_key_service, open_repository, open_store, repo_url
-from braid.engine.port import BackupEngine, BackupRequest
-from braid.errors import EXIT_CODES, BackupError, UsageError
-from braid.engine.finalize import utc_now
-from braid.format.manifest import Manifest
 from braid.cli.progress import Progress
-from braid.format.repository import Repository, RepositoryConfig
 from braid.cli.sizes import format_size, parse_size
+from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
+from braid.errors import EXIT_CODES, BackupError, UsageError
+from braid.format.ids import BackupRef, validate_name
+from braid.format.manifest import Manifest
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.timestamps import utc_now
 
 MIN_CHUNK = 4 * 1024
 MAX_CHUNK = 1024**3

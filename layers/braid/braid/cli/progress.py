@@ -15,7 +15,6 @@ from typing import Any, TextIO
 from braid.cli.sizes import format_size
 
 
-
 class Progress:
     def __init__(self, json_lines: bool, stream: TextIO | None = None, interval: float = 0.5) -> None:
         self.stream = stream or sys.stderr
@@ -27,7 +26,7 @@ class Progress:
         self._drawn = False
 
     @classmethod
-    def for_terminal(cls, force_json: bool, quiet: bool = False) -> "Progress | None":
+    def for_terminal(cls, force_json: bool, quiet: bool = False) -> Progress | None:
         if quiet:
             return None
         return cls(json_lines=force_json or not sys.stderr.isatty())

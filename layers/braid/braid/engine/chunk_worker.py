@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from braid.format.ids import BackupRef
-from braid.format.chunk import COMPRESSION_ZSTD, ChunkCodec, Buffer
 from braid.errors import AlreadyExistsError, IntegrityError
+from braid.format.checksum import stored_checksum
+from braid.format.chunk import COMPRESSION_ZSTD, Buffer, ChunkCodec
+from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry
 from braid.ports.store import ObjectStore
-from braid.format.checksum import stored_checksum
 
 
 @dataclass(frozen=True)

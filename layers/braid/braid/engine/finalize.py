@@ -9,17 +9,18 @@ is the backup complete; until then it does not exist.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-from braid.format.ids import BackupRef
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
+from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, manifest_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
-from braid.ports.store import ObjectStore
+from braid.format.timestamps import utc_now
 from braid.ops.verify import check_chunk_presence
+from braid.ports.store import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,6 @@ class InputRecord:
     index: int
     source: str
     length: int
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def assemble_inputs(key: DataKey, inputs: Sequence[InputRecord], entries: Iterable[ChunkEntry], backup: str) -> tuple[InputEntry, ...]:

@@ -17,16 +17,17 @@ import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
-from braid.format.chunk import MAX_CHUNKS_PER_KEY, ChunkCodec
+from braid.engine.chunk_worker import ChunkTask, store_chunk
+from braid.engine.finalize import InputRecord, discard_backup_data, finalize_backup
 from braid.engine.port import BackupRequest
-from braid.ports.progress import ProgressFn
+from braid.engine.stream import BufferPool, InputEnd, Piece, StreamCutter
 from braid.errors import BackupError, LimitError, UsageError
-from braid.engine.finalize import InputRecord, discard_backup_data, finalize_backup, utc_now
+from braid.format.chunk import MAX_CHUNKS_PER_KEY, ChunkCodec
 from braid.format.keys import KeyService, encryption_context
 from braid.format.manifest import ChunkEntry, Manifest
 from braid.format.repository import Repository
-from braid.engine.stream import BufferPool, InputEnd, Piece, StreamCutter
-from braid.engine.chunk_worker import ChunkTask, store_chunk
+from braid.format.timestamps import utc_now
+from braid.ports.progress import ProgressFn
 
 
 def algorithms(level: int) -> dict[str, object]:

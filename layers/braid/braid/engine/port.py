@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from braid.engine.stream import InputSource
 from braid.format.ids import BackupRef
 from braid.format.manifest import Manifest
 from braid.ports.progress import ProgressFn
-from braid.engine.stream import InputSource
 
 __all__ = ["BackupEngine", "BackupRequest"]
 

@@ -14,8 +14,9 @@ import queue
 import stat
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 from braid.errors import BackupError, InputError
 

@@ -29,8 +29,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from braid.errors import IntegrityError, LimitError
-from braid.format.keys import DataKey
 from braid.format.checksum import stored_checksum
+from braid.format.keys import DataKey
 
 MAGIC = b"BRDC"
 FORMAT_VERSION = 1
@@ -78,7 +78,7 @@ class ChunkHeader:
         )
 
     @classmethod
-    def unpack(cls, stored: Buffer, where: str) -> tuple["ChunkHeader", int]:
+    def unpack(cls, stored: Buffer, where: str) -> tuple[ChunkHeader, int]:
         if len(stored) < _FIXED.size + TAG_BYTES:
             raise IntegrityError(f"{where}: stored chunk is truncated ({len(stored)} bytes)")
         magic, version, compression, cipher, _flags, index, input_index, _r, length, nonce, name_len = _FIXED.unpack_from(

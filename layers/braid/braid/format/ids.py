@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from braid.errors import UsageError
 
@@ -35,13 +35,13 @@ class BackupRef:
     id: str
 
     @classmethod
-    def new(cls, name: str, now: datetime | None = None) -> "BackupRef":
-        moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    def new(cls, name: str, now: datetime | None = None) -> BackupRef:
+        moment = (now or datetime.now(UTC)).astimezone(UTC)
         stamp = moment.strftime("%Y%m%dT%H%M%S") + f".{moment.microsecond // 1000:03d}Z"
         return cls(validate_name(name), stamp + "-" + secrets.token_hex(4))
 
     @classmethod
-    def parse(cls, text: str) -> "BackupRef":
+    def parse(cls, text: str) -> BackupRef:
         name, sep, ident = text.partition("@")
         if not sep:
             raise UsageError(f"invalid backup reference {text!r}: expected NAME@ID or NAME@latest")

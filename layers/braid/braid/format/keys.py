@@ -18,8 +18,9 @@ import base64
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Protocol
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -57,7 +58,7 @@ class WrappedKey:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, object]) -> "WrappedKey":
+    def from_json(cls, doc: Mapping[str, object]) -> WrappedKey:
         return cls(
             key_id=str(doc["key_id"]),
             ciphertext=base64.b64decode(str(doc["ciphertext"])),

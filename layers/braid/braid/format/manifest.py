@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.keys import DataKey, WrappedKey
@@ -57,7 +58,7 @@ class ChunkEntry:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any], input_index: int) -> "ChunkEntry":
+    def from_json(cls, doc: Mapping[str, Any], input_index: int) -> ChunkEntry:
         return cls(
             index=int(doc["index"]),
             input_index=input_index,
@@ -88,7 +89,7 @@ class InputEntry:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "InputEntry":
+    def from_json(cls, doc: Mapping[str, Any]) -> InputEntry:
         index = int(doc["index"])
         return cls(
             index=index,

@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from braid.format.ids import BackupRef
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError
+from braid.format.ids import BackupRef
 from braid.format.layout import CONFIG, manifest_key, manifest_prefix, ref_from_manifest_key
 from braid.format.manifest import SealedManifest, open_manifest
 from braid.ports.store import ObjectStore
@@ -30,7 +30,7 @@ class RepositoryConfig:
     cloud: dict[str, Any] = field(default_factory=dict)  # pipeline settings (state machine, region, ...)
 
     @classmethod
-    def new(cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None) -> "RepositoryConfig":
+    def new(cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None) -> RepositoryConfig:
         return cls(id=str(uuid.uuid4()), created=created, key=key, cloud=cloud or {})
 
     def to_bytes(self) -> bytes:
@@ -38,7 +38,7 @@ class RepositoryConfig:
         return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
-    def from_bytes(cls, raw: bytes, where: str) -> "RepositoryConfig":
+    def from_bytes(cls, raw: bytes, where: str) -> RepositoryConfig:
         try:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT:
@@ -60,7 +60,7 @@ class Repository:
         return self.store.url
 
     @classmethod
-    def create(cls, store: ObjectStore, config: RepositoryConfig) -> "Repository":
+    def create(cls, store: ObjectStore, config: RepositoryConfig) -> Repository:
         try:
             store.put(CONFIG, config.to_bytes(), create_only=True)
         except AlreadyExistsError:
@@ -68,7 +68,7 @@ class Repository:
         return cls(store, config)
 
     @classmethod
-    def open(cls, store: ObjectStore) -> "Repository":
+    def open(cls, store: ObjectStore) -> Repository:
         try:
             raw = store.get(CONFIG)
         except NotFoundError:

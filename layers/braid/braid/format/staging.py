@@ -82,7 +82,7 @@ class SessionRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "SessionRecord":
+    def from_bytes(cls, raw: bytes) -> SessionRecord:
         doc: dict[str, Any] = json.loads(raw)
         return cls(**doc)
 
@@ -105,7 +105,7 @@ class SegmentRecord:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "SegmentRecord":
+    def from_bytes(cls, raw: bytes) -> SegmentRecord:
         doc: dict[str, Any] = json.loads(raw)
         return cls(**doc)
 
@@ -119,6 +119,6 @@ class StreamEnd:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "StreamEnd":
+    def from_bytes(cls, raw: bytes) -> StreamEnd:
         doc: dict[str, Any] = json.loads(raw)
         return cls(**doc)

@@ -7,9 +7,9 @@ whole backup, so no chunk pays for fresh 64 MiB allocations.
 
 from __future__ import annotations
 
-from braid.format.ids import BackupRef
-from braid.format.chunk import ChunkCodec, stored_size
 from braid.errors import IntegrityError, NotFoundError
+from braid.format.chunk import ChunkCodec, stored_size
+from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry, Manifest

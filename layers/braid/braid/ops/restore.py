@@ -19,14 +19,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from braid.format.ids import BackupRef
-from braid.ops.chunk_reader import ChunkReader
 from braid.errors import BackupError, InputError, UsageError
+from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
-from braid.ports.store import ObjectStore
+from braid.ops.chunk_reader import ChunkReader
 from braid.ports.progress import ProgressFn
-
+from braid.ports.store import ObjectStore
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ running on the host or in Step Functions is never touched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
-from braid.format.ids import BackupRef
 from braid.errors import UsageError
+from braid.format.ids import BackupRef
 from braid.format.layout import DATA, STAGING, data_prefix, manifest_key, staging_prefix
 from braid.format.repository import Repository
 
@@ -34,7 +34,7 @@ class RetentionPolicy:
 
 
 def started_at(ref: BackupRef) -> datetime:
-    return datetime.strptime(ref.id.partition("-")[0], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(ref.id.partition("-")[0], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
 
 
 @dataclass
@@ -61,7 +61,7 @@ def _refs_under(repository: Repository, root: str) -> set[BackupRef]:
 
 
 def plan_prune(repository: Repository, policy: RetentionPolicy, now: datetime | None = None) -> PrunePlan:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     plan = PrunePlan()
     published = repository.backups()
     by_name: dict[str, list[BackupRef]] = {}

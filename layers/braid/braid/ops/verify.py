@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
-from braid.format.ids import BackupRef
-from braid.ops.chunk_reader import ChunkReader
 from braid.errors import BackupError, IntegrityError
+from braid.format.checksum import stored_checksum
+from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry, Manifest
+from braid.ops.chunk_reader import ChunkReader
 from braid.ports.store import ObjectStore
-from braid.format.checksum import stored_checksum
 
 
 def check_chunk(store: ObjectStore, ref: BackupRef, entry: ChunkEntry, *, read_if_unknown: bool = True) -> None:

@@ -13,13 +13,15 @@ are kept; only staging goes.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
+from braid.contract import BACKUP_FAILED
+from braid.engine.finalize import discard_backup_data
 from braid.format.ids import BackupRef
 from braid.pipeline.finalize import delete_staging, published_manifest
-from braid.ports.pipeline import BACKUP_FAILED, EventPublisher, StagingJanitor
-from braid.engine.finalize import discard_backup_data
+from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
 
 # What to do about each error the pipeline raises or Step Functions reports.

@@ -15,11 +15,12 @@ the bucket root), so one stack can serve several repositories in a bucket.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from braid.format.ids import BackupRef
 from braid.errors import UsageError
+from braid.format.ids import BackupRef
 
 DEFAULT_MAX_CONCURRENCY = 100
 DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
@@ -68,7 +69,7 @@ class ExecutionInput:
         return asdict(self)
 
     @classmethod
-    def from_event(cls, event: Mapping[str, Any]) -> "ExecutionInput":
+    def from_event(cls, event: Mapping[str, Any]) -> ExecutionInput:
         """Read the fields the pipeline defined; ignore what steps added to the state."""
         try:
             return cls(

@@ -18,17 +18,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from braid.engine.local import algorithms
-from braid.format.ids import BackupRef
-from braid.pipeline.plan import check_complete, load_rounds, read_segment_records, read_session, read_stream_end
-from braid.ports.pipeline import BACKUP_COMPLETED, EventPublisher, StagingJanitor
-from braid.pipeline.prepare import check_repository, load_data_key
-from braid.pipeline.results import read_results
-from braid.errors import IntegrityError, NotFoundError
+from braid.contract import BACKUP_COMPLETED
 from braid.engine.finalize import InputRecord, finalize_backup
+from braid.engine.local import algorithms
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.ids import BackupRef
 from braid.format.keys import KeyService
 from braid.format.layout import manifest_key, staging_prefix
 from braid.format.manifest import Manifest, open_manifest
+from braid.pipeline.plan import check_complete, load_rounds, read_segment_records, read_session, read_stream_end
+from braid.pipeline.prepare import check_repository, load_data_key
+from braid.pipeline.results import read_results
+from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
 
 ENGINE = "cloud"

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from braid.format.ids import BackupRef
-from braid.ports.pipeline import VERIFY_FAILED, EventPublisher
+from braid.contract import VERIFY_FAILED
 from braid.errors import BackupError
+from braid.format.ids import BackupRef
 from braid.format.keys import KeyService
 from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_backup
+from braid.ports.pipeline import EventPublisher
 
 
 @dataclass

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from braid.format.ids import BackupRef
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError
+from braid.format.ids import BackupRef
 from braid.format.layout import staging_prefix
-from braid.ports.store import ObjectStore
 from braid.format.staging import (
     SegmentRecord,
     SessionRecord,
@@ -39,6 +38,8 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
+from braid.ports.store import ObjectStore
 
 _ROUND = re.compile(r"round-(\d{5})\.json$")
 
@@ -108,7 +109,7 @@ class MapItem:
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> "MapItem":
+    def from_json(cls, doc: Mapping[str, Any]) -> MapItem:
         try:
             item = cls(
                 segment=str(doc["segment"]),

@@ -13,13 +13,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from braid.format.ids import BackupRef
-from braid.pipeline.plan import read_session
 from braid.errors import AlreadyExistsError, IntegrityError, KeyAccessError, NotFoundError
+from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, KeyService, WrappedKey, encryption_context
-from braid.ports.store import ObjectStore
 from braid.format.repository import Repository
 from braid.format.staging import SessionRecord, wrapped_key_key
+from braid.pipeline.plan import read_session
+from braid.ports.store import ObjectStore
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from braid.format.ids import BackupRef
-from braid.pipeline.plan import MapItem, Round
 from braid.errors import IntegrityError
+from braid.format.ids import BackupRef
 from braid.format.manifest import ChunkEntry
-from braid.ports.store import ObjectStore
 from braid.format.staging import result_key, results_prefix
+from braid.pipeline.plan import MapItem, Round
+from braid.ports.store import ObjectStore
 
 
 def entry_to_json(entry: ChunkEntry) -> dict[str, Any]:
@@ -39,7 +39,7 @@ class ItemResult:
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes, where: str) -> "ItemResult":
+    def from_bytes(cls, raw: bytes, where: str) -> ItemResult:
         try:
             doc = json.loads(raw)
             entries = tuple(entry_from_json(c) for c in doc["chunks"])

@@ -24,18 +24,18 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from braid.format.ids import BackupRef
+from braid.engine.chunk_worker import ChunkTask, store_chunk
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.chunk import ChunkCodec
+from braid.format.ids import BackupRef
+from braid.format.keys import DataKey, KeyService, WrappedKey
+from braid.format.manifest import ChunkEntry
+from braid.format.staging import segment_key
 from braid.pipeline.plan import ChunkSlice, MapItem
 from braid.pipeline.prepare import load_data_key
 from braid.pipeline.results import ItemResult, write_result
-from braid.errors import IntegrityError, NotFoundError
-from braid.format.keys import DataKey, KeyService, WrappedKey
-from braid.format.manifest import ChunkEntry
 from braid.ports.store import ObjectStore
-from braid.format.staging import segment_key
-from braid.format.checksum import crc64nvme, encode_crc64nvme
-from braid.engine.chunk_worker import ChunkTask, store_chunk
 
 
 class DataKeyCache:

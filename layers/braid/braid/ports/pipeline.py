@@ -6,12 +6,8 @@ in-memory fakes, moto, or AWS alike; braid.adapters.aws.lambda_env implements th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
-
-EVENT_SOURCE = "braid"
-BACKUP_COMPLETED = "Backup Completed"
-BACKUP_FAILED = "Backup Failed"
-VERIFY_FAILED = "Verify Failed"
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 
 class StagingJanitor(Protocol):

@@ -6,7 +6,8 @@ never raising; the CLI renders them as a bar or JSON lines, tests record them.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 ProgressFn = Callable[[dict[str, Any]], None]
 

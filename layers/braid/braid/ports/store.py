@@ -7,8 +7,9 @@ conformance tests (tests/test_store_conformance.py) runs against all of them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Protocol
+from typing import Protocol
 
 Buffer = bytes | bytearray | memoryview
 

@@ -14,7 +14,8 @@ itself, so they need neither kms:GenerateDataKey nor the repository's key id.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError, NoRegionError
@@ -57,7 +58,7 @@ class KmsKeyService:
         self._key_id = key_id
 
     @classmethod
-    def for_unwrap(cls, client: Any) -> "KmsKeyService":
+    def for_unwrap(cls, client: Any) -> KmsKeyService:
         """Decrypt-only: for roles that hold kms:Decrypt and nothing else."""
         return cls(client, None)
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from braid import contract
 from braid.adapters.aws.kms import KmsKeyService, kms_client
 from braid.adapters.aws.s3 import S3Store, map_error, s3_client
-from braid.ports.pipeline import EVENT_SOURCE
 from braid.errors import StorageError, UsageError
 
 
@@ -34,9 +35,14 @@ def setting(name: str, default: str | None = None) -> str:
     return value
 
 
+def worker_lanes() -> int:
+    """Chunks a worker processes at once (the stack sets it; the default matches)."""
+    return int(setting(contract.ENV_WORKER_LANES, str(contract.DEFAULT_WORKER_LANES)))
+
+
 @lru_cache(maxsize=1)
 def _s3() -> Any:
-    return s3_client(concurrency=int(os.environ.get("BRAID_WORKER_LANES", "2")) + 2)
+    return s3_client(concurrency=worker_lanes() + 2)
 
 
 @lru_cache(maxsize=1)
@@ -52,11 +58,11 @@ def _events() -> Any:
 
 
 def repository_store(prefix: str) -> S3Store:
-    return S3Store(_s3(), setting("BRAID_BUCKET"), prefix)
+    return S3Store(_s3(), setting(contract.ENV_BUCKET), prefix)
 
 
 def key_service() -> KmsKeyService:
-    return KmsKeyService(_kms(), setting("BRAID_KMS_KEY_ID"))
+    return KmsKeyService(_kms(), setting(contract.ENV_KMS_KEY_ID))
 
 
 class S3StagingJanitor:
@@ -115,7 +121,7 @@ class EventBridgePublisher:
     def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
         try:
             response = self.client.put_events(
-                Entries=[{"Source": EVENT_SOURCE, "DetailType": detail_type, "Detail": json.dumps(dict(detail)), "EventBusName": self.bus}]
+                Entries=[{"Source": contract.EVENT_SOURCE, "DetailType": detail_type, "Detail": json.dumps(dict(detail)), "EventBusName": self.bus}]
             )
         except (ClientError, BotoCoreError) as exc:
             raise StorageError(f"cannot publish {detail_type!r} to EventBridge bus {self.bus}: {exc} (the role needs events:PutEvents)") from None
@@ -125,4 +131,4 @@ class EventBridgePublisher:
 
 
 def event_publisher() -> EventBridgePublisher:
-    return EventBridgePublisher(_events(), setting("BRAID_EVENT_BUS", "default"))
+    return EventBridgePublisher(_events(), setting(contract.ENV_EVENT_BUS, contract.DEFAULT_EVENT_BUS))

@@ -16,15 +16,16 @@ import io
 import random
 import re
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError, HTTPClientError, NoCredentialsError, NoRegionError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from braid.errors import AlreadyExistsError, BackupError, NotFoundError, RepositoryError, StorageError, UsageError
-from braid.ports.store import Buffer, ObjectInfo
 from braid.format.checksum import ALGORITHM, s3_checksum_value, stored_checksum
+from braid.ports.store import Buffer, ObjectInfo
 
 DELETE_BATCH = 1000  # DeleteObjects' limit per request
 _READ_BLOCK = 8 * 1024**2
@@ -264,7 +265,7 @@ class S3Store:
         self._base = f"{self.prefix}/" if self.prefix else ""
 
     @classmethod
-    def from_url(cls, url: str, client: Any = None, **client_options: Any) -> "S3Store":
+    def from_url(cls, url: str, client: Any = None, **client_options: Any) -> S3Store:
         bucket, prefix = parse_s3_url(url)
         return cls(client or s3_client(**client_options), bucket, prefix)
 

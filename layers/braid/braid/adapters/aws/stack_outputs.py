@@ -13,14 +13,9 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.s3 import S3Store
+from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE
 from braid.errors import RepositoryError, UsageError
 from braid.format.repository import RepositoryConfig
-
-# Output keys of infra/braid_infra/stack.py: the contract with the stack.
-OUTPUT_BUCKET = "RepositoryBucket"
-OUTPUT_KEY = "DataKeyArn"
-OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
-OUTPUT_REPOSITORY = "RepositoryUrl"
 
 
 def stack_outputs(stack: str, client: Any = None) -> dict[str, str]:

@@ -15,9 +15,9 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from braid.errors import ExecutionError, NotFoundError, StorageError
 from braid.format.ids import BackupRef
 from braid.pipeline.execution_input import execution_name
-from braid.errors import ExecutionError, NotFoundError, StorageError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED")
 

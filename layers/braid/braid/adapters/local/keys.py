@@ -13,8 +13,8 @@ import base64
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -42,7 +42,7 @@ class LocalKeyFile:
         return self._key_id
 
     @classmethod
-    def create(cls, path: Path) -> "LocalKeyFile":
+    def create(cls, path: Path) -> LocalKeyFile:
         """Write a new master key; refuses to replace an existing file."""
         master = os.urandom(32)
         doc = {"format": KEY_FILE_FORMAT, "version": 1, "key_id": _key_id(master), "key": base64.b64encode(master).decode()}
@@ -61,7 +61,7 @@ class LocalKeyFile:
         return cls(path, master)
 
     @classmethod
-    def open(cls, path: Path) -> "LocalKeyFile":
+    def open(cls, path: Path) -> LocalKeyFile:
         try:
             doc = json.loads(path.read_text())
             if doc.get("format") != KEY_FILE_FORMAT:

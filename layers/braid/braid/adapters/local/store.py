@@ -11,12 +11,12 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from braid.errors import AlreadyExistsError, NotFoundError, StorageError
-from braid.ports.store import Buffer, ObjectInfo
 from braid.format.checksum import stored_checksum
+from braid.ports.store import Buffer, ObjectInfo
 
 _TMP_PREFIX = ".tmp-"
 

@@ -1,0 +1,60 @@
+"""Names shared by the stack (infra/) and the code it runs: one place for each.
+
+The CDK app imports these instead of repeating strings, so a renamed output,
+environment variable or error name breaks a test, not a deployment. Nothing
+here imports anything heavier than the standard library: the CDK app, the
+agent and the Lambda handlers all load it.
+"""
+
+from __future__ import annotations
+
+# -- stack outputs: what `braid init --stack NAME` reads ---------------------
+OUTPUT_BUCKET = "RepositoryBucket"
+OUTPUT_REPOSITORY = "RepositoryUrl"
+OUTPUT_KEY = "DataKeyArn"
+OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
+OUTPUT_AGENT_POLICY = "AgentPolicyArn"
+OUTPUT_AGENT_ROLE = "AgentRoleArn"
+OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
+
+# -- the pipeline functions' environment --------------------------------------
+ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
+ENV_KMS_KEY_ID = "BRAID_KMS_KEY_ID"  # the customer-managed key (ARN) wrapping data keys
+ENV_EVENT_BUS = "BRAID_EVENT_BUS"  # EventBridge bus for outcome events
+ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # chunks a worker processes at once
+DEFAULT_EVENT_BUS = "default"
+# The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
+# overlaps one chunk's compression on one vCPU.
+DEFAULT_WORKER_LANES = 4
+
+# -- the agent's environment ---------------------------------------------------
+ENV_REPO = "BRAID_REPO"
+ENV_KEY_FILE = "BRAID_KEY_FILE"
+
+# -- observability (Powertools) ----------------------------------------------
+SERVICE_NAME = "braid"  # POWERTOOLS_SERVICE_NAME, the metrics' "service" dimension
+METRICS_NAMESPACE = "Braid"  # POWERTOOLS_METRICS_NAMESPACE
+METRIC_VERIFY_FAILURES = "VerifyFailures"
+
+# -- outcome events (EventBridge) ----------------------------------------------
+EVENT_SOURCE = "braid"
+BACKUP_COMPLETED = "Backup Completed"
+BACKUP_FAILED = "Backup Failed"
+VERIFY_FAILED = "Verify Failed"
+
+# -- engines, as manifests record them (docs/format.md) ------------------------
+ENGINE_LOCAL = "local"
+ENGINE_STEPFUNCTIONS = "stepfunctions"
+
+# -- errors the state machine retries ------------------------------------------
+# Lambda's own transient failures, as Step Functions names them.
+LAMBDA_TRANSIENT_ERRORS = (
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
+    "Lambda.TooManyRequestsException",
+)
+# Braid's typed error for S3 that kept failing past the client's retries
+# (braid.errors.StorageError), and a worker that ran out of time.
+WORKER_TRANSIENT_ERRORS = (*LAMBDA_TRANSIENT_ERRORS, "StorageError", "Sandbox.Timedout")
