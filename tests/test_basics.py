@@ -1,9 +1,10 @@
-"""Sizes, backup references, and the local key file."""
+"""Sizes, backup references, the repository layout, timestamps, and the local key file."""
 
 from __future__ import annotations
 
 import os
 import stat
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ from braid.adapters.local.keys import LocalKeyFile
 from braid.cli.sizes import format_size, parse_size
 from braid.errors import KeyAccessError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.keys import encryption_context
+from braid.format.keys import canonical_context, encryption_context
+from braid.format.layout import DATA, STAGING, chunk_key, data_prefix, manifest_key, ref_from_manifest_key, ref_under, staging_prefix
+from braid.format.timestamps import format_timestamp, parse_timestamp, utc_now
 
 
 @pytest.mark.parametrize(
@@ -38,10 +41,45 @@ def test_backup_ref_round_trip_and_order() -> None:
     assert BackupRef.parse("db@latest").is_latest
 
 
+def test_backup_id_records_its_start_to_the_millisecond() -> None:
+    moment = datetime(2026, 11, 23, 1, 2, 3, 456789, tzinfo=UTC)
+    ref = BackupRef.new("db", moment)
+    assert ref.id.startswith("20261123T010203.456Z-") and ref.started == moment.replace(microsecond=456000)
+    with pytest.raises(UsageError):
+        _ = BackupRef.parse("db@latest").started
+
+
 @pytest.mark.parametrize("text", ["db", "db@", "@20261123T010203.000Z-0a1b2c3d", "db/x@latest", "db@2026", "db@20261123T010203Z-0a1b2c3d", "-db@latest"])
 def test_backup_ref_rejects(text: str) -> None:
     with pytest.raises(UsageError):
         BackupRef.parse(text)
+
+
+def test_layout_builds_and_parses_every_backup_key() -> None:
+    ref = BackupRef.parse("db.prod@20261123T010203.456Z-0a1b2c3d")
+    assert manifest_key(ref) == "manifests/db.prod/20261123T010203.456Z-0a1b2c3d.json"
+    assert chunk_key(ref, 7) == "data/db.prod/20261123T010203.456Z-0a1b2c3d/0000000007"
+    assert chunk_key(ref, 7).startswith(data_prefix(ref)) and staging_prefix(ref) == "staging/db.prod/20261123T010203.456Z-0a1b2c3d/"
+    assert ref_from_manifest_key(manifest_key(ref)) == ref
+    assert ref_under(DATA, chunk_key(ref, 7)) == ref and ref_under(STAGING, staging_prefix(ref) + "in0/seg0") == ref
+    for key in ("manifests/db/latest.json", "manifests/db.json", "manifests/a/b/c.json", "data/db/x/0000000001"):
+        assert ref_from_manifest_key(key) is None and ref_under(DATA, key) is None
+    assert ref_under(STAGING, chunk_key(ref, 7)) is None and ref_under("manifests/", manifest_key(ref)) is None
+
+
+def test_one_timestamp_form_round_trips_and_sorts_by_time() -> None:
+    moment = datetime(2026, 11, 23, 1, 2, 3, 456789, tzinfo=UTC)
+    assert format_timestamp(moment) == "2026-11-23T01:02:03.456789Z" == format_timestamp(moment.astimezone(timezone(timedelta(hours=5))))
+    assert parse_timestamp("2026-11-23T01:02:03.456789Z") == moment
+    assert parse_timestamp(utc_now()) <= datetime.now(UTC)
+    with pytest.raises(ValueError):
+        parse_timestamp("2026-11-23T01:02:03+00:00")
+
+
+def test_encryption_context_bytes_are_the_documented_ones() -> None:
+    # The local key file's AES-GCM associated data (docs/format.md, Keys).
+    context = encryption_context("5f0c3c1e-7d2a-4a5e-9b1e-0c1d2e3f4a5b", "db@20261123T010203.000Z-0a1b2c3d")
+    assert canonical_context(context) == b'{"braid:backup":"db@20261123T010203.000Z-0a1b2c3d","braid:repository":"5f0c3c1e-7d2a-4a5e-9b1e-0c1d2e3f4a5b"}'
 
 
 def test_key_file_created_0600_and_never_overwritten(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The stored chunk format: round trips, and every way of corrupting it fails loudly."""
+"""The stored chunk format: round trips, every way of corrupting it fails
+loudly, and the stored checksum's two spellings (docs/format.md, Checksums)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from braid.errors import IntegrityError, LimitError
+from braid.format.checksum import (
+    checksum_from_header,
+    combine_crc64nvme,
+    crc64nvme,
+    decode_crc64nvme,
+    encode_crc64nvme,
+    s3_checksum_value,
+    stored_checksum,
+    tagged_checksum,
+)
 from braid.format.chunk import COMPRESSION_NONE, COMPRESSION_ZSTD, MAX_CHUNKS_PER_KEY, ChunkCodec, ChunkHeader
 from braid.format.keys import DataKey
 
@@ -114,3 +125,29 @@ def test_plaintext_mac_is_keyed_and_index_bound() -> None:
     assert KEY.chunk_mac(1, data) != KEY.chunk_mac(2, data)
     assert KEY.chunk_mac(1, data) != DataKey(os.urandom(32)).chunk_mac(1, data)
     assert "fingerprint" in repr(KEY) and bytes(range(32)).hex() not in repr(KEY)
+
+
+def test_stored_checksum_is_s3s_crc64nvme_in_both_spellings() -> None:
+    # The CRC-64/NVME check value (the CRC of "123456789"), as S3 documents it.
+    assert crc64nvme(b"123456789") == 0xAE8B14860A799888
+    header = encode_crc64nvme(0xAE8B14860A799888)
+    assert header == "rosUhgp5mIg=" and decode_crc64nvme(header) == 0xAE8B14860A799888
+    assert stored_checksum(b"123456789") == tagged_checksum(0xAE8B14860A799888) == "crc64nvme:rosUhgp5mIg="
+    assert s3_checksum_value("crc64nvme:rosUhgp5mIg=") == header and checksum_from_header(header) == "crc64nvme:rosUhgp5mIg="
+
+
+def test_a_checksum_of_parts_combines_to_the_whole() -> None:
+    first, second = os.urandom(1000), os.urandom(333)
+    assert combine_crc64nvme(crc64nvme(first), crc64nvme(second), len(second)) == crc64nvme(first + second)
+    assert crc64nvme(second, crc64nvme(first)) == crc64nvme(first + second)
+
+
+@pytest.mark.parametrize("text", ["md5:rosUhgp5mIg=", "rosUhgp5mIg=", "crc64nvme:", "crc64nvme:rosUhgp5", "crc64nvme:rosUhgp5mIg=AA=="])
+def test_only_a_tagged_crc64nvme_goes_to_s3(text: str) -> None:
+    with pytest.raises(ValueError):
+        s3_checksum_value(text)
+
+
+def test_an_encoded_chunk_reports_the_checksum_of_its_stored_bytes() -> None:
+    encoded = ChunkCodec(KEY).encode(BACKUP, 0, 0, b"rows" * 100)
+    assert encoded.checksum == stored_checksum(bytes(encoded.stored))

@@ -54,7 +54,7 @@ def feed_pipes(paths: list[Path], payloads: list[bytes]) -> list[threading.Threa
         with open(path, "wb") as handle:
             handle.write(payload)
 
-    threads = [threading.Thread(target=write, args=(p, d), daemon=True) for p, d in zip(paths, payloads)]
+    threads = [threading.Thread(target=write, args=(p, d), daemon=True) for p, d in zip(paths, payloads, strict=True)]
     for thread in threads:
         thread.start()
     return threads
@@ -231,6 +231,21 @@ def test_missing_manifest_means_no_backup(repo: Path) -> None:
     assert json.loads(run_braid("list", "--repo", str(repo), "--json").out) == []
     result = run_braid("restore", "--repo", str(repo), backup_id)
     assert result.code == 8 and "not found" in error_line(result.stderr)
+
+
+def test_a_missing_backup_is_reported_before_a_missing_key(repo: Path, tmp_path: Path) -> None:
+    backup(repo, b"rows" * 10)
+    result = run_braid("restore", "--repo", str(repo), "--key-file", str(tmp_path / "none.key"), "other@latest")
+    assert result.code == 8 and "no backups named 'other'" in error_line(result.stderr)
+    deep = run_braid("verify", "--repo", str(repo), "--key-file", str(tmp_path / "none.key"), "--deep", "--all")
+    assert deep.code == 4 and "none.key not found" in error_line(deep.stderr)
+    assert deep.stdout == b""
+
+
+def test_python_dash_m_runs_the_same_cli() -> None:
+    proc = subprocess.run([str(BRAID.parent / "python"), "-m", "braid.cli", "--version"], capture_output=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.decode().startswith("braid ")
+    assert proc.stdout == run_braid("--version").stdout
 
 
 def test_verify_quick_deep_sample_and_all(repo: Path) -> None:

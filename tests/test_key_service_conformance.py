@@ -13,11 +13,13 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from braid.adapters.aws.kms import KmsKeyService, kms_client
+from braid.adapters.aws.clients import kms_client
+from braid.adapters.aws.kms import KmsKeyService
 from braid.adapters.local import keys as local_keys
 from braid.adapters.local.keys import LocalKeyFile
 from braid.errors import KeyAccessError
-from braid.format.keys import KeyService, WrappedKey, encryption_context
+from braid.format.keys import WrappedKey, encryption_context
+from braid.ports.keys import KeyService
 
 CONTEXT = encryption_context("repo-1", "db@20261123T010203Z-1a2b3c4d")
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+import braid.engine.driver
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.engine.local import LocalEngine
 from braid.engine.port import BackupRequest
-from braid.engine.stream import InputSource
+from braid.engine.stream import BufferPool, InputSource
 from braid.errors import InputError, StorageError
 from braid.format.ids import BackupRef
 from braid.format.layout import DATA, MANIFESTS
@@ -71,14 +72,23 @@ def test_backup_restore_round_trip(tmp_path: Path, sizes: list[int]) -> None:
     assert manifest.chunk_count == sum(-(-s // 4096) for s in sizes)
 
 
-def test_memory_is_bounded_to_workers_plus_two_chunks(tmp_path: Path) -> None:
+def test_memory_is_bounded_to_workers_plus_two_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pools: list[BufferPool] = []
+
+    class RecordedPool(BufferPool):
+        def __init__(self, count: int, size: int) -> None:
+            super().__init__(count, size)
+            pools.append(self)
+
+    monkeypatch.setattr(braid.engine.driver, "BufferPool", RecordedPool)
     repo, keys = make_repo(tmp_path)
     sources = write_inputs(tmp_path, [4096 * 200, 4096 * 150])
-    engine, backup_id = backup(repo, keys, sources, workers=2)
-    assert engine.last_pool is not None
-    assert engine.last_pool.max_in_use <= 2 + 2
-    assert engine.last_pool._created <= 2 + 2
-    assert repo.load(BackupRef.parse(backup_id)).manifest.stats["max_buffers_in_flight"] <= 4
+    _, backup_id = backup(repo, keys, sources, workers=2)
+    (pool,) = pools
+    assert pool.max_in_use <= 2 + 2
+    assert pool._created <= 2 + 2
+    assert pool.in_use == 0  # every buffer came back
+    assert repo.load(BackupRef.parse(backup_id)).manifest.stats["max_buffers_in_flight"] == pool.max_in_use <= 4
 
 
 class FailingStore(LocalStore):

@@ -1,4 +1,4 @@
-"""The agent's staging uploader against S3 (moto): segments, retries, rate, resume, memory."""
+"""The agent's staging uploader against S3 (moto) and the in-memory fake: segments, retries, rate, resume, memory."""
 
 from __future__ import annotations
 
@@ -15,18 +15,37 @@ import pytest
 from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
-from braid.adapters.aws.s3 import S3Store, s3_client
-from braid.agent.uploader import ExistingPart, RetryPolicy, StagingUpload, TokenBucket, default_segment_parts
+from braid.adapters.aws.clients import s3_client
+from braid.adapters.aws.retries import RetrySettings
+from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.s3_multipart import S3Multipart
+from braid.adapters.local.store import LocalStore
+from braid.agent.limits import default_segment_parts
+from braid.agent.resume import part_matches
+from braid.agent.throttle import TokenBucket
+from braid.agent.uploader import StagingUpload
 from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
-from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_records_prefix, session_key, stream_end_key
+from braid.format.staging import (
+    SegmentRecord,
+    SessionRecord,
+    StagingArea,
+    StreamEnd,
+    segment_records_prefix,
+    session_key,
+    stream_end_key,
+)
+from braid.ports.multipart import MultipartStore, StoredPart
+from braid.ports.store import ObjectStore
+from support.memory_multipart import MemoryMultipart
 
 BUCKET = "braid-staging-test"
 CHUNK = 16 * 1024
 SMALL_PART = 1024  # moto's minimum part size is lowered to this, and so is ours
 REF = BackupRef.new("db")
 REPOSITORY_ID = "c0ffee00-0000-4000-8000-000000000001"
+ATTEMPTS = 5  # the client's, per request: more than the SlowDowns a test injects
 
 
 class Crash(Exception):
@@ -47,6 +66,8 @@ class S3Calls:
     slowdowns_left: int = 0
     always_fail: bool = False
     crash_after: int | None = None
+    retry_sleeps: list[float] = field(default_factory=list)  # the client's backoff, recorded instead of slept
+    retries: list[dict[str, Any]] = field(default_factory=list)  # what the client reported to progress
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def before_send(self, request: Any, **_: Any) -> AWSResponse | None:
@@ -70,10 +91,12 @@ class S3Calls:
 def s3(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Store, S3Calls]]:
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", SMALL_PART)
     with mock_aws():
-        # botocore's own retries off, so the tests see (and count) ours.
-        client = s3_client(region="us-east-1", max_attempts=1)
-        client.create_bucket(Bucket=BUCKET)
+        # The client's retries are the only ones; their waits are recorded, not slept.
         calls = S3Calls()
+        client = s3_client(
+            region="us-east-1", retries=RetrySettings("standard", ATTEMPTS), sleep=calls.retry_sleeps.append, on_retry=calls.retries.append
+        )
+        client.create_bucket(Bucket=BUCKET)
         client.meta.events.register_first("before-send.s3.UploadPart", calls.before_send)
         client.meta.events.register("after-call.s3.UploadPart", calls.after_call)
         yield S3Store(client, BUCKET, "repo"), calls
@@ -92,7 +115,7 @@ class Sleeps:
 
 
 def options(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {"concurrency": 3, "min_part_size": SMALL_PART, "sleep": Sleeps(), "rng": random.Random(7)}
+    base: dict[str, Any] = {"concurrency": 3, "min_part_size": SMALL_PART, "sleep": Sleeps()}
     base.update(overrides)
     return base
 
@@ -143,10 +166,27 @@ class Feeder:
                     open_inputs.remove(i)
 
 
-def run(store: S3Store, streams: list[bytes], *, segment_parts: int = 4, feeder: Feeder | None = None, **overrides: Any) -> tuple[StagingUpload, StreamEnd]:
+def uploads_of(store: ObjectStore) -> MultipartStore:
+    """The multipart side of the same store: S3's own, or the fake over a local directory."""
+    return S3Multipart(store) if isinstance(store, S3Store) else MemoryMultipart(store, min_part_size=SMALL_PART)
+
+
+def resume(store: ObjectStore, uploads: MultipartStore | None = None, **overrides: Any) -> StagingUpload:
+    return StagingUpload.resume(StagingArea(store, REF), uploads or uploads_of(store), **options(**overrides))
+
+
+def run(
+    store: ObjectStore,
+    streams: list[bytes],
+    *,
+    segment_parts: int = 4,
+    feeder: Feeder | None = None,
+    uploads: MultipartStore | None = None,
+    **overrides: Any,
+) -> tuple[StagingUpload, StreamEnd]:
     upload = StagingUpload.start(
-        store,
-        REF,
+        StagingArea(store, REF),
+        uploads or uploads_of(store),
         repository_id=REPOSITORY_ID,
         inputs=[f"/pipe{i}" for i in range(len(streams))],
         chunk_size=CHUNK,
@@ -160,12 +200,12 @@ def run(store: S3Store, streams: list[bytes], *, segment_parts: int = 4, feeder:
     return upload, end
 
 
-def records(store: S3Store) -> list[SegmentRecord]:
+def records(store: ObjectStore) -> list[SegmentRecord]:
     found = [SegmentRecord.from_bytes(store.get(info.key)) for info in store.list(segment_records_prefix(REF))]
     return sorted(found, key=lambda r: (r.input_index, r.segment))
 
 
-def reassemble(store: S3Store, input_index: int) -> bytes:
+def reassemble(store: ObjectStore, input_index: int) -> bytes:
     return b"".join(store.get(r.key) for r in records(store) if r.input_index == input_index)
 
 
@@ -225,18 +265,20 @@ def test_session_is_written_first_and_never_replaced(s3: tuple[S3Store, S3Calls]
     store, _ = s3
     run(store, [b"x" * 10])
     with pytest.raises(AlreadyExistsError, match="--resume"):
-        StagingUpload.start(store, REF, repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3, **options())
+        StagingUpload.start(
+            StagingArea(store, REF), S3Multipart(store), repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3, **options()
+        )
 
 
 def test_slowdown_is_retried(s3: tuple[S3Store, S3Calls]) -> None:
     store, calls = s3
     calls.slowdowns_left = 4
-    sleeps = Sleeps()
     data = stream(CHUNK * 6 + 5)
-    run(store, [data], sleep=sleeps)
+    run(store, [data])
     assert reassemble(store, 0) == data
     assert calls.uploads_sent == 7 + 4 and calls.uploads_ok == 7
-    assert sleeps.count == 4  # one backoff per failed attempt
+    assert len(calls.retry_sleeps) == 4  # one backoff per failed attempt
+    assert [e["message"].split(",")[0] for e in calls.retries] == ["SlowDown"] * 4  # "SlowDown, retrying in 0.3 s"
 
 
 def test_always_failing_gives_storage_error_and_records_nothing(s3: tuple[S3Store, S3Calls]) -> None:
@@ -244,21 +286,11 @@ def test_always_failing_gives_storage_error_and_records_nothing(s3: tuple[S3Stor
     calls.always_fail = True
     feeder = Feeder()
     with pytest.raises(StorageError, match="SlowDown.*--concurrency"):
-        run(store, [stream(CHUNK * 6)], feeder=feeder, retry=RetryPolicy(attempts=3))
+        run(store, [stream(CHUNK * 6)], feeder=feeder)
     assert records(store) == []
     assert store.head(stream_end_key(REF)) is None
     assert feeder.held == 0  # every buffer went back to the reader
     assert calls.uploads_ok == 0
-
-
-def test_backoff_is_full_jitter_and_bounded() -> None:
-    policy = RetryPolicy(attempts=6, base=0.5, cap=4.0)
-    rng = random.Random(1)
-    delays = [[policy.delay(attempt, rng) for _ in range(200)] for attempt in range(6)]
-    for attempt, values in enumerate(delays):
-        ceiling = min(4.0, 0.5 * 2**attempt)
-        assert all(0 <= v <= ceiling for v in values)
-        assert max(values) > ceiling * 0.8 and min(values) < ceiling * 0.2  # spread over the whole range
 
 
 class FakeClock:
@@ -332,7 +364,7 @@ def test_resume_sends_only_missing_parts(s3: tuple[S3Store, S3Calls]) -> None:
     assert stored == 7  # segment 0 complete and recorded, 3 parts of segment 1
     assert store.head(stream_end_key(REF)) is None
 
-    upload = StagingUpload.resume(store, REF, inputs=["/pipe0"], **options())
+    upload = resume(store, inputs=["/pipe0"])
     with upload:
         Feeder().feed(upload, [data])  # the database restarts its stream from the beginning
         end = upload.finish()
@@ -355,7 +387,7 @@ def test_resume_resends_a_part_that_differs(s3: tuple[S3Store, S3Calls]) -> None
     store.client.upload_part(Bucket=BUCKET, Key=key, UploadId=upload_id, PartNumber=victim, Body=b"\0" * CHUNK)
     calls.uploads_sent = calls.uploads_ok = 0
 
-    upload = StagingUpload.resume(store, REF, **options())
+    upload = resume(store)
     with upload:
         Feeder().feed(upload, [data])
         upload.finish()
@@ -380,7 +412,7 @@ def test_resume_after_a_crash_between_complete_and_record(s3: tuple[S3Store, S3C
     assert records(store) == [] and store.head(f"staging/{REF.name}/{REF.id}/in0/seg00000") is not None
     calls.uploads_sent = calls.uploads_ok = 0
 
-    upload = StagingUpload.resume(store, REF, **options())
+    upload = resume(store)
     with upload:
         Feeder().feed(upload, [data])
         upload.finish()
@@ -411,7 +443,7 @@ def test_resume_refuses_a_different_stream(s3: tuple[S3Store, S3Calls]) -> None:
     crash_then_resume(store, calls, data, crash_after=6)
     assert records(store)  # segment 0 was completed before the crash
     changed = bytes([data[0] ^ 0xFF]) + data[1:]
-    upload = StagingUpload.resume(store, REF, **options())
+    upload = resume(store)
     with pytest.raises(InputError, match="not the stream"):
         with upload:
             Feeder().feed(upload, [changed])
@@ -421,23 +453,23 @@ def test_resume_refuses_a_different_stream(s3: tuple[S3Store, S3Calls]) -> None:
 def test_resume_needs_the_session(s3: tuple[S3Store, S3Calls]) -> None:
     store, _ = s3
     with pytest.raises(NotFoundError, match="nothing to resume"):
-        StagingUpload.resume(store, REF, **options())
+        resume(store)
     run(store, [b"abc"])
     with pytest.raises(UsageError, match="same inputs"):
-        StagingUpload.resume(store, REF, inputs=["/a", "/b"], **options())
+        resume(store, inputs=["/a", "/b"])
 
 
 def test_existing_part_matching() -> None:
     chunk = memoryview(os.urandom(4096))
     crc = crc64nvme(chunk)
-    assert ExistingPart(4096, '"x"', encode_crc64nvme(crc)).matches(chunk, crc)  # S3's per-part CRC64NVME
-    assert not ExistingPart(4096, '"x"', encode_crc64nvme(crc ^ 1)).matches(chunk, crc)
-    assert not ExistingPart(4095, '"x"', encode_crc64nvme(crc)).matches(chunk, crc)
+    assert part_matches(StoredPart(1, 4096, '"x"', encode_crc64nvme(crc)), chunk, crc)  # S3's per-part CRC64NVME
+    assert not part_matches(StoredPart(1, 4096, '"x"', encode_crc64nvme(crc ^ 1)), chunk, crc)
+    assert not part_matches(StoredPart(1, 4095, '"x"', encode_crc64nvme(crc)), chunk, crc)
     import hashlib
 
     md5 = hashlib.md5(chunk).hexdigest()
-    assert ExistingPart(4096, f'"{md5}"', None).matches(chunk, crc)  # no checksum: a plain-MD5 ETag
-    assert not ExistingPart(4096, '"0123abcd-1"', None).matches(chunk, crc)  # SSE-KMS ETag: cannot tell, resend
+    assert part_matches(StoredPart(1, 4096, f'"{md5}"', None), chunk, crc)  # no checksum: a plain-MD5 ETag
+    assert not part_matches(StoredPart(1, 4096, '"0123abcd-1"', None), chunk, crc)  # SSE-KMS ETag: cannot tell, resend
 
 
 def test_sizes_are_checked() -> None:
@@ -446,4 +478,38 @@ def test_sizes_are_checked() -> None:
     store = S3Store(client=None, bucket="b")
     session = SessionRecord("db@x", "s3://b", 1024, 4, 3, ["-"], "now")
     with pytest.raises(UsageError, match="minimum part size"):
-        StagingUpload(store, REF, session)
+        StagingUpload(StagingArea(store, REF), S3Multipart(store), session)
+
+
+class CrashingMultipart(MemoryMultipart):
+    """The fake, with the agent dying once `crash_after` parts were stored."""
+
+    def __init__(self, store: ObjectStore, crash_after: int | None) -> None:
+        super().__init__(store, min_part_size=SMALL_PART)
+        self.crash_after = crash_after
+
+    def upload_part(self, key: str, upload_id: str, number: int, data: Any, checksum: str) -> str:
+        if self.crash_after is not None and self.calls.count("upload_part") >= self.crash_after:
+            raise Crash()
+        return super().upload_part(key, upload_id, number, data, checksum)
+
+
+def test_the_uploader_needs_only_ports_a_directory_and_the_fake_will_do(tmp_path: Any) -> None:
+    """No S3 at all: the same segments, records and resume over a LocalStore and MemoryMultipart."""
+    store = LocalStore(tmp_path / "repo")
+    data = stream(CHUNK * 8 + 77)  # 9 parts: segments of 4, 4 and 1
+    uploads = CrashingMultipart(store, crash_after=6)
+    with pytest.raises(Crash):
+        run(store, [data], uploads=uploads, concurrency=1)
+    assert [r.parts for r in records(store)] == [4] and len(list(uploads.list_uploads(""))) == 1
+    uploads.crash_after = None
+    uploads.calls.clear()
+    upload = resume(store, uploads, inputs=["/pipe0"])
+    with upload:
+        Feeder().feed(upload, [data])
+        end = upload.finish()
+    assert uploads.calls.count("upload_part") == 9 - 6 and upload.parts_skipped == 6
+    assert end == StreamEnd(lengths=[len(data)], segments=[3])
+    assert reassemble(store, 0) == data
+    assert [r.checksum for r in records(store)] == [stored_checksum(store.get(r.key)) for r in records(store)]
+    assert list(uploads.list_uploads("")) == []

@@ -14,7 +14,9 @@ import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url, s3_client
+from braid.adapters.aws.clients import HOST, s3_client
+from braid.adapters.aws.retries import RetrySettings
+from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url
 from braid.adapters.local.store import LocalStore
 from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.checksum import stored_checksum
@@ -219,5 +221,6 @@ def test_s3_client_settings(aws_env: None) -> None:
     assert client.meta.config.s3["payload_signing_enabled"] is False
     assert client.meta.config.max_pool_connections >= 100
     assert client.meta.config.retries["mode"] == "standard"
+    assert client.meta.config.retries["total_max_attempts"] == HOST.attempts
     with pytest.raises(UsageError):
-        s3_client(region="us-east-1", retry_mode="fast")
+        s3_client(region="us-east-1", retries=RetrySettings("fast", 3))

@@ -11,22 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
+from braid import contract
 from braid.adapters.aws.lambda_env import event_publisher, key_service, repository_store
 from braid.format.repository import Repository
 from braid.pipeline.maintenance import policy_from_event, run_maintenance
-
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
 
 
-@logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
-@metrics.log_metrics
+@pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     event = event or {}
     sample = event.get("sample_percent")
@@ -40,10 +32,14 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         policy=policy_from_event(event),
     )
     failed = [r for r in report.verified if not r.get("ok")]
-    metrics.add_metric(name="BackupsVerified", unit=MetricUnit.Count, value=len(report.verified))
-    metrics.add_metric(name="VerifyFailures", unit=MetricUnit.Count, value=len(failed))
-    metrics.add_metric(name="BackupsPruned", unit=MetricUnit.Count, value=len(report.pruned))
-    metrics.add_metric(name="LeftoversCollected", unit=MetricUnit.Count, value=len(report.collected))
+    add_metrics(
+        {
+            "BackupsVerified": (MetricUnit.Count, len(report.verified)),
+            contract.METRIC_VERIFY_FAILURES: (MetricUnit.Count, len(failed)),
+            "BackupsPruned": (MetricUnit.Count, len(report.pruned)),
+            "LeftoversCollected": (MetricUnit.Count, len(report.collected)),
+        }
+    )
     if failed:
         logger.error("verify failed", extra={"failed": [r["backup"] for r in failed]})
     return report.to_json()

@@ -10,19 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit
-from aws_lambda_powertools.utilities.typing import LambdaContext
-
 from braid.adapters.aws.lambda_env import key_service, repository_store, worker_lanes
-from braid.errors import UsageError
-from braid.format.ids import BackupRef
-from braid.pipeline.plan import MapItem
-from braid.pipeline.worker import ChunkLanes, DataKeyCache, process_item
-
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
+from braid.pipeline.worker import ChunkLanes, DataKeyCache, WorkerEvent, process_item
 
 # Per container, reused across invocations: one KMS Decrypt per backup, and
 # codecs whose large output buffers are allocated once.
@@ -38,25 +28,22 @@ def _container() -> tuple[DataKeyCache, ChunkLanes]:
     return _keys, _lanes
 
 
-@logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
-@metrics.log_metrics
+@pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> None:
-    try:
-        ref = BackupRef.parse(str(event["backup"]))
-        prefix, repository, level = str(event.get("prefix", "")), str(event["repository"]), int(event["level"])
-        item = MapItem.from_json(event["item"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"invalid worker event: {exc}") from None
-    logger.append_keys(backup=str(ref), first_index=item.first_index, chunks=item.count)
+    request = WorkerEvent.from_event(event)
+    logger.append_keys(first_index=request.item.first_index, chunks=request.item.count)
     keys, lanes = _container()
-    store = repository_store(prefix)
-    key, _ = keys.get(store, ref, repository)
-    outcome = process_item(store, ref, item, key=key, level=level, lanes=lanes)
-    metrics.add_metric(name="BytesIn", unit=MetricUnit.Bytes, value=outcome.bytes_in)
-    metrics.add_metric(name="BytesOut", unit=MetricUnit.Bytes, value=outcome.bytes_out)
-    metrics.add_metric(name="CompressionRatio", unit=MetricUnit.NoUnit, value=round(outcome.ratio, 4))
-    metrics.add_metric(name="SecondsPerChunk", unit=MetricUnit.Seconds, value=round(outcome.seconds_per_chunk, 4))
-    metrics.add_metric(name="ChunksStored", unit=MetricUnit.Count, value=len(outcome.result.entries))
+    store = repository_store(request.prefix)
+    key, _ = keys.get(store, request.ref, request.repository)
+    outcome = process_item(store, request.ref, request.item, key=key, level=request.level, lanes=lanes)
+    add_metrics(
+        {
+            "BytesIn": (MetricUnit.Bytes, outcome.bytes_in),
+            "BytesOut": (MetricUnit.Bytes, outcome.bytes_out),
+            "CompressionRatio": (MetricUnit.NoUnit, round(outcome.ratio, 4)),
+            "SecondsPerChunk": (MetricUnit.Seconds, round(outcome.seconds_per_chunk, 4)),
+            "ChunksStored": (MetricUnit.Count, len(outcome.result.entries)),
+        }
+    )
     logger.info("item stored", extra={"bytes_in": outcome.bytes_in, "bytes_out": outcome.bytes_out, "seconds": round(outcome.seconds, 3)})
     return None

@@ -15,7 +15,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from braid_infra.keys import Keys
-from braid_infra.storage import Storage
+from braid_infra.storage import CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS, Storage
 
 
 def host_principal() -> iam.IPrincipal:
@@ -41,12 +41,12 @@ class HostAccess(Construct):
                 iam.PolicyStatement(
                     sid="StageBackups",
                     actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
-                    resources=[storage.arn("staging/*")],
+                    resources=[storage.arn(STAGING_OBJECTS)],
                 ),
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
-                    resources=[storage.arn("config.json"), storage.arn("manifests/*"), storage.arn("staging/*")],
+                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(STAGING_OBJECTS)],
                 ),
                 iam.PolicyStatement(
                     sid="ListRepository",
@@ -63,7 +63,7 @@ class HostAccess(Construct):
         self.restore_role = iam.Role(self, "RestoreRole", assumed_by=host_principal(), description="Braid restore and verify from hosts")
         self.restore_role.add_to_policy(
             iam.PolicyStatement(
-                actions=["s3:GetObject"], resources=[storage.arn("config.json"), storage.arn("manifests/*"), storage.arn("data/*")]
+                actions=["s3:GetObject"], resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS)]
             )
         )
         self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]))

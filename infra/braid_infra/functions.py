@@ -25,7 +25,7 @@ from constructs import Construct
 from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
-from braid_infra.storage import Storage
+from braid_infra.storage import CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS, Storage
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
 WORKER_LANES = contract.DEFAULT_WORKER_LANES
@@ -115,7 +115,7 @@ class PipelineFunctions(Construct):
             iam.PolicyStatement(
                 actions=["s3:ListBucketVersions"],
                 resources=[self.storage.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [self.storage.prefix_pattern("staging/*")]}},
+                conditions={"StringLike": {"s3:prefix": [self.storage.prefix_pattern(STAGING_OBJECTS)]}},
             )
         )
 
@@ -132,43 +132,43 @@ class PipelineFunctions(Construct):
         self.roles[name].add_to_policy(
             iam.PolicyStatement(actions=["s3:ListBucketMultipartUploads"], resources=[self.storage.bucket.bucket_arn])
         )
-        self._s3(name, ["s3:AbortMultipartUpload"], "staging/*")
+        self._s3(name, ["s3:AbortMultipartUpload"], STAGING_OBJECTS)
 
     def _grant(self) -> None:
         # Prepare: read the session and the repository config, stage the wrapped key.
-        self._s3("prepare", ["s3:GetObject"], "config.json", "staging/*")
-        self._s3("prepare", ["s3:PutObject"], "staging/*")
+        self._s3("prepare", ["s3:GetObject"], CONFIG, STAGING_OBJECTS)
+        self._s3("prepare", ["s3:PutObject"], STAGING_OBJECTS)
         self._list("prepare")
         self.keys.allow_generate(self.roles["prepare"])
         # Plan: read staging records, write plan rounds.
-        self._s3("plan", ["s3:GetObject"], "staging/*")
-        self._s3("plan", ["s3:PutObject"], "staging/*")
+        self._s3("plan", ["s3:GetObject"], STAGING_OBJECTS)
+        self._s3("plan", ["s3:PutObject"], STAGING_OBJECTS)
         self._list("plan")
         # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
-        self._s3("worker", ["s3:GetObject"], "staging/*", "data/*")
-        self._s3("worker", ["s3:PutObject"], "data/*", "staging/*")
+        self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)
+        self._s3("worker", ["s3:PutObject"], DATA_OBJECTS, STAGING_OBJECTS)
         self._list("worker")
         self.keys.allow_decrypt(self.roles["worker"])
         # Finalize: read everything it checks, publish the manifest, delete staging.
-        self._s3("finalize", ["s3:GetObject"], "config.json", "staging/*", "data/*", "manifests/*")
-        self._s3("finalize", ["s3:PutObject"], "manifests/*")
-        self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], "staging/*")
+        self._s3("finalize", ["s3:GetObject"], CONFIG, STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS)
+        self._s3("finalize", ["s3:PutObject"], MANIFEST_OBJECTS)
+        self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], STAGING_OBJECTS)
         self._list("finalize")
         self._list_versions("finalize")
         self._uploads("finalize")
         self._events("finalize")
         self.keys.allow_decrypt(self.roles["finalize"])
         # Cleanup: never publishes and never decrypts; removes a failed backup's data.
-        self._s3("cleanup", ["s3:GetObject"], "manifests/*", "staging/*")
-        self._s3("cleanup", ["s3:DeleteObject"], "staging/*", "data/*")
-        self._s3("cleanup", ["s3:DeleteObjectVersion"], "staging/*")
+        self._s3("cleanup", ["s3:GetObject"], MANIFEST_OBJECTS, STAGING_OBJECTS)
+        self._s3("cleanup", ["s3:DeleteObject"], STAGING_OBJECTS, DATA_OBJECTS)
+        self._s3("cleanup", ["s3:DeleteObjectVersion"], STAGING_OBJECTS)
         self._list("cleanup")
         self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
         # Verify: read and decrypt published backups, prune data without a manifest.
-        self._s3("verify", ["s3:GetObject"], "config.json", "manifests/*", "data/*", "staging/*")
-        self._s3("verify", ["s3:DeleteObject"], "manifests/*", "data/*", "staging/*")
+        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
+        self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
         self._list("verify")
         self._events("verify")
         self.keys.allow_decrypt(self.roles["verify"])

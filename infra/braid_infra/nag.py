@@ -13,15 +13,17 @@ from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
+from braid_infra.storage import DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS
+
 if TYPE_CHECKING:
     from braid_infra.stack import BraidStack
 
 XRAY = "X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions (Resource: *); tracing is required."
 LOG_STREAMS = "Log streams are created at run time inside the function's own log group; the wildcard covers only that group's streams."
 OBJECTS = {
-    "staging/*": "Staging objects are named per backup at run time (NAME/ID/...); access is confined to the staging prefix.",
-    "data/*": "Chunks are named per backup and index at run time; access is confined to the data prefix.",
-    "manifests/*": "Manifests are named per backup at run time; access is confined to the manifests prefix.",
+    STAGING_OBJECTS: "Staging objects are named per backup at run time (NAME/ID/...); access is confined to the staging prefix.",
+    DATA_OBJECTS: "Chunks are named per backup and index at run time; access is confined to the data prefix.",
+    MANIFEST_OBJECTS: "Manifests are named per backup at run time; access is confined to the manifests prefix.",
 }
 
 
@@ -47,12 +49,12 @@ def suppress_findings(stack: BraidStack) -> None:
     bucket = f"<{_ref(stack, stack.storage.bucket)}.Arn>"
     functions = stack.functions
     uses = {
-        "prepare": ["staging/*"],
-        "plan": ["staging/*"],
-        "worker": ["staging/*", "data/*"],
-        "finalize": ["staging/*", "data/*", "manifests/*"],
-        "cleanup": ["staging/*", "data/*", "manifests/*"],
-        "verify": ["staging/*", "data/*", "manifests/*"],
+        "prepare": [STAGING_OBJECTS],
+        "plan": [STAGING_OBJECTS],
+        "worker": [STAGING_OBJECTS, DATA_OBJECTS],
+        "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
+        "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
+        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
     }
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
@@ -66,7 +68,7 @@ def suppress_findings(stack: BraidStack) -> None:
     machine_id = _ref(stack, machine)
     machine_policy = machine.role.node.find_child("DefaultPolicy")
     acknowledge(machine_policy, wildcard("*"), XRAY + " (state machine tracing)")
-    acknowledge(machine_policy, wildcard(f"{bucket}/staging/*"), "The map's ItemReader reads plan rounds under staging/.")
+    acknowledge(machine_policy, wildcard(f"{bucket}/{STAGING_OBJECTS}"), "The map's ItemReader reads plan rounds under staging/.")
     acknowledge(
         machine_policy,
         wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
@@ -86,13 +88,13 @@ def suppress_findings(stack: BraidStack) -> None:
 
     access = stack.access
     agent = access.agent_policy
-    acknowledge(agent, wildcard(f"{bucket}/staging/*"), OBJECTS["staging/*"] + " The agent writes only here.")
-    acknowledge(agent, wildcard(f"{bucket}/manifests/*"), "The agent reads manifests to confirm a backup was published.")
+    acknowledge(agent, wildcard(f"{bucket}/{STAGING_OBJECTS}"), OBJECTS[STAGING_OBJECTS] + " The agent writes only here.")
+    acknowledge(agent, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "The agent reads manifests to confirm a backup was published.")
     acknowledge(
         agent,
         wildcard(f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:<{machine_id}.Name>:*"),
         "DescribeExecution on this state machine's executions, which are named per backup at run time.",
     )
     restore = access.restore_role.node.find_child("DefaultPolicy")
-    acknowledge(restore, wildcard(f"{bucket}/data/*"), OBJECTS["data/*"])
-    acknowledge(restore, wildcard(f"{bucket}/manifests/*"), OBJECTS["manifests/*"])
+    acknowledge(restore, wildcard(f"{bucket}/{DATA_OBJECTS}"), OBJECTS[DATA_OBJECTS])
+    acknowledge(restore, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), OBJECTS[MANIFEST_OBJECTS])

@@ -33,7 +33,7 @@ from constructs import Construct
 
 from braid import contract
 from braid_infra.functions import PipelineFunctions
-from braid_infra.storage import Storage
+from braid_infra.storage import STAGING_OBJECTS, Storage
 
 LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
 TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
@@ -47,6 +47,16 @@ class RetryPolicy:
     max_delay: Duration = Duration.seconds(60)
 
 
+# Worker items retry longer than the coordinating steps: a throttled or
+# slowed worker is the common transient case at high fan-out.
+# Each attempt's AWS requests are first retried by the function's client
+# (braid.adapters.aws.clients.PIPELINE: 5 attempts), so the worst case is
+# 5 x 6 = 30 HTTP attempts per worker request; STEP_RETRY covers only
+# Lambda's own invoke failures, when no request was made.
+WORKER_RETRY = RetryPolicy()
+STEP_RETRY = RetryPolicy(max_attempts=3)
+
+
 class BackupPipeline(Construct):
     def __init__(
         self,
@@ -55,8 +65,8 @@ class BackupPipeline(Construct):
         *,
         storage: Storage,
         functions: PipelineFunctions,
-        worker_retry: RetryPolicy = RetryPolicy(),
-        step_retry: RetryPolicy = RetryPolicy(max_attempts=3),
+        worker_retry: RetryPolicy = WORKER_RETRY,
+        step_retry: RetryPolicy = STEP_RETRY,
     ) -> None:
         super().__init__(scope, construct_id)
 
@@ -155,4 +165,4 @@ class BackupPipeline(Construct):
             timeout=Duration.days(7),
         )
         # The ItemReader reads plan rounds straight from S3.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn("staging/*")]))
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

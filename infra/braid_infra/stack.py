@@ -26,7 +26,7 @@ from braid_infra.keys import Keys
 from braid_infra.layer import BraidLayer
 from braid_infra.monitoring import Monitoring
 from braid_infra.nag import suppress_findings
-from braid_infra.pipeline import BackupPipeline, RetryPolicy
+from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
 from braid_infra.schedules import Schedules
 from braid_infra.storage import Storage
 
@@ -39,8 +39,8 @@ class BraidStack(Stack):
         *,
         repository_prefix: str = "",
         layer_dir: Path | None = None,
-        worker_retry: RetryPolicy = RetryPolicy(),
-        step_retry: RetryPolicy = RetryPolicy(max_attempts=3),
+        worker_retry: RetryPolicy = WORKER_RETRY,
+        step_retry: RetryPolicy = STEP_RETRY,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)

@@ -18,6 +18,15 @@ from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from braid.format import layout
+
+# Repository-relative key patterns for IAM resources and conditions, from the
+# package's one repository layout (braid.format.layout), never retyped here.
+CONFIG = layout.CONFIG
+STAGING_OBJECTS = f"{layout.STAGING}*"
+DATA_OBJECTS = f"{layout.DATA}*"
+MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
+
 
 def key_prefix(repository_prefix: str) -> str:
     """`prefix/` for a repository under a prefix, "" for one at the bucket root."""
@@ -55,7 +64,7 @@ class Storage(Construct):
                 s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1)),
                 s3.LifecycleRule(
                     id="expire-staging",
-                    prefix=f"{base}staging/",
+                    prefix=f"{base}{layout.STAGING}",
                     expiration=Duration.days(2),
                     noncurrent_version_expiration=Duration.days(1),
                 ),

@@ -86,7 +86,7 @@ class Table:
     rows: list[list[Any]]
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "rows": [dict(zip(self.columns, row)) for row in self.rows]}
+        return {"title": self.title, "rows": [dict(zip(self.columns, row, strict=True)) for row in self.rows]}
 
 
 @dataclass
@@ -125,7 +125,7 @@ def _grid(columns: list[str], rows: list[list[Any]], out: TextIO, indent: str = 
     ]
 
     def line(values: list[str]) -> str:
-        return indent + "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric)).rstrip()
+        return indent + "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric, strict=True)).rstrip()
 
     print(line(columns), file=out)
     print(indent + "  ".join("-" * w for w in widths), file=out)

@@ -407,7 +407,7 @@ def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(clo
     assert shown.code == 0, shown.stderr
     detail = json.loads(shown.stdout)
     assert [i["bytes"] for i in detail["input_details"]] == list(map(len, inputs))
-    assert detail["engine"] == "cloud" and detail["key_id"] == cloud.config()["key"]["key_id"]
+    assert detail["engine"] == "stepfunctions" and detail["key_id"] == cloud.config()["key"]["key_id"]
     verified = braid(cloud, "restore-pipes", "verify", ref, "--deep")
     assert verified.code == 0 and "ok (deep" in verified.stdout, verified.stdout + verified.stderr
 

@@ -10,9 +10,9 @@ import pytest
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
-from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
 from braid.pipeline.item_sizing import chunks_per_item
-from braid.pipeline.plan import MapItem, StagingStalledError, items_for_segments, load_rounds, plan_next_round, write_round
+from braid.pipeline.plan import StagingStalledError, items_for_segments, plan_next_round
 
 CHUNK = 100
 
@@ -37,13 +37,13 @@ def test_rounds_number_chunks_contiguously_and_a_retry_adopts_the_written_round(
     ready = plan(store, ref)
     assert (ready.status, ready.round, ready.chunks) == ("ready", 1, 4)
     # A racing attempt that computed round 1 differently loses and adopts what is stored.
-    adopted = write_round(store, ref, 1, items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 1))
+    adopted = StagingArea(store, ref).write_round(1, items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 1))
     assert {(i.input_index, i.segment_index) for i in adopted.items} == {(1, 0)} and sum(i.count for i in adopted.items) == 4
     for segment, offset in ((0, 0), (1, 400)):
         store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, offset, 400 if segment == 0 else 50).to_bytes())
     second = plan(store, ref)
     assert (second.round, second.chunks, second.planned_chunks) == (2, 5, 9)
-    indexes = sorted(c.index for r in load_rounds(store, ref) for item in r.items for c in item.chunks())
+    indexes = sorted(c.index for r in StagingArea(store, ref).read_rounds() for item in r.items for c in item.chunks())
     assert indexes == list(range(9))
     assert plan(store, ref).status == "waiting"
     store.put(stream_end_key(ref), StreamEnd([450, 350], [2, 1]).to_bytes())
@@ -75,18 +75,21 @@ def test_planner_sizes_items_by_whether_the_stream_ended(tmp_path: Path) -> None
     store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
     store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
     streaming = plan(store, ref)  # max_concurrency=2 would want 2 items; streaming keeps items of 3
-    assert [i.count for i in load_rounds(store, ref)[0].items] == [3, 1] and streaming.items == 2
+    assert [i.count for i in StagingArea(store, ref).read_rounds()[0].items] == [3, 1] and streaming.items == 2
     store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 400).to_bytes())
     store.put(stream_end_key(ref), StreamEnd([800], [2]).to_bytes())
     ended = plan(store, ref)  # after stream end: spread over both workers
-    assert [i.count for i in load_rounds(store, ref)[1].items] == [2, 2] and ended.items == 2
+    assert [i.count for i in StagingArea(store, ref).read_rounds()[1].items] == [2, 2] and ended.items == 2
 
 
 def test_items_carry_their_parts_checksums_and_records_must_list_them(tmp_path: Path) -> None:
-    ref = BackupRef.new("db")
+    store, ref = LocalStore(tmp_path), BackupRef.new("db")
     items = items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 3)
     assert [c.checksum for item in items for c in item.chunks()] == ["part-0", "part-1", "part-2", "part-3"]
     assert MapItem.from_json(items[0].to_json()) == items[0]
+    # The planner only sees records the staging area checked: one checksum per part.
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
     broken = replace(record(ref, 0, 0, 0, 400), part_checksums=["part-0"])
+    store.put(segment_record_key(ref, 0, 0), broken.to_bytes())
     with pytest.raises(IntegrityError, match="lists 1 part checksums for 4 parts"):
-        items_for_segments([broken], CHUNK, 0, 3)
+        plan(store, ref)

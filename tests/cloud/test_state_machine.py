@@ -27,7 +27,7 @@ from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
 from braid.format.repository import Repository, RepositoryConfig
-from braid.format.staging import SegmentRecord, SessionRecord, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+from braid.format.staging import SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.timestamps import utc_now
 from braid.ops.verify import verify_backup
 from braid.pipeline.execution_input import ExecutionInput, execution_name
@@ -67,7 +67,7 @@ class Cloud:
     # -- the agent's side of the staging contract, written directly -----------------
     def stage_session(self, ref: BackupRef, inputs: int, segment_parts: int) -> None:
         session = SessionRecord(str(ref), self.repository.config.id, CHUNK, segment_parts, 3, [f"pipe{i}" for i in range(inputs)], utc_now())
-        self.store.put(session_key(ref), session.to_bytes())
+        StagingArea(self.store, ref).write_session(session)
 
     def stage_segment(self, ref: BackupRef, input_index: int, segment: int, offset: int, data: bytes) -> None:
         key = segment_key(ref, input_index, segment)
@@ -81,7 +81,7 @@ class Cloud:
         self.s3.complete_multipart_upload(Bucket=self.deployed.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
         part_checksums = [s3_checksum_value(stored_checksum(data[start : start + CHUNK])) for start in range(0, len(data), CHUNK)]
         record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data), part_checksums)
-        self.store.put(segment_record_key(ref, input_index, segment), record.to_bytes())
+        StagingArea(self.store, ref).write_segment_record(record)
 
     def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_parts: int, first_segment: int = 0) -> int:
         size = CHUNK * segment_parts
@@ -94,7 +94,7 @@ class Cloud:
 
     def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
         counts = [-(-len(d) // (CHUNK * segment_parts)) for d in inputs]
-        self.store.put(stream_end_key(ref), StreamEnd([len(d) for d in inputs], counts).to_bytes())
+        StagingArea(self.store, ref).write_stream_end(StreamEnd([len(d) for d in inputs], counts))
 
     def stage_backup(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
         self.stage_session(ref, len(inputs), segment_parts)
@@ -280,7 +280,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
         return {"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
                 "chunk_size": CHUNK, "first_part": 1, "count": 2, "first_index": 0, "crc": crcs}
 
-    cloud.store.put(f"{staging_prefix(ref)}key.json", json.dumps(manifest.key.to_json()).encode())
+    StagingArea(cloud.store, ref).write_wrapped_key(manifest.key)
 
     # A retried worker with the same bytes: accepted, the stored chunks untouched.
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])

@@ -429,8 +429,7 @@ def braid_init(environment: dict[str, str], stack_name: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "braid.cli", "init", "--repo", environment["BRAID_REPO"], "--stack", stack_name],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,
         text=True,
         timeout=120,
     )

@@ -64,7 +64,8 @@ with open(path, "rb") as handle:
 # Set-up inside a child with the compat shim: bucket, repository config, state machine.
 _SETUP = r"""
 import json, sys, boto3
-from braid.adapters.aws.s3 import S3Store, s3_client
+from braid.adapters.aws.clients import s3_client
+from braid.adapters.aws.s3 import S3Store
 from braid.format.repository import Repository, RepositoryConfig
 doc = json.loads(sys.argv[1])
 sfn = boto3.client("stepfunctions", endpoint_url=doc["sfn"])
@@ -191,7 +192,7 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     startup.add(run_command(agent_argv("empty"), stdin=empty, stderr=log, env=env))
     for rep in range(ctx.reps):
         ctx.log(f"cloud: repetition {rep + 1}/{ctx.reps} ...")
-        sides = [lambda: run_agent(rep), lambda: run_reference(rep), lambda: zstd.add(run_command(zstd_argv))]
+        sides = [lambda rep=rep: run_agent(rep), lambda rep=rep: run_reference(rep), lambda: zstd.add(run_command(zstd_argv))]
         sides = sides[rep % 3 :] + sides[: rep % 3]
         for side in sides:
             side()

@@ -30,7 +30,7 @@ from pathlib import Path
 from bench_lib import s3proxy
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
-from braid.agent.uploader import default_segment_parts
+from braid.agent.limits import default_segment_parts
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 
@@ -73,10 +73,11 @@ ASSUME = {
 # Child: put the data as one staging segment, then time process_item and store_chunk.
 _MEASURE = r"""
 import json, os, sys, time, threading
-from braid.adapters.aws.s3 import S3Store, s3_client
+from braid.adapters.aws.clients import s3_client
+from braid.adapters.aws.s3 import S3Store
 from braid.format.ids import BackupRef
 from braid.format.chunk import ChunkCodec
-from braid.pipeline.plan import MapItem
+from braid.format.staging import MapItem
 from braid.pipeline.worker import ChunkLanes, process_item
 from braid.format.keys import DataKey
 from braid.format.staging import segment_key

@@ -122,7 +122,7 @@ def run(ctx: Context) -> Section:
         backup_argv = [braid, "backup", *common, "--name", "bench", "--chunk-size", str(args.chunk_size), "--level", str(args.level), "--workers", str(workers)]
         restore_argv = [braid, "restore", *common, "--workers", str(workers), "bench@latest"]
         backups = [
-            lambda: timed(backup_ours, backup_argv, stdin=data.path, stdout=backup_id_file, stderr=backup_log),
+            lambda backup_argv=backup_argv: timed(backup_ours, backup_argv, stdin=data.path, stdout=backup_id_file, stderr=backup_log),
             lambda: timed(backup_ref, ["bash", "-c", ref_backup_cmd], backup_ref_synced, stdout=ref_out),
         ]
         # Restores read cold: backups are read back long after they were
@@ -135,7 +135,7 @@ def run(ctx: Context) -> Section:
         # which swamped the comparison. The bytes are still checked: rep 0
         # restores both sides to files, untimed, and compares them.
         restores = [
-            lambda: (_evict(repo), timed(restore_ours, restore_argv, stdout=Path(os.devnull), stderr=restore_log)),
+            lambda repo=repo, restore_argv=restore_argv: (_evict(repo), timed(restore_ours, restore_argv, stdout=Path(os.devnull), stderr=restore_log)),
             lambda: (_evict(ref_out), timed(restore_ref, ["bash", "-c", ref_restore_cmd], stdout=Path(os.devnull))),
         ]
         if rep % 2:

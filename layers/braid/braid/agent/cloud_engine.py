@@ -5,31 +5,33 @@ Step Functions runs the workers; Finalize publishes the manifest. The agent
 exits successfully only when the manifest is published and it has checked,
 with what it alone knows, that the manifest describes exactly the bytes it
 sent: every input's length, and every chunk present with its recorded size.
+
+The engine takes ports: the repository's store, its MultipartStore and the
+pipeline's Executions. braid.adapters.aws.wiring builds them for S3 and
+Step Functions.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from braid.adapters.aws.s3 import S3Store
-from braid.adapters.aws.stepfunctions import ExecutionStatus, StepFunctionsEngine, stepfunctions_client
+from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
+from braid.engine.driver import drive
 from braid.engine.port import BackupRequest
-from braid.engine.stream import BufferPool, InputEnd, StreamCutter
-from braid.errors import BackupError, ExecutionError, IntegrityError, RepositoryError, UsageError
+from braid.errors import BackupError, ExecutionError, IntegrityError
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix
+from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
-from braid.format.staging import StreamEnd, stream_end_key
+from braid.format.staging import StagingArea, StreamEnd
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
-from braid.pipeline.plan import load_rounds
-from braid.pipeline.results import processed_chunks
+from braid.ports.executions import Executions, ExecutionStatus
+from braid.ports.multipart import MultipartStore
 from braid.ports.progress import ProgressFn
+from braid.ports.progress_relay import ProgressRelay
 
 
 @dataclass(frozen=True)
@@ -40,20 +42,40 @@ class CloudOptions:
     wait: bool = True
     poll_seconds: float = 2.0
 
+    @classmethod
+    def from_cli(cls, args: Any) -> CloudOptions:
+        """From `braid backup`/`status` arguments; what a command does not take keeps its default."""
+        return cls(
+            concurrency=getattr(args, "concurrency", None) or 8,
+            rate_limit=getattr(args, "rate_limit_bytes", None),
+            fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
+            wait=not getattr(args, "no_wait", False),
+        )
+
 
 class CloudEngine:
     name = "stepfunctions"
 
-    def __init__(self, repository: Repository, options: CloudOptions, sfn_client: Any = None) -> None:
-        if not isinstance(repository.store, S3Store):
-            raise UsageError("the cloud engine needs an s3:// repository")
-        arn = repository.config.cloud.get("state_machine_arn")
-        if not arn:
-            raise RepositoryError(f"repository {repository.url} names no pipeline: run 'braid init --repo {repository.url} --stack NAME'")
+    def __init__(
+        self,
+        repository: Repository,
+        options: CloudOptions,
+        *,
+        uploads: MultipartStore,
+        executions: Executions,
+        prefix: str,
+        retries: ProgressRelay | None = None,
+    ) -> None:
+        """`prefix`: the repository's key prefix in its bucket, which each execution's
+        input gives the pipeline. `retries`: where the clients behind the ports report
+        their retries; each run points it at that run's progress."""
         self.repository = repository
-        self.store: S3Store = repository.store
+        self.store = repository.store
         self.options = options
-        self.pipeline = StepFunctionsEngine(sfn_client or stepfunctions_client(repository.config.cloud.get("region")), str(arn))
+        self.uploads = uploads
+        self.pipeline = executions
+        self.prefix = prefix
+        self.retries = retries or ProgressRelay()
 
     # -- backup ---------------------------------------------------------------
 
@@ -62,6 +84,8 @@ class CloudEngine:
         for source in request.sources:
             source.check()
         ref = request.ref
+        self._report_retries(ref, progress)
+        area = StagingArea(self.store, ref)
         upload_options: dict[str, Any] = {
             "concurrency": self.options.concurrency,
             "rate_limit": self.options.rate_limit,
@@ -69,11 +93,11 @@ class CloudEngine:
         }
         labels = [s.label for s in request.sources]
         if request.resume:
-            upload = StagingUpload.resume(self.store, ref, inputs=labels, **upload_options)
+            upload = StagingUpload.resume(area, self.uploads, inputs=labels, **upload_options)
         else:
             upload = StagingUpload.start(
-                self.store,
-                ref,
+                area,
+                self.uploads,
                 inputs=labels,
                 chunk_size=request.chunk_size,
                 level=request.level,
@@ -82,25 +106,17 @@ class CloudEngine:
             )
         # Start the pipeline as soon as the session exists: it fans out each
         # segment as the agent completes it, while later ones still upload.
-        document = ExecutionInput(backup=str(ref), prefix=self.store.prefix, max_concurrency=self.options.fan_out).to_json()
+        document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
         self.pipeline.start(ref, document)
-        chunk_size = upload.chunk_size
-        pool = BufferPool(self.options.concurrency + 2, chunk_size)
-        cancelled = threading.Event()
-        cutter = StreamCutter(request.sources, pool, cancelled)
         try:
-            for event in cutter:
-                if isinstance(event, InputEnd):
-                    upload.end_input(event.input_index, event.length)
-                    continue
-                buffer = event.buffer
-                upload.submit(event.input_index, event.number, event.data, _releaser(pool, buffer))
-            stream_end = upload.finish()
+            # upload.chunk_size: a resumed upload keeps the session's.
+            stream = drive(
+                request.sources, StagingSink(upload), buffers=self.options.concurrency + 2, chunk_size=upload.chunk_size, backup=str(ref)
+            )
         except BaseException as exc:
-            cancelled.set()
-            upload.abort(exc)
-            cutter.join()
-            raise _resumable(exc, ref)
+            _resumable(exc, ref)  # adds the way back in to the error itself
+            raise
+        stream_end = stream.outcome
         progress(
             {
                 "event": "stream-end",
@@ -108,7 +124,7 @@ class CloudEngine:
                 "bytes_read": sum(stream_end.lengths),
                 "parts_uploaded": upload.parts_uploaded,
                 "parts_skipped": upload.parts_skipped,  # already in S3 (--resume)
-                "max_buffers_in_flight": pool.max_in_use,
+                "max_buffers_in_flight": stream.max_buffers_in_flight,
             }
         )
         if not self.options.wait:
@@ -118,6 +134,7 @@ class CloudEngine:
     # -- following an execution ------------------------------------------------
 
     def wait(self, ref: BackupRef, progress: ProgressFn, *, expected: StreamEnd | None = None) -> Manifest:
+        self._report_retries(ref, progress)
         delay = self.options.poll_seconds
         last_count = -1
         while True:
@@ -147,7 +164,8 @@ class CloudEngine:
         removing it): progress is best effort and must never fail a backup.
         """
         try:
-            return processed_chunks(self.store, ref, load_rounds(self.store, ref))
+            area = StagingArea(self.store, ref)
+            return area.processed_chunks(area.read_rounds())
         except BackupError:
             return None
 
@@ -160,12 +178,20 @@ class CloudEngine:
         self.check_chunks_listed(manifest)
         return manifest
 
+    def staged_stream_end(self, ref: BackupRef) -> StreamEnd | None:
+        """What the agent recorded it sent (None before every input ended, or once staging is gone)."""
+        return StagingArea(self.store, ref).read_stream_end()
+
+    def _report_retries(self, ref: BackupRef, progress: ProgressFn) -> None:
+        """The clients' retries ("SlowDown, retrying in 3.2 s") go to this backup's progress."""
+        self.retries.send_to(lambda event: progress({**event, "backup": str(ref)}))
+
     def check_chunks_listed(self, manifest: Manifest) -> None:
         """Every chunk present with its recorded size: one LIST per 1,000 chunks, no key needed."""
         ref = BackupRef.parse(manifest.backup)
         sizes = {info.key: info.size for info in self.store.list(data_prefix(ref))}
         for chunk in manifest.chunks():
-            key = f"{data_prefix(ref)}{chunk.index:010d}"
+            key = chunk_key(ref, chunk.index)
             if sizes.get(key) != chunk.stored_length:
                 raise IntegrityError(f"published backup {ref}: chunk {chunk.index} is missing or has the wrong size in {self.store.url}")
 
@@ -176,15 +202,6 @@ def check_covers_stream(manifest: Manifest, expected: StreamEnd) -> None:
         raise IntegrityError(f"the published manifest of {manifest.backup} covers {lengths} bytes per input, but the agent sent {expected.lengths}")
 
 
-def stream_end_of(store: S3Store, ref: BackupRef) -> StreamEnd | None:
-    info = store.head(stream_end_key(ref))
-    return StreamEnd.from_bytes(store.get(stream_end_key(ref))) if info else None
-
-
-def _releaser(pool: BufferPool, buffer: bytearray) -> Callable[[], None]:
-    return lambda: pool.release(buffer)
-
-
 def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:
     """Tell the user the way back in, without changing what went wrong."""
     if isinstance(exc, KeyboardInterrupt):  # braid.cli.main prints the note after "interrupted"
@@ -193,16 +210,3 @@ def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:
         exc.message = f"{exc.message}; what was uploaded stays staged: continue with 'braid backup --resume {ref}' and the same inputs"
         exc.args = (exc.message,)
     return exc
-
-
-def cloud_engine(repository: Repository, args: Any) -> CloudEngine:
-    """Build the engine from CLI arguments (braid.cli.main)."""
-    return CloudEngine(
-        repository,
-        CloudOptions(
-            concurrency=getattr(args, "concurrency", None) or 8,
-            rate_limit=getattr(args, "rate_limit_bytes", None),
-            fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
-            wait=not getattr(args, "no_wait", False),
-        ),
-    )

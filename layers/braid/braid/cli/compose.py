@@ -1,20 +1,25 @@
 """From what the user typed (`--repo`, `--key-file`) to live ports.
 
 A repository URL is a directory path or `s3://bucket/prefix`; the repository
-config then says which key service wraps its data keys.
+config then says which key service wraps its data keys. braid.ops takes
+ports, never adapters; the commands get live ones from here.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from functools import cached_property
 from pathlib import Path
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, UsageError
-from braid.format.keys import KeyService
+from braid.format.keys import DataKey, WrappedKey
 from braid.format.repository import Repository
+from braid.ops.init import LocalInit, init_local_repository
+from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 
@@ -23,6 +28,7 @@ def is_s3_url(url: str) -> bool:
 
 
 def repo_url(arg: str | None) -> str:
+    """`--repo`, else BRAID_REPO: scripts on a host set the repository once, in the environment."""
     url = arg or os.environ.get(ENV_REPO)
     if not url:
         raise UsageError("no repository given: pass --repo DIR|s3://BUCKET/PREFIX or set BRAID_REPO")
@@ -31,16 +37,16 @@ def repo_url(arg: str | None) -> str:
 
 def open_store(url: str) -> ObjectStore:
     if is_s3_url(url):
-        from braid.adapters.aws.s3 import S3Store, parse_s3_url, s3_client
+        from braid.adapters.aws.s3 import S3Store
 
-        bucket, prefix = parse_s3_url(url)
-        return S3Store(s3_client(), bucket, prefix)
+        return S3Store.from_url(url)  # its client reports retries to store.retries
     if "://" in url:
         raise UsageError(f"unsupported repository URL {url!r}: use a directory path or s3://BUCKET/PREFIX")
     return LocalStore(Path(url).expanduser().absolute())
 
 
 def open_repository(url: str) -> Repository:
+    """The repository at `url`; a missing directory says how to create one rather than "no config"."""
     store = open_store(url)
     if isinstance(store, LocalStore) and not store.root.is_dir():
         raise RepositoryError(f"repository directory {store.root} does not exist; create it with 'braid init --repo {url}'")
@@ -48,6 +54,7 @@ def open_repository(url: str) -> Repository:
 
 
 def config_dir() -> Path:
+    """$XDG_CONFIG_HOME/braid: key files live with the user's config, never inside a repository."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "braid"
 
@@ -57,8 +64,16 @@ def default_key_file(repository_id: str) -> Path:
 
 
 def key_file_path(arg: str | None, repository_id: str) -> Path:
+    """`--key-file`, else BRAID_KEY_FILE, else the per-repository default named by its id."""
     explicit = arg or os.environ.get(ENV_KEY_FILE)
     return Path(explicit).expanduser() if explicit else default_key_file(repository_id)
+
+
+def init_local(url: str, key_file: str | None) -> LocalInit:
+    """`braid init` of a directory: the local store and master-key file wired into the use case."""
+    store = open_store(url)
+    root = Path(url).expanduser().absolute()
+    return init_local_repository(root, store, LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
 
 
 def open_key_service(repository: Repository, key_file: str | None, *, unwrap_only: bool = False) -> KeyService:
@@ -73,9 +88,41 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
             )
         return keys
     if kind == "kms":
-        from braid.adapters.aws.kms import KmsKeyService, kms_client
+        from braid.adapters.aws.clients import kms_client
+        from braid.adapters.aws.kms import KmsKeyService
 
         if unwrap_only:
             return KmsKeyService.for_unwrap(kms_client())
         return KmsKeyService(kms_client(), repository.config.key["key_id"])
     raise RepositoryError(f"repository {repository.url} names an unknown key service {kind!r}")
+
+
+class KeyServiceOnDemand:
+    """A key service opened at its first use rather than up front.
+
+    `braid restore` asks for the key only once the manifest was found and
+    passed its own checksum, so a missing or corrupt backup is reported as
+    that (exit 8 or 6), not as a missing key file.
+    """
+
+    def __init__(self, opener: Callable[[], KeyService]) -> None:
+        self._opener = opener
+
+    @cached_property
+    def _service(self) -> KeyService:
+        return self._opener()
+
+    @property
+    def key_id(self) -> str:
+        return self._service.key_id
+
+    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]:
+        return self._service.generate_data_key(context)
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        return self._service.unwrap(wrapped)
+
+
+def key_service_on_demand(repository: Repository, key_file: str | None) -> KeyService:
+    """`open_key_service(..., unwrap_only=True)`, deferred to the first unwrap."""
+    return KeyServiceOnDemand(lambda: open_key_service(repository, key_file, unwrap_only=True))

@@ -23,12 +23,10 @@ class Progress:
         self._last = 0.0
         self._started = time.monotonic()
         self._lock = threading.Lock()
-        self._drawn = False
 
     @classmethod
-    def for_terminal(cls, force_json: bool, quiet: bool = False) -> Progress | None:
-        if quiet:
-            return None
+    def for_terminal(cls, force_json: bool) -> Progress:
+        """A bar only for a person watching; anything else (a pipe, a log) gets JSON lines it can parse."""
         return cls(json_lines=force_json or not sys.stderr.isatty())
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -46,6 +44,9 @@ class Progress:
             self.stream.flush()
 
     def _draw(self, event: dict[str, Any], elapsed: float, final: bool) -> None:
+        if event.get("event") == "retry":  # an AWS client waiting: "SlowDown, retrying in 3.2 s", on a line of its own
+            self.stream.write(f"\r\033[K{event.get('backup', '')}  {event.get('service', '')} {event.get('message', '')}\n")
+            return
         done = int(event.get("bytes_read", event.get("bytes_written", 0)) or 0)
         rate = done / elapsed if elapsed > 0 else 0.0
         parts = [f"{event.get('backup', '')}", f"{format_size(done)}", f"{event.get('chunks_done', 0)} chunks"]
@@ -54,7 +55,5 @@ class Progress:
         parts.append(f"{format_size(rate)}/s")
         line = "  ".join(parts)
         self.stream.write("\r\033[K" + line)
-        self._drawn = True
         if final:
             self.stream.write("\n")
-            self._drawn = False

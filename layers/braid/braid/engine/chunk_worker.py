@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from braid.errors import AlreadyExistsError, IntegrityError
 from braid.format.checksum import stored_checksum
-from braid.format.chunk import COMPRESSION_ZSTD, Buffer, ChunkCodec
+from braid.format.chunk import Buffer, ChunkCodec, compression_name
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry
@@ -24,10 +24,6 @@ class ChunkTask:
     index: int
     input_index: int
     offset: int
-
-
-def compression_name(compression_id: int) -> str:
-    return "zstd" if compression_id == COMPRESSION_ZSTD else "none"
 
 
 def store_chunk(

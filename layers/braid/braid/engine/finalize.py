@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
+from braid.format.algorithms import algorithms
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, manifest_key
@@ -63,7 +64,7 @@ def finalize_backup(
     chunk_size: int,
     inputs: Sequence[InputRecord],
     entries: Iterable[ChunkEntry],
-    algorithms: dict[str, Any],
+    level: int,
     created: str,
     timings: dict[str, float],
     engine: str,
@@ -77,7 +78,7 @@ def finalize_backup(
         chunk_size=chunk_size,
         key=wrapped,
         inputs=assemble_inputs(key, inputs, entries, str(ref)),
-        algorithms=algorithms,
+        algorithms=algorithms(level),
         timings=timings,
         engine=engine,
         stats=stats or {},

@@ -4,7 +4,8 @@ Each input (stdin, a file, a named pipe) is read by its own thread, so a
 database writing to several pipes at once never blocks on one of them. All
 readers draw from one `BufferPool`; when every buffer is in flight they wait,
 which is what bounds memory to (pool size x chunk size) whatever the stream
-length. Chunk indexes are assigned in arrival order by the single consumer.
+length. Chunk indexes are assigned in arrival order by the single consumer,
+the driver loop (braid.engine.driver).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
+from io import FileIO, RawIOBase
 
 from braid.errors import BackupError, InputError
 
@@ -81,7 +82,8 @@ class InputSource:
         if not os.access(self.path, os.R_OK):
             raise InputError(f"input {self.path} is not readable by this user")
 
-    def open(self) -> BinaryIO:
+    def open(self) -> FileIO:
+        """Unbuffered: reads go straight into pool buffers, with no copy through a Python buffer."""
         if self.path is None:
             return os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
         try:
@@ -124,7 +126,7 @@ class ReadFailure:
     error: BackupError
 
 
-def _drop_cache(handle: BinaryIO, offset: int, length: int) -> None:
+def _drop_cache(handle: RawIOBase, offset: int, length: int) -> None:
     """Backup input files are read once; don't let them evict the database's cache (no-op on pipes)."""
     if hasattr(os, "posix_fadvise"):
         try:
@@ -133,7 +135,7 @@ def _drop_cache(handle: BinaryIO, offset: int, length: int) -> None:
             pass  # pipes and sockets: nothing cached
 
 
-def _read_full(handle: BinaryIO, view: memoryview) -> int:
+def _read_full(handle: RawIOBase, view: memoryview) -> int:
     """Fill `view` unless EOF comes first; pipes return short reads."""
     filled = 0
     while filled < len(view):

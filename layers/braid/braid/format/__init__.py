@@ -1,6 +1,10 @@
 """What is on disk: every byte Braid writes, section by section as docs/format.md.
 
-Ids, the repository layout (every key is built and parsed here), the chunk
-codec, the stored checksum, keys, the manifest and the cloud staging area.
-Pure: no adapter, no boto3.
+ids (backup names and ids), layout (every repository key is built and parsed
+here), timestamps (the one timestamp form), canonical (the one JSON encoder
+for authenticated bytes), checksum (the stored CRC64NVME and its two
+spellings), keys (data keys and what is derived from them), chunk (the chunk
+codec), algorithms (the descriptor every manifest carries), manifest (sealed
+over its body bytes as stored), repository (config.json and the published
+backups) and staging (the cloud staging area). Pure: no adapter, no boto3.
 """

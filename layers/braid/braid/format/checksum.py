@@ -4,33 +4,90 @@ CRC64NVME is S3's full-object checksum: the object store verifies it on
 upload and returns it from HEAD, so a quick verify on S3 compares the manifest
 with the store's own record without downloading anything. It is an integrity
 check against storage faults, not an authenticator: GCM covers tampering.
+
+A checksum is written in exactly two spellings (docs/format.md, Checksums),
+and only the helpers here spell them, so no caller builds either by hand:
+
+- the *header* form, the bare base64 of the 8-byte big-endian value, as in
+  S3's `x-amz-checksum-crc64nvme`: what S3 requests and responses carry, and
+  the staging fields whose name already says the algorithm (part checksums);
+- the *tagged* form `crc64nvme:<header form>`: a stored object's checksum in
+  a manifest chunk entry, a segment record and `ObjectInfo.checksum`, so a
+  reader sees which algorithm it is without knowing the field.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 
 from awscrt import checksums
 
 ALGORITHM = "crc64nvme"
+_PREFIX = ALGORITHM + ":"
+_VALUE_BYTES = 8
+
+Buffer = bytes | bytearray | memoryview
 
 
-def crc64nvme(data: bytes | bytearray | memoryview, previous: int = 0) -> int:
-    return checksums.crc64nvme(data, previous)
+def crc64nvme(data: Buffer, previous: int = 0) -> int:
+    """CRC64NVME of `data`, continuing from `previous` (the CRC of the bytes before it)."""
+    value: int = checksums.crc64nvme(data, previous)
+    return value
+
+
+def combine_crc64nvme(first: int, second: int, second_length: int) -> int:
+    """The CRC64NVME of two byte runs laid end to end, from their own CRCs.
+
+    How a multipart upload's full-object checksum follows from its parts'.
+    """
+    value: int = checksums.combine_crc64nvme(first, second, second_length)
+    return value
 
 
 def encode_crc64nvme(value: int) -> str:
-    """The base64 text S3 uses in `x-amz-checksum-crc64nvme`."""
-    return base64.b64encode(value.to_bytes(8, "big")).decode()
+    """The header form: base64 of the 8-byte big-endian value, as S3 spells it."""
+    return base64.b64encode(value.to_bytes(_VALUE_BYTES, "big")).decode()
 
 
-def stored_checksum(data: bytes | bytearray | memoryview) -> str:
-    return f"{ALGORITHM}:{encode_crc64nvme(crc64nvme(data))}"
+def decode_crc64nvme(header: str) -> int:
+    """The value a header-form checksum names; ValueError for anything else."""
+    try:
+        raw = base64.b64decode(header, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{header!r} is not a base64 CRC64NVME value") from None
+    if len(raw) != _VALUE_BYTES or encode_crc64nvme(int.from_bytes(raw, "big")) != header:
+        raise ValueError(f"{header!r} is not a base64 CRC64NVME value")
+    return int.from_bytes(raw, "big")
+
+
+def tagged_checksum(value: int) -> str:
+    """The tagged form `crc64nvme:<base64>` of a CRC64NVME value."""
+    return _PREFIX + encode_crc64nvme(value)
+
+
+def stored_checksum(data: Buffer) -> str:
+    """The tagged checksum of a whole stored object."""
+    return tagged_checksum(crc64nvme(data))
+
+
+def checksum_from_header(header: str) -> str:
+    """The tagged form of a header-form value S3 returned (HEAD, PUT, Complete).
+
+    Taken as given, not decoded: a malformed value from a misbehaving store
+    then fails the comparison it is made for, with that comparison's message.
+    """
+    return _PREFIX + header
+
+
+def parse_tagged_checksum(checksum: str) -> int:
+    """The value a tagged checksum names; ValueError for any other text."""
+    algorithm, sep, value = checksum.partition(":")
+    if not sep or algorithm != ALGORITHM:
+        raise ValueError(f"unsupported stored checksum {checksum!r}: expected {_PREFIX}<base64>")
+    return decode_crc64nvme(value)
 
 
 def s3_checksum_value(checksum: str) -> str:
-    """The bare base64 value of a `crc64nvme:...` checksum string."""
-    algorithm, _, value = checksum.partition(":")
-    if algorithm != ALGORITHM:
-        raise ValueError(f"unsupported stored checksum algorithm {algorithm!r}")
-    return value
+    """The header form of a tagged checksum, to send to S3."""
+    return encode_crc64nvme(parse_tagged_checksum(checksum))

@@ -45,6 +45,11 @@ _FIXED = struct.Struct(">4sBBBBIHHQ12sB")
 Buffer = bytes | bytearray | memoryview
 
 
+def compression_name(compression_id: int) -> str:
+    """The manifest's name for a chunk header's compression id."""
+    return "zstd" if compression_id == COMPRESSION_ZSTD else "none"
+
+
 @dataclass(frozen=True)
 class ChunkHeader:
     backup: str

@@ -54,5 +54,12 @@ class BackupRef:
     def is_latest(self) -> bool:
         return self.id == LATEST
 
+    @property
+    def started(self) -> datetime:
+        """The UTC start time the id records (to the millisecond): what retention ages a backup by."""
+        if self.is_latest:
+            raise UsageError(f"{self} names no particular backup; resolve it first")
+        return datetime.strptime(self.id.partition("-")[0], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+
     def __str__(self) -> str:
         return f"{self.name}@{self.id}"

@@ -10,6 +10,9 @@ purpose, so no key is used for two jobs:
 - plaintext checksums (a keyed MAC per chunk, so the manifest never carries an
   unkeyed hash that would let someone confirm a guess about the content),
 - the manifest MAC.
+
+The key service itself is a port (braid.ports.keys.KeyService): KMS in the
+cloud, the local master-key file (braid.adapters.local.keys) on a host.
 """
 
 from __future__ import annotations
@@ -17,14 +20,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.poly1305 import Poly1305
+
+from braid.format.canonical import canonical_json
 
 DATA_KEY_BYTES = 32
 
@@ -39,7 +42,8 @@ def encryption_context(repository_id: str, backup: str) -> dict[str, str]:
 
 
 def canonical_context(context: Mapping[str, str]) -> bytes:
-    return json.dumps(dict(sorted(context.items())), separators=(",", ":"), sort_keys=True).encode()
+    """The encryption context as the local key file binds it (AES-GCM associated data)."""
+    return canonical_json(dict(context))
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,13 @@ class WrappedKey:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, object]) -> WrappedKey:
+        context = doc["encryption_context"]
+        if not isinstance(context, Mapping):
+            raise TypeError("encryption_context is not an object")
         return cls(
             key_id=str(doc["key_id"]),
             ciphertext=base64.b64decode(str(doc["ciphertext"])),
-            context={str(k): str(v) for k, v in dict(doc["encryption_context"]).items()},  # type: ignore[arg-type]
+            context={str(k): str(v) for k, v in context.items()},
         )
 
 
@@ -117,13 +124,3 @@ class DataKey:
             mac.update(tag)
         return mac.digest()
 
-
-class KeyService(Protocol):
-    """Port: makes and unwraps per-backup data keys (KMS or the local key file)."""
-
-    @property
-    def key_id(self) -> str: ...
-
-    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]: ...
-
-    def unwrap(self, wrapped: WrappedKey) -> DataKey: ...

@@ -6,11 +6,14 @@
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
 
 Manifests sit apart from data so `list` reads a few small objects, never a
-listing of every chunk.
+listing of every chunk. Every repository key is built and parsed here (the
+staging area's own keys below `staging/NAME/ID/` in braid.format.staging):
+no other module spells `data/`, `manifests/` or a chunk number.
 """
 
 from __future__ import annotations
 
+from braid.errors import UsageError
 from braid.format.ids import BackupRef
 
 CONFIG = "config.json"
@@ -33,10 +36,25 @@ def ref_from_manifest_key(key: str) -> BackupRef | None:
     parts = key[len(MANIFESTS) : -len(".json")].split("/")
     if len(parts) != 2:
         return None
+    return _ref(parts[0], parts[1])
+
+
+def _ref(name: str, ident: str) -> BackupRef | None:
     try:
-        return BackupRef.parse(f"{parts[0]}@{parts[1]}")
-    except Exception:
+        ref = BackupRef.parse(f"{name}@{ident}")
+    except UsageError:
         return None
+    return None if ref.is_latest else ref
+
+
+def ref_under(root: str, key: str) -> BackupRef | None:
+    """The backup a `data/` or `staging/` object belongs to (`ROOT` NAME/ID/...), or None for any other key."""
+    if root not in (DATA, STAGING) or not key.startswith(root):
+        return None
+    parts = key[len(root) :].split("/")
+    if len(parts) < 3:
+        return None
+    return _ref(parts[0], parts[1])
 
 
 def data_prefix(ref: BackupRef) -> str:

@@ -5,14 +5,19 @@ wrapped data key, algorithms, totals and timings. It is written last, only
 after every chunk it names is stored and checked; a backup without a valid
 manifest does not exist.
 
-On disk it is canonical JSON (sorted keys, no spaces) of
+On disk it is one JSON document with a fixed byte layout (docs/format.md,
+Manifest):
 
-    {"manifest": {...}, "mac": "<hmac-sha256 hex>", "sha256": "<hex>"}
+    {"mac":"<64 hex>","manifest":BODY,"sha256":"<64 hex>"}
 
-`sha256` covers the canonical manifest body and the MAC, so corruption shows
-without the key (list, quick verify); `mac` is HMAC-SHA256 under a key derived
-from the backup's data key, so only someone holding that key could have
-written it.
+`mac` is HMAC-SHA256 over the BODY bytes exactly as stored, under a key
+derived from the backup's data key, so only someone holding that key could
+have written it; `sha256` covers those same BODY bytes followed by the mac's
+hex, so corruption shows without the key (list, quick verify). Verifying
+slices BODY out of the stored bytes and never re-serialises it: a reader in
+any language checks both values with no JSON canonicaliser, then parses BODY
+with any JSON parser. Braid writes BODY with braid.format.canonical, so
+sealing is reproducible, but no reader depends on that.
 """
 
 from __future__ import annotations
@@ -20,19 +25,32 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from braid.errors import IntegrityError
+from braid.format.canonical import canonical_json
+from braid.format.checksum import parse_tagged_checksum
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.timestamps import parse_timestamp
+
+__all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedManifest", "canonical_json", "open_manifest", "seal_body"]
 
 FORMAT = "braid-manifest"
 VERSION = 1
 
-
-def canonical_json(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+# The sealed layout: HEAD, 64 hex (mac), MIDDLE, BODY, TAIL, 64 hex (sha256), END.
+_HEAD = b'{"mac":"'
+_MIDDLE = b'","manifest":'
+_TAIL = b',"sha256":"'
+_END = b'"}'
+_HEX_DIGITS = 64
+_BODY_START = len(_HEAD) + _HEX_DIGITS + len(_MIDDLE)
+_AFTER_BODY = len(_TAIL) + _HEX_DIGITS + len(_END)
+_LEADING = re.compile(re.escape(_HEAD) + rb"([0-9a-f]{64})" + re.escape(_MIDDLE))
+_TRAILING = re.compile(re.escape(_TAIL) + rb"([0-9a-f]{64})" + re.escape(_END))
 
 
 @dataclass(frozen=True)
@@ -42,7 +60,7 @@ class ChunkEntry:
     offset: int  # within its input
     length: int  # plaintext bytes
     stored_length: int
-    checksum: str  # of the stored object, see stored_checksum
+    checksum: str  # of the stored object, tagged form (braid.format.checksum)
     mac: bytes  # keyed plaintext checksum
     compression: str  # "zstd" or "none"
 
@@ -168,10 +186,22 @@ class Manifest:
 
     def seal(self, key: DataKey) -> bytes:
         """Serialise, authenticate and self-checksum; the bytes that get published."""
+        self.check_spellings()
         body = canonical_json(self.body())
-        mac = key.manifest_mac(body).hex()
-        digest = hashlib.sha256(body + mac.encode()).hexdigest()
-        return canonical_json({"manifest": self.body(), "mac": mac, "sha256": digest})
+        return seal_body(body, key.manifest_mac(body))
+
+    def check_spellings(self) -> None:
+        """Timestamps and checksums in their one documented form, so every engine writes the same shape."""
+        for name, text in (("created", self.created), ("completed", self.completed)):
+            try:
+                parse_timestamp(text)
+            except ValueError:
+                raise IntegrityError(f"manifest of {self.backup}: {name} {text!r} is not a Braid timestamp (YYYY-MM-DDTHH:MM:SS.ffffffZ)") from None
+        for chunk in self.chunks():
+            try:
+                parse_tagged_checksum(chunk.checksum)
+            except ValueError:
+                raise IntegrityError(f"manifest of {self.backup}: chunk {chunk.index} checksum {chunk.checksum!r} is not crc64nvme:<base64>") from None
 
     def check_structure(self) -> None:
         """Invariants a sealed manifest must hold; violated only by a bug or forgery."""
@@ -210,18 +240,49 @@ class SealedManifest:
         return self.manifest
 
 
+def _digest(body: bytes, mac_hex: bytes) -> bytes:
+    return hashlib.sha256(body + mac_hex).hexdigest().encode()
+
+
+def seal_body(body: bytes, mac: bytes) -> bytes:
+    """The stored document for `body` (bytes, written as they are) and its MAC."""
+    mac_hex = mac.hex().encode()
+    return _HEAD + mac_hex + _MIDDLE + body + _TAIL + _digest(body, mac_hex) + _END
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all distinct: duplicate keys mean different things to different parsers."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise ValueError("duplicate key in a JSON object")
+    return doc
+
+
+def _parse_body(body: bytes) -> Any:
+    return json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
-    """Parse and self-check a stored manifest; needs no key."""
-    try:
-        doc = json.loads(raw)
-        body_doc = doc["manifest"]
-        mac_hex = str(doc["mac"])
-        digest = str(doc["sha256"])
-    except (ValueError, KeyError, TypeError):
-        raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)") from None
-    body = canonical_json(body_doc)
-    if not hmac.compare_digest(hashlib.sha256(body + mac_hex.encode()).hexdigest(), digest):
+    """Slice, self-check and parse a stored manifest; needs no key."""
+    end = len(raw) - _AFTER_BODY
+    leading = _LEADING.match(raw)
+    trailing = _TRAILING.fullmatch(raw, end) if end >= _BODY_START else None
+    if leading is None or trailing is None:
+        raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)")
+    mac_hex, digest = leading.group(1), trailing.group(1)
+    body = raw[_BODY_START:end]
+    if not hmac.compare_digest(_digest(body, mac_hex), digest):
         raise IntegrityError(f"{where}: manifest checksum mismatch (corrupt)")
+    try:
+        body_doc = _parse_body(body)
+        if not isinstance(body_doc, dict):
+            raise ValueError("the manifest body is not a JSON object")
+    except (ValueError, RecursionError):
+        raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)") from None
     try:
         if body_doc.get("format") != FORMAT or int(body_doc.get("version", 0)) != VERSION:
             raise IntegrityError(f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')}")
@@ -238,8 +299,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             engine=str(body_doc["engine"]),
             stats=dict(body_doc.get("stats", {})),
         )
-        mac = bytes.fromhex(mac_hex)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None
     manifest.check_structure()
-    return SealedManifest(manifest, body, mac)
+    return SealedManifest(manifest, body, bytes.fromhex(mac_hex.decode()))

@@ -1,2 +1,2 @@
-"""What a user can do with a repository: open a backup, restore, verify,
+"""What a user can do with a repository: init, open a backup, restore, verify,
 retention. Imports no adapter: ports in, results out."""

@@ -153,7 +153,7 @@ def restore_backup(
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") as pool:
         writers = [
             threading.Thread(target=write_input, args=(entry, target, pool), name=f"braid-out-{entry.index}", daemon=True)
-            for entry, target in zip(manifest.inputs, targets)
+            for entry, target in zip(manifest.inputs, targets, strict=True)
         ]
         for writer in writers:
             writer.start()

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import DATA, STAGING, data_prefix, manifest_key, staging_prefix
+from braid.format.layout import DATA, STAGING, data_prefix, manifest_key, ref_under, staging_prefix
 from braid.format.repository import Repository
 
 
@@ -34,7 +34,7 @@ class RetentionPolicy:
 
 
 def started_at(ref: BackupRef) -> datetime:
-    return datetime.strptime(ref.id.partition("-")[0], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+    return ref.started
 
 
 @dataclass
@@ -49,15 +49,8 @@ class PrunePlan:
 
 def _refs_under(repository: Repository, root: str) -> set[BackupRef]:
     """Backups that have objects under data/ or staging/ (NAME/ID/...)."""
-    found: set[BackupRef] = set()
-    for info in repository.store.list(root):
-        parts = info.key[len(root) :].split("/")
-        if len(parts) >= 3:
-            try:
-                found.add(BackupRef.parse(f"{parts[0]}@{parts[1]}"))
-            except UsageError:
-                continue
-    return found
+    refs = (ref_under(root, info.key) for info in repository.store.list(root))
+    return {ref for ref in refs if ref is not None}
 
 
 def plan_prune(repository: Repository, policy: RetentionPolicy, now: datetime | None = None) -> PrunePlan:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -21,7 +21,10 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry, Manifest
+from braid.format.repository import Repository
 from braid.ops.chunk_reader import ChunkReader
+from braid.ops.open import open_backup, read_manifest
+from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 
@@ -78,12 +81,13 @@ class VerifyReport:
         }
 
 
-def select_chunks(manifest: Manifest, sample_percent: float | None, rng: random.Random | None = None) -> list[ChunkEntry]:
+def select_chunks(manifest: Manifest, sample_percent: float | None) -> list[ChunkEntry]:
+    """The chunks to check: all, or a fresh random sample each run, so repeated sampled runs cover the whole backup."""
     chunks = list(manifest.chunks())
     if sample_percent is None or sample_percent >= 100:
         return chunks
     count = max(1, round(len(chunks) * sample_percent / 100)) if chunks else 0
-    return sorted((rng or random.SystemRandom()).sample(chunks, count), key=lambda c: c.index)
+    return sorted(random.SystemRandom().sample(chunks, count), key=lambda c: c.index)
 
 
 def verify_backup(
@@ -94,7 +98,6 @@ def verify_backup(
     deep: bool,
     sample_percent: float | None = None,
     workers: int = 4,
-    on_chunk: Callable[[ChunkEntry], None] | None = None,
 ) -> VerifyReport:
     """Check a backup and report every failure (not just the first)."""
     ref = BackupRef.parse(manifest.backup)
@@ -127,8 +130,6 @@ def verify_backup(
         with lock:
             report.chunks_checked += 1
             report.bytes_checked += entry.length
-        if on_chunk:
-            on_chunk(entry)
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(run, chunks))
@@ -139,3 +140,18 @@ def verify_backup(
     report.failures.sort()
     return report
 
+
+def verify_published(
+    repository: Repository, ref: BackupRef, keys: KeyService | None, *, sample_percent: float | None = None, workers: int = 4
+) -> VerifyReport:
+    """Open a published backup and check it: deep when given the key service.
+
+    Deep verify must not trust a manifest it has not authenticated (a forged
+    chunk list would "verify" forged chunks), so it goes through
+    `open_backup`; quick verify compares stored checksums only and needs no
+    key, so a host without key access can still run it.
+    """
+    if keys is None:
+        return verify_backup(repository.store, read_manifest(repository, ref), None, deep=False, sample_percent=sample_percent, workers=workers)
+    manifest, key = open_backup(repository, ref, keys)
+    return verify_backup(repository.store, manifest, key, deep=True, sample_percent=sample_percent, workers=workers)

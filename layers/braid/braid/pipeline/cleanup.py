@@ -20,7 +20,8 @@ from typing import Any
 from braid.contract import BACKUP_FAILED
 from braid.engine.finalize import discard_backup_data
 from braid.format.ids import BackupRef
-from braid.pipeline.finalize import delete_staging, published_manifest
+from braid.format.staging import StagingArea
+from braid.pipeline.finalize import published_manifest
 from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
 
@@ -30,7 +31,8 @@ HINTS: dict[str, str] = {
     "States.ExceededToleratedFailureThreshold": "workers kept failing on some chunks past every retry (see the map run's failed items); run the backup again",
     "StagingStalledError": "start the backup again; the agent must keep uploading until the stream ends",
     "KeyAccessError": "check that the stack's KMS key is enabled and its key policy lets the pipeline roles use it",
-    "RepositoryError": "the agent must stage the backup (session.json) in the stack's bucket before starting the pipeline",
+    "NotFoundError": "the agent must stage the backup (session.json) in the stack's bucket before starting the pipeline; removed staging cannot be resumed, start a new backup",
+    "RepositoryError": "the stack's bucket must hold a Braid repository of this version (braid init --stack NAME creates it)",
     "StorageError": "S3 kept refusing or failing requests; check the bucket and retry the backup",
     "LimitError": "use a larger --chunk-size",
     "UsageError": "the execution input is invalid; start backups with the braid agent",
@@ -86,7 +88,7 @@ def cleanup_step(
     kept = published_manifest(store, ref) is not None
     if not kept:
         discard_backup_data(store, ref)
-    delete_staging(store, uploads, ref)
+    StagingArea(store, ref).remove(uploads)
     failure = actionable_cause(ref, error, kept)
     events.publish(BACKUP_FAILED, {"backup": str(ref), "repository": store.url, **failure.to_json()})
     return failure

@@ -18,21 +18,20 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from braid.contract import BACKUP_COMPLETED
+from braid.contract import BACKUP_COMPLETED, ENGINE_STEPFUNCTIONS
 from braid.engine.finalize import InputRecord, finalize_backup
-from braid.engine.local import algorithms
 from braid.errors import IntegrityError, NotFoundError
 from braid.format.ids import BackupRef
-from braid.format.keys import KeyService
-from braid.format.layout import manifest_key, staging_prefix
+from braid.format.layout import manifest_key
 from braid.format.manifest import Manifest, open_manifest
-from braid.pipeline.plan import check_complete, load_rounds, read_segment_records, read_session, read_stream_end
+from braid.format.staging import StagingArea
+from braid.pipeline.plan import check_complete, planned_segments
 from braid.pipeline.prepare import check_repository, load_data_key
-from braid.pipeline.results import read_results
+from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
 
-ENGINE = "cloud"
+ENGINE = ENGINE_STEPFUNCTIONS
 
 
 @dataclass(frozen=True)
@@ -76,17 +75,6 @@ def summarize(manifest: Manifest, store_url: str, seconds: float) -> Summary:
     )
 
 
-def delete_staging(store: ObjectStore, janitor: StagingJanitor, ref: BackupRef) -> int:
-    """Abort stray multipart uploads, delete every staging object, then purge
-    the versions a versioned bucket keeps of them; returns objects deleted."""
-    prefix = staging_prefix(ref)
-    janitor.abort_uploads(prefix)
-    keys = [info.key for info in store.list(prefix)]
-    store.delete(keys)
-    janitor.purge_versions(prefix)
-    return len(keys)
-
-
 def published_manifest(store: ObjectStore, ref: BackupRef) -> bytes | None:
     try:
         return store.get(manifest_key(ref))
@@ -102,23 +90,24 @@ def finalize_step(
     ref: BackupRef,
 ) -> Summary:
     started = time.monotonic()
-    session = read_session(store, ref)
+    area = StagingArea(store, ref)
+    session = area.read_session()
     check_repository(store, session)
     key, wrapped = load_data_key(store, keys, ref, session.repository)
     existing = published_manifest(store, ref)
     if existing is not None:
         manifest = open_manifest(existing, f"backup {ref}").authenticate(key)
     else:
-        end = read_stream_end(store, ref)
-        records = read_segment_records(store, ref, session)
+        end = area.read_stream_end()
+        records = area.read_segment_records(session)
         if end is None or not check_complete(ref, records, end, session):
             raise IntegrityError(f"backup {ref} reached Finalize before every staged segment was recorded")
-        rounds = load_rounds(store, ref)
-        planned = {(i.input_index, i.segment_index) for r in rounds for i in r.items}
+        rounds = area.read_rounds()
+        planned = planned_segments(rounds)
         unplanned = [(r.input_index, r.segment) for r in records if r.parts > 0 and (r.input_index, r.segment) not in planned]
         if unplanned:
             raise IntegrityError(f"backup {ref}: staged segments {unplanned} (input, segment) were never planned")
-        entries = read_results(store, ref, rounds)
+        entries = area.read_results(rounds)
         manifest = finalize_backup(
             store,
             ref=ref,
@@ -128,13 +117,13 @@ def finalize_step(
             chunk_size=session.chunk_size,
             inputs=[InputRecord(i, source, end.lengths[i]) for i, source in enumerate(session.inputs)],
             entries=entries,
-            algorithms=algorithms(session.level),
+            level=session.level,
             created=session.created,
             timings={"finalize_seconds": round(time.monotonic() - started, 3)},
             engine=ENGINE,
             stats={"rounds": len(rounds), "map_items": sum(len(r.items) for r in rounds)},
         )
-    delete_staging(store, uploads, ref)
+    area.remove(uploads)
     summary = summarize(manifest, store.url, time.monotonic() - started)
     events.publish(BACKUP_COMPLETED, summary.to_json())
     return summary

@@ -18,10 +18,10 @@ from typing import Any
 from braid.contract import VERIFY_FAILED
 from braid.errors import BackupError
 from braid.format.ids import BackupRef
-from braid.format.keys import KeyService
 from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
-from braid.ops.verify import verify_backup
+from braid.ops.verify import verify_published
+from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher
 
 
@@ -40,6 +40,7 @@ class MaintenanceReport:
 
 
 def latest_per_name(repository: Repository) -> list[BackupRef]:
+    """The newest published backup of each name, sorted."""
     latest: dict[str, BackupRef] = {}
     for ref in repository.backups():
         latest[ref.name] = ref  # backups() is oldest first
@@ -47,14 +48,12 @@ def latest_per_name(repository: Repository) -> list[BackupRef]:
 
 
 def verify_latest(repository: Repository, keys: KeyService, sample_percent: float | None) -> list[dict[str, Any]]:
-    reports = []
+    """Deep-verify the newest backup of each name: the one a restore would use."""
+    reports: list[dict[str, Any]] = []
     for ref in latest_per_name(repository):
         try:
-            sealed = repository.load(ref)
-            key = keys.unwrap(sealed.manifest.key)
-            report = verify_backup(repository.store, sealed.authenticate(key), key, deep=True, sample_percent=sample_percent)
-            reports.append(report.to_json())
-        except BackupError as exc:
+            reports.append(verify_published(repository, ref, keys, sample_percent=sample_percent).to_json())
+        except BackupError as exc:  # a backup that will not open is a failed verify, not a failed job
             reports.append({"backup": str(ref), "mode": "deep", "ok": False, "failures": [str(exc)]})
     return reports
 

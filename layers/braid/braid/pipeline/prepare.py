@@ -9,16 +9,15 @@ it there and keeps it, so every worker of a backup uses one key.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
-from braid.errors import AlreadyExistsError, IntegrityError, KeyAccessError, NotFoundError
+from braid.errors import IntegrityError, KeyAccessError
 from braid.format.ids import BackupRef
-from braid.format.keys import DataKey, KeyService, WrappedKey, encryption_context
+from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.repository import Repository
-from braid.format.staging import SessionRecord, wrapped_key_key
-from braid.pipeline.plan import read_session
+from braid.format.staging import SessionRecord, StagingArea
+from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 
@@ -34,22 +33,8 @@ class Prepared:
         return {"repository": self.repository, "chunk_size": self.chunk_size, "level": self.level, "inputs": self.inputs, "key_id": self.key_id}
 
 
-def read_wrapped_key(store: ObjectStore, ref: BackupRef, repository_id: str) -> WrappedKey | None:
-    """The staged wrapped key, checked to be bound to this backup; None before Prepare ran."""
-    try:
-        raw = store.get(wrapped_key_key(ref))
-    except NotFoundError:
-        return None
-    try:
-        wrapped = WrappedKey.from_json(json.loads(raw))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IntegrityError(f"staged data key of {ref} is malformed: {exc}") from None
-    if wrapped.context != encryption_context(repository_id, str(ref)):
-        raise IntegrityError(f"staged data key of {ref} is bound to {wrapped.context}, not to this backup")
-    return wrapped
-
-
 def check_repository(store: ObjectStore, session: SessionRecord) -> Repository:
+    """The staged session belongs to the repository in this store, and that repository wraps keys with KMS."""
     repository = Repository.open(store)
     if repository.config.id != session.repository:
         raise IntegrityError(
@@ -61,23 +46,20 @@ def check_repository(store: ObjectStore, session: SessionRecord) -> Repository:
 
 
 def prepare_backup(store: ObjectStore, keys: KeyService, ref: BackupRef) -> Prepared:
-    session = read_session(store, ref)
+    area = StagingArea(store, ref)
+    session = area.read_session()
     check_repository(store, session)
-    wrapped = read_wrapped_key(store, ref, session.repository)
+    wrapped = area.read_wrapped_key(session.repository)
     if wrapped is None:
         _, fresh = keys.generate_data_key(encryption_context(session.repository, str(ref)))
-        try:
-            store.put(wrapped_key_key(ref), json.dumps(fresh.to_json(), sort_keys=True).encode(), create_only=True)
-            wrapped = fresh
-        except AlreadyExistsError:
-            # A racing attempt staged its key first; everyone uses that one.
-            wrapped = read_wrapped_key(store, ref, session.repository)
-            assert wrapped is not None
+        # A racing attempt may have staged its key first; everyone uses that one.
+        wrapped = area.write_wrapped_key(fresh)
     return Prepared(session.repository, session.chunk_size, session.level, len(session.inputs), wrapped.key_id)
 
 
 def load_data_key(store: ObjectStore, keys: KeyService, ref: BackupRef, repository_id: str) -> tuple[DataKey, WrappedKey]:
-    wrapped = read_wrapped_key(store, ref, repository_id)
+    """The backup's data key, unwrapped from what Prepare staged."""
+    wrapped = StagingArea(store, ref).read_wrapped_key(repository_id)
     if wrapped is None:
         raise KeyAccessError(f"no staged data key for {ref}: Prepare has not run (or staging was removed)")
     return keys.unwrap(wrapped), wrapped

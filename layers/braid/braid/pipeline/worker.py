@@ -4,8 +4,8 @@ Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
 input's last, so the range follows from the part number), then
 `braid.engine.chunk_worker.store_chunk`: the same encode and create-only PUT the local
 engine runs, so a retried or late worker can never replace a published chunk.
-The item's result goes to S3 (pipeline_results); the Lambda returns almost
-nothing.
+The item's result goes to staging (an ItemResult record, see
+braid.format.staging); the Lambda returns almost nothing.
 
 Chunks of an item run on a few *lanes* (threads, each with its own codec and
 reusable output buffer): while one lane compresses, another downloads or
@@ -21,21 +21,46 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from braid.engine.chunk_worker import ChunkTask, store_chunk
-from braid.errors import IntegrityError, NotFoundError
+from braid.errors import IntegrityError, NotFoundError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
-from braid.format.keys import DataKey, KeyService, WrappedKey
+from braid.format.keys import DataKey, WrappedKey
 from braid.format.manifest import ChunkEntry
-from braid.format.staging import segment_key
-from braid.pipeline.plan import ChunkSlice, MapItem
+from braid.format.staging import ChunkSlice, ItemResult, MapItem, StagingArea, segment_key
 from braid.pipeline.prepare import load_data_key
-from braid.pipeline.results import ItemResult, write_result
+from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """What the map's ItemSelector gives each worker: the backup, its repository and level, one item."""
+
+    ref: BackupRef
+    prefix: str
+    repository: str
+    level: int
+    item: MapItem
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> WorkerEvent:
+        try:
+            ref = BackupRef.parse(str(event["backup"]))
+            prefix, repository, level = str(event.get("prefix", "")), str(event["repository"]), int(event["level"])
+            item = MapItem.from_json(event["item"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"invalid worker event: {exc}") from None
+        return cls(ref, prefix, repository, level, item)
 
 
 class DataKeyCache:
@@ -76,9 +101,11 @@ class ChunkLanes:
         if getattr(self._local, "slot", None) != slot:
             self._local.codec = ChunkCodec(key, level)
             self._local.slot = slot
-        return self._local.codec
+        codec: ChunkCodec = self._local.codec
+        return codec
 
-    def map(self, fn, items):  # type: ignore[no-untyped-def]
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+        """`fn` over `items` on the lanes, results in item order (the first error is raised)."""
         return list(self._pool.map(fn, items))
 
 
@@ -138,7 +165,7 @@ def process_item(
 
     entries = tuple(lanes.map(one, item.chunks()))
     result = ItemResult(item.first_index, entries)
-    write_result(store, ref, result)
+    StagingArea(store, ref).write_result(result)
     return ItemOutcome(
         result,
         bytes_in=sum(e.length for e in entries),

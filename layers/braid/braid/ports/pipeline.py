@@ -1,13 +1,15 @@
 """Ports the pipeline steps need beyond ObjectStore and KeyService.
 
 Kept as small Protocols so the steps stay free of boto3 and run against
-in-memory fakes, moto, or AWS alike; braid.adapters.aws.lambda_env implements them.
+in-memory fakes, moto, or AWS alike; braid.adapters.aws.lambda_env builds them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+from braid.ports.multipart import MultipartStore
 
 
 class StagingJanitor(Protocol):
@@ -32,6 +34,23 @@ class EventPublisher(Protocol):
     """Announces outcomes (EventBridge) so people and automation can react."""
 
     def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None: ...
+
+
+class MultipartJanitor:
+    """StagingJanitor over a store's MultipartStore (S3, or a fake of it)."""
+
+    def __init__(self, uploads: MultipartStore) -> None:
+        self.uploads = uploads
+
+    def abort_uploads(self, prefix: str) -> int:
+        aborted = 0
+        for upload in list(self.uploads.list_uploads(prefix)):
+            self.uploads.abort_upload(upload.key, upload.upload_id)
+            aborted += 1
+        return aborted
+
+    def purge_versions(self, prefix: str) -> int:
+        return self.uploads.purge_versions(prefix)
 
 
 class PlainStoreJanitor:

@@ -17,37 +17,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError, NoRegionError
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from braid.errors import KeyAccessError, UsageError
+from braid.adapters.aws.errors import AwsCall, aws_error
+from braid.errors import BackupError, KeyAccessError
 from braid.format.keys import DataKey, WrappedKey
-
-
-def kms_client(*, region: str | None = None, endpoint_url: str | None = None, session: Any = None) -> Any:
-    """A boto3 KMS client with standard retries (KMS throttles bursts of Decrypt)."""
-    import boto3
-
-    config = Config(retries={"mode": "standard", "total_max_attempts": 8}, connect_timeout=10, read_timeout=30)
-    kwargs: dict[str, Any] = {"config": config}
-    if region:
-        kwargs["region_name"] = region
-    if endpoint_url:
-        kwargs["endpoint_url"] = endpoint_url
-    try:
-        return (session or boto3.session.Session()).client("kms", **kwargs)
-    except NoRegionError:
-        raise UsageError("no AWS region configured: set AWS_DEFAULT_REGION or AWS_REGION") from None
 
 
 def _same_key(a: str, b: str) -> bool:
     """A key ARN and its bare id name the same key."""
     return a == b or a.endswith("/" + b) or b.endswith("/" + a)
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 class KmsKeyService:
@@ -100,37 +79,34 @@ class KmsKeyService:
 
     def _error(
         self, exc: BaseException, action: str, backup: str, key_id: str, permission: str, recorded: str | None = None
-    ) -> KeyAccessError:
+    ) -> BackupError:
         """One line a DBA can act on: which backup, which key, what to fix."""
-        if isinstance(exc, NoCredentialsError):
-            return KeyAccessError(f"no AWS credentials to {action} {backup} with KMS key {key_id}: configure a profile or role")
-        if isinstance(exc, (BotoConnectionError, HTTPClientError)):
-            return KeyAccessError(f"cannot reach KMS to {action} {backup}: {exc}; check the network or AWS_ENDPOINT_URL")
-        if not isinstance(exc, ClientError):
-            return KeyAccessError(f"KMS failed to {action} {backup}: {exc}")
-        code = _error_code(exc)
-        message = exc.response.get("Error", {}).get("Message", "")
-        if code == "InvalidCiphertextException":
-            return KeyAccessError(
-                f"KMS refused to {action} {backup}: the wrapped key or its encryption context does not match "
-                "(the key belongs to another backup or repository, or the manifest was altered)"
-            )
         other_key = recorded is not None and self._key_id is not None and not _same_key(recorded, key_id)
-        if code == "IncorrectKeyException" or (code == "AccessDeniedException" and other_key and "alias/" not in key_id):
-            # KMS says IncorrectKeyException; some emulators say AccessDenied.
-            return KeyAccessError(
-                f"{backup} was encrypted under KMS key {recorded}, not {key_id}: use the repository's original key "
-                "(or restore with the key the backup records)"
-            )
-        if code == "AccessDeniedException":
-            also = f", or {backup} was wrapped under another key ({recorded})" if other_key else ""
-            return KeyAccessError(
-                f"KMS denied {permission} on key {key_id} to {action} {backup}: grant {permission} to this role in the key policy{also}"
-            )
-        if code == "NotFoundException":
-            return KeyAccessError(f"KMS key {key_id} not found (needed to {action} {backup}): check the key id or alias and the region")
-        if code in ("DisabledException", "KMSInvalidStateException"):
-            return KeyAccessError(f"KMS key {key_id} is disabled or pending deletion, so it cannot {action} {backup}: re-enable it")
-        if code in ("ThrottlingException", "KMSInternalException", "KeyUnavailableException", "DependencyTimeoutException"):
-            return KeyAccessError(f"KMS is unavailable or throttling ({code}) and could not {action} {backup}: run it again")
-        return KeyAccessError(f"KMS could not {action} {backup} with key {key_id}: {code}: {message}")
+
+        def specific(code: str, message: str) -> BackupError | None:
+            if code == "InvalidCiphertextException":
+                return KeyAccessError(
+                    f"KMS refused to {action} {backup}: the wrapped key or its encryption context does not match "
+                    "(the key belongs to another backup or repository, or the manifest was altered)"
+                )
+            if code == "IncorrectKeyException" or (code == "AccessDeniedException" and other_key and "alias/" not in key_id):
+                # KMS says IncorrectKeyException; some emulators say AccessDenied.
+                return KeyAccessError(
+                    f"{backup} was encrypted under KMS key {recorded}, not {key_id}: use the repository's original key "
+                    "(or restore with the key the backup records)"
+                )
+            if code == "AccessDeniedException":
+                also = f", or {backup} was wrapped under another key ({recorded})" if other_key else ""
+                return KeyAccessError(
+                    f"KMS denied {permission} on key {key_id} to {action} {backup}: grant {permission} to this role in the key policy{also}"
+                )
+            if code == "NotFoundException":
+                return KeyAccessError(f"KMS key {key_id} not found (needed to {action} {backup}): check the key id or alias and the region")
+            if code in ("DisabledException", "KMSInvalidStateException"):
+                return KeyAccessError(f"KMS key {key_id} is disabled or pending deletion, so it cannot {action} {backup}: re-enable it")
+            if code in ("ThrottlingException", "KMSInternalException", "KeyUnavailableException", "DependencyTimeoutException"):
+                return KeyAccessError(f"KMS is unavailable or throttling ({code}) and could not {action} {backup}: run it again")
+            return None
+
+        call = AwsCall("KMS", f"trying to {action} {backup} with key {key_id}", permission)
+        return aws_error(exc, call, KeyAccessError, specific)

@@ -1,4 +1,4 @@
-"""boto3 glue for the pipeline Lambdas: ports built from the function's environment.
+"""The pipeline Lambdas' ports, built from the function's environment.
 
 The stack gives every pipeline function the same environment:
 
@@ -8,24 +8,31 @@ The stack gives every pipeline function the same environment:
     BRAID_WORKER_LANES  chunks a worker processes at once (worker only)
 
 Clients are created once per container and shared by threads (boto3 clients
-are thread-safe); the store is per repository prefix, which comes with each
-execution's input.
+are thread-safe), with the pipeline's retry budget (braid.adapters.aws.clients
+PIPELINE: the state machine retries on top); each retry is logged. The store
+is per repository prefix, which comes with each execution's input.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from braid import contract
-from braid.adapters.aws.kms import KmsKeyService, kms_client
-from braid.adapters.aws.s3 import S3Store, map_error, s3_client
-from braid.errors import StorageError, UsageError
+from braid.adapters.aws.clients import PIPELINE, PIPELINE_KMS, events_client, kms_client, s3_client
+from braid.adapters.aws.events import EventBridgePublisher
+from braid.adapters.aws.kms import KmsKeyService
+from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.s3_multipart import S3Multipart
+from braid.errors import UsageError
+from braid.ports.pipeline import MultipartJanitor
+from braid.ports.progress_relay import ProgressRelay
+
+log = logging.getLogger("braid.aws")
+
+__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "repository_store", "setting", "worker_lanes"]
 
 
 def setting(name: str, default: str | None = None) -> str:
@@ -40,94 +47,43 @@ def worker_lanes() -> int:
     return int(setting(contract.ENV_WORKER_LANES, str(contract.DEFAULT_WORKER_LANES)))
 
 
+def _log_retry(event: dict[str, Any]) -> None:
+    """Retries go to the function's log: a slow run in CloudWatch shows what it waited for."""
+    log.info("%s %s: %s", event.get("service"), event.get("operation"), event.get("message"))
+
+
+_retries = ProgressRelay()  # the clients' retries and S3Store's 409 retries alike
+_retries.send_to(_log_retry)
+
+
 @lru_cache(maxsize=1)
 def _s3() -> Any:
-    return s3_client(concurrency=worker_lanes() + 2)
+    return s3_client(concurrency=worker_lanes() + 2, retries=PIPELINE, on_retry=_retries)
 
 
 @lru_cache(maxsize=1)
 def _kms() -> Any:
-    return kms_client()
+    return kms_client(retries=PIPELINE_KMS, on_retry=_retries)
 
 
 @lru_cache(maxsize=1)
 def _events() -> Any:
-    import boto3
-
-    return boto3.client("events")
+    return events_client(retries=PIPELINE, on_retry=_retries)
 
 
 def repository_store(prefix: str) -> S3Store:
-    return S3Store(_s3(), setting(contract.ENV_BUCKET), prefix)
+    return S3Store(_s3(), setting(contract.ENV_BUCKET), prefix, retries=_retries)
 
 
 def key_service() -> KmsKeyService:
     return KmsKeyService(_kms(), setting(contract.ENV_KMS_KEY_ID))
 
 
-class S3StagingJanitor:
-    """Aborts incomplete multipart uploads and purges object versions under a repository-relative prefix."""
+class S3StagingJanitor(MultipartJanitor):
+    """The StagingJanitor of a repository on S3: aborts its open uploads and purges old versions."""
 
     def __init__(self, store: S3Store) -> None:
-        self.store = store
-
-    def abort_uploads(self, prefix: str) -> int:
-        client, bucket = self.store.client, self.store.bucket
-        aborted = 0
-        try:
-            paginator = client.get_paginator("list_multipart_uploads")
-            for page in paginator.paginate(Bucket=bucket, Prefix=self.store.object_key(prefix)):
-                for upload in page.get("Uploads", []):
-                    try:
-                        client.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-                    except ClientError as exc:
-                        if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
-                            raise
-                    aborted += 1
-        except (ClientError, BotoCoreError) as exc:
-            raise map_error(exc, action="aborting uploads under", bucket=bucket, key=self.store.object_key(prefix), permission="s3:ListBucketMultipartUploads and s3:AbortMultipartUpload") from None
-        return aborted
-
-
-    def purge_versions(self, prefix: str) -> int:
-        client, bucket = self.store.client, self.store.bucket
-        purged = 0
-        try:
-            paginator = client.get_paginator("list_object_versions")
-            for page in paginator.paginate(Bucket=bucket, Prefix=self.store.object_key(prefix)):
-                doomed = [
-                    {"Key": v["Key"], "VersionId": v["VersionId"]}
-                    for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])
-                ]
-                for start in range(0, len(doomed), 1000):
-                    batch = doomed[start : start + 1000]
-                    response = client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
-                    if response.get("Errors"):
-                        first = response["Errors"][0]
-                        raise StorageError(
-                            f"could not delete old versions of s3://{bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
-                        )
-                    purged += len(batch)
-        except (ClientError, BotoCoreError) as exc:
-            raise map_error(exc, action="purging old versions under", bucket=bucket, key=self.store.object_key(prefix), permission="s3:ListBucketVersions and s3:DeleteObjectVersion") from None
-        return purged
-
-
-class EventBridgePublisher:
-    def __init__(self, client: Any, bus: str) -> None:
-        self.client = client
-        self.bus = bus
-
-    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
-        try:
-            response = self.client.put_events(
-                Entries=[{"Source": contract.EVENT_SOURCE, "DetailType": detail_type, "Detail": json.dumps(dict(detail)), "EventBusName": self.bus}]
-            )
-        except (ClientError, BotoCoreError) as exc:
-            raise StorageError(f"cannot publish {detail_type!r} to EventBridge bus {self.bus}: {exc} (the role needs events:PutEvents)") from None
-        if response.get("FailedEntryCount"):
-            entry = response["Entries"][0]
-            raise StorageError(f"EventBridge refused {detail_type!r}: {entry.get('ErrorCode')}: {entry.get('ErrorMessage')}")
+        super().__init__(S3Multipart(store))
 
 
 def event_publisher() -> EventBridgePublisher:

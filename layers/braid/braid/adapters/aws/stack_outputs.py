@@ -9,23 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from braid.adapters.aws.clients import cloudformation_client
+from braid.adapters.aws.errors import AwsCall, aws_error
 from braid.adapters.aws.s3 import S3Store
 from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE
-from braid.errors import RepositoryError, UsageError
+from braid.errors import BackupError, RepositoryError, UsageError
 from braid.format.repository import RepositoryConfig
 
 
 def stack_outputs(stack: str, client: Any = None) -> dict[str, str]:
-    client = client or boto3.client("cloudformation")
+    client = client or cloudformation_client()
+
+    def specific(code: str, message: str) -> BackupError | None:
+        # CloudFormation answers a missing stack with ValidationError ("Stack with id X does not exist").
+        return RepositoryError(f"cannot read stack {stack!r}: {message}") if code == "ValidationError" else None
+
     try:
         stacks = client.describe_stacks(StackName=stack)["Stacks"]
-    except ClientError as exc:
-        raise RepositoryError(f"cannot read stack {stack!r}: {exc.response.get('Error', {}).get('Message', exc)}") from None
-    except BotoCoreError as exc:
-        raise RepositoryError(f"cannot reach CloudFormation to read stack {stack!r}: {exc}") from None
+    except (ClientError, BotoCoreError) as exc:
+        raise aws_error(exc, AwsCall("CloudFormation", f"reading stack {stack!r}", "cloudformation:DescribeStacks"), RepositoryError, specific) from None
     return {o["OutputKey"]: o["OutputValue"] for o in stacks[0].get("Outputs", [])}
 
 
@@ -48,5 +52,5 @@ def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, cre
 
 
 def config_from_stack(stack: str, store: S3Store, created: str) -> RepositoryConfig:
-    client = boto3.client("cloudformation")
+    client = cloudformation_client()
     return config_from_outputs(stack, stack_outputs(stack, client), store, created, client.meta.region_name)

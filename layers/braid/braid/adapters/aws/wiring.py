@@ -1,0 +1,45 @@
+"""The cloud engine with its AWS parts: the composition root of the agent's cloud path.
+
+braid.agent takes ports only; this is where they become S3 (the repository's
+own store and client, and S3Multipart over them) and Step Functions (the
+state machine the repository's config names), all reporting their retries
+to the one relay the engine points at each run's progress. `braid backup`
+and `braid status` both build the engine here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from braid.adapters.aws.clients import stepfunctions_client
+from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.s3_multipart import S3Multipart
+from braid.adapters.aws.stepfunctions import StepFunctionsExecutions
+from braid.agent.cloud_engine import CloudEngine, CloudOptions
+from braid.errors import RepositoryError, UsageError
+from braid.format.repository import Repository
+
+
+def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfunctions: Any = None) -> CloudEngine:
+    """The engine for a repository on S3 whose config names a pipeline.
+
+    `options` is CloudOptions, or the CLI's parsed arguments (CloudOptions.from_cli).
+    `stepfunctions` replaces the Step Functions client (tests).
+    """
+    store = repository.store
+    if not isinstance(store, S3Store):
+        raise UsageError("the cloud engine needs an s3:// repository")
+    arn = repository.config.cloud.get("state_machine_arn")
+    if not arn:
+        raise RepositoryError(f"repository {repository.url} names no pipeline: run 'braid init --repo {repository.url} --stack NAME'")
+    if not isinstance(options, CloudOptions):
+        options = CloudOptions.from_cli(options)
+    client = stepfunctions or stepfunctions_client(region=repository.config.cloud.get("region"), on_retry=store.retries)
+    return CloudEngine(
+        repository,
+        options,
+        uploads=S3Multipart(store),
+        executions=StepFunctionsExecutions(client, str(arn)),
+        prefix=store.prefix,
+        retries=store.retries,
+    )

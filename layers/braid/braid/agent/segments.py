@@ -1,0 +1,109 @@
+"""What the uploader knows of each input and segment, and the record a finished segment gets.
+
+A segment's full-object CRC64NVME is combined from its parts' CRCs in part
+order (CRCs combine without re-reading the data), so the record, the
+checksum sent with CompleteMultipartUpload and the check of a segment
+completed before an interruption all come from the parts as they were read.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from braid.errors import InputError
+from braid.format.checksum import combine_crc64nvme, encode_crc64nvme, tagged_checksum
+from braid.format.staging import SegmentRecord
+from braid.ports.multipart import SentPart, StoredPart
+from braid.ports.store import ObjectInfo
+
+
+@dataclass
+class Part:
+    """A part of the re-read stream: sent (etag), or found already stored."""
+
+    etag: str | None
+    crc: int
+    size: int
+
+
+@dataclass
+class Segment:
+    input_index: int
+    number: int
+    key: str  # repository-relative
+    record: SegmentRecord | None = None  # completed and recorded before an interruption
+    stored: ObjectInfo | None = None  # completed but not recorded (interrupted in between)
+    upload_id: str | None = None
+    existing: dict[int, StoredPart] = field(default_factory=dict)  # parts of its open upload
+    parts: dict[int, Part] = field(default_factory=dict)
+    submitted: int = 0
+    expected: int | None = None  # known once the segment is full or its input ended
+    completing: bool = False
+    done: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ordered_parts(self) -> list[tuple[int, Part]]:
+        numbers = sorted(self.parts)
+        if numbers != list(range(1, len(numbers) + 1)):
+            raise AssertionError(f"segment {self.key} has parts {numbers}")  # pragma: no cover
+        return [(n, self.parts[n]) for n in numbers]
+
+    def full_crc(self) -> int:
+        parts = [part for _, part in self.ordered_parts()]
+        crc = parts[0].crc
+        for part in parts[1:]:
+            crc = combine_crc64nvme(crc, part.crc, part.size)
+        return crc
+
+    def sent_parts(self) -> list[SentPart]:
+        return [SentPart(n, part.etag or "", encode_crc64nvme(part.crc)) for n, part in self.ordered_parts()]
+
+    def record_of(self, chunk_size: int, segment_parts: int) -> SegmentRecord:
+        """The record of this segment as read now: what the pipeline and a later resume trust."""
+        parts = [part for _, part in self.ordered_parts()]
+        return SegmentRecord(
+            input_index=self.input_index,
+            segment=self.number,
+            key=self.key,
+            offset=self.number * segment_parts * chunk_size,
+            length=sum(p.size for p in parts),
+            parts=len(parts),
+            checksum=tagged_checksum(self.full_crc()),
+            part_checksums=[encode_crc64nvme(p.crc) for p in parts],
+        )
+
+    def check_same_stream(self, built: SegmentRecord, input_label: str) -> None:
+        """A segment completed before an interruption must hold exactly the re-read bytes."""
+        if self.record is not None:
+            before = self.record
+            same = (before.length, before.parts, before.checksum, before.offset, before.part_checksums) == (
+                built.length, built.parts, built.checksum, built.offset, built.part_checksums
+            )
+        elif self.stored is not None:
+            same = (self.stored.size, self.stored.checksum or built.checksum) == (built.length, built.checksum)
+        else:
+            return
+        if not same:
+            raise InputError(
+                f"input {input_label} is not the stream that was uploaded before the interruption "
+                f"(segment {self.number} differs); --resume needs the same bytes: start a new backup instead"
+            )
+
+
+@dataclass
+class InputState:
+    next_number: int = 0
+    length: int = 0
+    short_seen: bool = False
+    ended: bool = False
+    segments: dict[int, Segment] = field(default_factory=dict)
+
+    def check_next(self, input_index: int, number: int, size: int, chunk_size: int) -> None:
+        """The reader's contract: chunks in order, all full but the last, none after the end."""
+        if self.ended or self.short_seen:
+            raise ValueError(f"chunk {number} of input {input_index} after its end")
+        if number != self.next_number:
+            raise ValueError(f"chunk {number} of input {input_index} out of order, expected {self.next_number}")
+        if not 0 < size <= chunk_size:
+            raise ValueError(f"chunk {number} of input {input_index} is {size} bytes; chunks are 1..{chunk_size}")

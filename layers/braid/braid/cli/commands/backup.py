@@ -1,0 +1,103 @@
+"""`braid backup` and `braid status`: run a backup through the repository's engine, and follow a cloud one.
+
+The repository's config picks the engine (a pipeline named in it, or this
+machine), so both commands print the same outcome either way: NAME@ID on
+stdout once the backup is published, or one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from braid.cli.compose import open_key_service, open_repository, repo_url
+from braid.cli.progress import Progress
+from braid.cli.render import manifest_summary, print_execution_status
+from braid.cli.sizes import format_size, parse_size
+from braid.engine.port import BackupEngine, BackupRequest
+from braid.engine.stream import sources_from_args
+from braid.errors import ExecutionError, UsageError
+from braid.format.ids import BackupRef, validate_name
+from braid.format.repository import Repository
+
+MIN_CHUNK = 4 * 1024
+MAX_CHUNK = 1024**3
+
+_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
+
+
+def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngine:
+    """The repository's config decides: a pipeline named in it, or this machine."""
+    if repository.config.cloud:
+        from braid.adapters.aws.wiring import cloud_engine
+
+        args.rate_limit_bytes = parse_size(args.rate_limit) if args.rate_limit else None
+        if args.rate_limit_bytes == 0:
+            raise UsageError("--rate-limit must be more than 0")
+        return cloud_engine(repository, args)
+    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
+    if given:
+        raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
+    from braid.engine.local import LocalEngine
+
+    return LocalEngine(repository, open_key_service(repository, args.key_file))
+
+
+def _backup_ref(args: argparse.Namespace) -> BackupRef:
+    """A new NAME@ID, or the interrupted one `--resume` continues."""
+    if args.resume:
+        ref = BackupRef.parse(args.resume)
+        if ref.is_latest or (args.name and args.name != ref.name):
+            raise UsageError("--resume takes the exact NAME@ID the interrupted backup printed")
+        return ref
+    if not args.name:
+        raise UsageError("the following arguments are required: --name")
+    return BackupRef.new(validate_name(args.name))
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    ref = _backup_ref(args)
+    chunk_size = parse_size(args.chunk_size)
+    if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+        raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
+    sources = sources_from_args(args.input)
+    for source in sources:
+        source.check()
+    repository = open_repository(repo_url(args.repo))
+    progress = Progress.for_terminal(args.json)
+    request = BackupRequest(ref, sources, chunk_size, args.level, args.workers, resume=bool(args.resume))
+    engine = _engine_for(repository, args)
+    manifest = engine.run(request, progress)
+    if manifest is None:
+        print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
+        print(ref)
+        return 0
+    progress({"event": "done", **manifest_summary(manifest)})
+    print(manifest.backup)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from braid.adapters.aws.wiring import cloud_engine
+
+    repository = open_repository(repo_url(args.repo))
+    if not repository.config.cloud:
+        raise UsageError("status follows cloud pipeline executions; this is a local repository")
+    ref = BackupRef.parse(args.backup)
+    engine = cloud_engine(repository, args)
+    status, processed = engine.status(ref)
+    if args.once:
+        doc: dict[str, object] = {"backup": str(ref), "status": status.status, "chunks_done": processed, "execution": status.arn}
+        cause = status.failure_message(ref) if status.done and status.status != "SUCCEEDED" else None
+        if cause is not None:
+            doc["cause"] = cause
+        print_execution_status(doc, args.json)
+        if cause is not None:
+            raise ExecutionError(cause)
+        return 0
+    # Following: the same outcome as a waiting backup (NAME@ID on stdout, or the failure).
+    progress = Progress.for_terminal(args.json)
+    manifest = engine.wait(ref, progress, expected=engine.staged_stream_end(ref))
+    progress({"event": "done", **manifest_summary(manifest)})
+    print(manifest.backup)
+    return 0

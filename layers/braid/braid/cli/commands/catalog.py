@@ -1,0 +1,35 @@
+"""`braid list` and `braid show`: what the repository holds, read without a key.
+
+Both read manifests checked against their own checksums only; nothing here
+decrypts, so a host without the key can still see what is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from braid.cli.compose import open_repository, repo_url
+from braid.cli.render import manifest_summary, print_backup_list, print_manifest
+from braid.errors import BackupError
+from braid.format.ids import BackupRef
+from braid.ops.open import read_manifest
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    repository = open_repository(repo_url(args.repo))
+    rows: list[dict[str, Any]] = []
+    for ref in repository.backups(args.name):
+        try:
+            rows.append(manifest_summary(read_manifest(repository, ref)))
+        except BackupError as exc:  # one bad manifest must not hide the others
+            rows.append({"backup": str(ref), "error": str(exc), "created": ""})
+    rows.sort(key=lambda row: (row["created"], row["backup"]))
+    print_backup_list(rows, args.json)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    repository = open_repository(repo_url(args.repo))
+    print_manifest(read_manifest(repository, BackupRef.parse(args.backup)), args.json)
+    return 0

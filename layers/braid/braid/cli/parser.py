@@ -1,0 +1,147 @@
+"""The command line's grammar: commands, options, argument types, help text.
+
+Help text and option names are a contract with users' scripts, so they live
+here alone; each command's handler is bound with `set_defaults(handler=...)`
+and `braid.cli.main` calls it with the parsed namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from braid import __version__
+from braid.cli.commands.backup import cmd_backup, cmd_status
+from braid.cli.commands.catalog import cmd_list, cmd_show
+from braid.cli.commands.init import cmd_init
+from braid.cli.commands.prune import cmd_prune
+from braid.cli.commands.restore import cmd_restore
+from braid.cli.commands.verify import cmd_verify
+from braid.errors import EXIT_CODES, UsageError
+
+
+def _cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _epilog() -> str:
+    lines = ["exit codes:"] + [f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()]
+    lines += [
+        "",
+        "environment:",
+        "  BRAID_REPO      repository (directory or s3://BUCKET/PREFIX) when --repo is not given",
+        "  BRAID_KEY_FILE  master-key file of a local repository when --key-file is not given",
+    ]
+    return "\n".join(lines)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a percentage") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError("--sample must be in (0, 100]")
+    return value
+
+
+def _level(text: str) -> int:
+    value = _positive_int(text)
+    if value > 19:
+        raise argparse.ArgumentTypeError("--level must be 1..19")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is a UsageError: one line and exit code 2, like every other failure."""
+
+    def error(self, message: str) -> Any:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _Parser(add_help=False)  # options every command takes
+    common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
+    common.add_argument("--key-file", help="master-key file of a local repository (env BRAID_KEY_FILE)")
+    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
+
+    parser = _Parser(
+        prog="braid",
+        description="Stream database backups off the host; compress and encrypt them in parallel; restore them verified.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"braid {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    init = sub.add_parser("init", parents=[common], help="create a repository (and, locally, its master key)")
+    init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
+    init.set_defaults(handler=cmd_init)
+
+    backup = sub.add_parser("backup", parents=[common], help="back up stdin or --input streams")
+    backup.add_argument("--name", help="backup name, e.g. the database name")
+    backup.add_argument("--input", action="append", metavar="PATH", help="file or named pipe; repeat for several (read concurrently)")
+    backup.add_argument("--chunk-size", default="64MiB", help="chunk size (default 64MiB)")
+    backup.add_argument("--workers", type=_positive_int, default=_cores(), help="worker threads (default: cores)")
+    backup.add_argument("--level", type=_level, default=3, help="zstd level (default 3)")
+    cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
+    cloud.add_argument("--concurrency", type=_positive_int, help="uploads in flight (default 8); memory is (concurrency + 2) chunks")
+    cloud.add_argument("--rate-limit", metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
+    cloud.add_argument("--fan-out", type=_positive_int, help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
+    cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
+    cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
+    backup.set_defaults(handler=cmd_backup)
+
+    status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
+    status.add_argument("backup", metavar="NAME@ID")
+    status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
+    status.set_defaults(handler=cmd_status)
+
+    restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
+    restore.add_argument("backup", metavar="NAME@ID", help="backup to restore (NAME@latest for the newest)")
+    restore.add_argument("--output", action="append", metavar="PATH", help="one per backup input, in order")
+    restore.add_argument("--workers", type=_positive_int, default=_cores(), help="decode threads (default: cores)")
+    restore.add_argument("--force", action="store_true", help="overwrite existing output files")
+    restore.set_defaults(handler=cmd_restore)
+
+    lister = sub.add_parser("list", parents=[common], help="list complete backups")
+    lister.add_argument("--name", help="only backups with this name")
+    lister.set_defaults(handler=cmd_list)
+
+    show = sub.add_parser("show", parents=[common], help="show one backup's manifest summary")
+    show.add_argument("backup", metavar="NAME@ID")
+    show.set_defaults(handler=cmd_show)
+
+    verify = sub.add_parser("verify", parents=[common], help="check backups: quick (presence, size, checksum) or --deep")
+    target = verify.add_mutually_exclusive_group(required=True)
+    target.add_argument("backup", nargs="?", metavar="NAME@ID")
+    target.add_argument("--all", action="store_true", help="every backup in the repository")
+    verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
+    verify.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
+    verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), help="parallel checks")
+    verify.set_defaults(handler=cmd_verify)
+
+    prune = sub.add_parser("prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers")
+    prune.add_argument("--keep-last", type=_positive_int, metavar="N", help="keep the newest N backups of each name")
+    prune.add_argument("--keep-days", type=float, metavar="D", help="keep every backup started in the last D days")
+    prune.add_argument("--orphan-grace-hours", type=float, default=48.0, metavar="H",
+                       help="collect data of backups that never completed once older than H hours (default 48)")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    prune.set_defaults(handler=cmd_prune)
+    return parser

@@ -1,0 +1,139 @@
+"""What the CLI prints: text for people, JSON for scripts.
+
+Output is a contract (scripts parse the JSON, people grep the tables), so
+every layout lives here, apart from the commands that decide what to show.
+Data (JSON, tables, backup ids) goes to stdout; notes meant only for the
+person at the terminal go to stderr, so `braid list > file` keeps just data.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from braid.cli.sizes import format_size
+from braid.format.manifest import Manifest
+from braid.format.repository import RepositoryConfig
+from braid.ops.init import LocalInit
+from braid.ops.retention import PrunePlan
+
+
+def manifest_summary(manifest: Manifest) -> dict[str, Any]:
+    """One backup in a line: a `list` row, and the final `done` progress event."""
+    return {
+        "backup": manifest.backup,
+        "name": manifest.name,
+        "id": manifest.id,
+        "created": manifest.created,
+        "completed": manifest.completed,
+        "engine": manifest.engine,
+        "inputs": len(manifest.inputs),
+        "chunks": manifest.chunk_count,
+        "plaintext_bytes": manifest.plaintext_bytes,
+        "stored_bytes": manifest.stored_bytes,
+        "ratio": round(manifest.ratio, 4),
+    }
+
+
+def print_local_init(result: LocalInit, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"repository": str(result.root), "id": result.repository.config.id, "key_file": str(result.key_file), "key_id": result.key_id}))
+        return
+    if result.created_key:
+        note = f"created key file {result.key_file} (0600): keep a copy somewhere safe; without it no backup can be restored"
+    else:
+        note = f"using existing key file {result.key_file}"
+    print(f"initialised repository {result.root} (id {result.repository.config.id})", file=sys.stderr)
+    print(note, file=sys.stderr)
+
+
+def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"repository": url, "id": config.id, "key_id": config.key["key_id"], **config.cloud}))
+    else:
+        print(f"initialised repository {url} (id {config.id}) on stack {stack}", file=sys.stderr)
+
+
+def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """`rows`: manifest summaries, or {"backup", "error", "created"} for an unreadable manifest."""
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no backups", file=sys.stderr)
+        return
+    print(f"{'BACKUP':<48} {'CREATED':<20} {'SIZE':>10} {'STORED':>10} {'RATIO':>6} {'CHUNKS':>7}")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['backup']:<48} UNREADABLE: {row['error']}")
+            continue
+        print(
+            f"{row['backup']:<48} {row['created'][:19]:<20} {format_size(row['plaintext_bytes']):>10}"
+            f" {format_size(row['stored_bytes']):>10} {row['ratio']:>6.3f} {row['chunks']:>7}"
+        )
+
+
+def manifest_detail(manifest: Manifest) -> dict[str, Any]:
+    """`show --json`: the summary plus how the backup was made and what each input holds."""
+    return {
+        **manifest_summary(manifest),
+        "chunk_size": manifest.chunk_size,
+        "algorithms": manifest.algorithms,
+        "key_id": manifest.key.key_id,
+        "timings": manifest.timings,
+        "stats": manifest.stats,
+        "input_details": [
+            {"index": i.index, "source": i.source, "bytes": i.length, "chunks": len(i.chunks), "stored_bytes": sum(c.stored_length for c in i.chunks)}
+            for i in manifest.inputs
+        ],
+    }
+
+
+def print_manifest(manifest: Manifest, as_json: bool) -> None:
+    detail = manifest_detail(manifest)
+    if as_json:
+        print(json.dumps(detail, indent=2))
+        return
+    print(f"backup      {manifest.backup}")
+    print(f"created     {manifest.created}")
+    print(f"completed   {manifest.completed}")
+    print(f"engine      {manifest.engine}")
+    print(f"size        {format_size(manifest.plaintext_bytes)} ({manifest.plaintext_bytes} bytes)")
+    print(f"stored      {format_size(manifest.stored_bytes)} ({manifest.stored_bytes} bytes), ratio {manifest.ratio:.3f}")
+    print(f"chunks      {manifest.chunk_count} of up to {format_size(manifest.chunk_size)}")
+    print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
+    print(f"key         {manifest.key.key_id}")
+    print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
+    for entry in detail["input_details"]:
+        print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
+
+
+def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
+    """`reports`: VerifyReport JSON, or {"backup", "ok": False, "failures"} for a backup that would not open."""
+    if as_json:
+        print(json.dumps(reports, indent=2))
+        return
+    for r in reports:
+        status = "ok" if r["ok"] else "FAILED"
+        checked = f"{r.get('chunks_checked', 0)}/{r.get('chunks_total', '?')} chunks" if "chunks_total" in r else ""
+        print(f"{r['backup']}: {status} ({r.get('mode', 'quick')}, {checked})")
+        for failure in r["failures"]:
+            print(f"  {failure}")
+
+
+def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, **plan.to_json()}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for ref in plan.forget:
+        print(f"{verb} {ref}")
+    for ref in plan.orphans:
+        print(f"{verb} leftovers of incomplete backup {ref}")
+    print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
+
+
+def print_execution_status(doc: dict[str, object], as_json: bool) -> None:
+    """`status --once`: {"backup", "status", "chunks_done", "execution"[, "cause"]}."""
+    print(json.dumps(doc) if as_json else f"{doc['backup']}: {doc['status']}, {doc['chunks_done']} chunks processed")

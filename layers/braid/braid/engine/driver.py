@@ -1,0 +1,109 @@
+"""The one loop that reads a backup's inputs into a sink, shared by both engines.
+
+Reader threads (braid.engine.stream) cut the inputs into pool buffers; this
+loop, on the caller's thread, numbers the pieces in arrival order, hands
+each to a `ChunkSink` (the local engine stores chunks on a thread pool, the
+cloud agent uploads staging parts) and tells the sink when each input ends.
+Keeping this in one place means both engines agree on what a chunk index
+is, on the 2^32-chunk limit, and on how a failure stops the readers.
+
+Memory is bounded by the pool: `buffers` chunk buffers, whatever the
+stream length. A sink returns each buffer through the `release` callback
+it is given, so a reader blocks only while every buffer is in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter
+from braid.errors import LimitError
+from braid.format.chunk import MAX_CHUNKS_PER_KEY
+
+__all__ = ["ChunkSink", "Release", "StreamResult", "drive"]
+
+Release = Callable[[], None]
+"""Gives a piece's buffer back to the pool: call exactly once, from any thread."""
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class ChunkSink(Protocol[R_co]):
+    """Where the driver sends the pieces of a stream.
+
+    `accept` owns the buffer from the call on: it must `release` it exactly
+    once, also when it raises. It may block (that is the back-pressure that
+    bounds memory) and raises once the sink has failed, so the stream stops
+    at the next piece after a failure rather than at its end.
+    """
+
+    def accept(self, index: int, piece: Piece, release: Release) -> None:
+        """Take chunk `index` (global, in arrival order) of the backup."""
+        ...
+
+    def end_input(self, input_index: int, length: int) -> None:
+        """Input `input_index` ended after `length` bytes; all its pieces were accepted."""
+        ...
+
+    def finish(self) -> R_co:
+        """Every input ended: wait for the work in flight and return its outcome, or raise its first error."""
+        ...
+
+    def abort(self, error: BaseException) -> None:
+        """Stop after `error`: drop queued work, wait for running work; must not raise."""
+        ...
+
+
+@dataclass(frozen=True)
+class StreamResult(Generic[R]):
+    """What the loop saw, and what the sink made of it."""
+
+    outcome: R  # the sink's `finish`
+    input_lengths: dict[int, int]  # by input index
+    chunks: int
+    ended_at: float  # time.monotonic() when the last input ended, before the sink drained
+    max_buffers_in_flight: int
+
+
+def drive(sources: Sequence[InputSource], sink: ChunkSink[R], *, buffers: int, chunk_size: int, backup: str) -> StreamResult[R]:
+    """Read every source to its end through `sink`.
+
+    On any failure (a reader's, the sink's, the limit, KeyboardInterrupt)
+    the readers are told to stop, the sink is aborted with the error, the
+    reader threads are joined, and the error is re-raised unchanged: what
+    the caller does next (discard chunks, point at --resume) is its own.
+    """
+    pool = BufferPool(buffers, chunk_size)
+    cancelled = threading.Event()
+    cutter = StreamCutter(list(sources), pool, cancelled)
+    lengths: dict[int, int] = {}
+    count = 0
+    try:
+        for event in cutter:
+            if isinstance(event, InputEnd):
+                lengths[event.input_index] = event.length
+                sink.end_input(event.input_index, event.length)
+                continue
+            release = _releaser(pool, event.buffer)
+            if count >= MAX_CHUNKS_PER_KEY:
+                release()
+                raise LimitError(f"backup {backup} would exceed 2^32 chunks under one data key; use a larger --chunk-size")
+            sink.accept(count, event, release)
+            count += 1
+        ended_at = time.monotonic()
+        outcome = sink.finish()
+    except BaseException as exc:
+        cancelled.set()
+        sink.abort(exc)
+        cutter.join()
+        raise
+    return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use)
+
+
+def _releaser(pool: BufferPool, buffer: bytearray) -> Release:
+    return lambda: pool.release(buffer)

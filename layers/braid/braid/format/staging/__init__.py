@@ -1,0 +1,70 @@
+"""The cloud path's staging area: the contract between agent and pipeline.
+
+Everything a backup in flight needs lives under `staging/NAME/ID/`, so that
+the agent can resume from another process (or host) and the pipeline needs
+nothing from the host but these objects:
+
+    session.json                 written first by the agent: inputs, chunk size,
+                                 segment size, level; what --resume reads
+    in<I>/seg<S>                 multipart upload; part p (1-based) is chunk
+                                 p-1 of the segment, every part exactly
+                                 chunk_size bytes but the input's last
+    segments/in<I>-seg<S>.json   written by the agent after it completed the
+                                 segment (SegmentRecord)
+    stream-end.json              written by the agent when every input ended
+                                 (StreamEnd): input lengths and segment counts
+    key.json                     wrapped data key, written by Prepare
+    plans/round-NNNNN.json       map items of one planner round (Round)
+    results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
+
+No plaintext outlives the backup: Finalize and Cleanup delete the segments,
+and the bucket's lifecycle aborts stray multipart uploads and expires
+leftover staging.
+
+keys: every key and the parsers listings need; records: what the agent
+writes; rounds: what the pipeline writes; area: StagingArea, the one reader
+and writer of all of them.
+"""
+
+from braid.format.staging.area import StagingArea
+from braid.format.staging.keys import (
+    parse_round_key,
+    parse_segment_key,
+    result_key,
+    results_prefix,
+    round_key,
+    rounds_prefix,
+    segment_key,
+    segment_record_key,
+    segment_records_prefix,
+    segments_prefix,
+    session_key,
+    stream_end_key,
+    wrapped_key_key,
+)
+from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.rounds import ChunkSlice, ItemResult, MapItem, Round
+
+__all__ = [
+    "ChunkSlice",
+    "ItemResult",
+    "MapItem",
+    "Round",
+    "SegmentRecord",
+    "SessionRecord",
+    "StagingArea",
+    "StreamEnd",
+    "parse_round_key",
+    "parse_segment_key",
+    "result_key",
+    "results_prefix",
+    "round_key",
+    "rounds_prefix",
+    "segment_key",
+    "segment_record_key",
+    "segment_records_prefix",
+    "segments_prefix",
+    "session_key",
+    "stream_end_key",
+    "wrapped_key_key",
+]

@@ -1,0 +1,222 @@
+"""StagingArea: one backup's staging area in a store, every record read and written here.
+
+The agent (writing the stream, resuming it), the pipeline steps and the
+agent's progress polling all go through this one class, so each record has
+one reader with one validation and each failure one typed error:
+
+    missing session           NotFoundError   (never staged, or staging removed)
+    any malformed record      IntegrityError  naming the record's key
+    a record that disagrees   IntegrityError  (another backup, impossible sizes,
+      with the backup/session                  a key bound elsewhere, a gap in rounds)
+    create-only write lost    AlreadyExistsError (session), or the winner is
+                              adopted (wrapped key, rounds)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError
+from braid.format.canonical import canonical_json
+from braid.format.ids import BackupRef
+from braid.format.keys import WrappedKey, encryption_context
+from braid.format.layout import staging_prefix
+from braid.format.manifest import ChunkEntry
+from braid.format.staging.keys import (
+    parse_round_key,
+    parse_segment_key,
+    result_key,
+    results_prefix,
+    round_key,
+    rounds_prefix,
+    segment_record_key,
+    segment_records_prefix,
+    segments_prefix,
+    session_key,
+    stream_end_key,
+    wrapped_key_key,
+)
+from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.rounds import ItemResult, MapItem, Round
+from braid.ports.pipeline import StagingJanitor
+from braid.ports.store import ObjectInfo, ObjectStore
+
+
+class StagingArea:
+    """One backup's staging area in a store: every record read and written here."""
+
+    def __init__(self, store: ObjectStore, ref: BackupRef) -> None:
+        self.store = store
+        self.ref = ref
+
+    @property
+    def prefix(self) -> str:
+        """Repository-relative prefix of every object of this backup's staging."""
+        return staging_prefix(self.ref)
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except NotFoundError:
+            return None
+
+    # -- session -------------------------------------------------------------
+    def read_session(self) -> SessionRecord:
+        key = session_key(self.ref)
+        raw = self._get(key)
+        if raw is None:
+            raise NotFoundError(
+                f"no staged session for {self.ref} in {self.store.url}: the backup was never staged"
+                f" (the agent writes {key} first) or its staging was removed"
+            )
+        session = SessionRecord.from_bytes(raw, key)
+        session.check(self.ref, key)
+        return session
+
+    def write_session(self, session: SessionRecord) -> None:
+        """Create-only: a backup is staged once; a second start must resume instead."""
+        key = session_key(self.ref)
+        session.check(self.ref, key)
+        try:
+            self.store.put(key, session.to_bytes(), create_only=True)
+        except AlreadyExistsError:
+            raise AlreadyExistsError(f"{self.ref} already has a staging session in {self.store.url}; continue it with --resume {self.ref}") from None
+
+    # -- segments ------------------------------------------------------------
+    def read_segment_records(self, session: SessionRecord) -> list[SegmentRecord]:
+        """Every record, each checked against the session, sorted by (input, segment)."""
+        records = []
+        for info in self.store.list(segment_records_prefix(self.ref)):
+            raw = self._get(info.key)
+            if raw is None:  # deleted between LIST and GET: staging is being removed
+                continue
+            record = SegmentRecord.from_bytes(raw, info.key)
+            if info.key != segment_record_key(self.ref, record.input_index, record.segment):
+                raise IntegrityError(f"segment record {info.key} describes in{record.input_index}/seg{record.segment}, not its own segment")
+            record.check(self.ref, session)
+            records.append(record)
+        return sorted(records, key=lambda r: (r.input_index, r.segment))
+
+    def write_segment_record(self, record: SegmentRecord) -> None:
+        self.store.put(segment_record_key(self.ref, record.input_index, record.segment), record.to_bytes())
+
+    def segment_objects(self) -> list[tuple[int, int, ObjectInfo]]:
+        """Completed segment objects as (input, segment, info), recorded or not (a resume needs both)."""
+        found = []
+        for info in self.store.list(segments_prefix(self.ref)):
+            parsed = parse_segment_key(self.ref, info.key)
+            if parsed is not None:
+                found.append((*parsed, info))
+        return found
+
+    # -- stream end ----------------------------------------------------------
+    def read_stream_end(self) -> StreamEnd | None:
+        """None until the agent saw every input end."""
+        key = stream_end_key(self.ref)
+        raw = self._get(key)
+        return None if raw is None else StreamEnd.from_bytes(raw, key)
+
+    def write_stream_end(self, end: StreamEnd) -> None:
+        self.store.put(stream_end_key(self.ref), end.to_bytes())
+
+    # -- data key ------------------------------------------------------------
+    def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:
+        """The staged wrapped key, checked to be bound to this backup; None before Prepare ran."""
+        key = wrapped_key_key(self.ref)
+        raw = self._get(key)
+        if raw is None:
+            return None
+        try:
+            wrapped = WrappedKey.from_json(json.loads(raw))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"staged data key {key} of {self.ref} is malformed: {exc}") from None
+        if wrapped.context != encryption_context(repository_id, str(self.ref)):
+            raise IntegrityError(f"staged data key of {self.ref} is bound to {wrapped.context}, not to this backup")
+        return wrapped
+
+    def write_wrapped_key(self, wrapped: WrappedKey) -> WrappedKey:
+        """Create-only, so every worker of a backup uses one key: a racing writer's key wins and is returned."""
+        repository_id = wrapped.context.get("braid:repository", "")
+        if wrapped.context != encryption_context(repository_id, str(self.ref)):
+            raise IntegrityError(f"refusing to stage a data key bound to {wrapped.context} for {self.ref}")
+        try:
+            self.store.put(wrapped_key_key(self.ref), canonical_json(wrapped.to_json()), create_only=True)
+            return wrapped
+        except AlreadyExistsError:
+            winner = self.read_wrapped_key(repository_id)
+            if winner is None:
+                raise IntegrityError(f"the staged data key of {self.ref} vanished after a racing write: its staging is being removed") from None
+            return winner
+
+    # -- plan rounds ---------------------------------------------------------
+    def read_rounds(self) -> list[Round]:
+        """Every round so far, checked to chain: round N's indexes follow round N-1's."""
+        rounds = []
+        for info in self.store.list(rounds_prefix(self.ref)):
+            number = parse_round_key(self.ref, info.key)
+            raw = None if number is None else self._get(info.key)
+            if number is not None and raw is not None:
+                rounds.append(Round.from_bytes(raw, number, info.key))
+        rounds.sort(key=lambda r: r.number)
+        next_index = 0
+        for expected, found in enumerate(rounds, start=1):
+            if found.number != expected:
+                raise IntegrityError(f"plan rounds of {self.ref} skip from {expected - 1} to {found.number}")
+            for item in found.items:
+                if item.first_index != next_index:
+                    raise IntegrityError(f"plan round {found.key} of {self.ref} starts chunk indexes at {item.first_index}, expected {next_index}")
+                next_index = item.end_index
+        return rounds
+
+    def write_round(self, number: int, items: Iterable[MapItem]) -> Round:
+        """Persist round `number` create-only; a round already there wins and is adopted."""
+        found = Round(number, round_key(self.ref, number), tuple(items))
+        try:
+            self.store.put(found.key, found.to_bytes(), create_only=True)
+            return found
+        except AlreadyExistsError:
+            return Round.from_bytes(self.store.get(found.key), number, found.key)
+
+    # -- results -------------------------------------------------------------
+    def write_result(self, result: ItemResult) -> str:
+        """Overwrites are fine: a retried worker reports the same stored chunks (store_chunk reads them back)."""
+        key = result_key(self.ref, result.first_index)
+        self.store.put(key, result.to_bytes())
+        return key
+
+    def read_results(self, rounds: Iterable[Round]) -> list[ChunkEntry]:
+        """Every planned chunk's entry, checked against its item; an error names the first chunk without one."""
+        present = self._result_keys()
+        entries: list[ChunkEntry] = []
+        for found in rounds:
+            for item in found.items:
+                key = result_key(self.ref, item.first_index)
+                raw = self._get(key) if key in present else None
+                if raw is None:
+                    raise IntegrityError(
+                        f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
+                        " their worker failed or did not run (see the execution's map run)"
+                    )
+                result = ItemResult.from_bytes(raw, key)
+                result.check(item, str(self.ref))
+                entries.extend(result.entries)
+        return entries
+
+    def processed_chunks(self, rounds: Iterable[Round]) -> int:
+        """Chunks with a result so far (the agent's progress): one LIST, no GET."""
+        present = self._result_keys()
+        return sum(item.count for found in rounds for item in found.items if result_key(self.ref, item.first_index) in present)
+
+    def _result_keys(self) -> set[str]:
+        return {info.key for info in self.store.list(results_prefix(self.ref))}
+
+    # -- removal -------------------------------------------------------------
+    def remove(self, janitor: StagingJanitor) -> int:
+        """Abort stray multipart uploads, delete every staging object, then purge
+        the versions a versioned bucket keeps of them; returns objects deleted."""
+        janitor.abort_uploads(self.prefix)
+        keys = [info.key for info in self.store.list(self.prefix)]
+        self.store.delete(keys)
+        janitor.purge_versions(self.prefix)
+        return len(keys)

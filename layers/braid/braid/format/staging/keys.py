@@ -1,0 +1,93 @@
+"""Every key of a backup's staging area, and the parsers listings need.
+
+One builder per kind of object, so the agent, the pipeline and the cleanup
+all name the same objects the same way; the parsers are the inverse of the
+builders for the two kinds that are found by listing (segment objects, whose
+multipart uploads are listed too, and plan rounds). docs/format.md lists the
+layout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from braid.format.ids import BackupRef
+from braid.format.layout import staging_prefix
+
+SESSION = "session.json"
+STREAM_END = "stream-end.json"
+WRAPPED_KEY = "key.json"
+SEGMENT_RECORDS = "segments/"
+ROUNDS = "plans/round-"
+RESULTS = "results/"
+
+# Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
+_SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})")
+_ROUND = re.compile(r"plans/round-(\d{5,})\.json")
+
+
+def session_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{SESSION}"
+
+
+def segment_key(ref: BackupRef, input_index: int, segment: int) -> str:
+    return f"{staging_prefix(ref)}in{input_index}/seg{segment:05d}"
+
+
+def segments_prefix(ref: BackupRef) -> str:
+    """What every segment object's key starts with (and nothing else of the area's)."""
+    return f"{staging_prefix(ref)}in"
+
+
+def parse_segment_key(ref: BackupRef, key: str) -> tuple[int, int] | None:
+    """(input, segment) of a segment object's key, or None for any other key.
+
+    Takes repository-relative keys; a caller listing raw S3 keys strips the
+    store's own prefix first (S3Store.object_key is the inverse).
+    """
+    prefix = staging_prefix(ref)
+    if not key.startswith(prefix):
+        return None
+    match = _SEGMENT.fullmatch(key[len(prefix) :])
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def segment_record_key(ref: BackupRef, input_index: int, segment: int) -> str:
+    return f"{staging_prefix(ref)}{SEGMENT_RECORDS}in{input_index}-seg{segment:05d}.json"
+
+
+def segment_records_prefix(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{SEGMENT_RECORDS}"
+
+
+def stream_end_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{STREAM_END}"
+
+
+def wrapped_key_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{WRAPPED_KEY}"
+
+
+def rounds_prefix(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{ROUNDS}"
+
+
+def round_key(ref: BackupRef, number: int) -> str:
+    return f"{staging_prefix(ref)}{ROUNDS}{number:05d}.json"
+
+
+def parse_round_key(ref: BackupRef, key: str) -> int | None:
+    """The round number of a round file's key, or None for any other key."""
+    prefix = staging_prefix(ref)
+    if not key.startswith(prefix):
+        return None
+    match = _ROUND.fullmatch(key[len(prefix) :])
+    return int(match.group(1)) if match else None
+
+
+def result_key(ref: BackupRef, index: int) -> str:
+    return f"{staging_prefix(ref)}{RESULTS}{index:010d}.json"
+
+
+def results_prefix(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{RESULTS}"

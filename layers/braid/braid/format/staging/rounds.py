@@ -1,0 +1,174 @@
+"""The records the pipeline writes to staging: plan rounds (map items) and item results.
+
+A round file `plans/round-NNNNN.json` is a JSON array of map items; it is
+both the ledger of chunk-index assignment and what the Distributed Map's
+ItemReader reads, so a map item's JSON names are part of the state machine's
+contract (the worker event carries one). A result record
+`results/<first index>.json` lists the ChunkEntry of every chunk of one item.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from braid.errors import IntegrityError
+from braid.format.canonical import canonical_json
+from braid.format.manifest import ChunkEntry
+from braid.format.staging.records import document
+
+
+@dataclass(frozen=True)
+class ChunkSlice:
+    """One chunk of an item: where its bytes are in the segment and in the input."""
+
+    index: int
+    part: int
+    start: int  # within the segment object
+    length: int
+    offset: int  # within the input
+    checksum: str  # CRC64NVME (base64) of the part as the agent read it
+
+
+@dataclass(frozen=True)
+class MapItem:
+    """One Distributed Map item: `count` consecutive parts of one segment."""
+
+    segment: str  # repository-relative key of the segment object
+    input_index: int
+    segment_index: int
+    segment_offset: int
+    segment_length: int
+    chunk_size: int
+    first_part: int  # 1-based, as S3 numbers parts
+    count: int
+    first_index: int  # global index of the item's first chunk
+    checksums: tuple[str, ...]  # per part, from the segment record
+
+    @property
+    def end_index(self) -> int:
+        return self.first_index + self.count
+
+    def chunks(self) -> list[ChunkSlice]:
+        slices = []
+        for j in range(self.count):
+            part = self.first_part + j
+            start = (part - 1) * self.chunk_size
+            length = min(self.chunk_size, self.segment_length - start)
+            if length <= 0:
+                raise IntegrityError(f"map item for {self.segment} names part {part}, beyond the segment's {self.segment_length} bytes")
+            slices.append(ChunkSlice(self.first_index + j, part, start, length, self.segment_offset + start, self.checksums[j]))
+        return slices
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "segment": self.segment,
+            "input": self.input_index,
+            "seg": self.segment_index,
+            "seg_offset": self.segment_offset,
+            "seg_length": self.segment_length,
+            "chunk_size": self.chunk_size,
+            "first_part": self.first_part,
+            "count": self.count,
+            "first_index": self.first_index,
+            "crc": list(self.checksums),
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MapItem:
+        """One validation for every reader: the round file, and the worker's event."""
+        try:
+            item = cls(
+                segment=str(doc["segment"]),
+                input_index=int(doc["input"]),
+                segment_index=int(doc["seg"]),
+                segment_offset=int(doc["seg_offset"]),
+                segment_length=int(doc["seg_length"]),
+                chunk_size=int(doc["chunk_size"]),
+                first_part=int(doc["first_part"]),
+                count=int(doc["count"]),
+                first_index=int(doc["first_index"]),
+                checksums=tuple(str(c) for c in doc["crc"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IntegrityError(f"malformed map item {dict(doc) if isinstance(doc, Mapping) else doc!r}: {exc}") from None
+        if item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0 or len(item.checksums) != item.count:
+            raise IntegrityError(f"impossible map item {dict(doc)!r}")
+        return item
+
+
+@dataclass(frozen=True)
+class Round:
+    """One planner round: the items of the segments it planned, and where it is stored."""
+
+    number: int
+    key: str
+    items: tuple[MapItem, ...]
+
+    @property
+    def chunk_count(self) -> int:
+        return sum(i.count for i in self.items)
+
+    @property
+    def end_index(self) -> int:
+        """One past the highest chunk index the round assigns (0 for no items)."""
+        return max((i.end_index for i in self.items), default=0)
+
+    def to_bytes(self) -> bytes:
+        return canonical_json([i.to_json() for i in self.items])
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, number: int, key: str) -> Round:
+        docs = document(raw, f"plan round {key}")
+        if not isinstance(docs, list) or not docs:
+            raise IntegrityError(f"plan round {key} is not a non-empty list of map items")
+        try:
+            return cls(number, key, tuple(MapItem.from_json(d) for d in docs))
+        except IntegrityError as exc:
+            raise IntegrityError(f"plan round {key}: {exc.message}") from None
+
+
+def entry_to_json(entry: ChunkEntry) -> dict[str, Any]:
+    return {**entry.to_json(), "input_index": entry.input_index}
+
+
+def entry_from_json(doc: Mapping[str, Any]) -> ChunkEntry:
+    return ChunkEntry.from_json(doc, int(doc["input_index"]))
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """What a worker stored for one map item: a ChunkEntry per chunk, in chunk order."""
+
+    first_index: int
+    entries: tuple[ChunkEntry, ...]
+
+    def to_bytes(self) -> bytes:
+        doc = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        return canonical_json(doc)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ItemResult:
+        doc = document(raw, f"result record {where}")
+        try:
+            entries = tuple(entry_from_json(c) for c in doc["chunks"])
+            result = cls(int(doc["first_index"]), entries)
+            count = int(doc.get("count", -1))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"result record {where} is malformed: {exc}") from None
+        if count != len(entries):
+            raise IntegrityError(f"result record {where} is truncated")
+        return result
+
+    def check(self, item: MapItem, backup: str) -> None:
+        """The record must describe exactly the chunks the plan gave the item."""
+        expected = item.chunks()
+        if len(self.entries) != len(expected):
+            raise IntegrityError(f"result for chunks {item.first_index}.. of {backup} lists {len(self.entries)} chunks, the plan {len(expected)}")
+        for planned, entry in zip(expected, self.entries, strict=True):
+            if (entry.index, entry.input_index, entry.offset, entry.length) != (planned.index, item.input_index, planned.offset, planned.length):
+                raise IntegrityError(
+                    f"result for chunk {planned.index} of {backup} describes chunk {entry.index} of input {entry.input_index}"
+                    f" at {entry.offset}+{entry.length}; the plan says input {item.input_index} at {planned.offset}+{planned.length}"
+                )

@@ -1,0 +1,73 @@
+"""`braid init` for a local repository: a new directory and its master key.
+
+The order matters. Everything that can refuse (the directory is not new, the
+key file would sit inside the repository, an existing key file is unreadable)
+is checked before anything is written, so a refused init leaves no half-made
+repository behind. The key file's default path names the repository id, so
+the id is made first and the config is written last, naming the key it uses.
+
+The master-key file is an adapter (braid.adapters.local.keys); this module
+takes it as a port, `MasterKeyFiles`, from the composition root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from braid.errors import UsageError
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.timestamps import utc_now
+from braid.ports.keys import KeyService
+from braid.ports.store import ObjectStore
+
+
+class MasterKeyFiles(Protocol):
+    """Port: opens an existing master-key file, or creates a new one (never overwriting)."""
+
+    def open(self, path: Path) -> KeyService: ...
+
+    def create(self, path: Path) -> KeyService: ...
+
+
+@dataclass(frozen=True)
+class LocalInit:
+    """What init made, for the CLI to report: the key file is the one thing to keep safe."""
+
+    repository: Repository
+    root: Path
+    key_file: Path
+    key_id: str
+    created_key: bool  # False: an existing key file was reused (one key for several repositories)
+
+
+def init_local_repository(
+    root: Path,
+    store: ObjectStore,
+    key_files: MasterKeyFiles,
+    key_file_for: Callable[[str], Path],
+    *,
+    now: str | None = None,
+) -> LocalInit:
+    """Create the repository at `root` (served by `store`) and its key file.
+
+    `key_file_for(repository_id)` is where the master key lives: the user's
+    choice, or a per-repository default. An existing key file there is
+    reused, never replaced.
+    """
+    root = root.absolute()
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise UsageError(f"{root} exists and is not an empty directory; choose a new path for the repository")
+    provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
+    path = key_file_for(provisional.id)
+    if path.absolute() == root or root in path.absolute().parents:
+        raise UsageError(
+            f"key file {path} would be inside the repository; keep the master key outside it (anyone with both can read every backup)"
+        )
+    created = not path.exists()
+    keys = key_files.create(path) if created else key_files.open(path)
+    config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
+    root.mkdir(parents=True, exist_ok=True)
+    return LocalInit(Repository.create(store, config), root, path, keys.key_id, created)

@@ -1,0 +1,54 @@
+"""Logging, tracing and metrics every pipeline Lambda shares (AWS Lambda Powertools).
+
+One Logger, Tracer and Metrics per container, named from braid.contract, so
+the stack's alarms and dashboards (infra/) and the code agree on the service
+and namespace without each handler repeating them. `pipeline_handler` wraps
+a handler the same way for every function: structured JSON logs with the
+Lambda context, the backup the event names on every line (also the lines a
+failed parse logs), an X-Ray segment, and the handler's metrics flushed as
+EMF when it returns or raises.
+
+Only the handlers (functions/*/app.py) import this: the steps themselves
+stay free of Powertools and run anywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from braid import contract
+
+logger = Logger(service=contract.SERVICE_NAME)
+tracer = Tracer(service=contract.SERVICE_NAME)
+metrics = Metrics(namespace=contract.METRICS_NAMESPACE, service=contract.SERVICE_NAME)
+
+R = TypeVar("R")
+
+__all__ = ["LambdaContext", "MetricUnit", "add_metrics", "logger", "metrics", "pipeline_handler", "tracer"]
+
+
+def pipeline_handler(handler: Callable[[dict[str, Any], LambdaContext], R]) -> Callable[[dict[str, Any], LambdaContext], R]:
+    """Wrap a Lambda handler: fresh log keys per invocation, then `backup` from the event, tracing, metrics."""
+
+    @functools.wraps(handler)
+    def with_backup(event: dict[str, Any], context: LambdaContext) -> R:
+        backup = event.get("backup") if isinstance(event, Mapping) else None
+        if backup is not None:
+            logger.append_keys(backup=str(backup))
+        return handler(event, context)
+
+    traced = tracer.capture_lambda_handler(metrics.log_metrics(with_backup))
+    wrapped: Callable[[dict[str, Any], LambdaContext], R] = logger.inject_lambda_context(clear_state=True)(traced)
+    return wrapped
+
+
+def add_metrics(values: Mapping[str, tuple[MetricUnit, float]]) -> None:
+    """Add several metrics of this invocation at once: {name: (unit, value)}."""
+    for name, (unit, value) in values.items():
+        metrics.add_metric(name=name, unit=unit, value=value)

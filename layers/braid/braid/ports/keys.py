@@ -1,0 +1,26 @@
+"""Port: the key service that makes and unwraps per-backup data keys.
+
+The format (braid.format.keys) says what a data key and its wrapped form
+are; who wraps them is a deployment choice, so it is a port: AWS KMS
+(braid.adapters.aws.kms) in the cloud, the local master-key file
+(braid.adapters.local.keys) on a host. Engines and pipeline steps take this
+Protocol, never an adapter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from braid.format.keys import DataKey, WrappedKey
+
+
+class KeyService(Protocol):
+    """Makes a fresh data key bound to an encryption context, and unwraps stored ones."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]: ...
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey: ...
