@@ -26,6 +26,9 @@ DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.
 DEFAULT_WORKER_LANES = 4
+# The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
+# cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
+WORKER_MEMORY_MB = 1769
 
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"

@@ -20,7 +20,6 @@ a stated factor, with a sensitivity table.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import subprocess
@@ -151,18 +150,10 @@ def add_arguments(parser) -> None:
 
 
 def worker_spec(root: Path) -> tuple[int, int]:
-    """(worker memory MB, lanes) from infra/braid_infra/functions.py, read without importing CDK."""
-    tree = ast.parse((root / "infra" / "braid_infra" / "functions.py").read_text())
-    memory = lanes = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "WORKER_LANES" for t in node.targets):
-            lanes = ast.literal_eval(node.value)
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "FunctionSpec" and node.args:
-            if isinstance(node.args[0], ast.Constant) and node.args[0].value == "worker":
-                memory = ast.literal_eval(node.args[1])
-    if memory is None or lanes is None:
-        raise RuntimeError("cannot find the worker's memory and WORKER_LANES in infra/braid_infra/functions.py")
-    return int(memory), int(lanes)
+    """(worker memory MB, lanes): the values the stack deploys, from braid.contract."""
+    from braid import contract
+
+    return contract.WORKER_MEMORY_MB, contract.DEFAULT_WORKER_LANES
 
 
 @dataclass(frozen=True)
