@@ -77,6 +77,27 @@ def test_every_flipped_byte_fails_and_names_the_chunk(sample: tuple[bytes, bytes
             decode(codec, bytes(tampered), plaintext)
 
 
+def test_a_flipped_bit_past_magic_and_version_is_failed_authentication(sample: tuple[bytes, bytes]) -> None:
+    """The header is believed only once authenticated: a damaged index is corruption, not a moved chunk."""
+    plaintext, stored = sample
+    codec = ChunkCodec(KEY)
+    for position in range(5, len(stored)):  # past magic (0-3) and version (4)
+        tampered = bytearray(stored)
+        tampered[position] ^= 0x01
+        with pytest.raises(IntegrityError, match=f"chunk 7 of backup {BACKUP}: failed authentication"):
+            decode(codec, bytes(tampered), plaintext)
+
+
+def test_every_bit_of_the_header_index_fails_authentication(sample: tuple[bytes, bytes]) -> None:
+    plaintext, stored = sample
+    for bit in range(32):  # chunk index: u32 at offset 8
+        tampered = bytearray(stored)
+        tampered[8 + bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(IntegrityError, match="failed authentication") as caught:
+            decode(ChunkCodec(KEY), bytes(tampered), plaintext)
+        assert "moved or swapped" not in str(caught.value)
+
+
 def test_truncated_chunk_fails(sample: tuple[bytes, bytes]) -> None:
     plaintext, stored = sample
     for cut in (0, 10, 40, len(stored) - 1):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from braid.adapters.local.store import LocalStore
-from braid.cli.compose import open_repository
+from braid.cli.compose import open_key_service, open_repository
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
@@ -46,23 +47,29 @@ def test_dry_run_removes_nothing(repo: Path) -> None:
 
 
 def test_keep_days_keeps_recent_and_orphans_wait_for_grace(repo: Path) -> None:
-    kept = backup(repo, "db", b"a" * 5000)
+    older = backup(repo, "db", b"a" * 5000)
+    kept = backup(repo, "db", b"b" * 5000)
     repository = open_repository(str(repo))
+    keys = open_key_service(repository, None, unwrap_only=True)
     store = repository.store
     assert isinstance(store, LocalStore)
     old_orphan = BackupRef("db", "20200101T000000.000Z-0badc0de")
     young_orphan = BackupRef.new("db")
     for ref in (old_orphan, young_orphan):
         store.put(f"data/{ref.name}/{ref.id}/0000000000", b"partial")
-    plan = plan_prune(repository, RetentionPolicy(keep_days=7))
-    assert [str(r) for r in plan.keep] == [kept]
+    # Leftovers age from their last activity (here: when the file was last written), not from the id.
+    os.utime(repo / "data" / "db" / old_orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))
+    plan = plan_prune(repository, RetentionPolicy(keep_days=7), keys)
+    assert [str(r) for r in plan.keep] == sorted([older, kept])
     assert plan.forget == [] and plan.orphans == [old_orphan]
     execute_prune(repository, plan)
     assert [i.key for i in store.list("data/")] == sorted(
-        [i.key for i in store.list(f"data/db/{BackupRef.parse(kept).id}/")] + [f"data/db/{young_orphan.id}/0000000000"]
+        [i.key for ref in (older, kept) for i in store.list(f"data/db/{BackupRef.parse(ref).id}/")] + [f"data/db/{young_orphan.id}/0000000000"]
     )
-    later = plan_prune(repository, RetentionPolicy(keep_days=7), now=datetime.now(UTC) + timedelta(days=30))
-    assert [str(r) for r in later.forget] == [kept] and later.orphans == [young_orphan]
+    later = plan_prune(repository, RetentionPolicy(keep_days=7), keys, now=datetime.now(UTC) + timedelta(days=30))
+    # Past keep_days both would go, but a policy never removes the newest good backup of a name.
+    assert [str(r) for r in later.forget] == [older] and [str(r) for r in later.keep] == [kept]
+    assert later.orphans == [young_orphan]
 
 
 def test_policy_needs_a_rule() -> None:

@@ -467,13 +467,27 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
         assert time.monotonic() < deadline, "the agent did not upload the first parts"
         time.sleep(0.05)
     agent.send_signal(signal.SIGKILL)
-    agent.communicate(timeout=30)
+    _, killed_stderr = agent.communicate(timeout=30)
     killed_at = time.time()
     for writer in first:
         writer.finish()
     (session,) = [r["key"] for r in cloud.requests(caller="agent-resume", op="PutObject") if r["key"].endswith("/session.json")]
     _, name, backup_id, _ = session.split("/")
     ref = f"{name}@{backup_id}"
+    # The agent named the backup as soon as it existed: what --resume needs survives a SIGKILL.
+    started = [e for e in (json.loads(line) for line in killed_stderr.decode().splitlines() if line.startswith("{")) if e.get("event") == "started"]
+    assert [(e["backup"], e["resumed"]) for e in started] == [(ref, False)]
+    assert started[0]["message"] == f"braid: backup {ref} started; if interrupted, continue with 'braid backup --resume {ref} ...'"
+    # Until it is resumed it is an incomplete backup, listed with the way back in.
+    listed = braid(cloud, "agent-list", "list", "--incomplete", "--json")
+    assert listed.code == 0, listed.stderr
+    (found,) = [row for row in json.loads(listed.stdout) if row["backup"] == ref]
+    assert (found["state"], found["inputs"]) == ("uploading", [str(first[0].path), str(first[1].path)]) and "staging" in found["where"]
+    assert found["hint"] == f"if its agent is gone, continue with 'braid backup --resume {ref}' and the same inputs"
+    assert_within_policy(cloud, "agent-list", "agent")
+    # The agent's memory bound is --concurrency chunk buffers: beyond the machine's memory it is refused up front.
+    greedy = braid(cloud, "agent-list", "backup", "--name", "greedy", "--concurrency", "100000")
+    assert greedy.code == 2 and greedy.errors[-1].startswith("braid: error: --concurrency 100000 with --chunk-size 64 MiB needs up to ")
     before = staged_parts(cloud, ref_prefix(ref))
     assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", p) for p in (1, 2, 3)] + [(f"{ref_prefix(ref)}in1/seg00000", 1)]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> N
     repository = open_repository(str(repo))
     orphan = BackupRef("db", "20200101T000000.000Z-0badc0de")
     repository.store.put(f"data/db/{orphan.id}/0000000000", b"never finished")
+    os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
     events = RecordingPublisher()
 
     report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
@@ -83,3 +85,53 @@ def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
         now=datetime.now(UTC) + timedelta(hours=1),
     )
     assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
+
+
+def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path: Path) -> None:
+    good = backup(repo, "db", b"good " * 3000)
+    latest = backup(repo, "db", b"rows " * 3000)
+    ref = BackupRef.parse(latest)
+    chunk = repo / "data" / ref.name / ref.id / "0000000000"
+    raw = bytearray(chunk.read_bytes())
+    raw[-1] ^= 1
+    chunk.write_bytes(bytes(raw))
+    events = RecordingPublisher()
+
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+
+    assert not report.ok and report.pruned == []  # keep_last=1 counts only the good one: it stays
+    (unreadable,) = report.unreadable
+    assert unreadable["backup"] == latest and f"backup {latest} failed verification: chunk 0 of backup {latest}" in unreadable["error"]
+    assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([good, latest])
+    assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, latest)]
+    assert report.to_json()["unreadable"] == report.unreadable
+    assert run_braid("restore", "--repo", str(repo), good).stdout == b"good " * 3000
+
+
+def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tmp_path: Path) -> None:
+    oldest = backup(repo, "db", b"0" * 5000)
+    broken = backup(repo, "db", b"1" * 5000)
+    newest = backup(repo, "db", b"2" * 5000)
+    ref = BackupRef.parse(broken)
+    manifest = repo / "manifests" / ref.name / f"{ref.id}.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])
+    events = RecordingPublisher()
+
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+
+    assert [r["backup"] for r in report.verified] == [newest] and report.verified[0]["ok"]
+    assert report.pruned == [oldest] and [u["backup"] for u in report.unreadable] == [broken] and not report.ok
+    assert "corrupt" in report.unreadable[0]["error"]
+    assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([broken, newest])
+    assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, broken)]
+
+
+def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> None:
+    repository = open_repository(str(repo))
+    stalled = BackupRef("db", "20200101T000000.000Z-0badc0de")  # an old id that wrote a chunk recently
+    repository.store.put(f"data/db/{stalled.id}/0000000000", b"still going")
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1))
+    assert report.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
+    later = datetime.now(UTC) + timedelta(hours=49)
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1), now=later)
+    assert report.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []

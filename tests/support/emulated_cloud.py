@@ -2,6 +2,8 @@
 
     scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always]
                          [--s3-slowdown N] [--fast-retries]
+                         [--s3-faults RATE [--s3-fault-kinds 500,503,reset]
+                          [--s3-fault-seed N] [--s3-fault-callers agent|pipeline|all]]
 
 Starts moto's server in this process (so the in-process Lambda hook of
 support.inprocess_lambda applies), with Step Functions execution on, and
@@ -36,37 +38,45 @@ Test aids (never needed to use it):
   --s3-slowdown N      the first N UploadPart requests get 503 SlowDown
   --fast-retries       synthesize the stack with 1 s, 3-attempt retry
                        policies (construct props), so exhausting them is quick
+  --s3-faults RATE     once ready, fail RATE (0..1) of the S3 requests of
+                       --s3-fault-callers (default: agent, i.e. every caller
+                       but the in-process handlers; pipeline; all) with a
+                       500, a 503 SlowDown or a connection reset
+                       (--s3-fault-kinds), drawn from --s3-fault-seed; the
+                       request log marks each with "fault". Settings and
+                       counts change and read at runtime: POST/GET
+                       /_emulator/s3-faults (support.s3_faults)
+
+The server itself (request log, middleware, faults) is support.emulated_server.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
+from support.emulated_server import EmulatorServer, Faults, Middleware, RequestLog, free_port  # noqa: E402
 from support.moto_stack import SynthesizedStack, resources_of  # noqa: E402
+from support.s3_faults import CALLER_GROUPS, KINDS, S3Faults, settings_from_args  # noqa: E402
 
 log = logging.getLogger("emulated-aws")
 
@@ -174,204 +184,6 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
     return SynthesizedStack(STACK_NAME, template, entry, assets)
 
 
-# -- the server ------------------------------------------------------------------
-
-
-def s3_operation(method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]) -> tuple[str, str]:
-    """(S3 operation name, key) of a path-style request."""
-    _bucket, _, key = path.lstrip("/").partition("/")
-    key = unquote(key)
-    if method == "PUT" and "partNumber" in query and "uploadId" in query:
-        return ("UploadPartCopy" if "x-amz-copy-source" in headers else "UploadPart"), key
-    if method == "POST" and "uploads" in query:
-        return "CreateMultipartUpload", key
-    if method == "POST" and "uploadId" in query:
-        return "CompleteMultipartUpload", key
-    if method == "POST" and "delete" in query:
-        return "DeleteObjects", ""
-    if method == "DELETE" and "uploadId" in query:
-        return "AbortMultipartUpload", key
-    if method == "GET" and "uploadId" in query:
-        return "ListParts", key
-    if method == "GET" and "uploads" in query:
-        return "ListMultipartUploads", ""
-    if not key:
-        if method == "GET" and not (set(query) - {"list-type", "prefix", "delimiter", "continuation-token", "max-keys", "encoding-type", "start-after", "fetch-owner"}):
-            return "ListObjects", ""
-        return f"{method} bucket?{','.join(sorted(query))}", ""
-    return {"GET": "GetObject", "PUT": "PutObject", "HEAD": "HeadObject", "DELETE": "DeleteObject"}.get(method, method), key
-
-
-def _credential(authorization: str) -> tuple[str, str]:
-    """(access key id, service) from a SigV4 Authorization header."""
-    marker = "Credential="
-    if marker not in authorization:
-        return "", ""
-    scope = authorization.split(marker, 1)[1].split(",", 1)[0].split("/")
-    return (scope[0], scope[3]) if len(scope) >= 5 else (scope[0], "")
-
-
-def _operation(environ: dict[str, Any]) -> str:
-    """The API operation of a non-S3 request: JSON target, query-protocol Action, or REST method and path."""
-    target = environ.get("HTTP_X_AMZ_TARGET", "")
-    if target:
-        return target.rpartition(".")[2]
-    action = parse_qs(environ.get("QUERY_STRING", "")).get("Action")
-    if action:
-        return action[0]
-    if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
-        action = parse_qs(_peek_body(environ).decode("utf-8", "replace")).get("Action")
-        if action:
-            return action[0]
-    return f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
-
-
-_INVOKE = re.compile(r"^/2015-03-31/functions/([^/]+)/invocations$")
-
-
-def _peek_body(environ: dict[str, Any], limit: int = 1 << 20) -> bytes:
-    length = int(environ.get("CONTENT_LENGTH") or 0)
-    if not 0 < length <= limit:
-        return b""
-    body = environ["wsgi.input"].read(length)
-    environ["wsgi.input"] = io.BytesIO(body)  # moto reads it again
-    return body
-
-
-def _resources(environ: dict[str, Any]) -> dict[str, Any]:
-    """What a JSON-protocol request acts on (Step Functions ARNs, KMS key and encryption context)."""
-    if not environ.get("HTTP_X_AMZ_TARGET") or not environ.get("CONTENT_TYPE", "").startswith("application/x-amz-json"):
-        return {}
-    try:
-        body = json.loads(_peek_body(environ) or b"{}")
-    except ValueError:
-        return {}
-    found: dict[str, Any] = {k: body[k] for k in ("stateMachineArn", "executionArn", "KeyId") if isinstance(body.get(k), str)}
-    if isinstance(body.get("EncryptionContext"), dict):
-        found["context"] = sorted(body["EncryptionContext"])
-    return found
-
-
-_SLOWDOWN = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-    b"<Message>Please reduce your request rate.</Message><RequestId>emulated</RequestId></Error>"
-)
-
-
-class Faults:
-    """What the server and the Lambdas are told to do wrong (tests)."""
-
-    def __init__(self, s3_slowdown: int = 0) -> None:
-        self.s3_slowdown = s3_slowdown
-        self._lock = threading.Lock()
-
-    def take_slowdown(self) -> bool:
-        with self._lock:
-            if self.s3_slowdown > 0:
-                self.s3_slowdown -= 1
-                return True
-            return False
-
-
-class RequestLog:
-    def __init__(self, path: Path | None) -> None:
-        self._file = open(path, "a", buffering=1) if path else None
-        self._lock = threading.Lock()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
-            return
-        line = json.dumps(record, separators=(",", ":"))
-        with self._lock:
-            self._file.write(line + "\n")
-
-
-class Middleware:
-    """Between the WSGI server and moto: logs requests, injects S3 faults."""
-
-    def __init__(self, app: Callable[..., Any], faults: Faults, requests: RequestLog) -> None:
-        self.app = app
-        self.faults = faults
-        self.requests = requests
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        method = environ.get("REQUEST_METHOD", "")
-        caller, service = _credential(environ.get("HTTP_AUTHORIZATION", ""))
-        record: dict[str, Any] = {"t": round(time.time(), 3), "service": service, "caller": caller}
-        if service == "s3":
-            query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-            headers = {k[5:].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith("HTTP_")}
-            op, key = s3_operation(method, environ.get("PATH_INFO", "/"), query, headers)
-            record.update(op=op, key=key)
-            if "prefix" in query:
-                record["prefix"] = query["prefix"][0]
-            if op == "UploadPart":
-                record["part"] = int(query["partNumber"][0])
-                if self.faults.take_slowdown():
-                    length = int(environ.get("CONTENT_LENGTH") or 0)
-                    stream = environ["wsgi.input"]
-                    while length > 0:  # drain the body, as S3 does before answering
-                        got = stream.read(min(length, 1 << 20))
-                        if not got:
-                            break
-                        length -= len(got)
-                    record["status"] = 503
-                    self.requests.write(record)
-                    start_response("503 Slow Down", [("Content-Type", "application/xml"), ("Content-Length", str(len(_SLOWDOWN)))])
-                    return [_SLOWDOWN]
-        else:
-            record["op"] = _operation(environ)
-            invoke = _INVOKE.match(environ.get("PATH_INFO", ""))
-            if invoke and method == "POST":
-                record.update(op="Invoke", function=unquote(invoke.group(1)))
-            record.update(_resources(environ))
-
-        def capture(status: str, response_headers: Any, exc_info: Any = None) -> Any:
-            record["status"] = int(status.split(" ", 1)[0])
-            for name, value in response_headers:
-                if name.lower() == "x-amz-function-error":  # a Lambda handler raised
-                    record["function_error"] = value
-            return start_response(status, response_headers, exc_info) if exc_info else start_response(status, response_headers)
-
-        result = self.app(environ, capture)
-        self.requests.write(record)
-        return result
-
-
-class EmulatorServer:
-    """moto's ThreadedMotoServer, with the middleware in front of its WSGI app."""
-
-    def __init__(self, port: int, middleware: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        from moto.moto_server.threaded_moto_server import ThreadedMotoServer
-
-        self.port = port
-        wrap = middleware
-
-        class Server(ThreadedMotoServer):
-            def _server_entry(self) -> None:
-                from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-                from werkzeug.serving import make_server
-
-                app = wrap(DomainDispatcherApplication(create_backend_app))
-                self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
-                self._server_ready_event.set()
-                self._server.serve_forever()
-
-        self._server = Server(ip_address="127.0.0.1", port=port, verbose=False)
-
-    def start(self) -> None:
-        self._server.start()
-
-    def stop(self) -> None:
-        self._server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 # -- deploying -------------------------------------------------------------------
 
 
@@ -448,6 +260,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fail-worker", choices=["once", "always"], help="make the Worker Lambda fail (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
     parser.add_argument("--fast-retries", action="store_true", help="1 s, 3-attempt retry policies in the state machine (tests)")
+    parser.add_argument("--s3-faults", type=float, default=0.0, metavar="RATE", help="fail RATE (0..1) of S3 requests once ready (tests)")
+    parser.add_argument("--s3-fault-kinds", default=",".join(KINDS), metavar="KINDS", help=f"comma-separated, of {','.join(KINDS)} (default: all)")
+    parser.add_argument("--s3-fault-seed", type=int, default=0, metavar="N", help="seed of the fault RNG (default 0)")
+    parser.add_argument("--s3-fault-callers", choices=CALLER_GROUPS, default="agent", help="whose requests fail (default: agent)")
     parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
     parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends (tests)")
     parser.add_argument("--debug", action="store_true", help="debug logging")
@@ -456,6 +272,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        s3_faults = S3Faults(settings_from_args(args.s3_faults, args.s3_fault_kinds, args.s3_fault_seed, args.s3_fault_callers),
+                             pipeline_caller=PIPELINE_ACCESS_KEY)
+    except ValueError as exc:
+        print(f"emulated-aws: error: {exc}", file=sys.stderr)
+        return 2
     # stdout carries the export lines and nothing else: everything printed
     # afterwards (moto, handlers' Powertools logs) goes to stderr.
     exports = os.fdopen(os.dup(1), "w")
@@ -497,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
     faults = Faults(s3_slowdown=args.s3_slowdown)
     requests = RequestLog(args.request_log)
-    server = EmulatorServer(port, lambda app: Middleware(app, faults, requests))
+    server = EmulatorServer(port, lambda app: Middleware(app, faults, requests, s3_faults))
     server.start()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")))
     lambdas.install()
@@ -514,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")
     braid_init(environment, STACK_NAME)
+    s3_faults.enable()  # from now on: set-up above must not fail
     log.info(
         "ready in %.1f s: %s, bucket %s, state machine %s", time.monotonic() - started, endpoint, deployed.bucket, deployed.state_machine_arn
     )

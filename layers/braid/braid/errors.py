@@ -81,6 +81,20 @@ class LimitError(BackupError):
     exit_code = 10
 
 
+class EmptyStreamError(InputError):
+    """The backup stream ended without a byte: refused, so a failed producer never becomes the newest backup."""
+
+
+class ProducerError(BackupError):
+    """The command Braid ran failed: the producer of a backup (nothing is published) or the consumer of a restore.
+
+    Its own exit code, so a script tells "the database tool failed" from
+    Braid's own failures without parsing text.
+    """
+
+    exit_code = 11
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected error (run with --debug for the traceback)",
@@ -93,5 +107,6 @@ EXIT_CODES: dict[int, str] = {
     8: "backup not found",
     9: "cloud execution failed",
     10: "format limit exceeded",
+    11: "the producer (backup) or consumer (restore) command failed",
     130: "interrupted",
 }

@@ -19,9 +19,9 @@ from typing import Any
 
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
-from braid.engine.driver import drive
+from braid.engine.driver import drive, pool_size
 from braid.engine.port import BackupRequest
-from braid.errors import BackupError, ExecutionError, IntegrityError
+from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import Manifest
@@ -32,6 +32,10 @@ from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore
 from braid.ports.progress import ProgressFn
 from braid.ports.progress_relay import ProgressRelay
+
+# How long an agent that abandoned its stream waits for the pipeline to fail
+# and remove the staging (one planner poll and Cleanup, normally seconds).
+ABANDON_WAIT_SECONDS = 120.0
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,18 @@ class CloudEngine:
         }
         labels = [s.label for s in request.sources]
         if request.resume:
-            upload = StagingUpload.resume(area, self.uploads, inputs=labels, **upload_options)
+            try:
+                upload = StagingUpload.resume(area, self.uploads, inputs=labels, **upload_options)
+            except NotFoundError as missing:
+                # No staging: the pipeline may have finished while the agent was gone
+                # (killed while it waited); then its outcome is the answer, not "start anew".
+                try:
+                    status = self.pipeline.describe(ref)
+                except BackupError:
+                    raise missing from None
+                if not status.done:
+                    raise
+                return self.outcome(ref, status)
         else:
             upload = StagingUpload.start(
                 area,
@@ -104,6 +119,10 @@ class CloudEngine:
                 repository_id=self.repository.config.id,
                 **upload_options,
             )
+        # The backup exists from here on: name it now, not at the end, so that
+        # after a crash (the host's, the network's, a SIGKILL) the user has the
+        # NAME@ID that --resume needs.
+        progress({"event": "started", "backup": str(ref), "resumed": request.resume, "resumable": request.resumable})
         # Start the pipeline as soon as the session exists: it fans out each
         # segment as the agent completes it, while later ones still upload.
         document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
@@ -111,10 +130,22 @@ class CloudEngine:
         try:
             # upload.chunk_size: a resumed upload keeps the session's.
             stream = drive(
-                request.sources, StagingSink(upload), buffers=self.options.concurrency + 2, chunk_size=upload.chunk_size, backup=str(ref)
+                request.sources,
+                StagingSink(upload),
+                buffers=pool_size(len(request.sources), self.options.concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
+                chunk_size=upload.chunk_size,
+                backup=str(ref),
+                open_timeout=request.open_timeout,
+                progress=progress,
+                gate=request.gate,
             )
         except BaseException as exc:
-            _resumable(exc, ref)  # adds the way back in to the error itself
+            if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
+                _resumable(exc, ref)  # adds the way back in to the error itself
+                raise
+            # The gate refused the stream, or it cannot be read again: there is
+            # nothing to resume, so the pipeline must not wait for more.
+            self._abandon(upload, ref, exc, progress)
             raise
         stream_end = stream.outcome
         progress(
@@ -130,6 +161,33 @@ class CloudEngine:
         if not self.options.wait:
             return None
         return self.wait(ref, progress, expected=stream_end)
+
+    def _abandon(self, upload: StagingUpload, ref: BackupRef, exc: BaseException, progress: ProgressFn) -> None:
+        """Tell the pipeline the stream will never end (it fails at its next poll and removes the staging).
+
+        Unless interrupted, or told not to wait, wait for that, so that when
+        the agent exits nothing of the backup is left. A failure to tell is
+        added to the error: the pipeline then stops only at its stall timeout.
+        """
+        reason = "the agent was interrupted" if isinstance(exc, KeyboardInterrupt) else (str(exc) or type(exc).__name__)
+        try:
+            upload.abandon(reason)
+        except BackupError as failure:
+            if isinstance(exc, BackupError):
+                exc.message = f"{exc.message}; telling the pipeline failed too ({failure}): it stops and removes the staging at its stall timeout"
+                exc.args = (exc.message,)
+            return
+        progress({"event": "abandoned", "backup": str(ref), "reason": reason})
+        if isinstance(exc, KeyboardInterrupt) or not self.options.wait:
+            return
+        deadline = time.monotonic() + ABANDON_WAIT_SECONDS
+        while time.monotonic() < deadline:
+            try:
+                if self.pipeline.describe(ref).done:
+                    return
+            except BackupError:
+                return  # only waiting for tidiness: the backup has failed either way
+            time.sleep(self.options.poll_seconds)
 
     # -- following an execution ------------------------------------------------
 

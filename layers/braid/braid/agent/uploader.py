@@ -159,6 +159,8 @@ class StagingUpload:
         upload = cls(area, uploads, session, **options)
         try:
             upload.stream_end = load_staged(area, uploads, session, upload._segment)
+            if upload.stream_end is not None and upload.stream_end.abandoned is not None:
+                raise UsageError(f"{area.ref} was abandoned ({upload.stream_end.abandoned}) and cannot be resumed: start a new backup")
         except BaseException:
             upload._pool.shutdown()
             raise
@@ -383,6 +385,14 @@ class StagingUpload:
         self._fail(error or _Cancelled())
         self._wait_idle()
         self._shutdown()
+
+    def abandon(self, reason: str) -> None:
+        """After `abort`, for a stream that can never complete (its producer failed, it was empty):
+        a stream-end record saying why, which the planner turns into a failure now (braid.pipeline.plan)."""
+        with self._lock:
+            lengths = [state.length for state in self._inputs]
+            counts = [-(-state.next_number // self.segment_parts) for state in self._inputs]
+        self.area.write_stream_end(StreamEnd(lengths=lengths, segments=counts, abandoned=reason))
 
     def __enter__(self) -> StagingUpload:
         return self

@@ -15,7 +15,7 @@ from pathlib import Path
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
-from braid.errors import KeyAccessError, RepositoryError, UsageError
+from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.repository import Repository
 from braid.ops.init import LocalInit, init_local_repository
@@ -46,11 +46,26 @@ def open_store(url: str) -> ObjectStore:
 
 
 def open_repository(url: str) -> Repository:
-    """The repository at `url`; a missing directory says how to create one rather than "no config"."""
+    """The repository at `url`; a missing directory says how to create one rather than "no config".
+
+    A local repository whose config this user cannot read (permissions, an
+    I/O error) is an unreadable repository (exit 3), not a failed write.
+    """
     store = open_store(url)
-    if isinstance(store, LocalStore) and not store.root.is_dir():
+    if not isinstance(store, LocalStore):
+        return Repository.open(store)
+    try:
+        is_directory = store.root.is_dir()  # False when missing; raises when a parent cannot be searched
+    except OSError as exc:
+        raise RepositoryError(f"repository {store.root} is unreadable: {exc.strerror or exc}") from None
+    if not is_directory:
+        if os.path.lexists(store.root):
+            raise RepositoryError(f"repository {store.root} is not a directory")
         raise RepositoryError(f"repository directory {store.root} does not exist; create it with 'braid init --repo {url}'")
-    return Repository.open(store)
+    try:
+        return Repository.open(store)
+    except StorageError as exc:
+        raise RepositoryError(f"repository {store.root} is unreadable: {exc}") from None
 
 
 def config_dir() -> Path:

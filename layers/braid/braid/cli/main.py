@@ -2,29 +2,83 @@
 
 Every failure is one line on stderr that says what to fix, and an exit code
 from braid.errors.EXIT_CODES; `--debug` adds the traceback. This module owns
-only that mapping; the grammar is braid.cli.parser, the commands
-braid.cli.commands, the output braid.cli.render.
+only that mapping, what follows `--` (the command `backup` and `restore`
+run, never Braid's own options), and the signals that stop Braid: SIGTERM
+and SIGHUP (a service manager stopping it, a closed terminal) stop it as
+SIGINT does, cleaning up on the way out (exit 130). The grammar is
+braid.cli.parser, the commands braid.cli.commands, the output braid.cli.render.
 """
 
 from __future__ import annotations
 
+import argparse
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 
 from braid.cli.parser import build_parser
-from braid.errors import BackupError
+from braid.errors import BackupError, UsageError
+
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt, like SIGINT, so every `finally` runs.
+
+    A signal that is ignored when Braid starts (nohup) stays ignored: that
+    is the user's choice. The previous handlers come back afterwards, for
+    callers that run main() in their own process (tests).
+    """
+    previous = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers belong to the main thread; a caller elsewhere keeps its own
+        return
+    for signum in _STOPPING:
+        handler = signal.getsignal(signum)
+        if handler is not signal.SIG_IGN:
+            previous[signum] = handler
+            signal.signal(signum, _interrupted)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def split_command(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """Braid's own arguments, and the command after the first `--` (None without one).
+
+    Split before parsing, so the command's options (`pg_basebackup -D -`)
+    are never taken for Braid's, on every Python version's argparse.
+    """
+    words = list(words)
+    if "--" not in words:
+        return words, None
+    at = words.index("--")
+    return words[:at], words[at + 1 :]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    words, command = split_command(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in words
     try:
-        args = parser.parse_args(argv)
-        if not getattr(args, "handler", None):
-            parser.print_help(sys.stderr)
-            return 2
-        return int(args.handler(args))
+        with _stop_on_signals():
+            args = parser.parse_args(words)
+            if not getattr(args, "handler", None):
+                parser.print_help(sys.stderr)
+                return 2
+            _attach_command(args, command)
+            return int(args.handler(args))
     except BackupError as exc:
         if debug:
             traceback.print_exc()
@@ -41,6 +95,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"braid: error: unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _attach_command(args: argparse.Namespace, command: list[str] | None) -> None:
+    """`args.run`: the command after `--` for the commands that run one (backup, restore), else a usage error."""
+    if not hasattr(args, "run"):
+        if command is not None:
+            raise UsageError(f"'braid {args.command}' runs no command: remove the -- and what follows it")
+        return
+    if args.run:  # words the parser took for the command, without a --
+        raise UsageError(f"unexpected argument {args.run[0]!r}: the command to run goes after --, e.g. braid backup --name pg -- pg_basebackup -Ft -D - -X fetch")
+    args.run = command
 
 
 if __name__ == "__main__":

@@ -8,16 +8,20 @@ and `braid.cli.main` calls it with the parsed namespace.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from braid import __version__
 from braid.cli.commands.backup import cmd_backup, cmd_status
 from braid.cli.commands.catalog import cmd_list, cmd_show
+from braid.cli.commands.forget import cmd_forget
 from braid.cli.commands.init import cmd_init
 from braid.cli.commands.prune import cmd_prune
 from braid.cli.commands.restore import cmd_restore
 from braid.cli.commands.verify import cmd_verify
+from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
 
 
@@ -60,10 +64,39 @@ def _percent(text: str) -> float:
     return value
 
 
+def _finite_range(unit: str, maximum: float) -> Callable[[str], float]:
+    """A number in [0, maximum]: nan, inf and values no clock can subtract (1e12 days) are usage errors, not tracebacks."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+        if not math.isfinite(value) or not 0 <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be a number of {unit} from 0 to {maximum:,.0f}, not {text!r}")
+        return value
+
+    return parse
+
+
+MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and timedelta overflows near 1e9 days
+
+
 def _level(text: str) -> int:
     value = _positive_int(text)
     if value > 19:
         raise argparse.ArgumentTypeError("--level must be 1..19")
+    return value
+
+
+def _open_timeout(text: str) -> float:
+    """Seconds, more than 0 and finite: a named pipe must be opened by its other end within them."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"--open-timeout must be a number of seconds more than 0, not {text!r}")
     return value
 
 
@@ -100,8 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("--chunk-size", default="64MiB", help="chunk size (default 64MiB)")
     backup.add_argument("--workers", type=_positive_int, default=_cores(), help="worker threads (default: cores)")
     backup.add_argument("--level", type=_level, default=3, help="zstd level (default 3)")
+    backup.add_argument("--pipes", type=_positive_int, metavar="N",
+                        help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
+    backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
+    backup.add_argument("run", nargs="*", metavar="-- COMMAND",
+                        help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
+    backup.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
+                        help=f"fail (exit 5) if no process opens a named-pipe --input for writing within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
-    cloud.add_argument("--concurrency", type=_positive_int, help="uploads in flight (default 8); memory is (concurrency + 2) chunks")
+    cloud.add_argument("--concurrency", type=_positive_int, help="uploads in flight (default 8); memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--rate-limit", metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
     cloud.add_argument("--fan-out", type=_positive_int, help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
@@ -118,10 +158,18 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument("--output", action="append", metavar="PATH", help="one per backup input, in order")
     restore.add_argument("--workers", type=_positive_int, default=_cores(), help="decode threads (default: cores)")
     restore.add_argument("--force", action="store_true", help="overwrite existing output files")
+    restore.add_argument("--pipes", action="store_true",
+                         help="one named pipe per backup input for the command, named in it by {pipes} or {pipe1}..{pipeN}")
+    restore.add_argument("run", nargs="*", metavar="-- COMMAND",
+                         help="run COMMAND with the backup on its stdin (or --pipes); succeeds only if it reads every byte and exits 0 (else exit 11)")
+    restore.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
+                         help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     restore.set_defaults(handler=cmd_restore)
 
-    lister = sub.add_parser("list", parents=[common], help="list complete backups")
+    lister = sub.add_parser("list", parents=[common], help="list complete backups (or, with --incomplete, unfinished ones)")
     lister.add_argument("--name", help="only backups with this name")
+    lister.add_argument("--incomplete", action="store_true",
+                        help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
     lister.set_defaults(handler=cmd_list)
 
     show = sub.add_parser("show", parents=[common], help="show one backup's manifest summary")
@@ -139,9 +187,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     prune = sub.add_parser("prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers")
     prune.add_argument("--keep-last", type=_positive_int, metavar="N", help="keep the newest N backups of each name")
-    prune.add_argument("--keep-days", type=float, metavar="D", help="keep every backup started in the last D days")
-    prune.add_argument("--orphan-grace-hours", type=float, default=48.0, metavar="H",
-                       help="collect data of backups that never completed once older than H hours (default 48)")
+    prune.add_argument("--keep-days", type=_finite_range("days", MAX_KEEP_DAYS), metavar="D",
+                       help="keep every backup started in the last D days")
+    prune.add_argument("--orphan-grace-hours", type=_finite_range("hours", MAX_KEEP_DAYS * 24), default=48.0, metavar="H",
+                       help="collect data of backups that never completed (and temporary files of interrupted writes)"
+                            " once idle for H hours since their last activity (default 48, at least 1)")
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     prune.set_defaults(handler=cmd_prune)
+
+    forget = sub.add_parser("forget", parents=[common], help="remove one backup (manifest first, then chunks), e.g. one known to be bad")
+    forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
+    forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    forget.set_defaults(handler=cmd_forget)
     return parser

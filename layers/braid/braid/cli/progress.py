@@ -15,6 +15,13 @@ from typing import Any, TextIO
 from braid.cli.sizes import format_size
 
 
+def started_line(backup: str, resumable: bool = True) -> str:
+    """What a person sees once a cloud backup is staged: the NAME@ID --resume needs, at once."""
+    if not resumable:  # a command's stream (braid.engine.producer): a rerun writes a new one
+        return f"braid: backup {backup} started; its command's stream cannot be resumed: if interrupted, run the backup again"
+    return f"braid: backup {backup} started; if interrupted, continue with 'braid backup --resume {backup} ...'"
+
+
 class Progress:
     def __init__(self, json_lines: bool, stream: TextIO | None = None, interval: float = 0.5) -> None:
         self.stream = stream or sys.stderr
@@ -38,14 +45,22 @@ class Progress:
             self._last = now
             elapsed = now - self._started
             if self.json_lines:
+                if event.get("event") == "started":  # the same sentence for whoever reads the log
+                    event = {**event, "message": started_line(str(event.get("backup", "")), event.get("resumable") is not False)}
                 self.stream.write(json.dumps({"elapsed": round(elapsed, 3), **event}, sort_keys=True) + "\n")
             else:
                 self._draw(event, elapsed, final)
             self.stream.flush()
 
     def _draw(self, event: dict[str, Any], elapsed: float, final: bool) -> None:
+        if event.get("event") == "started":  # a cloud backup exists: its NAME@ID, before anything can go wrong
+            self.stream.write(f"\r\033[K{started_line(str(event.get('backup', '')), event.get('resumable') is not False)}\n")
+            return
         if event.get("event") == "retry":  # an AWS client waiting: "SlowDown, retrying in 3.2 s", on a line of its own
             self.stream.write(f"\r\033[K{event.get('backup', '')}  {event.get('service', '')} {event.get('message', '')}\n")
+            return
+        if event.get("event") == "waiting":  # a named pipe nobody opened yet: "waiting for a writer on /p1", on a line of its own
+            self.stream.write(f"\r\033[K{event.get('backup', '')}  {event.get('message', '')}\n")
             return
         done = int(event.get("bytes_read", event.get("bytes_written", 0)) or 0)
         rate = done / elapsed if elapsed > 0 else 0.0

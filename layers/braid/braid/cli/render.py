@@ -15,6 +15,7 @@ from typing import Any
 from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
+from braid.ops.forget import ForgetPlan
 from braid.ops.init import LocalInit
 from braid.ops.retention import PrunePlan
 
@@ -71,6 +72,23 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
         print(
             f"{row['backup']:<48} {row['created'][:19]:<20} {format_size(row['plaintext_bytes']):>10}"
             f" {format_size(row['stored_bytes']):>10} {row['ratio']:>6.3f} {row['chunks']:>7}"
+        )
+
+
+def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
+    """`list --incomplete`: IncompleteBackup JSON, one row each, and what to do about it."""
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        print("no incomplete backups", file=sys.stderr)
+        return
+    print(f"{'BACKUP':<48} {'WHERE':<12} {'STATE':<10} {'STARTED':<20} {'LAST ACTIVITY':<20} {'STORED':>10}  HINT")
+    for row in rows:
+        stored = row["stored_bytes"] if row["staged_bytes"] is None else row["staged_bytes"]
+        print(
+            f"{row['backup']:<48} {'+'.join(row['where']):<12} {row['state']:<10} {row['started'][:19]:<20}"
+            f" {(row['last_activity'] or '-')[:19]:<20} {format_size(stored):>10}  {row['hint']}"
         )
 
 
@@ -131,7 +149,21 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
         print(f"{verb} {ref}")
     for ref in plan.orphans:
         print(f"{verb} leftovers of incomplete backup {ref}")
+    for key in plan.temporary:
+        print(f"{verb} temporary file {key} of an interrupted write")
+    for ref in plan.spared:
+        print(f"kept leftovers of {ref}: it showed activity (or published) while the prune ran")
+    for entry in plan.unreadable:
+        print(f"UNREADABLE {entry.ref}: not counted, not removed ({entry.error})")
     print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
+
+
+def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, **plan.to_json()}, indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    print(f"{verb} {plan.ref} (manifest {plan.manifest} and {len(plan.objects)} data object(s))")
 
 
 def print_execution_status(doc: dict[str, object], as_json: bool) -> None:

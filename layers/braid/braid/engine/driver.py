@@ -10,6 +10,9 @@ is, on the 2^32-chunk limit, and on how a failure stops the readers.
 Memory is bounded by the pool: `buffers` chunk buffers, whatever the
 stream length. A sink returns each buffer through the `release` callback
 it is given, so a reader blocks only while every buffer is in flight.
+Engines size it with `pool_size(inputs, in_flight)`: one buffer per input
+to read into, so a writer that feeds its pipes in turn never deadlocks
+(braid.engine.stream), and `in_flight` more for the chunks being stored.
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter
+from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
+from braid.engine.gate import StreamGate
+from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter, pool_size
 from braid.errors import LimitError
 from braid.format.chunk import MAX_CHUNKS_PER_KEY
+from braid.ports.progress import ProgressFn
 
-__all__ = ["ChunkSink", "Release", "StreamResult", "drive"]
+__all__ = ["ChunkSink", "Release", "StreamResult", "drive", "pool_size"]
 
 Release = Callable[[], None]
 """Gives a piece's buffer back to the pool: call exactly once, from any thread."""
@@ -70,17 +76,36 @@ class StreamResult(Generic[R]):
     max_buffers_in_flight: int
 
 
-def drive(sources: Sequence[InputSource], sink: ChunkSink[R], *, buffers: int, chunk_size: int, backup: str) -> StreamResult[R]:
+def drive(
+    sources: Sequence[InputSource],
+    sink: ChunkSink[R],
+    *,
+    buffers: int,
+    chunk_size: int,
+    backup: str,
+    gate: StreamGate | None = None,
+    open_timeout: float = DEFAULT_OPEN_TIMEOUT,
+    progress: ProgressFn | None = None,
+) -> StreamResult[R]:
     """Read every source to its end through `sink`.
+
+    `gate` (braid.engine.gate) judges the whole stream once every input
+    ended and before `sink.finish()`, which is what publishes (the local
+    manifest, the cloud stream-end record): a gate that raises is a failure
+    like any other, so the sink is aborted and nothing is published.
 
     On any failure (a reader's, the sink's, the limit, KeyboardInterrupt)
     the readers are told to stop, the sink is aborted with the error, the
     reader threads are joined, and the error is re-raised unchanged: what
     the caller does next (discard chunks, point at --resume) is its own.
+
+    A named pipe with no writer after a few seconds is reported to
+    `progress` ("waiting for a writer on P"), and fails the backup with an
+    InputError after `open_timeout` seconds.
     """
     pool = BufferPool(buffers, chunk_size)
     cancelled = threading.Event()
-    cutter = StreamCutter(list(sources), pool, cancelled)
+    cutter = StreamCutter(list(sources), pool, cancelled, open_timeout=open_timeout, waiting=_waiting_note(progress, backup, open_timeout))
     lengths: dict[int, int] = {}
     count = 0
     try:
@@ -95,6 +120,8 @@ def drive(sources: Sequence[InputSource], sink: ChunkSink[R], *, buffers: int, c
                 raise LimitError(f"backup {backup} would exceed 2^32 chunks under one data key; use a larger --chunk-size")
             sink.accept(count, event, release)
             count += 1
+        if gate is not None:
+            gate(dict(lengths))
         ended_at = time.monotonic()
         outcome = sink.finish()
     except BaseException as exc:
@@ -107,3 +134,21 @@ def drive(sources: Sequence[InputSource], sink: ChunkSink[R], *, buffers: int, c
 
 def _releaser(pool: BufferPool, buffer: bytearray) -> Release:
     return lambda: pool.release(buffer)
+
+
+def _waiting_note(progress: ProgressFn | None, backup: str, timeout: float) -> Callable[[InputSource], None] | None:
+    if progress is None:
+        return None
+    report = progress
+
+    def note(source: InputSource) -> None:
+        report(
+            {
+                "event": "waiting",
+                "backup": backup,
+                "input": source.label,
+                "message": f"waiting for a writer on {source.label} (giving up after {timeout:g} s, --open-timeout)",
+            }
+        )
+
+    return note

@@ -96,17 +96,45 @@ def finalize_backup(
         store.put(target, sealed, create_only=True)
     except AlreadyExistsError:
         raise StorageError(f"a manifest for {ref} is already published; refusing to replace it") from None
+    except BaseException:
+        # The write may have landed before it failed (an answer lost, an
+        # interrupt): withdraw it too, or the caller's removal of the chunks
+        # would leave a listed manifest without them (tests/test_faults.py).
+        store.delete([target])
+        raise
     try:
         reread = store.get(target)
         if reread != sealed:
             raise IntegrityError(f"manifest of {ref} read back differently from what was written")
         open_manifest(reread, target).authenticate(key)
+        check_chunks_still_listed(store, ref, manifest)
     except BaseException:
         # Not verified, so not a backup: withdraw it before anyone lists it,
         # and before the caller removes the chunks it names.
         store.delete([target])
         raise
     return manifest
+
+
+def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest) -> None:
+    """After publishing: every chunk is still there (one LIST per 1,000 chunks).
+
+    A prune that took this backup's data for an abandoned backup's (it
+    looked before the manifest existed) may have deleted chunks after the
+    presence check above; the manifest is then withdrawn, so a backup with
+    missing chunks is never left published. Prune looks for the manifest
+    just before deleting and again after (braid.ops.leftovers), so a
+    collision is avoided or reported, never silent.
+    """
+    from braid.format.layout import data_prefix
+
+    listed = {info.key for info in store.list(data_prefix(ref))}
+    for chunk in manifest.chunks():
+        if chunk_key(ref, chunk.index) not in listed:
+            raise IntegrityError(
+                f"chunk {chunk.index} of backup {ref} disappeared while the backup was being published"
+                " (a concurrent prune or forget?); the backup was withdrawn: run it again"
+            )
 
 
 def discard_backup_data(store: ObjectStore, ref: BackupRef, indexes: Iterable[int] | None = None) -> None:

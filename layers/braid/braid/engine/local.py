@@ -7,9 +7,10 @@ rather than processes: zstd compression, Poly1305, AES-GCM `encrypt_into`
 and file writes all release the GIL, so threads scale across cores without
 copying 64 MiB chunks between processes (measured in scripts/bench).
 
-Memory is bounded: the pool holds workers + 2 chunk buffers, readers block
-when all are in flight, and each worker thread keeps one reusable output
-buffer in its codec.
+Memory is bounded: the pool holds (inputs + workers + 1) chunk buffers,
+one for each input to read into and workers + 1 in flight (see
+braid.engine.stream for why fewer can deadlock), readers block when all
+are out, and each worker thread keeps one reusable output buffer in its codec.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from braid.contract import ENGINE_LOCAL
-from braid.engine.driver import drive
+from braid.engine.driver import drive, pool_size
 from braid.engine.finalize import InputRecord, discard_backup_data, finalize_backup
+from braid.engine.lease import BackupLease
 from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
 from braid.errors import BackupError, UsageError
@@ -48,10 +50,21 @@ class LocalEngine:
         started = time.monotonic()
         key, wrapped = self.keys.generate_data_key(encryption_context(self.repository.config.id, str(ref)))
         store = self.repository.store
-        with ThreadPoolExecutor(max_workers=request.workers, thread_name_prefix="braid-worker") as executor:
+        # The lease (refreshed while the backup runs, removed after) tells a
+        # concurrent prune this backup is alive, however long it runs.
+        with ThreadPoolExecutor(max_workers=request.workers, thread_name_prefix="braid-worker") as executor, BackupLease(store, ref):
             sink = LocalChunkSink(executor, store, ref, key, request.level, progress)
             try:
-                stream = drive(request.sources, sink, buffers=request.workers + 2, chunk_size=request.chunk_size, backup=str(ref))
+                stream = drive(
+                    request.sources,
+                    sink,
+                    buffers=pool_size(len(request.sources), request.workers + 1),
+                    chunk_size=request.chunk_size,
+                    backup=str(ref),
+                    gate=request.gate,
+                    open_timeout=request.open_timeout,
+                    progress=progress,
+                )
                 return finalize_backup(
                     store,
                     ref=ref,

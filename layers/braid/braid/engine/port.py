@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
+from braid.engine.gate import StreamGate
 from braid.engine.stream import InputSource
 from braid.format.ids import BackupRef
 from braid.format.manifest import Manifest
@@ -28,6 +30,15 @@ class BackupRequest:
     level: int
     workers: int
     resume: bool = False  # continue an interrupted upload (engines whose staging outlives the agent)
+    # Judges the stream once every input ended, before anything is published
+    # (braid.engine.gate): the producer's verdict, the empty-stream check.
+    gate: StreamGate | None = None
+    # False when the inputs cannot be read again from their first byte (a
+    # producer Braid ran): a failed upload is then abandoned, not kept for
+    # --resume, so the pipeline stops at once instead of waiting to stall.
+    resumable: bool = True
+    # Seconds a named-pipe input may wait for its writer to open it (--open-timeout).
+    open_timeout: float = DEFAULT_OPEN_TIMEOUT
 
 
 class BackupEngine(Protocol):

@@ -6,6 +6,17 @@ readers draw from one `BufferPool`; when every buffer is in flight they wait,
 which is what bounds memory to (pool size x chunk size) whatever the stream
 length. Chunk indexes are assigned in arrival order by the single consumer,
 the driver loop (braid.engine.driver).
+
+The pool must hold at least one buffer per input (`pool_size`): Db2 writes
+`backup db X to /p1, ..., /pN` moving blocks to each pipe in turn, so a
+reader that holds a half-filled buffer waits for bytes the writer can only
+send once it got past a pipe whose reader has no buffer. A reader holds at
+most one buffer while it fills it, and handed-off buffers come back without
+any reader's help (workers store them), so with (inputs + k) buffers every
+open input always has somewhere to put its bytes.
+
+A named pipe that no process opens within the open timeout fails the backup
+(braid.engine.fifo_open) rather than hanging it.
 """
 
 from __future__ import annotations
@@ -15,11 +26,21 @@ import queue
 import stat
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from io import FileIO, RawIOBase
 
+from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, is_fifo, open_fifo_for_reading
 from braid.errors import BackupError, InputError
+
+
+def pool_size(inputs: int, in_flight: int) -> int:
+    """Buffers for `inputs` streams: one each to read into, and `in_flight` more for chunks being stored.
+
+    Memory is this many chunks. Fewer than one per input can deadlock a
+    writer that feeds its pipes in turn (see the module docstring).
+    """
+    return inputs + in_flight
 
 
 class BufferPool:
@@ -82,21 +103,51 @@ class InputSource:
         if not os.access(self.path, os.R_OK):
             raise InputError(f"input {self.path} is not readable by this user")
 
-    def open(self) -> FileIO:
-        """Unbuffered: reads go straight into pool buffers, with no copy through a Python buffer."""
+    def open(
+        self, *, timeout: float = DEFAULT_OPEN_TIMEOUT, note: Callable[[], None] | None = None, cancelled: threading.Event | None = None
+    ) -> FileIO | None:
+        """Unbuffered: reads go straight into pool buffers, with no copy through a Python buffer.
+
+        A named pipe waits at most `timeout` seconds for its writer (calling
+        `note` once if it takes a while); None if `cancelled` came first.
+        """
         if self.path is None:
             return os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+        if is_fifo(self.path):
+            fd = open_fifo_for_reading(self.path, timeout=timeout, note=note, cancelled=cancelled)
+            return None if fd is None else os.fdopen(fd, "rb", buffering=0)
         try:
             return open(self.path, "rb", buffering=0)
         except OSError as exc:
             raise InputError(f"cannot open input {self.path}: {exc.strerror}") from None
 
 
+def _identity(path: str) -> tuple[object, ...]:
+    """The file itself, however it is spelled: `d1`, `./d1` and a symlink to it are one input."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return ("path", os.path.realpath(path))
+    return ("file", info.st_dev, info.st_ino)
+
+
 def sources_from_args(paths: list[str] | None) -> list[InputSource]:
+    """One source per --input, labelled as the user typed it; the same file twice is refused.
+
+    Two readers on one pipe would each get an arbitrary share of its bytes
+    (a backup that restores to neither stream), and a file read twice is
+    stored twice: so inputs are compared by identity, not spelling.
+    """
     if not paths:
         return [InputSource(0, "stdin", None)]
-    if len(set(paths)) != len(paths):
-        raise InputError("the same input is named twice")
+    seen: dict[tuple[object, ...], str] = {}
+    for path in paths:
+        identity = _identity(path)
+        first = seen.get(identity)
+        if first is not None:
+            also = f"{first} and {path}" if first != path else path
+            raise InputError(f"the same input is named twice: {also}")
+        seen[identity] = path
     return [InputSource(i, p, p) for i, p in enumerate(paths)]
 
 
@@ -147,18 +198,40 @@ def _read_full(handle: RawIOBase, view: memoryview) -> int:
 
 
 class StreamCutter:
-    """Reads all inputs concurrently and yields pieces and ends as they come."""
+    """Reads all inputs concurrently and yields pieces and ends as they come.
 
-    def __init__(self, sources: list[InputSource], pool: BufferPool, cancelled: threading.Event) -> None:
+    `waiting(source)` is called (from the source's reader thread) when a
+    named pipe has had no writer for a few seconds; `open_timeout` is when
+    that becomes an InputError.
+    """
+
+    def __init__(
+        self,
+        sources: list[InputSource],
+        pool: BufferPool,
+        cancelled: threading.Event,
+        *,
+        open_timeout: float = DEFAULT_OPEN_TIMEOUT,
+        waiting: Callable[[InputSource], None] | None = None,
+    ) -> None:
+        if pool.count < len(sources):
+            raise ValueError(f"a pool of {pool.count} buffers for {len(sources)} inputs can deadlock a writer that feeds them in turn")
         self.sources = sources
         self.pool = pool
         self.cancelled = cancelled
+        self.open_timeout = open_timeout
+        self._waiting = waiting
         self._events: queue.Queue[Piece | InputEnd | ReadFailure] = queue.Queue()
         self._threads = [threading.Thread(target=self._read, args=(s,), name=f"braid-read-{s.index}", daemon=True) for s in sources]
 
     def _read(self, source: InputSource) -> None:
         try:
-            with source.open() as handle:
+            waiting = self._waiting
+            note = None if waiting is None else (lambda: waiting(source))
+            opened = source.open(timeout=self.open_timeout, note=note, cancelled=self.cancelled)
+            if opened is None:
+                return  # cancelled while waiting for a writer
+            with opened as handle:
                 offset = 0
                 number = 0
                 while True:

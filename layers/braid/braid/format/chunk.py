@@ -84,6 +84,19 @@ class ChunkHeader:
 
     @classmethod
     def unpack(cls, stored: Buffer, where: str) -> tuple[ChunkHeader, int]:
+        """The header and where the ciphertext starts; every field checked to be one this Braid writes."""
+        header, start = cls.frame(stored, where)
+        header.check_fields(where)
+        return header, start
+
+    @classmethod
+    def frame(cls, stored: Buffer, where: str) -> tuple[ChunkHeader, int]:
+        """The header as stored, checked only as far as needed to find the ciphertext.
+
+        Nothing here is authenticated yet: decode reads the fields through this,
+        authenticates, and only then believes them (a flipped index bit must be
+        reported as corruption, not as a chunk that belongs elsewhere).
+        """
         if len(stored) < _FIXED.size + TAG_BYTES:
             raise IntegrityError(f"{where}: stored chunk is truncated ({len(stored)} bytes)")
         magic, version, compression, cipher, _flags, index, input_index, _r, length, nonce, name_len = _FIXED.unpack_from(
@@ -93,16 +106,21 @@ class ChunkHeader:
             raise IntegrityError(f"{where}: not a Braid chunk (bad magic)")
         if version != FORMAT_VERSION:
             raise IntegrityError(f"{where}: chunk format version {version} is not supported by this Braid")
-        if cipher != CIPHER_AES_256_GCM or compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
-            raise IntegrityError(f"{where}: unknown algorithm ids (cipher {cipher}, compression {compression})")
         end = _FIXED.size + name_len
         if len(stored) < end + TAG_BYTES:
             raise IntegrityError(f"{where}: stored chunk is truncated ({len(stored)} bytes)")
-        try:
-            backup = bytes(stored[_FIXED.size : end]).decode()
-        except UnicodeDecodeError:
-            raise IntegrityError(f"{where}: header backup id is not UTF-8") from None
+        # surrogateescape: an undecodable id survives to check_fields, after authentication.
+        backup = bytes(stored[_FIXED.size : end]).decode(errors="surrogateescape")
         return cls(backup, index, input_index, length, compression, bytes(nonce), cipher, version), end
+
+    def check_fields(self, where: str) -> None:
+        """Refuse algorithm ids and a backup id this Braid never writes."""
+        if self.cipher != CIPHER_AES_256_GCM or self.compression not in (COMPRESSION_NONE, COMPRESSION_ZSTD):
+            raise IntegrityError(f"{where}: unknown algorithm ids (cipher {self.cipher}, compression {self.compression})")
+        try:
+            self.backup.encode()
+        except UnicodeEncodeError:
+            raise IntegrityError(f"{where}: header backup id is not UTF-8") from None
 
 
 @dataclass(frozen=True)
@@ -192,12 +210,30 @@ class ChunkCodec:
     ) -> memoryview:
         """Authenticate, decrypt, decompress and check one chunk, or raise.
 
+        The header is believed only once it authenticated (it is the GCM
+        associated data, as stored): a flipped bit anywhere past the magic and
+        version is "failed authentication", and "moved or swapped" is said
+        only of an intact chunk that names another index, input or backup.
+
         The plaintext lands in `out` (a new buffer if None or too small)
         and a view of it is returned only when every check passed, so callers
         may write it straight to the restore target.
         """
         where = f"chunk {index} of backup {backup}"
-        header, start = ChunkHeader.unpack(stored, where)
+        header, start = ChunkHeader.frame(stored, where)
+        if out is None or len(out) < plaintext_length:
+            out = bytearray(plaintext_length)  # never resize the caller's: its old views may be alive
+        plaintext = memoryview(out)[:plaintext_length]
+        payload_length = len(stored) - start - TAG_BYTES
+        # Decrypt straight into the output when the header says the payload is the plaintext.
+        direct = header.compression == COMPRESSION_NONE and payload_length == plaintext_length
+        payload = plaintext if direct else self._payload_buffer(payload_length)
+        try:
+            self._aead.decrypt_into(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start], payload)
+        except InvalidTag:
+            raise IntegrityError(f"{where}: failed authentication (corrupt, tampered, or a different key)") from None
+        # The header authenticated: from here on its fields are what the writer meant.
+        header.check_fields(where)
         if header.backup != backup or header.index != index or header.input_index != input_index:
             raise IntegrityError(
                 f"{where}: stored chunk belongs to {header.backup} chunk {header.index} (input {header.input_index});"
@@ -205,20 +241,10 @@ class ChunkCodec:
             )
         if header.plaintext_length != plaintext_length:
             raise IntegrityError(f"{where}: header length {header.plaintext_length} does not match the manifest ({plaintext_length})")
-        if out is None or len(out) < plaintext_length:
-            out = bytearray(plaintext_length)  # never resize the caller's: its old views may be alive
-        plaintext = memoryview(out)[:plaintext_length]
-        payload_length = len(stored) - start - TAG_BYTES
-        compressed = header.compression == COMPRESSION_ZSTD
-        if not compressed and payload_length != plaintext_length:
-            raise IntegrityError(f"{where}: stored payload is {payload_length} bytes, manifest says {plaintext_length}")
-        payload = self._payload_buffer(payload_length) if compressed else plaintext
-        try:
-            self._aead.decrypt_into(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start], payload)
-        except InvalidTag:
-            raise IntegrityError(f"{where}: failed authentication (corrupt, tampered, or a different key)") from None
-        if compressed:
+        if header.compression == COMPRESSION_ZSTD:
             self._decompress(payload, plaintext, where)
+        elif not direct:
+            raise IntegrityError(f"{where}: stored payload is {payload_length} bytes, manifest says {plaintext_length}")
         if not hmac.compare_digest(self._key.chunk_mac(index, plaintext), plaintext_mac):
             raise IntegrityError(f"{where}: plaintext checksum mismatch")
         return plaintext

@@ -14,13 +14,15 @@ from datetime import UTC, datetime
 
 from braid.errors import UsageError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")
-_ID = re.compile(r"^\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}$")
+# Always fullmatch: `$` also matches before a trailing newline, and "nl\n"
+# would become a directory name in the repository.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
+_ID = re.compile(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}")
 LATEST = "latest"
 
 
 def validate_name(name: str) -> str:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise UsageError(
             f"invalid backup name {name!r}: use 1-48 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
@@ -46,7 +48,7 @@ class BackupRef:
         if not sep:
             raise UsageError(f"invalid backup reference {text!r}: expected NAME@ID or NAME@latest")
         validate_name(name)
-        if ident != LATEST and not _ID.match(ident):
+        if ident != LATEST and not _ID.fullmatch(ident):
             raise UsageError(f"invalid backup id {ident!r} in {text!r}: expected an id such as 20261123T010203.456Z-1a2b3c4d, or 'latest'")
         return cls(name, ident)
 

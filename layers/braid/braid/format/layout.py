@@ -3,6 +3,7 @@
     config.json                          repository identity and settings
     manifests/NAME/ID.json               one per complete backup, written last
     data/NAME/ID/NNNNNNNNNN              stored chunks, by global chunk index
+    data/NAME/ID/lease                   a running local backup's heartbeat (braid.format.lease)
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
 
 Manifests sit apart from data so `list` reads a few small objects, never a
@@ -63,6 +64,20 @@ def data_prefix(ref: BackupRef) -> str:
 
 def chunk_key(ref: BackupRef, index: int) -> str:
     return f"{data_prefix(ref)}{index:010d}"
+
+
+LEASE = "lease"
+
+
+def lease_key(ref: BackupRef) -> str:
+    """The heartbeat a running backup refreshes, beside its chunks.
+
+    Under the backup's own data prefix so that everything removing a
+    backup's data (a failed backup's discard, prune, forget) removes it too;
+    it is never a chunk name (those are ten digits), and nothing that checks
+    chunks lists the prefix expecting only chunks.
+    """
+    return f"{data_prefix(ref)}{LEASE}"
 
 
 def staging_prefix(ref: BackupRef) -> str:

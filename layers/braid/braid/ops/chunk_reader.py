@@ -11,7 +11,7 @@ from braid.errors import IntegrityError, NotFoundError
 from braid.format.chunk import ChunkCodec, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import chunk_key
+from braid.format.layout import chunk_key, manifest_key
 from braid.format.manifest import ChunkEntry, Manifest
 from braid.ports.store import Buffer, ObjectStore, read_object
 
@@ -24,10 +24,21 @@ class ChunkReader:
         self._stored = bytearray(stored_size(manifest.backup, manifest.chunk_size))
 
     def fetch(self, entry: ChunkEntry) -> Buffer:
-        """The stored chunk, as the repository holds it (valid until the next fetch)."""
+        """The stored chunk, as the repository holds it (valid until the next fetch).
+
+        A missing chunk is corruption only while the backup still exists:
+        prune and forget remove the manifest before any chunk, so a chunk
+        gone together with its manifest means the backup was removed while
+        this read it. The user needs to hear that (exit 8), not that the
+        repository is corrupt.
+        """
         try:
             return read_object(self.store, chunk_key(self.ref, entry.index), self._stored)
         except NotFoundError:
+            if self.store.head(manifest_key(self.ref)) is None:
+                raise NotFoundError(
+                    f"backup {self.ref} was removed (pruned or forgotten) while it was being read: chunk {entry.index} and the manifest are gone"
+                ) from None
             raise IntegrityError(f"chunk {entry.index} of backup {self.ref} is missing from the repository") from None
 
     def decode(self, stored: Buffer, entry: ChunkEntry, out: bytearray) -> memoryview:

@@ -1,56 +1,49 @@
 """Restore: stream a backup's original bytes back, verified before written.
 
-Each output (stdout, a file, or a named pipe a database restore reads from)
-has its own writer thread, so a restore tool that reads its pipes in any
-order never deadlocks us. Chunks are fetched and decoded in a shared pool, a
-bounded window ahead of each writer; a chunk's bytes reach the output only
-after it authenticated and its plaintext checksum matched, and the chunks
-of an input are written strictly in order.
+Before the first byte, every chunk must be in the repository with its
+recorded size (one LIST per 1,000 chunks on S3, not a HEAD each): stdout
+and pipes cannot take bytes back, and a backup missing its last chunk must
+not be found out after the rest was written. Regular files are written
+beside their name and renamed over it only when every output succeeded
+(braid.ops.restore_output).
+
+Each output has its own writer thread, so a restore tool that reads its
+pipes in any order, or in turn, never deadlocks us. Chunks are fetched and
+decoded in a shared pool; a chunk's bytes reach the output only after it
+authenticated and its plaintext checksum matched, and the chunks of an
+input are written strictly in order.
+
+Memory is (outputs + workers + 1) plaintext chunks at most: each output may
+always have its next chunk decoded (so a reader waiting on one pipe while
+the others are full never waits for ever), and workers + 1 chunks more are
+shared among the outputs as read-ahead.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import sys
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import BinaryIO
 
-from braid.errors import BackupError, InputError, UsageError
+from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
+from braid.errors import BackupError, IntegrityError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
+from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
 from braid.ops.chunk_reader import ChunkReader
+from braid.ops.restore_output import Output, OutputTarget, commit_all, remove_partial
 from braid.ports.progress import ProgressFn
 from braid.ports.store import ObjectStore
 
-
-@dataclass(frozen=True)
-class OutputTarget:
-    label: str
-    path: str | None  # None: stdout
-
-    def open(self, force: bool) -> BinaryIO:
-        if self.path is None:
-            return os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0)
-        try:
-            mode = os.stat(self.path).st_mode
-            if stat.S_ISREG(mode) and os.path.getsize(self.path) > 0 and not force:
-                raise InputError(f"output {self.path} already exists; remove it or pass --force to overwrite")
-            if stat.S_ISDIR(mode):
-                raise InputError(f"output {self.path} is a directory")
-        except FileNotFoundError:
-            pass
-        try:
-            return open(self.path, "wb", buffering=0)
-        except OSError as exc:
-            raise InputError(f"cannot open output {self.path}: {exc.strerror}") from None
+__all__ = ["OutputTarget", "RestoreStats", "check_chunks_present", "restore_backup", "targets_from_args"]
 
 
 def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[OutputTarget]:
+    """One output per backup input: stdout for a single input, else one --output PATH each (never one file twice)."""
     count = len(manifest.inputs)
     if not paths:
         if count != 1:
@@ -60,23 +53,54 @@ def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[Outpu
         return [OutputTarget("stdout", None)]
     if len(paths) != count:
         raise UsageError(f"backup {manifest.backup} has {count} input(s) but {len(paths)} --output path(s) were given")
-    if len(set(paths)) != len(paths):
+    if len({os.path.realpath(p) for p in paths}) != len(paths):
         raise UsageError("the same output is named twice")
     return [OutputTarget(p, p) for p in paths]
 
 
-def _write_all(handle: BinaryIO, data: memoryview, label: str) -> None:
-    view = data
-    try:
-        while view:
-            written = handle.write(view)
-            if written is None:
-                continue
-            view = view[written:]
-    except BrokenPipeError:
-        raise InputError(f"output {label} was closed by its reader before the restore finished") from None
-    except OSError as exc:
-        raise InputError(f"error writing output {label}: {exc.strerror or exc}") from None
+def check_chunks_present(store: ObjectStore, manifest: Manifest, key: DataKey) -> None:
+    """Every chunk in the store with its recorded size, or the first that is not, by index.
+
+    A chunk the LIST did not show is fetched once more through the chunk
+    reader, which tells a missing chunk (corruption, exit 6) from a backup
+    removed while we read it (exit 8).
+    """
+    ref = BackupRef.parse(manifest.backup)
+    sizes = {info.key: info.size for info in store.list(data_prefix(ref))}
+    reader: ChunkReader | None = None
+    for chunk in sorted(manifest.chunks(), key=lambda c: c.index):
+        size = sizes.get(chunk_key(ref, chunk.index))
+        if size is None:
+            reader = reader or ChunkReader(store, manifest, key)
+            size = len(reader.fetch(chunk))
+        if size != chunk.stored_length:
+            raise IntegrityError(
+                f"chunk {chunk.index} of backup {ref} is {size} bytes in the repository, the manifest says {chunk.stored_length}; nothing was restored"
+            )
+
+
+@dataclass
+class RestoreStats:
+    buffers: int = 0  # plaintext chunk buffers allocated: at most outputs + workers + 1
+
+
+class _ReadAhead:
+    """Chunks decoded beyond each output's next one, shared by all outputs; taking one never waits."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._lock = threading.Lock()
+
+    def try_take(self) -> bool:
+        with self._lock:
+            if self._free == 0:
+                return False
+            self._free -= 1
+            return True
+
+    def give(self) -> None:
+        with self._lock:
+            self._free += 1
 
 
 def restore_backup(
@@ -88,24 +112,35 @@ def restore_backup(
     workers: int,
     force: bool = False,
     progress: ProgressFn | None = None,
-) -> None:
+    open_timeout: float = DEFAULT_OPEN_TIMEOUT,
+) -> RestoreStats:
+    """Write each input of the backup to its target; a failure leaves every target file as it was.
+
+    A named-pipe target waits at most `open_timeout` seconds for its reader.
+    """
     ref = BackupRef.parse(manifest.backup)
+    for target in targets:
+        target.check(force)
+    check_chunks_present(store, manifest, key)
+
     readers = threading.local()
     cancelled = threading.Event()
     errors: list[BaseException] = []
+    finished: list[Output] = []
     lock = threading.Lock()
     totals = {"bytes_written": 0, "chunks_done": 0}
-    # Enough chunks ahead of each writer to keep every decoder busy: writing
-    # is several times faster than decoding, so `workers` in flight suffice.
-    window = max(2, -(-workers // max(1, len(targets))))
-    # Plaintext buffers circulate between decoders and writers: at most
-    # (window + 1) per output exist, so memory is bounded and no chunk pays
-    # for a fresh 64 MiB allocation.
+    stats = RestoreStats()
+    ahead = _ReadAhead(max(1, workers) + 1)
+    # Plaintext buffers circulate between decoders and writers: no chunk
+    # pays for a fresh 64 MiB allocation, and `ahead` bounds how many exist.
     free_buffers: list[bytearray] = []
 
     def take_buffer() -> bytearray:
         with lock:
-            return free_buffers.pop() if free_buffers else bytearray(manifest.chunk_size)
+            if free_buffers:
+                return free_buffers.pop()
+            stats.buffers += 1
+        return bytearray(manifest.chunk_size)
 
     def give_buffer(buffer: bytearray) -> None:
         with lock:
@@ -118,53 +153,106 @@ def restore_backup(
         if reader is None:
             reader = readers.reader = ChunkReader(store, manifest, key)
         buffer = take_buffer()
-        return buffer, reader.read(entry, buffer)
+        try:
+            return buffer, reader.read(entry, buffer)
+        except BaseException:
+            give_buffer(buffer)
+            raise
+
+    def waiting(target: OutputTarget) -> None:
+        if progress is not None:
+            message = f"waiting for a reader on {target.label} (giving up after {open_timeout:g} s, --open-timeout)"
+            progress({"event": "waiting", "backup": str(ref), "output": target.label, "message": message})
 
     def write_input(entry: InputEntry, target: OutputTarget, pool: ThreadPoolExecutor) -> None:
+        # outstanding[0] is this output's next chunk, always allowed; the
+        # others each hold one of the shared read-ahead slots.
+        outstanding: deque[Future[tuple[bytearray, memoryview]]] = deque()
+        position = 0
+        output: Output | None = None
+
+        def top_up() -> None:
+            nonlocal position
+            while position < len(entry.chunks) and (not outstanding or ahead.try_take()):
+                outstanding.append(pool.submit(fetch, entry.chunks[position]))
+                position += 1
+
         try:
-            pending: deque[tuple[ChunkEntry, Future[tuple[bytearray, memoryview]]]] = deque()
-            chunks = iter(entry.chunks)
-            with target.open(force) as handle:
-                for chunk in chunks:
-                    pending.append((chunk, pool.submit(fetch, chunk)))
-                    if len(pending) >= window:
-                        break
-                while pending:
-                    if cancelled.is_set():
-                        return
-                    chunk, future = pending.popleft()
-                    buffer, plaintext = future.result()
-                    nxt = next(chunks, None)
-                    if nxt is not None:
-                        pending.append((nxt, pool.submit(fetch, nxt)))
-                    _write_all(handle, plaintext, target.label)
+            top_up()  # decoding starts while a pipe's reader may still be on its way
+            output = target.open(timeout=open_timeout, note=lambda: waiting(target), cancelled=cancelled)
+            if output is None:
+                return
+            while outstanding:
+                if cancelled.is_set():
+                    break
+                buffer, plaintext = outstanding[0].result()
+                try:
+                    output.write(plaintext)
+                finally:
                     give_buffer(buffer)
-                    with lock:
-                        totals["bytes_written"] += len(plaintext)
-                        totals["chunks_done"] += 1
-                        snapshot = dict(totals)
-                    if progress:
-                        progress({"event": "chunk", "backup": str(ref), **snapshot})
+                outstanding.popleft()
+                if outstanding:
+                    ahead.give()  # the next chunk is now this output's own
+                top_up()
+                with lock:
+                    totals["bytes_written"] += len(plaintext)
+                    totals["chunks_done"] += 1
+                    snapshot = dict(totals)
+                if progress:
+                    progress({"event": "chunk", "backup": str(ref), **snapshot})
+            else:
+                done, output = output, None
+                done.finish()
+                with lock:
+                    finished.append(done)
         except BaseException as exc:  # reported by the caller, first error wins
             with lock:
                 errors.append(exc)
             cancelled.set()
+        finally:
+            if output is not None:  # failed or cancelled: nothing under the real name
+                output.discard()
 
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") as pool:
-        writers = [
-            threading.Thread(target=write_input, args=(entry, target, pool), name=f"braid-out-{entry.index}", daemon=True)
-            for entry, target in zip(manifest.inputs, targets, strict=True)
-        ]
-        for writer in writers:
-            writer.start()
-        while any(w.is_alive() for w in writers):
-            for writer in writers:
-                writer.join(0.1)
-            if cancelled.is_set():
-                # A writer may be blocked opening a named pipe nobody will
-                # read; it is a daemon thread and must not hold the exit.
-                for writer in writers:
-                    writer.join(1.0)
-                break
-    if errors:
-        raise errors[0]
+    writers: list[tuple[OutputTarget, threading.Thread]] = []
+    succeeded = False
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") as pool:
+            try:
+                for entry, target in zip(manifest.inputs, targets, strict=True):
+                    writer = threading.Thread(target=write_input, args=(entry, target, pool), name=f"braid-out-{entry.index}", daemon=True)
+                    writers.append((target, writer))
+                    writer.start()
+                _join(writers, cancelled)
+            except BaseException:
+                cancelled.set()  # queued decodes end at once instead of running to the end
+                _join(writers, cancelled)
+                raise
+        if errors:
+            raise errors[0]
+        commit_all(finished)
+        succeeded = True
+    finally:
+        if not succeeded:
+            for output in finished:
+                output.discard()
+            for target, writer in writers:
+                partial = target.partial_path
+                if partial is not None and not writer.is_alive():
+                    remove_partial(partial)
+    return stats
+
+
+def _join(writers: list[tuple[OutputTarget, threading.Thread]], cancelled: threading.Event) -> None:
+    """Wait for every writer; once one failed, for those that can still finish.
+
+    A writer of a regular file always ends soon (its decodes end, it removes
+    its partial file), so it is waited for. One blocked on a pipe or stdout
+    nobody reads is a daemon thread and must not hold the exit.
+    """
+    while any(writer.is_alive() for _, writer in writers):
+        for _, writer in writers:
+            writer.join(0.1)
+        if cancelled.is_set():
+            for target, writer in writers:
+                writer.join(None if target.partial_path is not None else 1.0)
+            return

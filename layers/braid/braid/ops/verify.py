@@ -5,6 +5,13 @@ Quick: every chunk exists with its recorded size and the stored checksum
 computed). Deep: every chunk is fetched, authenticated, decompressed and its
 plaintext checked against the manifest's keyed checksum, and each input's
 chained checksum recomputed, as pgBackRest's verify does for its files.
+
+A chunk the store will not hand over (permission denied, an I/O error) is
+not evidence of corruption: it is reported apart, as unreadable, so the CLI
+says "storage error" (exit 7) for it, as restore does, and "integrity
+error" (exit 6) only for what was read and found wrong. Any other error
+(the backup removed while being read, a key that does not open it) stops
+the check and reaches the caller as itself.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from braid.errors import BackupError, IntegrityError
+from braid.errors import IntegrityError, StorageError
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
@@ -63,11 +70,17 @@ class VerifyReport:
     chunks_total: int
     chunks_checked: int = 0
     bytes_checked: int = 0
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # every problem, in chunk order
+    unreadable: list[str] = field(default_factory=list)  # those where the store failed the read: unchecked, not known bad
 
     @property
     def ok(self) -> bool:
         return not self.failures
+
+    @property
+    def corrupt(self) -> bool:
+        """Something was read and found wrong (not merely unreadable)."""
+        return len(self.failures) > len(self.unreadable)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -78,6 +91,7 @@ class VerifyReport:
             "chunks_checked": self.chunks_checked,
             "bytes_checked": self.bytes_checked,
             "failures": self.failures,
+            "unreadable": self.unreadable,
         }
 
 
@@ -103,6 +117,8 @@ def verify_backup(
     ref = BackupRef.parse(manifest.backup)
     chunks = select_chunks(manifest, sample_percent)
     report = VerifyReport(str(ref), "deep" if deep else "quick", manifest.chunk_count)
+    failed: list[tuple[int, str]] = []  # (chunk index, message): sorted by index, not as text ("10" < "2")
+    unreadable: list[tuple[int, str]] = []
     lock = threading.Lock()
     readers = threading.local()
 
@@ -123,9 +139,13 @@ def verify_backup(
                 deep_check(entry)
             else:
                 check_chunk(store, ref, entry)
-        except BackupError as exc:
+        except IntegrityError as exc:
             with lock:
-                report.failures.append(str(exc))
+                failed.append((entry.index, str(exc)))
+            return
+        except StorageError as exc:  # the chunk could not be read: unchecked, not known bad
+            with lock:
+                unreadable.append((entry.index, str(exc)))
             return
         with lock:
             report.chunks_checked += 1
@@ -133,11 +153,12 @@ def verify_backup(
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         list(pool.map(run, chunks))
-    if deep and key is not None and len(chunks) == manifest.chunk_count and not report.failures:
+    report.failures = [message for _, message in sorted(failed + unreadable)]
+    report.unreadable = [message for _, message in sorted(unreadable)]
+    if deep and key is not None and len(chunks) == manifest.chunk_count and report.ok:
         for entry in manifest.inputs:
             if key.input_mac(entry.index, entry.length, [c.mac for c in entry.chunks]) != entry.mac:
                 report.failures.append(f"backup {ref}: input {entry.index} whole-input checksum mismatch")
-    report.failures.sort()
     return report
 
 

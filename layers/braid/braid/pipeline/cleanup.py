@@ -30,6 +30,7 @@ HINTS: dict[str, str] = {
     "IntegrityError": "a check of the staged stream or of the stored chunks failed (the cause says which); run the backup again",
     "States.ExceededToleratedFailureThreshold": "workers kept failing on some chunks past every retry (see the map run's failed items); run the backup again",
     "StagingStalledError": "start the backup again; the agent must keep uploading until the stream ends",
+    "StreamAbandonedError": "fix what the agent reported (the producer's own error, or why the stream was empty), then run the backup again",
     "KeyAccessError": "check that the stack's KMS key is enabled and its key policy lets the pipeline roles use it",
     "NotFoundError": "the agent must stage the backup (session.json) in the stack's bucket before starting the pipeline; removed staging cannot be resumed, start a new backup",
     "RepositoryError": "the stack's bucket must hold a Braid repository of this version (braid init --stack NAME creates it)",

@@ -29,14 +29,14 @@ DEFAULT_STALL_SECONDS = 3600
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
 MAX_CONCURRENCY_LIMIT = 10_000
 # Step Functions execution names: 1-80 characters, no spaces, brackets, wildcards or "#%\\^|~`$&,;:/".
-_EXECUTION_NAME = re.compile(r"^[A-Za-z0-9._@-]{1,80}$")
+_EXECUTION_NAME = re.compile(r"[A-Za-z0-9._@-]{1,80}")  # fullmatch: `$` admits a trailing newline
 
 
 def execution_name(ref: BackupRef) -> str:
     """The execution is named `NAME@ID`, so the console shows which backup it is
     and a resumed start finds the same execution."""
     name = str(ref)
-    if not _EXECUTION_NAME.match(name):
+    if not _EXECUTION_NAME.fullmatch(name):
         raise UsageError(f"backup {name!r} cannot name a Step Functions execution")
     return name
 

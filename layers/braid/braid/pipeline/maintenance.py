@@ -3,10 +3,14 @@
 Run by an EventBridge schedule (functions/verify), without the host. Deep
 verify of the latest backup of each name (or a sample of its chunks) catches
 silent corruption while an older good backup still exists. Retention is the
-same policy and code as `braid prune` (braid.ops.retention): backups the policy
+same policy and code as `braid prune` (braid.ops.retention), with the same
+guarantees: only backups whose manifest authenticates count towards a rule,
+and here also only those that passed this run's verify, so a corrupt latest
+backup never pushes out the older good one; unreadable backups are reported
+(and announced, as a failed verify is), never removed; backups the policy
 lets go lose their manifest first, then their chunks; leftovers of backups
-that never completed are collected after a grace period, so a backup still
-in flight is never touched.
+that never completed are collected only once idle past the grace period,
+so a backup still in flight is never touched.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from braid.contract import VERIFY_FAILED
-from braid.errors import BackupError
+from braid.errors import BackupError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
@@ -30,13 +34,20 @@ class MaintenanceReport:
     verified: list[dict[str, Any]] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)  # backups the retention policy let go
     collected: list[str] = field(default_factory=list)  # leftovers of backups that never completed
+    unreadable: list[dict[str, str]] = field(default_factory=list)  # {"backup", "error"}: neither counted nor removed
 
     @property
     def ok(self) -> bool:
-        return all(r.get("ok") for r in self.verified)
+        return all(r.get("ok") for r in self.verified) and not self.unreadable
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "verified": self.verified, "pruned": self.pruned, "collected": self.collected}
+        return {
+            "ok": self.ok,
+            "verified": self.verified,
+            "pruned": self.pruned,
+            "collected": self.collected,
+            "unreadable": self.unreadable,
+        }
 
 
 def latest_per_name(repository: Repository) -> list[BackupRef]:
@@ -68,22 +79,35 @@ def run_maintenance(
     now: datetime | None = None,
 ) -> MaintenanceReport:
     """Verify first, then prune: a failed verify never stops retention from
-    running, but it is reported before anything is removed."""
+    running, but the backup that failed it counts towards no rule and is not
+    removed, and every failure is announced."""
     report = MaintenanceReport(verified=verify_latest(repository, keys, sample_percent))
-    plan = plan_prune(repository, policy, now)
+    failed = {r["backup"]: r for r in report.verified if not r.get("ok")}
+    distrusted = {
+        BackupRef.parse(name): f"backup {name} failed verification: {(r['failures'] or ['unknown failure'])[0]}" for name, r in failed.items()
+    }
+    plan = plan_prune(repository, policy, keys, now, distrusted=distrusted)
+    report.unreadable = [u.to_json() for u in plan.unreadable]
+    # Announced before anything is removed: a prune that fails midway must not swallow them.
+    for r in failed.values():
+        events.publish(VERIFY_FAILED, {"repository": repository.url, "backup": r["backup"], "failures": r["failures"][:10]})
+    for u in plan.unreadable:
+        if str(u.ref) not in failed:  # older backups verify_latest did not look at
+            events.publish(VERIFY_FAILED, {"repository": repository.url, "backup": str(u.ref), "failures": [str(u.error)]})
     execute_prune(repository, plan)
     report.pruned = [str(r) for r in plan.forget]
     report.collected = [str(r) for r in plan.orphans]
-    for failed in (r for r in report.verified if not r.get("ok")):
-        events.publish(VERIFY_FAILED, {"repository": repository.url, "backup": failed["backup"], "failures": failed["failures"][:10]})
     return report
 
 
 def policy_from_event(event: dict[str, Any]) -> RetentionPolicy:
     """The schedule's retention settings: {"keep_last", "keep_days", "orphan_grace_hours"}."""
     keep_last, keep_days = event.get("keep_last"), event.get("keep_days")
-    return RetentionPolicy(
-        keep_last=int(keep_last) if keep_last is not None else None,
-        keep_days=float(keep_days) if keep_days is not None else None,
-        orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
-    )
+    try:
+        return RetentionPolicy(
+            keep_last=int(keep_last) if keep_last is not None else None,
+            keep_days=float(keep_days) if keep_days is not None else None,
+            orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the schedule's retention settings are not numbers: {exc}") from None

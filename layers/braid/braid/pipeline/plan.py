@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from braid.errors import IntegrityError
+from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.staging import MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
@@ -59,6 +59,19 @@ class PlanStatus:
 
 class StagingStalledError(IntegrityError):
     """The agent stopped completing segments before the stream ended."""
+
+
+class StreamAbandonedError(BackupError):
+    """The agent gave the stream up (its producer failed, the stream was empty): fail now, publish nothing.
+
+    Its name is what the execution reports; Cleanup removes the staging.
+    """
+
+
+def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
+    """Raise StreamAbandonedError, with the agent's reason, if the agent gave the stream up."""
+    if end is not None and end.abandoned is not None:
+        raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
 
 
 def next_chunk_index(rounds: Iterable[Round]) -> int:
@@ -104,7 +117,11 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
 
 
 def check_complete(ref: BackupRef, records: list[SegmentRecord], end: StreamEnd, session: SessionRecord) -> bool:
-    """True once every segment the stream-end record announces is recorded; raises if they disagree."""
+    """True once every segment the stream-end record announces is recorded; raises if they disagree.
+
+    An abandoned stream is never complete: StreamAbandonedError (Finalize asks this too).
+    """
+    check_not_abandoned(ref, end)
     end.check(ref, session)
     by_input: dict[int, list[SegmentRecord]] = {}
     for record in records:
@@ -157,6 +174,7 @@ def plan_next_round(
     planned_chunks = next_chunk_index(rounds)
     ready = [r for r in records if r.parts > 0 and (r.input_index, r.segment) not in planned]
     end = area.read_stream_end()
+    check_not_abandoned(ref, end)  # before planning more work for a stream that will never end
     if ready:
         per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item, streaming=end is None)
         chosen = select_ready(ready, per_item, max_items)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from datetime import datetime
+from typing import Protocol, runtime_checkable
 
 Buffer = bytes | bytearray | memoryview
 
@@ -19,6 +20,7 @@ class ObjectInfo:
     key: str
     size: int
     checksum: str | None = None  # "crc64nvme:<base64>" when the store keeps it
+    modified: datetime | None = None  # last written, by the store's clock (UTC), when the store says
 
 
 class ObjectStore(Protocol):
@@ -56,6 +58,20 @@ class ObjectStore(Protocol):
 
     def delete(self, keys: Iterable[str]) -> None:
         """Remove objects; missing ones are not an error."""
+        ...
+
+
+@runtime_checkable
+class TemporaryFiles(Protocol):
+    """A store whose interrupted writes can leave files outside the repository.
+
+    LocalStore writes each object to a `.tmp-*` file first; a process killed
+    mid-put leaves it behind, invisible to `list`. Retention collects them
+    (once older than its grace period) through this; S3 has none.
+    """
+
+    def list_temporary(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Leftover temporary files under `prefix`, with their modification times; `delete` removes them."""
         ...
 
 

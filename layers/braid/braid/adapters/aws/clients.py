@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import NoRegionError
 
 from braid.adapters.aws.retries import CONFLICT_ATTEMPTS, RetrySettings, install_retries
 from braid.errors import UsageError
 from braid.ports.progress import ProgressFn
+
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from boto3.session import Session
+    from types_boto3_cloudformation.client import CloudFormationClient
+    from types_boto3_events.client import EventBridgeClient
+    from types_boto3_kms.client import KMSClient
+    from types_boto3_s3.client import S3Client
+    from types_boto3_stepfunctions.client import SFNClient
 
 # The agent on the database host: S3, and KMS, Step Functions, CloudFormation.
 # Nothing above it retries a request (a failed backup is continued with
@@ -55,14 +64,14 @@ def aws_client(
     retries: RetrySettings = HOST,
     region: str | None = None,
     endpoint_url: str | None = None,
-    session: Any = None,
+    session: Session | None = None,
     pool: int = 10,
     connect_timeout: float = 10,
     read_timeout: float = 60,
     on_retry: ProgressFn | None = None,
     sleep: Callable[[float], None] = time.sleep,
     **config: Any,
-) -> Any:
+) -> BaseClient:
     """A boto3 client for `service` with Braid's retries (reported to `on_retry`) and timeouts.
 
     `pool` is how many requests may be in flight at once (boto3 clients are
@@ -89,15 +98,15 @@ def aws_client(
     if endpoint_url:
         kwargs["endpoint_url"] = endpoint_url
     try:
-        factory: Any = session or boto3.session.Session()
-        client = factory.client(service, **kwargs)
+        factory = session or boto3.session.Session()
+        client: BaseClient = factory.client(service, **kwargs)  # type: ignore[call-overload]  # `service` is a str, not one literal
     except NoRegionError:
         raise UsageError("no AWS region configured: set AWS_DEFAULT_REGION or AWS_REGION") from None
     install_retries(client, retries, threads=pool, on_retry=on_retry, sleep=sleep)
     return client
 
 
-def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, **options: Any) -> Any:
+def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, **options: Any) -> S3Client:
     """An S3 client sized for `concurrency` threads sharing it.
 
     The pool must hold one connection per thread plus a few for records and
@@ -105,7 +114,7 @@ def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, **options
     lazily, so a generous floor costs nothing when a caller does not say how
     many threads it runs.
     """
-    return aws_client(
+    client = aws_client(
         "s3",
         retries=retries,
         pool=max(64, concurrency + 8),
@@ -121,20 +130,21 @@ def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, **options
         s3={"payload_signing_enabled": False},
         **options,
     )
+    return cast("S3Client", client)
 
 
-def kms_client(*, retries: RetrySettings = HOST, **options: Any) -> Any:
+def kms_client(*, retries: RetrySettings = HOST, **options: Any) -> KMSClient:
     """A KMS client (KMS throttles bursts of Decrypt; the budget waits them out)."""
-    return aws_client("kms", retries=retries, read_timeout=30, **options)
+    return cast("KMSClient", aws_client("kms", retries=retries, read_timeout=30, **options))
 
 
-def stepfunctions_client(*, retries: RetrySettings = HOST, **options: Any) -> Any:
-    return aws_client("stepfunctions", retries=retries, **options)
+def stepfunctions_client(*, retries: RetrySettings = HOST, **options: Any) -> SFNClient:
+    return cast("SFNClient", aws_client("stepfunctions", retries=retries, **options))
 
 
-def events_client(*, retries: RetrySettings = PIPELINE, **options: Any) -> Any:
-    return aws_client("events", retries=retries, **options)
+def events_client(*, retries: RetrySettings = PIPELINE, **options: Any) -> EventBridgeClient:
+    return cast("EventBridgeClient", aws_client("events", retries=retries, **options))
 
 
-def cloudformation_client(*, retries: RetrySettings = HOST, **options: Any) -> Any:
-    return aws_client("cloudformation", retries=retries, **options)
+def cloudformation_client(*, retries: RetrySettings = HOST, **options: Any) -> CloudFormationClient:
+    return cast("CloudFormationClient", aws_client("cloudformation", retries=retries, **options))

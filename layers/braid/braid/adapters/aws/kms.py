@@ -15,13 +15,16 @@ itself, so they need neither kms:GenerateDataKey nor the repository's key id.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.errors import AwsCall, aws_error
 from braid.errors import BackupError, KeyAccessError
 from braid.format.keys import DataKey, WrappedKey
+
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_kms.client import KMSClient
 
 
 def _same_key(a: str, b: str) -> bool:
@@ -32,12 +35,12 @@ def _same_key(a: str, b: str) -> bool:
 class KmsKeyService:
     """KeyService over one customer-managed KMS key (or, unwrap-only, any key)."""
 
-    def __init__(self, client: Any, key_id: str | None) -> None:
+    def __init__(self, client: KMSClient, key_id: str | None) -> None:
         self.client = client
         self._key_id = key_id
 
     @classmethod
-    def for_unwrap(cls, client: Any) -> KmsKeyService:
+    def for_unwrap(cls, client: KMSClient) -> KmsKeyService:
         """Decrypt-only: for roles that hold kms:Decrypt and nothing else."""
         return cls(client, None)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid import contract
 from braid.adapters.aws.clients import PIPELINE, PIPELINE_KMS, events_client, kms_client, s3_client
@@ -29,6 +29,11 @@ from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.errors import UsageError
 from braid.ports.pipeline import MultipartJanitor
 from braid.ports.progress_relay import ProgressRelay
+
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_events.client import EventBridgeClient
+    from types_boto3_kms.client import KMSClient
+    from types_boto3_s3.client import S3Client
 
 log = logging.getLogger("braid.aws")
 
@@ -57,17 +62,17 @@ _retries.send_to(_log_retry)
 
 
 @lru_cache(maxsize=1)
-def _s3() -> Any:
+def _s3() -> S3Client:
     return s3_client(concurrency=worker_lanes() + 2, retries=PIPELINE, on_retry=_retries)
 
 
 @lru_cache(maxsize=1)
-def _kms() -> Any:
+def _kms() -> KMSClient:
     return kms_client(retries=PIPELINE_KMS, on_retry=_retries)
 
 
 @lru_cache(maxsize=1)
-def _events() -> Any:
+def _events() -> EventBridgeClient:
     return events_client(retries=PIPELINE, on_retry=_retries)
 
 

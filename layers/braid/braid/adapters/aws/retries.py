@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from botocore.client import BaseClient
 from botocore.exceptions import ClientError
 from botocore.retries import quota, standard
 from botocore.retries.base import BaseRetryBackoff
@@ -147,7 +148,7 @@ def _reason(kwargs: dict[str, Any]) -> str:
 
 
 def install_retries(
-    client: Any,
+    client: BaseClient,
     settings: RetrySettings,
     *,
     threads: int = 1,
@@ -177,11 +178,13 @@ def install_retries(
     unique_id = f"retry-config-{service}"  # how botocore registers its own handler
     events.unregister(f"needs-retry.{service}", unique_id=unique_id)
     # First, so ours decides even if botocore ever registered its own under another id.
-    events.register_first(f"needs-retry.{service}", _ReportingRetries(handler, _service_label(client), on_retry, sleep).needs_retry, unique_id=unique_id)
+    reporting = _ReportingRetries(handler, _service_label(client), on_retry, sleep)
+    # The stubs type handlers as returning None; botocore reads a needs-retry handler's answer (the delay).
+    events.register_first(f"needs-retry.{service}", reporting.needs_retry, unique_id=unique_id)  # type: ignore[arg-type]
     events.register(f"after-call.{service}", checker.release_retry_quota)
 
 
-def _service_label(client: Any) -> str:
+def _service_label(client: BaseClient) -> str:
     return str(client.meta.service_model.service_id)
 
 

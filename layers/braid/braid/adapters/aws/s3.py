@@ -16,8 +16,8 @@ botocore does not retry.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
 
@@ -30,6 +30,10 @@ from braid.format.checksum import checksum_from_header, s3_checksum_value, store
 from braid.ports.progress_relay import ProgressRelay
 from braid.ports.store import Buffer, ObjectInfo
 
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_s3.client import S3Client
+    from types_boto3_s3.type_defs import ObjectIdentifierTypeDef
+
 T = TypeVar("T")
 
 DELETE_BATCH = 1000  # DeleteObjects' limit per request
@@ -40,7 +44,7 @@ _CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumM
 _SLOWDOWN_CODES = frozenset({"SlowDown", "503", "ServiceUnavailable"})
 THROTTLE_ADVICE = "lower --concurrency or --rate-limit and resume"
 
-_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # fullmatch: `$` admits a trailing newline
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -48,7 +52,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     if not url.startswith("s3://"):
         raise UsageError(f"invalid S3 repository {url!r}: expected s3://BUCKET or s3://BUCKET/PREFIX")
     bucket, _, prefix = url[len("s3://") :].partition("/")
-    if not _BUCKET_NAME.match(bucket) or ".." in bucket:
+    if not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
         raise UsageError(
             f"invalid S3 bucket name {bucket!r} in {url!r}: 3-63 lowercase letters, digits, '.' or '-', "
             "starting and ending with a letter or digit"
@@ -88,7 +92,7 @@ def map_error(exc: BaseException, *, action: str, bucket: str, key: str | None, 
     return aws_error(exc, AwsCall("S3", doing, permission, THROTTLE_ADVICE), StorageError, specific)
 
 
-def checksum_from_response(response: dict[str, Any]) -> str | None:
+def checksum_from_response(response: Mapping[str, Any]) -> str | None:
     """A full-object CRC64NVME from a HEAD/PUT/Complete response, as "crc64nvme:<b64>"."""
     value = response.get("ChecksumCRC64NVME")
     if not value or "-" in str(value):
@@ -117,7 +121,7 @@ class S3Store:
     (`from_url`); whoever runs an operation points it at its ProgressFn.
     """
 
-    def __init__(self, client: Any, bucket: str, prefix: str = "", *, retries: ProgressRelay | None = None) -> None:
+    def __init__(self, client: S3Client, bucket: str, prefix: str = "", *, retries: ProgressRelay | None = None) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -125,7 +129,7 @@ class S3Store:
         self.retries = retries or ProgressRelay()
 
     @classmethod
-    def from_url(cls, url: str, client: Any = None, **client_options: Any) -> S3Store:
+    def from_url(cls, url: str, client: S3Client | None = None, **client_options: Any) -> S3Store:
         """The store an `s3://bucket/prefix` URL names, with a client of its own unless given one."""
         bucket, prefix = parse_s3_url(url)
         if client is not None:
@@ -241,14 +245,14 @@ class S3Store:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject (and s3:ListBucket, or S3 reports a missing key as 403)") from None
         except BotoCoreError as exc:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject") from None
-        return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response))
+        return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response), response.get("LastModified"))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self.client.get_paginator("list_objects_v2")
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self._base + prefix):
                 for item in page.get("Contents", []):
-                    yield ObjectInfo(self.relative_key(item["Key"]), int(item["Size"]))
+                    yield ObjectInfo(self.relative_key(item["Key"]), int(item["Size"]), modified=item.get("LastModified"))
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "listing", prefix or None, "s3:ListBucket") from None
 
@@ -257,7 +261,7 @@ class S3Store:
             self._delete_batch(batch)
 
     def _delete_batch(self, keys: Sequence[str]) -> None:
-        objects = [{"Key": self.object_key(key)} for key in keys]
+        objects: list[ObjectIdentifierTypeDef] = [{"Key": self.object_key(key)} for key in keys]
         try:
             response = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
         except (ClientError, BotoCoreError) as exc:

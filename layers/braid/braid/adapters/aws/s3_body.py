@@ -1,6 +1,6 @@
 """Request bodies for S3 writes: the caller's buffer, sent without a copy.
 
-The agent's memory bound is (concurrency + 2) chunk buffers; a second
+The agent's memory bound is (inputs + concurrency + 1) chunk buffers; a second
 chunk-sized copy per request would double it, and botocore must be able to
 rewind a body for its own retries.
 """

@@ -10,8 +10,8 @@ already completed it").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -22,9 +22,13 @@ from braid.errors import StorageError
 from braid.ports.multipart import OpenUpload, SentPart, StoredPart, UploadGoneError
 from braid.ports.store import Buffer
 
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_s3.type_defs import ObjectIdentifierTypeDef
+
 T = TypeVar("T")
 
 _WRITE = "s3:PutObject"
+_Listing = Literal["list_multipart_uploads", "list_parts", "list_object_versions"]
 
 
 class S3Multipart:
@@ -129,13 +133,13 @@ class S3Multipart:
             Prefix=self.store.object_key(prefix),
         )
         for page in pages:
-            doomed = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])]
+            doomed: list[ObjectIdentifierTypeDef] = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])]
             for batch in batches(doomed, DELETE_BATCH):
                 self._delete_versions(prefix, batch)
                 purged += len(batch)
         return purged
 
-    def _delete_versions(self, prefix: str, versions: list[dict[str, Any]]) -> None:
+    def _delete_versions(self, prefix: str, versions: list[ObjectIdentifierTypeDef]) -> None:
         response = self._call(
             "purging old versions under",
             prefix,
@@ -146,7 +150,7 @@ class S3Multipart:
             first = response["Errors"][0]
             raise StorageError(f"could not delete old versions of s3://{self.bucket}/{first.get('Key')}: {first.get('Code')} {first.get('Message')}")
 
-    def _pages(self, operation: str, action: str, key: str, permission: str, **params: Any) -> Iterator[dict[str, Any]]:
+    def _pages(self, operation: _Listing, action: str, key: str, permission: str, **params: Any) -> Iterator[Mapping[str, Any]]:
         """Every page of a listing, each failure mapped like any other call (NoSuchUpload too)."""
         pages = iter(self.client.get_paginator(operation).paginate(Bucket=self.bucket, **params))
         while True:

@@ -7,7 +7,7 @@ needs only `--repo` (or BRAID_REPO): no hand-copied ARNs.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -18,8 +18,11 @@ from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_REPOSITORY, OUTPUT_
 from braid.errors import BackupError, RepositoryError, UsageError
 from braid.format.repository import RepositoryConfig
 
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_cloudformation.client import CloudFormationClient
 
-def stack_outputs(stack: str, client: Any = None) -> dict[str, str]:
+
+def stack_outputs(stack: str, client: CloudFormationClient | None = None) -> dict[str, str]:
     client = client or cloudformation_client()
 
     def specific(code: str, message: str) -> BackupError | None:

@@ -8,7 +8,7 @@ are the only Step Functions permissions its IAM policy grants.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -18,11 +18,14 @@ from braid.format.ids import BackupRef
 from braid.pipeline.execution_input import execution_name
 from braid.ports.executions import ExecutionStatus
 
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_stepfunctions.client import SFNClient
+
 
 class StepFunctionsExecutions:
     """Executions of one state machine (the stack's backup pipeline)."""
 
-    def __init__(self, client: Any, state_machine_arn: str) -> None:
+    def __init__(self, client: SFNClient, state_machine_arn: str) -> None:
         self.client = client
         self.state_machine_arn = state_machine_arn
 

@@ -9,7 +9,7 @@ and `braid status` both build the engine here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid.adapters.aws.clients import stepfunctions_client
 from braid.adapters.aws.s3 import S3Store
@@ -19,8 +19,11 @@ from braid.agent.cloud_engine import CloudEngine, CloudOptions
 from braid.errors import RepositoryError, UsageError
 from braid.format.repository import Repository
 
+if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    from types_boto3_stepfunctions.client import SFNClient
 
-def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfunctions: Any = None) -> CloudEngine:
+
+def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfunctions: SFNClient | None = None) -> CloudEngine:
     """The engine for a repository on S3 whose config names a pipeline.
 
     `options` is CloudOptions, or the CLI's parsed arguments (CloudOptions.from_cli).

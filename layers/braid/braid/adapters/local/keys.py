@@ -73,6 +73,10 @@ class LocalKeyFile:
             raise KeyAccessError(f"key file {path} not found; give --key-file or BRAID_KEY_FILE, or run 'braid init'") from None
         except PermissionError:
             raise KeyAccessError(f"key file {path} is not readable by this user") from None
+        except IsADirectoryError:
+            raise KeyAccessError(f"key file {path} is a directory; give the master-key file itself (--key-file or BRAID_KEY_FILE)") from None
+        except OSError as exc:  # a FIFO's EOF, EIO, ELOOP...: any OS failure is "cannot use this key file"
+            raise KeyAccessError(f"key file {path} cannot be read: {exc.strerror or exc}") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise KeyAccessError(f"key file {path} is not a valid Braid master key: {exc}") from None
         return cls(path, master)

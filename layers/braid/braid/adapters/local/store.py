@@ -12,6 +12,7 @@ import errno
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 from braid.errors import AlreadyExistsError, NotFoundError, StorageError
@@ -55,6 +56,19 @@ def _fsync_directory(directory: Path) -> None:
         pass  # some file systems refuse fsync on directories; the data itself is synced
     finally:
         os.close(fd)
+
+
+def _modified(status: os.stat_result) -> datetime:
+    return datetime.fromtimestamp(status.st_mtime, UTC)
+
+
+def _unlistable(exc: OSError) -> None:
+    """os.walk's onerror: a directory that is not there lists as empty; one
+    that cannot be read fails the listing (by default os.walk skips it, and
+    `list` would silently report no backups)."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return
+    raise _storage_error("listing", Path(exc.filename or "?"), exc)
 
 
 class LocalStore:
@@ -177,27 +191,38 @@ class LocalStore:
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            return ObjectInfo(key, self._path(key).stat().st_size)
-        except FileNotFoundError:
+            status = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:  # an unreadable directory is a failed read, never "not there"
+            raise _storage_error("reading", self._path(key), exc) from None
+        return ObjectInfo(key, status.st_size, modified=_modified(status))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        yield from self._walk(prefix, temporary=False)
+
+    def list_temporary(self, prefix: str) -> Iterator[ObjectInfo]:
+        """The `.tmp-*` files interrupted puts left under `prefix` (braid.ports.store.TemporaryFiles)."""
+        yield from self._walk(prefix, temporary=True)
+
+    def _walk(self, prefix: str, *, temporary: bool) -> Iterator[ObjectInfo]:
         # Walk from the deepest directory the prefix names in full: a prefix
         # is a string prefix ("data/db" matches "data/db2/..."), as on S3.
         directory = prefix[: prefix.rfind("/") + 1]
         start = self._path(directory.rstrip("/")) if directory else self.root
         found: list[ObjectInfo] = []
-        for dirpath, _dirs, files in os.walk(start):
+        for dirpath, _dirs, files in os.walk(start, onerror=_unlistable):
             for name in files:
-                if name.startswith(_TMP_PREFIX):
+                if name.startswith(_TMP_PREFIX) != temporary:
                     continue
                 full = Path(dirpath) / name
                 key = full.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     try:
-                        found.append(ObjectInfo(key, full.stat().st_size))
+                        status = full.stat()
                     except FileNotFoundError:
                         continue
+                    found.append(ObjectInfo(key, status.st_size, modified=_modified(status)))
         yield from sorted(found, key=lambda info: info.key)
 
     def delete(self, keys: Iterable[str]) -> None:

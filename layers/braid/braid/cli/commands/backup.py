@@ -8,13 +8,17 @@ stdout once the backup is published, or one error line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
+from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
 from braid.cli.render import manifest_summary, print_execution_status
 from braid.cli.sizes import format_size, parse_size
+from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
+from braid.engine.producer import Producer
 from braid.engine.stream import sources_from_args
 from braid.errors import ExecutionError, UsageError
 from braid.format.ids import BackupRef, validate_name
@@ -55,19 +59,48 @@ def _backup_ref(args: argparse.Namespace) -> BackupRef:
     return BackupRef.new(validate_name(args.name))
 
 
+def _producer(args: argparse.Namespace) -> Producer | None:
+    """The command after `--` (not started yet), or None for stdin / --input."""
+    if args.run is None:
+        if args.pipes is not None:
+            raise UsageError("--pipes N makes pipes for a command to write: give it after --, e.g. -- db2 backup db SAMPLE to {pipes}")
+        return None
+    if args.input:
+        raise UsageError("--input and a command after -- exclude each other: the command's output is the backup")
+    if args.resume:
+        raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
+    return Producer(args.run, pipes=args.pipes)
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     ref = _backup_ref(args)
     chunk_size = parse_size(args.chunk_size)
     if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
-    sources = sources_from_args(args.input)
+    producer = _producer(args)
+    sources = sources_from_args(args.input) if producer is None else []
     for source in sources:
         source.check()
+    inputs = len(sources) if producer is None else (args.pipes or 1)
     repository = open_repository(repo_url(args.repo))
+    check_backup_memory(cloud=bool(repository.config.cloud), inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     progress = Progress.for_terminal(args.json)
-    request = BackupRequest(ref, sources, chunk_size, args.level, args.workers, resume=bool(args.resume))
     engine = _engine_for(repository, args)
-    manifest = engine.run(request, progress)
+    # The producer starts only now that the repository and its key are ready,
+    # and is stopped on the way out if the backup failed.
+    with producer if producer is not None else contextlib.nullcontext():
+        request = BackupRequest(
+            ref,
+            producer.sources if producer is not None else sources,
+            chunk_size,
+            args.level,
+            args.workers,
+            resume=bool(args.resume),
+            gate=stream_gate(verdict=producer.verdict if producer is not None else None, allow_empty=args.allow_empty),
+            resumable=producer is None,
+            open_timeout=args.open_timeout,
+        )
+        manifest = engine.run(request, progress)
     if manifest is None:
         print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
         print(ref)

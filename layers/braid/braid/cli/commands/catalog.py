@@ -2,6 +2,7 @@
 
 Both read manifests checked against their own checksums only; nothing here
 decrypts, so a host without the key can still see what is there.
+`list --incomplete` shows what has no manifest yet (braid.ops.incomplete).
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ import argparse
 from typing import Any
 
 from braid.cli.compose import open_repository, repo_url
-from braid.cli.render import manifest_summary, print_backup_list, print_manifest
+from braid.cli.render import manifest_summary, print_backup_list, print_incomplete_list, print_manifest
 from braid.errors import BackupError
-from braid.format.ids import BackupRef
+from braid.format.ids import BackupRef, validate_name
+from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    if args.name is not None:
+        validate_name(args.name)  # a name is a path component: "../x" is a usage error, not a lookup
     repository = open_repository(repo_url(args.repo))
+    if args.incomplete:
+        print_incomplete_list([found.to_json() for found in incomplete_backups(repository, args.name)], args.json)
+        return 0
     rows: list[dict[str, Any]] = []
     for ref in repository.backups(args.name):
         try:

@@ -1,22 +1,54 @@
-"""`braid restore`: a backup's original bytes to stdout or one --output per input."""
+"""`braid restore`: a backup's original bytes to stdout, one --output per input, or a command after `--`.
+
+With a command (braid.ops.consumer), the restore succeeds only if the
+command read every byte and exited 0; every chunk is checked present before
+it starts, since a database restore may drop the old database first.
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from braid.cli.budget import check_restore_memory
 from braid.cli.compose import key_service_on_demand, open_repository, repo_url
 from braid.cli.progress import Progress
+from braid.errors import UsageError
 from braid.format.ids import BackupRef
+from braid.ops.consumer import Consumer
 from braid.ops.open import open_backup
-from braid.ops.restore import restore_backup, targets_from_args
+from braid.ops.restore import OutputTarget, check_chunks_present, restore_backup, targets_from_args
+from braid.ports.progress import ProgressFn
+
+
+def _consumer(args: argparse.Namespace) -> Consumer | None:
+    """The command after `--` (not started yet), or None for stdout / --output."""
+    if args.run is None:
+        if args.pipes:
+            raise UsageError("--pipes makes pipes for a command to read: give it after --, e.g. -- db2 restore db SAMPLE from {pipes}")
+        return None
+    if args.output:
+        raise UsageError("--output and a command after -- exclude each other: the command reads the restore")
+    return Consumer(args.run, pipes=args.pipes)
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    consumer = _consumer(args)
     repository = open_repository(repo_url(args.repo))
     ref = BackupRef.parse(args.backup)
     manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file))
-    targets = targets_from_args(args.output, manifest)
+    targets = targets_from_args(args.output, manifest) if consumer is None else []
+    if consumer is not None:
+        consumer.check(manifest)
+    check_restore_memory(manifest, args.workers)
     progress = Progress.for_terminal(args.json)
-    restore_backup(repository.store, manifest, key, targets, workers=args.workers, force=args.force, progress=progress)
+
+    def run(targets: list[OutputTarget], progress: ProgressFn) -> None:
+        restore_backup(repository.store, manifest, key, targets, workers=args.workers, force=args.force, progress=progress, open_timeout=args.open_timeout)
+
+    if consumer is None:
+        run(targets, progress)
+    else:
+        check_chunks_present(repository.store, manifest, key)  # before the consumer may touch the database
+        consumer.restore(manifest, run, progress)
     progress({"event": "done", "backup": manifest.backup, "bytes_written": manifest.plaintext_bytes, "chunks_done": manifest.chunk_count})
     return 0

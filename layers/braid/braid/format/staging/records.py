@@ -163,19 +163,34 @@ class SegmentRecord:
 
 @dataclass(frozen=True)
 class StreamEnd:
-    """Written by the agent when every input ended: how long each was, in how many segments."""
+    """Written by the agent when every input ended: how long each was, in how many segments.
+
+    Or written instead of that, with `abandoned` set, when the agent gives
+    the stream up for good (its producer failed, the stream was empty, it
+    cannot be resumed): the pipeline then fails at its next poll, with the
+    reason as the cause, rather than waiting to time out, and removes the
+    staging. Lengths and segments are then what the agent had sent so far.
+    The field is absent from an ordinary record, which is unchanged.
+    """
 
     lengths: list[int]  # per input, in input order
     segments: list[int]  # segment count per input
+    abandoned: str | None = None  # why the agent gave the stream up; None: the stream is complete
 
     def to_bytes(self) -> bytes:
-        return _encode(self)
+        doc: dict[str, Any] = {"lengths": self.lengths, "segments": self.segments}
+        if self.abandoned is not None:
+            doc["abandoned"] = self.abandoned
+        return canonical_json(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
         what = f"stream-end record {where}"
-        f = Fields(document(raw, what), what, ("lengths", "segments"))
-        end = cls(f.counts("lengths"), f.counts("segments"))
+        f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned",))
+        abandoned = f.text("abandoned") if "abandoned" in f.doc else None
+        if abandoned is not None and not abandoned.strip():
+            raise IntegrityError(f"{what} is malformed: abandoned must give a reason")
+        end = cls(f.counts("lengths"), f.counts("segments"), abandoned)
         if len(end.lengths) != len(end.segments):
             raise IntegrityError(f"{what} is malformed: {len(end.lengths)} lengths for {len(end.segments)} segment counts")
         return end

@@ -1,0 +1,71 @@
+"""Keeping a running backup's lease fresh (braid.format.lease says why it exists).
+
+A context manager around the whole backup: the lease is written before the
+first chunk, rewritten every `interval` seconds by a daemon thread while the
+stream and finalize run, however long the producer stalls, and removed
+once the backup has published or been discarded. A refresh that fails is
+retried at the next tick rather than failing the backup: the chunks' own
+modification times still show activity, and a repository that refuses a
+small write will fail the backup's chunk writes anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from types import TracebackType
+
+from braid.errors import BackupError
+from braid.format.ids import BackupRef
+from braid.format.layout import lease_key
+from braid.format.lease import LEASE_REFRESH_SECONDS, LeaseRecord
+from braid.format.timestamps import utc_now
+from braid.ports.store import ObjectStore
+
+
+class BackupLease:
+    def __init__(self, store: ObjectStore, ref: BackupRef, interval: float = LEASE_REFRESH_SECONDS) -> None:
+        self._store = store
+        self._ref = ref
+        self._interval = interval
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refreshes = 0  # how many times the lease was written (tests and diagnostics)
+
+    @property
+    def key(self) -> str:
+        return lease_key(self._ref)
+
+    def refresh(self) -> None:
+        record = LeaseRecord(backup=str(self._ref), refreshed=utc_now(), host=socket.gethostname(), pid=os.getpid())
+        # Not fsynced: after a host crash the chunks' own times still show
+        # when the backup was last alive, and no fsync stalls the backup.
+        self._store.put(self.key, record.to_bytes(), durable=False)
+        self.refreshes += 1
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self.refresh()
+            except BackupError:
+                continue  # see the module docstring
+
+    def __enter__(self) -> BackupLease:
+        self.refresh()  # before any chunk: a repository that refuses this refuses the backup
+        self._thread = threading.Thread(target=self._run, name=f"braid-lease-{self._ref.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            self._store.delete([self.key])
+        except BackupError:
+            # Harmless where it stays: beside a published backup's chunks it
+            # goes with them (prune, forget), beside a failed one's it only
+            # dates that backup's leftovers. Failing a published backup
+            # over it would report a good backup as lost.
+            pass

@@ -1,0 +1,69 @@
+"""Forget: remove one backup a person has judged bad, or no longer wants.
+
+Retention never removes a backup it cannot read, nor the newest good one of
+a name (braid.ops.retention); this is how a person does. It needs no key,
+so a backup whose manifest is corrupt, truncated or sealed under a lost key
+can be removed too. Like prune, it removes the manifest first (from then on
+the backup does not exist, so an interrupted forget never leaves a listed
+backup with missing chunks), then the chunks, then any staging.
+
+Only an exact `NAME@ID`: which backup `NAME@latest` names changes whenever a
+backup publishes, and a forget cannot be undone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from braid.errors import NotFoundError, UsageError
+from braid.format.ids import BackupRef
+from braid.format.layout import data_prefix, manifest_key, staging_prefix
+from braid.format.repository import Repository
+from braid.ports.store import ObjectStore
+
+
+@dataclass
+class ForgetPlan:
+    ref: BackupRef
+    manifest: str  # its key
+    objects: list[str]  # its chunks (and any staging), as listed when planned
+
+    def to_json(self) -> dict[str, object]:
+        return {"backup": str(self.ref), "manifest": self.manifest, "objects": len(self.objects)}
+
+
+def _objects(store: ObjectStore, ref: BackupRef) -> list[str]:
+    return [info.key for prefix in (data_prefix(ref), staging_prefix(ref)) for info in store.list(prefix)]
+
+
+def exact_ref(ref: BackupRef) -> BackupRef:
+    """`ref`, if it names one particular backup (UsageError for `NAME@latest`)."""
+    if ref.is_latest:
+        raise UsageError(
+            f"forget needs an exact NAME@ID, not {ref}: which backup is the latest changes whenever one publishes,"
+            f" and a forget cannot be undone; find the id with 'braid list --name {ref.name}'"
+        )
+    return ref
+
+
+def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
+    """What forgetting `ref` removes; NotFoundError when it has no manifest."""
+    exact_ref(ref)
+    store = repository.store
+    key = manifest_key(ref)
+    objects = _objects(store, ref)
+    if store.head(key) is None:
+        hint = (
+            "; its data has no manifest (an incomplete backup): 'braid prune' collects it once it has been idle for the grace period"
+            if objects
+            else ""
+        )
+        raise NotFoundError(f"backup {ref} not found in {repository.url}{hint}")
+    return ForgetPlan(ref, key, objects)
+
+
+def execute_forget(repository: Repository, plan: ForgetPlan) -> None:
+    """Manifest first, then everything under the backup's data and staging prefixes (listed again now)."""
+    store = repository.store
+    store.delete([plan.manifest])
+    store.delete(_objects(store, plan.ref))
