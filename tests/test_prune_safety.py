@@ -36,7 +36,8 @@ from braid.format.layout import chunk_key, lease_key, manifest_key
 from braid.format.lease import LeaseRecord
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import session_key
-from braid.format.timestamps import utc_now
+from braid.format.staging.keys import agent_lease_key
+from braid.format.timestamps import format_timestamp, utc_now
 from braid.ops.forget import execute_forget, plan_forget
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS
 from braid.ops.open import open_backup
@@ -340,6 +341,29 @@ def test_cloud_leftovers_age_from_their_objects_times(aws_env: None, tmp_path: P
         assert plan.orphans == [uploading]
         execute_prune(repository, plan)
         assert list(store.list("staging/")) == [] and plan.orphans == [uploading]
+
+
+def test_a_cloud_agents_staging_lease_keeps_a_slow_upload_alive(aws_env: None, tmp_path: Path) -> None:
+    """Between completed segments S3 lists nothing for the parts in progress: the agent's lease is the sign of life."""
+    with mock_aws():
+        client = s3_client(region="us-east-1")
+        client.create_bucket(Bucket="braid-prune")
+        store = S3Store(client, "braid-prune", "repo")
+        keys = LocalKeyFile.create(tmp_path / "cloud.key")
+        repository = Repository.create(store, RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now()))
+        uploading = BackupRef("db", "20200101T000000.000Z-0badc0de")
+        store.put(session_key(uploading), b"{}")
+        policy = RetentionPolicy(keep_last=1, orphan_grace_hours=1)
+        later = datetime.now(UTC) + timedelta(hours=2)
+        assert plan_prune(repository, policy, keys, now=later).orphans == [uploading]  # no lease: idle for 2 h
+
+        lease = BackupLease(store, uploading, key=agent_lease_key(uploading), remove_on_exit=False)
+        record = LeaseRecord(str(uploading), format_timestamp(later - timedelta(minutes=10)), "db-host", 4242)
+        store.put(lease.key, record.to_bytes())  # as the agent's refresh thread writes it, 10 min before "now"
+        assert plan_prune(repository, policy, keys, now=later).orphans == []
+        with lease:  # the agent leaves its lease for the pipeline's cleanup of staging
+            pass
+        assert store.head(agent_lease_key(uploading)) is not None and lease.refreshes == 1
 
 
 @pytest.mark.parametrize("hours", ["0", "0.5"])

@@ -478,6 +478,10 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     started = [e for e in (json.loads(line) for line in killed_stderr.decode().splitlines() if line.startswith("{")) if e.get("event") == "started"]
     assert [(e["backup"], e["resumed"]) for e in started] == [(ref, False)]
     assert started[0]["message"] == f"braid: backup {ref} started; if interrupted, continue with 'braid backup --resume {ref} ...'"
+    # The agent kept a lease in staging while it uploaded: retention sees it alive
+    # between completed segments (S3 lists nothing for parts in progress).
+    leases = [r for r in cloud.requests(caller="agent-resume", op="PutObject") if r["key"] == f"staging/{name}/{backup_id}/lease"]
+    assert leases, "the agent wrote no lease in its staging area"
     # Until it is resumed it is an incomplete backup, listed with the way back in.
     listed = braid(cloud, "agent-list", "list", "--incomplete", "--json")
     assert listed.code == 0, listed.stderr

@@ -20,6 +20,7 @@ from typing import Any
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.engine.driver import drive, pool_size
+from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
@@ -27,6 +28,7 @@ from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import StagingArea, StreamEnd
+from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore
@@ -128,17 +130,20 @@ class CloudEngine:
         document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
         self.pipeline.start(ref, document)
         try:
-            # upload.chunk_size: a resumed upload keeps the session's.
-            stream = drive(
-                request.sources,
-                StagingSink(upload),
-                buffers=pool_size(len(request.sources), self.options.concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
-                chunk_size=upload.chunk_size,
-                backup=str(ref),
-                open_timeout=request.open_timeout,
-                progress=progress,
-                gate=request.gate,
-            )
+            # The lease shows retention that this upload is alive between
+            # completed segments (S3 lists nothing for parts in progress).
+            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False):
+                # upload.chunk_size: a resumed upload keeps the session's.
+                stream = drive(
+                    request.sources,
+                    StagingSink(upload),
+                    buffers=pool_size(len(request.sources), self.options.concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
+                    chunk_size=upload.chunk_size,
+                    backup=str(ref),
+                    open_timeout=request.open_timeout,
+                    progress=progress,
+                    gate=request.gate,
+                )
         except BaseException as exc:
             if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
                 _resumable(exc, ref)  # adds the way back in to the error itself

@@ -25,17 +25,30 @@ from braid.ports.store import ObjectStore
 
 
 class BackupLease:
-    def __init__(self, store: ObjectStore, ref: BackupRef, interval: float = LEASE_REFRESH_SECONDS) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        ref: BackupRef,
+        interval: float = LEASE_REFRESH_SECONDS,
+        *,
+        key: str | None = None,
+        remove_on_exit: bool = True,
+    ) -> None:
+        """`key`: where the lease lives (default: beside the chunks, braid.format.layout.lease_key).
+        `remove_on_exit=False` leaves it for whoever removes the rest (the cloud
+        agent's lease stays in staging, which the pipeline removes when done)."""
         self._store = store
         self._ref = ref
         self._interval = interval
+        self._key = key or lease_key(ref)
+        self._remove_on_exit = remove_on_exit
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.refreshes = 0  # how many times the lease was written (tests and diagnostics)
 
     @property
     def key(self) -> str:
-        return lease_key(self._ref)
+        return self._key
 
     def refresh(self) -> None:
         record = LeaseRecord(backup=str(self._ref), refreshed=utc_now(), host=socket.gethostname(), pid=os.getpid())
@@ -61,6 +74,8 @@ class BackupLease:
         self._stopped.set()
         if self._thread is not None:
             self._thread.join()
+        if not self._remove_on_exit:
+            return
         try:
             self._store.delete([self.key])
         except BackupError:

@@ -6,8 +6,11 @@ never collect the data of a backup that may yet publish, so it measures an
 unpublished backup's age from its last sign of life: the newest of the
 lease's refresh time and every object's modification time (docs/format.md,
 Retention). The local engine rewrites its lease every
-`LEASE_REFRESH_SECONDS` while it runs and removes it once done; cloud
-backups show activity through their staging objects and chunks instead.
+`LEASE_REFRESH_SECONDS` while it runs and removes it once done; the cloud
+agent keeps the same record at `staging/NAME/ID/lease` while it uploads
+(braid.format.staging.keys.agent_lease_key), since S3 lists nothing for the
+parts of an upload in progress, and leaves it for the pipeline's removal of
+staging.
 
 Stored at `data/NAME/ID/lease` (braid.format.layout.lease_key) as a small
 JSON document; the store's own modification time of that object counts as

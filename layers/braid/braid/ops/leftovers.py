@@ -32,6 +32,7 @@ from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.layout import DATA, STAGING, data_prefix, lease_key, manifest_key, ref_under, staging_prefix
 from braid.format.lease import LeaseRecord
+from braid.format.staging.keys import agent_lease_key
 from braid.ports.store import ObjectInfo, ObjectStore, TemporaryFiles
 
 MIN_ORPHAN_GRACE_HOURS = 1.0
@@ -43,10 +44,10 @@ class Leftover:
     last_activity: datetime
 
 
-def _lease_time(store: ObjectStore, ref: BackupRef) -> datetime | None:
-    """The refresh time the backup host wrote into its lease (None: no readable lease)."""
+def _lease_time(store: ObjectStore, ref: BackupRef, key: str) -> datetime | None:
+    """The refresh time the backup host wrote into the lease at `key` (None: no readable lease)."""
     try:
-        record = LeaseRecord.from_bytes(store.get(lease_key(ref)))
+        record = LeaseRecord.from_bytes(store.get(key))
     except (BackupError, ValueError):
         return None
     return record.refreshed_at if record.backup == str(ref) else None
@@ -60,14 +61,15 @@ def last_activity(store: ObjectStore, ref: BackupRef, objects: Iterable[ObjectIn
     skewed clock can only make the backup look younger, never older.
     """
     newest = ref.started
-    lease = lease_key(ref)
-    has_lease = False
+    leases = (lease_key(ref), agent_lease_key(ref))  # the local engine's, the cloud agent's
+    found: list[str] = []
     for info in objects:
         if info.modified is not None and info.modified > newest:
             newest = info.modified
-        has_lease = has_lease or info.key == lease
-    if has_lease:
-        written = _lease_time(store, ref)
+        if info.key in leases:
+            found.append(info.key)
+    for key in found:
+        written = _lease_time(store, ref, key)
         if written is not None and written > newest:
             newest = written
     return newest

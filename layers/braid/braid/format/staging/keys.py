@@ -17,6 +17,7 @@ from braid.format.layout import staging_prefix
 SESSION = "session.json"
 STREAM_END = "stream-end.json"
 WRAPPED_KEY = "key.json"
+AGENT_LEASE = "lease"
 SEGMENT_RECORDS = "segments/"
 ROUNDS = "plans/round-"
 RESULTS = "results/"
@@ -66,6 +67,17 @@ def stream_end_key(ref: BackupRef) -> str:
 
 def wrapped_key_key(ref: BackupRef) -> str:
     return f"{staging_prefix(ref)}{WRAPPED_KEY}"
+
+
+def agent_lease_key(ref: BackupRef) -> str:
+    """The agent's heartbeat while it uploads (braid.format.lease).
+
+    S3 lists no object for the parts of a multipart upload in progress, so
+    between two completed segments (2 GiB apart) a slow upload would show no
+    activity at all; this small object, rewritten every minute, does. It
+    goes with the rest of staging when Finalize or Cleanup removes it.
+    """
+    return f"{staging_prefix(ref)}{AGENT_LEASE}"
 
 
 def rounds_prefix(ref: BackupRef) -> str:
