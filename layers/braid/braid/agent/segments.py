@@ -11,11 +11,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from braid.errors import InputError
+from braid.errors import InputError, StorageError
 from braid.format.checksum import combine_crc64nvme, encode_crc64nvme, tagged_checksum
 from braid.format.staging import SegmentRecord
-from braid.ports.multipart import SentPart, StoredPart
-from braid.ports.store import ObjectInfo
+from braid.ports.multipart import MultipartStore, SentPart, StoredPart, UploadGoneError
+from braid.ports.store import ObjectInfo, ObjectStore
 
 
 @dataclass
@@ -107,3 +107,32 @@ class InputState:
             raise ValueError(f"chunk {number} of input {input_index} out of order, expected {self.next_number}")
         if not 0 < size <= chunk_size:
             raise ValueError(f"chunk {number} of input {input_index} is {size} bytes; chunks are 1..{chunk_size}")
+
+
+def complete_segment_upload(uploads: MultipartStore, store: ObjectStore, segment: Segment, built: SegmentRecord) -> None:
+    """Complete a segment's multipart upload and check the store kept exactly the bytes read.
+
+    The full-object CRC64NVME sent with the completion is combined from the
+    parts as they were read; the store's own value must equal it, whether it
+    comes back with the completion or (a retried completion that finds the
+    upload already gone) from a HEAD of the object.
+    """
+    where = f"segment {segment.key} in {store.url}"
+    assert segment.upload_id is not None
+    try:
+        stored = uploads.complete_upload(segment.key, segment.upload_id, segment.sent_parts(), encode_crc64nvme(segment.full_crc()), built.length)
+    except UploadGoneError:
+        # A retried Complete whose first attempt succeeded finds no upload:
+        # the object is there, and HEAD below tells whether it is ours.
+        stored = None
+    if stored is None:
+        info = store.head(segment.key)
+        if info is None:
+            raise StorageError(f"{where} is missing after its upload completed; run --resume")
+        if info.size != built.length:
+            raise StorageError(f"{where} holds {info.size} bytes, {built.length} were uploaded; run --resume")
+        stored = info.checksum or built.checksum  # a store that keeps no checksum: nothing more to compare
+    if stored != built.checksum:
+        raise StorageError(
+            f"{where} was stored with checksum {stored}, the uploaded bytes have {built.checksum}; the data changed on the way: start a new backup"
+        )

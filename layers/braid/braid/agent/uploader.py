@@ -36,13 +36,13 @@ from typing import Any
 
 from braid.agent.limits import MIN_PART_SIZE, check_sizes, default_segment_parts
 from braid.agent.resume import load_staged, part_matches, session_to_resume
-from braid.agent.segments import InputState, Part, Segment
+from braid.agent.segments import InputState, Part, Segment, complete_segment_upload
 from braid.agent.throttle import TokenBucket
 from braid.errors import InputError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
-from braid.format.staging import SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
+from braid.format.staging import SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.timestamps import utc_now
-from braid.ports.multipart import MultipartStore, UploadGoneError
+from braid.ports.multipart import MultipartStore
 from braid.ports.progress import ProgressFn
 
 Release = Callable[[], None]
@@ -319,34 +319,11 @@ class StagingUpload:
         if segment.record is not None:
             return  # recorded before the interruption, and the re-read bytes match it
         if segment.stored is None:
-            self._complete_upload(segment, built)
+            complete_segment_upload(self.uploads, self.store, segment, built)
         # Once the store holds the segment, its record is written even if
         # another part failed meanwhile: the pipeline may start on it, and a
         # resume then skips it.
         self.area.write_segment_record(built)
-
-    def _complete_upload(self, segment: Segment, built: SegmentRecord) -> None:
-        where = f"segment {segment.key} in {self.store.url}"
-        assert segment.upload_id is not None
-        try:
-            stored = self.uploads.complete_upload(
-                segment.key, segment.upload_id, segment.sent_parts(), encode_crc64nvme(segment.full_crc()), built.length
-            )
-        except UploadGoneError:
-            # A retried Complete whose first attempt succeeded finds no upload:
-            # the object is there, and HEAD below tells whether it is ours.
-            stored = None
-        if stored is None:
-            info = self.store.head(segment.key)
-            if info is None:
-                raise StorageError(f"{where} is missing after its upload completed; run --resume")
-            if info.size != built.length:
-                raise StorageError(f"{where} holds {info.size} bytes, {built.length} were uploaded; run --resume")
-            stored = info.checksum or built.checksum  # a store that keeps no checksum: nothing more to compare
-        if stored != built.checksum:
-            raise StorageError(
-                f"{where} was stored with checksum {stored}, the uploaded bytes have {built.checksum}; the data changed on the way: start a new backup"
-            )
 
     # ------------------------------------------------------------------ ending
 
