@@ -75,5 +75,6 @@ def test_keep_days_keeps_recent_and_orphans_wait_for_grace(repo: Path) -> None:
 def test_policy_needs_a_rule() -> None:
     with pytest.raises(UsageError, match="needs --keep-last"):
         RetentionPolicy()
-    result = run_braid("prune", "--repo", "/nonexistent")
-    assert result.code == 2 and "needs --keep-last" in result.stderr
+    with pytest.raises(UsageError, match="not both"):
+        RetentionPolicy(keep_last=1, stored=True)
+    # On the command line no --keep-* rule means each name's stored policy (tests/test_retention_rules.py).

@@ -11,16 +11,23 @@ from __future__ import annotations
 from typing import Any
 
 from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, key_service, repository_store
+from braid.format.ids import BackupRef
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
+
+
+def _notify_failed(ref: BackupRef, exc: Exception) -> None:
+    """The backup is published; only its "Backup Completed" event was lost: say so, don't fail."""
+    add_metrics({"NotificationsFailed": (MetricUnit.Count, 1)})
+    logger.warning("backup published, but its event was not sent", extra={"error": type(exc).__name__, "cause": str(exc)})
 
 
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     request = ExecutionInput.from_event(event)
     store = repository_store(request.prefix)
-    summary = finalize_step(store, key_service(), S3StagingJanitor(store), event_publisher(), request.ref)
+    summary = finalize_step(store, key_service(), S3StagingJanitor(store), event_publisher(), request.ref, _notify_failed)
     add_metrics(
         {
             "BackupsCompleted": (MetricUnit.Count, 1),

@@ -1,8 +1,10 @@
 """Scheduled maintenance Lambda: deep-verify the latest backups, then apply retention.
 
 Event (from the EventBridge schedule): {"prefix": "", "sample_percent": 10,
-"keep_last": 7, "keep_days": 35, "orphan_grace_hours": 48}; a retention rule
-(keep_last and/or keep_days) is required, the rest optional.
+"orphan_grace_hours": 48} and the stack's retention rules, any of keep_last,
+keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly, keep_within
+("1y6m"), keep_days; without any, each name's policy stored in the
+repository applies, and names without one keep every backup.
 Returns: {"ok", "verified": [VerifyReport JSON...], "pruned": ["NAME@ID", ...], "collected": [...]}.
 A failed verify also emits an EventBridge "Verify Failed" event and an error metric.
 """

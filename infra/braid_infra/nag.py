@@ -13,7 +13,7 @@ from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
-from braid_infra.storage import DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS
+from braid_infra.storage import DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, STAGING_OBJECTS
 
 if TYPE_CHECKING:
     from braid_infra.stack import BraidStack
@@ -24,6 +24,7 @@ OBJECTS = {
     STAGING_OBJECTS: "Staging objects are named per backup at run time (NAME/ID/...); access is confined to the staging prefix.",
     DATA_OBJECTS: "Chunks are named per backup and index at run time; access is confined to the data prefix.",
     MANIFEST_OBJECTS: "Manifests are named per backup at run time; access is confined to the manifests prefix.",
+    POLICY_OBJECTS: "Retention policies are named per backup name (policies/NAME.json); read-only, confined to the policies prefix.",
 }
 
 
@@ -54,7 +55,7 @@ def suppress_findings(stack: BraidStack) -> None:
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
-        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
+        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS],
     }
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")

@@ -1,6 +1,6 @@
 """Pipeline: the backup state machine, one Standard execution per backup.
 
-    Prepare ─► PlanSegments ─► SegmentsReady? ─ready─► ProcessChunks ─┐
+    Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─► ProcessChunks ─┐
                     ▲              │ waiting                          │
                     │              ▼                                  │
                     └──────── WaitForSegments                         │
@@ -9,6 +9,11 @@
                                    ▼
                                 Finalize ─► BackupSucceeded
     any failure (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
+
+Identify adds the execution's own name to the state ($.execution.name, from
+$$.Execution.Name, overwriting whatever the input put there); every step
+refuses a backup other than the one the execution is named after, and
+Cleanup then deletes nothing (braid.pipeline.execution_input.check_execution).
 
 The wait loop lets the fan-out of finished segments start while later
 segments still upload. ProcessChunks is a Distributed Map reading a plan
@@ -33,7 +38,7 @@ from constructs import Construct
 
 from braid import contract
 from braid_infra.functions import PipelineFunctions
-from braid_infra.storage import STAGING_OBJECTS, Storage
+from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
 
 LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
 TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
@@ -139,7 +144,10 @@ class BackupPipeline(Construct):
             "CleanupFailed",
             state_name="CleanupFailed",
             error="CleanupFailed",
-            cause="The backup failed and so did its cleanup; nothing was published. Staging expires by the bucket lifecycle within 2 days.",
+            cause=(
+                "The backup failed and so did its cleanup; nothing was published."
+                f" Staging expires by the bucket lifecycle within {STAGING_LIFETIME.to_days()} days."
+            ),
         )
 
         for state in (prepare, plan, process, finalize):
@@ -152,7 +160,10 @@ class BackupPipeline(Construct):
         choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
         choice.otherwise(wait.next(plan))
 
-        definition = prepare.next(plan).next(choice)
+        identify = sfn.Pass(
+            self, "Identify", state_name="Identify", parameters={"name.$": "$$.Execution.Name"}, result_path="$.execution"
+        )
+        definition = identify.next(prepare).next(plan).next(choice)
         log_group = logs.LogGroup(self, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
         self.state_machine = sfn.StateMachine(
             self,
@@ -162,7 +173,7 @@ class BackupPipeline(Construct):
             comment="Braid backup: staged stream -> chunks -> verified manifest",
             tracing_enabled=True,
             logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
-            timeout=Duration.days(7),
+            timeout=EXECUTION_TIMEOUT,
         )
         # The ItemReader reads plan rounds straight from S3.
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

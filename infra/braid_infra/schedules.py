@@ -2,14 +2,46 @@
 
 EventBridge invokes the verify function with a fixed input; a failed verify
 shows as the VerifyFailures metric and a "Verify Failed" event.
+
+Retention comes from stack configuration: the `retention` prop, else the
+CDK context `braid:retention` (a JSON object, or its text), e.g.
+`cdk deploy -c 'braid:retention={"keep_daily": 7, "keep_monthly": 12}'`,
+with any of keep_last, keep_hourly, keep_daily, keep_weekly, keep_monthly,
+keep_yearly, keep_within ("1y6m"), keep_days (braid.format.policy). By
+default none is configured: the event carries no rule, and the scheduled
+prune then applies only the policies stored in the repository
+(`braid prune --name NAME --keep-... --save-policy`), so a stack nobody
+configured deletes no backup. Leftovers of backups that never completed
+are collected either way (they are not backups).
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
 
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
+
+from braid.errors import UsageError
+from braid.format.policy import KeepRules
+
+RETENTION_CONTEXT = "braid:retention"
+
+
+def retention_rules(value: Any) -> dict[str, Any]:
+    """The schedule event's keep rules from a prop or context value (None: none); a bad value fails synth."""
+    if value is None or value == "":
+        return {}
+    try:
+        doc = json.loads(value) if isinstance(value, str) else value
+        rules = KeepRules.from_json(dict(doc) if isinstance(doc, Mapping) else doc)
+    except (ValueError, UsageError) as exc:
+        raise ValueError(f"{RETENTION_CONTEXT}: not a retention policy ({exc}); e.g. {{\"keep_daily\": 7, \"keep_monthly\": 12}}") from None
+    return rules.to_json()
 
 
 class Schedules(Construct):
@@ -21,11 +53,11 @@ class Schedules(Construct):
         verify: lambda_.IFunction,
         repository_prefix: str,
         sample_percent: float = 10.0,
-        keep_last: int = 7,
-        keep_days: int = 35,
+        retention: Mapping[str, Any] | None = None,
         orphan_grace_hours: int = 48,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.retention = retention_rules(retention if retention is not None else self.node.try_get_context(RETENTION_CONTEXT))
         self.rule = events.Rule(
             self,
             "DailyVerify",
@@ -39,8 +71,7 @@ class Schedules(Construct):
                     {
                         "prefix": repository_prefix,
                         "sample_percent": sample_percent,
-                        "keep_last": keep_last,
-                        "keep_days": keep_days,
+                        **self.retention,
                         "orphan_grace_hours": orphan_grace_hours,
                     }
                 ),

@@ -6,7 +6,9 @@ write the repository config, so nobody copies ARNs by hand.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
@@ -41,6 +43,7 @@ class BraidStack(Stack):
         layer_dir: Path | None = None,
         worker_retry: RetryPolicy = WORKER_RETRY,
         step_retry: RetryPolicy = STEP_RETRY,
+        retention: Mapping[str, Any] | None = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -52,7 +55,9 @@ class BraidStack(Stack):
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )
-        self.schedules = Schedules(self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix)
+        self.schedules = Schedules(
+            self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
+        )
         self.monitoring = Monitoring(self, "Monitoring", state_machine=self.pipeline.state_machine, functions=self.functions.functions)
         self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
 

@@ -7,9 +7,15 @@ permissions, so the host agent stays KMS-free. The customer-managed key
 is what decides who can read a backup.
 
 Staging holds raw, unencrypted database bytes for the life of a backup, so
-its leftovers are short-lived: incomplete multipart uploads are aborted after
-1 day, staging objects expire after 2, and (the bucket is versioned, so
-deletes keep old versions) noncurrent staging versions expire after 1.
+its leftovers are short-lived, but never shorter than a live backup: staging
+objects expire, and incomplete multipart uploads are aborted, after
+STAGING_LIFETIME (8 days, longer than the state machine's 7-day
+EXECUTION_TIMEOUT, so a long backup never loses session.json or its key).
+The bucket is versioned, so deletes keep old versions: noncurrent staging
+versions expire after 1 day, and so do noncurrent chunks under data/ (what
+prune and Cleanup delete stops being billed a day later, not 30); delete
+markers left with no version behind them are removed. Other noncurrent
+versions (manifests, config) are kept 30 days.
 """
 
 from __future__ import annotations
@@ -26,6 +32,14 @@ CONFIG = layout.CONFIG
 STAGING_OBJECTS = f"{layout.STAGING}*"
 DATA_OBJECTS = f"{layout.DATA}*"
 MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
+POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
+
+# The longest a backup's execution may run (the state machine's timeout), and
+# how long staging lives: longer, so the lifecycle never expires a live backup.
+EXECUTION_TIMEOUT = Duration.days(7)
+STAGING_LIFETIME = Duration.days(8)
+# Noncurrent chunk versions (pruned, or discarded by Cleanup) and staging versions.
+NONCURRENT_DATA = Duration.days(1)
 
 
 def key_prefix(repository_prefix: str) -> str:
@@ -61,14 +75,22 @@ class Storage(Construct):
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="repository/",
             lifecycle_rules=[
-                s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=Duration.days(1)),
+                s3.LifecycleRule(id="abort-incomplete-uploads", abort_incomplete_multipart_upload_after=STAGING_LIFETIME),
                 s3.LifecycleRule(
                     id="expire-staging",
                     prefix=f"{base}{layout.STAGING}",
-                    expiration=Duration.days(2),
-                    noncurrent_version_expiration=Duration.days(1),
+                    expiration=STAGING_LIFETIME,
+                    noncurrent_version_expiration=NONCURRENT_DATA,
                 ),
-                s3.LifecycleRule(id="expire-old-versions", noncurrent_version_expiration=Duration.days(30)),
+                s3.LifecycleRule(
+                    id="expire-deleted-chunks",
+                    prefix=f"{base}{layout.DATA}",
+                    noncurrent_version_expiration=NONCURRENT_DATA,
+                    expired_object_delete_marker=True,
+                ),
+                s3.LifecycleRule(
+                    id="expire-old-versions", noncurrent_version_expiration=Duration.days(30), expired_object_delete_marker=True
+                ),
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )

@@ -72,8 +72,22 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
 def test_policy_from_the_schedule_event() -> None:
     policy = policy_from_event({"keep_last": 7, "keep_days": 35, "orphan_grace_hours": 12})
     assert policy == RetentionPolicy(keep_last=7, keep_days=35.0, orphan_grace_hours=12.0)
-    with pytest.raises(UsageError, match="needs --keep-last"):
-        policy_from_event({"sample_percent": 10})
+    # No rule in the event (the stack's default): the policies stored in the repository, none by default.
+    assert policy_from_event({"sample_percent": 10}) == RetentionPolicy(stored=True)
+    with pytest.raises(UsageError, match="--keep-daily must be at least 1"):
+        policy_from_event({"keep_daily": 0})
+
+
+def test_without_a_configured_policy_no_backup_is_removed(repo: Path, tmp_path: Path) -> None:
+    old = backup(repo, "db", b"a" * 100)
+    new = backup(repo, "db", b"b" * 100)
+    repository = open_repository(str(repo))
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
+    assert report.ok and report.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
+
+    assert run_braid("prune", "--repo", str(repo), "--name", "db", "--keep-last", "1", "--save-policy").code == 0
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
+    assert report.pruned == [old] and [str(r) for r in repository.backups()] == [new]
 
 
 def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:

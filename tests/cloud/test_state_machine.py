@@ -298,3 +298,40 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     assert {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)} == published
     key = cloud.keys.unwrap(manifest.key)
     assert verify_backup(cloud.store, cloud.repository.load(ref).authenticate(key), key, deep=True).ok
+
+
+def test_a_worker_error_reaches_the_failed_executions_cause(cloud: Cloud) -> None:
+    """Not the map's generic error: the worker's own, from the failure record it left in staging."""
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 4, 7)]
+    cloud.stage_backup(ref, inputs, segment_parts=2)
+    # The second segment's bytes change after the agent recorded their checksums.
+    cloud.s3.put_object(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 1), Body=pattern(CHUNK * 2, 8))
+
+    result = cloud.wait(cloud.start(ref, max_concurrency=2, max_chunks_per_item=1))
+
+    assert result["status"] == "FAILED", result
+    assert "The first failed worker (chunks 2..2: IntegrityError:" in result["cause"], result["cause"]
+    assert "does not match the checksum the agent recorded" in result["cause"]
+    assert cloud.keys_under(staging_prefix(ref)) == []  # the failure records went with the rest of staging
+
+
+def test_an_execution_named_after_another_backup_touches_nothing_of_the_one_it_names(cloud: Cloud) -> None:
+    """A host starting an execution with another host's in-flight backup as input (even claiming
+    its name in the input) cannot make the pipeline process it nor Cleanup delete it."""
+    victim = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 3, 9)]
+    cloud.stage_backup(victim, inputs, segment_parts=2)
+    cloud.store.put(chunk_key(victim, 0), b"a chunk a worker of the victim already stored")
+    before = {key: cloud.store.get(key) for key in cloud.keys_under("")}
+    intruder = BackupRef.new("other")
+    forged = {**ExecutionInput(backup=str(victim), poll_seconds=1, stall_seconds=30).to_json(), "execution": {"name": str(victim)}}
+
+    arn = cloud.sfn.start_execution(stateMachineArn=cloud.deployed.state_machine_arn, name=execution_name(intruder), input=json.dumps(forged))["executionArn"]
+    result = cloud.wait(arn)
+
+    assert result["status"] == "FAILED", result
+    assert result["error"] == "ExecutionMismatchError", result
+    assert "nothing of" in result["cause"] and str(victim) in result["cause"]
+    assert {key: cloud.store.get(key) for key in cloud.keys_under("")} == before  # no key.json, no round, nothing deleted
+    assert cloud.lambdas.invocation_count(cloud.deployed.functions["worker"]) == 0

@@ -120,8 +120,8 @@ def test_bucket_blocks_public_access_denies_plain_http_and_expires_staging(templ
             "LifecycleConfiguration": {
                 "Rules": Match.array_with(
                     [
-                        Match.object_like({"AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 1}, "Status": "Enabled"}),
-                        Match.object_like({"Prefix": "staging/", "ExpirationInDays": 2, "NoncurrentVersionExpiration": {"NoncurrentDays": 1}}),
+                        Match.object_like({"AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 8}, "Status": "Enabled"}),
+                        Match.object_like({"Prefix": "staging/", "ExpirationInDays": 8, "NoncurrentVersionExpiration": {"NoncurrentDays": 1}}),
                     ]
                 )
             },
@@ -137,6 +137,41 @@ def test_bucket_blocks_public_access_denies_plain_http_and_expires_staging(templ
             }
         },
     )
+
+
+def lifecycle_rules(template: Template) -> dict[str, dict[str, Any]]:
+    buckets = resources_of(template.to_json(), "AWS::S3::Bucket").values()
+    (repository,) = [b for b in buckets if b["Properties"].get("VersioningConfiguration")]
+    return {rule["Id"]: rule for rule in repository["Properties"]["LifecycleConfiguration"]["Rules"]}
+
+
+def test_deleted_chunks_stop_being_billed_within_a_day_and_delete_markers_go(template: Template) -> None:
+    """Versioning must not keep pruned or discarded chunks for 30 days, nor their delete markers for ever."""
+    rules = lifecycle_rules(template)
+    chunks = rules["expire-deleted-chunks"]
+    assert chunks["Prefix"] == "data/" and chunks["Status"] == "Enabled"
+    assert chunks["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
+    assert chunks["ExpiredObjectDeleteMarker"] is True
+    assert rules["expire-old-versions"]["ExpiredObjectDeleteMarker"] is True
+    # No rule may expire current chunks or manifests: only retention deletes backups.
+    assert not any("ExpirationInDays" in r for r in rules.values() if r.get("Prefix") != "staging/")
+
+
+def test_staging_outlives_the_longest_execution(template: Template) -> None:
+    """A backup running up to the state machine's timeout keeps session.json, key.json and its uploads."""
+    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    timeout = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))["TimeoutSeconds"]
+    rules = lifecycle_rules(template)
+    assert rules["expire-staging"]["ExpirationInDays"] * 86400 > timeout
+    assert rules["abort-incomplete-uploads"]["AbortIncompleteMultipartUpload"]["DaysAfterInitiation"] * 86400 >= timeout
+
+
+def test_finalize_may_withdraw_a_manifest_it_published(template: Template) -> None:
+    """finalize_backup deletes the manifest when its read-back fails; IAM must allow it (moto does not check)."""
+    statements = statements_of(template, "FunctionsFinalizeRole")
+    deleting = [s for s in statements if "s3:DeleteObject" in actions([s])]
+    assert any("/manifests/*" in json.dumps(s["Resource"]) for s in deleting)
+    assert not any("/data/" in json.dumps(s["Resource"]) for s in deleting)
 
 
 def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -> None:
@@ -174,9 +209,15 @@ def test_state_machine_definition(template: Template) -> None:
             "DefinitionString": Match.serialized_json(
                 Match.object_like(
                     {
-                        "StartAt": "Prepare",
+                        "StartAt": "Identify",
                         "States": Match.object_like(
                             {
+                                "Identify": {
+                                    "Type": "Pass",
+                                    "Parameters": {"name.$": "$$.Execution.Name"},
+                                    "ResultPath": "$.execution",
+                                    "Next": "Prepare",
+                                },
                                 "Prepare": Match.object_like({"Next": "PlanSegments", "Catch": [Match.object_like({"Next": "Cleanup"})]}),
                                 "SegmentsReady?": Match.object_like({"Type": "Choice", "Default": "WaitForSegments"}),
                                 "WaitForSegments": {"Type": "Wait", "SecondsPath": "$.plan.wait_seconds", "Next": "PlanSegments"},
@@ -252,3 +293,13 @@ def test_cfn_lint_accepts_the_template(stack: BraidStack, tmp_path: Path) -> Non
     errors = [line for line in done.stdout.splitlines() if line.split(":")[5:6] and line.split(":")[5].startswith("E")]
     assert done.returncode in (0, 4, 8), done.stdout + done.stderr  # 2 = errors; 4 = warnings; 8 = informational
     assert not errors, done.stdout
+
+
+def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Template) -> None:
+    """cdk.json sets no `braid:retention`: the daily event carries no keep rule (tests/infra/test_retention_schedule.py)."""
+    inputs = [json.loads(t["Input"]) for r in template.find_resources("AWS::Events::Rule").values() for t in r["Properties"]["Targets"]]
+    assert inputs and all(not any(k.startswith("keep_") for k in event) for event in inputs)
+    # It applies the policies stored in the repository instead: the verify role reads them, and never writes them.
+    reads = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if "s3:GetObject" in actions([s])])
+    writes = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
+    assert "/policies/*" in reads and "/policies/" not in writes

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from braid.agent.limits import check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.engine.driver import drive, pool_size
@@ -112,6 +113,7 @@ class CloudEngine:
                     raise
                 return self.outcome(ref, status)
         else:
+            check_worker_chunk_size(request.chunk_size)
             upload = StagingUpload.start(
                 area,
                 self.uploads,

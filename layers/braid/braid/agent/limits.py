@@ -1,12 +1,25 @@
-"""S3's multipart limits, and the segment size the agent picks within them.
+"""S3's multipart limits, the segment size the agent picks within them, and
+the largest chunk the pipeline's worker can hold.
 
-Checked before anything is written, so a chunk size S3 would refuse fails
-at once with the flag to change, not after the first segment.
+Checked before anything is written, so a chunk size S3 or the worker would
+refuse fails at once with the flag to change, not after the first segment
+(or, for the worker, as an out-of-memory `Lambda.Unknown` that discards the
+backup).
 """
 
 from __future__ import annotations
 
+from braid import contract
 from braid.errors import UsageError
+
+MiB = 1024**2
+# The worker (contract.WORKER_MEMORY_MB, contract.DEFAULT_WORKER_LANES lanes)
+# holds, per lane, about 3-4x the chunk size: the plaintext from the GET (and
+# a transient second copy while the body is joined), the compressed payload
+# and the stored form. Budget 4x, after what the runtime, libraries and
+# clients take before any chunk.
+WORKER_BUFFERS_PER_LANE = 4
+WORKER_BASE_MB = 256
 
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
@@ -35,3 +48,20 @@ def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PA
         raise UsageError(f"{segment_parts} parts per segment: S3 allows 1 to {MAX_PARTS}")
     if segment_parts * chunk_size > MAX_OBJECT_SIZE:
         raise UsageError(f"segments of {segment_parts} x {chunk_size} bytes exceed S3's 5 TiB object limit")
+
+
+def max_worker_chunk_size(memory_mb: int = contract.WORKER_MEMORY_MB, lanes: int = contract.DEFAULT_WORKER_LANES) -> int:
+    """The largest chunk size (whole MiB) the worker's lanes hold in its memory: 94 MiB for the stack's worker."""
+    per_chunk = (memory_mb - WORKER_BASE_MB) * MiB // (lanes * WORKER_BUFFERS_PER_LANE)
+    return per_chunk // MiB * MiB
+
+
+def check_worker_chunk_size(chunk_size: int) -> None:
+    """Refuse, on s3:// repositories, a chunk size the pipeline's worker would run out of memory on."""
+    largest = max_worker_chunk_size()
+    if chunk_size > largest:
+        raise UsageError(
+            f"--chunk-size {chunk_size / MiB:g} MiB is more than the cloud pipeline's worker can hold"
+            f" ({contract.DEFAULT_WORKER_LANES} chunks at once, each needing ~{WORKER_BUFFERS_PER_LANE}x its size,"
+            f" in {contract.WORKER_MEMORY_MB} MB); the largest allowed is {largest // MiB} MiB: use --chunk-size {largest // MiB}MiB or less"
+        )

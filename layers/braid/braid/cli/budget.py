@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 
-from braid.agent.cloud_engine import CloudOptions
 from braid.cli.sizes import format_size
 from braid.engine.memory import check_memory, cloud_backup_buffers, local_backup_buffers, restore_buffers
 from braid.format.manifest import Manifest
@@ -24,6 +23,8 @@ def check_backup_memory(*, cloud: bool, inputs: int, chunk_size: int, workers: i
     """`--workers` bounds a local backup, `--concurrency` a cloud one: the option the user can lower is named."""
     size = f"--chunk-size {format_size(chunk_size)}"
     if cloud:
+        from braid.agent.cloud_engine import CloudOptions  # the cloud agent's imports are not the local path's
+
         uploads = concurrency or CloudOptions().concurrency
         _warn(check_memory(cloud_backup_buffers(inputs, uploads), chunk_size, f"--concurrency {uploads} with {size}"))
     else:

@@ -8,21 +8,17 @@ and `braid.cli.main` calls it with the parsed namespace.
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
 from collections.abc import Callable
 from typing import Any
 
 from braid import __version__
-from braid.cli.commands.backup import cmd_backup, cmd_status
-from braid.cli.commands.catalog import cmd_list, cmd_show
-from braid.cli.commands.forget import cmd_forget
-from braid.cli.commands.init import cmd_init
-from braid.cli.commands.prune import cmd_prune
-from braid.cli.commands.restore import cmd_restore
-from braid.cli.commands.verify import cmd_verify
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
+from braid.format.ids import validate_name
+from braid.format.policy import Duration
 
 
 def _cores() -> int:
@@ -82,6 +78,20 @@ def _finite_range(unit: str, maximum: float) -> Callable[[str], float]:
 MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and timedelta overflows near 1e9 days
 
 
+def _duration(text: str) -> Duration:
+    try:
+        return Duration.parse(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--keep-within ")) from None
+
+
+def _backup_name(text: str) -> str:
+    try:
+        return validate_name(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _level(text: str) -> int:
     value = _positive_int(text)
     if value > 19:
@@ -98,6 +108,23 @@ def _open_timeout(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"--open-timeout must be a number of seconds more than 0, not {text!r}")
     return value
+
+
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The handler `braid.cli.commands.MODULE:FUNCTION`, imported only when its command runs.
+
+    Start-up is part of every run: importing every command's modules up
+    front (the cloud agent, staging formats, awscrt) cost a `braid restore`
+    ~0.1 s it never used, a fifth of a 256 MiB restore (measured).
+    """
+    module, _, function = name.partition(":")
+
+    def handler(args: argparse.Namespace) -> int:
+        run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"braid.cli.commands.{module}"), function)
+        return run(args)
+
+    handler.__qualname__ = handler.__name__ = function
+    return handler
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     init = sub.add_parser("init", parents=[common], help="create a repository (and, locally, its master key)")
     init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
-    init.set_defaults(handler=cmd_init)
+    init.set_defaults(handler=_command("init:cmd_init"))
 
     backup = sub.add_parser("backup", parents=[common], help="back up stdin or --input streams")
     backup.add_argument("--name", help="backup name, e.g. the database name")
@@ -146,12 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("--fan-out", type=_positive_int, help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
-    backup.set_defaults(handler=cmd_backup)
+    backup.set_defaults(handler=_command("backup:cmd_backup"))
 
     status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
     status.add_argument("backup", metavar="NAME@ID")
     status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
-    status.set_defaults(handler=cmd_status)
+    status.set_defaults(handler=_command("backup:cmd_status"))
 
     restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
     restore.add_argument("backup", metavar="NAME@ID", help="backup to restore (NAME@latest for the newest)")
@@ -164,17 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run COMMAND with the backup on its stdin (or --pipes); succeeds only if it reads every byte and exits 0 (else exit 11)")
     restore.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                          help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
-    restore.set_defaults(handler=cmd_restore)
+    restore.set_defaults(handler=_command("restore:cmd_restore"))
 
     lister = sub.add_parser("list", parents=[common], help="list complete backups (or, with --incomplete, unfinished ones)")
     lister.add_argument("--name", help="only backups with this name")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
-    lister.set_defaults(handler=cmd_list)
+    lister.set_defaults(handler=_command("catalog:cmd_list"))
 
     show = sub.add_parser("show", parents=[common], help="show one backup's manifest summary")
     show.add_argument("backup", metavar="NAME@ID")
-    show.set_defaults(handler=cmd_show)
+    show.set_defaults(handler=_command("catalog:cmd_show"))
 
     verify = sub.add_parser("verify", parents=[common], help="check backups: quick (presence, size, checksum) or --deep")
     target = verify.add_mutually_exclusive_group(required=True)
@@ -183,20 +210,36 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
     verify.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
     verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), help="parallel checks")
-    verify.set_defaults(handler=cmd_verify)
+    verify.set_defaults(handler=_command("verify:cmd_verify"))
 
-    prune = sub.add_parser("prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers")
+    prune = sub.add_parser(
+        "prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers",
+        description="Keep the union of the --keep-* rules per backup name (restic's 'forget --keep-*'); buckets are UTC"
+                    " calendar periods counted back from the name's newest backup. Without --keep-* rules, each name's"
+                    " policy stored in the repository applies, and names without one are left alone.",
+    )
+    prune.add_argument("--name", type=_backup_name, metavar="NAME", help="only this name's backups (and leftovers)")
     prune.add_argument("--keep-last", type=_positive_int, metavar="N", help="keep the newest N backups of each name")
+    for period, unit in (("hourly", "hour"), ("daily", "day"), ("weekly", "ISO week"), ("monthly", "month"), ("yearly", "year")):
+        prune.add_argument(f"--keep-{period}", type=_positive_int, metavar="N",
+                           help=f"keep the newest backup of each of the last N {unit}s (UTC) that have one")
+    prune.add_argument("--keep-within", type=_duration, metavar="DURATION",
+                       help="keep every backup started within DURATION (e.g. 2y5m7d3h) of the name's newest backup")
     prune.add_argument("--keep-days", type=_finite_range("days", MAX_KEEP_DAYS), metavar="D",
-                       help="keep every backup started in the last D days")
+                       help="keep every backup started in the last D days (counted from now)")
+    stored = prune.add_mutually_exclusive_group()
+    stored.add_argument("--save-policy", action="store_true",
+                        help="store the --keep-* rules as --name's policy in the repository (prunes nothing)")
+    stored.add_argument("--show-policy", action="store_true", help="print the stored policies (of --name, or all)")
+    stored.add_argument("--delete-policy", action="store_true", help="remove --name's stored policy (prunes nothing)")
     prune.add_argument("--orphan-grace-hours", type=_finite_range("hours", MAX_KEEP_DAYS * 24), default=48.0, metavar="H",
                        help="collect data of backups that never completed (and temporary files of interrupted writes)"
                             " once idle for H hours since their last activity (default 48, at least 1)")
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
-    prune.set_defaults(handler=cmd_prune)
+    prune.set_defaults(handler=_command("prune:cmd_prune"))
 
     forget = sub.add_parser("forget", parents=[common], help="remove one backup (manifest first, then chunks), e.g. one known to be bad")
     forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
     forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
-    forget.set_defaults(handler=cmd_forget)
+    forget.set_defaults(handler=_command("forget:cmd_forget"))
     return parser

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
-from braid.ops.forget import ForgetPlan
-from braid.ops.init import LocalInit
-from braid.ops.retention import PrunePlan
+
+if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
+    from braid.format.policy import KeepRules
+    from braid.ops.forget import ForgetPlan
+    from braid.ops.init import LocalInit
+    from braid.ops.retention import PrunePlan
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
@@ -155,7 +159,25 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
         print(f"kept leftovers of {ref}: it showed activity (or published) while the prune ran")
     for entry in plan.unreadable:
         print(f"UNREADABLE {entry.ref}: not counted, not removed ({entry.error})")
+    for name in plan.unmanaged:
+        print(f"left {name} alone: no stored policy (store one with 'braid prune --name {name} --keep-... --save-policy')")
     print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
+
+
+def print_policies(policies: Mapping[str, KeepRules], as_json: bool, saved: str | None = None) -> None:
+    """Stored retention policies, by name; `saved`: the key one was just written to."""
+    if as_json:
+        doc: dict[str, Any] = {"policies": {name: rules.to_json() for name, rules in sorted(policies.items())}}
+        if saved is not None:
+            doc["saved"] = saved
+        print(json.dumps(doc, indent=2))
+        return
+    if not policies:
+        print("no stored retention policy: 'braid prune' without --keep-* rules removes no backup", file=sys.stderr)
+    for name, rules in sorted(policies.items()):
+        print(f"{name}: {rules.describe()}")
+    if saved is not None:
+        print(f"saved as {saved}", file=sys.stderr)
 
 
 def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:

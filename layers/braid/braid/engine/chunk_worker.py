@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from braid.errors import AlreadyExistsError, IntegrityError
+from braid.format.buffers import WritableBuffer
 from braid.format.checksum import stored_checksum
 from braid.format.chunk import Buffer, ChunkCodec, compression_name
 from braid.format.ids import BackupRef
@@ -27,9 +28,19 @@ class ChunkTask:
 
 
 def store_chunk(
-    codec: ChunkCodec, store: ObjectStore, ref: BackupRef, task: ChunkTask, plaintext: Buffer, *, durable: bool = True
+    codec: ChunkCodec,
+    store: ObjectStore,
+    ref: BackupRef,
+    task: ChunkTask,
+    plaintext: Buffer,
+    *,
+    durable: bool = True,
+    spent: WritableBuffer | None = None,
 ) -> ChunkEntry:
     """Encode and store one chunk, create-only.
+
+    `spent`: the buffer holding the plaintext, if the caller lets the codec
+    write the stored chunk over it (braid.format.chunk.ChunkCodec.encode).
 
     If the chunk already exists (a retried or late worker), it is accepted
     only if it authenticates under this backup's key and holds the same
@@ -37,7 +48,7 @@ def store_chunk(
     encoding differs by its random nonce. Anything else is an error, and the
     existing object is left as it is.
     """
-    encoded = codec.encode(str(ref), task.index, task.input_index, plaintext)
+    encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
     entry = ChunkEntry(
         index=task.index,
         input_index=task.input_index,

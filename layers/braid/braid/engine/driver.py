@@ -25,8 +25,9 @@ from typing import Generic, Protocol, TypeVar
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.engine.gate import StreamGate
-from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter, pool_size
+from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter, expected_chunks, pool_size
 from braid.errors import LimitError
+from braid.format.buffers import WritableBuffer
 from braid.format.chunk import MAX_CHUNKS_PER_KEY
 from braid.ports.progress import ProgressFn
 
@@ -104,6 +105,9 @@ def drive(
     InputError after `open_timeout` seconds.
     """
     pool = BufferPool(buffers, chunk_size)
+    expected = expected_chunks(list(sources), chunk_size)
+    if expected is not None:  # each reader makes its first buffer; the others are made while they read
+        pool.make_ahead(min(expected, buffers) - len(sources))
     cancelled = threading.Event()
     cutter = StreamCutter(list(sources), pool, cancelled, open_timeout=open_timeout, waiting=_waiting_note(progress, backup, open_timeout))
     lengths: dict[int, int] = {}
@@ -132,7 +136,7 @@ def drive(
     return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use)
 
 
-def _releaser(pool: BufferPool, buffer: bytearray) -> Release:
+def _releaser(pool: BufferPool, buffer: WritableBuffer) -> Release:
     return lambda: pool.release(buffer)
 
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-
-from awscrt import checksums
+import threading
+from types import ModuleType
 
 ALGORITHM = "crc64nvme"
 _PREFIX = ALGORITHM + ":"
@@ -30,9 +30,41 @@ _VALUE_BYTES = 8
 Buffer = bytes | bytearray | memoryview
 
 
+def _checksums() -> ModuleType:
+    """awscrt's checksums, imported at the first CRC rather than with this module.
+
+    Loading awscrt costs ~50 ms of CPU holding the GIL (its native library
+    seeds a jitter-entropy generator when it loads): a tenth of a 256 MiB
+    restore, which computes no CRC at all, and in a backup it delayed the
+    first chunk's store by as much when the worker loaded it; `preload`
+    loads it while the first chunk is being read instead (measured,
+    scripts/bench local).
+    """
+    from awscrt import checksums
+
+    module: ModuleType = checksums
+    return module
+
+
+_preloading = threading.Event()
+
+
+def preload() -> None:
+    """Import awscrt on a background thread now (once), so the first CRC does not wait for it.
+
+    For callers that know a CRC is coming while this process has a core to
+    spare and no other thread needs the GIL for a while (a backup while its
+    first chunk is read). A CRC asked for meanwhile waits for the import to
+    finish (Python's import lock), as it would have loaded it itself.
+    """
+    if not _preloading.is_set():
+        _preloading.set()
+        threading.Thread(target=_checksums, name="braid-preload-crc", daemon=True).start()
+
+
 def crc64nvme(data: Buffer, previous: int = 0) -> int:
     """CRC64NVME of `data`, continuing from `previous` (the CRC of the bytes before it)."""
-    value: int = checksums.crc64nvme(data, previous)
+    value: int = _checksums().crc64nvme(data, previous)
     return value
 
 
@@ -41,7 +73,7 @@ def combine_crc64nvme(first: int, second: int, second_length: int) -> int:
 
     How a multipart upload's full-object checksum follows from its parts'.
     """
-    value: int = checksums.combine_crc64nvme(first, second, second_length)
+    value: int = _checksums().combine_crc64nvme(first, second, second_length)
     return value
 
 

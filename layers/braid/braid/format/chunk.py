@@ -29,6 +29,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from braid.errors import IntegrityError, LimitError
+from braid.format.buffers import WritableBuffer, grown, new_buffer
 from braid.format.checksum import stored_checksum
 from braid.format.keys import DataKey
 
@@ -127,7 +128,7 @@ class ChunkHeader:
 class EncodedChunk:
     """What a worker reports about a chunk it stored."""
 
-    stored: memoryview  # valid until the codec's next encode or decode
+    stored: memoryview  # valid until the codec's next encode or decode (or the reuse of encode's `spent`)
     plaintext_mac: bytes
     compression: int
 
@@ -146,7 +147,7 @@ class ChunkCodec:
     Every large buffer is reused from chunk to chunk: a fresh 64 MiB buffer
     per chunk costs more in page faults than AES-GCM itself (measured), so
     zstd streams into and out of codec-owned buffers rather than returning
-    new bytes.
+    new bytes. They are mapped, not zero-filled (braid.format.buffers).
     """
 
     def __init__(self, key: DataKey, level: int = 3) -> None:
@@ -155,22 +156,22 @@ class ChunkCodec:
         self._level = level
         self._compressor = zstandard.ZstdCompressor(level=level)
         self._decompressor = zstandard.ZstdDecompressor()
-        self._stored = bytearray()  # encode's output: header + ciphertext + tag
-        self._payload = bytearray()  # the zstd frame, on either side of AES-GCM
+        self._stored: WritableBuffer = bytearray()  # encode's output: header + ciphertext + tag
+        self._payload: WritableBuffer = bytearray()  # the zstd frame, on either side of AES-GCM
 
     @property
     def level(self) -> int:
         return self._level
 
-    def _payload_buffer(self, size: int) -> memoryview:
+    def _payload_buffer(self, size: int, bound: int) -> memoryview:
         if len(self._payload) < size:
-            self._payload = bytearray(size)
+            self._payload = grown(self._payload, size, bound)
         return memoryview(self._payload)[:size]
 
     def _compress(self, plaintext: Buffer) -> memoryview | None:
         """The zstd frame, or None when it would not be smaller than the plaintext."""
         limit = len(plaintext)
-        target = self._payload_buffer(limit)
+        target = self._payload_buffer(limit, limit)
         filled = 0
         with self._compressor.stream_reader(plaintext, size=limit) as reader:
             while filled < limit:
@@ -180,7 +181,18 @@ class ChunkCodec:
                 filled += n
             return target[:filled] if not reader.read(1) and filled < limit else None
 
-    def encode(self, backup: str, index: int, input_index: int, plaintext: Buffer) -> EncodedChunk:
+    def encode(
+        self, backup: str, index: int, input_index: int, plaintext: Buffer, *, spent: WritableBuffer | None = None
+    ) -> EncodedChunk:
+        """Compress, encrypt and frame one chunk; `stored` is valid until the next encode or decode.
+
+        `spent`: a buffer the caller no longer needs once the plaintext was
+        compressed, usually the one the plaintext is in. The stored chunk is
+        written there when it fits (the plaintext is then overwritten): a
+        buffer of the codec's own is the first chunk's worth of fresh pages
+        per worker that a backup need not pay for (measured). The stored
+        chunk is then valid as long as `spent` is not reused.
+        """
         if index >= MAX_CHUNKS_PER_KEY:
             raise LimitError(f"backup {backup} would exceed 2^32 chunks under one data key; use a larger --chunk-size")
         mac = self._key.chunk_mac(index, plaintext)
@@ -190,9 +202,12 @@ class ChunkCodec:
         nonce = os.urandom(NONCE_BYTES)
         header = ChunkHeader(backup, index, input_index, len(plaintext), compression, nonce).pack()
         total = len(header) + len(payload) + TAG_BYTES
-        if len(self._stored) < total:
-            self._stored = bytearray(total)
-        out = memoryview(self._stored)[:total]
+        if compressed is not None and spent is not None and len(spent) >= total:
+            out = memoryview(spent)[:total]  # the plaintext was read for the last time by zstd
+        else:
+            if len(self._stored) < total:
+                self._stored = grown(self._stored, total, len(header) + len(plaintext) + TAG_BYTES)
+            out = memoryview(self._stored)[:total]
         out[: len(header)] = header
         self._aead.encrypt_into(nonce, payload, header, out[len(header) :])
         return EncodedChunk(out, mac, compression)
@@ -206,7 +221,8 @@ class ChunkCodec:
         input_index: int,
         plaintext_length: int,
         plaintext_mac: bytes,
-        out: bytearray | None = None,
+        out: WritableBuffer | None = None,
+        scratch: WritableBuffer | None = None,
     ) -> memoryview:
         """Authenticate, decrypt, decompress and check one chunk, or raise.
 
@@ -217,17 +233,24 @@ class ChunkCodec:
 
         The plaintext lands in `out` (a new buffer if None or too small)
         and a view of it is returned only when every check passed, so callers
-        may write it straight to the restore target.
+        may write it straight to the restore target. `scratch`, if large
+        enough, holds the decrypted zstd frame instead of a buffer of the
+        codec's own (a caller may have made it ahead, off its critical path).
         """
         where = f"chunk {index} of backup {backup}"
         header, start = ChunkHeader.frame(stored, where)
         if out is None or len(out) < plaintext_length:
-            out = bytearray(plaintext_length)  # never resize the caller's: its old views may be alive
+            out = new_buffer(plaintext_length)  # never resize the caller's: its old views may be alive
         plaintext = memoryview(out)[:plaintext_length]
         payload_length = len(stored) - start - TAG_BYTES
         # Decrypt straight into the output when the header says the payload is the plaintext.
         direct = header.compression == COMPRESSION_NONE and payload_length == plaintext_length
-        payload = plaintext if direct else self._payload_buffer(payload_length)
+        if direct:
+            payload = plaintext
+        elif scratch is not None and len(scratch) >= payload_length:
+            payload = memoryview(scratch)[:payload_length]
+        else:
+            payload = self._payload_buffer(payload_length, plaintext_length)
         try:
             self._aead.decrypt_into(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start], payload)
         except InvalidTag:

@@ -5,6 +5,7 @@
     data/NAME/ID/NNNNNNNNNN              stored chunks, by global chunk index
     data/NAME/ID/lease                   a running local backup's heartbeat (braid.format.lease)
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
+    policies/NAME.json                   a name's stored retention policy (braid.format.policy)
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -15,12 +16,13 @@ no other module spells `data/`, `manifests/` or a chunk number.
 from __future__ import annotations
 
 from braid.errors import UsageError
-from braid.format.ids import BackupRef
+from braid.format.ids import BackupRef, validate_name
 
 CONFIG = "config.json"
 MANIFESTS = "manifests/"
 DATA = "data/"
 STAGING = "staging/"
+POLICIES = "policies/"
 
 
 def manifest_key(ref: BackupRef) -> str:
@@ -82,3 +84,28 @@ def lease_key(ref: BackupRef) -> str:
 
 def staging_prefix(ref: BackupRef) -> str:
     return f"{STAGING}{ref.name}/{ref.id}/"
+
+
+def name_prefixes(name: str) -> tuple[str, str, str]:
+    """Every prefix holding objects of backups of `name`: manifests, data, staging."""
+    return f"{MANIFESTS}{name}/", f"{DATA}{name}/", f"{STAGING}{name}/"
+
+
+def policy_key(name: str) -> str:
+    return f"{POLICIES}{name}.json"
+
+
+def name_from_policy_key(key: str) -> str | None:
+    """The backup name a `policies/NAME.json` key is for, or None for any other key."""
+    if not key.startswith(POLICIES) or not key.endswith(".json"):
+        return None
+    name = key[len(POLICIES) : -len(".json")]
+    return name if _valid_name(name) else None
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        validate_name(name)
+    except UsageError:
+        return False
+    return True

@@ -8,6 +8,7 @@ whole backup, so no chunk pays for fresh 64 MiB allocations.
 from __future__ import annotations
 
 from braid.errors import IntegrityError, NotFoundError
+from braid.format.buffers import WritableBuffer, grown
 from braid.format.chunk import ChunkCodec, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
@@ -21,7 +22,8 @@ class ChunkReader:
         self.store = store
         self.ref = BackupRef.parse(manifest.backup)
         self.codec = ChunkCodec(key)
-        self._stored = bytearray(stored_size(manifest.backup, manifest.chunk_size))
+        self._bound = stored_size(manifest.backup, manifest.chunk_size)
+        self._stored: WritableBuffer = bytearray()  # made at the first fetch, as large as that chunk
 
     def fetch(self, entry: ChunkEntry) -> Buffer:
         """The stored chunk, as the repository holds it (valid until the next fetch).
@@ -32,6 +34,10 @@ class ChunkReader:
         this read it. The user needs to hear that (exit 8), not that the
         repository is corrupt.
         """
+        if len(self._stored) < entry.stored_length:  # sized by the manifest: a compressed chunk is often half a chunk
+            # Not populated: its pages fault in as the read fills them, while
+            # this thread waits on the disk anyway.
+            self._stored = grown(self._stored, entry.stored_length, self._bound, populate=False)
         try:
             return read_object(self.store, chunk_key(self.ref, entry.index), self._stored)
         except NotFoundError:
@@ -41,8 +47,8 @@ class ChunkReader:
                 ) from None
             raise IntegrityError(f"chunk {entry.index} of backup {self.ref} is missing from the repository") from None
 
-    def decode(self, stored: Buffer, entry: ChunkEntry, out: bytearray) -> memoryview:
-        """The chunk's plaintext in `out`, returned only once every check passed."""
+    def decode(self, stored: Buffer, entry: ChunkEntry, out: WritableBuffer, scratch: WritableBuffer | None = None) -> memoryview:
+        """The chunk's plaintext in `out`, returned only once every check passed (`scratch`: see ChunkCodec.decode)."""
         return self.codec.decode(
             stored,
             backup=str(self.ref),
@@ -51,7 +57,8 @@ class ChunkReader:
             plaintext_length=entry.length,
             plaintext_mac=entry.mac,
             out=out,
+            scratch=scratch,
         )
 
-    def read(self, entry: ChunkEntry, out: bytearray) -> memoryview:
+    def read(self, entry: ChunkEntry, out: WritableBuffer) -> memoryview:
         return self.decode(self.fetch(entry), entry, out)

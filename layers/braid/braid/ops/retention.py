@@ -1,8 +1,17 @@
 """Retention: which backups to keep, and collecting what a policy lets go.
 
-A policy keeps the union of its rules, per backup name, as pgBackRest and
-restic do: the newest `keep_last`, and every backup younger than
-`keep_days`. Three guarantees come before any rule:
+A policy keeps the union of its rules, per backup name, with restic's
+`forget --keep-*` semantics: `keep_last` N, the newest N; `keep_hourly`,
+`keep_daily`, `keep_weekly` (ISO weeks), `keep_monthly`, `keep_yearly` N,
+the newest backup of each of the last N hours/days/weeks/months/years that
+have a backup, counting back from the newest backup (not from now);
+`keep_within` DURATION, every backup started after the newest one's start
+minus DURATION. Buckets are UTC calendar periods, and a backup's time is the
+UTC start its id records. Braid's own `keep_days` D keeps every backup
+started in the last D days, measured from now. The rules come from the
+command line (or schedule), or, per name, from the policy stored in the
+repository (`policies/NAME.json`, braid.format.policy); a name without a
+stored policy is left alone. Three guarantees come before any rule:
 
 - Only a backup whose manifest loads and authenticates under its data key
   counts towards a rule. An unreadable one (corrupt, truncated, re-sealed
@@ -23,40 +32,77 @@ interrupted writes, are collected by the rules in braid.ops.leftovers.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, staging_prefix
+from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, staging_prefix
+from braid.format.policy import COUNT_RULES, Duration, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary
 from braid.ops.open import open_backup
 from braid.ports.keys import KeyService
 
-__all__ = ["MIN_ORPHAN_GRACE_HOURS", "PrunePlan", "RetentionPolicy", "Unreadable", "execute_prune", "plan_prune", "unreadable_error"]
+__all__ = [
+    "MIN_ORPHAN_GRACE_HOURS",
+    "PrunePlan",
+    "RetentionPolicy",
+    "Unreadable",
+    "delete_policy",
+    "execute_prune",
+    "load_policies",
+    "plan_prune",
+    "save_policy",
+    "select_kept",
+    "unreadable_error",
+]
 
 
 @dataclass(frozen=True)
 class RetentionPolicy:
+    """Keep rules (or `stored`: each name's policy stored in the repository) and the leftovers' grace."""
+
     keep_last: int | None = None
     keep_days: float | None = None
     orphan_grace_hours: float = 48.0
+    keep_hourly: int | None = None
+    keep_daily: int | None = None
+    keep_weekly: int | None = None
+    keep_monthly: int | None = None
+    keep_yearly: int | None = None
+    keep_within: Duration | None = None
+    stored: bool = False
 
     def __post_init__(self) -> None:
-        if self.keep_last is None and self.keep_days is None:
-            raise UsageError("a retention policy needs --keep-last N and/or --keep-days D")
-        if self.keep_last is not None and self.keep_last < 1:
-            raise UsageError("--keep-last must be at least 1")
-        if self.keep_days is not None and not (math.isfinite(self.keep_days) and self.keep_days >= 0):
-            raise UsageError(f"--keep-days must be a number of days, 0 or more (got {self.keep_days})")
+        rules = self.rules  # validates each rule
+        if self.stored and not rules.is_empty:
+            raise UsageError("a policy either gives --keep-* rules or uses the stored policies, not both")
+        if not self.stored and rules.is_empty:
+            raise UsageError(
+                "a retention policy needs --keep-last N and/or --keep-days D, or another --keep-* rule"
+                " (--keep-hourly/--keep-daily/--keep-weekly/--keep-monthly/--keep-yearly N, --keep-within DURATION)"
+            )
         if not math.isfinite(self.orphan_grace_hours) or self.orphan_grace_hours < MIN_ORPHAN_GRACE_HOURS:
             raise UsageError(
                 f"--orphan-grace-hours must be at least {MIN_ORPHAN_GRACE_HOURS:g} (got {self.orphan_grace_hours}): a shorter grace"
                 " could take a running backup's data (a stalled producer, clock skew between hosts) for leftovers"
             )
+
+    @property
+    def rules(self) -> KeepRules:
+        return KeepRules(
+            keep_last=self.keep_last,
+            keep_hourly=self.keep_hourly,
+            keep_daily=self.keep_daily,
+            keep_weekly=self.keep_weekly,
+            keep_monthly=self.keep_monthly,
+            keep_yearly=self.keep_yearly,
+            keep_within=self.keep_within,
+            keep_days=self.keep_days,
+        )
 
     @property
     def grace(self) -> timedelta:
@@ -84,9 +130,11 @@ class PrunePlan:
     unreadable: list[Unreadable] = field(default_factory=list)
     temporary: list[str] = field(default_factory=list)  # keys of interrupted writes' temporary files, idle past the grace
     spared: list[BackupRef] = field(default_factory=list)  # orphans that showed life again just before deletion
+    unmanaged: list[str] = field(default_factory=list)  # names left alone: no stored policy (stored mode only)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "unmanaged": list(self.unmanaged),
             "keep": [str(r) for r in self.keep],
             "forget": [str(r) for r in self.forget],
             "orphans": [str(r) for r in self.orphans],
@@ -117,6 +165,41 @@ def _authenticate_all(
     return readable, unreadable, published
 
 
+def select_kept(started_newest_first: Sequence[datetime], rules: KeepRules, now: datetime) -> list[bool]:
+    """Which of one name's backups (start times, newest first) the rules keep, as restic's `forget --keep-*`.
+
+    Each `keep_*ly` N keeps the first (newest) backup met in each new
+    bucket until N buckets are used; `keep_within` counts from the newest
+    backup; `keep_days` from `now`. The guarantee that the newest is always
+    kept is the caller's (plan_prune), not a rule.
+    """
+    kept = [False] * len(started_newest_first)
+    if not started_newest_first:
+        return kept
+    for rule in COUNT_RULES:
+        count = getattr(rules, rule)
+        if count is None:
+            continue
+        last: object = None
+        for position, started in enumerate(started_newest_first):
+            if count == 0:
+                break
+            value = position if rule == "keep_last" else bucket(rule, started)
+            if value != last:
+                kept[position] = True
+                last = value
+                count -= 1
+    if rules.keep_within is not None:
+        deadline = rules.keep_within.deadline(started_newest_first[0])
+        for position, started in enumerate(started_newest_first):
+            kept[position] = kept[position] or deadline is None or started > deadline
+    if rules.keep_days is not None:
+        window = timedelta(days=rules.keep_days)
+        for position, started in enumerate(started_newest_first):
+            kept[position] = kept[position] or now - started <= window
+    return kept
+
+
 def plan_prune(
     repository: Repository,
     policy: RetentionPolicy,
@@ -124,32 +207,79 @@ def plan_prune(
     now: datetime | None = None,
     *,
     distrusted: Mapping[BackupRef, str] | None = None,
+    name: str | None = None,
 ) -> PrunePlan:
     """What a prune would do; reads (and authenticates) every manifest, removes nothing.
 
     `distrusted`: backups the caller found bad (a failed deep verify), with
-    the reason; they are treated as unreadable.
+    the reason; they are treated as unreadable. `name`: judge only that
+    name's backups, and collect only its leftovers. A `stored` policy takes
+    each name's rules from the repository; names without one are kept whole
+    and listed in `plan.unmanaged`.
     """
     now = now or datetime.now(UTC)
     plan = PrunePlan(now=now, grace=policy.grace)
+    stored = load_policies(repository) if policy.stored else {}
     readable, plan.unreadable, published = _authenticate_all(repository, keys, distrusted or {})
+    if name is not None:
+        plan.unreadable = [u for u in plan.unreadable if u.ref.name == name]
     by_name: dict[str, list[BackupRef]] = {}
     for ref in readable:
-        by_name.setdefault(ref.name, []).append(ref)
-    for refs in by_name.values():
+        if name is None or ref.name == name:
+            by_name.setdefault(ref.name, []).append(ref)
+    for backup_name, refs in by_name.items():
         # Newest first as `NAME@latest` resolves: id's millisecond, then the manifest's own start time.
         newest_first = sorted(refs, key=lambda r: (r.id.partition("-")[0], readable[r], r.id), reverse=True)
-        for position, ref in enumerate(newest_first):
-            keep = position == 0
-            keep = keep or (policy.keep_last is not None and position < policy.keep_last)
-            keep = keep or (policy.keep_days is not None and now - ref.started <= timedelta(days=policy.keep_days))
+        rules = stored.get(backup_name) if policy.stored else policy.rules
+        if rules is None:
+            plan.unmanaged.append(backup_name)
+            plan.keep.extend(newest_first)
+            continue
+        kept = select_kept([ref.started for ref in newest_first], rules, now)
+        kept[0] = True  # the newest readable backup of a name, always
+        for ref, keep in zip(newest_first, kept, strict=True):
             (plan.keep if keep else plan.forget).append(ref)
     plan.orphans = [leftover.ref for leftover in find_leftovers(repository.store, published, now, policy.grace)]
     plan.temporary = find_temporary(repository.store, now, policy.grace)
+    if name is not None:
+        plan.orphans = [ref for ref in plan.orphans if ref.name == name]
+        plan.temporary = [key for key in plan.temporary if key.startswith(name_prefixes(name))]
     plan.keep.sort()
     plan.forget.sort()
+    plan.unmanaged.sort()
     plan.unreadable.sort(key=lambda u: u.ref)
     return plan
+
+
+def load_policies(repository: Repository) -> dict[str, KeepRules]:
+    """Every name's stored policy; IntegrityError if any is malformed (then nothing is pruned)."""
+    policies: dict[str, KeepRules] = {}
+    for info in repository.store.list(POLICIES):
+        policy_name = name_from_policy_key(info.key)
+        if policy_name is None:
+            continue  # not a policy (a temporary file of an interrupted write)
+        try:
+            raw = repository.store.get(info.key)
+        except NotFoundError:
+            continue  # removed since the listing
+        policies[policy_name] = parse_policy(raw, policy_name, f"{repository.url}/{info.key}")
+    return policies
+
+
+def save_policy(repository: Repository, name: str, rules: KeepRules) -> str:
+    """Store `rules` as NAME's policy (replacing any); returns the key."""
+    key = policy_key(name)
+    repository.store.put(key, policy_bytes(name, rules))
+    return key
+
+
+def delete_policy(repository: Repository, name: str) -> bool:
+    """Remove NAME's stored policy; False if it had none."""
+    key = policy_key(name)
+    if repository.store.head(key) is None:
+        return False
+    repository.store.delete([key])
+    return True
 
 
 def execute_prune(repository: Repository, plan: PrunePlan) -> None:

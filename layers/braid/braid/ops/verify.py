@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from braid.errors import IntegrityError, StorageError
+from braid.format.buffers import new_buffer
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
@@ -127,7 +128,7 @@ def verify_backup(
         reader = getattr(readers, "reader", None)
         if reader is None:
             reader = readers.reader = ChunkReader(store, manifest, key)
-            readers.plaintext = bytearray(manifest.chunk_size)
+            readers.plaintext = new_buffer(manifest.chunk_size)
         stored = reader.fetch(entry)
         if len(stored) != entry.stored_length or stored_checksum(stored) != entry.checksum:
             raise IntegrityError(f"chunk {entry.index} of backup {ref}: stored size or checksum mismatch (corrupt in the repository)")

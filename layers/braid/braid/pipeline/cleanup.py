@@ -5,9 +5,20 @@ backup's partial chunks and its staging, emits "Backup Failed", and returns
 the error and a cause a person can act on, which the state machine's Fail
 state reports and the agent prints.
 
-One guard: if the manifest was already published (Finalize failed after
-publishing, e.g. while deleting staging), the backup exists and its chunks
-are kept; only staging goes.
+Two guards:
+
+- if the manifest was already published (Finalize failed after publishing,
+  e.g. while deleting staging), the backup exists and its chunks are kept;
+  only staging goes;
+- if the execution is not named after the backup its input names (someone
+  started an execution with another backup's name in its input), nothing of
+  that backup is touched and no event is sent: Cleanup only reports.
+
+The cause names the worker's own error when a worker left a failure record
+in staging (on AWS the map reports only States.ExceedToleratedFailureThreshold).
+A Fail state may not report an error name that begins with "States." (AWS
+reserves them), so such errors are reported as "BackupFailed", the original
+name kept in the cause.
 """
 
 from __future__ import annotations
@@ -19,8 +30,10 @@ from typing import Any
 
 from braid.contract import BACKUP_FAILED
 from braid.engine.finalize import discard_backup_data
+from braid.errors import BackupError
 from braid.format.ids import BackupRef
-from braid.format.staging import StagingArea
+from braid.format.staging import ItemFailure, StagingArea
+from braid.pipeline.execution_input import ExecutionMismatchError
 from braid.pipeline.finalize import published_manifest
 from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
@@ -28,7 +41,7 @@ from braid.ports.store import ObjectStore
 # What to do about each error the pipeline raises or Step Functions reports.
 HINTS: dict[str, str] = {
     "IntegrityError": "a check of the staged stream or of the stored chunks failed (the cause says which); run the backup again",
-    "States.ExceededToleratedFailureThreshold": "workers kept failing on some chunks past every retry (see the map run's failed items); run the backup again",
+    "States.ExceedToleratedFailureThreshold": "workers kept failing on some chunks past every retry (the cause names the first worker's error; the map run lists every failed item); run the backup again",
     "StagingStalledError": "start the backup again; the agent must keep uploading until the stream ends",
     "StreamAbandonedError": "fix what the agent reported (the producer's own error, or why the stream was empty), then run the backup again",
     "KeyAccessError": "check that the stack's KMS key is enabled and its key policy lets the pipeline roles use it",
@@ -37,6 +50,7 @@ HINTS: dict[str, str] = {
     "StorageError": "S3 kept refusing or failing requests; check the bucket and retry the backup",
     "LimitError": "use a larger --chunk-size",
     "UsageError": "the execution input is invalid; start backups with the braid agent",
+    "ExecutionMismatchError": "an execution may only process the backup it is named after; start backups with the braid agent",
     "States.Timeout": "a step ran out of time; retry, or use a smaller --chunk-size",
     "Sandbox.Timedout": "a worker ran out of time; retry, or use a smaller --chunk-size",
     "Lambda.TooManyRequestsException": "Lambda throttled the workers past every retry; lower --max-concurrency or raise the account's concurrency",
@@ -44,6 +58,9 @@ HINTS: dict[str, str] = {
     "States.DataLimitExceeded": "a step's output exceeded 256 KiB; report this as a Braid bug",
 }
 DEFAULT_HINT = "see the execution history for details, then run the backup again"
+# What the Fail state reports instead of a name AWS reserves for itself.
+GENERIC_ERROR = "BackupFailed"
+RESERVED_PREFIX = "States."
 
 
 @dataclass(frozen=True)
@@ -71,12 +88,27 @@ def describe_error(error: Mapping[str, Any] | None) -> tuple[str, str]:
     return name, cause or "no cause given"
 
 
-def actionable_cause(ref: BackupRef, error: Mapping[str, Any] | None, kept_manifest: bool) -> Failure:
+def reportable(name: str) -> str:
+    """An error name a Fail state may report: none of AWS's reserved `States.*` names."""
+    return GENERIC_ERROR if name.startswith(RESERVED_PREFIX) else name
+
+
+def actionable_cause(ref: BackupRef, error: Mapping[str, Any] | None, kept_manifest: bool, worker: ItemFailure | None = None) -> Failure:
     name, message = describe_error(error)
     hint = HINTS.get(name, DEFAULT_HINT)
+    if worker is not None:
+        message = f"{message}. The first failed worker ({worker.describe()})"
     if kept_manifest:
-        return Failure(name, f"backup {ref} was published, but the pipeline failed afterwards ({name}: {message}); staging was removed")
-    return Failure(name, f"backup {ref} failed ({name}): {message}. Nothing was published. What to do: {hint}")
+        return Failure(reportable(name), f"backup {ref} was published, but the pipeline failed afterwards ({name}: {message}); staging was removed")
+    return Failure(reportable(name), f"backup {ref} failed ({name}): {message}. Nothing was published. What to do: {hint}")
+
+
+def mismatched_execution(execution: str, ref: BackupRef) -> Failure:
+    return Failure(
+        ExecutionMismatchError.__name__,
+        f"execution {execution!r} was started for backup {ref}; an execution may only process the backup it is named after,"
+        f" so nothing of {ref} was touched. What to do: {HINTS[ExecutionMismatchError.__name__]}",
+    )
 
 
 def cleanup_step(
@@ -85,11 +117,20 @@ def cleanup_step(
     events: EventPublisher,
     ref: BackupRef,
     error: Mapping[str, Any] | None,
+    execution: str | None = None,
 ) -> Failure:
+    """`execution`: the running execution's name (None when not run by the state machine)."""
+    if execution is not None and execution != str(ref):
+        return mismatched_execution(execution, ref)
+    area = StagingArea(store, ref)
+    try:
+        worker = area.first_failure()
+    except BackupError:  # it only explains the failure: never let it stop the cleanup
+        worker = None
     kept = published_manifest(store, ref) is not None
     if not kept:
         discard_backup_data(store, ref)
-    StagingArea(store, ref).remove(uploads)
-    failure = actionable_cause(ref, error, kept)
+    area.remove(uploads)
+    failure = actionable_cause(ref, error, kept, worker)
     events.publish(BACKUP_FAILED, {"backup": str(ref), "repository": store.url, **failure.to_json()})
     return failure

@@ -10,6 +10,12 @@ and the same execution can be followed, or found again, from any host.
 
 `prefix` is the repository's key prefix inside the stack's bucket ("" for
 the bucket root), so one stack can serve several repositories in a bucket.
+
+The state machine's first state adds `{"execution": {"name": $$.Execution.Name}}`
+to the state (overwriting anything the input put there), and every step
+checks that name against `backup` (`check_execution`): an execution started
+under one backup's name cannot make the pipeline process, or Cleanup
+delete, another backup.
 """
 
 from __future__ import annotations
@@ -30,6 +36,32 @@ DEFAULT_STALL_SECONDS = 3600
 MAX_CONCURRENCY_LIMIT = 10_000
 # Step Functions execution names: 1-80 characters, no spaces, brackets, wildcards or "#%\\^|~`$&,;:/".
 _EXECUTION_NAME = re.compile(r"[A-Za-z0-9._@-]{1,80}")  # fullmatch: `$` admits a trailing newline
+
+
+class ExecutionMismatchError(UsageError):
+    """The execution's name is not the backup its input names (see check_execution)."""
+
+
+def running_execution(event: Mapping[str, Any]) -> str | None:
+    """The execution's own name as the state machine added it to the state; None when the
+    step was not invoked by the state machine (a direct call, e.g. a test)."""
+    execution = event.get("execution")
+    if execution is None:
+        return None
+    name = execution.get("name") if isinstance(execution, Mapping) else None
+    if not isinstance(name, str):
+        raise ExecutionMismatchError(f"invalid pipeline input: execution must be {{'name': NAME}}, not {execution!r}")
+    return name
+
+
+def check_execution(event: Mapping[str, Any], ref: BackupRef) -> None:
+    """Refuse to work on a backup that is not the one this execution is named after."""
+    name = running_execution(event)
+    if name is not None and name != str(ref):
+        raise ExecutionMismatchError(
+            f"execution {name!r} was asked to process backup {ref}; an execution may only process the backup it is named"
+            " after (start backups with the braid agent)"
+        )
 
 
 def execution_name(ref: BackupRef) -> str:
@@ -70,9 +102,10 @@ class ExecutionInput:
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> ExecutionInput:
-        """Read the fields the pipeline defined; ignore what steps added to the state."""
+        """Read the fields the pipeline defined; ignore what steps added to the state.
+        Refuses (ExecutionMismatchError) a backup other than the running execution's."""
         try:
-            return cls(
+            request = cls(
                 backup=str(event["backup"]),
                 prefix=str(event.get("prefix", "")),
                 max_concurrency=int(event.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)),
@@ -82,3 +115,5 @@ class ExecutionInput:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid pipeline input: {exc}") from None
+        check_execution(event, request.ref)
+        return request

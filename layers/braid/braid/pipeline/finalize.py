@@ -8,13 +8,20 @@ result for every planned chunk that matches its place in the plan, and
 checksum) before it writes the manifest last, create-only, and reads it back
 authenticated. Only then is staging deleted and "Backup Completed" emitted.
 
+The event is best-effort: once the manifest is published the backup exists,
+so a failed PutEvents is reported (`notify_failed`: the handler logs it and
+counts a NotificationsFailed metric) and the summary is still returned; it
+must never turn a complete backup into a failed execution.
+
 Re-running Finalize after it published (a Lambda retry) is safe: the
 published manifest is authenticated and the remaining steps are repeated.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +39,11 @@ from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
 
 ENGINE = ENGINE_STEPFUNCTIONS
+_log = logging.getLogger(__name__)
+
+
+def log_notify_failure(ref: BackupRef, exc: Exception) -> None:
+    _log.warning("backup %s was published, but its %r event was not sent: %s", ref, BACKUP_COMPLETED, exc)
 
 
 @dataclass(frozen=True)
@@ -88,6 +100,7 @@ def finalize_step(
     uploads: StagingJanitor,
     events: EventPublisher,
     ref: BackupRef,
+    notify_failed: Callable[[BackupRef, Exception], None] = log_notify_failure,
 ) -> Summary:
     started = time.monotonic()
     area = StagingArea(store, ref)
@@ -125,5 +138,8 @@ def finalize_step(
         )
     area.remove(uploads)
     summary = summarize(manifest, store.url, time.monotonic() - started)
-    events.publish(BACKUP_COMPLETED, summary.to_json())
+    try:
+        events.publish(BACKUP_COMPLETED, summary.to_json())
+    except Exception as exc:  # best-effort after publish: never fail a published backup
+        notify_failed(ref, exc)
     return summary

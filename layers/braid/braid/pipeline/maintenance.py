@@ -3,7 +3,9 @@
 Run by an EventBridge schedule (functions/verify), without the host. Deep
 verify of the latest backup of each name (or a sample of its chunks) catches
 silent corruption while an older good backup still exists. Retention is the
-same policy and code as `braid prune` (braid.ops.retention), with the same
+same policy and code as `braid prune` (braid.ops.retention): the schedule's
+rules if its event carries any, else each name's policy stored in the
+repository, the one `braid prune` without rules applies; with the same
 guarantees: only backups whose manifest authenticates count towards a rule,
 and here also only those that passed this run's verify, so a corrupt latest
 backup never pushes out the older good one; unreadable backups are reported
@@ -22,6 +24,7 @@ from typing import Any
 from braid.contract import VERIFY_FAILED
 from braid.errors import BackupError, UsageError
 from braid.format.ids import BackupRef
+from braid.format.policy import COUNT_RULES, Duration
 from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
@@ -101,13 +104,26 @@ def run_maintenance(
 
 
 def policy_from_event(event: dict[str, Any]) -> RetentionPolicy:
-    """The schedule's retention settings: {"keep_last", "keep_days", "orphan_grace_hours"}."""
-    keep_last, keep_days = event.get("keep_last"), event.get("keep_days")
+    """The schedule's retention settings: any of {"keep_last", "keep_hourly", "keep_daily",
+    "keep_weekly", "keep_monthly", "keep_yearly", "keep_within" (a DURATION such as "1y"),
+    "keep_days"}, and "orphan_grace_hours".
+
+    An event with no keep rule applies each name's policy stored in the
+    repository (`braid prune --name NAME --keep-... --save-policy`); a name
+    without one keeps every backup. So a schedule with no policy configured
+    removes no backup (it still collects leftovers of backups that never
+    completed: those are not backups).
+    """
     try:
+        counts = {rule: int(event[rule]) for rule in COUNT_RULES if event.get(rule) is not None}
+        within = event.get("keep_within")
+        keep_days = event.get("keep_days")
         return RetentionPolicy(
-            keep_last=int(keep_last) if keep_last is not None else None,
             keep_days=float(keep_days) if keep_days is not None else None,
             orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
+            keep_within=Duration.parse(str(within)) if within is not None else None,
+            stored=not counts and within is None and keep_days is None,
+            **counts,
         )
     except (TypeError, ValueError) as exc:
         raise UsageError(f"the schedule's retention settings are not numbers: {exc}") from None

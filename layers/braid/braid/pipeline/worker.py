@@ -12,6 +12,10 @@ reusable output buffer): while one lane compresses, another downloads or
 uploads. zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the
 worker bills about the CPU time instead of CPU + I/O (see item_sizing).
 
+A worker that fails writes its error to staging (an ItemFailure record)
+before it re-raises, so Cleanup can tell a person the worker's real error;
+on AWS the map itself reports only States.ExceedToleratedFailureThreshold.
+
 The data key is unwrapped once per container and backup (DataKeyCache):
 KMS Decrypt is billed and throttled per request.
 """
@@ -33,7 +37,7 @@ from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.manifest import ChunkEntry
-from braid.format.staging import ChunkSlice, ItemResult, MapItem, StagingArea, segment_key
+from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
@@ -147,6 +151,30 @@ def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSl
 
 
 def process_item(
+    store: ObjectStore,
+    ref: BackupRef,
+    item: MapItem,
+    *,
+    key: DataKey,
+    level: int,
+    lanes: ChunkLanes,
+) -> ItemOutcome:
+    try:
+        return _process_item(store, ref, item, key=key, level=level, lanes=lanes)
+    except Exception as exc:
+        record_failure(store, ref, item, exc)
+        raise
+
+
+def record_failure(store: ObjectStore, ref: BackupRef, item: MapItem, exc: Exception) -> None:
+    """Best-effort: the record only explains the failure, so failing to write it must not hide the error."""
+    try:
+        StagingArea(store, ref).write_failure(ItemFailure(item.first_index, item.count, type(exc).__name__, str(exc)))
+    except Exception:  # the original error is what the map must see
+        pass
+
+
+def _process_item(
     store: ObjectStore,
     ref: BackupRef,
     item: MapItem,

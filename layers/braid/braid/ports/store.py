@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from braid.format.buffers import WritableBuffer
+
 Buffer = bytes | bytearray | memoryview
 
 
@@ -75,7 +77,7 @@ class TemporaryFiles(Protocol):
         ...
 
 
-def read_object(store: ObjectStore, key: str, buffer: bytearray) -> memoryview | bytes:
+def read_object(store: ObjectStore, key: str, buffer: WritableBuffer) -> memoryview | bytes:
     """The whole object, into a reused buffer where the store offers `get_into`.
 
     Restore and deep verify read thousands of 64 MiB chunks; a fresh buffer
@@ -83,3 +85,15 @@ def read_object(store: ObjectStore, key: str, buffer: bytearray) -> memoryview |
     """
     get_into = getattr(store, "get_into", None)
     return get_into(key, buffer) if get_into else store.get(key)
+
+
+def prefetch_object(store: ObjectStore, key: str) -> None:
+    """Tell a store that offers `prefetch` the object will be read soon; never fails.
+
+    A local store has the kernel read the file in the background, so a
+    restore's disk reads overlap the decoding of the chunks before instead
+    of each decoder waiting for its own read.
+    """
+    prefetch = getattr(store, "prefetch", None)
+    if prefetch is not None:
+        prefetch(key)

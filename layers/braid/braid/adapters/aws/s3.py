@@ -26,6 +26,7 @@ from braid.adapters.aws.errors import AwsCall, aws_error, error_code, http_statu
 from braid.adapters.aws.retries import retry_conflicts
 from braid.adapters.aws.s3_body import request_body
 from braid.errors import AlreadyExistsError, BackupError, NotFoundError, RepositoryError, StorageError, UsageError
+from braid.format.buffers import WritableBuffer
 from braid.format.checksum import checksum_from_header, s3_checksum_value, stored_checksum
 from braid.ports.progress_relay import ProgressRelay
 from braid.ports.store import Buffer, ObjectInfo
@@ -196,7 +197,7 @@ class S3Store:
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "reading", key, "s3:GetObject") from None
 
-    def get_into(self, key: str, buffer: bytearray) -> memoryview:
+    def get_into(self, key: str, buffer: WritableBuffer) -> memoryview:
         """The whole object, read into `buffer` when it fits (else into a new one).
 
         Never resizes `buffer`: views of its previous contents may still be

@@ -16,10 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from braid.errors import AlreadyExistsError, NotFoundError, StorageError
+from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.checksum import stored_checksum
 from braid.ports.store import Buffer, ObjectInfo
 
 _TMP_PREFIX = ".tmp-"
+_PREFETCH_STEP = 128 * 1024
 
 
 def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
@@ -36,6 +38,8 @@ def _drop_cache(fd: int) -> None:
     On a database host the page cache belongs to the database; a backup that
     fills it with chunks evicts hot pages (and makes the kernel reclaim under
     memory limits, which we measured costing more CPU than the writes).
+    Pages still dirty are not dropped: Linux starts writing them back
+    (without waiting) and drops only the clean ones.
     """
     if hasattr(os, "posix_fadvise"):
         try:
@@ -97,7 +101,12 @@ class LocalStore:
                 handle.flush()
                 if durable:
                     os.fsync(handle.fileno())
-                    _drop_cache(handle.fileno())
+                # Durable: the pages are clean, drop them. Not durable (sync()
+                # comes later): on dirty pages this starts their writeback
+                # without waiting for it, so the fsync in sync() waits for
+                # little (measured: 55 ms -> 1 ms at the end of a 256 MiB
+                # backup) instead of writing every chunk at the end.
+                _drop_cache(handle.fileno())
             if create_only:
                 try:
                     os.link(tmp_name, path)
@@ -154,7 +163,7 @@ class LocalStore:
         except OSError as exc:
             raise _storage_error("reading", path, exc) from None
 
-    def get_into(self, key: str, buffer: bytearray) -> memoryview:
+    def get_into(self, key: str, buffer: WritableBuffer) -> memoryview:
         """The whole object, read into `buffer` when it fits (else into a new one).
 
         Never resizes `buffer`: views of its previous contents may still be
@@ -164,7 +173,7 @@ class LocalStore:
         try:
             with open(path, "rb", buffering=0) as handle:
                 size = os.fstat(handle.fileno()).st_size
-                view = memoryview(buffer if len(buffer) >= size else bytearray(size))[:size]
+                view = memoryview(buffer if len(buffer) >= size else new_buffer(size))[:size]
                 filled = 0
                 while filled < size:
                     n = handle.readinto(view[filled:])
@@ -177,6 +186,30 @@ class LocalStore:
             raise NotFoundError(f"object {key} not found in {self.root}") from None
         except OSError as exc:
             raise _storage_error("reading", path, exc) from None
+
+    def prefetch(self, key: str) -> None:
+        """Start reading the object into the page cache in the background (a hint: errors are ignored).
+
+        Restore reads chunks cold (the store keeps them out of the cache);
+        asked for the next chunk as each read completes, the disk works
+        while the chunks before it decode (braid.ports.store.prefetch_object).
+        """
+        if not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError):
+            return
+        try:
+            # In steps: Linux reads at most one readahead window (128 KiB by
+            # default) per call, however long the range it is given.
+            size = os.fstat(fd).st_size
+            for offset in range(0, size, _PREFETCH_STEP):
+                os.posix_fadvise(fd, offset, _PREFETCH_STEP, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
         path = self._path(key)

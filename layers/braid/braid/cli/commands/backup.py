@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import sys
 
+from braid.agent.limits import check_worker_chunk_size
 from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
@@ -83,6 +84,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
         source.check()
     inputs = len(sources) if producer is None else (args.pipes or 1)
     repository = open_repository(repo_url(args.repo))
+    if repository.config.cloud:
+        check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=bool(repository.config.cloud), inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     progress = Progress.for_terminal(args.json)
     engine = _engine_for(repository, args)

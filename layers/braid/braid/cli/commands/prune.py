@@ -4,22 +4,72 @@ Needs the key: only backups whose manifest authenticates count towards a
 rule (braid.ops.retention). Unreadable backups are reported and left in
 place; the prune does everything else that is safe, prints what it did,
 then exits non-zero naming the first unreadable backup.
+
+Without --keep-* rules each name's stored policy applies (names without
+one are left alone); --save-policy / --show-policy / --delete-policy
+manage those policies and prune nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
-from braid.cli.render import print_prune_plan
-from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune, unreadable_error
+from braid.cli.render import print_policies, print_prune_plan
+from braid.errors import UsageError
+from braid.ops.retention import RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
+
+
+def _policy(args: argparse.Namespace, stored: bool) -> RetentionPolicy:
+    return RetentionPolicy(
+        keep_last=args.keep_last,
+        keep_days=args.keep_days,
+        orphan_grace_hours=args.orphan_grace_hours,
+        keep_hourly=args.keep_hourly,
+        keep_daily=args.keep_daily,
+        keep_weekly=args.keep_weekly,
+        keep_monthly=args.keep_monthly,
+        keep_yearly=args.keep_yearly,
+        keep_within=args.keep_within,
+        stored=stored,
+    )
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    policy = RetentionPolicy(args.keep_last, args.keep_days, args.orphan_grace_hours)
+    managing = args.save_policy or args.delete_policy
+    if managing and args.name is None:
+        raise UsageError(f"--{'save' if args.save_policy else 'delete'}-policy needs --name NAME: policies are stored per name")
+    flags = RetentionPolicy.__dataclass_fields__  # the keep rules given on the command line, if any
+    given = any(getattr(args, f) is not None for f in flags if f.startswith("keep_"))
+    if args.save_policy:
+        policy = _policy(args, stored=False)  # validates; a policy without a rule is refused
+    elif args.delete_policy or args.show_policy:
+        if given:
+            raise UsageError("--show-policy and --delete-policy take no --keep-* rule")
+        policy = None
+    else:
+        policy = _policy(args, stored=not given)
     repository = open_repository(repo_url(args.repo))
+    if args.save_policy:
+        assert policy is not None
+        key = save_policy(repository, args.name, policy.rules)
+        print_policies({args.name: policy.rules}, args.json, saved=key)
+        return 0
+    if args.delete_policy:
+        deleted = delete_policy(repository, args.name)
+        if args.json:
+            print(json.dumps({"name": args.name, "deleted": deleted}))
+        else:
+            print(f"removed the stored policy of {args.name}" if deleted else f"no stored policy for {args.name}")
+        return 0
+    if args.show_policy:
+        policies = load_policies(repository)
+        print_policies({k: v for k, v in policies.items() if args.name in (None, k)}, args.json)
+        return 0
+    assert policy is not None
     keys = open_key_service(repository, args.key_file, unwrap_only=True)
-    plan = plan_prune(repository, policy, keys)
+    plan = plan_prune(repository, policy, keys, name=args.name)
     if not args.dry_run:
         execute_prune(repository, plan)
     print_prune_plan(plan, args.dry_run, args.json)

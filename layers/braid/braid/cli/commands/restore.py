@@ -8,16 +8,19 @@ it starts, since a database restore may drop the old database first.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from braid.cli.budget import check_restore_memory
 from braid.cli.compose import key_service_on_demand, open_repository, repo_url
 from braid.cli.progress import Progress
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
-from braid.ops.consumer import Consumer
 from braid.ops.open import open_backup
 from braid.ops.restore import OutputTarget, check_chunks_present, restore_backup, targets_from_args
 from braid.ports.progress import ProgressFn
+
+if TYPE_CHECKING:
+    from braid.ops.consumer import Consumer
 
 
 def _consumer(args: argparse.Namespace) -> Consumer | None:
@@ -28,6 +31,8 @@ def _consumer(args: argparse.Namespace) -> Consumer | None:
         return None
     if args.output:
         raise UsageError("--output and a command after -- exclude each other: the command reads the restore")
+    from braid.ops.consumer import Consumer  # with its subprocess machinery, only when there is a command to run
+
     return Consumer(args.run, pipes=args.pipes)
 
 

@@ -16,6 +16,8 @@ nothing from the host but these objects:
     key.json                     wrapped data key, written by Prepare
     plans/round-NNNNN.json       map items of one planner round (Round)
     results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
+    failures/NNNNNNNNNN.json     the error a worker raised for one map item
+                                 (ItemFailure); Cleanup reports the first
 
 No plaintext outlives the backup: Finalize and Cleanup delete the segments,
 and the bucket's lifecycle aborts stray multipart uploads and expires
@@ -28,6 +30,8 @@ and writer of all of them.
 
 from braid.format.staging.area import StagingArea
 from braid.format.staging.keys import (
+    failure_key,
+    failures_prefix,
     parse_round_key,
     parse_segment_key,
     result_key,
@@ -43,10 +47,11 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ChunkSlice, ItemResult, MapItem, Round
+from braid.format.staging.rounds import ChunkSlice, ItemFailure, ItemResult, MapItem, Round
 
 __all__ = [
     "ChunkSlice",
+    "ItemFailure",
     "ItemResult",
     "MapItem",
     "Round",
@@ -54,6 +59,8 @@ __all__ = [
     "SessionRecord",
     "StagingArea",
     "StreamEnd",
+    "failure_key",
+    "failures_prefix",
     "parse_round_key",
     "parse_segment_key",
     "result_key",

@@ -24,6 +24,8 @@ from braid.format.keys import WrappedKey, encryption_context
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
 from braid.format.staging.keys import (
+    failure_key,
+    failures_prefix,
     parse_round_key,
     parse_segment_key,
     result_key,
@@ -38,7 +40,7 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ItemResult, MapItem, Round
+from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore
 
@@ -210,6 +212,29 @@ class StagingArea:
 
     def _result_keys(self) -> set[str]:
         return {info.key for info in self.store.list(results_prefix(self.ref))}
+
+    # -- failures ------------------------------------------------------------
+    def write_failure(self, failure: ItemFailure) -> str:
+        """A worker's error for one item; a retry's failure overwrites its earlier attempt's."""
+        key = failure_key(self.ref, failure.first_index)
+        self.store.put(key, failure.to_bytes())
+        return key
+
+    def first_failure(self) -> ItemFailure | None:
+        """The failure of the lowest item that never stored a result (a retry that then succeeded is no failure);
+        None when no worker recorded one. A malformed record is skipped: this only explains a failure."""
+        done = self._result_keys()
+        for info in sorted(self.store.list(failures_prefix(self.ref)), key=lambda i: i.key):
+            raw = self._get(info.key)
+            if raw is None:
+                continue
+            try:
+                failure = ItemFailure.from_bytes(raw, info.key)
+            except IntegrityError:
+                continue
+            if info.key == failure_key(self.ref, failure.first_index) and result_key(self.ref, failure.first_index) not in done:
+                return failure
+        return None
 
     # -- removal -------------------------------------------------------------
     def remove(self, janitor: StagingJanitor) -> int:

@@ -21,6 +21,7 @@ AGENT_LEASE = "lease"
 SEGMENT_RECORDS = "segments/"
 ROUNDS = "plans/round-"
 RESULTS = "results/"
+FAILURES = "failures/"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
 _SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})")
@@ -103,3 +104,12 @@ def result_key(ref: BackupRef, index: int) -> str:
 
 def results_prefix(ref: BackupRef) -> str:
     return f"{staging_prefix(ref)}{RESULTS}"
+
+
+def failure_key(ref: BackupRef, index: int) -> str:
+    """A worker's failure record for the map item starting at chunk `index` (ItemFailure)."""
+    return f"{staging_prefix(ref)}{FAILURES}{index:010d}.json"
+
+
+def failures_prefix(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{FAILURES}"

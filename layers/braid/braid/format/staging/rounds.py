@@ -5,6 +5,9 @@ both the ledger of chunk-index assignment and what the Distributed Map's
 ItemReader reads, so a map item's JSON names are part of the state machine's
 contract (the worker event carries one). A result record
 `results/<first index>.json` lists the ChunkEntry of every chunk of one item.
+A failure record `failures/<first index>.json` (ItemFailure) is what a worker
+raised for one item, written before it re-raises, so Cleanup can name the
+worker's real error (Step Functions reports only the map's).
 """
 
 from __future__ import annotations
@@ -172,3 +175,32 @@ class ItemResult:
                     f"result for chunk {planned.index} of {backup} describes chunk {entry.index} of input {entry.input_index}"
                     f" at {entry.offset}+{entry.length}; the plan says input {item.input_index} at {planned.offset}+{planned.length}"
                 )
+
+
+# A failure record is for a person to read; a traceback-sized message is cut.
+MAX_FAILURE_CAUSE = 2000
+
+
+@dataclass(frozen=True)
+class ItemFailure:
+    """The error a worker raised for one map item (its last attempt's, since a retry overwrites it)."""
+
+    first_index: int
+    count: int
+    error: str
+    cause: str
+
+    def to_bytes(self) -> bytes:
+        doc = {"first_index": self.first_index, "count": self.count, "error": self.error, "cause": self.cause[:MAX_FAILURE_CAUSE]}
+        return canonical_json(doc)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ItemFailure:
+        doc = document(raw, f"failure record {where}")
+        try:
+            return cls(int(doc["first_index"]), int(doc["count"]), str(doc["error"]), str(doc["cause"])[:MAX_FAILURE_CAUSE])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise IntegrityError(f"failure record {where} is malformed: {exc}") from None
+
+    def describe(self) -> str:
+        return f"chunks {self.first_index}..{self.first_index + self.count - 1}: {self.error}: {self.cause}"

@@ -1,0 +1,187 @@
+"""Retention rules as data: the `--keep-*` rules, `--keep-within` durations,
+and the per-name policy a repository stores at `policies/NAME.json`.
+
+The rules follow restic's `forget --keep-*` (braid.ops.retention applies
+them). A stored policy is plain JSON, not sealed: it is validated strictly
+on read (known fields only, each in range), and one that fails is an
+error, never read as "keep nothing".
+
+    {"version": 1, "name": "pg", "rules": {"keep_daily": 7, "keep_within": "1m"}}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from braid.errors import IntegrityError, UsageError
+
+__all__ = ["COUNT_RULES", "Duration", "KeepRules", "parse_policy", "policy_bytes"]
+
+POLICY_VERSION = 1
+COUNT_RULES = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
+MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and timedelta overflows near 1e9 days
+MAX_DURATION_PART = 1_000_000
+_DURATION = re.compile(r"(\d+)([ymdh])")
+
+
+def _flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class Duration:
+    """restic's DURATION: years, months, days and hours, e.g. `2y5m7d3h`."""
+
+    years: int = 0
+    months: int = 0
+    days: int = 0
+    hours: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> Duration:
+        parts: dict[str, int] = {}
+        position = 0
+        for match in _DURATION.finditer(text):
+            if match.start() != position or match.group(2) in parts:
+                break
+            parts[match.group(2)] = int(match.group(1))
+            position = match.end()
+        if not text or position != len(text) or not parts:
+            raise UsageError(f"--keep-within must be a duration such as 2y5m7d3h (years, months, days, hours, each at most once), not {text!r}")
+        if any(value > MAX_DURATION_PART for value in parts.values()):
+            raise UsageError(f"--keep-within {text!r}: each part must be at most {MAX_DURATION_PART:,}")
+        duration = cls(parts.get("y", 0), parts.get("m", 0), parts.get("d", 0), parts.get("h", 0))
+        if duration.is_zero:
+            raise UsageError(f"--keep-within must be more than 0, not {text!r}")
+        return duration
+
+    @property
+    def is_zero(self) -> bool:
+        return not (self.years or self.months or self.days or self.hours)
+
+    def __str__(self) -> str:
+        text = "".join(f"{value}{unit}" for value, unit in ((self.years, "y"), (self.months, "m"), (self.days, "d"), (self.hours, "h")) if value)
+        return text or "0h"
+
+    def deadline(self, newest: datetime) -> datetime | None:
+        """`newest` minus this duration, as restic (Go's AddDate: Mar 31 - 1m = Mar 3), or None if before year 1.
+
+        Backups started strictly after the deadline are kept.
+        """
+        months = newest.year * 12 + (newest.month - 1) - self.years * 12 - self.months
+        year, month = divmod(months, 12)
+        if year < 1:
+            return None
+        try:
+            # Go normalizes an out-of-range day by rolling over into the next month.
+            first = datetime(year, month + 1, 1, newest.hour, newest.minute, newest.second, newest.microsecond, tzinfo=newest.tzinfo or UTC)
+            return first + timedelta(days=newest.day - 1 - self.days, hours=-self.hours)
+        except OverflowError:
+            return None
+
+
+@dataclass(frozen=True)
+class KeepRules:
+    """The keep rules of a policy; their union is kept. Counts are at least 1 when set."""
+
+    keep_last: int | None = None
+    keep_hourly: int | None = None
+    keep_daily: int | None = None
+    keep_weekly: int | None = None
+    keep_monthly: int | None = None
+    keep_yearly: int | None = None
+    keep_within: Duration | None = None
+    keep_days: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in COUNT_RULES:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise UsageError(f"{_flag(name)} must be at least 1 (got {value!r})")
+        if self.keep_within is not None and self.keep_within.is_zero:
+            raise UsageError("--keep-within must be more than 0")
+        if self.keep_days is not None and not (
+            isinstance(self.keep_days, int | float) and math.isfinite(self.keep_days) and 0 <= self.keep_days <= MAX_KEEP_DAYS
+        ):
+            raise UsageError(f"--keep-days must be a number of days, 0 or more (got {self.keep_days})")
+
+    @property
+    def is_empty(self) -> bool:
+        return all(getattr(self, f.name) is None for f in fields(self))
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                doc[f.name] = str(value) if isinstance(value, Duration) else value
+        return doc
+
+    def describe(self) -> str:
+        return " ".join(f"{_flag(k)} {v:g}" if isinstance(v, float) else f"{_flag(k)} {v}" for k, v in self.to_json().items())
+
+    @classmethod
+    def from_json(cls, doc: Any) -> KeepRules:
+        """Strict: a dict of known rules only, counts integers, keep_within a DURATION string; UsageError otherwise."""
+        if not isinstance(doc, dict):
+            raise UsageError("rules must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - known)
+        if unknown:
+            raise UsageError(f"unknown rule(s) {', '.join(unknown)}")
+        within = doc.get("keep_within")
+        if within is not None and not isinstance(within, str):
+            raise UsageError(f"keep_within must be a DURATION string such as 7d, not {within!r}")
+        days = doc.get("keep_days")
+        if days is not None and (isinstance(days, bool) or not isinstance(days, int | float)):
+            raise UsageError(f"keep_days must be a number, not {days!r}")
+        return cls(
+            **{name: doc.get(name) for name in COUNT_RULES},
+            keep_within=Duration.parse(within) if within is not None else None,
+            keep_days=float(days) if days is not None else None,
+        )
+
+
+def policy_bytes(name: str, rules: KeepRules) -> bytes:
+    if rules.is_empty:
+        raise UsageError(f"a stored policy for {name} needs at least one --keep-* rule")
+    return json.dumps({"version": POLICY_VERSION, "name": name, "rules": rules.to_json()}, indent=2, sort_keys=True).encode() + b"\n"
+
+
+def parse_policy(raw: bytes, name: str, where: str) -> KeepRules:
+    """A stored policy, validated; IntegrityError (naming `where`) for anything but a well-formed policy of `name`."""
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or doc.get("version") != POLICY_VERSION or doc.get("name") != name or set(doc) != {"version", "name", "rules"}:
+            raise UsageError(f"expected {{'version': {POLICY_VERSION}, 'name': {name!r}, 'rules': {{...}}}}")
+        rules = KeepRules.from_json(doc["rules"])
+        if rules.is_empty:
+            raise UsageError("no rule")
+    except (ValueError, UsageError) as exc:
+        raise IntegrityError(
+            f"stored retention policy {where} is not valid ({exc}); nothing was pruned. Rewrite it with"
+            f" 'braid prune --name {name} --keep-... --save-policy' or remove it with 'braid prune --name {name} --delete-policy'"
+        ) from None
+    return rules
+
+
+def bucket(rule: str, moment: datetime) -> tuple[int, ...]:
+    """The UTC calendar bucket `moment` falls in for a `keep_*ly` rule (ISO weeks for weekly)."""
+    moment = moment.astimezone(UTC)
+    if rule == "keep_hourly":
+        return (moment.year, moment.month, moment.day, moment.hour)
+    if rule == "keep_daily":
+        return (moment.year, moment.month, moment.day)
+    if rule == "keep_weekly":
+        iso = moment.isocalendar()
+        return (iso.year, iso.week)
+    if rule == "keep_monthly":
+        return (moment.year, moment.month)
+    if rule == "keep_yearly":
+        return (moment.year,)
+    raise ValueError(rule)

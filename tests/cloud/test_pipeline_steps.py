@@ -1,0 +1,210 @@
+"""Pipeline steps run directly on a local store: what a person sees when a backup fails,
+best-effort notifications, and the execution-name guard (the state machine tests run
+the same steps through moto's Step Functions)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from braid import contract
+from braid.adapters.local.keys import LocalKeyFile
+from braid.adapters.local.store import LocalStore
+from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
+from braid.errors import IntegrityError, StorageError, UsageError
+from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.ids import BackupRef
+from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.staging import ItemFailure, ItemResult, SegmentRecord, SessionRecord, StagingArea, StreamEnd, failure_key, segment_key
+from braid.format.timestamps import utc_now
+from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
+from braid.pipeline.execution_input import ExecutionInput, ExecutionMismatchError
+from braid.pipeline.finalize import finalize_step
+from braid.pipeline.plan import plan_next_round
+from braid.pipeline.prepare import load_data_key, prepare_backup
+from braid.pipeline.worker import ChunkLanes, process_item
+from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
+
+CHUNK = 4096
+DATA = b"row 0001 " * 2000  # 18,000 bytes: 5 chunks in 3 segments of 2 parts
+
+
+@dataclass
+class Staged:
+    store: LocalStore
+    keys: LocalKeyFile
+    ref: BackupRef
+    repository_id: str
+
+
+@pytest.fixture
+def staged(tmp_path: Path) -> Staged:
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    (tmp_path / "repo").mkdir()
+    store = LocalStore(tmp_path / "repo")
+    # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
+    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    ref = BackupRef.new("db")
+    area = StagingArea(store, ref)
+    area.write_session(SessionRecord(str(ref), repository.config.id, CHUNK, 2, 3, ["pipe0"], utc_now()))
+    size = CHUNK * 2
+    segments = range(0, len(DATA), size)
+    for number, offset in enumerate(segments):
+        segment = DATA[offset : offset + size]
+        key = segment_key(ref, 0, number)
+        store.put(key, segment)
+        parts = [encode_crc64nvme(crc64nvme(segment[p : p + CHUNK])) for p in range(0, len(segment), CHUNK)]
+        area.write_segment_record(SegmentRecord(0, number, key, offset, len(segment), len(parts), stored_checksum(segment), parts))
+    area.write_stream_end(StreamEnd([len(DATA)], [len(segments)]))
+    return Staged(store, keys, ref, repository.config.id)
+
+
+def run_workers(staged: Staged) -> None:
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    lanes = ChunkLanes(2)
+    while (status := plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60)).status != "done":
+        assert status.status == "ready", status
+        for item in StagingArea(staged.store, staged.ref).read_rounds()[-1].items:
+            process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
+
+
+class FailingPublisher:
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None:
+        self.attempts += 1
+        raise StorageError("EventBridge PutEvents failed: ThrottlingException")
+
+
+# -- 4. notifications are best-effort after publish ------------------------------------
+
+
+def test_a_failed_notification_after_publish_still_returns_the_summary(staged: Staged) -> None:
+    run_workers(staged)
+    publisher = FailingPublisher()
+    reported: list[tuple[BackupRef, Exception]] = []
+
+    summary = finalize_step(
+        staged.store, staged.keys, PlainStoreJanitor(), publisher, staged.ref, lambda ref, exc: reported.append((ref, exc))
+    )
+
+    assert publisher.attempts == 1
+    assert summary.backup == str(staged.ref) and summary.plaintext_bytes == len(DATA)
+    assert staged.store.head(manifest_key(staged.ref)) is not None
+    assert [info.key for info in staged.store.list(staging_prefix(staged.ref))] == []
+    assert [(ref, type(exc)) for ref, exc in reported] == [(staged.ref, StorageError)]
+
+
+# -- 2. the failure a person sees -----------------------------------------------------
+
+
+def test_the_hint_table_spells_aws_map_failure_and_fail_states_get_no_reserved_name() -> None:
+    ref = BackupRef.new("db")
+    assert "States.ExceedToleratedFailureThreshold" in HINTS and "States.ExceededToleratedFailureThreshold" not in HINTS
+    worker = ItemFailure(4, 2, "IntegrityError", "part 1 of staging/x does not match the checksum the agent recorded")
+
+    failure = actionable_cause(ref, {"Error": "States.ExceedToleratedFailureThreshold", "Cause": "The specified tolerated failure threshold was exceeded"}, False, worker)
+
+    assert failure.error == "BackupFailed"  # AWS rejects a Fail state error beginning with "States."
+    assert "(States.ExceedToleratedFailureThreshold)" in failure.cause
+    assert "chunks 4..5: IntegrityError: part 1 of staging/x does not match the checksum" in failure.cause
+    assert HINTS["States.ExceedToleratedFailureThreshold"] in failure.cause
+    assert actionable_cause(ref, {"Error": "States.Timeout", "Cause": ""}, False).error == "BackupFailed"
+    assert actionable_cause(ref, {"Error": "Sandbox.Timedout", "Cause": ""}, False).error == "Sandbox.Timedout"
+
+
+def test_a_failing_worker_leaves_its_error_and_cleanup_reports_it(staged: Staged) -> None:
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    assert plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60).status == "ready"
+    first, second, *_ = StagingArea(staged.store, staged.ref).read_rounds()[0].items
+    lanes = ChunkLanes(1)
+    process_item(staged.store, staged.ref, first, key=key, level=3, lanes=lanes)
+    # The second segment's bytes change after the agent recorded them.
+    staged.store.put(second.segment, b"X" * len(DATA[CHUNK * 2 : CHUNK * 4]))
+
+    with pytest.raises(IntegrityError, match="does not match the checksum"):
+        process_item(staged.store, staged.ref, second, key=key, level=3, lanes=lanes)
+
+    area = StagingArea(staged.store, staged.ref)
+    found = area.first_failure()
+    assert found is not None and (found.first_index, found.count, found.error) == (second.first_index, second.count, "IntegrityError")
+    # A failure of an item that later stored its result is no failure.
+    area.write_failure(ItemFailure(first.first_index, first.count, "StorageError", "SlowDown, then retried"))
+    assert area.first_failure() == found
+
+    failure = cleanup_step(
+        staged.store, PlainStoreJanitor(), RecordingPublisher(), staged.ref,
+        {"Error": "IntegrityError", "Cause": "chunks 2..3 were never stored"}, execution=str(staged.ref),
+    )
+
+    assert failure.error == "IntegrityError"
+    assert f"chunks {second.first_index}..{second.end_index - 1}: IntegrityError:" in failure.cause
+    assert "does not match the checksum the agent recorded" in failure.cause
+    assert [info.key for info in staged.store.list(staging_prefix(staged.ref))] == []
+    assert [info.key for info in staged.store.list(data_prefix(staged.ref))] == []
+
+
+def test_failure_records_round_trip_and_a_long_cause_is_cut(staged: Staged) -> None:
+    area = StagingArea(staged.store, staged.ref)
+    assert area.first_failure() is None
+    key = area.write_failure(ItemFailure(8, 2, "StorageError", "x" * 10_000))
+    assert key == failure_key(staged.ref, 8) and key.startswith(staging_prefix(staged.ref))
+    found = area.first_failure()
+    assert found is not None and found.error == "StorageError" and len(found.cause) == 2000
+    staged.store.put(failure_key(staged.ref, 0), b"not json")  # unreadable records are skipped, never fatal
+    assert area.first_failure() == found
+    area.write_result(ItemResult(8, ()))
+    assert area.first_failure() is None
+
+
+# -- 5. an execution only processes the backup it is named after ----------------------
+
+
+def test_steps_refuse_a_backup_other_than_the_executions(staged: Staged) -> None:
+    own = {"backup": str(staged.ref), "execution": {"name": str(staged.ref)}}
+    assert ExecutionInput.from_event(own).ref == staged.ref
+    assert ExecutionInput.from_event({"backup": str(staged.ref)}).ref == staged.ref  # invoked directly, not by the state machine
+    for execution in ({"name": "intruder@20261123T000000Z-abcdef"}, {"name": 7}, "db"):
+        with pytest.raises(ExecutionMismatchError):
+            ExecutionInput.from_event({**own, "execution": execution})
+
+
+def test_cleanup_of_a_mismatched_execution_touches_nothing(staged: Staged) -> None:
+    run_workers(staged)
+    before = sorted(info.key for info in staged.store.list(""))
+    assert any(k.startswith(data_prefix(staged.ref)) for k in before) and chunk_key(staged.ref, 0) in before
+    events = RecordingPublisher()
+
+    failure = cleanup_step(
+        staged.store, PlainStoreJanitor(), events, staged.ref, {"Error": "ExecutionMismatchError", "Cause": "..."}, execution="intruder@x"
+    )
+
+    assert failure.error == "ExecutionMismatchError" and "nothing of" in failure.cause and str(staged.ref) in failure.cause
+    assert sorted(info.key for info in staged.store.list("")) == before
+    assert events.events == []
+
+
+# -- 1. chunk sizes the worker can hold -----------------------------------------------
+
+MiB = 1024**2
+
+
+def test_chunk_sizes_beyond_the_workers_memory_are_refused_naming_the_largest() -> None:
+    largest = max_worker_chunk_size()
+    # Each of the worker's lanes holds ~4x the chunk (plaintext, payload, stored form, a transient copy).
+    assert contract.DEFAULT_WORKER_LANES * 4 * largest < contract.WORKER_MEMORY_MB * MiB
+    assert largest == 94 * MiB
+    check_worker_chunk_size(64 * MiB)  # the default
+    check_worker_chunk_size(largest)
+    with pytest.raises(UsageError, match="the largest allowed is 94 MiB: use --chunk-size 94MiB or less") as refused:
+        check_worker_chunk_size(128 * MiB)
+    assert refused.value.exit_code == 2
+    assert max_worker_chunk_size(lanes=2) > largest  # fewer lanes, larger chunks
