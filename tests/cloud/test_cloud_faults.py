@@ -333,6 +333,25 @@ def test_nonces_never_repeat_within_a_cloud_backup(emulator: Emulator, faulted: 
     assert len(keys) == parts_of(list(map(len, faulted.inputs))) == len(nonces)
 
 
+def json_documents(blob: bytes) -> list[dict[str, Any]]:
+    """Every JSON object in the captured log. The in-process handlers run on
+    several threads writing one stream, so two records can share a line."""
+    text = blob.decode(errors="replace")
+    decoder = json.JSONDecoder()
+    found: list[dict[str, Any]] = []
+    position = text.find("{")
+    while position >= 0:
+        try:
+            doc, end = decoder.raw_decode(text, position)
+        except ValueError:
+            position = text.find("{", position + 1)
+            continue
+        if isinstance(doc, dict):
+            found.append(doc)
+        position = text.find("{", end)
+    return found
+
+
 def test_the_data_key_is_never_logged_by_the_pipeline_nor_printed_by_the_agent(emulator: Emulator, faulted: FaultedBackup) -> None:
     name, _, backup_id = faulted.ref.partition("@")
     raw = emulator.client("s3").get_object(Bucket=emulator.bucket, Key=f"manifests/{name}/{backup_id}.json")["Body"].read()
@@ -340,7 +359,7 @@ def test_the_data_key_is_never_logged_by_the_pipeline_nor_printed_by_the_agent(e
     material = emulator.client("kms").decrypt(CiphertextBlob=wrapped.ciphertext, EncryptionContext=wrapped.context, KeyId=wrapped.key_id)["Plaintext"]
     secrets = {"data key": material, "chunk encryption key": DataKey(material).encryption_key}
     logs = emulator.log.read_bytes()
-    powertools = [json.loads(line) for line in logs.splitlines() if line.startswith(b"{") and b'"service":"braid"' in line]
+    powertools = [doc for doc in json_documents(logs) if doc.get("service") == "braid"]
 
     # The capture is real: the handlers logged this backup, its retries included, through Powertools.
     mine = [line for line in powertools if line.get("backup") == faulted.ref]
