@@ -11,6 +11,8 @@ by a call that releases the GIL anyway (a read from disk). Giving the
 pages back costs ~6 ms per 64 MiB more, so it is done on a background
 thread, not in the middle of publishing a backup. Measured with
 scripts/bench local: this was most of what a small stream paid for start-up.
+(Python's own `mmap.mmap` with MAP_POPULATE holds the GIL while the kernel
+populates; transparent huge pages populated 3-5x slower on the same VM.)
 
 Callers size buffers by what they will fill, and reuse them from chunk to
 chunk: a buffer is made once per worker or pool slot.
@@ -101,7 +103,12 @@ def _load_ctypes_mapper() -> Callable[[int, bool], memoryview] | None:
 
     def unmap_forever() -> None:
         while True:
-            c_munmap(*unmapping.get())
+            address, size = unmapping.get()
+            # A step at a time, as pages are populated: munmap holds the memory
+            # map lock for writing, and a thread being started meanwhile (the
+            # publishing step starts a few) waited for all 64 MiB.
+            for offset in range(0, size, _POPULATE_STEP):
+                c_munmap(address + offset, min(_POPULATE_STEP, size - offset))
 
     unmapper = threading.Thread(target=unmap_forever, name="braid-unmap", daemon=True)
     unmapper.start()

@@ -107,7 +107,7 @@ class _ReadAhead:
 class _Buffers:
     """Reusable buffers of one size shared by the decoders, the first few made ahead.
 
-    The first decoders' buffers are made on a helper thread (`make_one`)
+    The first decoders' buffers are made by helper threads (`make_one`)
     while their chunks are read from disk, rather than by each decoder after
     its read (~25 ms per 64 MiB on its critical path, measured). A decoder
     that finds none free waits for one being made instead of making another,
