@@ -21,7 +21,7 @@ from braid.adapters.local.store import LocalStore
 from braid.agent.cloud_engine import CloudOptions
 from braid.engine.port import BackupRequest
 from braid.engine.stream import sources_from_args
-from braid.errors import ExecutionError, RepositoryError, UsageError
+from braid.errors import ExecutionError, NotFoundError, RepositoryError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
@@ -119,3 +119,28 @@ def test_a_backup_reports_its_upload_retries_and_starts_its_execution(s3_reposit
     ]
     assert [e for e in events if e["event"] == "stream-end"][0]["bytes_read"] == 4000
     assert engine.staged_stream_end(ref) is not None and engine.staged_stream_end(ref).lengths == [4000]
+
+
+def test_resume_after_staging_is_gone_follows_the_execution_still_running(s3_repository: Repository, tmp_path: Path) -> None:
+    """Killed while it waited, the agent is resumed just as Finalize (or Cleanup) removed the
+    staging but before the execution ended: --resume waits for the outcome instead of saying
+    "nothing to resume" about a backup that is about to be published (or has failed)."""
+    data = tmp_path / "dump"
+    data.write_bytes(b"rows" * 1000)
+    sfn = stepfunctions_client(region="us-east-1")
+    engine = cloud_engine(s3_repository, CloudOptions(poll_seconds=0.01), stepfunctions=sfn)
+    ref = BackupRef.new("db")
+    execution = {"executionArn": "arn:exec", "stateMachineArn": MACHINE, "startDate": utc_now()}
+    request = BackupRequest(ref, sources_from_args([str(data)]), 5 * 1024**2, 3, 1, resume=True)
+    with Stubber(sfn) as stub:
+        stub.add_response("describe_execution", {**execution, "status": "RUNNING"})
+        stub.add_response("describe_execution", {**execution, "status": "RUNNING"})
+        stub.add_response("describe_execution", {**execution, "status": "FAILED", "error": "BackupFailed", "cause": f"backup {ref} failed: worker error"})
+        with pytest.raises(ExecutionError, match="worker error"):
+            engine.run(request, lambda _: None)
+        stub.assert_no_pending_responses()
+    # No execution at all: there is nothing to resume, said as such.
+    with Stubber(sfn) as stub:
+        stub.add_client_error("describe_execution", "ExecutionDoesNotExist", "no such execution")
+        with pytest.raises(NotFoundError, match="nothing to resume"):
+            engine.run(request, lambda _: None)

@@ -380,3 +380,19 @@ def test_the_planner_fails_an_abandoned_stream_at_once(tmp_path: Path) -> None:
 
     with pytest.raises(StreamAbandonedError, match=rf"^the agent abandoned backup {ref}: the producer failed: dbtool exited with status 1$"):
         plan_next_round(store, ref, max_concurrency=10, max_chunks_per_item=4, poll_seconds=5, stall_seconds=60)
+
+
+def test_a_pipe_the_producer_never_opened_is_a_missing_stream_not_an_empty_one(repo: Path, private_tmp: Path) -> None:
+    """Read back, a pipe nobody opened looks like an empty input. Published, the backup would
+    lack a whole stream; Braid watches its pipes being opened and refuses it (exit 11)."""
+    skipped = backup(repo, private_tmp, "--pipes", "2", "--", "sh", "-c", 'printf rows > "$1"', "sh", "{pipe1}", "{pipe2}")
+    assert (skipped.code, error_line(skipped)) == (
+        11,
+        'braid: error: the producer failed: sh exited with status 0 without ever opening pipe2 of the 2 pipes (nothing on stderr); nothing was published',
+    )
+    assert_nothing_published(repo, private_tmp)
+    # Opened and closed without a byte, it is an empty stream, which a backup may hold.
+    emptied = backup(repo, private_tmp, "--pipes", "2", "--", "sh", "-c", 'printf rows > "$1"; : > "$2"', "sh", "{pipe1}", "{pipe2}")
+    assert emptied.code == 0, emptied.stderr
+    shown = json.loads(run_braid("show", "--repo", str(repo), emptied.out.strip(), "--json").out)
+    assert [i["bytes"] for i in shown["input_details"]] == [4, 0]

@@ -105,12 +105,14 @@ class CloudEngine:
             except NotFoundError as missing:
                 # No staging: the pipeline may have finished while the agent was gone
                 # (killed while it waited); then its outcome is the answer, not "start anew".
+                # Still running without staging, it is past the upload: only Finalize
+                # (publishing) and Cleanup remove the session, so wait for which it was.
                 try:
                     status = self.pipeline.describe(ref)
                 except BackupError:
                     raise missing from None
                 if not status.done:
-                    raise
+                    return self.wait(ref, progress)
                 return self.outcome(ref, status)
         else:
             check_worker_chunk_size(request.chunk_size)

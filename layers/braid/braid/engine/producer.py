@@ -33,6 +33,7 @@ from types import TracebackType
 
 from braid.engine.child import Child, program_name
 from braid.engine.fifos import PipeDir, check_placeholders, substitute
+from braid.engine.open_watch import OpenWatch
 from braid.engine.stream import InputSource
 from braid.errors import UsageError
 
@@ -71,6 +72,7 @@ class Producer:
         self.sources: list[InputSource] = []
         self._child: Child | None = None
         self._dir: PipeDir | None = None
+        self._watch: OpenWatch | None = None
 
     def __enter__(self) -> Producer:
         try:
@@ -80,6 +82,7 @@ class Producer:
                 self.sources = [DescriptorSource(0, f"stdout of {self.name}", None, fd=self._child.proc.stdout.fileno())]
             else:
                 self._dir = PipeDir(self.pipes, "backup")
+                self._watch = OpenWatch(self._dir.paths)  # after Braid's own opens: every open it sees is the producer's
                 # Its stdout goes to our stderr: our stdout carries only NAME@ID.
                 self._child = Child("producer", substitute(self.argv, self._dir.paths), stdout=2)
                 self.sources = [
@@ -104,6 +107,13 @@ class Producer:
         code = self._child.wait()
         if code != 0:
             raise self._child.failure(self._child.describe(code), "nothing was published")
+        unopened = self._watch.unopened() if self._watch is not None else None
+        if unopened:
+            # Read as empty, a pipe never opened is not an empty stream but a missing one.
+            names = ", ".join(f"pipe{i + 1}" for i in unopened)
+            raise self._child.failure(
+                self._child.describe(code, f" without ever opening {names} of the {self.pipes} pipes"), "nothing was published"
+            )
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
         self._close()
@@ -115,5 +125,7 @@ class Producer:
                 if self._child.proc.stdout is not None:
                     self._child.proc.stdout.close()
         finally:
+            if self._watch is not None:
+                self._watch.close()
             if self._dir is not None:
                 self._dir.close()
