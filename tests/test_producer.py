@@ -396,3 +396,19 @@ def test_a_pipe_the_producer_never_opened_is_a_missing_stream_not_an_empty_one(r
     assert emptied.code == 0, emptied.stderr
     shown = json.loads(run_braid("show", "--repo", str(repo), emptied.out.strip(), "--json").out)
     assert [i["bytes"] for i in shown["input_details"]] == [4, 0]
+
+
+def test_a_producer_that_exits_while_a_process_it_started_holds_its_stdout_publishes_nothing(repo: Path, private_tmp: Path) -> None:
+    """`sh -c 'tool &'`: the shell exits 0 at once, the stream goes on in a process whose end
+    Braid never sees. Rather than wait for it forever or judge it by the shell's status,
+    Braid gives the stream a grace after the producer's exit and then fails (exit 11)."""
+    result = backup(repo, private_tmp, "--", "sh", "-c", "echo rows; sleep 60 &")
+    assert (result.code, error_line(result)) == (
+        11,
+        "braid: error: the producer failed: sh exited with status 0, but a process it started still held its stdout open 5 s later"
+        " (the stream must end with the producer: run the tool in the foreground) (nothing on stderr); nothing was published",
+    )
+    assert_nothing_published(repo, private_tmp)
+    # Its last bytes still in the pipe when it exits are not a held stdout: a slow reader loses nothing.
+    slow = backup(repo, private_tmp, "--", "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x")
+    assert slow.code == 0, slow.stderr

@@ -28,7 +28,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from io import FileIO, RawIOBase
+from io import RawIOBase
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, is_fifo, open_fifo_for_reading
 from braid.errors import BackupError, InputError
@@ -146,7 +146,7 @@ class InputSource:
 
     def open(
         self, *, timeout: float = DEFAULT_OPEN_TIMEOUT, note: Callable[[], None] | None = None, cancelled: threading.Event | None = None
-    ) -> FileIO | None:
+    ) -> RawIOBase | None:
         """Unbuffered: reads go straight into pool buffers, with no copy through a Python buffer.
 
         A named pipe waits at most `timeout` seconds for its writer (calling
