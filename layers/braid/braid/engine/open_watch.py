@@ -21,11 +21,10 @@ says so by returning None; README documents that the check is Linux only.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["OpenWatch"]
 
@@ -36,7 +35,11 @@ _IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then `len` bytes of name (none for a watched file)
 
 
-def _libc() -> ctypes.CDLL | None:
+def _libc() -> Any:
+    """libc's inotify calls, or None; ctypes is imported here, for --pipes only (start-up time)."""
+    import ctypes
+    import ctypes.util
+
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     except OSError:
