@@ -23,6 +23,7 @@ from braid.contract import (
     OUTPUT_STATE_MACHINE,
 )
 from braid_infra.access import HostAccess
+from braid_infra.backup_schedules import BackupSchedules
 from braid_infra.functions import PipelineFunctions
 from braid_infra.keys import Keys
 from braid_infra.layer import BraidLayer
@@ -44,6 +45,7 @@ class BraidStack(Stack):
         worker_retry: RetryPolicy = WORKER_RETRY,
         step_retry: RetryPolicy = STEP_RETRY,
         retention: Mapping[str, Any] | None = None,
+        backup_schedules: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -58,6 +60,7 @@ class BraidStack(Stack):
         self.schedules = Schedules(
             self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
         )
+        self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
         self.monitoring = Monitoring(self, "Monitoring", state_machine=self.pipeline.state_machine, functions=self.functions.functions)
         self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
 
