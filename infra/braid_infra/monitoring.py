@@ -1,69 +1,167 @@
-"""Monitoring: alarms on what needs a person.
+"""Monitoring: alarms that reach someone, and one dashboard.
 
-Failed or timed-out backup executions; Lambda errors (the functions are
-invoked synchronously by Step Functions, so there is no DLQ: the Errors
-metric is the signal, and worker errors that retries absorbed still show);
-and the scheduled verify's own VerifyFailures metric (EMF, namespace Braid).
-Alarms carry no actions here: wire them to the team's SNS topic or pager.
+Every alarm notifies one SNS topic; an e-mail address from the CDK context
+`braid:alarmEmail` (a string or a list) subscribes to it, and any other
+subscriber (a pager, a chat webhook) can be added to the topic output. The
+topic is encrypted with a key of its own: CloudWatch cannot publish to a
+topic under the AWS-managed SNS key, so that key's policy lets the
+CloudWatch service use it, for this account's alarms only.
+
+Alarms: failed or timed-out backup executions; failed map-run children
+(the workers' EXPRESS executions, whose metrics AWS files under the map's
+label); Lambda errors (synchronous Step Functions invokes: no DLQ, so the
+Errors metric is the signal, and worker errors that retries absorbed still
+show); sustained worker throttling; the scheduled maintenance nearing its
+15-minute timeout (it then stops before pruning); the scheduled verify's
+VerifyFailures metric (EMF, namespace Braid); and any alarm another
+construct hands in (the backup schedules' delivery failures).
 """
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from collections.abc import Sequence
+
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from braid import contract
 
+ALARM_EMAIL_CONTEXT = "braid:alarmEmail"
+MAP_LABEL = "chunks"  # the Distributed Map's label (braid_infra.pipeline): AWS names its children's metrics by it
+MAINTENANCE_NEAR_TIMEOUT = 0.8  # of the function's timeout
+
+
+def alarm_emails(value: object) -> list[str]:
+    """Addresses from a context value: one string, a comma-separated string, or a list; a bad one fails synth."""
+    if value is None or value == "":
+        return []
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+        raise ValueError(f"{ALARM_EMAIL_CONTEXT}: an e-mail address or a list of them, not {value!r}")
+    found = [i.strip() for i in items if i.strip()]
+    for address in found:
+        local, at, domain = address.partition("@")
+        if not (local and at and "." in domain and " " not in address):
+            raise ValueError(f"{ALARM_EMAIL_CONTEXT}: {address!r} is not an e-mail address")
+    return found
+
 
 class Monitoring(Construct):
     def __init__(
-        self, scope: Construct, construct_id: str, *, state_machine: sfn.StateMachine, functions: dict[str, lambda_.Function]
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        state_machine: sfn.StateMachine,
+        functions: dict[str, lambda_.Function],
+        extra_alarms: Sequence[cloudwatch.Alarm] = (),
+        alarm_emails_value: object = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        stack = Stack.of(self)
         period = Duration.minutes(5)
+        key = kms.Key(self, "TopicKey", enable_key_rotation=True, description="Braid alarm topic")
+        key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal("cloudwatch.amazonaws.com")],
+                actions=["kms:Decrypt", "kms:GenerateDataKey*"],
+                resources=["*"],  # in a key policy, "*" is this key
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        self.topic = sns.Topic(self, "Alarms", display_name="Braid alarms", master_key=key, enforce_ssl=True)
+        emails = alarm_emails(alarm_emails_value if alarm_emails_value is not None else self.node.try_get_context(ALARM_EMAIL_CONTEXT))
+        for address in emails:
+            self.topic.add_subscription(subscriptions.EmailSubscription(address))
+        CfnOutput(self, "AlarmTopicArn", value=self.topic.topic_arn, description="Subscribe pagers or chat to Braid's alarms")
+
+        def alarm(metric: cloudwatch.IMetric, name: str, description: str, threshold: float = 1, periods: int = 1) -> cloudwatch.Alarm:
+            return metric.create_alarm(
+                self,
+                name,
+                alarm_description=description,
+                threshold=threshold,
+                evaluation_periods=periods,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+
+        children = f"{state_machine.state_machine_arn}/{MAP_LABEL}"
+        maintenance = functions["verify"]
+        timeout = maintenance.timeout.to_milliseconds() if maintenance.timeout else 900_000
         self.alarms: list[cloudwatch.Alarm] = [
-            state_machine.metric_failed(period=period).create_alarm(
-                self,
-                "BackupsFailed",
-                alarm_description="A Braid backup execution failed; its cause says what to do",
-                threshold=1,
-                evaluation_periods=1,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm(state_machine.metric_failed(period=period), "BackupsFailed", "A Braid backup execution failed; its cause says what to do"),
+            alarm(state_machine.metric_timed_out(period=period), "BackupsTimedOut", "A Braid backup execution timed out"),
+            alarm(
+                cloudwatch.Metric(namespace="AWS/States", metric_name="ExecutionsFailed", dimensions_map={"StateMachineArn": children}, period=period, statistic="Sum"),
+                "MapRunChildrenFailed",
+                "Braid worker child executions failed (after their retries): a backup may be failing",
             ),
-            state_machine.metric_timed_out(period=period).create_alarm(
-                self,
-                "BackupsTimedOut",
-                alarm_description="A Braid backup execution timed out",
-                threshold=1,
-                evaluation_periods=1,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm(
+                cloudwatch.Metric(namespace="AWS/States", metric_name="ExecutionsTimedOut", dimensions_map={"StateMachineArn": children}, period=period, statistic="Sum"),
+                "MapRunChildrenTimedOut",
+                "Braid worker child executions hit the EXPRESS 5-minute limit",
             ),
-            cloudwatch.Metric(
-                namespace=contract.METRICS_NAMESPACE,
-                metric_name=contract.METRIC_VERIFY_FAILURES,
-                dimensions_map={"service": contract.SERVICE_NAME},
-                period=Duration.days(1),
-                statistic="Sum",
-            ).create_alarm(
-                self,
+            alarm(
+                functions["worker"].metric_throttles(period=period),
+                "WorkerThrottled",
+                "Braid workers are throttled for 15 minutes: raise the account's Lambda concurrency or lower --fan-out",
+                threshold=10,
+                periods=3,
+            ),
+            alarm(
+                maintenance.metric_duration(period=Duration.hours(1), statistic="Maximum"),
+                "MaintenanceNearTimeout",
+                f"Braid's scheduled verify and prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
+                threshold=timeout * MAINTENANCE_NEAR_TIMEOUT,
+            ),
+            alarm(
+                cloudwatch.Metric(
+                    namespace=contract.METRICS_NAMESPACE,
+                    metric_name=contract.METRIC_VERIFY_FAILURES,
+                    dimensions_map={"service": contract.SERVICE_NAME},
+                    period=Duration.days(1),
+                    statistic="Sum",
+                ),
                 "VerifyFailed",
-                alarm_description="Scheduled deep verify found a damaged backup",
-                threshold=1,
-                evaluation_periods=1,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                "Scheduled deep verify found a damaged backup",
             ),
         ]
         for name, function in functions.items():
             self.alarms.append(
-                function.metric_errors(period=period).create_alarm(
-                    self,
+                alarm(
+                    function.metric_errors(period=period),
                     f"{name.capitalize()}Errors",
-                    alarm_description=f"Braid {name} function errors (no DLQ: synchronous Step Functions invokes)",
+                    f"Braid {name} function errors (no DLQ: synchronous Step Functions invokes)",
                     threshold=5 if name == "worker" else 1,
-                    evaluation_periods=1,
-                    treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
                 )
             )
+        self.alarms.extend(extra_alarms)
+        action = cw_actions.SnsAction(self.topic)
+        for each in self.alarms:
+            each.add_alarm_action(action)
+
+        self.dashboard = cloudwatch.Dashboard(self, "Dashboard", dashboard_name=f"{stack.stack_name}-braid")
+        worker = functions["worker"]
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Backups",
+                left=[state_machine.metric_started(), state_machine.metric_succeeded(), state_machine.metric_failed(), state_machine.metric_timed_out()],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="Workers",
+                left=[worker.metric_invocations(), worker.metric_errors(), worker.metric_throttles()],
+                right=[worker.metric_duration(statistic="p90")],
+                width=12,
+            ),
+            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=self.alarms, width=24),
+        )

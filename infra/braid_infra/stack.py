@@ -61,7 +61,13 @@ class BraidStack(Stack):
             self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
         )
         self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
-        self.monitoring = Monitoring(self, "Monitoring", state_machine=self.pipeline.state_machine, functions=self.functions.functions)
+        self.monitoring = Monitoring(
+            self,
+            "Monitoring",
+            state_machine=self.pipeline.state_machine,
+            functions=self.functions.functions,
+            extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
+        )
         self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
 
         bucket = self.storage.bucket.bucket_name

@@ -292,7 +292,7 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.cfn_render import Resolver
     from support.emulated_cloud import cached_stack
-    from support.moto_stack import resources_of
+    from support.moto_stack import data_key_id, resources_of
 
     template = cached_stack().template
     config = emulator.config()
@@ -301,7 +301,7 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
     resolver.refs[bucket_id] = emulator.bucket
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{emulator.bucket}"
-    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    key_id = data_key_id(template)
     resolver.attributes[(key_id, "Arn")] = key
     (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
     resolver.refs[machine_id] = machine

@@ -75,7 +75,7 @@ if str(ROOT / "tests") not in sys.path:
     sys.path.insert(0, str(ROOT / "tests"))
 
 from support.emulated_server import EmulatorServer, Faults, Middleware, RequestLog, free_port  # noqa: E402
-from support.moto_stack import SynthesizedStack, resources_of  # noqa: E402
+from support.moto_stack import SynthesizedStack, data_key_id, resources_of  # noqa: E402
 from support.s3_faults import CALLER_GROUPS, KINDS, S3Faults, settings_from_args  # noqa: E402
 
 log = logging.getLogger("emulated-aws")
@@ -196,7 +196,7 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
     (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
     resolver.refs[bucket_id] = deployed.bucket
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{deployed.bucket}"
-    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    key_id = data_key_id(template)
     resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
     resolver.attributes[(key_id, "Arn")] = deployed.key_arn
     (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")

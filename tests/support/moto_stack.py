@@ -66,6 +66,12 @@ def resources_of(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any
     return {lid: r for lid, r in template["Resources"].items() if r["Type"] == kind}
 
 
+def data_key_id(template: dict[str, Any]) -> str:
+    """The logical id of the key that wraps data keys (the Keys construct's; the alarm topic has its own)."""
+    (key_id,) = [lid for lid in resources_of(template, "AWS::KMS::Key") if lid.startswith("Keys")]
+    return key_id
+
+
 def compat_definition(definition: str) -> str:
     """moto 5.2.5's ASL parser knows only STANDARD child workflows; EXPRESS children run as
     STANDARD there. Nothing Braid relies on differs: the worker is idempotent either way
@@ -126,7 +132,7 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
     resolver.refs[bucket_id] = bucket_name
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{bucket_name}"
 
-    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    key_id = data_key_id(template)
     key = kms.create_key(Description="Braid data keys (emulated)")["KeyMetadata"]
     resolver.refs[key_id] = key["KeyId"]
     resolver.attributes[(key_id, "Arn")] = key["Arn"]
