@@ -189,7 +189,7 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     ctx.log(f"cloud: S3 = {s3.kind} at {s3.endpoint}, Step Functions = moto at {sfn.endpoint}")
     ctx.log("cloud: agent start-up (empty stream) ...")
     log.unlink(missing_ok=True)
-    startup.add(run_command(agent_argv("empty"), stdin=empty, stderr=log, env=env))
+    startup.add(run_command([*agent_argv("empty"), "--allow-empty"], stdin=empty, stderr=log, env=env))
     for rep in range(ctx.reps):
         ctx.log(f"cloud: repetition {rep + 1}/{ctx.reps} ...")
         sides = [lambda rep=rep: run_agent(rep), lambda rep=rep: run_reference(rep), lambda: zstd.add(run_command(zstd_argv))]
