@@ -35,7 +35,7 @@ from pathlib import Path
 from bench_lib import s3proxy
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import MB, Comparison, Section, Table
-from bench_lib.timing import CommandFailed, Series, drop_dirty_pages, run_command
+from bench_lib.timing import CommandFailed, Series, drop_dirty_pages, run_command, warm_page_cache
 
 NAME = "cloud"
 HELP = "cloud agent (braid backup to s3://, staging upload) vs zstd -3 -T1 (host CPU) and boto3 multipart (throughput)"
@@ -171,6 +171,7 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     def run_agent(rep: int) -> None:
         log.unlink(missing_ok=True)
         try:
+            warm_page_cache(data.path)
             agent.add(run_command(agent_argv(f"run{rep}"), stdin=data.path, stderr=log, env=env))
         except CommandFailed as exc:
             raise RuntimeError(f"{exc}: {log.read_text(errors='replace').strip().splitlines()[-2:]}") from None
@@ -181,6 +182,7 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     def run_reference(rep: int) -> None:
         argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"ref{rep}/data", str(chunk), str(conc)]
         try:
+            warm_page_cache(data.path)
             reference.add(run_command(argv, stderr=work / "reference.log", env=env))
         finally:
             _remove(s3, env, ctx, f"ref{rep}")
@@ -192,7 +194,7 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     startup.add(run_command([*agent_argv("empty"), "--allow-empty"], stdin=empty, stderr=log, env=env))
     for rep in range(ctx.reps):
         ctx.log(f"cloud: repetition {rep + 1}/{ctx.reps} ...")
-        sides = [lambda rep=rep: run_agent(rep), lambda rep=rep: run_reference(rep), lambda: zstd.add(run_command(zstd_argv))]
+        sides = [lambda rep=rep: run_agent(rep), lambda rep=rep: run_reference(rep), lambda: (warm_page_cache(data.path), zstd.add(run_command(zstd_argv)))]
         sides = sides[rep % 3 :] + sides[: rep % 3]
         for side in sides:
             side()

@@ -8,7 +8,8 @@ FILE | openssl enc -aes-256-ctr -K HEX -iv HEX > OUT`.
 Restore, ours: `braid restore --repo DIR bench@latest > /dev/null`. Reference:
 `openssl enc -d -aes-256-ctr -K HEX -iv HEX -in OUT | zstd -d -c > /dev/null` (inputs evicted from the page cache first; bytes compared once, untimed).
 
-Both sides read the same cached file and write into the same work directory;
+Both sides read the same cached file (warmed before each run: braid drops
+its input's pages as it reads) and write into the same work directory;
 written data is flushed (sync) after every run, outside the timing, so one
 run's writeback does not bill the next. The local store fsyncs every chunk
 inside braid's run, so a second backup row compares with the pipeline plus
@@ -28,7 +29,7 @@ from pathlib import Path
 
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Comparison, Section
-from bench_lib.timing import Sample, Series, drop_dirty_pages, run_command
+from bench_lib.timing import Sample, Series, drop_dirty_pages, run_command, warm_page_cache
 
 NAME = "local"
 HELP = "braid backup/restore (local repository) vs zstd -T<cores> | openssl enc -aes-256-ctr and back"
@@ -122,8 +123,8 @@ def run(ctx: Context) -> Section:
         backup_argv = [braid, "backup", *common, "--name", "bench", "--chunk-size", str(args.chunk_size), "--level", str(args.level), "--workers", str(workers)]
         restore_argv = [braid, "restore", *common, "--workers", str(workers), "bench@latest"]
         backups = [
-            lambda backup_argv=backup_argv: timed(backup_ours, backup_argv, stdin=data.path, stdout=backup_id_file, stderr=backup_log),
-            lambda: timed(backup_ref, ["bash", "-c", ref_backup_cmd], backup_ref_synced, stdout=ref_out),
+            lambda backup_argv=backup_argv: (warm_page_cache(data.path), timed(backup_ours, backup_argv, stdin=data.path, stdout=backup_id_file, stderr=backup_log)),
+            lambda: (warm_page_cache(data.path), timed(backup_ref, ["bash", "-c", ref_backup_cmd], backup_ref_synced, stdout=ref_out)),
         ]
         # Restores read cold: backups are read back long after they were
         # written, and braid's store already drops written chunks from the
