@@ -114,3 +114,31 @@ def test_wrapped_key_bound_to_context_and_key(tmp_path: Path) -> None:
     other = LocalKeyFile.create(tmp_path / "b.key")
     with pytest.raises(KeyAccessError, match="wrong key file"):
         other.unwrap(wrapped)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-11-23T01:02:03Z",  # no microseconds
+        "2026-11-23T01:02:03.456Z",  # milliseconds only
+        "2026-11-23T01:02:03.000000",  # no Z
+        "2026-11-23 01:02:03.000000Z",
+        "2026-13-23T01:02:03.000000Z",  # month 13
+        "2026-02-30T01:02:03.000000Z",  # 30 February
+        "2026-11-23T01:02:03.000000Z\n",
+        "\u0662\u0660\u0662\u0666-11-23T01:02:03.000000Z",  # Arabic-Indic digits
+    ],
+)
+def test_a_timestamp_has_one_form(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_timestamp(text)
+
+
+def test_timestamps_and_ids_round_trip_to_the_microsecond_and_millisecond() -> None:
+    moment = datetime(2026, 11, 23, 1, 2, 3, 456789, tzinfo=UTC)
+    assert parse_timestamp(format_timestamp(moment)) == moment
+    assert parse_timestamp("2026-11-23T01:02:03.456789Z") == moment
+    ref = BackupRef.new("pg", moment)
+    assert ref.started == moment.replace(microsecond=456000)
+    with pytest.raises(UsageError, match="invalid backup id"):
+        BackupRef.parse("pg@\u0662\u0660\u0662\u066611\u06623T010203.456Z-1a2b3c4d")

@@ -17,7 +17,7 @@ from braid.errors import UsageError
 # Always fullmatch: `$` also matches before a trailing newline, and "nl\n"
 # would become a directory name in the repository.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,47}")
-_ID = re.compile(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}")
+_ID = re.compile(r"\d{8}T\d{6}\.\d{3}Z-[0-9a-f]{8}", re.ASCII)
 LATEST = "latest"
 
 
@@ -61,7 +61,11 @@ class BackupRef:
         """The UTC start time the id records (to the millisecond): what retention ages a backup by."""
         if self.is_latest:
             raise UsageError(f"{self} names no particular backup; resolve it first")
-        return datetime.strptime(self.id.partition("-")[0], "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+        stamp = self.id  # YYYYMMDDTHHMMSS.mmmZ-..., checked by _ID (no strptime: braid.format.timestamps says why)
+        return datetime(
+            int(stamp[0:4]), int(stamp[4:6]), int(stamp[6:8]), int(stamp[9:11]), int(stamp[11:13]), int(stamp[13:15]),
+            int(stamp[16:19]) * 1000, tzinfo=UTC,
+        )
 
     def __str__(self) -> str:
         return f"{self.name}@{self.id}"

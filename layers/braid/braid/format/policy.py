@@ -26,7 +26,7 @@ POLICY_VERSION = 1
 COUNT_RULES = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
 MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and timedelta overflows near 1e9 days
 MAX_DURATION_PART = 1_000_000
-_DURATION = re.compile(r"(\d+)([ymdh])")
+_DURATION = re.compile(r"(\d+)([ymdh])", re.ASCII)
 
 
 def _flag(field_name: str) -> str:

@@ -7,9 +7,11 @@ language parses one form, and the text order is the time order.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 _FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_PATTERN = re.compile(r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.(\d{6})Z", re.ASCII)
 
 
 def format_timestamp(moment: datetime) -> str:
@@ -21,5 +23,14 @@ def utc_now() -> str:
 
 
 def parse_timestamp(text: str) -> datetime:
-    """The moment a Braid timestamp names; ValueError for any other form."""
-    return datetime.strptime(text, _FORMAT).replace(tzinfo=UTC)
+    """The moment a Braid timestamp names; ValueError for any other form.
+
+    Not strptime: its first call loads _strptime and compiles the locale's
+    patterns (~15 ms of CPU, measured), paid by every command that reads a
+    manifest, a noticeable share of a small backup's start-up.
+    """
+    match = _PATTERN.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a Braid timestamp: {text!r}")
+    year, month, day, hour, minute, second, micro = map(int, match.groups())
+    return datetime(year, month, day, hour, minute, second, micro, tzinfo=UTC)  # ValueError for a day or hour out of range
