@@ -7,6 +7,9 @@ chunk without parsing text. The codes are a contract (README, `braid --help`).
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class BackupError(Exception):
     """Base of every error Braid reports to a user."""
@@ -110,3 +113,9 @@ EXIT_CODES: dict[int, str] = {
     11: "the producer (backup) or consumer (restore) command failed",
     130: "interrupted",
 }
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """" (did you mean pg?)" for the closest known word, or "": a typo is told apart from a real absence."""
+    close = difflib.get_close_matches(word, sorted(set(known)), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
