@@ -9,6 +9,7 @@ person at the terminal go to stderr, so `braid list > file` keeps just data.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -64,7 +65,7 @@ def saved(plaintext_bytes: int, stored_bytes: int) -> str:
     """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew)."""
     if not plaintext_bytes:
         return "-"
-    return f"{round(100 * (1 - stored_bytes / plaintext_bytes))}%"
+    return f"{math.floor(100 * (1 - stored_bytes / plaintext_bytes))}%"  # floored: 99.8% saved is not "100%"
 
 
 def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:
