@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 parser.print_help(sys.stderr)
                 return 2
             settings.resolve(args)
-            debug = bool(args.debug)
+            debug = bool(getattr(args, "debug", False))
             _attach_command(args, command)
             return int(args.handler(args))
     except BackupError as exc:

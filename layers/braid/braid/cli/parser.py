@@ -236,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", parents=[common], **_help(
         "follow a cloud backup's pipeline execution",
-        "braid status --repo s3://my-bucket/prod pg@20261123T020000Z-1a2b3c4d --once",
+        "braid status --repo s3://my-bucket/prod pg@20261123T020000.000Z-1a2b3c4d --once",
         "braid status pg@latest                           # the newest backup named pg, staged with --no-wait",
         description="Follow the Step Functions execution of an s3:// backup (one started with --no-wait, or whose"
                     " agent was stopped): exit 0 with NAME@ID once it is published, or the execution's failure.",
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", parents=[common], **_help(
         "show one backup's manifest summary",
         "braid show pg@latest",
-        "braid show pg@20261123T020000Z-1a2b3c4d --json",
+        "braid show pg@20261123T020000.000Z-1a2b3c4d --json",
     ))
     show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
@@ -333,9 +333,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     forget = sub.add_parser("forget", parents=[common], **_help(
         "remove one backup (manifest first, then chunks), e.g. one known to be bad",
-        "braid forget pg@20261123T020000Z-1a2b3c4d --dry-run",
+        "braid forget pg@20261123T020000.000Z-1a2b3c4d --dry-run",
     ))
     forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
     forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     forget.set_defaults(handler=_command("forget:cmd_forget"))
+
+    completion = sub.add_parser("completion", **_help(
+        "print a shell completion script for bash or zsh",
+        "braid completion bash > /etc/bash_completion.d/braid          # or: source <(braid completion bash)",
+        "braid completion zsh > /usr/local/share/zsh/site-functions/_braid",
+        description="Print a completion script for every command and option, generated from this version of braid"
+                    " (regenerate it after an upgrade).",
+    ))
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
+    completion.set_defaults(handler=_command("reference:cmd_completion"))
+
+    manpage = sub.add_parser("manpage", **_help(
+        "print the braid(1) manual page (roff)",
+        "braid manpage > /usr/local/share/man/man1/braid.1",
+        "braid manpage | man -l -",
+    ))
+    manpage.set_defaults(handler=_command("reference:cmd_manpage"))
     return parser

@@ -189,7 +189,7 @@ class Settings:
         """Fill in every option not typed: from the environment, else the config file, else its default."""
         environ = os.environ if environ is None else environ
         command: str = args.command
-        table = self.of(command)
+        table = {**self.of(None), **self.of(command)}  # a command without the common options still has the global ones
         config = load(vars(args).get("config"), environ)  # --config, else BRAID_CONFIG, else the default places
         args.config = None if config.path is None else str(config.path)
         self.check(config)
