@@ -49,7 +49,7 @@ def test_every_long_option_has_an_environment_variable_and_a_key_named_after_it(
     for setting in settings.all():
         assert setting.env == "BRAID_" + setting.flag[2:].upper().replace("-", "_")
         assert setting.key == setting.flag[2:].replace("-", "_")
-        assert setting.in_environment == (setting.key not in COMMAND_LINE_ONLY)
+        assert setting.in_environment == (setting.key not in COMMAND_LINE_ONLY and not setting.key.startswith("keep_"))
     # the names scripts already use stay exactly as they were
     assert (env_name("--repo"), env_name("--key-file"), env_name("--config")) == ("BRAID_REPO", "BRAID_KEY_FILE", "BRAID_CONFIG")
     assert key_name("--chunk-size") == "chunk_size"
@@ -107,6 +107,8 @@ def test_file_values_with_command_and_name_tables(config: Path) -> None:
     assert (pg.level, pg.chunk_size, pg.workers) == (9, "134217728", 3)  # [names.pg] > [commands.backup] > top level
     restore = resolved(["restore", "pg@latest"], env)  # the name of NAME@ID picks the table too
     assert (restore.repo, restore.workers) == ("/srv/file-repo", 3)
+    resumed = resolved(["backup", "--resume", "pg@20261123T020000.000Z-1a2b3c4d"], env)  # and --resume's
+    assert (resumed.level, resumed.chunk_size) == (9, "134217728")
 
 
 def test_environment_beats_file_and_flag_beats_environment(config: Path) -> None:
@@ -176,6 +178,9 @@ def test_a_command_option_before_the_command_says_where_it_goes(capsys: pytest.C
         ("[names.pg]\nname = 'x'\n", "[names.pg] name: a [names.NAME] table is already about one name"),
         ("[names.pg]\nlevel = 0\n", "[names.pg] level = 0: '0' must be at least 1"),
         ("names = 3\n", "names: must hold one table per name, e.g. [names.pg]"),
+        ("keep_daily = 7\n", "keep_daily: cannot be set in a config file; store retention per name in the repository:"
+                              " braid prune --name NAME --keep-daily ... --save-policy"),
+        ("pipes = 2\n", "pipes = 2: --pipes is a switch: use true or false (for 'braid restore'; put it under [commands.backup])"),
     ],
 )
 def test_bad_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str) -> None:

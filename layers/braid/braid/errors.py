@@ -7,7 +7,6 @@ chunk without parsing text. The codes are a contract (README, `braid --help`).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -117,5 +116,7 @@ EXIT_CODES: dict[int, str] = {
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:
     """" (did you mean pg?)" for the closest known word, or "": a typo is told apart from a real absence."""
+    import difflib  # on an error path only: every process imports this module
+
     close = difflib.get_close_matches(word, sorted(set(known)), n=1)
     return f" (did you mean {close[0]}?)" if close else ""

@@ -21,7 +21,6 @@ Three levels, most specific first, in the spirit of pgBackRest's
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +91,8 @@ def load(explicit: str | None, environ: Mapping[str, str] | None = None) -> Conf
         raise UsageError(f"config file {path} not found (named by {how})") from None
     except OSError as exc:
         raise UsageError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
+    import tomllib  # only when there is a file: most runs on a host have none, and every run starts here
+
     try:
         doc = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ from braid.format.ids import validate_name
 ENV_PREFIX = "BRAID_"
 NOT_SETTINGS = frozenset({"help", "version"})
 COMMAND_LINE_ONLY = frozenset({"all", "force", "allow_empty", "resume", "save_policy", "show_policy", "delete_policy"})
+RETENTION_RULES = "keep_"  # prefix: retention is stored per name in the repository (prune --save-policy), one policy for host and cloud
 ENVIRONMENT_ONLY = frozenset({"config"})  # the file cannot name itself
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -68,12 +68,16 @@ class Setting:
         return env_name(self.flag)
 
     @property
+    def command_line_only(self) -> bool:
+        return self.key in COMMAND_LINE_ONLY or self.key.startswith(RETENTION_RULES)
+
+    @property
     def in_file(self) -> bool:
-        return self.key not in COMMAND_LINE_ONLY | ENVIRONMENT_ONLY
+        return not self.command_line_only and self.key not in ENVIRONMENT_ONLY
 
     @property
     def in_environment(self) -> bool:
-        return self.key not in COMMAND_LINE_ONLY
+        return not self.command_line_only
 
     def from_environment(self, text: str) -> Any:
         try:
@@ -101,6 +105,8 @@ class Setting:
             return action.const if value else self.default
         if isinstance(action, argparse._AppendAction):
             if from_text:
+                import shlex
+
                 items = shlex.split(value)
             else:
                 items = value if isinstance(value, list) else [value]
@@ -239,21 +245,40 @@ class Settings:
             known = {s.key for s in candidates if s.in_file} | ({*TABLES} if table is None else set())
             raise UsageError(f"{where}: unknown key{did_you_mean(key, known)}")
         if not matching[0].in_file:
-            how = f"set {matching[0].env} in the environment" if matching[0].in_environment else f"give {matching[0].flag} on the command line"
+            if key.startswith(RETENTION_RULES):
+                how = f"store retention per name in the repository: braid prune --name NAME {matching[0].flag} ... --save-policy"
+            elif matching[0].in_environment:
+                how = f"set {matching[0].env} in the environment"
+            else:
+                how = f"give {matching[0].flag} on the command line"
             raise UsageError(f"{where}: cannot be set in a config file; {how}")
-        seen: set[int] = set()
-        for setting in matching:
-            if id(setting.action) not in seen:
-                seen.add(id(setting.action))
+        distinct = list({id(s.action): s for s in matching}.values())
+        for setting in distinct:
+            try:
                 setting.from_file(value, where)
+            except UsageError as exc:
+                # e.g. pipes = 2 fits backup's --pipes N, not restore's switch: say which, and where it can go
+                fits = [s.command for s in distinct if s.command and _accepts(s, value, where)]
+                if not fits:
+                    raise
+                scope = f"; put it under [commands.{fits[0]}]" if table is None else ""
+                raise UsageError(f"{exc} (for 'braid {setting.command}'{scope})") from None
+
+
+def _accepts(setting: Setting, value: Any, where: str) -> bool:
+    try:
+        setting.from_file(value, where)
+    except UsageError:
+        return False
+    return True
 
 
 def _target_name(args: argparse.Namespace) -> str | None:
-    """The backup name a command is about: --name, or the NAME of NAME@ID; it picks the [names.NAME] table."""
+    """The backup name a command is about: --name, or the NAME of NAME@ID (or of --resume's); it picks the [names.NAME] table."""
     name = getattr(args, "name", None)
     if name:
         return str(name)
-    target = getattr(args, "backup", None)
+    target = getattr(args, "backup", None) or getattr(args, "resume", None)
     if isinstance(target, str) and "@" in target:
         return target.partition("@")[0] or None
     return None
