@@ -229,6 +229,14 @@ def test_bad_environment_variable(repo: Path, capsys: pytest.CaptureFixture[str]
     assert (code, out, err) == (2, "", f"braid: error: {message}\n")
 
 
+def test_cloud_settings_from_file_or_environment_do_not_stop_a_local_backup(repo: Path, tmp_path: Path) -> None:
+    config = write(tmp_path / "c.toml", 'concurrency = 8\nrate_limit = "200MiB"\n[commands.backup]\nfan_out = 50\n')
+    made = run_braid("backup", "--repo", str(repo), "--name", "db", stdin=b"rows", env={"BRAID_CONFIG": str(config), "BRAID_NO_WAIT": "1"})
+    assert made.code == 0, made.stderr
+    typed = run_braid("backup", "--repo", str(repo), "--name", "db", "--concurrency", "4", stdin=b"rows", env={"BRAID_CONFIG": str(config)})
+    assert (typed.code, typed.stderr) == (2, "braid: error: --concurrency only apply to s3:// repositories\n")
+
+
 def test_command_line_only_options_ignore_the_environment(repo: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.write_bytes(b"precious")

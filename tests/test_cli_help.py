@@ -118,6 +118,8 @@ def test_an_unknown_name_suggests_the_closest(repo: Path, capsys: pytest.Capture
     other_id = pg.replace("pg@", "maria@")
     code, _, err = run(capsys, "forget", "--repo", str(repo), other_id)
     assert (code, err) == (8, f"braid: error: backup {other_id} not found in {repo} (did you mean mariadb?)\n")
+    code, out, err = run(capsys, "list", "--repo", str(repo), "--name", "pgg")  # an empty list is no error, but says so
+    assert (code, out, err) == (0, "", "no backups named 'pgg' (did you mean pg?)\n")
     code, _, err = run(capsys, "show", "--repo", str(repo), "zzzz@latest")  # nothing close: no guess
     assert (code, err) == (8, f"braid: error: no backups named 'zzzz' in {repo}\n")
     gone = pg[:-8] + "00000000"

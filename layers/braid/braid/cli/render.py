@@ -73,7 +73,7 @@ def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:
     return max([len(header), *(len(str(row[key])) for row in rows)])
 
 
-def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
+def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "no backups") -> None:
     """`rows`: manifest summaries, or {"backup", "error", "created"} for an unreadable manifest.
 
     RATIO is stored over original size (the JSON field `ratio`, lower is
@@ -83,7 +83,7 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        print("no backups", file=sys.stderr)
+        print(empty, file=sys.stderr)
         return
     width = _width(rows, "backup", "BACKUP")
     print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}")

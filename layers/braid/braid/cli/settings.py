@@ -192,7 +192,12 @@ class Settings:
         return {s.key for s in self.all() if s.in_file}
 
     def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ConfigFile:
-        """Fill in every option not typed: from the environment, else the config file, else its default."""
+        """Fill in every option not typed: from the environment, else the config file, else its default.
+
+        `args.typed` keeps the options typed on the command line: a command
+        may refuse a typed option that does not apply (--concurrency to a
+        local repository) yet ignore the same value set for every run.
+        """
         environ = os.environ if environ is None else environ
         command: str = args.command
         table = {**self.of(None), **self.of(command)}  # a command without the common options still has the global ones
@@ -202,6 +207,7 @@ class Settings:
         if "name" in table and "name" not in vars(args):
             args.name = self._layer(table["name"], args, environ, config, command, None)
         name = _target_name(args)
+        args.typed = frozenset(s.action.dest for s in table.values() if s.action.dest in vars(args))
         for setting in table.values():
             if setting.action.dest not in vars(args):
                 setattr(args, setting.action.dest, self._layer(setting, args, environ, config, command, name))

@@ -37,7 +37,8 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
         if args.rate_limit_bytes == 0:
             raise UsageError("--rate-limit must be more than 0")
         return cloud_engine(repository, args)
-    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
+    typed = getattr(args, "typed", _CLOUD_ONLY)  # set in the environment or a config file for every run, they are ignored here
+    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name) and name in typed]
     if given:
         raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
     from braid.engine.local import LocalEngine
