@@ -52,7 +52,7 @@ def _help(text: str, *examples: str, description: str | None = None) -> dict[str
     """A subcommand's one-line help, its description and its examples: what `braid COMMAND --help` shows first and last."""
     return {
         "help": text,
-        "description": textwrap.fill(description or text[0].upper() + text[1:] + ".", 79),
+        "description": textwrap.fill(description or text[0].upper() + text[1:] + ".", 79, break_on_hyphens=False),
         "epilog": "examples:\n" + "\n".join(f"  {line}" for line in examples),
         "formatter_class": argparse.RawDescriptionHelpFormatter,
     }
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)  # options every command takes
     common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
     common.add_argument("--config", metavar="PATH", help="TOML config file (env BRAID_CONFIG; default ~/.config/braid/config.toml, then /etc/braid/config.toml)")
-    common.add_argument("--key-file", help="master-key file of a local repository (env BRAID_KEY_FILE)")
+    common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
 
@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("--chunk-size", type=_size("--chunk-size", MIN_CHUNK, MAX_CHUNK), default="64MiB", metavar="SIZE",
                         help=f"chunk size, {format_size(MIN_CHUNK)} to {format_size(MAX_CHUNK)} (default 64MiB)")
     backup.add_argument("--workers", type=_positive_int, default=_cores(), metavar="N", help="worker threads (default: cores)")
-    backup.add_argument("--level", type=_level, default=3, metavar="1-19", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
+    backup.add_argument("--level", type=_level, default=3, metavar=f"1-{MAX_LEVEL}", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
     backup.add_argument("--pipes", type=_positive_int, metavar="N",
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
