@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pty
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from braid.cli.main import main
 from braid.cli.parser import build_parser
 from braid.cli.settings import Settings
-from conftest import BRAID, run_braid
+from conftest import run_braid
 
 COMMANDS = sorted(Settings(build_parser()).commands)
 
@@ -92,21 +90,6 @@ def test_a_directory_holding_other_files_is_not_offered_to_init(tmp_path: Path, 
     empty.mkdir()
     code, _, err = run(capsys, "list", "--repo", str(empty))  # an empty directory can be initialised where it is
     assert (code, err) == (3, f"braid: error: no Braid repository at {empty}; create one with 'braid init --repo {empty}'\n")
-
-
-def test_restore_to_a_terminal_suggests_tar_for_a_base_backup(repo: Path) -> None:
-    backup_id = backup(repo, "pg", b"rows" * 100)
-    controller, terminal = pty.openpty()
-    try:
-        proc = subprocess.run([str(BRAID), "restore", "--repo", str(repo), backup_id], stdout=terminal, stderr=subprocess.PIPE, timeout=60)
-    finally:
-        os.close(controller)
-        os.close(terminal)
-    assert proc.returncode == 2
-    assert proc.stderr.decode() == (
-        "braid: error: stdout is a terminal: redirect the restore (> FILE), give --output PATH, or give the command that reads it after --"
-        " (a pg_basebackup -Ft tar: -- tar -x -C DIR)\n"
-    )
 
 
 def test_an_unknown_name_suggests_the_closest(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
