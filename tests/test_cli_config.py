@@ -117,6 +117,7 @@ def test_environment_beats_file_and_flag_beats_environment(config: Path) -> None
     assert (args.level, args.repo, args.json, args.input) == (11, "/srv/env-repo", True, ["/p 1", "/p2"])
     flagged = resolved(["backup", "--name", "pg", "--level", "1", "--repo", "/srv/flag-repo"], env)
     assert (flagged.level, flagged.repo) == (1, "/srv/flag-repo")
+    assert flagged.typed == {"name", "level", "repo"} and args.typed == {"name"}  # what the command line said, apart from env and file
     assert resolved(["list"], {**env, "BRAID_JSON": "0"}).json is False
     assert resolved(["list"], {**env, "BRAID_REPO": ""}).repo == "/srv/file-repo"  # empty is unset
 

@@ -181,15 +181,12 @@ class Settings:
                 table[key_name(flag)] = Setting(command, flag, action, defaults[id(action)])
 
     def of(self, command: str | None) -> dict[str, Setting]:
-        """The settings `braid COMMAND` takes (the global ones included); None: the global ones."""
+        """The settings of `braid COMMAND`'s own parser; None: the global ones, taken before any command."""
         return self._by_command[command]
 
     def all(self) -> Iterator[Setting]:
         for table in self._by_command.values():
             yield from table.values()
-
-    def keys(self) -> set[str]:
-        return {s.key for s in self.all() if s.in_file}
 
     def resolve(self, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ConfigFile:
         """Fill in every option not typed: from the environment, else the config file, else its default.
@@ -201,13 +198,13 @@ class Settings:
         environ = os.environ if environ is None else environ
         command: str = args.command
         table = {**self.of(None), **self.of(command)}  # a command without the common options still has the global ones
+        args.typed = frozenset(s.action.dest for s in table.values() if s.action.dest in vars(args))
         config = load(vars(args).get("config"), environ)  # --config, else BRAID_CONFIG, else the default places
         args.config = None if config.path is None else str(config.path)
         self.check(config)
         if "name" in table and "name" not in vars(args):
             args.name = self._layer(table["name"], args, environ, config, command, None)
         name = _target_name(args)
-        args.typed = frozenset(s.action.dest for s in table.values() if s.action.dest in vars(args))
         for setting in table.values():
             if setting.action.dest not in vars(args):
                 setattr(args, setting.action.dest, self._layer(setting, args, environ, config, command, name))
