@@ -19,8 +19,9 @@ def isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep key files out of the real ~/.config and env settings out of tests."""
     config = tmp_path / "xdg-config"
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
-    for name in ("BRAID_REPO", "BRAID_KEY_FILE"):
+    for name in [n for n in os.environ if n.startswith("BRAID_")]:  # every option has one (braid.cli.settings)
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("BRAID_CONFIG", os.devnull)  # not this machine's ~/.config or /etc/braid config file
     return config
 
 

@@ -322,7 +322,10 @@ def test_restore_to_a_terminal_is_refused(repo: Path) -> None:
         os.close(controller)
         os.close(terminal)
     assert proc.returncode == 2
-    assert "stdout is a terminal" in error_line(proc.stderr.decode())
+    assert error_line(proc.stderr.decode()) == (  # not "| pg_restore": a pg_basebackup -Ft tar is restored with tar -x
+        "braid: error: stdout is a terminal: redirect the restore (> FILE), give --output PATH, or give the command that reads it after --"
+        " (a pg_basebackup -Ft tar: -- tar -x -C DIR)"
+    )
 
 
 @pytest.mark.parametrize(

@@ -444,11 +444,13 @@ def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emu
     once = braid(cloud, "agent-nowait", "status", ref, "--once", "--json")
     assert once.code == 0, once.stderr
     assert json.loads(once.stdout)["status"] in ("RUNNING", "SUCCEEDED")
-    followed = braid(cloud, "agent-nowait", "status", ref)
+    followed = braid(cloud, "agent-nowait", "status", "nowait@latest")  # the newest backup of the name, still without a manifest
     assert followed.code == 0, followed.stderr
     assert followed.stdout.strip() == ref
-    final = json.loads(braid(cloud, "agent-nowait", "status", ref, "--once", "--json").stdout)
-    assert (final["status"], final["chunks_done"]) == ("SUCCEEDED", 3)
+    final = json.loads(braid(cloud, "agent-nowait", "status", "nowait@latest", "--once", "--json").stdout)
+    assert (final["backup"], final["status"], final["chunks_done"]) == (ref, "SUCCEEDED", 3)
+    unknown = braid(cloud, "agent-nowait", "status", "nowiat@latest", "--once")
+    assert (unknown.code, unknown.errors) == (8, [f"braid: error: no backups named 'nowiat' in {cloud.env['BRAID_REPO']} (did you mean nowait?)"])
     restored = tmp_path / "restored.bin"
     assert braid(cloud, "restore-nowait", "restore", ref, "--output", str(restored)).code == 0
     assert restored.read_bytes() == data

@@ -7,6 +7,8 @@ chunk without parsing text. The codes are a contract (README, `braid --help`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class BackupError(Exception):
     """Base of every error Braid reports to a user."""
@@ -110,3 +112,11 @@ EXIT_CODES: dict[int, str] = {
     11: "the producer (backup) or consumer (restore) command failed",
     130: "interrupted",
 }
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """" (did you mean pg?)" for the closest known word, or "": a typo is told apart from a real absence."""
+    import difflib  # on an error path only: every process imports this module
+
+    close = difflib.get_close_matches(word, sorted(set(known)), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""

@@ -17,6 +17,7 @@ from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.layout import CONFIG
 from braid.format.repository import Repository
 from braid.ops.init import LocalInit, init_local_repository
 from braid.ports.keys import KeyService
@@ -31,7 +32,7 @@ def repo_url(arg: str | None) -> str:
     """`--repo`, else BRAID_REPO: scripts on a host set the repository once, in the environment."""
     url = arg or os.environ.get(ENV_REPO)
     if not url:
-        raise UsageError("no repository given: pass --repo DIR|s3://BUCKET/PREFIX or set BRAID_REPO")
+        raise UsageError("no repository given: pass --repo DIR|s3://BUCKET/PREFIX, set BRAID_REPO, or set repo in the config file")
     return url
 
 
@@ -63,7 +64,14 @@ def open_repository(url: str) -> Repository:
             raise RepositoryError(f"repository {store.root} is not a directory")
         raise RepositoryError(f"repository directory {store.root} does not exist; create it with 'braid init --repo {url}'")
     try:
+        if not (store.root / CONFIG).exists() and any(store.root.iterdir()):
+            raise RepositoryError(
+                f"no Braid repository at {store.root}: the directory holds other files; give the repository's own directory,"
+                " or create a repository in a new, empty one with 'braid init --repo NEW_DIR'"
+            )
         return Repository.open(store)
+    except OSError as exc:
+        raise RepositoryError(f"repository {store.root} is unreadable: {exc.strerror or exc}") from None
     except StorageError as exc:
         raise RepositoryError(f"repository {store.root} is unreadable: {exc}") from None
 
@@ -95,8 +103,14 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
     """The key service the repository's config names, checked against it."""
     kind = repository.config.key.get("type")
     if kind == "local":
-        keys = LocalKeyFile.open(key_file_path(key_file, repository.config.id))
+        path = key_file_path(key_file, repository.config.id)
         expected = repository.config.key.get("key_id")
+        if not os.path.lexists(path):  # the repository exists: its key is missing, and a new init would not bring it back
+            raise KeyAccessError(
+                f"key file {path} not found; repository {repository.url} needs master key {expected}: give its file with --key-file PATH,"
+                " BRAID_KEY_FILE or key_file in the config file (if it was lost, restore it from your copy)"
+            )
+        keys = LocalKeyFile.open(path)
         if keys.key_id != expected:
             raise KeyAccessError(
                 f"key file {keys.path} holds key {keys.key_id}, but repository {repository.url} uses {expected}: wrong key file"

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from types import FrameType
 
 from braid.cli.parser import build_parser
+from braid.cli.settings import Settings
 from braid.errors import BackupError, UsageError
 
 _STOPPING = (signal.SIGTERM, signal.SIGHUP)
@@ -77,14 +78,17 @@ def split_command(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    settings = Settings(parser)
     words, command = split_command(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in words
     try:
         with _stop_on_signals():
-            args = parser.parse_args(words)
+            args = _parse(parser, settings, words)
             if not getattr(args, "handler", None):
                 parser.print_help(sys.stderr)
                 return 2
+            settings.resolve(args)
+            debug = bool(getattr(args, "debug", False))
             _attach_command(args, command)
             return int(args.handler(args))
     except BackupError as exc:
@@ -103,6 +107,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"braid: error: unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _parse(parser: argparse.ArgumentParser, settings: Settings, words: list[str]) -> argparse.Namespace:
+    """parse_args, with a clear word for a command's option given before the command (`braid --name pg backup`)."""
+    try:
+        return parser.parse_args(words)
+    except UsageError:
+        misplaced = _misplaced_option(settings, words)
+        if misplaced is None:
+            raise
+        flag, command = misplaced
+        global_flags = ", ".join(sorted(s.flag for s in settings.of(None).values()))
+        raise UsageError(f"{flag} is an option of 'braid {command}': give it after '{command}' (before it go only {global_flags})") from None
+
+
+def _misplaced_option(settings: Settings, words: list[str]) -> tuple[str, str] | None:
+    """The first option before the command word that only the command takes, and that command."""
+    command = next((w for w in words if w in settings.commands), None)
+    if command is None:
+        return None
+    for word in words[: words.index(command)]:
+        flag = word.partition("=")[0]
+        if flag.startswith("--") and flag not in {s.flag for s in settings.of(None).values()}:
+            if any(s.flag == flag for s in settings.of(command).values()):
+                return flag, command
+    return None
 
 
 def _attach_command(args: argparse.Namespace, command: list[str] | None) -> None:

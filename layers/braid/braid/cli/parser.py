@@ -11,10 +11,12 @@ import argparse
 import importlib
 import math
 import os
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
 from braid import __version__
+from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
 from braid.format.ids import validate_name
@@ -33,11 +35,27 @@ def _epilog() -> str:
     lines = ["exit codes:"] + [f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()]
     lines += [
         "",
-        "environment:",
+        "settings (see README, 'Configuration'): a flag wins over its environment variable, which wins over the config file:",
         "  BRAID_REPO      repository (directory or s3://BUCKET/PREFIX) when --repo is not given",
         "  BRAID_KEY_FILE  master-key file of a local repository when --key-file is not given",
+        "  BRAID_<OPTION>  every other long option likewise: --chunk-size is BRAID_CHUNK_SIZE (switches: 1 or 0)",
+        "  BRAID_CONFIG    the TOML config file (--config), else ~/.config/braid/config.toml, else /etc/braid/config.toml;",
+        "                  its keys are the long options (repo, key_file, chunk_size, ...), also per [commands.NAME] and [names.NAME]",
+        "",
+        "global options (--repo, --key-file, --config, --json, --debug) go before or after the command:",
+        "  braid --repo /srv/braid list",
     ]
     return "\n".join(lines)
+
+
+def _help(text: str, *examples: str, description: str | None = None) -> dict[str, Any]:
+    """A subcommand's one-line help, its description and its examples: what `braid COMMAND --help` shows first and last."""
+    return {
+        "help": text,
+        "description": textwrap.fill(description or text[0].upper() + text[1:] + ".", 79, break_on_hyphens=False),
+        "epilog": "examples:\n" + "\n".join(f"  {line}" for line in examples),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
 
 
 def _positive_int(text: str) -> int:
@@ -48,6 +66,26 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
     return value
+
+
+def _size(option: str, minimum: int, maximum: int | None = None) -> Callable[[str], str]:
+    """A byte size (64MiB, 8M, 1G) in range, kept as typed: the command reads it with parse_size.
+
+    Checked here as well so that a bad value from BRAID_CHUNK_SIZE or the
+    config file fails naming where it came from, like any other option.
+    """
+
+    def check(text: str) -> str:
+        try:
+            value = parse_size(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bounds = f"between {format_size(minimum)} and {format_size(maximum)}" if maximum is not None else f"at least {format_size(minimum)}"
+            raise argparse.ArgumentTypeError(f"{option} must be {bounds}")
+        return text
+
+    return check
 
 
 def _percent(text: str) -> float:
@@ -92,10 +130,13 @@ def _backup_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+MAX_LEVEL = 19  # zstd's highest regular level; --ultra levels need window sizes a chunk worker does not budget for
+
+
 def _level(text: str) -> int:
     value = _positive_int(text)
-    if value > 19:
-        raise argparse.ArgumentTypeError("--level must be 1..19")
+    if value > MAX_LEVEL:
+        raise argparse.ArgumentTypeError(f"--level must be 1..{MAX_LEVEL}")
     return value
 
 
@@ -137,12 +178,14 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)  # options every command takes
     common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
-    common.add_argument("--key-file", help="master-key file of a local repository (env BRAID_KEY_FILE)")
+    common.add_argument("--config", metavar="PATH", help="TOML config file (env BRAID_CONFIG; default ~/.config/braid/config.toml, then /etc/braid/config.toml)")
+    common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
 
     parser = _Parser(
         prog="braid",
+        parents=[common],  # the global options, accepted before the subcommand too: braid --repo R list
         description="Stream database backups off the host; compress and encrypt them in parallel; restore them verified.",
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -150,16 +193,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"braid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    init = sub.add_parser("init", parents=[common], help="create a repository (and, locally, its master key)")
+    init = sub.add_parser("init", parents=[common], **_help(
+        "create a repository (and, locally, its master key)",
+        "braid init --repo /srv/braid                     # a new empty directory; the key goes to ~/.config/braid/keys/",
+        "braid init --repo /srv/braid --key-file /etc/braid/master.key",
+        "braid init --repo s3://my-bucket/prod --stack Braid",
+        description="Create a repository: a new, empty directory with its master-key file (never overwritten; keep a copy"
+                    " elsewhere), or an s3:// prefix served by a deployed stack (--stack).",
+    ))
     init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
     init.set_defaults(handler=_command("init:cmd_init"))
 
-    backup = sub.add_parser("backup", parents=[common], help="back up stdin or --input streams")
+    backup = sub.add_parser("backup", parents=[common], **_help(
+        "back up stdin or --input streams",
+        "braid backup --repo /srv/braid --name pg -- pg_basebackup -Ft -D - -X fetch -c fast",
+        "braid backup --name db2 --pipes 2 -- db2 backup db SAMPLE to {pipes}",
+        "braid backup --name dump < dump.sql",
+        description="Back up one stream (stdin, or the stdout of the command after --) or several (--input PATH ...,"
+                    " or --pipes N for the command) as NAME@ID, printed on stdout once the backup is published and its"
+                    " manifest verified.",
+    ))
     backup.add_argument("--name", help="backup name, e.g. the database name")
     backup.add_argument("--input", action="append", metavar="PATH", help="file or named pipe; repeat for several (read concurrently)")
-    backup.add_argument("--chunk-size", default="64MiB", help="chunk size (default 64MiB)")
-    backup.add_argument("--workers", type=_positive_int, default=_cores(), help="worker threads (default: cores)")
-    backup.add_argument("--level", type=_level, default=3, help="zstd level (default 3)")
+    backup.add_argument("--chunk-size", type=_size("--chunk-size", MIN_CHUNK, MAX_CHUNK), default="64MiB", metavar="SIZE",
+                        help=f"chunk size, {format_size(MIN_CHUNK)} to {format_size(MAX_CHUNK)} (default 64MiB)")
+    backup.add_argument("--workers", type=_positive_int, default=_cores(), metavar="N", help="worker threads (default: cores)")
+    backup.add_argument("--level", type=_level, default=3, metavar=f"1-{MAX_LEVEL}", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
     backup.add_argument("--pipes", type=_positive_int, metavar="N",
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
@@ -168,22 +227,35 @@ def build_parser() -> argparse.ArgumentParser:
     backup.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                         help=f"fail (exit 5) if no process opens a named-pipe --input for writing within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
-    cloud.add_argument("--concurrency", type=_positive_int, help="uploads in flight (default 8); memory is (inputs + concurrency + 1) chunks")
-    cloud.add_argument("--rate-limit", metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
-    cloud.add_argument("--fan-out", type=_positive_int, help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
+    cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help="uploads in flight (default 8); memory is (inputs + concurrency + 1) chunks")
+    cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
+    cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
-    status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
-    status.add_argument("backup", metavar="NAME@ID")
+    status = sub.add_parser("status", parents=[common], **_help(
+        "follow a cloud backup's pipeline execution",
+        "braid status --repo s3://my-bucket/prod pg@20261123T020000.000Z-1a2b3c4d --once",
+        "braid status pg@latest                           # the newest backup named pg, staged with --no-wait",
+        description="Follow the Step Functions execution of an s3:// backup (one started with --no-wait, or whose"
+                    " agent was stopped): exit 0 with NAME@ID once it is published, or the execution's failure.",
+    ))
+    status.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest execution of NAME")
     status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
     status.set_defaults(handler=_command("backup:cmd_status"))
 
-    restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
+    restore = sub.add_parser("restore", parents=[common], **_help(
+        "write a backup's original bytes to stdout or --output",
+        "braid restore pg@latest -- tar -x -C /var/lib/postgresql/15/main   # a pg_basebackup -Ft tar",
+        "braid restore db2@latest --pipes -- db2 restore db SAMPLE from {pipes}",
+        "braid restore dump@latest > dump.sql",
+        description="Write a backup's original bytes to stdout, to one --output per input, or to the command after --;"
+                    " every chunk is authenticated before a byte of it is written.",
+    ))
     restore.add_argument("backup", metavar="NAME@ID", help="backup to restore (NAME@latest for the newest)")
     restore.add_argument("--output", action="append", metavar="PATH", help="one per backup input, in order")
-    restore.add_argument("--workers", type=_positive_int, default=_cores(), help="decode threads (default: cores)")
+    restore.add_argument("--workers", type=_positive_int, default=_cores(), metavar="N", help="decode threads (default: cores)")
     restore.add_argument("--force", action="store_true", help="overwrite existing output files")
     restore.add_argument("--pipes", action="store_true",
                          help="one named pipe per backup input for the command, named in it by {pipes} or {pipe1}..{pipeN}")
@@ -193,31 +265,52 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     restore.set_defaults(handler=_command("restore:cmd_restore"))
 
-    lister = sub.add_parser("list", parents=[common], help="list complete backups (or, with --incomplete, unfinished ones)")
+    lister = sub.add_parser("list", parents=[common], **_help(
+        "list complete backups (or, with --incomplete, unfinished ones)",
+        "braid list --repo /srv/braid",
+        "braid list --name pg --json",
+        "braid list --incomplete",
+        description="List the backups whose manifest was published and verified, oldest first (no key needed)."
+                    " RATIO is stored/original size (smaller is better); SAVED is the share compression saved.",
+    ))
     lister.add_argument("--name", help="only backups with this name")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
     lister.set_defaults(handler=_command("catalog:cmd_list"))
 
-    show = sub.add_parser("show", parents=[common], help="show one backup's manifest summary")
-    show.add_argument("backup", metavar="NAME@ID")
+    show = sub.add_parser("show", parents=[common], **_help(
+        "show one backup's manifest summary",
+        "braid show pg@latest",
+        "braid show pg@20261123T020000.000Z-1a2b3c4d --json",
+    ))
+    show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
 
-    verify = sub.add_parser("verify", parents=[common], help="check backups: quick (presence, size, checksum) or --deep")
+    verify = sub.add_parser("verify", parents=[common], **_help(
+        "check backups: quick (presence, size, checksum) or --deep",
+        "braid verify pg@latest",
+        "braid verify --all --deep --sample 10",
+        description="Check backups without restoring them: quick (every chunk present with its size and checksum, no"
+                    " key needed) or --deep (decrypt, decompress and check every chunk's plaintext). Exit 6 if something"
+                    " is wrong, 7 if chunks could not be read.",
+    ))
     target = verify.add_mutually_exclusive_group(required=True)
-    target.add_argument("backup", nargs="?", metavar="NAME@ID")
+    target.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     target.add_argument("--all", action="store_true", help="every backup in the repository")
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
     verify.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
-    verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), help="parallel checks")
+    verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), metavar="N", help="parallel checks (default: cores, at least 4)")
     verify.set_defaults(handler=_command("verify:cmd_verify"))
 
-    prune = sub.add_parser(
-        "prune", parents=[common], help="forget backups a retention policy lets go, and collect leftovers",
+    prune = sub.add_parser("prune", parents=[common], **_help(
+        "forget backups a retention policy lets go, and collect leftovers",
+        "braid prune --keep-daily 7 --keep-weekly 5 --dry-run",
+        "braid prune --name pg --keep-daily 7 --keep-monthly 12 --save-policy",
+        "braid prune                                      # each name's stored policy",
         description="Keep the union of the --keep-* rules per backup name (restic's 'forget --keep-*'); buckets are UTC"
                     " calendar periods counted back from the name's newest backup. Without --keep-* rules, each name's"
                     " policy stored in the repository applies, and names without one are left alone.",
-    )
+    ))
     prune.add_argument("--name", type=_backup_name, metavar="NAME", help="only this name's backups (and leftovers)")
     prune.add_argument("--keep-last", type=_positive_int, metavar="N", help="keep the newest N backups of each name")
     for period, unit in (("hourly", "hour"), ("daily", "day"), ("weekly", "ISO week"), ("monthly", "month"), ("yearly", "year")):
@@ -238,8 +331,28 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     prune.set_defaults(handler=_command("prune:cmd_prune"))
 
-    forget = sub.add_parser("forget", parents=[common], help="remove one backup (manifest first, then chunks), e.g. one known to be bad")
+    forget = sub.add_parser("forget", parents=[common], **_help(
+        "remove one backup (manifest first, then chunks), e.g. one known to be bad",
+        "braid forget pg@20261123T020000.000Z-1a2b3c4d --dry-run",
+    ))
     forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
     forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     forget.set_defaults(handler=_command("forget:cmd_forget"))
+
+    completion = sub.add_parser("completion", **_help(
+        "print a shell completion script for bash or zsh",
+        "braid completion bash > /etc/bash_completion.d/braid          # or: source <(braid completion bash)",
+        "braid completion zsh > /usr/local/share/zsh/site-functions/_braid",
+        description="Print a completion script for every command and option, generated from this version of braid"
+                    " (regenerate it after an upgrade).",
+    ))
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
+    completion.set_defaults(handler=_command("reference:cmd_completion"))
+
+    manpage = sub.add_parser("manpage", **_help(
+        "print the braid(1) manual page (roff)",
+        "braid manpage > /usr/local/share/man/man1/braid.1",
+        "braid manpage | man -l -",
+    ))
+    manpage.set_defaults(handler=_command("reference:cmd_manpage"))
     return parser

@@ -9,6 +9,7 @@ person at the terminal go to stderr, so `braid list > file` keeps just data.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -60,23 +61,41 @@ def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bo
         print(f"initialised repository {url} (id {config.id}) on stack {stack}", file=sys.stderr)
 
 
-def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
-    """`rows`: manifest summaries, or {"backup", "error", "created"} for an unreadable manifest."""
+def saved(plaintext_bytes: int, stored_bytes: int) -> str:
+    """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew)."""
+    if not plaintext_bytes:
+        return "-"
+    return f"{math.floor(100 * (1 - stored_bytes / plaintext_bytes))}%"  # floored: 99.8% saved is not "100%"
+
+
+def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:
+    """A column as wide as its longest value: names run to 48 characters, ids to 28."""
+    return max([len(header), *(len(str(row[key])) for row in rows)])
+
+
+def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "no backups") -> None:
+    """`rows`: manifest summaries, or {"backup", "error", "created"} for an unreadable manifest.
+
+    RATIO is stored over original size (the JSON field `ratio`, lower is
+    better); SAVED is the same figure as the saving other tools print.
+    """
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     if not rows:
-        print("no backups", file=sys.stderr)
+        print(empty, file=sys.stderr)
         return
-    print(f"{'BACKUP':<48} {'CREATED':<20} {'SIZE':>10} {'STORED':>10} {'RATIO':>6} {'CHUNKS':>7}")
+    width = _width(rows, "backup", "BACKUP")
+    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}")
     for row in rows:
         if "error" in row:
-            print(f"{row['backup']:<48} UNREADABLE: {row['error']}")
+            print(f"{row['backup']:<{width}}  UNREADABLE: {row['error']}")
             continue
         print(
-            f"{row['backup']:<48} {row['created'][:19]:<20} {format_size(row['plaintext_bytes']):>10}"
-            f" {format_size(row['stored_bytes']):>10} {row['ratio']:>6.3f} {row['chunks']:>7}"
+            f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
+            f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
         )
+    print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
 
 
 def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -87,12 +106,15 @@ def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
     if not rows:
         print("no incomplete backups", file=sys.stderr)
         return
-    print(f"{'BACKUP':<48} {'WHERE':<12} {'STATE':<10} {'STARTED':<20} {'LAST ACTIVITY':<20} {'STORED':>10}  HINT")
+    width = _width(rows, "backup", "BACKUP")
+    where = max(len("WHERE"), *(len("+".join(row["where"])) for row in rows))
+    state = _width(rows, "state", "STATE")
+    print(f"{'BACKUP':<{width}}  {'WHERE':<{where}}  {'STATE':<{state}}  {'STARTED':<19}  {'LAST ACTIVITY':<19}  {'STORED':>10}  HINT")
     for row in rows:
         stored = row["stored_bytes"] if row["staged_bytes"] is None else row["staged_bytes"]
         print(
-            f"{row['backup']:<48} {'+'.join(row['where']):<12} {row['state']:<10} {row['started'][:19]:<20}"
-            f" {(row['last_activity'] or '-')[:19]:<20} {format_size(stored):>10}  {row['hint']}"
+            f"{row['backup']:<{width}}  {'+'.join(row['where']):<{where}}  {row['state']:<{state}}  {row['started'][:19]:<19}"
+            f"  {(row['last_activity'] or '-')[:19]:<19}  {format_size(stored):>10}  {row['hint']}"
         )
 
 
@@ -122,7 +144,10 @@ def print_manifest(manifest: Manifest, as_json: bool) -> None:
     print(f"completed   {manifest.completed}")
     print(f"engine      {manifest.engine}")
     print(f"size        {format_size(manifest.plaintext_bytes)} ({manifest.plaintext_bytes} bytes)")
-    print(f"stored      {format_size(manifest.stored_bytes)} ({manifest.stored_bytes} bytes), ratio {manifest.ratio:.3f}")
+    print(
+        f"stored      {format_size(manifest.stored_bytes)} ({manifest.stored_bytes} bytes), ratio {manifest.ratio:.3f} (stored/size),"
+        f" saved {saved(manifest.plaintext_bytes, manifest.stored_bytes)}"
+    )
     print(f"chunks      {manifest.chunk_count} of up to {format_size(manifest.chunk_size)}")
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
     print(f"key         {manifest.key.key_id}")

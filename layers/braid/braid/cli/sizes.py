@@ -6,6 +6,9 @@ import re
 
 from braid.errors import UsageError
 
+MIN_CHUNK = 4 * 1024  # --chunk-size bounds: below, per-chunk overhead dominates; above, one chunk is a worker's whole memory
+MAX_CHUNK = 1024**3
+
 _UNITS: dict[str, int] = {
     "": 1,
     "b": 1,

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, did_you_mean
 from braid.format.ids import BackupRef
 from braid.format.layout import CONFIG, manifest_key, manifest_prefix, ref_from_manifest_key
 from braid.format.manifest import SealedManifest, open_manifest
@@ -72,7 +72,8 @@ class Repository:
         try:
             raw = store.get(CONFIG)
         except NotFoundError:
-            raise RepositoryError(f"no Braid repository at {store.url}; create one with 'braid init --repo {store.url}'") from None
+            stack = " --stack NAME" if store.url.startswith("s3://") else ""
+            raise RepositoryError(f"no Braid repository at {store.url}; create one with 'braid init --repo {store.url}{stack}'") from None
         return cls(store, RepositoryConfig.from_bytes(raw, f"{store.url}/{CONFIG}"))
 
     def backups(self, name: str | None = None) -> list[BackupRef]:
@@ -85,7 +86,7 @@ class Repository:
             return ref
         found = self.backups(ref.name)
         if not found:
-            raise NotFoundError(f"no backups named {ref.name!r} in {self.url}")
+            raise NotFoundError(f"no backups named {ref.name!r} in {self.url}{self.suggest_name(ref.name)}")
         # Ids order by start millisecond; within one millisecond the random
         # suffix does not, so the manifests' own start times decide.
         second = found[-1].id.partition("-")[0]
@@ -94,6 +95,10 @@ class Repository:
             return candidates[0]
         return max(candidates, key=lambda r: self.load(r).manifest.created)
 
+    def suggest_name(self, name: str) -> str:
+        """" (did you mean pg?)": the published name closest to one that has no backups (an error path: lists every manifest)."""
+        return did_you_mean(name, (ref.name for ref in self.backups()))
+
     def load(self, ref: BackupRef) -> SealedManifest:
         """Read and self-check a manifest (needs no key; authenticate it before trusting chunks)."""
         resolved = self.resolve(ref)
@@ -101,7 +106,9 @@ class Repository:
         try:
             raw = self.store.get(key)
         except NotFoundError:
-            raise NotFoundError(f"backup {resolved} not found in {self.url}") from None
+            others = self.backups(resolved.name)
+            hint = f"; {resolved.name} has {len(others)} other backup(s): see 'braid list --name {resolved.name}'" if others else self.suggest_name(resolved.name)
+            raise NotFoundError(f"backup {resolved} not found in {self.url}{hint}") from None
         sealed = open_manifest(raw, f"backup {resolved}")
         if sealed.manifest.backup != str(resolved) or sealed.manifest.repository != self.config.id:
             raise IntegrityError(

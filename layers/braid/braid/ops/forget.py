@@ -58,7 +58,7 @@ def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
             if objects
             else ""
         )
-        raise NotFoundError(f"backup {ref} not found in {repository.url}{hint}")
+        raise NotFoundError(f"backup {ref} not found in {repository.url}{hint or repository.suggest_name(ref.name)}")
     return ForgetPlan(ref, key, objects)
 
 

@@ -50,7 +50,10 @@ def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[Outpu
         if count != 1:
             raise UsageError(f"backup {manifest.backup} has {count} inputs; give {count} --output paths, one per input")
         if sys.stdout is None or sys.stdout.isatty():
-            raise UsageError("stdout is a terminal: redirect the restore (> FILE, | pg_restore ...) or give --output PATH")
+            raise UsageError(
+                "stdout is a terminal: redirect the restore (> FILE), give --output PATH, or give the command that reads it after --"
+                " (a pg_basebackup -Ft tar: -- tar -x -C DIR)"
+            )
         return [OutputTarget("stdout", None)]
     if len(paths) != count:
         raise UsageError(f"backup {manifest.backup} has {count} input(s) but {len(paths)} --output path(s) were given")

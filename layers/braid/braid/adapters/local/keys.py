@@ -70,7 +70,7 @@ class LocalKeyFile:
             if len(master) != 32 or doc.get("key_id") != _key_id(master):
                 raise ValueError("key file is damaged (key id does not match the key)")
         except FileNotFoundError:
-            raise KeyAccessError(f"key file {path} not found; give --key-file or BRAID_KEY_FILE, or run 'braid init'") from None
+            raise KeyAccessError(f"key file {path} not found; give the master-key file's path with --key-file PATH or BRAID_KEY_FILE") from None
         except PermissionError:
             raise KeyAccessError(f"key file {path} is not readable by this user") from None
         except IsADirectoryError:

@@ -16,17 +16,14 @@ from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
 from braid.cli.render import manifest_summary, print_execution_status
-from braid.cli.sizes import format_size, parse_size
+from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.producer import Producer
 from braid.engine.stream import sources_from_args
-from braid.errors import ExecutionError, UsageError
+from braid.errors import ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.repository import Repository
-
-MIN_CHUNK = 4 * 1024
-MAX_CHUNK = 1024**3
 
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
 
@@ -40,7 +37,8 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
         if args.rate_limit_bytes == 0:
             raise UsageError("--rate-limit must be more than 0")
         return cloud_engine(repository, args)
-    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name)]
+    typed = getattr(args, "typed", _CLOUD_ONLY)  # set in the environment or a config file for every run, they are ignored here
+    given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name) and name in typed]
     if given:
         raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
     from braid.engine.local import LocalEngine
@@ -113,13 +111,25 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
+    """NAME@latest for `status`: the newest backup of NAME, published or still staged (a --no-wait one has no manifest yet)."""
+    if not ref.is_latest:
+        return ref
+    from braid.ops.incomplete import incomplete_backups
+
+    candidates = repository.backups(ref.name) + [BackupRef.parse(found.backup) for found in incomplete_backups(repository, ref.name)]
+    if not candidates:
+        raise NotFoundError(f"no backups named {ref.name!r} in {repository.url}{repository.suggest_name(ref.name)}")
+    return max(candidates, key=lambda candidate: candidate.id)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from braid.adapters.aws.wiring import cloud_engine
 
     repository = open_repository(repo_url(args.repo))
     if not repository.config.cloud:
         raise UsageError("status follows cloud pipeline executions; this is a local repository")
-    ref = BackupRef.parse(args.backup)
+    ref = _newest(repository, BackupRef.parse(args.backup))
     engine = cloud_engine(repository, args)
     status, processed = engine.status(ref)
     if args.once:

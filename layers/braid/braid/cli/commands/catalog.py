@@ -32,7 +32,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         except BackupError as exc:  # one bad manifest must not hide the others
             rows.append({"backup": str(ref), "error": str(exc), "created": ""})
     rows.sort(key=lambda row: (row["created"], row["backup"]))
-    print_backup_list(rows, args.json)
+    empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
+    print_backup_list(rows, args.json, empty=empty)
     return 0
 
 
