@@ -262,3 +262,45 @@ def test_a_failed_chunk_stops_the_stream_and_nothing_is_left_running(tmp_path: P
         # The failure surfaced within a pool's worth of chunks, not at the end of the stream.
         assert len(executor.calls_at_submit) < 100
     assert reader_threads() == []
+
+
+class InterruptedAfterSubmit(ThreadPoolExecutor):
+    """An executor whose submit() is followed by a signal: KeyboardInterrupt after the chunk
+    was handed to a worker, before the sink could record its future (the race a SIGTERM hits)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        super().submit(fn, *args, **kwargs)
+        raise KeyboardInterrupt
+
+
+class SlowStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = threading.Event()
+        self.go_on = threading.Event()
+
+    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+        self.writing.set()
+        self.go_on.wait(10)
+        super().put(key, data, checksum=checksum, create_only=create_only, durable=durable)
+
+
+def test_abort_returns_only_once_no_worker_is_storing_a_chunk_even_one_it_never_recorded() -> None:
+    store = SlowStore()
+    with InterruptedAfterSubmit(2) as executor:
+        sink = LocalChunkSink(executor, store, BackupRef.new("db"), DataKey(os.urandom(32)), 1, lambda event: None)
+        released: list[bool] = []
+        buffer = bytearray(os.urandom(64))
+        with pytest.raises(KeyboardInterrupt):
+            sink.accept(0, Piece(0, 0, 0, buffer, 64), lambda: released.append(True))
+        assert store.writing.wait(10)  # the worker is inside store_chunk, unknown to the sink's futures
+        aborted = threading.Event()
+        aborter = threading.Thread(target=lambda: (sink.abort(KeyboardInterrupt()), aborted.set()))
+        aborter.start()
+        assert not aborted.wait(0.3), "abort returned while a worker was still storing a chunk"
+        store.go_on.set()
+        assert aborted.wait(10)
+        aborter.join()
+        # What the caller discards now is everything that will ever be written.
+        assert [k for k in store.objects if k.startswith(DATA)] != []
+        assert released == [True]

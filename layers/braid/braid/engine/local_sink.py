@@ -50,9 +50,11 @@ class LocalChunkSink:
         self._entries: dict[int, ChunkEntry] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
+        self._running = 0  # workers inside store_chunk now (abort waits for them)
         self._totals = {"bytes_read": 0, "stored_bytes": 0, "chunks_done": 0}
 
     def accept(self, index: int, piece: Piece, release: Release) -> None:
+        release = _once(release)  # a signal inside submit() may leave both this and the worker releasing
         with self._lock:
             error = self._error
             if error is None:
@@ -86,19 +88,31 @@ class LocalChunkSink:
         return entries
 
     def abort(self, error: BaseException) -> None:
-        self._stopped.set()
+        """Stop: queued chunks never run, and return only once no worker is storing one.
+
+        Waits on the workers actually running (`_running`), not on the
+        futures accept() recorded: a signal can interrupt accept() between
+        submitting a chunk and recording its future, and that chunk must not
+        land after the caller discarded the backup's data.
+        """
         with self._lock:
+            self._stopped.set()
             pending = list(self._pending)
         for future in pending:
             future.cancel()  # queued: never runs; its callback gives the buffer back
         with self._lock:
-            while self._pending:
+            while self._running:
                 self._changed.wait()
 
     def _store_one(self, task: ChunkTask, piece: Piece, release: Release) -> ChunkEntry:
+        with self._lock:  # against abort(): a chunk starts only while the backup is not stopped
+            stopped = self._stopped.is_set()
+            if not stopped:
+                self._running += 1
+        if stopped:
+            release()
+            raise BackupError("backup cancelled")
         try:
-            if self._stopped.is_set():
-                raise BackupError("backup cancelled")
             codec: ChunkCodec | None = getattr(self._codecs, "codec", None)
             if codec is None:
                 codec = self._codecs.codec = ChunkCodec(self._key, self._level)
@@ -107,6 +121,9 @@ class LocalChunkSink:
             entry = store_chunk(codec, self._store, self._ref, task, piece.data, durable=False, spent=piece.buffer)
         finally:
             release()
+            with self._lock:
+                self._running -= 1
+                self._changed.notify_all()
         with self._lock:
             self._totals["stored_bytes"] += entry.stored_length
             self._totals["chunks_done"] += 1
@@ -129,3 +146,14 @@ class LocalChunkSink:
             elif not future.cancelled():
                 self._entries[index] = future.result()
             self._changed.notify_all()
+
+
+def _once(release: Release) -> Release:
+    """`release`, giving the buffer back at most once whoever calls it (a pool buffer handed out twice is two chunks in one buffer)."""
+    taken = threading.Lock()
+
+    def call() -> None:
+        if taken.acquire(blocking=False):
+            release()
+
+    return call
