@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument("--name", help="only backups with this name")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
+    lister.add_argument("--rebuild-catalog", action="store_true",
+                        help="rebuild the catalog from the manifests (reads every one; the repair path, see docs/format.md)")
     lister.set_defaults(handler=_command("catalog:cmd_list"))
 
     show = sub.add_parser("show", parents=[common], help="show one backup's manifest summary")

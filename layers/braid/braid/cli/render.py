@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
+from braid.format.summary import BackupSummary
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
     from braid.format.policy import KeepRules
@@ -26,18 +27,24 @@ if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's an
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
     """One backup in a line: a `list` row, and the final `done` progress event."""
+    return summary_row(BackupSummary.of(manifest))
+
+
+def summary_row(summary: BackupSummary) -> dict[str, Any]:
+    """A `list` row from a catalog summary (braid.format.summary): the same fields the manifest gives."""
+    name, _, ident = summary.backup.partition("@")
     return {
-        "backup": manifest.backup,
-        "name": manifest.name,
-        "id": manifest.id,
-        "created": manifest.created,
-        "completed": manifest.completed,
-        "engine": manifest.engine,
-        "inputs": len(manifest.inputs),
-        "chunks": manifest.chunk_count,
-        "plaintext_bytes": manifest.plaintext_bytes,
-        "stored_bytes": manifest.stored_bytes,
-        "ratio": round(manifest.ratio, 4),
+        "backup": summary.backup,
+        "name": name,
+        "id": ident,
+        "created": summary.created,
+        "completed": summary.completed,
+        "engine": summary.engine,
+        "inputs": summary.inputs,
+        "chunks": summary.chunks,
+        "plaintext_bytes": summary.plaintext_bytes,
+        "stored_bytes": summary.stored_bytes,
+        "ratio": round(summary.ratio, 4),
     }
 
 
