@@ -205,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("backup", metavar="NAME@ID")
     show.set_defaults(handler=_command("catalog:cmd_show"))
 
+    rekey = sub.add_parser(
+        "rekey", parents=[common], help="re-wrap every backup's data key under the current or a new key (rewrites manifests only)"
+    )
+    new_key = rekey.add_mutually_exclusive_group()
+    new_key.add_argument("--kms-key", metavar="ARN", help="s3:// repositories: re-wrap under this KMS key (KMS ReEncrypt)")
+    new_key.add_argument("--new-key-file", metavar="PATH", help="local repositories: re-wrap under this master-key file (created if missing)")
+    rekey.set_defaults(handler=_command("rekey:cmd_rekey"))
+
     verify = sub.add_parser("verify", parents=[common], help="check backups: quick (presence, size, checksum) or --deep")
     target = verify.add_mutually_exclusive_group(required=True)
     target.add_argument("backup", nargs="?", metavar="NAME@ID")

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's an
     from braid.format.policy import KeepRules
     from braid.ops.forget import ForgetPlan
     from braid.ops.init import LocalInit
+    from braid.ops.rekey import RekeyReport
     from braid.ops.retention import PrunePlan
 
 
@@ -110,6 +111,7 @@ def manifest_detail(manifest: Manifest) -> dict[str, Any]:
         "chunk_size": manifest.chunk_size,
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
+        "rekeyed": manifest.rekeyed,
         "timings": manifest.timings,
         "stats": manifest.stats,
         "input_details": [
@@ -132,7 +134,8 @@ def print_manifest(manifest: Manifest, as_json: bool) -> None:
     print(f"stored      {format_size(manifest.stored_bytes)} ({manifest.stored_bytes} bytes), ratio {manifest.ratio:.3f}")
     print(f"chunks      {manifest.chunk_count} of up to {format_size(manifest.chunk_size)}")
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
-    print(f"key         {manifest.key.key_id}")
+    rekeyed = f" (re-wrapped {manifest.rekeyed['at']}, before under {manifest.rekeyed['from']})" if manifest.rekeyed else ""
+    print(f"key         {manifest.key.key_id}{rekeyed}")
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
@@ -198,3 +201,17 @@ def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
 def print_execution_status(doc: dict[str, object], as_json: bool) -> None:
     """`status --once`: {"backup", "status", "chunks_done", "execution"[, "cause"]}."""
     print(json.dumps(doc) if as_json else f"{doc['backup']}: {doc['status']}, {doc['chunks_done']} chunks processed")
+
+
+def print_rekey(report: RekeyReport, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    for backup in report.rewrapped:
+        print(f"re-wrapped {backup}")
+    for backup, error in report.failed:
+        print(f"FAILED {backup}: {error}")
+    note = f"{len(report.rewrapped)} backup(s) re-wrapped under {report.target}, {len(report.already)} already were"
+    if report.config_switched:
+        note += "; the repository now names this key"
+    print(note, file=sys.stderr)

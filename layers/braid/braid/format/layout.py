@@ -9,6 +9,7 @@
     catalog/summaries/NAME/ID.json       a backup's summary, written just before its manifest (braid.format.summary)
     catalog/log/YYYYMMDD/STAMP~NAME@ID~EVENT  a marker per published or removed backup, by the writer's clock
     catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
+    rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -27,6 +28,7 @@ DATA = "data/"
 STAGING = "staging/"
 POLICIES = "policies/"
 CATALOG = "catalog/"
+REKEY = "rekey/"
 SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"
@@ -164,3 +166,8 @@ def parse_log_marker(key: str) -> tuple[str, BackupRef, str] | None:
 
 def index_key(stamp: str, token: str) -> str:
     return f"{CATALOG_INDEX}{stamp}-{token}.json"
+
+
+def rekey_key(ref: BackupRef) -> str:
+    """Where `braid rekey` writes and checks a manifest's new version before switching (braid.ops.rekey)."""
+    return f"{REKEY}{ref.name}/{ref.id}.json"

@@ -131,6 +131,9 @@ class Manifest:
     timings: dict[str, float]
     engine: str
     stats: dict[str, Any] = field(default_factory=dict)
+    # Optional, written only by `braid rekey` (braid.ops.rekey): {"at": timestamp, "from": the key id that wrapped it before}.
+    # `key.key_id` says which key wraps the data key now; this says since when, and instead of which.
+    rekeyed: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -182,6 +185,7 @@ class Manifest:
             },
             "timings": self.timings,
             "stats": self.stats,
+            **({"rekeyed": self.rekeyed} if self.rekeyed is not None else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -266,6 +270,15 @@ def _parse_body(body: bytes) -> Any:
     return json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
 
 
+def _rekeyed(doc: Any) -> dict[str, str] | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"at", "from"} or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError("rekeyed must be {\"at\": timestamp, \"from\": key id}")
+    parse_timestamp(doc["at"])
+    return dict(doc)
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
     """Slice, self-check and parse a stored manifest; needs no key."""
     end = len(raw) - _AFTER_BODY
@@ -298,6 +311,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             timings={k: float(v) for k, v in dict(body_doc["timings"]).items()},
             engine=str(body_doc["engine"]),
             stats=dict(body_doc.get("stats", {})),
+            rekeyed=_rekeyed(body_doc.get("rekeyed")),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None
