@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from braid.errors import NotFoundError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, staging_prefix
+from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix
 from braid.format.repository import Repository
 from braid.ops.catalog import record_removal
 from braid.ports.store import ObjectStore
@@ -67,5 +67,5 @@ def execute_forget(repository: Repository, plan: ForgetPlan) -> None:
     """Catalog summary, manifest, then everything under the backup's data and staging prefixes (listed again now)."""
     store = repository.store
     record_removal(store, plan.ref)  # out of `list` first (braid.ops.catalog)
-    store.delete([plan.manifest])
+    store.delete([plan.manifest, rekey_key(plan.ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
     store.delete(_objects(store, plan.ref))

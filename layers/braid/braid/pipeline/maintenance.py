@@ -26,6 +26,7 @@ from braid.errors import BackupError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.policy import COUNT_RULES, Duration
 from braid.format.repository import Repository
+from braid.ops.catalog import read_catalog
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
 from braid.ports.keys import KeyService
@@ -100,6 +101,7 @@ def run_maintenance(
     execute_prune(repository, plan)
     report.pruned = [str(r) for r in plan.forget]
     report.collected = [str(r) for r in plan.orphans]
+    read_catalog(repository)  # hosts only read the catalog: the schedule keeps its snapshot fresh (braid.ops.catalog)
     return report
 
 
