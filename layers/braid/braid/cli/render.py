@@ -71,7 +71,9 @@ def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bo
 def print_backup_list(rows: list[dict[str, Any]], as_json: bool) -> None:
     """`rows`: manifest summaries, or {"backup", "error", "created"} for an unreadable manifest."""
     if as_json:
-        print(json.dumps(rows, indent=2))
+        # One row per line, each by the C encoder: `indent` would switch to the pure-Python one,
+        # which took longer than reading the whole catalog at 10,000 backups (scripts/bench catalog).
+        print("[\n" + ",\n".join("  " + json.dumps(row) for row in rows) + "\n]" if rows else "[]")
         return
     if not rows:
         print("no backups", file=sys.stderr)
