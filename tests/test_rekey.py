@@ -241,3 +241,22 @@ def test_kms_rekey_uses_reencrypt_and_the_old_key_is_refused(kms_repo: tuple[Rep
     assert code == 0 and json.loads(out)["rewrapped"] == []
     code, _out, err = run_cli("rekey", "--repo", "s3://braid-rekey/repo", "--new-key-file", "/tmp/x.key")
     assert code == 2 and "--new-key-file is for local repositories" in err
+
+
+def test_a_backup_published_under_the_old_key_during_a_rekey_is_caught_by_a_rerun(repo: Path, tmp_path: Path) -> None:
+    run_braid("backup", "--repo", str(repo), "--name", "db", stdin=b"first")
+    new_file = tmp_path / "new.key"
+    assert run_braid("rekey", "--repo", str(repo), "--new-key-file", str(new_file)).code == 0
+    # A backup that generated its data key before the switch publishes afterwards, under the old key.
+    repository = Repository.open(LocalStore(repo))
+    old = LocalKeyFile.open(tmp_path / "xdg-config" / "braid" / "keys" / f"{repository.config.id}.key")
+    ref = BackupRef.new("db")
+    key, wrapped = old.generate_data_key(encryption_context(repository.config.id, str(ref)))
+    finalize_backup(repository.store, ref=ref, repository_id=repository.config.id, key=key, wrapped=wrapped, chunk_size=4096,
+                    inputs=[InputRecord(0, "stdin", 0)], entries=[], level=3, created=utc_now(), timings={}, engine="local")
+    assert key_of(repo, str(ref)) == old.key_id
+
+    again = run_braid("rekey", "--repo", str(repo), "--new-key-file", str(new_file), "--json")
+
+    assert again.code == 0, again.stderr
+    assert json.loads(again.out)["rewrapped"] == [str(ref)] and key_of(repo, str(ref)) == LocalKeyFile.open(new_file).key_id

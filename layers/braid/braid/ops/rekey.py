@@ -49,7 +49,7 @@ from braid.errors import BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import CONFIG, data_prefix, manifest_key, rekey_key
+from braid.format.layout import CONFIG, chunk_key, data_prefix, manifest_key, rekey_key
 from braid.format.manifest import Manifest, open_manifest, seal_body
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
@@ -87,10 +87,13 @@ def rekey_backup(repository: Repository, ref: BackupRef, old: KeyService, new: K
     store = repository.store
     target = manifest_key(ref)
     side = rekey_key(ref)
-    raw = store.get(target)
-    sealed = repository.load(ref)
-    if raw != store.get(target):
-        raise IntegrityError(f"manifest of {ref} changed while it was read; run rekey again")
+    try:
+        raw = store.get(target)
+    except NotFoundError:
+        raise NotFoundError(f"backup {ref} not found in {repository.url}") from None
+    sealed = open_manifest(raw, f"backup {ref}")
+    if sealed.manifest.backup != str(ref) or sealed.manifest.repository != repository.config.id:
+        raise IntegrityError(f"manifest at {target} describes {sealed.manifest.backup} of repository {sealed.manifest.repository}; it was moved or copied")
     wrapped = sealed.manifest.key
     if wrapped.key_id == rewrap.target_key_id:
         sealed.authenticate(new.unwrap(wrapped))  # done by an earlier run: it must open under the target
@@ -112,8 +115,6 @@ def rekey_backup(repository: Repository, ref: BackupRef, old: KeyService, new: K
     if store.get(target) != new_raw:
         raise IntegrityError(f"manifest of {ref} read back differently after the rekey replaced it; run rekey again")
     listed = {info.key for info in store.list(data_prefix(ref))}
-    from braid.format.layout import chunk_key
-
     if any(chunk_key(ref, c.index) not in listed for c in manifest.chunks()):
         store.delete([target])  # a prune removed it between our check and our PUT: finish its removal
         raise NotFoundError(f"backup {ref} was removed (pruned or forgotten) while it was re-keyed")
