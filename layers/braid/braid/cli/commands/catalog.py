@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from braid.cli.compose import open_repository, repo_url
+from braid.cli.compose import is_s3_url, open_repository, repo_url
 from braid.cli.render import print_backup_list, print_incomplete_list, print_manifest, summary_row
 from braid.format.ids import BackupRef, validate_name
 from braid.ops.catalog import Unreadable, read_catalog
@@ -24,12 +24,15 @@ from braid.ops.open import read_manifest
 def cmd_list(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)  # a name is a path component: "../x" is a usage error, not a lookup
-    repository = open_repository(repo_url(args.repo))
+    url = repo_url(args.repo)
+    repository = open_repository(url)
     if args.incomplete:
         print_incomplete_list([found.to_json() for found in incomplete_backups(repository, args.name)], args.json)
         return 0
     rows: list[dict[str, Any]] = []
-    for entry in read_catalog(repository, rebuild=args.rebuild_catalog).entries:
+    # Hosts only read an s3:// repository's catalog (their roles may not write it): the stack's
+    # scheduled maintenance keeps its snapshot fresh. A local repository's reader caches it.
+    for entry in read_catalog(repository, rebuild=args.rebuild_catalog, write=not is_s3_url(url)).entries:
         if isinstance(entry, Unreadable):
             if args.name is None or entry.ref.name == args.name:
                 rows.append({"backup": str(entry.ref), "error": str(entry.error), "created": ""})
