@@ -34,6 +34,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.checksum import parse_tagged_checksum
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
 
 __all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedManifest", "canonical_json", "open_manifest", "seal_body"]
@@ -254,20 +255,8 @@ def seal_body(body: bytes, mac: bytes) -> bytes:
     return _HEAD + mac_hex + _MIDDLE + body + _TAIL + _digest(body, mac_hex) + _END
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object whose keys are all distinct: duplicate keys mean different things to different parsers."""
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        raise ValueError("duplicate key in a JSON object")
-    return doc
-
-
 def _parse_body(body: bytes) -> Any:
-    return json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+    return json.loads(body.decode("utf-8"), object_pairs_hook=unique_keys, parse_constant=reject_constant)
 
 
 def _rekeyed(doc: Any) -> dict[str, str] | None:

@@ -42,14 +42,15 @@ def seal(field: str, body: bytes, mac: bytes | None) -> bytes:
     return _head(field, mac_hex) + body + b',"sha256":"' + _digest(body, mac_hex or b"") + b'"}'
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all distinct: duplicate keys mean different things to different parsers."""
     doc = dict(pairs)
     if len(doc) != len(pairs):
         raise ValueError("duplicate key in a JSON object")
     return doc
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
@@ -76,8 +77,8 @@ def unseal(raw: bytes, field: str, where: str, *, with_mac: bool, strict: bool =
     if not hmac.compare_digest(_digest(body, mac_hex or b""), trailing.group(1)):
         raise IntegrityError(f"{where}: checksum mismatch (corrupt)")
     try:
-        hook = _unique_keys if strict else None
-        doc = json.loads(body.decode("utf-8"), object_pairs_hook=hook, parse_constant=_reject_constant)
+        hook = unique_keys if strict else None
+        doc = json.loads(body.decode("utf-8"), object_pairs_hook=hook, parse_constant=reject_constant)
     except (ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict):
