@@ -11,8 +11,10 @@ Design (docs/format.md, Catalog). Three kinds of object, all below
   the removal), an empty object whose key says when, which backup and what,
   grouped by UTC day;
 - a **snapshot** (braid.format.catalog): every summary known at its
-  `through` time, in one object, written by `list` itself when the log since
-  the last one grows long, or when there is none.
+  `through` time, in one object, written by a reader when the log since the
+  last one grows long, or when there is none: `list` on a local repository;
+  for an s3:// one the scheduled maintenance (braid.pipeline.maintenance),
+  since hosts' roles only read `catalog/`.
 
 `list` reads the newest snapshot, lists the log's days since its `through`
 (minus `MARGIN` for writers' clock skew and slow PUTs), and for each
