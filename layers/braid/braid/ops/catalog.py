@@ -13,8 +13,8 @@ Design (docs/format.md, Catalog). Three kinds of object, all below
 - a **snapshot** (braid.format.catalog): every summary known at its
   `through` time, in one object, written by a reader when the log since the
   last one grows long, or when there is none: `list` on a local repository;
-  for an s3:// one the scheduled maintenance (braid.pipeline.maintenance),
-  since hosts' roles only read `catalog/`.
+  for an s3:// one the scheduled maintenance rebuilds it daily
+  (braid.pipeline.maintenance), since hosts' roles only read `catalog/`.
 
 `list` reads the newest snapshot, lists the log's days since its `through`
 (minus `MARGIN` for writers' clock skew and slow PUTs), and for each

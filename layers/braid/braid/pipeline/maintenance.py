@@ -101,7 +101,9 @@ def run_maintenance(
     execute_prune(repository, plan)
     report.pruned = [str(r) for r in plan.forget]
     report.collected = [str(r) for r in plan.orphans]
-    read_catalog(repository)  # hosts only read the catalog: the schedule keeps its snapshot fresh (braid.ops.catalog)
+    # Hosts only read the catalog: the schedule rebuilds its snapshot from the manifests (braid.ops.catalog),
+    # which also repairs anything done around Braid (a manifest deleted by hand).
+    read_catalog(repository, rebuild=True)
     return report
 
 
