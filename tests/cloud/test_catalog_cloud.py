@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from test_pipeline_steps import Staged, run_workers, staged  # noqa: F401  (the fixture)
+from pathlib import Path
 
-from braid.format.layout import CATALOG_LOG, manifest_key, parse_log_marker, staging_prefix, summary_key
+from test_pipeline_steps import Staged, run_workers, staged  # noqa: F401  (the fixture)
+from test_scheduled_maintenance import backup, key_file
+
+from braid.cli.compose import open_repository
+from braid.format.catalog import open_snapshot
+from braid.format.ids import BackupRef
+from braid.format.layout import CATALOG_INDEX, CATALOG_LOG, manifest_key, parse_log_marker, staging_prefix, summary_key
 from braid.format.manifest import open_manifest
 from braid.format.repository import Repository
 from braid.format.summary import BackupSummary, open_summary
 from braid.ops.catalog import read_catalog
+from braid.ops.retention import RetentionPolicy
 from braid.pipeline.finalize import finalize_step
+from braid.pipeline.maintenance import run_maintenance
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 
 
@@ -35,3 +43,18 @@ def test_finalize_writes_the_summary_and_a_retry_restores_it(staged: Staged) -> 
     assert staged.store.get(manifest_key(staged.ref)) == manifest_raw  # the manifest itself is never rewritten
     repository = Repository.open(staged.store)
     assert list(read_catalog(repository).entries) == [summary]
+
+
+def test_scheduled_maintenance_rebuilds_the_snapshot_after_its_prune(repo: Path, tmp_path: Path) -> None:
+    old, new = backup(repo, "db", b"a" * 5000), backup(repo, "db", b"b" * 5000)
+    repository = open_repository(str(repo))
+    read_catalog(repository)  # a snapshot holding both
+    stale = BackupRef.parse(backup(repo, "db", b"c" * 5000))
+    repository.store.delete([manifest_key(stale)])  # round Braid: no removal marker
+
+    run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1))
+
+    (newest,) = [info.key for info in repository.store.list(CATALOG_INDEX)][-1:]
+    snapshot = open_snapshot(repository.store.get(newest), newest)
+    assert [s.backup for s in snapshot.backups] == [new] and old != new
+    assert [e.backup for e in read_catalog(repository, write=False).entries if isinstance(e, BackupSummary)] == [new]
