@@ -1,4 +1,4 @@
-"""The cloud Finalize writes the catalog's records too, and a retried Finalize restores them."""
+"""The catalog in the cloud: Finalize writes its records (a retried Finalize restores them), maintenance rebuilds its snapshot."""
 
 from __future__ import annotations
 
