@@ -465,8 +465,11 @@ def test_forget_removes_the_manifest_before_any_chunk(repo: Path) -> None:
     hooked = HookedStore(repository.store)
     hooked_repository = Repository(hooked, repository.config)  # type: ignore[arg-type]
     execute_forget(hooked_repository, plan_forget(hooked_repository, BackupRef.parse(a)))
-    assert hooked.deleted[0] == str(manifest_path(repo, a).relative_to(repo))
-    assert len(hooked.deleted) == 1 + 3 and not data_dir(repo, a).exists()
+    # Out of the catalog first (its summary; a `removed` marker was written before), then the manifest, then chunks.
+    ref = BackupRef.parse(a)
+    assert hooked.deleted[:2] == [f"catalog/summaries/{ref.name}/{ref.id}.json", str(manifest_path(repo, a).relative_to(repo))]
+    assert hooked.deleted[2] == f"rekey/{ref.name}/{ref.id}.json"  # any copy an interrupted rekey left goes with the manifest
+    assert len(hooked.deleted) == 3 + 3 and not data_dir(repo, a).exists()
 
 
 def test_forget_an_unreadable_backup(repo: Path) -> None:

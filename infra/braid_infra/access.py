@@ -15,7 +15,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from braid_infra.keys import Keys
-from braid_infra.storage import CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS, Storage
+from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS, Storage
 
 
 def host_principal() -> iam.IPrincipal:
@@ -46,7 +46,7 @@ class HostAccess(Construct):
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
-                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(STAGING_OBJECTS)],
+                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(STAGING_OBJECTS), storage.arn(CATALOG_OBJECTS)],
                 ),
                 iam.PolicyStatement(
                     sid="ListRepository",
@@ -63,7 +63,8 @@ class HostAccess(Construct):
         self.restore_role = iam.Role(self, "RestoreRole", assumed_by=host_principal(), description="Braid restore and verify from hosts")
         self.restore_role.add_to_policy(
             iam.PolicyStatement(
-                actions=["s3:GetObject"], resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS)]
+                actions=["s3:GetObject"],
+                resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS), storage.arn(CATALOG_OBJECTS)],
             )
         )
         self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]))

@@ -25,7 +25,7 @@ from constructs import Construct
 from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
-from braid_infra.storage import CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, STAGING_OBJECTS, Storage
+from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS, Storage
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
 WORKER_LANES = contract.DEFAULT_WORKER_LANES
@@ -155,6 +155,8 @@ class PipelineFunctions(Construct):
         self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], STAGING_OBJECTS)
         # ...and withdraw a manifest it published whose read-back check failed (finalize_backup).
         self._s3("finalize", ["s3:DeleteObject"], MANIFEST_OBJECTS)
+        # ...with the backup's catalog summary and log marker, written before the manifest (braid.ops.catalog).
+        self._s3("finalize", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
         self._list("finalize")
         self._list_versions("finalize")
         self._uploads("finalize")
@@ -170,7 +172,9 @@ class PipelineFunctions(Construct):
         self._events("cleanup")
         # Verify: read and decrypt published backups, prune data without a manifest.
         self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS)
-        self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
+        self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, REKEY_OBJECTS)
+        # Prune takes a backup out of the catalog first, and the schedule keeps its snapshot fresh for hosts that only read.
+        self._s3("verify", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
         self._list("verify")
         self._events("verify")
         self.keys.allow_decrypt(self.roles["verify"])

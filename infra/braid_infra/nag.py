@@ -13,7 +13,7 @@ from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
-from braid_infra.storage import DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, STAGING_OBJECTS
+from braid_infra.storage import CATALOG_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS
 
 if TYPE_CHECKING:
     from braid_infra.stack import BraidStack
@@ -25,6 +25,8 @@ OBJECTS = {
     DATA_OBJECTS: "Chunks are named per backup and index at run time; access is confined to the data prefix.",
     MANIFEST_OBJECTS: "Manifests are named per backup at run time; access is confined to the manifests prefix.",
     POLICY_OBJECTS: "Retention policies are named per backup name (policies/NAME.json); read-only, confined to the policies prefix.",
+    CATALOG_OBJECTS: "Catalog summaries, log markers and snapshots are named per backup and time at run time; confined to the catalog prefix.",
+    REKEY_OBJECTS: "braid rekey's verified manifest copies are named per backup; the scheduled prune only deletes them, confined to rekey/.",
 }
 
 
@@ -53,9 +55,9 @@ def suppress_findings(stack: BraidStack) -> None:
         "prepare": [STAGING_OBJECTS],
         "plan": [STAGING_OBJECTS],
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
-        "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
+        "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
-        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS],
+        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, CATALOG_OBJECTS, REKEY_OBJECTS],
     }
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
@@ -91,6 +93,7 @@ def suppress_findings(stack: BraidStack) -> None:
     agent = access.agent_policy
     acknowledge(agent, wildcard(f"{bucket}/{STAGING_OBJECTS}"), OBJECTS[STAGING_OBJECTS] + " The agent writes only here.")
     acknowledge(agent, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "The agent reads manifests to confirm a backup was published.")
+    acknowledge(agent, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " The agent only reads them (braid list).")
     acknowledge(
         agent,
         wildcard(f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:<{machine_id}.Name>:*"),
@@ -99,3 +102,4 @@ def suppress_findings(stack: BraidStack) -> None:
     restore = access.restore_role.node.find_child("DefaultPolicy")
     acknowledge(restore, wildcard(f"{bucket}/{DATA_OBJECTS}"), OBJECTS[DATA_OBJECTS])
     acknowledge(restore, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), OBJECTS[MANIFEST_OBJECTS])
+    acknowledge(restore, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " Read-only (braid list).")

@@ -33,6 +33,8 @@ STAGING_OBJECTS = f"{layout.STAGING}*"
 DATA_OBJECTS = f"{layout.DATA}*"
 MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
+CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)
+REKEY_OBJECTS = f"{layout.REKEY}*"  # braid rekey's verified copies; the scheduled prune removes a pruned backup's
 
 # The longest a backup's execution may run (the state machine's timeout), and
 # how long staging lives: longer, so the lifecycle never expires a live backup.

@@ -9,6 +9,7 @@ A kill point says when the process dies:
   ("eof", s)       a backup, s seconds after its input ended (finalize)
   ("bytes", n)     a restore, once n bytes of its output are on disk
   ("gone", k)      a prune or forget, once k manifests have gone
+  ("rekeyed", k)   a rekey, once k manifests name the new key
   ("delay", s)     any command, s seconds after it started
 
 A kill that lands after the command finished is not a kill point (the
@@ -340,4 +341,27 @@ def kill_removal(repo: LocalRepo, args: list[str], point: tuple[str, float], tal
     tally.kills += killed
     if not killed and proc.returncode != 0:
         tally.lose(f"{' '.join(args[:1])} at {point}: failed without a kill ({proc.returncode}): {err.strip()}")
+    return killed
+
+
+def manifests_naming(repo: LocalRepo, key_id: str) -> int:
+    """Manifests whose wrapped key names `key_id` (a rekey's progress, read off the disk)."""
+    base = repo.path / "manifests"
+    needle = f'"key_id":"{key_id}"'.encode()
+    return sum(1 for p in base.rglob("*.json") if needle in p.read_bytes()) if base.is_dir() else 0
+
+
+def kill_rekey(repo: LocalRepo, args: list[str], point: tuple[str, float], new_key_id: str, tally: Tally) -> bool:
+    """`braid rekey ...` killed at `point` (("rekeyed", k) or ("delay", s)); the caller audits."""
+    kind, value = point
+    proc = repo.spawn(*args)
+    if kind == "rekeyed":
+        _wait_for(lambda: manifests_naming(repo, new_key_id) >= value, proc, timeout=60)
+    else:
+        time.sleep(value)
+    killed, _out, err = _kill(proc)
+    tally.cases += 1
+    tally.kills += killed
+    if not killed and proc.returncode != 0:
+        tally.lose(f"rekey at {point}: failed without a kill ({proc.returncode}): {err.strip()}")
     return killed

@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     lister.add_argument("--name", help="only backups with this name")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
+    lister.add_argument("--rebuild-catalog", action="store_true",
+                        help="rebuild the catalog from the manifests (reads every one; the repair path, see docs/format.md)")
     lister.set_defaults(handler=_command("catalog:cmd_list"))
 
     show = sub.add_parser("show", parents=[common], **_help(
@@ -285,6 +287,19 @@ def build_parser() -> argparse.ArgumentParser:
     ))
     show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
+
+    rekey = sub.add_parser("rekey", parents=[common], **_help(
+        "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
+        "braid rekey --new-key-file /etc/braid/master-2027.key",
+        "braid rekey --repo s3://bucket/prod --kms-key arn:aws:kms:eu-west-1:111122223333:key/NEW",
+        description="Re-wrap every backup's data key under a new master key (a local key file) or KMS key, rewriting"
+                    " only manifests (chunk data is never touched). Safe to interrupt and run again: each manifest is"
+                    " replaced by a verified copy, and the repository's key setting switches last.",
+    ))
+    new_key = rekey.add_mutually_exclusive_group()
+    new_key.add_argument("--kms-key", metavar="ARN", help="s3:// repositories: re-wrap under this KMS key (KMS ReEncrypt)")
+    new_key.add_argument("--new-key-file", metavar="PATH", help="local repositories: re-wrap under this master-key file (created if missing)")
+    rekey.set_defaults(handler=_command("rekey:cmd_rekey"))
 
     verify = sub.add_parser("verify", parents=[common], **_help(
         "check backups: quick (presence, size, checksum) or --deep",

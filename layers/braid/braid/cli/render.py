@@ -17,28 +17,36 @@ from typing import TYPE_CHECKING, Any
 from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
+from braid.format.summary import BackupSummary
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
     from braid.format.policy import KeepRules
     from braid.ops.forget import ForgetPlan
     from braid.ops.init import LocalInit
+    from braid.ops.rekey import RekeyReport
     from braid.ops.retention import PrunePlan
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
     """One backup in a line: a `list` row, and the final `done` progress event."""
+    return summary_row(BackupSummary.of(manifest))
+
+
+def summary_row(summary: BackupSummary) -> dict[str, Any]:
+    """A `list` row from a catalog summary (braid.format.summary): the same fields the manifest gives."""
+    name, _, ident = summary.backup.partition("@")
     return {
-        "backup": manifest.backup,
-        "name": manifest.name,
-        "id": manifest.id,
-        "created": manifest.created,
-        "completed": manifest.completed,
-        "engine": manifest.engine,
-        "inputs": len(manifest.inputs),
-        "chunks": manifest.chunk_count,
-        "plaintext_bytes": manifest.plaintext_bytes,
-        "stored_bytes": manifest.stored_bytes,
-        "ratio": round(manifest.ratio, 4),
+        "backup": summary.backup,
+        "name": name,
+        "id": ident,
+        "created": summary.created,
+        "completed": summary.completed,
+        "engine": summary.engine,
+        "inputs": summary.inputs,
+        "chunks": summary.chunks,
+        "plaintext_bytes": summary.plaintext_bytes,
+        "stored_bytes": summary.stored_bytes,
+        "ratio": round(summary.ratio, 4),
     }
 
 
@@ -80,7 +88,9 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
     better); SAVED is the same figure as the saving other tools print.
     """
     if as_json:
-        print(json.dumps(rows, indent=2))
+        # One row per line, each by the C encoder: `indent` would switch to the pure-Python one,
+        # which took longer than reading the whole catalog at 10,000 backups (scripts/bench catalog).
+        print("[\n" + ",\n".join("  " + json.dumps(row) for row in rows) + "\n]" if rows else "[]")
         return
     if not rows:
         print(empty, file=sys.stderr)
@@ -125,6 +135,7 @@ def manifest_detail(manifest: Manifest) -> dict[str, Any]:
         "chunk_size": manifest.chunk_size,
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
+        "rekeyed": manifest.rekeyed,
         "timings": manifest.timings,
         "stats": manifest.stats,
         "input_details": [
@@ -150,7 +161,8 @@ def print_manifest(manifest: Manifest, as_json: bool) -> None:
     )
     print(f"chunks      {manifest.chunk_count} of up to {format_size(manifest.chunk_size)}")
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
-    print(f"key         {manifest.key.key_id}")
+    rekeyed = f" (re-wrapped {manifest.rekeyed['at']}, before under {manifest.rekeyed['from']})" if manifest.rekeyed else ""
+    print(f"key         {manifest.key.key_id}{rekeyed}")
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
@@ -216,3 +228,17 @@ def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
 def print_execution_status(doc: dict[str, object], as_json: bool) -> None:
     """`status --once`: {"backup", "status", "chunks_done", "execution"[, "cause"]}."""
     print(json.dumps(doc) if as_json else f"{doc['backup']}: {doc['status']}, {doc['chunks_done']} chunks processed")
+
+
+def print_rekey(report: RekeyReport, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    for backup in report.rewrapped:
+        print(f"re-wrapped {backup}")
+    for backup, error in report.failed:
+        print(f"FAILED {backup}: {error}")
+    note = f"{len(report.rewrapped)} backup(s) re-wrapped under {report.target}, {len(report.already)} already were"
+    if report.config_switched:
+        note += "; the repository now names this key"
+    print(note, file=sys.stderr)

@@ -20,6 +20,7 @@ from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, manifest_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
 from braid.format.timestamps import utc_now
+from braid.ops.catalog import write_summary
 from braid.ops.verify import check_chunk_presence
 from braid.ports.store import ObjectStore
 
@@ -92,6 +93,9 @@ def finalize_backup(
     store.sync(chunk_key(ref, c.index) for c in manifest.chunks())
     sealed = manifest.seal(key)
     target = manifest_key(ref)
+    # The catalog's records come first (braid.ops.catalog): a backup whose
+    # manifest is published is then never missing from `list`.
+    catalog = write_summary(store, manifest, key)
     try:
         store.put(target, sealed, create_only=True)
     except AlreadyExistsError:
@@ -100,7 +104,7 @@ def finalize_backup(
         # The write may have landed before it failed (an answer lost, an
         # interrupt): withdraw it too, or the caller's removal of the chunks
         # would leave a listed manifest without them (tests/test_faults.py).
-        store.delete([target])
+        store.delete([target, *catalog])
         raise
     try:
         reread = store.get(target)
@@ -111,7 +115,7 @@ def finalize_backup(
     except BaseException:
         # Not verified, so not a backup: withdraw it before anyone lists it,
         # and before the caller removes the chunks it names.
-        store.delete([target])
+        store.delete([target, *catalog])
         raise
     return manifest
 

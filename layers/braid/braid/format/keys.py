@@ -9,7 +9,8 @@ purpose, so no key is used for two jobs:
 - chunk encryption (AES-256-GCM, random 96-bit nonces),
 - plaintext checksums (a keyed MAC per chunk, so the manifest never carries an
   unkeyed hash that would let someone confirm a guess about the content),
-- the manifest MAC.
+- the manifest MAC,
+- the catalog summary MAC (braid.format.summary).
 
 The key service itself is a port (braid.ports.keys.KeyService): KMS in the
 cloud, the local master-key file (braid.adapters.local.keys) on a host.
@@ -79,7 +80,7 @@ class DataKey:
     Never logged, never written: `repr` shows only a fingerprint.
     """
 
-    __slots__ = ("_encryption", "_chunk_mac", "_manifest_mac", "_input_mac", "fingerprint")
+    __slots__ = ("_encryption", "_chunk_mac", "_manifest_mac", "_input_mac", "_summary_mac", "fingerprint")
 
     def __init__(self, material: bytes) -> None:
         if len(material) != DATA_KEY_BYTES:
@@ -88,6 +89,7 @@ class DataKey:
         self._chunk_mac = _hkdf(material, b"chunk-plaintext-mac")
         self._manifest_mac = _hkdf(material, b"manifest-mac")
         self._input_mac = _hkdf(material, b"input-mac")
+        self._summary_mac = _hkdf(material, b"summary-mac")
         self.fingerprint = hashlib.sha256(b"braid/v1/fingerprint" + material).hexdigest()[:16]
 
     def __repr__(self) -> str:
@@ -111,6 +113,10 @@ class DataKey:
 
     def manifest_mac(self, body: bytes) -> bytes:
         return hmac.digest(self._manifest_mac, body, "sha256")
+
+    def summary_mac(self, body: bytes) -> bytes:
+        """MAC of a catalog summary: its own label, so a summary can never pass for a manifest or the reverse."""
+        return hmac.digest(self._summary_mac, body, "sha256")
 
     def input_mac(self, input_index: int, length: int, chunk_macs: list[bytes]) -> bytes:
         """Whole-input checksum, chained from the chunk MACs in order.

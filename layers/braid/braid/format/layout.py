@@ -6,6 +6,10 @@
     data/NAME/ID/lease                   a running local backup's heartbeat (braid.format.lease)
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
     policies/NAME.json                   a name's stored retention policy (braid.format.policy)
+    catalog/summaries/NAME/ID.json       a backup's summary, written just before its manifest (braid.format.summary)
+    catalog/log/YYYYMMDD/STAMP~NAME@ID~EVENT  a marker per published or removed backup, by the writer's clock
+    catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
+    rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -23,6 +27,13 @@ MANIFESTS = "manifests/"
 DATA = "data/"
 STAGING = "staging/"
 POLICIES = "policies/"
+CATALOG = "catalog/"
+REKEY = "rekey/"
+SUMMARIES = "catalog/summaries/"
+CATALOG_LOG = "catalog/log/"
+CATALOG_INDEX = "catalog/index/"
+PUBLISHED = "published"
+REMOVED = "removed"
 
 
 def manifest_key(ref: BackupRef) -> str:
@@ -109,3 +120,54 @@ def _valid_name(name: str) -> bool:
     except UsageError:
         return False
     return True
+
+
+def summary_key(ref: BackupRef) -> str:
+    return f"{SUMMARIES}{ref.name}/{ref.id}.json"
+
+
+def ref_from_summary_key(key: str) -> BackupRef | None:
+    if not key.startswith(SUMMARIES) or not key.endswith(".json"):
+        return None
+    parts = key[len(SUMMARIES) : -len(".json")].split("/")
+    return _ref(parts[0], parts[1]) if len(parts) == 2 else None
+
+
+def log_day_prefix(stamp: str) -> str:
+    """The log prefix of one UTC day; `stamp` is a catalog stamp (YYYYMMDDTHHMMSS.ffffffZ)."""
+    return f"{CATALOG_LOG}{stamp[:8]}/"
+
+
+def log_marker_key(stamp: str, ref: BackupRef, event: str) -> str:
+    """A catalog log marker: empty; its key says when (the writer's clock), which backup and what happened.
+
+    Grouped by day, so a reader lists only the days since its snapshot
+    instead of every marker ever written (no store offers "list after").
+    """
+    if event not in (PUBLISHED, REMOVED):
+        raise ValueError(f"unknown catalog event {event!r}")
+    return f"{log_day_prefix(stamp)}{stamp}~{ref}~{event}"
+
+
+def parse_log_marker(key: str) -> tuple[str, BackupRef, str] | None:
+    """(stamp, backup, event) of a log marker key, or None for any other key."""
+    if not key.startswith(CATALOG_LOG):
+        return None
+    parts = key[len(CATALOG_LOG) :].split("/")
+    if len(parts) != 2:
+        return None
+    fields = parts[1].split("~")
+    if len(fields) != 3 or fields[2] not in (PUBLISHED, REMOVED) or not fields[0].startswith(parts[0]):
+        return None
+    name, _, ident = fields[1].partition("@")
+    ref = _ref(name, ident)
+    return None if ref is None else (fields[0], ref, fields[2])
+
+
+def index_key(stamp: str, token: str) -> str:
+    return f"{CATALOG_INDEX}{stamp}-{token}.json"
+
+
+def rekey_key(ref: BackupRef) -> str:
+    """Where `braid rekey` writes and checks a manifest's new version before switching (braid.ops.rekey)."""
+    return f"{REKEY}{ref.name}/{ref.id}.json"

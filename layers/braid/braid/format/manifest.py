@@ -34,6 +34,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.checksum import parse_tagged_checksum
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
 
 __all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedManifest", "canonical_json", "open_manifest", "seal_body"]
@@ -131,6 +132,9 @@ class Manifest:
     timings: dict[str, float]
     engine: str
     stats: dict[str, Any] = field(default_factory=dict)
+    # Optional, written only by `braid rekey` (braid.ops.rekey): {"at": timestamp, "from": the key id that wrapped it before}.
+    # `key.key_id` says which key wraps the data key now; this says since when, and instead of which.
+    rekeyed: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -182,6 +186,7 @@ class Manifest:
             },
             "timings": self.timings,
             "stats": self.stats,
+            **({"rekeyed": self.rekeyed} if self.rekeyed is not None else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -250,20 +255,17 @@ def seal_body(body: bytes, mac: bytes) -> bytes:
     return _HEAD + mac_hex + _MIDDLE + body + _TAIL + _digest(body, mac_hex) + _END
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object whose keys are all distinct: duplicate keys mean different things to different parsers."""
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        raise ValueError("duplicate key in a JSON object")
-    return doc
-
-
 def _parse_body(body: bytes) -> Any:
-    return json.loads(body.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_reject_constant)
+    return json.loads(body.decode("utf-8"), object_pairs_hook=unique_keys, parse_constant=reject_constant)
+
+
+def _rekeyed(doc: Any) -> dict[str, str] | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"at", "from"} or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError("rekeyed must be {\"at\": timestamp, \"from\": key id}")
+    parse_timestamp(doc["at"])
+    return dict(doc)
 
 
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
@@ -298,6 +300,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             timings={k: float(v) for k, v in dict(body_doc["timings"]).items()},
             engine=str(body_doc["engine"]),
             stats=dict(body_doc.get("stats", {})),
+            rekeyed=_rekeyed(body_doc.get("rekeyed")),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None

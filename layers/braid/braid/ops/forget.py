@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from braid.errors import NotFoundError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, staging_prefix
+from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix
 from braid.format.repository import Repository
+from braid.ops.catalog import record_removal
 from braid.ports.store import ObjectStore
 
 
@@ -63,7 +64,8 @@ def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
 
 
 def execute_forget(repository: Repository, plan: ForgetPlan) -> None:
-    """Manifest first, then everything under the backup's data and staging prefixes (listed again now)."""
+    """Catalog summary, manifest, then everything under the backup's data and staging prefixes (listed again now)."""
     store = repository.store
-    store.delete([plan.manifest])
+    record_removal(store, plan.ref)  # out of `list` first (braid.ops.catalog)
+    store.delete([plan.manifest, rekey_key(plan.ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
     store.delete(_objects(store, plan.ref))

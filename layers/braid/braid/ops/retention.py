@@ -39,9 +39,10 @@ from typing import Any
 
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, staging_prefix
+from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, rekey_key, staging_prefix
 from braid.format.policy import COUNT_RULES, Duration, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
+from braid.ops.catalog import record_removal
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary
 from braid.ops.open import open_backup
 from braid.ports.keys import KeyService
@@ -291,7 +292,8 @@ def execute_prune(repository: Repository, plan: PrunePlan) -> None:
     """
     store = repository.store
     for ref in plan.forget:
-        store.delete([manifest_key(ref)])
+        record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
+        store.delete([manifest_key(ref), rekey_key(ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
         store.delete(info.key for info in store.list(data_prefix(ref)))
         store.delete(info.key for info in store.list(staging_prefix(ref)))
     collected = []

@@ -32,6 +32,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import manifest_key
 from braid.format.manifest import Manifest, open_manifest
 from braid.format.staging import StagingArea
+from braid.ops.catalog import ensure_summary
 from braid.pipeline.plan import check_complete, planned_segments
 from braid.pipeline.prepare import check_repository, load_data_key
 from braid.ports.keys import KeyService
@@ -110,6 +111,7 @@ def finalize_step(
     existing = published_manifest(store, ref)
     if existing is not None:
         manifest = open_manifest(existing, f"backup {ref}").authenticate(key)
+        ensure_summary(store, manifest, key)  # published by an earlier attempt (or an older Braid): the catalog has it too
     else:
         end = area.read_stream_end()
         records = area.read_segment_records(session)

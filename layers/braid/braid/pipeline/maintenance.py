@@ -26,6 +26,7 @@ from braid.errors import BackupError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.policy import COUNT_RULES, Duration
 from braid.format.repository import Repository
+from braid.ops.catalog import read_catalog
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
 from braid.ports.keys import KeyService
@@ -100,6 +101,9 @@ def run_maintenance(
     execute_prune(repository, plan)
     report.pruned = [str(r) for r in plan.forget]
     report.collected = [str(r) for r in plan.orphans]
+    # Hosts only read the catalog: the schedule rebuilds its snapshot from the manifests (braid.ops.catalog),
+    # which also repairs anything done around Braid (a manifest deleted by hand).
+    read_catalog(repository, rebuild=True)
     return report
 
 

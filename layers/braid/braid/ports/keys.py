@@ -24,3 +24,17 @@ class KeyService(Protocol):
     def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]: ...
 
     def unwrap(self, wrapped: WrappedKey) -> DataKey: ...
+
+
+class KeyRewrapper(Protocol):
+    """Re-wraps a stored data key under one target key, without the data key leaving the key service where it can help it.
+
+    `braid rekey` (braid.ops.rekey): KMS ReEncrypt, or the local master-key
+    file's unwrap-and-wrap. The encryption context stays the same, so the
+    re-wrapped key is still bound to its backup and repository.
+    """
+
+    @property
+    def target_key_id(self) -> str: ...
+
+    def rewrap(self, wrapped: WrappedKey) -> WrappedKey: ...

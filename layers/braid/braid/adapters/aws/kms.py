@@ -113,3 +113,44 @@ class KmsKeyService:
 
         call = AwsCall("KMS", f"trying to {action} {backup} with key {key_id}", permission)
         return aws_error(exc, call, KeyAccessError, specific)
+
+
+class KmsRewrap:
+    """KeyRewrapper over KMS ReEncrypt: the data key never leaves KMS in plaintext for the re-wrap.
+
+    Needs kms:ReEncryptFrom on the key a backup records and kms:ReEncryptTo
+    on the target (braid rekey); the encryption context is passed unchanged
+    as both source and destination context.
+    """
+
+    def __init__(self, client: KMSClient, target_key_id: str) -> None:
+        self.client = client
+        self._target = target_key_id
+
+    @classmethod
+    def to_key(cls, client: KMSClient, key_id: str) -> KmsRewrap:
+        """Towards `key_id` (an ARN, id or alias), recorded as its ARN, as GenerateDataKey records it."""
+        try:
+            arn = str(client.describe_key(KeyId=key_id)["KeyMetadata"]["Arn"])
+        except (ClientError, BotoCoreError) as exc:
+            raise KmsKeyService(client, key_id)._error(exc, "re-key to", "the repository's backups", key_id, "kms:DescribeKey") from None
+        return cls(client, arn)
+
+    @property
+    def target_key_id(self) -> str:
+        return self._target
+
+    def rewrap(self, wrapped: WrappedKey) -> WrappedKey:
+        backup = wrapped.context.get("braid:backup", "this backup")
+        try:
+            response = self.client.re_encrypt(
+                CiphertextBlob=wrapped.ciphertext,
+                SourceEncryptionContext=dict(wrapped.context),
+                SourceKeyId=wrapped.key_id,
+                DestinationKeyId=self._target,
+                DestinationEncryptionContext=dict(wrapped.context),
+            )
+        except (ClientError, BotoCoreError) as exc:
+            service = KmsKeyService(self.client, self._target)
+            raise service._error(exc, "re-wrap the data key of", backup, self._target, "kms:ReEncryptFrom/kms:ReEncryptTo") from None
+        return WrappedKey(key_id=str(response["KeyId"]), ciphertext=bytes(response["CiphertextBlob"]), context=dict(wrapped.context))

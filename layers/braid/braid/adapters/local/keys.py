@@ -83,18 +83,43 @@ class LocalKeyFile:
 
     def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]:
         material = os.urandom(DATA_KEY_BYTES)
+        return DataKey(material), self._wrap(material, context)
+
+    def _wrap(self, material: bytes, context: Mapping[str, str]) -> WrappedKey:
         nonce = os.urandom(12)
         ciphertext = nonce + self._master.encrypt(nonce, material, canonical_context(context))
-        return DataKey(material), WrappedKey(self._key_id, ciphertext, dict(context))
+        return WrappedKey(self._key_id, ciphertext, dict(context))
 
-    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+    def rewrapper(self, target: LocalKeyFile) -> LocalRewrap:
+        """Re-wraps data keys this file wrapped under `target` (braid rekey --new-key-file)."""
+        return LocalRewrap(self, target)
+
+    def _unwrap_material(self, wrapped: WrappedKey) -> bytes:
         backup = wrapped.context.get("braid:backup", "this backup")
         if wrapped.key_id != self._key_id:
             raise KeyAccessError(
                 f"{backup} was encrypted under key {wrapped.key_id}, but key file {self.path} holds {self._key_id}: wrong key file"
             )
         try:
-            material = self._master.decrypt(wrapped.ciphertext[:12], wrapped.ciphertext[12:], canonical_context(wrapped.context))
+            return self._master.decrypt(wrapped.ciphertext[:12], wrapped.ciphertext[12:], canonical_context(wrapped.context))
         except InvalidTag:
             raise KeyAccessError(f"the data key of {backup} does not unwrap under {self.path}: wrong key or altered encryption context") from None
-        return DataKey(material)
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        return DataKey(self._unwrap_material(wrapped))
+
+
+class LocalRewrap:
+    """KeyRewrapper between two master-key files: unwrap under the old one, wrap under the new (fresh nonce)."""
+
+    def __init__(self, source: LocalKeyFile, target: LocalKeyFile) -> None:
+        self._source = source
+        self._target = target
+
+    @property
+    def target_key_id(self) -> str:
+        return self._target.key_id
+
+    def rewrap(self, wrapped: WrappedKey) -> WrappedKey:
+        source = self._target if wrapped.key_id == self._target.key_id else self._source
+        return self._target._wrap(source._unwrap_material(wrapped), wrapped.context)

@@ -1,7 +1,10 @@
 """`braid list` and `braid show`: what the repository holds, read without a key.
 
-Both read manifests checked against their own checksums only; nothing here
-decrypts, so a host without the key can still see what is there.
+Both read records checked against their own checksums only; nothing here
+decrypts, so a host without the key can still see what is there. `list`
+reads the catalog (braid.ops.catalog: a snapshot, the log since, and the
+summaries of recent backups), never every manifest; `show` reads the one
+manifest it shows.
 `list --incomplete` shows what has no manifest yet (braid.ops.incomplete).
 """
 
@@ -10,10 +13,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from braid.cli.compose import open_repository, repo_url
-from braid.cli.render import manifest_summary, print_backup_list, print_incomplete_list, print_manifest
-from braid.errors import BackupError
+from braid.cli.compose import is_s3_url, open_repository, repo_url
+from braid.cli.render import print_backup_list, print_incomplete_list, print_manifest, summary_row
 from braid.format.ids import BackupRef, validate_name
+from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
 
@@ -21,16 +24,20 @@ from braid.ops.open import read_manifest
 def cmd_list(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)  # a name is a path component: "../x" is a usage error, not a lookup
-    repository = open_repository(repo_url(args.repo))
+    url = repo_url(args.repo)
+    repository = open_repository(url)
     if args.incomplete:
         print_incomplete_list([found.to_json() for found in incomplete_backups(repository, args.name)], args.json)
         return 0
     rows: list[dict[str, Any]] = []
-    for ref in repository.backups(args.name):
-        try:
-            rows.append(manifest_summary(read_manifest(repository, ref)))
-        except BackupError as exc:  # one bad manifest must not hide the others
-            rows.append({"backup": str(ref), "error": str(exc), "created": ""})
+    # Hosts only read an s3:// repository's catalog (their roles may not write it): the stack's
+    # scheduled maintenance keeps its snapshot fresh. A local repository's reader caches it.
+    for entry in read_catalog(repository, rebuild=args.rebuild_catalog, write=not is_s3_url(url)).entries:
+        if isinstance(entry, Unreadable):
+            if args.name is None or entry.ref.name == args.name:
+                rows.append({"backup": str(entry.ref), "error": str(entry.error), "created": ""})
+        elif args.name is None or entry.backup.partition("@")[0] == args.name:
+            rows.append(summary_row(entry))
     rows.sort(key=lambda row: (row["created"], row["backup"]))
     empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
     print_backup_list(rows, args.json, empty=empty)
