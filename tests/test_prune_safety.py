@@ -195,7 +195,7 @@ def test_policy_never_empties_a_name(repo: Path) -> None:
     only = backup(repo, "db", b"x" * 100)
     repository = open_repository(str(repo))
     keys = open_key_service(repository, None, unwrap_only=True)
-    plan = plan_prune(repository, RetentionPolicy(keep_days=1), keys, now=datetime.now(UTC) + timedelta(days=365))
+    plan = plan_prune(repository, RetentionPolicy.of(keep_days=1), keys, now=datetime.now(UTC) + timedelta(days=365))
     assert [str(r) for r in plan.keep] == [only] and plan.forget == []
 
 
@@ -219,7 +219,7 @@ def test_backup_publishing_between_plan_and_delete_survives(repo: Path) -> None:
     ref, raw = _abandoned_backup(repo, b"late " * 3000)
     repository = open_repository(str(repo))
     keys = open_key_service(repository, None, unwrap_only=True)
-    plan = plan_prune(repository, RetentionPolicy(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
+    plan = plan_prune(repository, RetentionPolicy.of(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
     assert [str(r) for r in plan.orphans] == [ref]
 
     manifest_path(repo, ref).write_bytes(raw)  # it publishes now, after the listing
@@ -234,7 +234,7 @@ def test_publish_during_the_deletion_itself_is_reported(repo: Path) -> None:
     ref, raw = _abandoned_backup(repo, b"late " * 3000)
     repository = open_repository(str(repo))
     keys = open_key_service(repository, None, unwrap_only=True)
-    plan = plan_prune(repository, RetentionPolicy(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
+    plan = plan_prune(repository, RetentionPolicy.of(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
     hooked = HookedStore(repository.store, before_delete=lambda keys: manifest_path(repo, ref).write_bytes(raw))
 
     with pytest.raises(IntegrityError, match=f"backup {ref} was published while prune was collecting its data") as caught:
@@ -246,7 +246,7 @@ def test_activity_after_the_plan_spares_a_leftover(repo: Path) -> None:
     ref, _ = _abandoned_backup(repo, b"z" * 9000)
     repository = open_repository(str(repo))
     keys = open_key_service(repository, None, unwrap_only=True)
-    plan = plan_prune(repository, RetentionPolicy(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
+    plan = plan_prune(repository, RetentionPolicy.of(keep_last=1, orphan_grace_hours=1), keys, now=LATER)
     assert [str(r) for r in plan.orphans] == [ref]
     age(data_dir(repo, ref) / "0000000000", LATER + timedelta(seconds=1))  # the backup wrote again since
 
@@ -262,7 +262,7 @@ def test_old_id_with_a_fresh_lease_is_not_collected(repo: Path) -> None:
     running = BackupRef("db", "20200101T000000.000Z-0badc0de")  # started long ago, still running
     store.put(chunk_key(running, 0), b"chunk")
     age(data_dir(repo, running))
-    policy = RetentionPolicy(keep_last=1, orphan_grace_hours=1)
+    policy = RetentionPolicy.of(keep_last=1, orphan_grace_hours=1)
     assert [str(r) for r in plan_prune(repository, policy, keys).orphans] == [str(running)]
 
     BackupLease(store, running).refresh()
@@ -334,7 +334,7 @@ def test_cloud_leftovers_age_from_their_objects_times(aws_env: None, tmp_path: P
         store.put(session_key(uploading), b"{}")
         (info,) = store.list("staging/")
         assert info.modified is not None and abs(datetime.now(UTC) - info.modified) < timedelta(minutes=5)
-        policy = RetentionPolicy(keep_last=1, orphan_grace_hours=1)
+        policy = RetentionPolicy.of(keep_last=1, orphan_grace_hours=1)
 
         assert plan_prune(repository, policy, keys).orphans == []
         plan = plan_prune(repository, policy, keys, now=datetime.now(UTC) + timedelta(hours=2))
@@ -353,7 +353,7 @@ def test_a_cloud_agents_staging_lease_keeps_a_slow_upload_alive(aws_env: None, t
         repository = Repository.create(store, RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now()))
         uploading = BackupRef("db", "20200101T000000.000Z-0badc0de")
         store.put(session_key(uploading), b"{}")
-        policy = RetentionPolicy(keep_last=1, orphan_grace_hours=1)
+        policy = RetentionPolicy.of(keep_last=1, orphan_grace_hours=1)
         later = datetime.now(UTC) + timedelta(hours=2)
         assert plan_prune(repository, policy, keys, now=later).orphans == [uploading]  # no lease: idle for 2 h
 
@@ -382,7 +382,7 @@ def test_grace_that_is_no_duration_is_refused(repo: Path, hours: str) -> None:
 @pytest.mark.parametrize("hours", [-1.0, 0.0, 0.99, float("nan"), float("inf")])
 def test_policy_refuses_unsafe_grace(hours: float) -> None:
     with pytest.raises(UsageError, match="must be at least 1"):
-        RetentionPolicy(keep_last=1, orphan_grace_hours=hours)
+        RetentionPolicy.of(keep_last=1, orphan_grace_hours=hours)
     with pytest.raises(UsageError, match="must be at least 1"):
         policy_from_event({"keep_last": 1, "orphan_grace_hours": hours})
 

@@ -59,14 +59,14 @@ def test_keep_days_keeps_recent_and_orphans_wait_for_grace(repo: Path) -> None:
         store.put(f"data/{ref.name}/{ref.id}/0000000000", b"partial")
     # Leftovers age from their last activity (here: when the file was last written), not from the id.
     os.utime(repo / "data" / "db" / old_orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))
-    plan = plan_prune(repository, RetentionPolicy(keep_days=7), keys)
+    plan = plan_prune(repository, RetentionPolicy.of(keep_days=7), keys)
     assert [str(r) for r in plan.keep] == sorted([older, kept])
     assert plan.forget == [] and plan.orphans == [old_orphan]
     execute_prune(repository, plan)
     assert [i.key for i in store.list("data/")] == sorted(
         [i.key for ref in (older, kept) for i in store.list(f"data/db/{BackupRef.parse(ref).id}/")] + [f"data/db/{young_orphan.id}/0000000000"]
     )
-    later = plan_prune(repository, RetentionPolicy(keep_days=7), keys, now=datetime.now(UTC) + timedelta(days=30))
+    later = plan_prune(repository, RetentionPolicy.of(keep_days=7), keys, now=datetime.now(UTC) + timedelta(days=30))
     # Past keep_days both would go, but a policy never removes the newest good backup of a name.
     assert [str(r) for r in later.forget] == [older] and [str(r) for r in later.keep] == [kept]
     assert later.orphans == [young_orphan]
@@ -74,7 +74,7 @@ def test_keep_days_keeps_recent_and_orphans_wait_for_grace(repo: Path) -> None:
 
 def test_policy_needs_a_rule() -> None:
     with pytest.raises(UsageError, match="needs --keep-last"):
-        RetentionPolicy()
+        RetentionPolicy.of()
     with pytest.raises(UsageError, match="not both"):
-        RetentionPolicy(keep_last=1, stored=True)
+        RetentionPolicy.of(keep_last=1, stored=True)
     # On the command line no --keep-* rule means each name's stored policy (tests/test_retention_rules.py).

@@ -212,10 +212,10 @@ def test_stored_policy_is_validated_on_read() -> None:
 
 
 def test_schedule_event_rules_and_the_stored_default() -> None:
-    assert policy_from_event({"keep_daily": 7, "keep_monthly": "12", "keep_within": "1y"}) == RetentionPolicy(
+    assert policy_from_event({"keep_daily": 7, "keep_monthly": "12", "keep_within": "1y"}) == RetentionPolicy.of(
         keep_daily=7, keep_monthly=12, keep_within=Duration(years=1)
     )
-    assert policy_from_event({"sample_percent": 10}) == RetentionPolicy(stored=True)
+    assert policy_from_event({"sample_percent": 10}) == RetentionPolicy.of(stored=True)
     with pytest.raises(UsageError, match="--keep-weekly must be at least 1"):
         policy_from_event({"keep_weekly": 0})
     with pytest.raises(UsageError, match="--keep-within"):

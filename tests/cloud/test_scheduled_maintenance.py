@@ -40,7 +40,7 @@ def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> N
     os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
     events = RecordingPublisher()
 
-    report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+    report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
 
     assert report.ok and sorted(r["backup"] for r in report.verified) == sorted([new, logs])
     assert all(r["mode"] == "deep" and r["chunks_checked"] == r["chunks_total"] for r in report.verified)
@@ -59,7 +59,7 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
     chunk.write_bytes(bytes(raw))
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_days=30))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_days=30))
 
     assert not report.ok
     (failed,) = report.verified
@@ -71,9 +71,9 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
 
 def test_policy_from_the_schedule_event() -> None:
     policy = policy_from_event({"keep_last": 7, "keep_days": 35, "orphan_grace_hours": 12})
-    assert policy == RetentionPolicy(keep_last=7, keep_days=35.0, orphan_grace_hours=12.0)
+    assert policy == RetentionPolicy.of(keep_last=7, keep_days=35.0, orphan_grace_hours=12.0)
     # No rule in the event (the stack's default): the policies stored in the repository, none by default.
-    assert policy_from_event({"sample_percent": 10}) == RetentionPolicy(stored=True)
+    assert policy_from_event({"sample_percent": 10}) == RetentionPolicy.of(stored=True)
     with pytest.raises(UsageError, match="--keep-daily must be at least 1"):
         policy_from_event({"keep_daily": 0})
 
@@ -95,7 +95,7 @@ def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
     in_flight = BackupRef.new("db")
     repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
     report = run_maintenance(
-        repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1),
+        repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1),
         now=datetime.now(UTC) + timedelta(hours=1),
     )
     assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
@@ -111,7 +111,7 @@ def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path
     chunk.write_bytes(bytes(raw))
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
 
     assert not report.ok and report.pruned == []  # keep_last=1 counts only the good one: it stays
     (unreadable,) = report.unreadable
@@ -131,7 +131,7 @@ def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tm
     manifest.write_bytes(manifest.read_bytes()[:100])
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy(keep_last=1))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
 
     assert [r["backup"] for r in report.verified] == [newest] and report.verified[0]["ok"]
     assert report.pruned == [oldest] and [u["backup"] for u in report.unreadable] == [broken] and not report.ok
@@ -144,8 +144,8 @@ def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> N
     repository = open_repository(str(repo))
     stalled = BackupRef("db", "20200101T000000.000Z-0badc0de")  # an old id that wrote a chunk recently
     repository.store.put(f"data/db/{stalled.id}/0000000000", b"still going")
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1))
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
     assert report.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
     later = datetime.now(UTC) + timedelta(hours=49)
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy(keep_last=1), now=later)
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1), now=later)
     assert report.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []

@@ -40,7 +40,7 @@ from typing import Any
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, rekey_key, staging_prefix
-from braid.format.policy import COUNT_RULES, Duration, KeepRules, bucket, parse_policy, policy_bytes
+from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.ops.catalog import record_removal
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary
@@ -66,22 +66,19 @@ __all__ = [
 class RetentionPolicy:
     """Keep rules (or `stored`: each name's policy stored in the repository) and the leftovers' grace."""
 
-    keep_last: int | None = None
-    keep_days: float | None = None
+    rules: KeepRules = field(default_factory=KeepRules)
     orphan_grace_hours: float = 48.0
-    keep_hourly: int | None = None
-    keep_daily: int | None = None
-    keep_weekly: int | None = None
-    keep_monthly: int | None = None
-    keep_yearly: int | None = None
-    keep_within: Duration | None = None
     stored: bool = False
 
+    @classmethod
+    def of(cls, *, orphan_grace_hours: float = 48.0, stored: bool = False, **rules: Any) -> RetentionPolicy:
+        """A policy from keep rules given by name (`keep_last=7, keep_daily=14`)."""
+        return cls(KeepRules(**rules), orphan_grace_hours, stored)
+
     def __post_init__(self) -> None:
-        rules = self.rules  # validates each rule
-        if self.stored and not rules.is_empty:
+        if self.stored and not self.rules.is_empty:
             raise UsageError("a policy either gives --keep-* rules or uses the stored policies, not both")
-        if not self.stored and rules.is_empty:
+        if not self.stored and self.rules.is_empty:
             raise UsageError(
                 "a retention policy needs --keep-last N and/or --keep-days D, or another --keep-* rule"
                 " (--keep-hourly/--keep-daily/--keep-weekly/--keep-monthly/--keep-yearly N, --keep-within DURATION)"
@@ -91,19 +88,6 @@ class RetentionPolicy:
                 f"--orphan-grace-hours must be at least {MIN_ORPHAN_GRACE_HOURS:g} (got {self.orphan_grace_hours}): a shorter grace"
                 " could take a running backup's data (a stalled producer, clock skew between hosts) for leftovers"
             )
-
-    @property
-    def rules(self) -> KeepRules:
-        return KeepRules(
-            keep_last=self.keep_last,
-            keep_hourly=self.keep_hourly,
-            keep_daily=self.keep_daily,
-            keep_weekly=self.keep_weekly,
-            keep_monthly=self.keep_monthly,
-            keep_yearly=self.keep_yearly,
-            keep_within=self.keep_within,
-            keep_days=self.keep_days,
-        )
 
     @property
     def grace(self) -> timedelta:

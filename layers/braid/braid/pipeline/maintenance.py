@@ -122,7 +122,7 @@ def policy_from_event(event: dict[str, Any]) -> RetentionPolicy:
         counts = {rule: int(event[rule]) for rule in COUNT_RULES if event.get(rule) is not None}
         within = event.get("keep_within")
         keep_days = event.get("keep_days")
-        return RetentionPolicy(
+        return RetentionPolicy.of(
             keep_days=float(keep_days) if keep_days is not None else None,
             orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
             keep_within=Duration.parse(str(within)) if within is not None else None,

@@ -14,34 +14,30 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
+from typing import Any
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.render import print_policies, print_prune_plan
 from braid.errors import UsageError
+from braid.format.policy import KeepRules
 from braid.ops.retention import RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
 
 
+def _rules(args: argparse.Namespace) -> dict[str, Any]:
+    """The keep rules given on the command line (the --keep-* flags are KeepRules' fields)."""
+    return {f.name: getattr(args, f.name) for f in fields(KeepRules) if getattr(args, f.name) is not None}
+
+
 def _policy(args: argparse.Namespace, stored: bool) -> RetentionPolicy:
-    return RetentionPolicy(
-        keep_last=args.keep_last,
-        keep_days=args.keep_days,
-        orphan_grace_hours=args.orphan_grace_hours,
-        keep_hourly=args.keep_hourly,
-        keep_daily=args.keep_daily,
-        keep_weekly=args.keep_weekly,
-        keep_monthly=args.keep_monthly,
-        keep_yearly=args.keep_yearly,
-        keep_within=args.keep_within,
-        stored=stored,
-    )
+    return RetentionPolicy.of(orphan_grace_hours=args.orphan_grace_hours, stored=stored, **_rules(args))
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     managing = args.save_policy or args.delete_policy
     if managing and args.name is None:
         raise UsageError(f"--{'save' if args.save_policy else 'delete'}-policy needs --name NAME: policies are stored per name")
-    flags = RetentionPolicy.__dataclass_fields__  # the keep rules given on the command line, if any
-    given = any(getattr(args, f) is not None for f in flags if f.startswith("keep_"))
+    given = bool(_rules(args))
     if args.save_policy:
         policy = _policy(args, stored=False)  # validates; a policy without a rule is refused
     elif args.delete_policy or args.show_policy:
