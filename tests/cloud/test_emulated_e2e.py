@@ -561,7 +561,8 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Cal
     assert len(run.errors) == 1 and run.stderr.rstrip().splitlines()[-1] == run.errors[0], run.stderr
     message = run.errors[0]
     assert message.startswith("braid: error: backup doomed@") and "failed" in message
-    assert "never stored" in message and "Nothing was published" in message, message
+    # As on AWS: the map itself fails once an item exhausts its retries.
+    assert "(States.ExceedToleratedFailureThreshold)" in message and "Nothing was published" in message, message
     assert emulator.keys("manifests/") == [] and emulator.keys("data/") == []
     assert emulator.keys("staging/") == [] and emulator.open_uploads() == []
     failed = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"] and "function_error" in r]
@@ -571,6 +572,41 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Cal
     assert status.code == 9 and status.errors == [message]
     assert json.loads(status.stdout)["status"] == "FAILED"
     assert braid(emulator, "agent", "status", ref).errors == [message]
+
+
+def test_workers_failing_past_every_retry_fail_the_map_as_on_aws_then_the_emulator_heals(
+    start_emulator: Callable[..., Emulator], tmp_path: Path
+) -> None:
+    """--fail-worker first=K: the one item's 7 attempts (the stack's own Retry: 6 retries, 2 s doubling
+    to 60 s, run 20x faster) all fail, so the map fails with AWS's error; the next invocations succeed."""
+    emulator = start_emulator("--fail-worker", "first=7", "--time-scale", "20")
+    data = stream_bytes(3 * MiB, 14)
+
+    failed = braid(emulator, "agent", "backup", "--name", "exhausted", "--chunk-size", CHUNK, stdin=data)
+
+    assert failed.code == 9, failed.stderr + emulator.tail()
+    assert "(States.ExceedToleratedFailureThreshold): The specified tolerated failure threshold was exceeded" in failed.errors[-1]
+    worker_calls = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]
+    assert len(worker_calls) == 7 and all("function_error" in r for r in worker_calls)
+    ref = failed.errors[-1].removeprefix("braid: error: backup ").split(" ", 1)[0]
+    machine = emulator.config()["cloud"]["state_machine_arn"]
+    sfn = emulator.client("stepfunctions")
+    (execution,) = [e for e in sfn.list_executions(stateMachineArn=machine)["executions"] if e["name"] == ref]
+    (run,) = sfn.list_map_runs(executionArn=execution["executionArn"])["mapRuns"]
+    described = sfn.describe_map_run(mapRunArn=run["mapRunArn"])
+    assert described["status"] == "FAILED" and described["itemCounts"]["failed"] == 1
+
+    healed = braid(emulator, "agent", "backup", "--name", "healed", "--chunk-size", CHUNK, stdin=data)
+
+    assert healed.code == 0, healed.stderr + emulator.tail()
+    restored = subprocess.run([str(BRAID), "restore", healed.stdout.strip()], env=emulator.braid_env("restore"), capture_output=True, timeout=120)
+    assert restored.returncode == 0 and restored.stdout == data
+
+
+def test_fail_worker_refuses_a_mode_it_does_not_know() -> None:
+    for mode in ("twice", "first=0", "first=x"):
+        done = subprocess.run([str(EMULATOR), "--fail-worker", mode], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "use once, always or first=K" in done.stderr, done.stderr
 
 
 def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
