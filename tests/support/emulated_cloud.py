@@ -33,7 +33,10 @@ emulator behaves as AWS does (support.sfn_semantics, which cites the AWS
 pages): a Distributed Map whose failed items exceed its tolerated threshold
 fails with States.ExceedToleratedFailureThreshold (moto: SUCCEEDED with
 nulls); children of an EXPRESS map are held to 5 minutes (States.Timeout);
-each Lambda is held to its Timeout (Sandbox.Timedout).
+each Lambda is held to its Timeout (Sandbox.Timedout). Each handler signs
+with its own role, and requests are checked against the stack's rendered
+IAM policies, bucket policy and key policy (support.emulated_iam; hosts are
+checked when they sign as `host-agent-NAME` or `host-restore`).
 
 Test aids (never needed to use it):
   --request-log FILE   one JSON line per request the server answered:
@@ -44,6 +47,7 @@ Test aids (never needed to use it):
                        error its Retry covers): `once`, `always`, or
                        `first=K`: on its first K invocations, then it heals
                        (a test can exhaust the retries, then resume)
+  --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
                        5-minute limit and Lambda timeouts all shrink by S
@@ -226,6 +230,29 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
     return outputs
 
 
+def stack_iam(stack: SynthesizedStack, deployed: Any) -> Any:
+    """The stack's roles and policies, rendered for the emulated resources (support.emulated_iam)."""
+    from support.cfn_render import Resolver
+    from support.emulated_iam import StackIam
+
+    template = stack.template
+    resolver = Resolver(region=REGION)
+    (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
+    resolver.refs[bucket_id] = deployed.bucket
+    resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{deployed.bucket}"
+    (key_id,) = resources_of(template, "AWS::KMS::Key")
+    resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
+    resolver.attributes[(key_id, "Arn")] = deployed.key_arn
+    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
+    resolver.refs[machine_id] = deployed.state_machine_arn
+    resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    functions = {lid: name for lid in resources_of(template, "AWS::Lambda::Function") for name in deployed.functions.values() if name == lid[:64]}
+    for lid, name in functions.items():
+        resolver.refs[lid] = name
+        resolver.attributes[(lid, "Arn")] = f"arn:aws:lambda:{REGION}:{resolver.account}:function:{name}"
+    return StackIam.render(template, resolver, bucket=deployed.bucket, key_arn=deployed.key_arn, functions=functions)
+
+
 def publish_outputs(session: Any, stack_name: str, outputs: dict[str, dict[str, str]]) -> None:
     """A CloudFormation stack holding the outputs, as `cdk deploy` leaves one."""
     template = {
@@ -297,6 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--s3-fault-kinds", default=",".join(KINDS), metavar="KINDS", help=f"comma-separated, of {','.join(KINDS)} (default: all)")
     parser.add_argument("--s3-fault-seed", type=int, default=0, metavar="N", help="seed of the fault RNG (default 0)")
     parser.add_argument("--s3-fault-callers", choices=CALLER_GROUPS, default="agent", help="whose requests fail (default: agent)")
+    parser.add_argument("--no-iam", action="store_true", help="do not check requests against the stack's IAM policies")
     parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
     parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends (tests)")
     parser.add_argument("--debug", action="store_true", help="debug logging")
@@ -353,7 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
     faults = Faults(s3_slowdown=args.s3_slowdown)
     requests = RequestLog(args.request_log)
-    server = EmulatorServer(port, lambda app: Middleware(app, faults, requests, s3_faults))
+    middlewares: list[Middleware] = []
+
+    def middleware(app: Any) -> Middleware:
+        middlewares.append(Middleware(app, faults, requests, s3_faults))
+        return middlewares[-1]
+
+    server = EmulatorServer(port, middleware)
     server.start()
     if args.time_scale <= 0:
         print("emulated-aws: error: --time-scale must be positive", file=sys.stderr)
@@ -364,6 +398,14 @@ def main(argv: list[str] | None = None) -> int:
 
     session = boto3.session.Session(region_name=REGION)
     deployed = deploy(stack, session, bucket=args.bucket)
+    if not args.no_iam:
+        from support.emulated_iam import Enforcer, install_signing
+
+        enforcer = Enforcer(stack_iam(stack, deployed))
+        install_signing()
+        lambdas.credentials = enforcer.iam.access_key_for
+        for gate in middlewares:
+            gate.iam = enforcer
     if args.fail_worker is not None:
         worker = deployed.functions["worker"]
         lambdas.fail(

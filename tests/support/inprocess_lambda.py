@@ -92,8 +92,13 @@ class Fault:
 
 
 class InProcessLambdas:
-    def __init__(self, workdir: Path | None = None, *, time_scale: float = 1.0) -> None:
+    def __init__(
+        self, workdir: Path | None = None, *, time_scale: float = 1.0, credentials: Callable[[str], str | None] | None = None
+    ) -> None:
         self.time_scale = time_scale
+        # The access key a function's requests sign with (support.emulated_iam: its own role's);
+        # None: the process's own credentials.
+        self.credentials = credentials
         self._workdir = Path(workdir or tempfile.mkdtemp(prefix="braid-lambdas-"))
         self._modules: dict[str, ModuleType] = {}
         self._faults: dict[str, list[Fault]] = {}
@@ -206,7 +211,8 @@ class InProcessLambdas:
             timeout = float(function.timeout or 3)
             context.time_scale = self.time_scale
             context.deadline = time.monotonic() + timeout / self.time_scale
-            result = self._call(handler, event, context, timeout)
+            access_key = self.credentials(name) if self.credentials else None
+            result = self._call(handler, event, context, timeout, access_key)
             return json.dumps(result), False, ""
         except Exception as exc:  # the Lambda runtime reports every handler exception this way
             payload = {
@@ -216,14 +222,17 @@ class InProcessLambdas:
             }
             return json.dumps(payload), True, "".join(traceback.format_exception(exc))
 
-    def _call(self, handler: Callable[[Any, Any], Any], event: Any, context: LambdaContext, timeout: float) -> Any:
+    def _call(self, handler: Callable[[Any, Any], Any], event: Any, context: LambdaContext, timeout: float, access_key: str | None) -> Any:
         """The handler's result, or Sandbox.Timedout once the function's timeout has passed."""
+        from support.emulated_iam import signing_as
+
         outcome: list[Any] = []
         failure: list[BaseException] = []
 
         def run() -> None:
             try:
-                outcome.append(handler(event, context))
+                with signing_as(access_key):
+                    outcome.append(handler(event, context))
             except BaseException as exc:  # re-raised in the invoking thread
                 failure.append(exc)
 
