@@ -178,7 +178,7 @@ def test_failures_within_a_tolerated_count_leave_the_map_succeeding_with_their_r
 
 
 def test_the_tolerated_percentage_counts_failed_items_over_all_items(machines: Machines) -> None:
-    machine = machines.map_machine("percentage", ToleratedFailurePercentage=50.0)  # moto 5.2.5's grammar wants a decimal point
+    machine = machines.map_machine("percentage", ToleratedFailurePercentage=50)  # as CDK renders it (compat_definition adapts it for moto)
 
     half = machines.run(machine, [dict(FAIL), dict(OK), dict(FAIL), dict(OK)])
     more = machines.run(machine, [dict(FAIL), dict(FAIL), dict(FAIL), dict(OK)])
@@ -238,3 +238,26 @@ def test_a_lambda_past_its_timeout_fails_with_sandbox_timedout(machines: Machine
     timed_out, remaining = json.loads(result["output"])["results"]
     assert timed_out["Error"] == "Sandbox.Timedout" and "Task timed out after 60.00 seconds" in timed_out["Cause"]
     assert 50_000 < remaining["remaining_ms"] <= 60_000  # the context counts down the service's clock
+
+
+def test_a_result_writer_exports_each_status_to_its_own_file_with_a_manifest(machines: Machines) -> None:
+    s3 = machines.session.client("s3")
+    s3.create_bucket(Bucket="results")
+    writer = {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "results", "Prefix": "runs"}}
+    machine = machines.map_machine("exported", ToleratedFailureCount=1, ResultWriter=writer)
+
+    result = machines.run(machine, [dict(OK), dict(FAIL), dict(OK)])
+
+    details = json.loads(result["output"])["results"]
+    assert details["ResultWriterDetails"]["Bucket"] == "results" and details["MapRunArn"] == machines.map_run(result)["mapRunArn"]
+    manifest = json.loads(s3.get_object(Bucket="results", Key=details["ResultWriterDetails"]["Key"])["Body"].read())
+    assert manifest["DestinationBucket"] == "results" and manifest["ResultFiles"]["PENDING"] == []
+    (succeeded,) = manifest["ResultFiles"]["SUCCEEDED"]
+    (failed,) = manifest["ResultFiles"]["FAILED"]
+    assert succeeded["Key"].startswith("runs/") and succeeded["Key"].endswith("/SUCCEEDED_0.json")
+    rows = json.loads(s3.get_object(Bucket="results", Key=succeeded["Key"])["Body"].read())
+    assert [json.loads(r["Output"]) for r in rows] == [{"n": 0}, {"n": 2}] and {r["Status"] for r in rows} == {"SUCCEEDED"}
+    body = s3.get_object(Bucket="results", Key=failed["Key"])["Body"].read()
+    (row,) = json.loads(body)
+    assert failed["Size"] == len(body)
+    assert (row["Status"], row["Error"], json.loads(row["Input"])) == ("FAILED", "RuntimeError", {"action": "fail", "n": 1})

@@ -30,7 +30,17 @@ maprun-fail-threshold.html):
     ResultWriter page: "If a child workflow execution fails, Step Functions
     returns its execution result unchanged", i.e. as Transformation NONE:
     ExecutionArn, Input, Name, Status FAILED or TIMED_OUT, Error, Cause,
-    StartDate, StopDate, ...), where a successful child contributes its output.
+    StartDate, StopDate, ...), where a successful child contributes its output;
+  - with a ResultWriter, the results are exported as AWS exports them
+    ("exports executions with the same status to their respective files"):
+    PREFIX/<map run id>/SUCCEEDED_0.json and FAILED_0.json (failed and
+    timed-out children), each a JSON array of the children's execution
+    results (Transformation NONE: Input and Output as JSON strings), and
+    manifest.json listing them ({"DestinationBucket", "MapRunArn",
+    "ResultFiles": {"FAILED": [{"Key", "Size"}], "PENDING": [],
+    "SUCCEEDED": [...]}}); the state's output is {"MapRunArn",
+    "ResultWriterDetails": {"Bucket", "Key"}}. (moto writes only an empty
+    manifest.) Not modelled: splitting files past 5 GB, JSONL output.
 
 Express children (AWS: Step Functions quotas, "Maximum execution time ...
 Express: 5 minutes. If an execution runs for more than the 5-minute maximum,
@@ -124,6 +134,33 @@ class _ScaledTime:
         return getattr(time, name)
 
 
+def _export_results(env: Any, resource_runtime_part: Any, state_credentials: Any) -> None:
+    """ResultWriter's s3:putObject as AWS does it: one file per status, and a manifest naming them."""
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.resource_eval.resource_eval_s3 import ResourceEvalS3
+
+    parameters = env.stack.pop()
+    env.stack.pop()  # the children's outputs: exported below instead
+    s3 = ResourceEvalS3._get_s3_client(resource_runtime_part=resource_runtime_part, state_credentials=state_credentials)
+    record = env.map_run_record_pool_manager.get_all()[-1]
+    run_id = record.map_run_arn.split(":")[-1]
+    prefix = parameters.get("Prefix", "")
+    if prefix and not prefix.endswith("/"):
+        prefix += "/"
+    results: dict[int, dict[str, Any]] = getattr(record, "_braid_results", {})
+    files: dict[str, list[dict[str, Any]]] = {"FAILED": [], "PENDING": [], "SUCCEEDED": []}
+    for status in ("SUCCEEDED", "FAILED"):
+        rows = [row for _, row in sorted(results.items()) if (row["Status"] == "SUCCEEDED") == (status == "SUCCEEDED")]
+        if rows:
+            key = f"{prefix}{run_id}/{status}_0.json"
+            body = json.dumps(rows).encode()
+            s3.put_object(Bucket=parameters["Bucket"], Key=key, Body=body)
+            files[status].append({"Key": key, "Size": len(body)})
+    manifest = f"{prefix}{run_id}/manifest.json"
+    body = {"DestinationBucket": parameters["Bucket"], "MapRunArn": record.map_run_arn, "ResultFiles": files}
+    s3.put_object(Bucket=parameters["Bucket"], Key=manifest, Body=json.dumps(body, indent=2).encode())
+    env.stack.append({"MapRunArn": record.map_run_arn, "ResultWriterDetails": {"Bucket": parameters["Bucket"], "Key": manifest}})
+
+
 def _now() -> str:
     return datetime.now(tz=UTC).isoformat()
 
@@ -198,6 +235,9 @@ class AwsStepFunctions:
         self._patch(Component, "_map_run", _map_run)
         self._patch(Worker, "_eval_job", lambda worker, env, job: semantics._eval_job(worker, env, job))
         self._patch(Worker, "_eval_pool", lambda worker, job, worker_frame: semantics._eval_pool(worker, job, worker_frame))
+        from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.resource_eval import resource_eval_s3
+
+        self._patch(resource_eval_s3.ResourceEvalS3, "_handle_put_object", staticmethod(_export_results))
         self._patch(retrier_decl, "time", _ScaledTime(lambda: self.time_scale))
         self._patch(wait_function.WaitFunction, "_wait_interval", lambda function, env, wait_seconds: semantics._wait(env, wait_seconds))
         return self
@@ -290,6 +330,7 @@ class AwsStepFunctions:
         started = _now()
         name = str(uuid.uuid4())
         failure: tuple[str, str, str] | None = None  # (status, error, cause)
+        succeeded = False
         job_output: Any = None
         try:
             env.states.context_object.context_object_data["Map"] = MapData(Item=ItemData(Index=job.job_index, Value=job.job_input))
@@ -313,12 +354,29 @@ class AwsStepFunctions:
                 record.execution_counter.succeeded.count()
                 record.execution_counter.results_written.count()
                 job_output = env.states.get_input()
+                succeeded = True
         except Exception as exc:  # what moto's own worker counts as a failed item
             failure = ("FAILED", type(exc).__name__, str(exc))
         finally:
             record.item_counter.running.offset(-1)
             record.execution_counter.running.offset(-1)
-        if failure is not None:
+        kind = "express" if express else "execution"
+        arn_base = record.map_state_machine_arn.replace(":stateMachine:", f":{kind}:")
+        execution = {
+            "ExecutionArn": f"{arn_base}:{name}",
+            "Input": json.dumps(job.job_input, separators=(",", ":")),
+            "InputDetails": {"Included": True},
+            "Name": name,
+            "StateMachineArn": record.map_state_machine_arn,
+            "StartDate": started,
+            "StopDate": _now(),
+        }
+        results = record.__dict__.setdefault("_braid_results", {})
+        if failure is None:
+            if succeeded:
+                results[job.job_index] = {**execution, "Status": "SUCCEEDED", "Output": json.dumps(job_output, separators=(",", ":")),
+                                          "OutputDetails": {"Included": True}}
+        else:
             status, error, cause = failure
             if status == "TIMED_OUT":
                 record.item_counter.timed_out.count()
@@ -328,20 +386,8 @@ class AwsStepFunctions:
                 record.execution_counter.failed.count()
             if tolerance is not None:
                 tolerance.add_failure()
-            kind = "express" if express else "execution"
-            arn_base = record.map_state_machine_arn.replace(":stateMachine:", f":{kind}:")
-            job_output = {
-                "ExecutionArn": f"{arn_base}:{name}",
-                "Input": json.dumps(job.job_input, separators=(",", ":")),
-                "InputDetails": {"Included": True},
-                "Name": name,
-                "StateMachineArn": record.map_state_machine_arn,
-                "Status": status,
-                "StartDate": started,
-                "StopDate": _now(),
-                "Error": error,
-                "Cause": cause,
-            }
+            job_output = {**execution, "Status": status, "Error": error, "Cause": cause}
+            results[job.job_index] = job_output
         job.job_output = job_output
 
     @staticmethod
