@@ -566,8 +566,8 @@ def test_workers_failing_past_every_retry_fail_the_map_as_on_aws_then_the_emulat
     start_emulator: Callable[..., Emulator], tmp_path: Path
 ) -> None:
     """--fail-worker first=K: the one item's 7 attempts (the stack's own Retry: 6 retries, 2 s doubling
-    to 60 s, run 20x faster) all fail, so the map fails with AWS's error; the next invocations succeed."""
-    emulator = start_emulator("--fail-worker", "first=7", "--time-scale", "20")
+    to 60 s, run 10x faster) all fail, so the map fails with AWS's error; the next invocations succeed."""
+    emulator = start_emulator("--fail-worker", "first=7", "--time-scale", "10")
     data = stream_bytes(3 * MiB, 14)
 
     failed = braid(emulator, "agent", "backup", "--name", "exhausted", "--chunk-size", CHUNK, stdin=data)

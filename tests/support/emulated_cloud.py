@@ -51,7 +51,9 @@ Test aids (never needed to use it):
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
                        5-minute limit and Lambda timeouts all shrink by S
-                       (their ratios stay as on AWS; default 1)
+                       (their ratios stay as on AWS; default 1). Handlers
+                       must then finish within timeout/S real seconds
+                       (Plan's 60 s is 6 s at S=10): keep S modest
   --s3-slowdown N      the first N UploadPart requests get 503 SlowDown
   --fast-retries       synthesize the stack with 1 s, 3-attempt retry
                        policies (construct props), so exhausting them is quick
