@@ -206,8 +206,8 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
 # -- deploying -------------------------------------------------------------------
 
 
-def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str, str]]:
-    """The template's Outputs, rendered with the emulated resources (those it can render)."""
+def emulated_resolver(stack: SynthesizedStack, deployed: Any) -> Any:
+    """A Resolver that renders the template's bucket, key and state machine as the emulated ones."""
     from support.cfn_render import Resolver
 
     template = stack.template
@@ -221,6 +221,13 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
     (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
     resolver.refs[machine_id] = deployed.state_machine_arn
     resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    return resolver
+
+
+def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str, str]]:
+    """The template's Outputs, rendered with the emulated resources (those it can render)."""
+    template = stack.template
+    resolver = emulated_resolver(stack, deployed)
     outputs = {}
     for name, output in template.get("Outputs", {}).items():
         try:
@@ -234,20 +241,10 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
 
 def stack_iam(stack: SynthesizedStack, deployed: Any) -> Any:
     """The stack's roles and policies, rendered for the emulated resources (support.emulated_iam)."""
-    from support.cfn_render import Resolver
     from support.emulated_iam import StackIam
 
     template = stack.template
-    resolver = Resolver(region=REGION)
-    (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
-    resolver.refs[bucket_id] = deployed.bucket
-    resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{deployed.bucket}"
-    (key_id,) = resources_of(template, "AWS::KMS::Key")
-    resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
-    resolver.attributes[(key_id, "Arn")] = deployed.key_arn
-    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
-    resolver.refs[machine_id] = deployed.state_machine_arn
-    resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    resolver = emulated_resolver(stack, deployed)
     functions = {lid: name for lid in resources_of(template, "AWS::Lambda::Function") for name in deployed.functions.values() if name == lid[:64]}
     for lid, name in functions.items():
         resolver.refs[lid] = name
