@@ -5,6 +5,25 @@ key material and gets no KMS permission at all. It may write only under
 staging/, and read only the repository config, manifests and staging.
 Restore reads everything and may decrypt data keys; it is the only role
 outside the pipeline that the key policy lets decrypt.
+
+Staging holds raw database bytes, so a host may write and read only the
+staging of the backup name it is tagged with: every staging grant that
+touches bytes is scoped to `staging/${aws:PrincipalTag/braid-name}/*`.
+One host cannot overwrite, read, or abort the uploads of another name's
+backup. Across names it may read only the small records `braid list
+--incomplete` shows (session.json, stream-end.json, the agent's lease) and
+list key names.
+
+How a host gets its tag (`braid-name` = the `--name` it backs up):
+  - an EC2 instance (or any host with a role of its own): tag that role
+    `braid-name=NAME` and attach the stack's AgentPolicy (output
+    AgentPolicyArn); a role's tags are the principal tags of its sessions;
+  - a host that assumes the stack's AgentRole passes the tag as a session
+    tag: `aws sts assume-role --role-arn <AgentRoleArn> --role-session-name
+    HOST --tags Key=braid-name,Value=NAME` (the role's trust allows
+    sts:TagSession for principals of the account).
+A principal without the tag can stage nothing: IAM matches no resource for
+a policy variable whose key is missing.
 """
 
 from __future__ import annotations
@@ -14,13 +33,28 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from braid.format import layout
+from braid.format.staging import keys as staging_keys
 from braid_infra.keys import Keys
-from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, STAGING_OBJECTS, Storage
+from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, Storage
+
+# The principal tag naming the one backup name a host may stage.
+HOST_TAG = "braid-name"
+# The staging of the tagged name only (an IAM policy variable, resolved per request).
+OWN_STAGING = f"{layout.STAGING}${{aws:PrincipalTag/{HOST_TAG}}}/*"
+# What `braid list --incomplete` reads of every backup in staging: small records, no bytes.
+STAGING_RECORDS = tuple(
+    f"{layout.STAGING}*/*/{name}" for name in (staging_keys.SESSION, staging_keys.STREAM_END, staging_keys.AGENT_LEASE)
+)
 
 
-def host_principal() -> iam.IPrincipal:
-    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts)."""
-    return iam.CompositePrincipal(iam.ServicePrincipal("ec2.amazonaws.com"), iam.AccountRootPrincipal())
+def host_principal(*, session_tags: bool = False) -> iam.IPrincipal:
+    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts),
+    passing session tags when `session_tags` (the agent's `braid-name`)."""
+    account: iam.IPrincipal = iam.AccountRootPrincipal()
+    if session_tags:
+        account = account.with_session_tags()
+    return iam.CompositePrincipal(iam.ServicePrincipal("ec2.amazonaws.com"), account)
 
 
 class HostAccess(Construct):
@@ -39,14 +73,14 @@ class HostAccess(Construct):
             description="Braid agent: stage backups and run their pipeline; no KMS, no reads of backup data",
             statements=[
                 iam.PolicyStatement(
-                    sid="StageBackups",
-                    actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
-                    resources=[storage.arn(STAGING_OBJECTS)],
+                    sid="StageOwnBackups",
+                    actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:GetObject"],
+                    resources=[storage.arn(OWN_STAGING)],
                 ),
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
-                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(STAGING_OBJECTS), storage.arn(CATALOG_OBJECTS)],
+                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), *(storage.arn(r) for r in STAGING_RECORDS), storage.arn(CATALOG_OBJECTS)],
                 ),
                 iam.PolicyStatement(
                     sid="ListRepository",
@@ -58,7 +92,7 @@ class HostAccess(Construct):
             ],
         )
         self.agent_role = iam.Role(
-            self, "AgentRole", assumed_by=host_principal(), managed_policies=[self.agent_policy], description="Braid agent on database hosts"
+            self, "AgentRole", assumed_by=host_principal(session_tags=True), managed_policies=[self.agent_policy], description="Braid agent on database hosts"
         )
         self.restore_role = iam.Role(self, "RestoreRole", assumed_by=host_principal(), description="Braid restore and verify from hosts")
         self.restore_role.add_to_policy(

@@ -13,6 +13,7 @@ from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
+from braid_infra.access import OWN_STAGING, STAGING_RECORDS
 from braid_infra.storage import CATALOG_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS
 
 if TYPE_CHECKING:
@@ -91,7 +92,16 @@ def suppress_findings(stack: BraidStack) -> None:
 
     access = stack.access
     agent = access.agent_policy
-    acknowledge(agent, wildcard(f"{bucket}/{STAGING_OBJECTS}"), OBJECTS[STAGING_OBJECTS] + " The agent writes only here.")
+    own = OWN_STAGING.replace("${", "<").replace("}", ">")  # as cdk-nag prints the policy variable
+    acknowledge(
+        agent,
+        wildcard(f"{bucket}/{own}"),
+        "A host writes and reads staging objects (named per backup at run time) only under the backup name it is tagged with.",
+    )
+    for record in STAGING_RECORDS:
+        acknowledge(
+            agent, wildcard(f"{bucket}/{record}"), "braid list --incomplete reads this small record (no database bytes) of every backup in staging."
+        )
     acknowledge(agent, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "The agent reads manifests to confirm a backup was published.")
     acknowledge(agent, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " The agent only reads them (braid list).")
     acknowledge(

@@ -16,11 +16,23 @@ versions expire after 1 day, and so do noncurrent chunks under data/ (what
 prune and Cleanup delete stops being billed a day later, not 30); delete
 markers left with no version behind them are removed. Other noncurrent
 versions (manifests, config) are kept 30 days.
+
+Chunks and manifests are written once: the bucket policy denies, to every
+principal, a PutObject or CompleteMultipartUpload under data/ or manifests/
+that does not carry `If-None-Match: *` (S3 "Enforce conditional writes":
+condition key `s3:if-none-match` absent, and `s3:ObjectCreationOperation`
+true so that CreateMultipartUpload and UploadPart, which take no
+conditional header, are not caught). So no role, compromised host or late
+worker can replace a stored chunk or a published manifest; Braid already
+writes both create-only. Deletes are not touched by it: retention (the
+scheduled Verify), Cleanup and Finalize's withdrawal still delete, within
+their roles' grants.
 """
 
 from __future__ import annotations
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -42,6 +54,9 @@ EXECUTION_TIMEOUT = Duration.days(7)
 STAGING_LIFETIME = Duration.days(8)
 # Noncurrent chunk versions (pruned, or discarded by Cleanup) and staging versions.
 NONCURRENT_DATA = Duration.days(1)
+# Written once, by every principal (the bucket policy's CreateOnly statement).
+CREATE_ONLY_OBJECTS = (DATA_OBJECTS, MANIFEST_OBJECTS)
+CREATE_ONLY_CONDITION = {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
 
 
 def key_prefix(repository_prefix: str) -> str:
@@ -95,6 +110,16 @@ class Storage(Construct):
                 ),
             ],
             removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.bucket.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="CreateOnlyChunksAndManifests",
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=["s3:PutObject"],
+                resources=[self.arn(pattern) for pattern in CREATE_ONLY_OBJECTS],
+                conditions=CREATE_ONLY_CONDITION,
+            )
         )
 
     def arn(self, relative: str) -> str:

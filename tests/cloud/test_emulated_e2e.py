@@ -12,7 +12,6 @@ against the stack's own IAM policies (moto does not enforce IAM).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import random
@@ -316,31 +315,11 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     return policies
 
 
-def _listify(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def _conditions_hold(conditions: dict[str, Any], context: dict[str, Any]) -> bool:
-    for operator, tests in conditions.items():
-        if operator != "Null":
-            raise AssertionError(f"the policy check does not understand condition {operator}; extend it")
-        for name, expected in tests.items():
-            present = name in context
-            if present != (str(expected).lower() == "false"):
-                return False
-    return True
-
-
 def allowed(statements: list[dict[str, Any]], action: str, resource: str, context: dict[str, Any]) -> bool:
-    for statement in statements:
-        assert statement.get("Effect") == "Allow" and "NotAction" not in statement and "NotResource" not in statement, statement
-        if not any(fnmatch.fnmatchcase(action.lower(), pattern.lower()) for pattern in _listify(statement["Action"])):
-            continue
-        if not any(fnmatch.fnmatchcase(resource, pattern) for pattern in _listify(statement["Resource"])):
-            continue
-        if _conditions_hold(statement.get("Condition", {}), context):
-            return True
-    return False
+    """IAM's decision on the identity policy alone (support.iam_policy, the evaluator the emulator enforces with)."""
+    from support.iam_policy import ALLOW, Request, evaluate
+
+    return evaluate(Request("arn:aws:iam::123456789012:role/host", action, resource, context), statements) == ALLOW
 
 
 def request_permission(record: dict[str, Any], bucket: str, key_arn: str) -> tuple[str, str, dict[str, Any]]:
@@ -349,24 +328,33 @@ def request_permission(record: dict[str, Any], bucket: str, key_arn: str) -> tup
         if op not in S3_ACTIONS:
             raise AssertionError(f"unmapped S3 request {record}")
         resource = f"arn:aws:s3:::{bucket}" if op in BUCKET_LEVEL else f"arn:aws:s3:::{bucket}/{record['key']}"
-        return S3_ACTIONS[op], resource, {}
+        return S3_ACTIONS[op], resource, {"s3:prefix": record["prefix"]} if "prefix" in record else {}
     if service == "states" and op in ("StartExecution", "DescribeExecution"):
         return f"states:{op}", record.get("stateMachineArn") or record["executionArn"], {}
     if service == "kms" and op == "Decrypt":
-        context = {f"kms:EncryptionContext:{k}": True for k in record.get("context", [])}
+        context = {f"kms:EncryptionContext:{k}": "present" for k in record.get("context", [])}
         return "kms:Decrypt", record.get("KeyId") or key_arn, context
     raise AssertionError(f"unmapped request {record}")
 
 
+def host_tag(records: list[dict[str, Any]]) -> str:
+    """The `braid-name` a host must be tagged with: the one backup name whose staging it wrote."""
+    names = {r["key"].split("/")[1] for r in records if r.get("op") in ("PutObject", "UploadPart") and r.get("key", "").startswith("staging/")}
+    assert len(names) <= 1, f"one host staged several names: {sorted(names)}"
+    return names.pop() if names else "none"
+
+
 def assert_within_policy(emulator: Emulator, caller: str, role: str) -> None:
-    """Every request `caller` made is allowed by the stack's `role` policy."""
+    """Every request `caller` made is allowed by the stack's `role` policy (an agent tagged with the name it staged)."""
     statements = stack_policies(emulator)[role]
     key_arn = emulator.config()["key"]["key_id"]
     records = emulator.requests(caller=caller)
     assert records, f"no requests from {caller}"
+    tag = {"aws:PrincipalTag/braid-name": host_tag(records)} if role == "agent" else {}
     denied = []
     for record in records:
         action, resource, context = request_permission(record, emulator.bucket, key_arn)
+        context = {**tag, **context}
         if not allowed(statements, action, resource, context):
             denied.append(f"{action} on {resource} ({record['op']})")
     assert not denied, f"the {role} policy would deny:\n" + "\n".join(sorted(set(denied)))
@@ -563,7 +551,8 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Cal
     assert len(run.errors) == 1 and run.stderr.rstrip().splitlines()[-1] == run.errors[0], run.stderr
     message = run.errors[0]
     assert message.startswith("braid: error: backup doomed@") and "failed" in message
-    assert "never stored" in message and "Nothing was published" in message, message
+    # As on AWS: the map itself fails once an item exhausts its retries.
+    assert "(States.ExceedToleratedFailureThreshold)" in message and "Nothing was published" in message, message
     assert emulator.keys("manifests/") == [] and emulator.keys("data/") == []
     assert emulator.keys("staging/") == [] and emulator.open_uploads() == []
     failed = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"] and "function_error" in r]
@@ -573,6 +562,41 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(start_emulator: Cal
     assert status.code == 9 and status.errors == [message]
     assert json.loads(status.stdout)["status"] == "FAILED"
     assert braid(emulator, "agent", "status", ref).errors == [message]
+
+
+def test_workers_failing_past_every_retry_fail_the_map_as_on_aws_then_the_emulator_heals(
+    start_emulator: Callable[..., Emulator], tmp_path: Path
+) -> None:
+    """--fail-worker first=K: the one item's 7 attempts (the stack's own Retry: 6 retries, 2 s doubling
+    to 60 s, run 10x faster) all fail, so the map fails with AWS's error; the next invocations succeed."""
+    emulator = start_emulator("--fail-worker", "first=7", "--time-scale", "10")
+    data = stream_bytes(3 * MiB, 14)
+
+    failed = braid(emulator, "agent", "backup", "--name", "exhausted", "--chunk-size", CHUNK, stdin=data)
+
+    assert failed.code == 9, failed.stderr + emulator.tail()
+    assert "(States.ExceedToleratedFailureThreshold): The specified tolerated failure threshold was exceeded" in failed.errors[-1]
+    worker_calls = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]
+    assert len(worker_calls) == 7 and all("function_error" in r for r in worker_calls)
+    ref = failed.errors[-1].removeprefix("braid: error: backup ").split(" ", 1)[0]
+    machine = emulator.config()["cloud"]["state_machine_arn"]
+    sfn = emulator.client("stepfunctions")
+    (execution,) = [e for e in sfn.list_executions(stateMachineArn=machine)["executions"] if e["name"] == ref]
+    (run,) = sfn.list_map_runs(executionArn=execution["executionArn"])["mapRuns"]
+    described = sfn.describe_map_run(mapRunArn=run["mapRunArn"])
+    assert described["status"] == "FAILED" and described["itemCounts"]["failed"] == 1
+
+    healed = braid(emulator, "agent", "backup", "--name", "healed", "--chunk-size", CHUNK, stdin=data)
+
+    assert healed.code == 0, healed.stderr + emulator.tail()
+    restored = subprocess.run([str(BRAID), "restore", healed.stdout.strip()], env=emulator.braid_env("restore"), capture_output=True, timeout=120)
+    assert restored.returncode == 0 and restored.stdout == data
+
+
+def test_fail_worker_refuses_a_mode_it_does_not_know() -> None:
+    for mode in ("twice", "first=0", "first=x"):
+        done = subprocess.run([str(EMULATOR), "--fail-worker", mode], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "use once, always or first=K" in done.stderr, done.stderr
 
 
 def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from braid.ops.verify import verify_backup
 from braid.pipeline.execution_input import ExecutionInput, execution_name
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize
+from support.sfn_semantics import AwsStepFunctions
 
 pytestmark = pytest.mark.cloud
 
@@ -174,7 +175,7 @@ def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Ite
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), InProcessLambdas() as lambdas:
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), InProcessLambdas() as lambdas:
         session = boto3.session.Session(region_name=REGION)
         yield Cloud(session, deploy(synthesized, session), lambdas)
 
@@ -250,7 +251,10 @@ def test_a_worker_that_always_fails_fails_the_backup_cleanly(cloud: Cloud) -> No
 
     assert result["status"] == "FAILED", result
     assert "Nothing was published" in result["cause"] and str(ref) in result["cause"]
-    assert result["error"] == "IntegrityError"
+    # As on AWS: the map itself fails, with States.ExceedToleratedFailureThreshold
+    # (reported as BackupFailed: a Fail state may not use a States.* name).
+    assert result["error"] == "BackupFailed", result
+    assert "(States.ExceedToleratedFailureThreshold): The specified tolerated failure threshold was exceeded" in result["cause"], result
     assert cloud.store.head(manifest_key(ref)) is None
     assert cloud.keys_under(data_prefix(ref)) == []
     assert cloud.keys_under(staging_prefix(ref)) == []

@@ -1,7 +1,7 @@
 """The emulated cloud: Braid's stack on a moto server on loopback (`scripts/emulated-aws`).
 
-    scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always]
-                         [--s3-slowdown N] [--fast-retries]
+    scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always|first=K]
+                         [--s3-slowdown N] [--fast-retries] [--time-scale S]
                          [--s3-faults RATE [--s3-fault-kinds 500,503,reset]
                           [--s3-fault-seed N] [--s3-fault-callers agent|pipeline|all]]
 
@@ -28,13 +28,32 @@ Powertools lines included) go to stderr.
 
 Nothing in the product knows it runs on an emulator except the endpoint URL.
 
+Where moto's Step Functions differ from AWS in what Braid depends on, the
+emulator behaves as AWS does (support.sfn_semantics, which cites the AWS
+pages): a Distributed Map whose failed items exceed its tolerated threshold
+fails with States.ExceedToleratedFailureThreshold (moto: SUCCEEDED with
+nulls); children of an EXPRESS map are held to 5 minutes (States.Timeout);
+each Lambda is held to its Timeout (Sandbox.Timedout). Each handler signs
+with its own role, and requests are checked against the stack's rendered
+IAM policies, bucket policy and key policy (support.emulated_iam; hosts are
+checked when they sign as `host-agent-NAME` or `host-restore`).
+
 Test aids (never needed to use it):
   --request-log FILE   one JSON line per request the server answered:
                        {"service", "op", "key", "part", "status", "caller"};
                        "caller" is the access key id (the agent's is
                        AGENT_ACCESS_KEY, the pipeline's PIPELINE_ACCESS_KEY)
   --fail-worker MODE   the Worker Lambda raises StorageError (a transient
-                       error its Retry covers) once, or on every invocation
+                       error its Retry covers): `once`, `always`, or
+                       `first=K`: on its first K invocations, then it heals
+                       (a test can exhaust the retries, then resume)
+  --no-iam             do not check requests against the stack's IAM policies
+  --time-scale S       the service's clock runs S times faster than real
+                       time: Retry intervals, Wait states, the Express
+                       5-minute limit and Lambda timeouts all shrink by S
+                       (their ratios stay as on AWS; default 1). Handlers
+                       must then finish within timeout/S real seconds
+                       (Plan's 60 s is 6 s at S=10): keep S modest
   --s3-slowdown N      the first N UploadPart requests get 503 SlowDown
   --fast-retries       synthesize the stack with 1 s, 3-attempt retry
                        policies (construct props), so exhausting them is quick
@@ -187,8 +206,8 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
 # -- deploying -------------------------------------------------------------------
 
 
-def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str, str]]:
-    """The template's Outputs, rendered with the emulated resources (those it can render)."""
+def emulated_resolver(stack: SynthesizedStack, deployed: Any) -> Any:
+    """A Resolver that renders the template's bucket, key and state machine as the emulated ones."""
     from support.cfn_render import Resolver
 
     template = stack.template
@@ -202,6 +221,13 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
     (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
     resolver.refs[machine_id] = deployed.state_machine_arn
     resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    return resolver
+
+
+def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str, str]]:
+    """The template's Outputs, rendered with the emulated resources (those it can render)."""
+    template = stack.template
+    resolver = emulated_resolver(stack, deployed)
     outputs = {}
     for name, output in template.get("Outputs", {}).items():
         try:
@@ -211,6 +237,19 @@ def stack_outputs(stack: SynthesizedStack, deployed: Any) -> dict[str, dict[str,
             continue
         outputs[name] = {"Value": str(value), "Description": output.get("Description", "")}
     return outputs
+
+
+def stack_iam(stack: SynthesizedStack, deployed: Any) -> Any:
+    """The stack's roles and policies, rendered for the emulated resources (support.emulated_iam)."""
+    from support.emulated_iam import StackIam
+
+    template = stack.template
+    resolver = emulated_resolver(stack, deployed)
+    functions = {lid: name for lid in resources_of(template, "AWS::Lambda::Function") for name in deployed.functions.values() if name == lid[:64]}
+    for lid, name in functions.items():
+        resolver.refs[lid] = name
+        resolver.attributes[(lid, "Arn")] = f"arn:aws:lambda:{REGION}:{resolver.account}:function:{name}"
+    return StackIam.render(template, resolver, bucket=deployed.bucket, key_arn=deployed.key_arn, functions=functions)
 
 
 def publish_outputs(session: Any, stack_name: str, outputs: dict[str, dict[str, str]]) -> None:
@@ -253,17 +292,38 @@ def braid_init(environment: dict[str, str], stack_name: str) -> None:
 # -- main --------------------------------------------------------------------------
 
 
+def fail_worker_mode(mode: str) -> str:
+    fail_worker_times(mode)
+    return mode
+
+
+def fail_worker_times(mode: str) -> int | None:
+    """How many invocations --fail-worker fails: `once` 1, `always` None (every one), `first=K` K."""
+    if mode == "once":
+        return 1
+    if mode == "always":
+        return None
+    name, _, count = mode.partition("=")
+    if name == "first" and count.isdigit() and int(count) > 0:
+        return int(count)
+    raise argparse.ArgumentTypeError(f"{mode!r}: use once, always or first=K (K >= 1)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="emulated-aws", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
     parser.add_argument("--request-log", type=Path, help="append one JSON line per request answered")
-    parser.add_argument("--fail-worker", choices=["once", "always"], help="make the Worker Lambda fail (tests)")
+    parser.add_argument("--fail-worker", type=fail_worker_mode, metavar="once|always|first=K",
+                        help="make the Worker Lambda fail once, always, or on its first K invocations (tests)")
+    parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
+                        help="run Step Functions' and Lambda's clocks S times faster than real time (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
     parser.add_argument("--fast-retries", action="store_true", help="1 s, 3-attempt retry policies in the state machine (tests)")
     parser.add_argument("--s3-faults", type=float, default=0.0, metavar="RATE", help="fail RATE (0..1) of S3 requests once ready (tests)")
     parser.add_argument("--s3-fault-kinds", default=",".join(KINDS), metavar="KINDS", help=f"comma-separated, of {','.join(KINDS)} (default: all)")
     parser.add_argument("--s3-fault-seed", type=int, default=0, metavar="N", help="seed of the fault RNG (default 0)")
     parser.add_argument("--s3-fault-callers", choices=CALLER_GROUPS, default="agent", help="whose requests fail (default: agent)")
+    parser.add_argument("--no-iam", action="store_true", help="do not check requests against the stack's IAM policies")
     parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
     parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends (tests)")
     parser.add_argument("--debug", action="store_true", help="debug logging")
@@ -315,23 +375,42 @@ def main(argv: list[str] | None = None) -> int:
     from braid.errors import StorageError
     from support.inprocess_lambda import InProcessLambdas
     from support.moto_stack import deploy
+    from support.sfn_semantics import AwsStepFunctions
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
     faults = Faults(s3_slowdown=args.s3_slowdown)
     requests = RequestLog(args.request_log)
-    server = EmulatorServer(port, lambda app: Middleware(app, faults, requests, s3_faults))
+    middlewares: list[Middleware] = []
+
+    def middleware(app: Any) -> Middleware:
+        middlewares.append(Middleware(app, faults, requests, s3_faults))
+        return middlewares[-1]
+
+    server = EmulatorServer(port, middleware)
     server.start()
-    lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")))
+    if args.time_scale <= 0:
+        print("emulated-aws: error: --time-scale must be positive", file=sys.stderr)
+        return 2
+    AwsStepFunctions(time_scale=args.time_scale).install()
+    lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 
     session = boto3.session.Session(region_name=REGION)
     deployed = deploy(stack, session, bucket=args.bucket)
-    if args.fail_worker:
+    if not args.no_iam:
+        from support.emulated_iam import Enforcer, install_signing
+
+        enforcer = Enforcer(stack_iam(stack, deployed))
+        install_signing()
+        lambdas.credentials = enforcer.iam.access_key_for
+        for gate in middlewares:
+            gate.iam = enforcer
+    if args.fail_worker is not None:
         worker = deployed.functions["worker"]
         lambdas.fail(
             worker,
             lambda: StorageError(f"injected fault: the emulator was started with --fail-worker {args.fail_worker}"),
-            times=1 if args.fail_worker == "once" else None,
+            times=fail_worker_times(args.fail_worker),
         )
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")

@@ -17,10 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote
 
 from support.s3_faults import CONTROL_PATH, S3Faults, error_response, resetting_handler
+
+if TYPE_CHECKING:
+    from support.emulated_iam import Enforcer
 
 
 def s3_operation(method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]) -> tuple[str, str]:
@@ -135,11 +138,21 @@ class RequestLog:
 class Middleware:
     """Between the WSGI server and moto: logs requests, injects S3 faults."""
 
-    def __init__(self, app: Callable[..., Any], faults: Faults, requests: RequestLog, s3_faults: S3Faults | None = None) -> None:
+    def __init__(
+        self, app: Callable[..., Any], faults: Faults, requests: RequestLog, s3_faults: S3Faults | None = None, iam: Enforcer | None = None
+    ) -> None:
         self.app = app
         self.faults = faults
         self.requests = requests
         self.s3_faults = s3_faults
+        self.iam = iam
+
+    def _authorize(self, caller: str, service: str, environ: dict[str, Any]) -> str | None:
+        """The denial message when IAM would refuse this request (support.emulated_iam), else None."""
+        if self.iam is None or self.iam.iam.principal_for(caller) is None:
+            return None
+        needs_body = service != "s3" or (environ.get("REQUEST_METHOD") == "POST" and "delete" in environ.get("QUERY_STRING", ""))
+        return self.iam.check(caller, service, environ, _peek_body(environ) if needs_body else b"")
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         if self.s3_faults is not None and environ.get("PATH_INFO") == CONTROL_PATH:
@@ -147,6 +160,20 @@ class Middleware:
         method = environ.get("REQUEST_METHOD", "")
         caller, service = _credential(environ.get("HTTP_AUTHORIZATION", ""))
         record: dict[str, Any] = {"t": round(time.time(), 3), "service": service, "caller": caller}
+        denied = self._authorize(caller, service, environ)
+        if denied is not None:
+            if service == "s3":
+                query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+                headers = {k[5:].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith("HTTP_")}
+                op, key = s3_operation(method, environ.get("PATH_INFO", "/"), query, headers)
+                record.update(op=op, key=key)
+            else:
+                record["op"] = _operation(environ)
+            record.update(status=403 if service == "s3" else 400, denied=denied)
+            self.requests.write(record)
+            from support.emulated_iam import deny_response
+
+            return deny_response(service, start_response, denied)
         if service == "s3":
             query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
             headers = {k[5:].lower().replace("_", "-"): v for k, v in environ.items() if k.startswith("HTTP_")}

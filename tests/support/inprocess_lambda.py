@@ -14,7 +14,16 @@ The handler's imports (the `braid` package the layer ships) resolve to this
 process's editable install: the same source the layer is built from.
 
 Faults can be injected per function (`fail(...)`), e.g. a worker that fails
-once or always, to exercise Retry, Catch and Cleanup.
+once, always, or on its first K invocations, to exercise Retry, Catch and
+Cleanup.
+
+Each invocation is held to the function's Timeout, as Lambda holds it: past
+it the invocation answers `Sandbox.Timedout` ("Task timed out after N
+seconds"), the error Step Functions' Retry and Catch see, and the context's
+`get_remaining_time_in_millis` counts down to it. Lambda would then stop the
+runtime; in-process the handler's thread cannot be killed and runs on, as a
+late worker would. `time_scale` S runs that clock S times faster than real
+time (support.sfn_semantics: the same scale as the emulated Step Functions).
 
 Usage (any process that runs moto in-process, tests or the emulated cloud):
 
@@ -32,6 +41,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 import traceback
 import uuid
 import zipfile
@@ -59,8 +69,16 @@ class LambdaContext:
     log_group_name: str = ""
     log_stream_name: str = ""
 
+    deadline: float = float("inf")  # time.monotonic() at which the invocation times out
+    time_scale: float = 1.0
+
     def get_remaining_time_in_millis(self) -> int:
-        return 300_000
+        left = (self.deadline - time.monotonic()) * self.time_scale
+        return max(0, int(left * 1000)) if left != float("inf") else 900_000
+
+
+class SandboxTimedout(Exception):
+    """What Lambda reports for an invocation that ran past its timeout (errorType Sandbox.Timedout)."""
 
 
 @dataclass
@@ -74,7 +92,13 @@ class Fault:
 
 
 class InProcessLambdas:
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(
+        self, workdir: Path | None = None, *, time_scale: float = 1.0, credentials: Callable[[str], str | None] | None = None
+    ) -> None:
+        self.time_scale = time_scale
+        # The access key a function's requests sign with (support.emulated_iam: its own role's);
+        # None: the process's own credentials.
+        self.credentials = credentials
         self._workdir = Path(workdir or tempfile.mkdtemp(prefix="braid-lambdas-"))
         self._modules: dict[str, ModuleType] = {}
         self._faults: dict[str, list[Fault]] = {}
@@ -184,15 +208,42 @@ class InProcessLambdas:
             if fault is not None:
                 raise fault
             context = LambdaContext(name, int(function.memory_size or 128), function.function_arn)
-            result = handler(event, context)
+            timeout = float(function.timeout or 3)
+            context.time_scale = self.time_scale
+            context.deadline = time.monotonic() + timeout / self.time_scale
+            access_key = self.credentials(name) if self.credentials else None
+            result = self._call(handler, event, context, timeout, access_key)
             return json.dumps(result), False, ""
         except Exception as exc:  # the Lambda runtime reports every handler exception this way
             payload = {
-                "errorType": type(exc).__name__,
+                "errorType": "Sandbox.Timedout" if isinstance(exc, SandboxTimedout) else type(exc).__name__,
                 "errorMessage": str(exc),
                 "stackTrace": traceback.format_exception(exc)[-5:],
             }
             return json.dumps(payload), True, "".join(traceback.format_exception(exc))
+
+    def _call(self, handler: Callable[[Any, Any], Any], event: Any, context: LambdaContext, timeout: float, access_key: str | None) -> Any:
+        """The handler's result, or Sandbox.Timedout once the function's timeout has passed."""
+        from support.emulated_iam import signing_as
+
+        outcome: list[Any] = []
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                with signing_as(access_key):
+                    outcome.append(handler(event, context))
+            except BaseException as exc:  # re-raised in the invoking thread
+                failure.append(exc)
+
+        thread = threading.Thread(target=run, name=f"lambda-{context.function_name}", daemon=True)
+        thread.start()
+        thread.join(max(0.0, context.deadline - time.monotonic()))
+        if thread.is_alive():
+            raise SandboxTimedout(f"RequestId: {context.aws_request_id} Error: Task timed out after {timeout:.2f} seconds")
+        if failure:
+            raise failure[0]
+        return outcome[0]
 
     def invocation_count(self, function_name: str) -> int:
         with self._lock:

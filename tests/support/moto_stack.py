@@ -74,15 +74,24 @@ def data_key_id(template: dict[str, Any]) -> str:
 
 def compat_definition(definition: str) -> str:
     """moto 5.2.5's ASL parser knows only STANDARD child workflows; EXPRESS children run as
-    STANDARD there. Nothing Braid relies on differs: the worker is idempotent either way
-    (EXPRESS children are at-least-once), and Finalize checks every chunk itself."""
+    STANDARD there. The item processor of a Map that asked for EXPRESS is
+    marked in its Comment (support.sfn_semantics.EXPRESS_MARK), so the
+    emulated Step Functions still holds its children to Express's 5 minutes.
+    A whole ToleratedFailurePercentage (`5`, as CDK renders it) is written `5.0`:
+    moto's grammar accepts only a decimal number there, AWS both."""
+    from support.sfn_semantics import EXPRESS_MARK
+
     doc = json.loads(definition)
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            config = node.get("ProcessorConfig")
+            if isinstance(node.get("ToleratedFailurePercentage"), int):
+                node["ToleratedFailurePercentage"] = float(node["ToleratedFailurePercentage"])
+            processor = node.get("ItemProcessor")
+            config = processor.get("ProcessorConfig") if isinstance(processor, dict) else None
             if isinstance(config, dict) and config.get("ExecutionType") == "EXPRESS":
                 config["ExecutionType"] = "STANDARD"
+                processor["Comment"] = f"{processor.get('Comment', '')} {EXPRESS_MARK}".strip()
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):

@@ -129,7 +129,8 @@ class S3Faults:
         group = self.settings.callers
         if caller in EXEMPT_CALLERS:
             return False
-        return group == "all" or (caller == self._pipeline) == (group == "pipeline")
+        # The handlers sign as `<pipeline>-<role>` (support.emulated_iam), the emulator itself as `<pipeline>`.
+        return group == "all" or caller.startswith(self._pipeline) == (group == "pipeline")
 
     def decide(self, op: str, caller: str, *, ranged: bool = False) -> str | None:
         """The fault kind for this request, or None to let it through.

@@ -1,0 +1,263 @@
+"""The emulated Step Functions fail as AWS fails (support.sfn_semantics), on small hand-written machines.
+
+Each test runs a Distributed Map in moto with an in-process Lambda whose
+behaviour the item decides (succeed, fail, or run long), and checks what
+AWS documents: the tolerated failure threshold and its error, the output of
+failed items within it, the Express 5-minute limit, Lambda's timeout, and a
+clock that runs faster without changing any ratio.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from support.inprocess_lambda import InProcessLambdas
+from support.moto_stack import compat_definition
+from support.sfn_semantics import EXCEED_THRESHOLD, EXCEED_THRESHOLD_CAUSE, AwsStepFunctions
+
+pytestmark = pytest.mark.cloud
+
+REGION = "us-east-1"
+HANDLER = '''
+import time
+import uuid
+
+def handler(event, context):
+    action = event["action"]
+    if action == "fail":
+        raise RuntimeError(f"item {event['n']} failed")
+    if action == "sleep":
+        time.sleep(event["seconds"])
+    if action == "remaining":
+        return {"n": event["n"], "remaining_ms": context.get_remaining_time_in_millis()}
+    return {"n": event["n"]}
+'''
+
+
+class Machines:
+    def __init__(self, session: Any, lambdas: InProcessLambdas, semantics: AwsStepFunctions) -> None:
+        self.session = session
+        self.lambdas = lambdas
+        self.semantics = semantics
+        self.sfn = session.client("stepfunctions")
+        iam = session.client("iam")
+        self.role = iam.create_role(RoleName="emulated-sfn", AssumeRolePolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": []}))[
+            "Role"
+        ]["Arn"]
+        archive = io.BytesIO()
+        with zipfile.ZipFile(archive, "w") as zipped:
+            zipped.writestr("app.py", HANDLER)
+        self.functions = {
+            name: session.client("lambda").create_function(
+                FunctionName=name, Runtime="python3.11", Role=self.role, Handler="app.handler", Code={"ZipFile": archive.getvalue()}, Timeout=timeout
+            )["FunctionArn"]
+            for name, timeout in (("item", 900), ("short", 60))
+        }
+
+    def map_machine(self, name: str, *, function: str = "item", express: bool = False, catch: bool = True, retry: dict[str, Any] | None = None, **tolerance: Any) -> str:
+        map_state: dict[str, Any] = {
+            "Type": "Map",
+            "ItemsPath": "$.items",
+            "ItemProcessor": {
+                "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS" if express else "STANDARD"},
+                "StartAt": "Item",
+                "States": {"Item": {"Type": "Task", "Resource": self.functions[function], "End": True}},
+            },
+            "Label": "items",
+            "MaxConcurrency": 1,
+            "ResultPath": "$.results",
+            "End": True,
+            **tolerance,
+        }
+        if retry:
+            map_state["Retry"] = [retry]
+        states: dict[str, Any] = {"Items": map_state}
+        if catch:
+            map_state["Catch"] = [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Caught"}]
+            states["Caught"] = {"Type": "Pass", "End": True}
+        definition = json.dumps({"StartAt": "Items", "States": states})
+        return self.sfn.create_state_machine(name=name, definition=compat_definition(definition), roleArn=self.role)["stateMachineArn"]
+
+    def run(self, machine: str, items: list[dict[str, Any]], timeout: float = 60) -> dict[str, Any]:
+        for n, item in enumerate(items):
+            item.setdefault("n", n)
+        arn = self.sfn.start_execution(stateMachineArn=machine, name=uuid.uuid4().hex, input=json.dumps({"items": items}))["executionArn"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            described = self.sfn.describe_execution(executionArn=arn)
+            if described["status"] != "RUNNING":
+                return described
+            time.sleep(0.1)
+        raise AssertionError(f"{arn} still running after {timeout} s")
+
+    def map_run(self, execution: dict[str, Any]) -> dict[str, Any]:
+        (run,) = self.sfn.list_map_runs(executionArn=execution["executionArn"])["mapRuns"]
+        return self.sfn.describe_map_run(mapRunArn=run["mapRunArn"])
+
+    def history(self, execution: dict[str, Any]) -> list[str]:
+        return [e["type"] for e in self.sfn.get_execution_history(executionArn=execution["executionArn"], maxResults=1000)["events"]]
+
+
+@pytest.fixture
+def machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[Machines]:
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    semantics = AwsStepFunctions(time_scale=100)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), semantics, InProcessLambdas(time_scale=100) as lambdas:
+        yield Machines(boto3.session.Session(region_name=REGION), lambdas, semantics)
+
+
+OK = {"action": "ok"}
+FAIL = {"action": "fail"}
+
+
+def test_one_failed_item_fails_the_map_with_the_aws_error_when_nothing_is_tolerated(machines: Machines) -> None:
+    machine = machines.map_machine("default-threshold")
+
+    result = machines.run(machine, [dict(OK), dict(FAIL), dict(OK)])
+
+    # The Catch saw the map's own error, not the item's, and the execution went on.
+    assert result["status"] == "SUCCEEDED", result
+    error = json.loads(result["output"])["error"]
+    assert error == {"Error": EXCEED_THRESHOLD, "Cause": EXCEED_THRESHOLD_CAUSE}
+    assert EXCEED_THRESHOLD == "States.ExceedToleratedFailureThreshold"
+    run = machines.map_run(result)
+    assert run["status"] == "FAILED" and run["itemCounts"]["failed"] == 1
+    history = machines.history(result)
+    assert "MapRunFailed" in history and "MapStateFailed" in history and "MapRunSucceeded" not in history
+
+
+def test_an_uncaught_threshold_failure_fails_the_execution_with_that_error(machines: Machines) -> None:
+    machine = machines.map_machine("uncaught", catch=False)
+
+    result = machines.run(machine, [dict(FAIL)])
+
+    assert result["status"] == "FAILED"
+    assert (result["error"], result["cause"]) == (EXCEED_THRESHOLD, EXCEED_THRESHOLD_CAUSE)
+
+
+def test_items_after_the_threshold_is_exceeded_never_start(machines: Machines) -> None:
+    machine = machines.map_machine("stops-early")  # MaxConcurrency 1: items run in order
+
+    result = machines.run(machine, [dict(FAIL)] + [dict(OK) for _ in range(5)])
+
+    counts = machines.map_run(result)["itemCounts"]
+    assert (counts["failed"], counts["succeeded"], counts["aborted"]) == (1, 0, 5)
+    assert machines.lambdas.invocation_count("item") == 1
+
+
+def test_failures_within_a_tolerated_count_leave_the_map_succeeding_with_their_results(machines: Machines) -> None:
+    machine = machines.map_machine("count", ToleratedFailureCount=1)
+
+    within = machines.run(machine, [dict(OK), dict(FAIL), dict(OK)])
+    beyond = machines.run(machine, [dict(FAIL), dict(OK), dict(FAIL)])
+
+    assert within["status"] == "SUCCEEDED"
+    output = json.loads(within["output"])
+    assert "error" not in output
+    first, failed, last = output["results"]
+    assert first == {"n": 0} and last == {"n": 2}
+    # A failed child's result is its execution result unchanged (Transformation NONE).
+    assert failed["Status"] == "FAILED" and failed["Error"] == "RuntimeError"
+    assert "item 1 failed" in failed["Cause"]
+    assert json.loads(failed["Input"]) == {"action": "fail", "n": 1}
+    assert {"ExecutionArn", "Name", "StartDate", "StopDate", "StateMachineArn"} <= set(failed)
+    assert machines.map_run(within)["status"] == "SUCCEEDED"
+    assert json.loads(beyond["output"])["error"]["Error"] == EXCEED_THRESHOLD
+
+
+def test_the_tolerated_percentage_counts_failed_items_over_all_items(machines: Machines) -> None:
+    machine = machines.map_machine("percentage", ToleratedFailurePercentage=50)  # as CDK renders it (compat_definition adapts it for moto)
+
+    half = machines.run(machine, [dict(FAIL), dict(OK), dict(FAIL), dict(OK)])
+    more = machines.run(machine, [dict(FAIL), dict(FAIL), dict(FAIL), dict(OK)])
+
+    assert "error" not in json.loads(half["output"])  # 50 % is not more than 50 %
+    assert json.loads(more["output"])["error"]["Error"] == EXCEED_THRESHOLD
+
+
+def test_with_both_thresholds_exceeding_either_fails_the_map(machines: Machines) -> None:
+    machine = machines.map_machine("both", ToleratedFailurePercentage=90.0, ToleratedFailureCount=1)
+
+    result = machines.run(machine, [dict(FAIL), dict(FAIL), dict(OK), dict(OK)])
+
+    assert json.loads(result["output"])["error"]["Error"] == EXCEED_THRESHOLD
+
+
+def test_a_retry_on_the_map_state_sees_the_threshold_error(machines: Machines) -> None:
+    retry = {"ErrorEquals": [EXCEED_THRESHOLD], "IntervalSeconds": 30, "MaxAttempts": 2, "BackoffRate": 2.0}
+    machine = machines.map_machine("retried", retry=retry)
+
+    started = time.monotonic()
+    result = machines.run(machine, [dict(FAIL)])
+
+    assert json.loads(result["output"])["error"]["Error"] == EXCEED_THRESHOLD
+    assert machines.lambdas.invocation_count("item") == 3  # the first run and 2 retries of the whole map
+    # 30 s + 60 s of the service's clock, at 100x: under a few seconds, but not none.
+    assert 0.8 <= time.monotonic() - started < 30
+
+
+def test_an_express_child_past_five_minutes_times_out_and_counts_against_the_threshold(machines: Machines) -> None:
+    machine = machines.map_machine("express", express=True, ToleratedFailureCount=1)
+    slow = {"action": "sleep", "seconds": 4}  # 4 real s = 400 s of the service's clock at 100x: past 300 s
+
+    tolerated = machines.run(machine, [dict(OK), slow])
+    beyond = machines.run(machine, [dict(slow), dict(slow)])
+
+    timed_out = json.loads(tolerated["output"])["results"][1]
+    assert (timed_out["Status"], timed_out["Error"]) == ("TIMED_OUT", "States.Timeout")
+    assert machines.map_run(tolerated)["itemCounts"]["timedOut"] == 1
+    assert json.loads(beyond["output"])["error"]["Error"] == EXCEED_THRESHOLD
+
+
+def test_a_standard_child_is_not_held_to_the_express_limit(machines: Machines) -> None:
+    machine = machines.map_machine("standard")
+
+    result = machines.run(machine, [{"action": "sleep", "seconds": 4}])
+
+    assert json.loads(result["output"]).get("results") == [{"n": 0}], result["output"]
+
+
+def test_a_lambda_past_its_timeout_fails_with_sandbox_timedout(machines: Machines) -> None:
+    machine = machines.map_machine("lambda-timeout", function="short", ToleratedFailureCount=5)
+    # The function's Timeout is 60 s: 0.6 real s at 100x.
+
+    result = machines.run(machine, [{"action": "sleep", "seconds": 1.5}, {"action": "remaining"}])
+
+    timed_out, remaining = json.loads(result["output"])["results"]
+    assert timed_out["Error"] == "Sandbox.Timedout" and "Task timed out after 60.00 seconds" in timed_out["Cause"]
+    assert 50_000 < remaining["remaining_ms"] <= 60_000  # the context counts down the service's clock
+
+
+def test_a_result_writer_exports_each_status_to_its_own_file_with_a_manifest(machines: Machines) -> None:
+    s3 = machines.session.client("s3")
+    s3.create_bucket(Bucket="results")
+    writer = {"Resource": "arn:aws:states:::s3:putObject", "Parameters": {"Bucket": "results", "Prefix": "runs"}}
+    machine = machines.map_machine("exported", ToleratedFailureCount=1, ResultWriter=writer)
+
+    result = machines.run(machine, [dict(OK), dict(FAIL), dict(OK)])
+
+    details = json.loads(result["output"])["results"]
+    assert details["ResultWriterDetails"]["Bucket"] == "results" and details["MapRunArn"] == machines.map_run(result)["mapRunArn"]
+    manifest = json.loads(s3.get_object(Bucket="results", Key=details["ResultWriterDetails"]["Key"])["Body"].read())
+    assert manifest["DestinationBucket"] == "results" and manifest["ResultFiles"]["PENDING"] == []
+    (succeeded,) = manifest["ResultFiles"]["SUCCEEDED"]
+    (failed,) = manifest["ResultFiles"]["FAILED"]
+    assert succeeded["Key"].startswith("runs/") and succeeded["Key"].endswith("/SUCCEEDED_0.json")
+    rows = json.loads(s3.get_object(Bucket="results", Key=succeeded["Key"])["Body"].read())
+    assert [json.loads(r["Output"]) for r in rows] == [{"n": 0}, {"n": 2}] and {r["Status"] for r in rows} == {"SUCCEEDED"}
+    body = s3.get_object(Bucket="results", Key=failed["Key"])["Body"].read()
+    (row,) = json.loads(body)
+    assert failed["Size"] == len(body)
+    assert (row["Status"], row["Error"], json.loads(row["Input"])) == ("FAILED", "RuntimeError", {"action": "fail", "n": 1})
