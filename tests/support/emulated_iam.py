@@ -47,7 +47,7 @@ from xml.etree import ElementTree
 
 from support.cfn_render import Resolver
 from support.iam_policy import ALLOW, Request, evaluate
-from support.moto_stack import resources_of
+from support.moto_stack import data_key_id, resources_of
 
 PIPELINE_PREFIX = "emulatedpipeline"
 AGENT_PREFIX = "host-agent-"
@@ -134,7 +134,7 @@ class StackIam:
             for p in resources_of(template, "AWS::S3::BucketPolicy").values()
             if lenient.render(p["Properties"]["Bucket"]) == bucket
         ]
-        (key,) = resources_of(template, "AWS::KMS::Key").values()
+        key = template["Resources"][data_key_id(template)]
         key_policy = lenient.render(key["Properties"]["KeyPolicy"])["Statement"]
         (agent_policy_id,) = [lid for lid in managed if lid.startswith("AccessAgentPolicy")]
         (agent_role,) = [lid for lid in roles if lid.startswith("AccessAgentRole")]
