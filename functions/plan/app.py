@@ -3,7 +3,9 @@
 Event: the state ({execution input..., "plan": previous result or absent}).
 Returns (state $.plan): {"status": "ready"|"waiting"|"done", "round", "items_key",
 "items_object" (full S3 key for the ItemReader), "items", "chunks",
-"planned_chunks", "idle_seconds", "wait_seconds"}.
+"planned_chunks", "idle_seconds", "wait_seconds", "cursor"}. The cursor is
+what the next call continues from (braid.pipeline.plan_cursor); each call
+watches staging for up to braid.pipeline.pacing.WATCH_SECONDS.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 from braid.adapters.aws.lambda_env import repository_store
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
-from braid.pipeline.plan import idle_since_progress, plan_next_round
+from braid.pipeline.pacing import MIN_ROUND_SECONDS, watch_seconds
+from braid.pipeline.plan import carried_cursor, idle_since_progress, plan_next_round
 
 
 @pipeline_handler
@@ -28,6 +31,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         poll_seconds=request.poll_seconds,
         stall_seconds=request.stall_seconds,
         idle_seconds=idle_since_progress(event.get("plan")),
+        cursor=carried_cursor(event.get("plan")),
+        watch_seconds=watch_seconds(context.get_remaining_time_in_millis() / 1000 if context is not None else None),
+        min_round_seconds=MIN_ROUND_SECONDS,
     )
     if status.status == "ready":
         add_metrics({"ChunksPlanned": (MetricUnit.Count, status.chunks), "MapItemsPlanned": (MetricUnit.Count, status.items)})

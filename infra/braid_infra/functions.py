@@ -41,10 +41,14 @@ class FunctionSpec:
 
 SPECS = {
     "prepare": FunctionSpec("prepare", 256, Duration.seconds(60), "Braid Prepare: make and stage the backup's data key"),
-    "plan": FunctionSpec("plan", 256, Duration.seconds(60), "Braid Plan: completed staging segments to map rounds"),
-    # EXPRESS child workflows end at 5 minutes; the worker must finish well before.
-    "worker": FunctionSpec("worker", contract.WORKER_MEMORY_MB, Duration.seconds(180), "Braid Worker: compress, encrypt and store a few chunks"),
-    "finalize": FunctionSpec("finalize", 1024, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
+    # Each call watches staging for up to braid.pipeline.pacing.WATCH_SECONDS (420 s): half this timeout.
+    "plan": FunctionSpec("plan", 256, Duration.seconds(contract.PLAN_TIMEOUT_SECONDS), "Braid Plan: completed staging segments to map rounds"),
+    # EXPRESS child workflows end at 5 minutes: every attempt of the worker, and the
+    # backoff between them, must fit (braid_infra.pipeline.WORKER_RETRY, checked in tests/infra).
+    "worker": FunctionSpec(
+        "worker", contract.WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid Worker: compress, encrypt and store a few chunks"
+    ),
+    "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
     "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
 }

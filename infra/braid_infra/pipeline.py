@@ -52,13 +52,15 @@ class RetryPolicy:
     max_delay: Duration = Duration.seconds(60)
 
 
-# Worker items retry longer than the coordinating steps: a throttled or
-# slowed worker is the common transient case at high fan-out.
-# Each attempt's AWS requests are first retried by the function's client
-# (braid.adapters.aws.clients.PIPELINE: 5 attempts), so the worst case is
-# 5 x 6 = 30 HTTP attempts per worker request; STEP_RETRY covers only
-# Lambda's own invoke failures, when no request was made.
-WORKER_RETRY = RetryPolicy()
+# Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
+# at most WORKER_TIMEOUT_SECONDS (60 s; a 16-chunk item takes ~10 s) plus
+# backoffs of at most 2 + 4 + 8 s is 254 s < 300 s, so even a worker that
+# times out every time fails its item inside the child instead of the child
+# timing out (tests/infra checks the sum). Each attempt's AWS requests are
+# first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
+# 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
+# request was made.
+WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
 STEP_RETRY = RetryPolicy(max_attempts=3)
 
 

@@ -303,3 +303,44 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
     reads = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if "s3:GetObject" in actions([s])])
     writes = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
     assert "/policies/*" in reads and "/policies/" not in writes
+
+
+def _state(template: Template, name: str) -> dict[str, Any]:
+    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    definition = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))
+    found: list[dict[str, Any]] = []
+
+    def walk(states: dict[str, Any]) -> None:
+        for state_name, state in states.items():
+            if state_name == name:
+                found.append(state)
+            if "ItemProcessor" in state:
+                walk(state["ItemProcessor"]["States"])
+
+    walk(definition["States"])
+    (state,) = found
+    return state
+
+
+def _function(template: Template, description: str) -> dict[str, Any]:
+    (found,) = [f["Properties"] for f in resources_of(template.to_json(), "AWS::Lambda::Function").values() if description in f["Properties"]["Description"]]
+    return found
+
+
+def test_every_worker_attempt_and_its_backoff_fit_the_express_child(template: Template) -> None:
+    # An EXPRESS child ends at 5 minutes: a worker timing out on every attempt must still
+    # fail its item inside the child (so the map sees the item's error), with >= 3 attempts.
+    (retry,) = _state(template, "Worker")["Retry"]
+    timeout = _function(template, "Braid Worker")["Timeout"]
+    attempts = 1 + retry["MaxAttempts"]
+    backoff = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"]) for n in range(retry["MaxAttempts"]))
+    assert attempts >= 3
+    assert attempts * timeout + backoff < 300, (attempts, timeout, backoff)
+    assert "Sandbox.Timedout" in retry["ErrorEquals"]
+
+
+def test_the_planners_watch_is_half_its_timeout(template: Template) -> None:
+    from braid.pipeline.pacing import DEADLINE_MARGIN_SECONDS, WATCH_SECONDS
+
+    timeout = _function(template, "Braid Plan")["Timeout"]
+    assert (WATCH_SECONDS + DEADLINE_MARGIN_SECONDS) * 2 <= timeout <= 900

@@ -29,6 +29,16 @@ DEFAULT_WORKER_LANES = 4
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
+# Seconds per worker attempt, and retries after the first: attempts x timeout
+# plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
+WORKER_TIMEOUT_SECONDS = 60
+WORKER_RETRIES = 3
+EXPRESS_CHILD_SECONDS = 300
+# The Plan function watches staging for half of this (braid.pipeline.pacing).
+PLAN_TIMEOUT_SECONDS = 900
+# Finalize reads a result record per map item, many at once; botocore's CPU per
+# request is what it waits on, so it gets a full vCPU (it runs once per backup).
+FINALIZE_MEMORY_MB = 1769
 
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"

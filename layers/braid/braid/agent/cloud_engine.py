@@ -28,7 +28,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
-from braid.format.staging import StagingArea, StreamEnd
+from braid.format.staging import Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
@@ -83,6 +83,7 @@ class CloudEngine:
         self.pipeline = executions
         self.prefix = prefix
         self.retries = retries or ProgressRelay()
+        self._rounds: dict[str, list[Round]] = {}  # per backup: plan rounds read so far (written once, never changed)
 
     # -- backup ---------------------------------------------------------------
 
@@ -227,10 +228,13 @@ class CloudEngine:
 
         None when staging changes under the count (Finalize or Cleanup
         removing it): progress is best effort and must never fail a backup.
+        Each poll LISTs rounds and results and GETs only the rounds it has
+        not read yet.
         """
         try:
             area = StagingArea(self.store, ref)
-            return area.processed_chunks(area.read_rounds())
+            rounds = self._rounds[str(ref)] = area.read_rounds(self._rounds.get(str(ref)))
+            return area.processed_chunks(rounds)
         except BackupError:
             return None
 
