@@ -144,7 +144,7 @@ class CountingStore:
 
     def __init__(self, clock: Any) -> None:
         self._objects: dict[str, _Object] = {}
-        self._keys: list[str] = []  # sorted
+        self._sorted: list[str] | None = []  # the keys in order, rebuilt on the next LIST after a change
         self._lock = threading.Lock()
         self._clock = clock
         self.current: Invocation | None = None
@@ -168,7 +168,7 @@ class CountingStore:
     def _set(self, key: str, value: _Object) -> None:
         with self._lock:
             if key not in self._objects:
-                bisect.insort(self._keys, key)
+                self._sorted = None
             self._objects[key] = value
 
     def put(self, key: str, data: Any, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
@@ -208,9 +208,10 @@ class CountingStore:
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         with self._lock:
-            start = bisect.bisect_left(self._keys, prefix)
-            end = bisect.bisect_left(self._keys, prefix + "\U0010ffff")
-            keys = self._keys[start:end]
+            ordered = self._ordered()
+            start = bisect.bisect_left(ordered, prefix)
+            end = bisect.bisect_left(ordered, prefix + "\U0010ffff")
+            keys = ordered[start:end]
             found = [ObjectInfo(k, self._objects[k].size) for k in keys]
         self._count("LIST", max(1, math.ceil(len(found) / 1000)))
         return iter(found)
@@ -222,12 +223,18 @@ class CountingStore:
         self._count("DELETE", math.ceil(len(keys) / 1000))
         with self._lock:
             for key in keys:
-                if self._objects.pop(key, None) is not None:
-                    self._keys.pop(bisect.bisect_left(self._keys, key))
+                self._objects.pop(key, None)
+            self._sorted = None
+
+    def _ordered(self) -> list[str]:
+        if self._sorted is None:
+            self._sorted = sorted(self._objects)
+        return self._sorted
 
     def keys_under(self, prefix: str) -> int:
-        start = bisect.bisect_left(self._keys, prefix)
-        return bisect.bisect_left(self._keys, prefix + "\U0010ffff") - start
+        with self._lock:
+            ordered = self._ordered()
+            return bisect.bisect_left(ordered, prefix + "\U0010ffff") - bisect.bisect_left(ordered, prefix)
 
 
 class CountingJanitor:
@@ -337,6 +344,8 @@ class Simulation:
     items: int
     worker_seconds: float  # sum of every item's duration (billed worker time)
     map_seconds: float
+    transitions: int  # Standard state transitions of the backup execution (billed)
+    staged_byte_seconds: float  # raw bytes in staging x how long they stayed (until Finalize removed them)
 
     @property
     def seconds_after_stream_end(self) -> float:
@@ -373,6 +382,7 @@ class _Agent:
         self.end_at = total / rate
         self.requests: Counter[str] = Counter()
         self.crc = encode_crc64nvme(0)
+        self.completed: list[tuple[float, int]] = []  # (when, bytes) per segment
 
     def catch_up(self, now: float) -> None:
         saved, self.store.current = self.store.current, None  # the agent's writes are not the invocation's
@@ -398,6 +408,7 @@ class _Agent:
         parts = math.ceil(length / self.session.chunk_size)
         record = SegmentRecord(0, number, segment_key(self.ref, 0, number), offset, length, parts, stored_checksum(b""), [self.crc] * parts)
         self.store.put_sized(record.key, length)  # the completed multipart object (by size)
+        self.completed.append((length / self.rate + offset / self.rate, length))
         self.area.write_segment_record(record)
         # CreateMultipartUpload, UploadPart per part, CompleteMultipartUpload, the record's PUT.
         self.requests["PUT"] += 1 + parts + 1 + 1
@@ -508,13 +519,16 @@ def simulate(
             worker = Invocation("worker", requests=calibration.of(chunks), count=n)
             worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
             invocations.append(worker)
+        plans = sum(1 for i in invocations if i.function == "plan")
+        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2  # Identify, Prepare; Plan + Choice; Wait | Map; Finalize, Succeed
+        staged = sum(size * max(0.0, clock.now - when) for when, size in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
         return Simulation(
             tib=tib, stream_mb_s=stream_mb_s, workers=workers, chunk_size=chunk_size, segments=agent.segments,
             chunks=math.ceil(total / chunk_size), stream_seconds=agent.end_at, invocations=invocations, history_events=events,
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
-            worker_seconds=worker_seconds, map_seconds=map_seconds,
+            worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
         )
 
 
