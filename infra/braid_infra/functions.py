@@ -55,15 +55,26 @@ SPECS = {
 
 
 class PipelineFunctions(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, storage: Storage, keys: Keys, layer: lambda_.ILayerVersion) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        storage: Storage,
+        keys: Keys,
+        layer: lambda_.ILayerVersion,
+        worker_concurrency: int = contract.DEFAULT_WORKER_CONCURRENCY,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.storage = storage
         self.keys = keys
+        self.worker_concurrency = worker_concurrency
         environment = {
             contract.ENV_BUCKET: storage.bucket.bucket_name,
             contract.ENV_KMS_KEY_ID: keys.key.key_arn,
             contract.ENV_EVENT_BUS: contract.DEFAULT_EVENT_BUS,
             contract.ENV_WORKER_LANES: str(WORKER_LANES),
+            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency),
             "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
@@ -101,6 +112,7 @@ class PipelineFunctions(Construct):
             log_group=log_group,
             tracing=lambda_.Tracing.ACTIVE,
             environment=environment,
+            reserved_concurrent_executions=self.worker_concurrency if spec.name == "worker" else None,
         )
         self.functions[spec.name] = function
         self.roles[spec.name] = role
@@ -144,9 +156,10 @@ class PipelineFunctions(Construct):
         self._s3("prepare", ["s3:PutObject"], STAGING_OBJECTS)
         self._list("prepare")
         self.keys.allow_generate(self.roles["prepare"])
-        # Plan: read staging records, write plan rounds.
+        # Plan: read staging records, write plan rounds; delete segments whose chunks are
+        # all stored and its own hold record (braid.pipeline.replan). Never data or manifests.
         self._s3("plan", ["s3:GetObject"], STAGING_OBJECTS)
-        self._s3("plan", ["s3:PutObject"], STAGING_OBJECTS)
+        self._s3("plan", ["s3:PutObject", "s3:DeleteObject"], STAGING_OBJECTS)
         self._list("plan")
         # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
         self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)

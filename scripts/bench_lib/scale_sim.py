@@ -149,6 +149,7 @@ class CountingStore:
         self._clock = clock
         self.current: Invocation | None = None
         self.totals: Counter[str] = Counter()
+        self.deleted_at: dict[str, float] = {}  # when each deleted key went (staging storage is billed until then)
 
     @property
     def url(self) -> str:
@@ -223,7 +224,8 @@ class CountingStore:
         self._count("DELETE", math.ceil(len(keys) / 1000))
         with self._lock:
             for key in keys:
-                self._objects.pop(key, None)
+                if self._objects.pop(key, None) is not None:
+                    self.deleted_at[key] = self._clock()
             self._sorted = None
 
     def _ordered(self) -> list[str]:
@@ -382,7 +384,7 @@ class _Agent:
         self.end_at = total / rate
         self.requests: Counter[str] = Counter()
         self.crc = encode_crc64nvme(0)
-        self.completed: list[tuple[float, int]] = []  # (when, bytes) per segment
+        self.completed: list[tuple[float, int, str]] = []  # (when, bytes, key) per segment
 
     def catch_up(self, now: float) -> None:
         saved, self.store.current = self.store.current, None  # the agent's writes are not the invocation's
@@ -408,7 +410,7 @@ class _Agent:
         parts = math.ceil(length / self.session.chunk_size)
         record = SegmentRecord(0, number, segment_key(self.ref, 0, number), offset, length, parts, stored_checksum(b""), [self.crc] * parts)
         self.store.put_sized(record.key, length)  # the completed multipart object (by size)
-        self.completed.append((length / self.rate + offset / self.rate, length))
+        self.completed.append(((offset + length) / self.rate, length, record.key))
         self.area.write_segment_record(record)
         # CreateMultipartUpload, UploadPart per part, CompleteMultipartUpload, the record's PUT.
         self.requests["PUT"] += 1 + parts + 1 + 1
@@ -521,7 +523,7 @@ def simulate(
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
         transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2  # Identify, Prepare; Plan + Choice; Wait | Map; Finalize, Succeed
-        staged = sum(size * max(0.0, clock.now - when) for when, size in agent.completed)
+        staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
         return Simulation(

@@ -224,7 +224,7 @@ def test_state_machine_definition(template: Template) -> None:
                                 "ProcessChunks": Match.object_like(
                                     {
                                         "Type": "Map",
-                                        "MaxConcurrencyPath": "$.max_concurrency",
+                                        "MaxConcurrencyPath": "$.plan.max_concurrency",
                                         "Next": "PlanSegments",
                                         "ItemReader": Match.object_like(
                                             {"ReaderConfig": {"InputType": "JSON"}, "Parameters": Match.object_like({"Key.$": "$.plan.items_object"})}
@@ -344,3 +344,15 @@ def test_the_planners_watch_is_half_its_timeout(template: Template) -> None:
 
     timeout = _function(template, "Braid Plan")["Timeout"]
     assert (WATCH_SECONDS + DEADLINE_MARGIN_SECONDS) * 2 <= timeout <= 900
+
+
+def test_the_worker_has_reserved_concurrency_and_the_map_is_clamped_to_it(template: Template) -> None:
+    from braid import contract
+
+    worker = _function(template, "Braid Worker")
+    assert worker["ReservedConcurrentExecutions"] == contract.DEFAULT_WORKER_CONCURRENCY
+    plan = _function(template, "Braid Plan")
+    assert plan["Environment"]["Variables"][contract.ENV_WORKER_CONCURRENCY] == str(contract.DEFAULT_WORKER_CONCURRENCY)
+    # The map runs what PlanSegments returns: the input's --fan-out, clamped to the reservation (functions/plan/app.py).
+    assert _state(template, "ProcessChunks")["MaxConcurrencyPath"] == "$.plan.max_concurrency"
+    assert _state(template, "ProcessChunks")["ToleratedFailureCount"] == 10_000  # failed items are planned again, not fatal

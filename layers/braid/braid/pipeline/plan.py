@@ -34,6 +34,7 @@ from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingA
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
+from braid.pipeline.replan import check_last_map, check_of, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -41,7 +42,7 @@ from braid.ports.store import ObjectStore
 class PlanStatus:
     """What the planner tells the state machine: map a round, wait, or finish."""
 
-    status: str  # "ready" | "waiting" | "done"
+    status: str  # "ready" | "waiting" | "held" | "done"
     round: int = 0
     items_key: str = ""  # repository-relative key of the round file
     items: int = 0
@@ -166,10 +167,22 @@ def plan_next_round(
     else:
         state = PlanCursor.from_json(cursor, len(session.inputs))
     deadline = now + max(0.0, watch_seconds)
+    state, again = check_last_map(area, state, now)
+    if again:
+        return _map_again(state, again)
     ready: list[SegmentRecord] = []
     lease_read_at = float("-inf")
     while True:
         now = clock()
+        if state.held is not None:
+            state, again = watch_hold(area, state, now)
+            if again:
+                return _map_again(state, again)
+            check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
+            if now + POLL_INTERVAL_SECONDS > deadline:
+                return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+            sleep(POLL_INTERVAL_SECONDS)
+            continue
         found_new = _read_new_records(area, session, state, ready)
         if found_new:
             state = replace(state, progress=now)
@@ -200,6 +213,15 @@ def plan_next_round(
                 cursor=state,
             )
         sleep(pause)
+
+
+def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
+    """Map the unfinished items of an earlier round again (braid.pipeline.replan)."""
+    assert state.check is not None
+    return PlanStatus(
+        "ready", round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
+        planned_chunks=state.chunks, cursor=state,
+    )
 
 
 # The agent rewrites its lease every minute (braid.format.lease): reading it more often shows nothing new.
@@ -262,7 +284,7 @@ def _plan_round(
     found = area.write_round(state.rounds + 1, items_for_segments(chosen, session.chunk_size, state.chunks, per_item))
     if found.items and found.items[0].first_index != state.chunks:
         raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {found.items[0].first_index}, expected {state.chunks}")
-    after = state.with_round(found, now)
+    after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
     )

@@ -39,6 +39,10 @@ class PlanCursor:
     last_round: float | None  # epoch seconds of the last round planned
     progress: float  # epoch seconds of the agent's last sign of progress
     lease: str = ""  # digest of the agent's lease as last read
+    # The last map's items file, checked by the next call: {"key", "round", "attempt", "limit"} (braid.pipeline.replan).
+    check: Mapping[str, Any] | None = None
+    # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (braid.format.staging.hold).
+    held: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,8 @@ class PlanCursor:
             "last_round": self.last_round,
             "progress": self.progress,
             "lease": self.lease,
+            "check": dict(self.check) if self.check is not None else None,
+            "held": dict(self.held) if self.held is not None else None,
         }
 
     @classmethod
@@ -65,6 +71,8 @@ class PlanCursor:
                 last_round=None if last is None else float(last),
                 progress=float(doc["progress"]),
                 lease=str(doc.get("lease", "")),
+                check=_mapping_or_none(doc.get("check"), ("key", "round", "attempt", "limit")),
+                held=_mapping_or_none(doc.get("held"), ("until", "released_by")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid planner cursor in the execution state: {exc}") from None
@@ -91,6 +99,14 @@ class PlanCursor:
         segments, offsets = list(self.segments), list(self.offsets)
         segments[record.input_index] = record.segment + 1
         return replace(self, segments=tuple(segments), offsets=tuple(offsets))
+
+
+def _mapping_or_none(value: Any, names: tuple[str, ...]) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or any(n not in value for n in names):
+        raise ValueError(f"expected an object with {names}, not {value!r}")
+    return dict(value)
 
 
 def fresh_cursor(session: SessionRecord, now: float) -> PlanCursor:

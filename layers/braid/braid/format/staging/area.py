@@ -15,6 +15,7 @@ one reader with one validation and each failure one typed error:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,14 +25,18 @@ from braid.format.ids import BackupRef
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
+from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     agent_lease_key,
     failure_key,
     failures_prefix,
+    held_key,
     parse_round_key,
     parse_segment_key,
     result_key,
     results_prefix,
+    resume_key,
+    retry_key,
     round_key,
     rounds_prefix,
     segment_record_key,
@@ -261,6 +266,55 @@ class StagingArea:
 
     def _result_keys(self) -> set[str]:
         return {info.key for info in self.store.list(results_prefix(self.ref))}
+
+    def read_items(self, key: str, number: int) -> list[MapItem]:
+        """The items of a round or retry file, as the map read them."""
+        return list(Round.from_bytes(self.store.get(key), number, key).items)
+
+    def write_retry(self, round_number: int, attempt: int, items: Iterable[MapItem]) -> Round:
+        """Items of a round planned again (same chunk indexes); overwrites: a retried planner writes the same."""
+        found = Round(round_number, retry_key(self.ref, round_number, attempt), tuple(items))
+        self.store.put(found.key, found.to_bytes())
+        return found
+
+    def finished_items(self, items: Iterable[MapItem]) -> tuple[list[MapItem], list[MapItem]]:
+        """(finished, unfinished): by whether the item's result record exists.
+
+        One LIST under the longest key prefix the items' result keys share:
+        a few requests for a round, however many results the backup has."""
+        items = list(items)
+        if not items:
+            return [], []
+        keys = [result_key(self.ref, item.first_index) for item in items]
+        prefix = os.path.commonprefix([min(keys), max(keys)])
+        present = {info.key for info in self.store.list(prefix)}
+        finished: list[MapItem] = []
+        unfinished: list[MapItem] = []
+        for item, key in zip(items, keys, strict=True):
+            (finished if key in present else unfinished).append(item)
+        return finished, unfinished
+
+    def remove_segments(self, keys: Iterable[str]) -> None:
+        """Staged segments whose every chunk is stored: their raw bytes need not wait for Finalize."""
+        self.store.delete(sorted(set(keys)))
+
+    # -- hold and resume -----------------------------------------------------
+    def write_hold(self, hold: HoldRecord) -> None:
+        self.store.put(held_key(self.ref), hold.to_bytes())
+
+    def read_hold(self) -> HoldRecord | None:
+        raw = self._get(held_key(self.ref))
+        return None if raw is None else HoldRecord.from_bytes(raw, held_key(self.ref))
+
+    def clear_hold(self) -> None:
+        self.store.delete([held_key(self.ref)])
+
+    def write_resume_request(self, request: ResumeRequest) -> None:
+        self.store.put(resume_key(self.ref), request.to_bytes())
+
+    def read_resume_request(self) -> ResumeRequest | None:
+        raw = self._get(resume_key(self.ref))
+        return None if raw is None else ResumeRequest.from_bytes(raw, resume_key(self.ref))
 
     # -- failures ------------------------------------------------------------
     def write_failure(self, failure: ItemFailure) -> str:
