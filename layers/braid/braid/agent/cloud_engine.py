@@ -21,6 +21,7 @@ from typing import Any
 from braid.agent.limits import check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
+from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
@@ -49,6 +50,7 @@ class CloudOptions:
     fan_out: int = DEFAULT_MAX_CONCURRENCY
     wait: bool = True
     poll_seconds: float = 2.0
+    watch_seconds: float = WATCH_INTERVAL_SECONDS  # while uploading: how often the agent looks at its execution
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -143,7 +145,8 @@ class CloudEngine:
         try:
             # The lease shows retention that this upload is alive between
             # completed segments (S3 lists nothing for parts in progress).
-            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False):
+            watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
+            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False), watch:
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
                     request.sources,
@@ -155,6 +158,8 @@ class CloudEngine:
                     progress=progress,
                     gate=request.gate,
                 )
+        except PipelineStopped:
+            raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon
         except BaseException as exc:
             if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
                 _resumable(exc, ref)  # adds the way back in to the error itself
