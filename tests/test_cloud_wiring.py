@@ -144,3 +144,28 @@ def test_resume_after_staging_is_gone_follows_the_execution_still_running(s3_rep
         stub.add_client_error("describe_execution", "ExecutionDoesNotExist", "no such execution")
         with pytest.raises(NotFoundError, match="nothing to resume"):
             engine.run(request, lambda _: None)
+
+
+def test_a_held_backup_stops_the_agent_with_the_workers_error_until_its_own_resume(s3_repository: Repository) -> None:
+    from braid.format.staging import HoldRecord, ResumeRequest, StagingArea
+
+    engine = cloud_engine(s3_repository, argparse.Namespace(concurrency=None, rate_limit_bytes=None, fan_out=None, no_wait=False))
+    ref = BackupRef.new("db")
+    area = StagingArea(s3_repository.store, ref)
+    assert engine.held_message(ref) is None
+    area.write_hold(HoldRecord("chunks 4..5: StorageError: S3 refused writing", "2026-11-23T00:00:00Z", "2026-11-24T00:00:00Z", "", 1))
+
+    with pytest.raises(ExecutionError) as held:
+        engine.check_not_held(ref)
+
+    assert held.value.exit_code == 9
+    message = str(held.value)
+    assert f"backup {ref} is held: workers kept failing on 1 map item(s) (chunks 4..5: StorageError: S3 refused writing)" in message
+    assert "kept until 2026-11-24T00:00:00Z" in message and f"'braid backup --resume {ref}' and the same inputs" in message
+    # After this agent's own resume request, that older hold is stale (the planner is releasing it) ...
+    engine._resumed[str(ref)] = "mine"
+    area.write_resume_request(ResumeRequest("mine"))
+    assert engine.held_message(ref) is None
+    # ... but a hold written after it (the items failed again) stops the agent again.
+    area.write_hold(HoldRecord("chunks 4..5: StorageError: again", "2026-11-23T01:00:00Z", "2026-11-24T01:00:00Z", "mine", 1))
+    assert "StorageError: again" in (engine.held_message(ref) or "")

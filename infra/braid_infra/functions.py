@@ -41,25 +41,40 @@ class FunctionSpec:
 
 SPECS = {
     "prepare": FunctionSpec("prepare", 256, Duration.seconds(60), "Braid Prepare: make and stage the backup's data key"),
-    "plan": FunctionSpec("plan", 256, Duration.seconds(60), "Braid Plan: completed staging segments to map rounds"),
-    # EXPRESS child workflows end at 5 minutes; the worker must finish well before.
-    "worker": FunctionSpec("worker", contract.WORKER_MEMORY_MB, Duration.seconds(180), "Braid Worker: compress, encrypt and store a few chunks"),
-    "finalize": FunctionSpec("finalize", 1024, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
+    # Each call watches staging for up to braid.pipeline.pacing.WATCH_SECONDS (420 s): half this timeout.
+    "plan": FunctionSpec("plan", 256, Duration.seconds(contract.PLAN_TIMEOUT_SECONDS), "Braid Plan: completed staging segments to map rounds"),
+    # EXPRESS child workflows end at 5 minutes: every attempt of the worker, and the
+    # backoff between them, must fit (braid_infra.pipeline.WORKER_RETRY, checked in tests/infra).
+    "worker": FunctionSpec(
+        "worker", contract.WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid Worker: compress, encrypt and store a few chunks"
+    ),
+    "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
     "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
 }
 
 
 class PipelineFunctions(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, storage: Storage, keys: Keys, layer: lambda_.ILayerVersion) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        storage: Storage,
+        keys: Keys,
+        layer: lambda_.ILayerVersion,
+        worker_concurrency: int = contract.DEFAULT_WORKER_CONCURRENCY,
+    ) -> None:
         super().__init__(scope, construct_id)
         self.storage = storage
         self.keys = keys
+        self.worker_concurrency = worker_concurrency
         environment = {
             contract.ENV_BUCKET: storage.bucket.bucket_name,
             contract.ENV_KMS_KEY_ID: keys.key.key_arn,
             contract.ENV_EVENT_BUS: contract.DEFAULT_EVENT_BUS,
             contract.ENV_WORKER_LANES: str(WORKER_LANES),
+            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency),
             "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
@@ -97,6 +112,7 @@ class PipelineFunctions(Construct):
             log_group=log_group,
             tracing=lambda_.Tracing.ACTIVE,
             environment=environment,
+            reserved_concurrent_executions=self.worker_concurrency if spec.name == "worker" else None,
         )
         self.functions[spec.name] = function
         self.roles[spec.name] = role
@@ -140,9 +156,10 @@ class PipelineFunctions(Construct):
         self._s3("prepare", ["s3:PutObject"], STAGING_OBJECTS)
         self._list("prepare")
         self.keys.allow_generate(self.roles["prepare"])
-        # Plan: read staging records, write plan rounds.
+        # Plan: read staging records, write plan rounds; delete segments whose chunks are
+        # all stored and its own hold record (braid.pipeline.replan). Never data or manifests.
         self._s3("plan", ["s3:GetObject"], STAGING_OBJECTS)
-        self._s3("plan", ["s3:PutObject"], STAGING_OBJECTS)
+        self._s3("plan", ["s3:PutObject", "s3:DeleteObject"], STAGING_OBJECTS)
         self._list("plan")
         # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
         self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)

@@ -20,9 +20,11 @@ segments still upload. ProcessChunks is a Distributed Map reading a plan
 round from S3 (ItemReader), MaxConcurrency from the execution input, with
 EXPRESS child workflows (billed per child, not per state transition; see
 braid.pipeline.item_sizing) running the Worker with retries on Lambda
-throttling and transient errors. The map tolerates no failed item on AWS;
-Finalize re-checks every chunk anyway, which also covers emulators that
-turn failed items into nulls.
+throttling and transient errors. The map tolerates failed items: the next
+PlanSegments plans items without a result again, and after two re-plans
+holds the backup (PlanSegments returns "held": the wait loop) until
+`braid backup --resume` or the hold's end (braid.pipeline.replan), so one
+bad minute never throws finished work away. Finalize re-checks every chunk.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
 from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
 
@@ -52,13 +55,15 @@ class RetryPolicy:
     max_delay: Duration = Duration.seconds(60)
 
 
-# Worker items retry longer than the coordinating steps: a throttled or
-# slowed worker is the common transient case at high fan-out.
-# Each attempt's AWS requests are first retried by the function's client
-# (braid.adapters.aws.clients.PIPELINE: 5 attempts), so the worst case is
-# 5 x 6 = 30 HTTP attempts per worker request; STEP_RETRY covers only
-# Lambda's own invoke failures, when no request was made.
-WORKER_RETRY = RetryPolicy()
+# Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
+# at most WORKER_TIMEOUT_SECONDS (60 s; a 16-chunk item takes ~10 s) plus
+# backoffs of at most 2 + 4 + 8 s is 254 s < 300 s, so even a worker that
+# times out every time fails its item inside the child instead of the child
+# timing out (tests/infra checks the sum). Each attempt's AWS requests are
+# first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
+# 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
+# request was made.
+WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
 STEP_RETRY = RetryPolicy(max_attempts=3)
 
 
@@ -122,7 +127,8 @@ class BackupPipeline(Construct):
             "ProcessChunks",
             state_name="ProcessChunks",
             item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
-            max_concurrency_path="$.max_concurrency",
+            # The input's --fan-out clamped by PlanSegments to the worker's reserved concurrency.
+            max_concurrency_path="$.plan.max_concurrency",
             item_selector={
                 "backup.$": "$.backup",
                 "prefix.$": "$.prefix",
@@ -133,6 +139,11 @@ class BackupPipeline(Construct):
             result_path=sfn.JsonPath.DISCARD,
             label="chunks",
             map_execution_type=sfn.StateMachineType.EXPRESS,
+            # A failed item must not fail the map (and the backup): the next PlanSegments
+            # finds items without a result and plans them again, then holds the backup
+            # for --resume (braid.pipeline.replan). Finalize re-checks every chunk. A count
+            # of a round's largest item number tolerates them all (the same as 100 %).
+            tolerated_failure_count=MAX_ITEMS_PER_ROUND,
         )
         process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
 

@@ -13,6 +13,7 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
+from braid import contract
 from braid.contract import (
     OUTPUT_AGENT_POLICY,
     OUTPUT_AGENT_ROLE,
@@ -46,6 +47,7 @@ class BraidStack(Stack):
         step_retry: RetryPolicy = STEP_RETRY,
         retention: Mapping[str, Any] | None = None,
         backup_schedules: Any = None,
+        worker_concurrency: int | None = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -53,7 +55,11 @@ class BraidStack(Stack):
         self.storage = Storage(self, "Storage", repository_prefix=prefix)
         self.keys = Keys(self, "Keys", alias=f"alias/braid/{construct_id}")
         self.layer = BraidLayer(self, "Layer", asset_dir=layer_dir)
-        self.functions = PipelineFunctions(self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer)
+        if worker_concurrency is None:
+            worker_concurrency = int(self.node.try_get_context("braid:worker-concurrency") or contract.DEFAULT_WORKER_CONCURRENCY)
+        self.functions = PipelineFunctions(
+            self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer, worker_concurrency=worker_concurrency
+        )
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )

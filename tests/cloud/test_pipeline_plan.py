@@ -10,9 +10,24 @@ import pytest
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
-from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key, segment_record_key, session_key, stream_end_key
+from braid.format.staging import (
+    ItemFailure,
+    ItemResult,
+    MapItem,
+    ResumeRequest,
+    SegmentRecord,
+    SessionRecord,
+    StagingArea,
+    StreamEnd,
+    segment_key,
+    segment_record_key,
+    session_key,
+    stream_end_key,
+)
+from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.item_sizing import chunks_per_item
-from braid.pipeline.plan import StagingStalledError, items_for_segments, plan_next_round
+from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, items_for_segments, plan_next_round
+from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
 
@@ -93,3 +108,192 @@ def test_items_carry_their_parts_checksums_and_records_must_list_them(tmp_path: 
     store.put(segment_record_key(ref, 0, 0), broken.to_bytes())
     with pytest.raises(IntegrityError, match="lists 1 part checksums for 4 parts"):
         plan(store, ref)
+
+
+# -- the cursor, the watch and pacing (braid.pipeline.plan_cursor, braid.pipeline.pacing) ------
+
+
+class CountingLocalStore(LocalStore):
+    """A local store that counts GETs and LISTs, to show what a Plan call reads."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gets = 0
+        self.lists = 0
+
+    def get(self, key: str) -> bytes:
+        self.gets += 1
+        return super().get(key)
+
+    def list(self, prefix: str):  # type: ignore[no-untyped-def]
+        self.lists += 1
+        return super().list(prefix)
+
+
+class VirtualClock:
+    """Epoch seconds that only move when the planner sleeps; `at` runs agent actions when their time comes."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+        self.actions: list[tuple[float, object]] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def at(self, seconds: float, action) -> None:  # type: ignore[no-untyped-def]
+        self.actions.append((self.now + seconds, action))
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        due = [a for a in self.actions if a[0] <= self.now]
+        self.actions = [a for a in self.actions if a[0] > self.now]
+        for _, action in due:
+            action()  # type: ignore[operator]
+
+
+def finish(store: LocalStore, ref: BackupRef, status, *, failing: set[int] = frozenset()) -> None:  # type: ignore[no-untyped-def,assignment]
+    """What the map's workers leave: a result record per item (none for items whose first chunk is in `failing`)."""
+    area = StagingArea(store, ref)
+    for item in area.read_items(status.items_key, status.round):
+        if item.first_index not in failing:
+            area.write_result(ItemResult(item.first_index, ()))
+
+
+def watch(store: LocalStore, ref: BackupRef, clock: VirtualClock, cursor=None, *, seconds: float = 60, stall: int = 3600, rounds: float = 10):  # type: ignore[no-untyped-def]
+    return plan_next_round(
+        store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=stall, cursor=cursor,
+        watch_seconds=seconds, min_round_seconds=rounds, clock=clock, sleep=clock.sleep,
+    )
+
+
+def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> None:
+    store, ref, clock = CountingLocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    cursor = None
+    for segment in range(40):
+        store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
+        status = watch(store, ref, clock, cursor, seconds=0, rounds=0)
+        assert status.status == "ready" and status.round == segment + 1
+        finish(store, ref, status)
+        cursor = status.to_json()["cursor"]
+    store.gets = store.lists = 0
+    checked = watch(store, ref, clock, cursor, seconds=0)
+    # The last map's items file and one LIST of its results; then the watch's reads.
+    assert (checked.status, store.gets, store.lists) == ("waiting", 5, 1)
+    store.gets = store.lists = 0
+    idle = watch(store, ref, clock, checked.to_json()["cursor"], seconds=0)
+    # session, the next segment record (not there), stream end, the lease: whatever came before.
+    assert (idle.status, store.gets, store.lists) == ("waiting", 4, 0)
+    cursor = idle.to_json()["cursor"]
+    store.put(segment_record_key(ref, 0, 40), record(ref, 0, 40, 40 * 400, 100).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([40 * 400 + 100], [41]).to_bytes())
+    store.gets = store.lists = 0
+    last = watch(store, ref, clock, cursor, seconds=0)
+    assert (last.status, last.chunks, last.planned_chunks) == ("ready", 1, 161)
+    assert store.gets <= 6 and store.lists == 0
+    finish(store, ref, last)
+    assert watch(store, ref, clock, last.to_json()["cursor"], seconds=0).status == "done"
+    # The round files, which a call without a cursor rebuilds it from, agree.
+    indexes = sorted(c.index for r in StagingArea(store, ref).read_rounds() for item in r.items for c in item.chunks())
+    assert indexes == list(range(161))
+
+
+def test_rounds_are_paced_while_streaming_and_planned_at_once_when_the_stream_ends(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    first = watch(store, ref, clock)
+    assert first.status == "ready"
+    finish(store, ref, first)
+    store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 400).to_bytes())
+    started = clock.now
+    second = watch(store, ref, clock, first.to_json()["cursor"], seconds=60, rounds=10)
+    assert second.status == "ready" and 10 <= clock.now - started <= 12  # waited for the round interval, not the watch
+    finish(store, ref, second)
+    store.put(segment_record_key(ref, 0, 2), record(ref, 0, 2, 800, 400).to_bytes())
+    clock.at(3, lambda: store.put(stream_end_key(ref), StreamEnd([1200], [3]).to_bytes()))
+    started = clock.now
+    third = watch(store, ref, clock, second.to_json()["cursor"], seconds=60, rounds=10)
+    assert third.status == "ready" and clock.now - started <= 4  # the stream's end is noticed at the next poll
+    finish(store, ref, third)
+    assert watch(store, ref, clock, third.to_json()["cursor"]).status == "done"
+
+
+def test_a_watch_with_nothing_new_ends_at_its_limit(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    started = clock.now
+    idle = watch(store, ref, clock, seconds=60)
+    assert idle.status == "waiting" and 58 <= clock.now - started <= 60 and idle.wait_seconds == 1
+
+
+def test_a_renewed_lease_keeps_a_slow_upload_alive_and_a_silent_agent_is_declared_stalled(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    lease = agent_lease_key(ref)
+    for minute in range(1, 6):
+        clock.at(60 * minute, lambda minute=minute: store.put(lease, f"refreshed {minute}".encode()))
+    # No segment for 300 s, far past a 100 s stall limit, but the lease keeps being renewed.
+    status = watch(store, ref, clock, seconds=300, stall=100)
+    assert status.status == "waiting"
+    with pytest.raises(StagingStalledError, match="no lease renewal"):
+        watch(store, ref, clock, status.to_json()["cursor"], seconds=300, stall=100)  # the agent went silent
+
+
+def test_unfinished_items_are_planned_again_then_held_for_resume_and_finished_work_is_kept(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    for segment in range(2):
+        store.put(segment_key(ref, 0, segment), b"x" * 400)
+        store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([800], [2]).to_bytes())
+    first = watch(store, ref, clock)
+    items = StagingArea(store, ref).read_items(first.items_key, first.round)
+    failing = {i.first_index for i in items if i.segment_index == 1}
+    finish(store, ref, first, failing=failing)
+
+    status = first
+    for attempt in (1, 2):  # re-planned twice, only the unfinished items, same chunk indexes
+        status = watch(store, ref, clock, status.to_json()["cursor"])
+        again = StagingArea(store, ref).read_items(status.items_key, status.round)
+        assert status.status == "ready" and status.items_key.endswith(f"retry-00001-{attempt:02d}.json")
+        assert {i.first_index for i in again} == failing
+        finish(store, ref, status, failing=failing)
+    # The finished segment's raw bytes are gone already; the unfinished one's stay.
+    assert store.head(segment_key(ref, 0, 0)) is None and store.head(segment_key(ref, 0, 1)) is not None
+    StagingArea(store, ref).write_failure(ItemFailure(min(failing), 2, "StorageError", "S3 refused writing: InternalError"))
+
+    held = watch(store, ref, clock, status.to_json()["cursor"])
+    hold = StagingArea(store, ref).read_hold()
+    assert held.status == "held" and hold is not None and hold.items == len(failing)
+    assert hold.cause.startswith(f"chunks {min(failing)}..") and "StorageError: S3 refused writing" in hold.cause
+    # Held, the backup waits (no stall, no new round) and keeps what is done.
+    held = watch(store, ref, clock, held.to_json()["cursor"], seconds=400, stall=100)
+    assert held.status == "held" and store.head(segment_key(ref, 0, 1)) is not None
+
+    StagingArea(store, ref).write_resume_request(ResumeRequest("resume-1"))  # braid backup --resume
+    resumed = watch(store, ref, clock, held.to_json()["cursor"])
+    assert resumed.status == "ready" and {i.first_index for i in StagingArea(store, ref).read_items(resumed.items_key, resumed.round)} == failing
+    assert StagingArea(store, ref).read_hold() is None
+    finish(store, ref, resumed)
+    assert watch(store, ref, clock, resumed.to_json()["cursor"]).status == "done"
+    assert store.head(segment_key(ref, 0, 1)) is None
+
+
+def test_a_hold_nobody_resumes_ends_and_an_abandon_ends_it_at_once(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([400], [1]).to_bytes())
+    status = watch(store, ref, clock)
+    for _ in range(3):
+        status = watch(store, ref, clock, status.to_json()["cursor"])  # no worker ever stores a result
+    assert status.status == "held"
+    cursor = status.to_json()["cursor"]
+    clock.now += HOLD_SECONDS
+    with pytest.raises(BackupHeldError, match="was held 24 h for 'braid backup --resume"):
+        watch(store, ref, clock, cursor)
+    clock.now -= HOLD_SECONDS
+    store.put(stream_end_key(ref), StreamEnd([400], [1], abandoned="the operator gave it up").to_bytes())
+    with pytest.raises(StreamAbandonedError, match="the operator gave it up"):
+        watch(store, ref, clock, cursor)

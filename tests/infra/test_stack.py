@@ -97,7 +97,8 @@ LEAST_PRIVILEGE = {
     "AccessRestoreRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*"), ("s3:GetObject", "catalog/*"),
                           ("s3:ListBucket", "bucket")},
     "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
-    "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
+    # Plan deletes each segment's staging as soon as all its chunks are stored.
+    "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket")},
     "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"), ("s3:PutObject", "staging/*"),
                             ("s3:ListBucket", "bucket")},
     "FunctionsFinalizeRole": {("s3:GetObject", p) for p in ("config.json", "staging/*", "data/*", "manifests/*")}
@@ -303,7 +304,7 @@ def test_state_machine_definition(template: Template) -> None:
                                 "ProcessChunks": Match.object_like(
                                     {
                                         "Type": "Map",
-                                        "MaxConcurrencyPath": "$.max_concurrency",
+                                        "MaxConcurrencyPath": "$.plan.max_concurrency",
                                         "Next": "PlanSegments",
                                         "ItemReader": Match.object_like(
                                             {"ReaderConfig": {"InputType": "JSON"}, "Parameters": Match.object_like({"Key.$": "$.plan.items_object"})}
@@ -382,3 +383,56 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
     reads = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if "s3:GetObject" in actions([s])])
     writes = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
     assert "/policies/*" in reads and "/policies/" not in writes
+
+
+def _state(template: Template, name: str) -> dict[str, Any]:
+    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    definition = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))
+    found: list[dict[str, Any]] = []
+
+    def walk(states: dict[str, Any]) -> None:
+        for state_name, state in states.items():
+            if state_name == name:
+                found.append(state)
+            if "ItemProcessor" in state:
+                walk(state["ItemProcessor"]["States"])
+
+    walk(definition["States"])
+    (state,) = found
+    return state
+
+
+def _function(template: Template, description: str) -> dict[str, Any]:
+    (found,) = [f["Properties"] for f in resources_of(template.to_json(), "AWS::Lambda::Function").values() if description in f["Properties"]["Description"]]
+    return found
+
+
+def test_every_worker_attempt_and_its_backoff_fit_the_express_child(template: Template) -> None:
+    # An EXPRESS child ends at 5 minutes: a worker timing out on every attempt must still
+    # fail its item inside the child (so the map sees the item's error), with >= 3 attempts.
+    (retry,) = _state(template, "Worker")["Retry"]
+    timeout = _function(template, "Braid Worker")["Timeout"]
+    attempts = 1 + retry["MaxAttempts"]
+    backoff = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"]) for n in range(retry["MaxAttempts"]))
+    assert attempts >= 3
+    assert attempts * timeout + backoff < 300, (attempts, timeout, backoff)
+    assert "Sandbox.Timedout" in retry["ErrorEquals"]
+
+
+def test_the_planners_watch_is_half_its_timeout(template: Template) -> None:
+    from braid.pipeline.pacing import DEADLINE_MARGIN_SECONDS, WATCH_SECONDS
+
+    timeout = _function(template, "Braid Plan")["Timeout"]
+    assert (WATCH_SECONDS + DEADLINE_MARGIN_SECONDS) * 2 <= timeout <= 900
+
+
+def test_the_worker_has_reserved_concurrency_and_the_map_is_clamped_to_it(template: Template) -> None:
+    from braid import contract
+
+    worker = _function(template, "Braid Worker")
+    assert worker["ReservedConcurrentExecutions"] == contract.DEFAULT_WORKER_CONCURRENCY
+    plan = _function(template, "Braid Plan")
+    assert plan["Environment"]["Variables"][contract.ENV_WORKER_CONCURRENCY] == str(contract.DEFAULT_WORKER_CONCURRENCY)
+    # The map runs what PlanSegments returns: the input's --fan-out, clamped to the reservation (functions/plan/app.py).
+    assert _state(template, "ProcessChunks")["MaxConcurrencyPath"] == "$.plan.max_concurrency"
+    assert _state(template, "ProcessChunks")["ToleratedFailureCount"] == 10_000  # failed items are planned again, not fatal

@@ -22,6 +22,7 @@ ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
 ENV_KMS_KEY_ID = "BRAID_KMS_KEY_ID"  # the customer-managed key (ARN) wrapping data keys
 ENV_EVENT_BUS = "BRAID_EVENT_BUS"  # EventBridge bus for outcome events
 ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # chunks a worker processes at once
+ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved concurrency: the most a map may run at once
 DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.
@@ -29,6 +30,21 @@ DEFAULT_WORKER_LANES = 4
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
+# Concurrent executions reserved for the worker (CDK context braid:worker-concurrency):
+# throttling at high fan-out would exhaust an item's retries, so every map's
+# MaxConcurrency (--fan-out) is clamped to it. The account must keep 100
+# unreserved (a new account with a low Lambda quota sets it lower).
+DEFAULT_WORKER_CONCURRENCY = 500
+# Seconds per worker attempt, and retries after the first: attempts x timeout
+# plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
+WORKER_TIMEOUT_SECONDS = 60
+WORKER_RETRIES = 3
+EXPRESS_CHILD_SECONDS = 300
+# The Plan function watches staging for half of this (braid.pipeline.pacing).
+PLAN_TIMEOUT_SECONDS = 900
+# Finalize reads a result record per map item, many at once; botocore's CPU per
+# request is what it waits on, so it gets a full vCPU (it runs once per backup).
+FINALIZE_MEMORY_MB = 1769
 
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"

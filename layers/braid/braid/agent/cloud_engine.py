@@ -13,6 +13,7 @@ Step Functions.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from braid.agent.limits import check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
+from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
@@ -28,7 +30,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
-from braid.format.staging import StagingArea, StreamEnd
+from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
@@ -48,6 +50,7 @@ class CloudOptions:
     fan_out: int = DEFAULT_MAX_CONCURRENCY
     wait: bool = True
     poll_seconds: float = 2.0
+    watch_seconds: float = WATCH_INTERVAL_SECONDS  # while uploading: how often the agent looks at its execution
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -83,6 +86,8 @@ class CloudEngine:
         self.pipeline = executions
         self.prefix = prefix
         self.retries = retries or ProgressRelay()
+        self._rounds: dict[str, list[Round]] = {}  # per backup: plan rounds read so far (written once, never changed)
+        self._resumed: dict[str, str] = {}  # per backup: the nonce of the resume request this agent wrote
 
     # -- backup ---------------------------------------------------------------
 
@@ -133,10 +138,17 @@ class CloudEngine:
         # segment as the agent completes it, while later ones still upload.
         document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
         self.pipeline.start(ref, document)
+        if request.resume:
+            # A held backup (workers kept failing) waits for this: the pipeline plans
+            # its unfinished items again, and only those (braid.pipeline.replan).
+            nonce = secrets.token_hex(8)
+            area.write_resume_request(ResumeRequest(nonce))
+            self._resumed[str(ref)] = nonce
         try:
             # The lease shows retention that this upload is alive between
             # completed segments (S3 lists nothing for parts in progress).
-            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False):
+            watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
+            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False), watch:
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
                     request.sources,
@@ -148,6 +160,8 @@ class CloudEngine:
                     progress=progress,
                     gate=request.gate,
                 )
+        except PipelineStopped:
+            raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon
         except BaseException as exc:
             if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
                 _resumable(exc, ref)  # adds the way back in to the error itself
@@ -208,12 +222,39 @@ class CloudEngine:
             status = self.pipeline.describe(ref)
             if status.done:
                 break
+            self.check_not_held(ref)
             count = self.chunks_processed(ref)
             if count is not None and count != last_count:
                 progress({"event": "status", "backup": str(ref), "status": status.status, "chunks_done": count})
                 last_count = count
             time.sleep(delay)
         return self.outcome(ref, status, expected)
+
+    def check_not_held(self, ref: BackupRef) -> None:
+        """Stop at once, with the worker's error and the way back in, when the pipeline holds the backup."""
+        message = self.held_message(ref)
+        if message is not None:
+            raise ExecutionError(message)
+
+    def held_message(self, ref: BackupRef) -> str | None:
+        """What to tell a person when the pipeline holds the backup (braid.pipeline.replan), else None.
+
+        A hold written before this agent's own resume request is stale (the
+        planner is about to release it); one written after it is real."""
+        try:
+            hold = StagingArea(self.store, ref).read_hold()
+        except BackupError:
+            return None  # progress is best effort; the execution's own outcome still decides
+        if hold is None:
+            return None
+        mine = self._resumed.get(str(ref))
+        if mine is not None and hold.released_by != mine:
+            return None
+        return (
+            f"backup {ref} is held: workers kept failing on {hold.items} map item(s) ({hold.cause}). Nothing finished is lost:"
+            f" its stored chunks and staging are kept until {hold.until}; fix the cause, then finish it with"
+            f" 'braid backup --resume {ref}' and the same inputs (only the unfinished chunks are processed)"
+        )
 
     def status(self, ref: BackupRef) -> tuple[ExecutionStatus, int]:
         status = self.pipeline.describe(ref)
@@ -229,10 +270,13 @@ class CloudEngine:
 
         None when staging changes under the count (Finalize or Cleanup
         removing it): progress is best effort and must never fail a backup.
+        Each poll LISTs rounds and results and GETs only the rounds it has
+        not read yet.
         """
         try:
             area = StagingArea(self.store, ref)
-            return area.processed_chunks(area.read_rounds())
+            rounds = self._rounds[str(ref)] = area.read_rounds(self._rounds.get(str(ref)))
+            return area.processed_chunks(rounds)
         except BackupError:
             return None
 

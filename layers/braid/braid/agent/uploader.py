@@ -382,6 +382,10 @@ class StagingUpload:
 
     # ---------------------------------------------------------------- plumbing
 
+    def stop(self, exc: BaseException) -> None:
+        """Stop the upload from outside (the pipeline gave the backup up): the reader gets `exc` at its next chunk."""
+        self._fail(exc)
+
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             if self._error is None and not isinstance(exc, _Cancelled):

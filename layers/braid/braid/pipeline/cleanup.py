@@ -42,6 +42,7 @@ from braid.ports.store import ObjectStore
 HINTS: dict[str, str] = {
     "IntegrityError": "a check of the staged stream or of the stored chunks failed (the cause says which); run the backup again",
     "States.ExceedToleratedFailureThreshold": "workers kept failing on some chunks past every retry (the cause names the first worker's error; the map run lists every failed item); run the backup again",
+    "BackupHeldError": "workers kept failing on some chunks and nobody ran 'braid backup --resume' within the hold; fix the cause (the cause names the worker's error), then run the backup again",
     "StagingStalledError": "start the backup again; the agent must keep uploading until the stream ends",
     "StreamAbandonedError": "fix what the agent reported (the producer's own error, or why the stream was empty), then run the backup again",
     "KeyAccessError": "check that the stack's KMS key is enabled and its key policy lets the pipeline roles use it",

@@ -1,11 +1,14 @@
 """Planning: from completed staging segments to Distributed Map items.
 
-The planner runs in a loop while the agent uploads. Each call takes every
-segment the agent has completed (a segment record exists) that no earlier
-round planned, assigns those segments' chunks the next global chunk indexes,
-and writes them as one *round* (braid.format.staging: `plans/round-NNNNN.json`,
-a JSON array of map items, which is also what the Distributed Map's
-ItemReader reads).
+The planner runs in a loop while the agent uploads. Each call watches
+staging for a while (braid.pipeline.pacing), reading only what is new (the
+next segment record of each input, the stream-end record: the cursor of
+braid.pipeline.plan_cursor says where), and once a round is due takes every
+segment the agent has completed since the last round, assigns those
+segments' chunks the next global chunk indexes, and writes them as one
+*round* (braid.format.staging: `plans/round-NNNNN.json`, a JSON array of
+map items, which is also what the Distributed Map's ItemReader reads).
+Requests per call grow with what is new, never with the backup.
 
 Round files are the ledger. They are written create-only and numbered, so
 index assignment is persisted and deterministic: a retried or racing planner
@@ -20,14 +23,18 @@ see braid.pipeline.item_sizing for why), never spanning two segments.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
-from braid.format.staging import MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd
+from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
+from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
+from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
+from braid.pipeline.replan import check_last_map, check_of, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -35,7 +42,7 @@ from braid.ports.store import ObjectStore
 class PlanStatus:
     """What the planner tells the state machine: map a round, wait, or finish."""
 
-    status: str  # "ready" | "waiting" | "done"
+    status: str  # "ready" | "waiting" | "held" | "done"
     round: int = 0
     items_key: str = ""  # repository-relative key of the round file
     items: int = 0
@@ -43,6 +50,7 @@ class PlanStatus:
     planned_chunks: int = 0  # over all rounds so far
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
+    cursor: PlanCursor | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +62,7 @@ class PlanStatus:
             "planned_chunks": self.planned_chunks,
             "idle_seconds": self.idle_seconds,
             "wait_seconds": self.wait_seconds,
+            **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
         }
 
 
@@ -72,15 +81,6 @@ def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
     """Raise StreamAbandonedError, with the agent's reason, if the agent gave the stream up."""
     if end is not None and end.abandoned is not None:
         raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
-
-
-def next_chunk_index(rounds: Iterable[Round]) -> int:
-    return max((found.end_index for found in rounds), default=0)
-
-
-def planned_segments(rounds: Iterable[Round]) -> set[tuple[int, int]]:
-    """(input, segment) of every segment some round already planned."""
-    return {(item.input_index, item.segment_index) for found in rounds for item in found.items}
 
 
 def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int) -> list[MapItem]:
@@ -116,33 +116,6 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
     return chosen
 
 
-def check_complete(ref: BackupRef, records: list[SegmentRecord], end: StreamEnd, session: SessionRecord) -> bool:
-    """True once every segment the stream-end record announces is recorded; raises if they disagree.
-
-    An abandoned stream is never complete: StreamAbandonedError (Finalize asks this too).
-    """
-    check_not_abandoned(ref, end)
-    end.check(ref, session)
-    by_input: dict[int, list[SegmentRecord]] = {}
-    for record in records:
-        by_input.setdefault(record.input_index, []).append(record)
-    for index, (length, count) in enumerate(zip(end.lengths, end.segments, strict=True)):
-        found = sorted(by_input.get(index, []), key=lambda r: r.segment)
-        if len(found) < count:
-            return False
-        if [r.segment for r in found] != list(range(count)):
-            raise IntegrityError(f"input {index} of {ref} has segment records {[r.segment for r in found]}, stream-end says {count}")
-        offset = 0
-        for position, record in enumerate(found):
-            last = position == count - 1
-            if record.offset != offset or (not last and record.length != record.parts * session.chunk_size):
-                raise IntegrityError(f"segment {record.segment} of input {index} of {ref} does not continue the input at byte {offset}")
-            offset += record.length
-        if offset != length:
-            raise IntegrityError(f"input {index} of {ref} is {length} bytes by stream-end, its segments hold {offset}")
-    return True
-
-
 def idle_since_progress(previous: Mapping[str, Any] | None) -> int:
     """Seconds the planner has waited without progress, carried in its previous result (the state's `plan`)."""
     if not previous or previous.get("status") != "waiting":
@@ -155,6 +128,14 @@ def next_wait(idle_seconds: int, poll_seconds: int) -> int:
     return max(1, min(poll_seconds, 1 + idle_seconds))
 
 
+def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """The cursor the previous Plan call left in the state (`$.plan.cursor`), if any."""
+    if not previous:
+        return None
+    cursor = previous.get("cursor")
+    return cursor if isinstance(cursor, Mapping) else None
+
+
 def plan_next_round(
     store: ObjectStore,
     ref: BackupRef,
@@ -165,34 +146,146 @@ def plan_next_round(
     stall_seconds: int,
     idle_seconds: int = 0,
     max_items: int = MAX_ITEMS_PER_ROUND,
+    cursor: Mapping[str, Any] | None = None,
+    watch_seconds: float = 0.0,
+    min_round_seconds: float = 0.0,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> PlanStatus:
+    """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
+
+    `cursor`: what the previous call returned (None: rebuilt from the round
+    files, once). `min_round_seconds`: pacing (0 plans whatever is ready at
+    once, as a direct call expects). `clock`/`sleep`: epoch seconds and the
+    pause between polls (the scale simulation runs them on a virtual clock).
+    """
     area = StagingArea(store, ref)
     session = area.read_session()
-    records = area.read_segment_records(session)
-    rounds = area.read_rounds()
-    planned = planned_segments(rounds)
-    planned_chunks = next_chunk_index(rounds)
-    ready = [r for r in records if r.parts > 0 and (r.input_index, r.segment) not in planned]
-    end = area.read_stream_end()
-    check_not_abandoned(ref, end)  # before planning more work for a stream that will never end
-    if ready:
-        per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item, streaming=end is None)
-        chosen = select_ready(ready, per_item, max_items)
-        found = area.write_round(len(rounds) + 1, items_for_segments(chosen, session.chunk_size, planned_chunks, per_item))
-        return PlanStatus(
-            "ready",
-            round=found.number,
-            items_key=found.key,
-            items=len(found.items),
-            chunks=found.chunk_count,
-            planned_chunks=planned_chunks + found.chunk_count,
-        )
-    if end is not None and check_complete(ref, records, end, session):
-        return PlanStatus("done", round=len(rounds), planned_chunks=planned_chunks)
-    if idle_seconds >= stall_seconds:
-        raise StagingStalledError(
-            f"backup {ref}: no new staged segment for {idle_seconds} s and the stream has not ended;"
-            " the agent stopped uploading. Run the backup again (or resume it sooner with --resume)"
-        )
-    wait = next_wait(idle_seconds, poll_seconds)
-    return PlanStatus("waiting", round=len(rounds), planned_chunks=planned_chunks, idle_seconds=idle_seconds + wait, wait_seconds=wait)
+    now = clock()
+    if cursor is None:
+        state = recover_cursor(area, session, now, idle_seconds) if store_has_rounds(area) else replace(fresh_cursor(session, now), progress=now - idle_seconds)
+    else:
+        state = PlanCursor.from_json(cursor, len(session.inputs))
+    deadline = now + max(0.0, watch_seconds)
+    state, again = check_last_map(area, state, now)
+    if again:
+        return _map_again(state, again)
+    ready: list[SegmentRecord] = []
+    lease_read_at = float("-inf")
+    while True:
+        now = clock()
+        if state.held is not None:
+            state, again = watch_hold(area, state, now)
+            if again:
+                return _map_again(state, again)
+            check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
+            if now + POLL_INTERVAL_SECONDS > deadline:
+                return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+            sleep(POLL_INTERVAL_SECONDS)
+            continue
+        found_new = _read_new_records(area, session, state, ready)
+        if found_new:
+            state = replace(state, progress=now)
+        end = area.read_stream_end()
+        check_not_abandoned(ref, end)  # before planning more work for a stream that will never end
+        ready, state = _skip_empty(ready, state)
+        due = end is not None or state.last_round is None or now - state.last_round >= round_interval(now - state.started, min_round_seconds)
+        if ready and due:
+            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items)
+        if end is not None and not ready and stream_complete(ref, state, end, session):
+            return PlanStatus("done", round=state.rounds, planned_chunks=state.chunks, cursor=state)
+        if now - lease_read_at >= LEASE_CHECK_SECONDS:
+            lease_read_at = now
+            digest = lease_digest(area.read_agent_lease())
+            if digest and digest != state.lease:
+                state = replace(state, lease=digest, progress=now)
+        idle = now - state.progress
+        if idle >= stall_seconds:
+            raise StagingStalledError(
+                f"backup {ref}: no new staged segment and no lease renewal from the agent for {idle:.0f} s and the stream"
+                " has not ended; the agent stopped uploading. Run the backup again (or resume it sooner with --resume)"
+            )
+        pause = min(POLL_INTERVAL_SECONDS, float(poll_seconds))
+        if now + pause > deadline:
+            wait = next_wait(int(idle), poll_seconds) if watch_seconds <= 0 else 1
+            return PlanStatus(
+                "waiting", round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
+                cursor=state,
+            )
+        sleep(pause)
+
+
+def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
+    """Map the unfinished items of an earlier round again (braid.pipeline.replan)."""
+    assert state.check is not None
+    return PlanStatus(
+        "ready", round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
+        planned_chunks=state.chunks, cursor=state,
+    )
+
+
+# The agent rewrites its lease every minute (braid.format.lease): reading it more often shows nothing new.
+LEASE_CHECK_SECONDS = 60.0
+
+
+def store_has_rounds(area: StagingArea) -> bool:
+    return next(iter(area.store.list(rounds_prefix(area.ref))), None) is not None
+
+
+def _read_new_records(area: StagingArea, session: SessionRecord, state: PlanCursor, ready: list[SegmentRecord]) -> bool:
+    """Append to `ready` each input's next records beyond the cursor and what is already in `ready`; True if any."""
+    found = False
+    for index in range(len(session.inputs)):
+        following = state.segments[index] + sum(1 for r in ready if r.input_index == index)
+        while (record := area.read_segment_record(session, index, following)) is not None:
+            check_continues(area.ref, _advanced(state, ready, index), record, session)
+            ready.append(record)
+            following += 1
+            found = True
+    ready.sort(key=lambda r: (r.input_index, r.segment))
+    return found
+
+
+def _advanced(state: PlanCursor, ready: list[SegmentRecord], index: int) -> PlanCursor:
+    """The cursor as if every ready record of input `index` were planned (to check the next one continues them)."""
+    mine = [r for r in ready if r.input_index == index]
+    if not mine:
+        return state
+    segments, offsets = list(state.segments), list(state.offsets)
+    segments[index] = mine[-1].segment + 1
+    offsets[index] = mine[-1].offset + mine[-1].length
+    return replace(state, segments=tuple(segments), offsets=tuple(offsets))
+
+
+def _skip_empty(ready: list[SegmentRecord], state: PlanCursor) -> tuple[list[SegmentRecord], PlanCursor]:
+    """Records without parts (an empty input) need no item: move the cursor past them now."""
+    while True:
+        empty = [r for r in ready if r.parts == 0 and r.segment == state.segments[r.input_index]]
+        if not empty:
+            return ready, state
+        for record in empty:
+            state = state.with_empty(record)
+            ready = [r for r in ready if r is not record]
+
+
+def _plan_round(
+    area: StagingArea,
+    session: SessionRecord,
+    state: PlanCursor,
+    ready: list[SegmentRecord],
+    end: StreamEnd | None,
+    now: float,
+    max_concurrency: int,
+    max_chunks_per_item: int,
+    max_items: int,
+) -> PlanStatus:
+    per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item, streaming=end is None)
+    chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
+    found = area.write_round(state.rounds + 1, items_for_segments(chosen, session.chunk_size, state.chunks, per_item))
+    if found.items and found.items[0].first_index != state.chunks:
+        raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {found.items[0].first_index}, expected {state.chunks}")
+    after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
+    return PlanStatus(
+        "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
+    )
+

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer do
 
 log = logging.getLogger("braid.aws")
 
-__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "repository_store", "setting", "worker_lanes"]
+__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "repository_store", "setting", "worker_concurrency", "worker_lanes"]
 
 
 def setting(name: str, default: str | None = None) -> str:
@@ -45,6 +45,11 @@ def setting(name: str, default: str | None = None) -> str:
     if value is None:
         raise UsageError(f"the function's environment lacks {name}; deploy it with the Braid stack")
     return value
+
+
+def worker_concurrency() -> int:
+    """The worker's reserved concurrency, which bounds every map's MaxConcurrency (the stack sets it)."""
+    return int(setting(contract.ENV_WORKER_CONCURRENCY, str(contract.DEFAULT_WORKER_CONCURRENCY)))
 
 
 def worker_lanes() -> int:

@@ -135,6 +135,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.once:
         doc: dict[str, object] = {"backup": str(ref), "status": status.status, "chunks_done": processed, "execution": status.arn}
         cause = status.failure_message(ref) if status.done and status.status != "SUCCEEDED" else None
+        if not status.done:
+            cause = engine.held_message(ref)  # held for --resume: still running, but waiting on a person
         if cause is not None:
             doc["cause"] = cause
         print_execution_status(doc, args.json)

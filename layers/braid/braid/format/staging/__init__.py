@@ -18,8 +18,15 @@ nothing from the host but these objects:
     results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
     failures/NNNNNNNNNN.json     the error a worker raised for one map item
                                  (ItemFailure); Cleanup reports the first
+    plans/retry-RRRRR-AA.json    items of round R without a result after its
+                                 map, planned again (attempt A)
+    held.json                    items failed past every re-plan: the backup
+                                 waits for --resume (HoldRecord)
+    resume.json                  written by --resume (ResumeRequest): releases
+                                 a hold
 
-No plaintext outlives the backup: Finalize and Cleanup delete the segments,
+No plaintext outlives the backup: the planner deletes each segment once its
+chunks are all stored, Finalize and Cleanup delete the rest,
 and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
@@ -29,6 +36,7 @@ and writer of all of them.
 """
 
 from braid.format.staging.area import StagingArea
+from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     failure_key,
     failures_prefix,
@@ -59,6 +67,8 @@ __all__ = [
     "SessionRecord",
     "StagingArea",
     "StreamEnd",
+    "HoldRecord",
+    "ResumeRequest",
     "failure_key",
     "failures_prefix",
     "parse_round_key",

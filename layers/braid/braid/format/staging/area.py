@@ -15,7 +15,9 @@ one reader with one validation and each failure one typed error:
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
@@ -23,13 +25,18 @@ from braid.format.ids import BackupRef
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
+from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
+    agent_lease_key,
     failure_key,
     failures_prefix,
+    held_key,
     parse_round_key,
     parse_segment_key,
     result_key,
     results_prefix,
+    resume_key,
+    retry_key,
     round_key,
     rounds_prefix,
     segment_record_key,
@@ -43,6 +50,10 @@ from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore
+
+# Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
+READ_THREADS = 32
+READ_THREAD_NAME = "braid-staging-read"
 
 
 class StagingArea:
@@ -62,6 +73,17 @@ class StagingArea:
             return self.store.get(key)
         except NotFoundError:
             return None
+
+    def _get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several small records at once (READ_THREADS in flight), in the order asked.
+
+        Finalize reads one result record per map item and one file per round:
+        thousands for a 10 TiB backup, which one at a time would take minutes
+        of request latency; READ_THREADS at once make it seconds."""
+        if len(keys) <= 1:
+            return [self._get(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:
+            return list(pool.map(self._get, keys))
 
     # -- session -------------------------------------------------------------
     def read_session(self) -> SessionRecord:
@@ -100,6 +122,21 @@ class StagingArea:
             records.append(record)
         return sorted(records, key=lambda r: (r.input_index, r.segment))
 
+    def read_segment_record(self, session: SessionRecord, input_index: int, segment: int) -> SegmentRecord | None:
+        """One record by its key, checked as read_segment_records checks each; None until the agent wrote it.
+
+        The planner reads records this way, one past its cursor per input, so
+        what it reads grows with what is new, not with the backup."""
+        key = segment_record_key(self.ref, input_index, segment)
+        raw = self._get(key)
+        if raw is None:
+            return None
+        record = SegmentRecord.from_bytes(raw, key)
+        if (record.input_index, record.segment) != (input_index, segment):
+            raise IntegrityError(f"segment record {key} describes in{record.input_index}/seg{record.segment}, not its own segment")
+        record.check(self.ref, session)
+        return record
+
     def write_segment_record(self, record: SegmentRecord) -> None:
         self.store.put(segment_record_key(self.ref, record.input_index, record.segment), record.to_bytes())
 
@@ -121,6 +158,11 @@ class StagingArea:
 
     def write_stream_end(self, end: StreamEnd) -> None:
         self.store.put(stream_end_key(self.ref), end.to_bytes())
+
+    # -- the agent's lease ---------------------------------------------------
+    def read_agent_lease(self) -> bytes | None:
+        """The agent's heartbeat as stored (None if it keeps none): a change is progress."""
+        return self._get(agent_lease_key(self.ref))
 
     # -- data key ------------------------------------------------------------
     def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:
@@ -152,14 +194,21 @@ class StagingArea:
             return winner
 
     # -- plan rounds ---------------------------------------------------------
-    def read_rounds(self) -> list[Round]:
-        """Every round so far, checked to chain: round N's indexes follow round N-1's."""
-        rounds = []
-        for info in self.store.list(rounds_prefix(self.ref)):
-            number = parse_round_key(self.ref, info.key)
-            raw = None if number is None else self._get(info.key)
-            if number is not None and raw is not None:
-                rounds.append(Round.from_bytes(raw, number, info.key))
+    def read_rounds(self, known: list[Round] | None = None) -> list[Round]:
+        """Every round so far, checked to chain: round N's indexes follow round N-1's.
+
+        `known`: rounds read before (rounds are written once, never changed), so
+        a poll GETs only the new ones: the agent's progress reads each round once."""
+        rounds = list(known or [])
+        have = {r.number for r in rounds}
+        numbered = [
+            (number, info.key)
+            for info in self.store.list(rounds_prefix(self.ref))
+            if (number := parse_round_key(self.ref, info.key)) is not None and number not in have
+        ]
+        for (number, key), raw in zip(numbered, self._get_many([key for _, key in numbered]), strict=True):
+            if raw is not None:
+                rounds.append(Round.from_bytes(raw, number, key))
         rounds.sort(key=lambda r: r.number)
         next_index = 0
         for expected, found in enumerate(rounds, start=1):
@@ -190,20 +239,25 @@ class StagingArea:
     def read_results(self, rounds: Iterable[Round]) -> list[ChunkEntry]:
         """Every planned chunk's entry, checked against its item; an error names the first chunk without one."""
         present = self._result_keys()
+        items = [item for found in rounds for item in found.items]
+        keys = [result_key(self.ref, item.first_index) for item in items]
+        for item, key in zip(items, keys, strict=True):
+            if key not in present:
+                raise self._never_stored(item)
         entries: list[ChunkEntry] = []
-        for found in rounds:
-            for item in found.items:
-                key = result_key(self.ref, item.first_index)
-                raw = self._get(key) if key in present else None
-                if raw is None:
-                    raise IntegrityError(
-                        f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
-                        " their worker failed or did not run (see the execution's map run)"
-                    )
-                result = ItemResult.from_bytes(raw, key)
-                result.check(item, str(self.ref))
-                entries.extend(result.entries)
+        for item, key, raw in zip(items, keys, self._get_many(keys), strict=True):
+            if raw is None:
+                raise self._never_stored(item)
+            result = ItemResult.from_bytes(raw, key)
+            result.check(item, str(self.ref))
+            entries.extend(result.entries)
         return entries
+
+    def _never_stored(self, item: MapItem) -> IntegrityError:
+        return IntegrityError(
+            f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
+            " their worker failed or did not run (see the execution's map run)"
+        )
 
     def processed_chunks(self, rounds: Iterable[Round]) -> int:
         """Chunks with a result so far (the agent's progress): one LIST, no GET."""
@@ -212,6 +266,55 @@ class StagingArea:
 
     def _result_keys(self) -> set[str]:
         return {info.key for info in self.store.list(results_prefix(self.ref))}
+
+    def read_items(self, key: str, number: int) -> list[MapItem]:
+        """The items of a round or retry file, as the map read them."""
+        return list(Round.from_bytes(self.store.get(key), number, key).items)
+
+    def write_retry(self, round_number: int, attempt: int, items: Iterable[MapItem]) -> Round:
+        """Items of a round planned again (same chunk indexes); overwrites: a retried planner writes the same."""
+        found = Round(round_number, retry_key(self.ref, round_number, attempt), tuple(items))
+        self.store.put(found.key, found.to_bytes())
+        return found
+
+    def finished_items(self, items: Iterable[MapItem]) -> tuple[list[MapItem], list[MapItem]]:
+        """(finished, unfinished): by whether the item's result record exists.
+
+        One LIST under the longest key prefix the items' result keys share:
+        a few requests for a round, however many results the backup has."""
+        items = list(items)
+        if not items:
+            return [], []
+        keys = [result_key(self.ref, item.first_index) for item in items]
+        prefix = os.path.commonprefix([min(keys), max(keys)])
+        present = {info.key for info in self.store.list(prefix)}
+        finished: list[MapItem] = []
+        unfinished: list[MapItem] = []
+        for item, key in zip(items, keys, strict=True):
+            (finished if key in present else unfinished).append(item)
+        return finished, unfinished
+
+    def remove_segments(self, keys: Iterable[str]) -> None:
+        """Staged segments whose every chunk is stored: their raw bytes need not wait for Finalize."""
+        self.store.delete(sorted(set(keys)))
+
+    # -- hold and resume -----------------------------------------------------
+    def write_hold(self, hold: HoldRecord) -> None:
+        self.store.put(held_key(self.ref), hold.to_bytes())
+
+    def read_hold(self) -> HoldRecord | None:
+        raw = self._get(held_key(self.ref))
+        return None if raw is None else HoldRecord.from_bytes(raw, held_key(self.ref))
+
+    def clear_hold(self) -> None:
+        self.store.delete([held_key(self.ref)])
+
+    def write_resume_request(self, request: ResumeRequest) -> None:
+        self.store.put(resume_key(self.ref), request.to_bytes())
+
+    def read_resume_request(self) -> ResumeRequest | None:
+        raw = self._get(resume_key(self.ref))
+        return None if raw is None else ResumeRequest.from_bytes(raw, resume_key(self.ref))
 
     # -- failures ------------------------------------------------------------
     def write_failure(self, failure: ItemFailure) -> str:

@@ -22,6 +22,9 @@ SEGMENT_RECORDS = "segments/"
 ROUNDS = "plans/round-"
 RESULTS = "results/"
 FAILURES = "failures/"
+RETRIES = "plans/retry-"
+HELD = "held.json"
+RESUME = "resume.json"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
 _SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})")
@@ -113,3 +116,20 @@ def failure_key(ref: BackupRef, index: int) -> str:
 
 def failures_prefix(ref: BackupRef) -> str:
     return f"{staging_prefix(ref)}{FAILURES}"
+
+
+def retry_key(ref: BackupRef, round_number: int, attempt: int) -> str:
+    """Items of round `round_number` that had no result after its map, planned again (`attempt` 1, 2, ...).
+
+    Not under `plans/round-`: they reuse their round's chunk indexes, so they are no round of the ledger."""
+    return f"{staging_prefix(ref)}{RETRIES}{round_number:05d}-{attempt:02d}.json"
+
+
+def held_key(ref: BackupRef) -> str:
+    """Written by the planner when items still fail after its re-plans: the backup waits for `--resume` (HoldRecord)."""
+    return f"{staging_prefix(ref)}{HELD}"
+
+
+def resume_key(ref: BackupRef) -> str:
+    """Written by `braid backup --resume`: a new request (its nonce) releases a hold (ResumeRequest)."""
+    return f"{staging_prefix(ref)}{RESUME}"

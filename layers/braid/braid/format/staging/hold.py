@@ -1,0 +1,58 @@
+"""A held backup: items failed past every retry, finished work kept, waiting for `--resume`.
+
+The planner re-plans items that have no result after their map (each item
+already had its worker's retries), twice; if some still fail, it writes a
+HoldRecord and the execution waits (bounded: `until`) instead of failing,
+so nothing finished is thrown away: stored chunks, result records and the
+staged segments of unfinished items all stay. The agent, polling its
+execution, reads the record and stops with the worker's error and the way
+back in; `braid backup --resume NAME@ID` writes a ResumeRequest with a new
+nonce, which makes the planner plan the unfinished items again (and only
+them). An explicit abandon (the agent's abandoned stream-end) or the end of
+the hold fails the execution, and Cleanup removes everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from braid.errors import IntegrityError
+from braid.format.canonical import canonical_json
+from braid.format.staging.records import Fields, document
+
+
+@dataclass(frozen=True)
+class HoldRecord:
+    cause: str  # the first failed worker's error, for a person
+    since: str  # Braid timestamp
+    until: str  # Braid timestamp: after it the pipeline fails and removes the backup
+    released_by: str  # the nonce of the resume request the hold predates ("" for none): a request with another nonce releases it
+    items: int  # map items without a result
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(
+            {"cause": self.cause, "since": self.since, "until": self.until, "released_by": self.released_by, "items": self.items}
+        )
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> HoldRecord:
+        what = f"hold record {where}"
+        f = Fields(document(raw, what), what, ("cause", "since", "until", "released_by", "items"))
+        return cls(f.text("cause"), f.text("since"), f.text("until"), f.text("released_by"), f.count("items"))
+
+
+@dataclass(frozen=True)
+class ResumeRequest:
+    nonce: str
+
+    def to_bytes(self) -> bytes:
+        return canonical_json({"nonce": self.nonce})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ResumeRequest:
+        what = f"resume request {where}"
+        f = Fields(document(raw, what), what, ("nonce",))
+        nonce = f.text("nonce")
+        if not nonce:
+            raise IntegrityError(f"{what} is malformed: empty nonce")
+        return cls(nonce)

@@ -1,0 +1,97 @@
+"""Failure keeps finished work: items without a result are planned again, then held for `--resume`.
+
+The map tolerates failed items (ToleratedFailurePercentage 100: on AWS a
+failing item would otherwise fail the whole map, and on moto a failed item
+is a null), and the Plan call after each map checks the map's items file
+itself: an item is finished when its result record exists. Then:
+
+- the staged segments whose chunks are all stored are deleted at once
+  (raw bytes need not wait for Finalize; `--resume` trusts segment records,
+  not the objects);
+- unfinished items are planned again, `MAX_REPLANS` times (each item
+  already had its worker's retries inside its EXPRESS child);
+- if some are still unfinished, the backup is *held*: a HoldRecord in
+  staging names the first failed worker's error, and the execution waits up
+  to `HOLD_SECONDS` for a ResumeRequest (`braid backup --resume NAME@ID`)
+  that plans them again, only them; the end of the hold, or an abandon by
+  the agent, fails the execution and Cleanup removes the backup.
+
+Held, the execution adds ~9 history events per Plan watch (420 s): ~1,900
+over the 24-hour hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from braid.errors import BackupError
+from braid.format.staging import HoldRecord, MapItem, StagingArea
+from braid.format.timestamps import format_timestamp
+from braid.pipeline.plan_cursor import PlanCursor
+
+MAX_REPLANS = 2
+HOLD_SECONDS = 24 * 3600.0
+
+
+class BackupHeldError(BackupError):
+    """Items kept failing, and no `--resume` came before the hold ended: the backup is given up."""
+
+
+def _when(epoch: float) -> str:
+    return format_timestamp(datetime.fromtimestamp(epoch, UTC))
+
+
+def check_of(key: str, round_number: int, attempt: int = 0, limit: int = MAX_REPLANS) -> dict[str, Any]:
+    return {"key": key, "round": round_number, "attempt": attempt, "limit": limit}
+
+
+def check_last_map(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCursor, list[MapItem] | None]:
+    """Check the last map's items; returns the cursor and the items to map again now (None: nothing to re-plan).
+
+    Holds the backup (writes the HoldRecord) when the re-plans are spent.
+    """
+    check = state.check
+    if check is None or state.held is not None:  # held: watch_hold decides
+        return state, None
+    items = area.read_items(str(check["key"]), int(check["round"]))
+    finished, unfinished = area.finished_items(items)
+    pending = {item.segment for item in unfinished}
+    area.remove_segments(item.segment for item in finished if item.segment not in pending)
+    if not unfinished:
+        return replace(state, check=None), None
+    attempt, limit = int(check["attempt"]), int(check["limit"])
+    if attempt < limit:
+        retry = area.write_retry(int(check["round"]), attempt + 1, unfinished)
+        return replace(state, check=check_of(retry.key, int(check["round"]), attempt + 1, limit)), unfinished
+    request = area.read_resume_request()
+    released_by = request.nonce if request is not None else ""
+    failure = area.first_failure()
+    first = min(unfinished, key=lambda i: i.first_index)
+    cause = failure.describe() if failure is not None else f"chunks {first.first_index}..{first.end_index - 1}: no result after every retry"
+    until = now + HOLD_SECONDS
+    area.write_hold(HoldRecord(cause, _when(now), _when(until), released_by, len(unfinished)))
+    return replace(state, held={"until": until, "released_by": released_by}), None
+
+
+def watch_hold(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCursor, list[MapItem] | None]:
+    """While held: a new resume request releases the hold and returns the unfinished items; the hold's end raises."""
+    held, check = state.held, state.check
+    if held is None or check is None:
+        return state, None
+    request = area.read_resume_request()
+    if request is not None and request.nonce != held["released_by"]:
+        _, unfinished = area.finished_items(area.read_items(str(check["key"]), int(check["round"])))
+        area.clear_hold()
+        attempt = int(check["attempt"]) + 1
+        retry = area.write_retry(int(check["round"]), attempt, unfinished)
+        return replace(state, held=None, check=check_of(retry.key, int(check["round"]), attempt, attempt + MAX_REPLANS)), unfinished
+    if now >= float(held["until"]):
+        hold = area.read_hold()
+        cause = hold.cause if hold is not None else "workers kept failing"
+        raise BackupHeldError(
+            f"backup {area.ref} was held {HOLD_SECONDS / 3600:.0f} h for 'braid backup --resume {area.ref}' after workers kept"
+            f" failing ({cause}); nobody resumed it, so it is removed"
+        )
+    return state, None

@@ -1,0 +1,570 @@
+"""Scale simulation: the real planner and Finalize over a synthetic multi-TiB backup, counted.
+
+What runs is the product's own code: `braid.pipeline.prepare.prepare_backup`,
+`braid.pipeline.plan.plan_next_round` (its watch, cursor and pacing) and
+`braid.pipeline.finalize.finalize_step` (rounds, results, LIST presence
+check, manifest seal/publish/read-back, staging removal), against an
+in-memory store (`CountingStore`) that counts every request each Lambda
+invocation makes. What is synthetic, and said so:
+
+- the agent: segment records appear when a stream of `stream_mb_s` would
+  have completed them (one 2 GiB segment of 32 × 64 MiB parts at a time,
+  `braid.agent.limits.default_segment_parts`), its lease is rewritten every
+  minute, the stream-end record is written at the end; UploadParts are
+  counted per part (one each, as braid.agent.uploader sends them);
+- the workers: an item's requests come from running the real
+  `braid.pipeline.worker.process_item` on two small items once
+  (`calibrate_worker`: requests per item and per chunk); in the simulation
+  each item writes its stored chunks (sizes only) and its real ItemResult
+  record, and lasts `item_seconds` (the worker's CPU per chunk is an input:
+  measured by scripts/bench cloud-model, assumed 0.45 s on arm64 here);
+- time: a virtual clock. `plan_next_round` takes the clock and its sleep,
+  so a 61-hour watch runs in seconds; each request adds `REQUEST_SECONDS`,
+  reads done in parallel (StagingArea's READ_THREADS) add it once per wave,
+  and the Python CPU the real code spent in each invocation (measured) is
+  scaled by the function's share of a vCPU;
+- history events per state as AWS records them (`EVENTS`): a Lambda Task 5,
+  Choice 2, Wait 2, Pass 2, Distributed Map 6, Succeed 2, start and end 2.
+
+The result (`Simulation`) holds every invocation (function, requests by
+kind, modelled seconds, its timeout) and the execution's events, which
+tests/cloud/test_scale_simulation.py asserts against AWS's quotas and
+scripts/bench cloud-model prices.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from braid import contract
+from braid.adapters.local.keys import LocalKeyFile
+from braid.agent.limits import default_segment_parts
+from braid.errors import AlreadyExistsError, NotFoundError
+from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.ids import BackupRef
+from braid.format.layout import chunk_key
+from braid.format.lease import LeaseRecord
+from braid.format.manifest import ChunkEntry
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
+from braid.format.staging.area import READ_THREAD_NAME, READ_THREADS
+from braid.format.staging.keys import agent_lease_key
+from braid.format.timestamps import utc_now
+from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
+from braid.pipeline.finalize import finalize_step
+from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS
+from braid.pipeline.plan import plan_next_round
+from braid.pipeline.prepare import load_data_key, prepare_backup
+from braid.pipeline.worker import ChunkLanes, process_item
+from braid.ports.store import ObjectInfo
+
+MiB = 2**20
+TIB = 2**40
+HISTORY_QUOTA = 25_000
+EXPRESS_CHILD_SECONDS = contract.EXPRESS_CHILD_SECONDS
+LAMBDA_MAX_SECONDS = 900
+
+# History events AWS records per state visited (Standard execution).
+EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2}
+
+# Assumptions (every one is printed by scripts/bench cloud-model).
+REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
+REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU
+FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
+ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
+MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
+INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
+LAMBDA_S3_MB_S = 90.0  # one Lambda's S3 throughput per stream
+LAMBDA_NIC_MB_S = 300.0  # one Lambda's total network
+WORKER_CPU_SECONDS = 0.45  # per 64 MiB chunk on arm64 (zstd-3 + AES-GCM + CRCs): scripts/bench cloud-model measures it
+STORED_RATIO = 0.54  # stored / plaintext
+
+# The functions as the stack deploys them (infra/braid_infra/functions.py): memory MB, timeout s.
+FUNCTIONS = {
+    "prepare": (256, 60),
+    "plan": (256, contract.PLAN_TIMEOUT_SECONDS),
+    "worker": (contract.WORKER_MEMORY_MB, contract.WORKER_TIMEOUT_SECONDS),
+    "finalize": (contract.FINALIZE_MEMORY_MB, 900),
+}
+
+
+# -- the counting store ------------------------------------------------------------
+
+
+@dataclass
+class Invocation:
+    """One Lambda invocation as the simulation ran it."""
+
+    function: str
+    requests: Counter[str] = field(default_factory=Counter)
+    parallel: Counter[str] = field(default_factory=Counter)  # of those, made by StagingArea's parallel readers
+    watched: float = 0.0  # virtual seconds spent sleeping between polls
+    cpu: float = 0.0  # Python CPU seconds of the real code here (thread time)
+    seconds: float = 0.0  # modelled duration
+    count: int = 1  # identical invocations this record stands for (workers)
+
+    @property
+    def timeout(self) -> int:
+        return FUNCTIONS[self.function][1]
+
+    @property
+    def total_requests(self) -> int:
+        return sum(self.requests.values())
+
+    def model(self) -> float:
+        memory = FUNCTIONS[self.function][0]
+        vcpu = min(1.0, memory / FULL_VCPU_MB)
+        sequential = self.total_requests - sum(self.parallel.values())
+        waves = math.ceil(sum(self.parallel.values()) / READ_THREADS)
+        per_request = REQUEST_SECONDS + REQUEST_CPU_SECONDS / vcpu
+        self.seconds = self.watched + (sequential + waves) * per_request + sum(self.parallel.values()) * REQUEST_CPU_SECONDS / vcpu
+        self.seconds += self.cpu / ARM_SPEED / vcpu
+        return self.seconds
+
+
+@dataclass
+class _Object:
+    data: bytes | None  # None: a stored chunk kept by size only
+    size: int
+    modified: float
+
+
+class CountingStore:
+    """An in-memory ObjectStore that counts requests, S3-style (a LIST or DeleteObjects per 1,000 keys)."""
+
+    def __init__(self, clock: Any) -> None:
+        self._objects: dict[str, _Object] = {}
+        self._sorted: list[str] | None = []  # the keys in order, rebuilt on the next LIST after a change
+        self._lock = threading.Lock()
+        self._clock = clock
+        self.current: Invocation | None = None
+        self.totals: Counter[str] = Counter()
+        self.deleted_at: dict[str, float] = {}  # when each deleted key went (staging storage is billed until then)
+
+    @property
+    def url(self) -> str:
+        return "sim://bucket"
+
+    def object_key(self, key: str) -> str:
+        return key
+
+    def _count(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self.totals[kind] += n
+            if self.current is not None:
+                self.current.requests[kind] += n
+                if threading.current_thread().name.startswith(READ_THREAD_NAME):
+                    self.current.parallel[kind] += n
+
+    def _set(self, key: str, value: _Object) -> None:
+        with self._lock:
+            if key not in self._objects:
+                self._sorted = None
+            self._objects[key] = value
+
+    def put(self, key: str, data: Any, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+        self._count("PUT")
+        if create_only and key in self._objects:
+            raise AlreadyExistsError(f"{key} exists")
+        self._set(key, _Object(bytes(data), len(data), self._clock()))
+
+    def put_sized(self, key: str, size: int) -> None:
+        """A stored chunk by size only (10 TiB do not fit in memory); counted as the worker's PUT."""
+        self._count("PUT")
+        self._set(key, _Object(None, size, self._clock()))
+
+    def sync(self, keys: Iterable[str]) -> None:
+        pass
+
+    def get(self, key: str) -> bytes:
+        self._count("GET")
+        found = self._objects.get(key)
+        if found is None:
+            raise NotFoundError(key)
+        if found.data is None:
+            raise NotFoundError(f"{key} is kept by size only in the simulation")
+        return found.data
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self._count("GET")
+        found = self._objects.get(key)
+        if found is None or found.data is None:
+            raise NotFoundError(key)
+        return found.data[start : start + length]
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self._count("HEAD")
+        found = self._objects.get(key)
+        return None if found is None else ObjectInfo(key, found.size)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        with self._lock:
+            ordered = self._ordered()
+            start = bisect.bisect_left(ordered, prefix)
+            end = bisect.bisect_left(ordered, prefix + "\U0010ffff")
+            keys = ordered[start:end]
+            found = [ObjectInfo(k, self._objects[k].size) for k in keys]
+        self._count("LIST", max(1, math.ceil(len(found) / 1000)))
+        return iter(found)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        if not keys:
+            return
+        self._count("DELETE", math.ceil(len(keys) / 1000))
+        with self._lock:
+            for key in keys:
+                if self._objects.pop(key, None) is not None:
+                    self.deleted_at[key] = self._clock()
+            self._sorted = None
+
+    def _ordered(self) -> list[str]:
+        if self._sorted is None:
+            self._sorted = sorted(self._objects)
+        return self._sorted
+
+    def keys_under(self, prefix: str) -> int:
+        with self._lock:
+            ordered = self._ordered()
+            return bisect.bisect_left(ordered, prefix + "\U0010ffff") - bisect.bisect_left(ordered, prefix)
+
+
+class CountingJanitor:
+    """Aborting uploads and purging versions: one LIST each (S3: ListMultipartUploads, ListObjectVersions)."""
+
+    def __init__(self, store: CountingStore) -> None:
+        self.store = store
+
+    def abort_uploads(self, prefix: str) -> int:
+        self.store._count("LIST")
+        return 0
+
+    def purge_versions(self, prefix: str) -> int:
+        self.store._count("LIST")
+        return 0
+
+
+class NullPublisher:
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def publish(self, detail_type: str, detail: Any) -> None:
+        self.events.append(detail_type)
+
+
+# -- the worker, calibrated from the real process_item ------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerRequests:
+    """Requests of one map item of k chunks: per_item + k × per_chunk, by kind (from process_item)."""
+
+    per_item: Counter[str]
+    per_chunk: Counter[str]
+
+    def of(self, chunks: int) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for kind in set(self.per_item) | set(self.per_chunk):
+            total[kind] = self.per_item[kind] + chunks * self.per_chunk[kind]
+        return total
+
+
+def calibrate_worker() -> WorkerRequests:
+    """Run the real worker on items of 1 and of 4 small chunks and count its requests."""
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = LocalKeyFile.create(Path(tmp) / "master.key")
+        for chunks in (1, 4):
+            store = CountingStore(time.time)
+            _repository(store, keys)
+            ref = BackupRef.new("calibrate")
+            chunk = 4096
+            data = bytes(range(256)) * (chunk * chunks // 256)
+            area = StagingArea(store, ref)
+            repo_id = Repository.open(store).config.id
+            area.write_session(SessionRecord(str(ref), repo_id, chunk, chunks, 3, ["in"], utc_now()))
+            store.put(segment_key(ref, 0, 0), data)
+            crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
+            prepare_backup(store, keys, ref)
+            key, _ = load_data_key(store, keys, ref, repo_id)
+            item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, chunks, 0, crcs)
+            store.current = Invocation("worker")
+            process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+            counts.append(store.current.requests)
+    one, four = counts
+    per_chunk = Counter({k: (four[k] - one[k]) // 3 for k in set(one) | set(four)})
+    per_item = Counter({k: one[k] - per_chunk[k] for k in set(one) | set(four)})
+    return WorkerRequests(+per_item, +per_chunk)
+
+
+def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
+    # The pipeline requires a KMS repository; the local key file stands in for KMS (the same KeyService port).
+    return Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+
+
+def item_seconds(chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int) -> float:
+    """One map item of `chunks` chunks on `lanes` lanes: the larger of its CPU and its I/O, plus the unoverlapped ends."""
+    mb = 1e6
+    rate = min(LAMBDA_S3_MB_S * max(1, min(lanes, chunks)), LAMBDA_NIC_MB_S)
+    get_s, put_s = chunk / mb / LAMBDA_S3_MB_S, chunk * ratio / mb / LAMBDA_S3_MB_S
+    io_total = chunks * chunk * (1 + ratio) / mb / rate
+    if chunks == 1 or lanes == 1:
+        body = chunks * (get_s + cpu_chunk + put_s)
+    else:
+        body = get_s + max(chunks * cpu_chunk, io_total) + put_s
+    return body + INVOKE_OVERHEAD_SECONDS
+
+
+# -- the simulation ------------------------------------------------------------------
+
+
+@dataclass
+class Simulation:
+    tib: float
+    stream_mb_s: float
+    workers: int
+    chunk_size: int
+    segments: int
+    chunks: int
+    stream_seconds: float
+    invocations: list[Invocation]
+    history_events: int
+    turns: Counter[str]
+    finished_at: float
+    agent_requests: Counter[str]
+    store_totals: Counter[str]
+    items: int
+    worker_seconds: float  # sum of every item's duration (billed worker time)
+    map_seconds: float
+    transitions: int  # Standard state transitions of the backup execution (billed)
+    staged_byte_seconds: float  # raw bytes in staging x how long they stayed (until Finalize removed them)
+
+    @property
+    def seconds_after_stream_end(self) -> float:
+        return self.finished_at - self.stream_seconds
+
+    def by_function(self, function: str) -> list[Invocation]:
+        return [i for i in self.invocations if i.function == function]
+
+    @property
+    def max_timeout_fraction(self) -> float:
+        return max(i.seconds / i.timeout for i in self.invocations)
+
+    def requests(self, function: str | None = None) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for invocation in self.invocations:
+            if function is None or invocation.function == function:
+                for kind, n in invocation.requests.items():
+                    total[kind] += n * invocation.count
+        return total
+
+
+class _Agent:
+    """The synthetic agent: writes what braid.agent.uploader would have by each moment."""
+
+    def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float) -> None:
+        self.store, self.ref, self.session, self.rate = store, ref, session, rate
+        self.area = StagingArea(store, ref)
+        self.seg_bytes = session.segment_parts * session.chunk_size
+        self.total = total
+        self.segments = max(1, math.ceil(total / self.seg_bytes))
+        self.next_segment = 0
+        self.next_lease = 0.0
+        self.ended = False
+        self.end_at = total / rate
+        self.requests: Counter[str] = Counter()
+        self.crc = encode_crc64nvme(0)
+        self.completed: list[tuple[float, int, str]] = []  # (when, bytes, key) per segment
+
+    def catch_up(self, now: float) -> None:
+        saved, self.store.current = self.store.current, None  # the agent's writes are not the invocation's
+        try:
+            while self.next_segment < self.segments and min(self.total, (self.next_segment + 1) * self.seg_bytes) / self.rate <= now:
+                self._complete(self.next_segment)
+                self.next_segment += 1
+            while self.next_lease <= min(now, self.end_at):
+                record = LeaseRecord(str(self.ref), f"t+{self.next_lease:.0f}", "sim", 1)
+                self.store.put(agent_lease_key(self.ref), record.to_bytes())
+                self.requests["PUT"] += 1
+                self.next_lease += 60.0
+            if not self.ended and now >= self.end_at and self.next_segment == self.segments:
+                self.area.write_stream_end(StreamEnd([self.total], [self.segments]))
+                self.requests["PUT"] += 1
+                self.ended = True
+        finally:
+            self.store.current = saved
+
+    def _complete(self, number: int) -> None:
+        offset = number * self.seg_bytes
+        length = min(self.seg_bytes, self.total - offset)
+        parts = math.ceil(length / self.session.chunk_size)
+        record = SegmentRecord(0, number, segment_key(self.ref, 0, number), offset, length, parts, stored_checksum(b""), [self.crc] * parts)
+        self.store.put_sized(record.key, length)  # the completed multipart object (by size)
+        self.completed.append(((offset + length) / self.rate, length, record.key))
+        self.area.write_segment_record(record)
+        # CreateMultipartUpload, UploadPart per part, CompleteMultipartUpload, the record's PUT.
+        self.requests["PUT"] += 1 + parts + 1 + 1
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.agent: _Agent | None = None
+        self.watched = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        if self.agent is not None:
+            self.agent.catch_up(self.now)
+
+    def sleep(self, seconds: float) -> None:
+        self.watched += seconds
+        self.advance(seconds)
+
+
+def simulate(
+    tib: float,
+    stream_mb_s: float,
+    workers: int,
+    *,
+    chunk_size: int = 64 * MiB,
+    worker_cpu: float = WORKER_CPU_SECONDS,
+    ratio: float = STORED_RATIO,
+    lanes: int = contract.DEFAULT_WORKER_LANES,
+    calibration: WorkerRequests | None = None,
+) -> Simulation:
+    """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps."""
+    calibration = calibration or calibrate_worker()
+    clock = _Clock()
+    store = CountingStore(clock)
+    invocations: list[Invocation] = []
+    turns: Counter[str] = Counter()
+    events = EVENTS["execution"] + EVENTS["pass"]  # started, Identify
+    with tempfile.TemporaryDirectory() as tmp:
+        keys = LocalKeyFile.create(Path(tmp) / "master.key")
+        repository = _repository(store, keys)
+        ref = BackupRef.new("sim")
+        total = int(tib * TIB)
+        session = SessionRecord(str(ref), repository.config.id, chunk_size, default_segment_parts(chunk_size), 3, ["stdin"], utc_now())
+        StagingArea(store, ref).write_session(session)
+        agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
+        clock.agent = agent
+
+        def invoke(function: str, call: Any) -> Any:
+            invocation = Invocation(function)
+            store.current = invocation
+            clock.watched = 0.0
+            cpu0 = time.thread_time()
+            try:
+                return call()
+            finally:
+                invocation.cpu = time.thread_time() - cpu0
+                invocation.watched = clock.watched
+                store.current = None
+                invocations.append(invocation)
+                clock.advance(invocation.model() - invocation.watched)
+
+        invoke("prepare", lambda: prepare_backup(store, keys, ref))
+        events += EVENTS["task"]
+        key, _ = load_data_key(store, keys, ref, repository.config.id)
+        previous: dict[str, Any] | None = None
+        items_total = 0
+        worker_seconds = 0.0
+        map_seconds = 0.0
+        worker_invocations: Counter[int] = Counter()
+        while True:
+            cursor = previous.get("cursor") if previous else None
+            status = invoke(
+                "plan",
+                lambda cursor=cursor: plan_next_round(
+                    store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
+                    poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
+                    watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep,
+                ),
+            )
+            previous = status.to_json()
+            events += EVENTS["task"] + EVENTS["choice"]
+            if events > 4 * HISTORY_QUOTA:
+                raise RuntimeError(f"runaway simulation: {events} history events")
+            if status.status == "done":
+                break
+            if status.status == "waiting":
+                events += EVENTS["wait"]
+                turns["wait"] += 1
+                clock.advance(status.wait_seconds)
+                continue
+            turns["map"] += 1
+            events += EVENTS["map"]
+            found = _round_items(store, status.items_key, status.round)
+            duration, billed = _run_items(store, ref, found, key, calibration, workers, worker_cpu, ratio, lanes, worker_invocations)
+            items_total += len(found)
+            worker_seconds += billed
+            map_seconds += duration
+            clock.advance(duration)
+        publisher = NullPublisher()
+        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref))
+        events += EVENTS["task"] + EVENTS["succeed"]
+        for chunks, n in worker_invocations.items():
+            worker = Invocation("worker", requests=calibration.of(chunks), count=n)
+            worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
+            invocations.append(worker)
+        plans = sum(1 for i in invocations if i.function == "plan")
+        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2  # Identify, Prepare; Plan + Choice; Wait | Map; Finalize, Succeed
+        staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
+        agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
+        agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
+        return Simulation(
+            tib=tib, stream_mb_s=stream_mb_s, workers=workers, chunk_size=chunk_size, segments=agent.segments,
+            chunks=math.ceil(total / chunk_size), stream_seconds=agent.end_at, invocations=invocations, history_events=events,
+            turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
+            worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
+        )
+
+
+def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
+    """What the Distributed Map's ItemReader reads: the round file (the state machine's GET, not a Lambda's)."""
+    saved, store.current = store.current, None
+    try:
+        return list(Round.from_bytes(store.get(key), number, key).items)
+    finally:
+        store.current = saved
+
+
+def _run_items(
+    store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
+    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int],
+) -> tuple[float, float]:
+    """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds."""
+    area = StagingArea(store, ref)
+    saved, store.current = store.current, None  # counted through the calibration instead
+    try:
+        for item in items:
+            entries = []
+            for piece in item.chunks():
+                stored = max(1, int(piece.length * ratio))
+                store.put_sized(chunk_key(ref, piece.index), stored)
+                mac = hashlib.blake2b(piece.index.to_bytes(8, "big"), digest_size=32).digest()
+                entries.append(ChunkEntry(piece.index, item.input_index, piece.offset, piece.length, stored, stored_checksum(b""), mac, "zstd"))
+            area.write_result(ItemResult(item.first_index, tuple(entries)))
+            invocations[item.count] += 1
+    finally:
+        store.current = saved
+    durations = sorted((item_seconds(i.count, worker_cpu, i.chunk_size, ratio, lanes) for i in items), reverse=True)
+    lanes_free = [0.0] * max(1, min(workers, len(durations)))
+    for seconds in durations:  # longest first onto the least busy worker
+        lanes_free.sort()
+        lanes_free[0] += seconds
+    return MAP_START_SECONDS + max(lanes_free), sum(durations)

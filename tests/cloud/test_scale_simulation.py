@@ -1,0 +1,115 @@
+"""10 TiB through the real planner and Finalize, every request and history event counted.
+
+scripts/bench_lib/scale_sim.py runs `prepare_backup`, `plan_next_round` (its
+watch, cursor and pacing, on a virtual clock) and `finalize_step` over a
+synthetic ledger: 5,120 segment records of 2 GiB, 163,840 chunks of 64 MiB,
+stored as small records (chunks by size only) in a store that counts what
+each Lambda invocation asks of it. The quotas asserted, with a 2x margin:
+25,000 history events per Standard execution, each function's configured
+timeout (and Lambda's 15 minutes), an EXPRESS child's 5 minutes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_lib.scale_sim import (  # noqa: E402
+    EXPRESS_CHILD_SECONDS,
+    FUNCTIONS,
+    HISTORY_QUOTA,
+    LAMBDA_MAX_SECONDS,
+    Simulation,
+    WorkerRequests,
+    calibrate_worker,
+    simulate,
+)
+from braid import contract  # noqa: E402
+from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, WATCH_SECONDS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def calibration() -> WorkerRequests:
+    return calibrate_worker()
+
+
+@pytest.fixture(scope="module", params=[50, 1000], ids=["50MBps", "1GBps"])
+def ten_tib(request: pytest.FixtureRequest, calibration: WorkerRequests) -> Simulation:
+    return simulate(10, request.param, 500, calibration=calibration)
+
+
+def test_the_worker_makes_one_get_and_one_put_per_chunk_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
+    # Counted from the real process_item on items of 1 and 4 chunks.
+    assert dict(calibration.per_chunk) == {"GET": 1, "PUT": 1}
+    assert dict(calibration.per_item) == {"PUT": 1}
+
+
+def test_ten_tib_is_a_real_ledger_and_is_published(ten_tib: Simulation) -> None:
+    assert ten_tib.segments >= 5000 and ten_tib.chunks >= 160_000
+    assert ten_tib.items >= ten_tib.chunks // contract_max_chunks()
+    finalize = ten_tib.by_function("finalize")
+    assert len(finalize) == 1  # ran once, and finalize_step raised nothing: the manifest was published and authenticated
+
+
+def contract_max_chunks() -> int:
+    from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
+
+    return DEFAULT_MAX_CHUNKS_PER_ITEM
+
+
+def test_ten_tib_stays_under_half_the_history_quota(ten_tib: Simulation) -> None:
+    assert ten_tib.history_events <= HISTORY_QUOTA / 2, (ten_tib.history_events, dict(ten_tib.turns))
+
+
+def test_every_invocation_stays_under_half_its_timeout(ten_tib: Simulation) -> None:
+    for invocation in ten_tib.invocations:
+        assert invocation.timeout <= LAMBDA_MAX_SECONDS
+        assert invocation.seconds <= invocation.timeout / 2, (invocation.function, invocation.seconds, invocation.timeout)
+    assert ten_tib.max_timeout_fraction <= 0.5
+
+
+def test_a_worker_item_fits_its_express_child_with_every_retry(ten_tib: Simulation) -> None:
+    attempts = 1 + contract.WORKER_RETRIES
+    backoff = sum(min(2 * 2**n, 60) for n in range(contract.WORKER_RETRIES))
+    assert attempts >= 3
+    assert attempts * FUNCTIONS["worker"][1] + backoff < EXPRESS_CHILD_SECONDS
+    for worker in ten_tib.by_function("worker"):
+        assert worker.seconds * 2 <= FUNCTIONS["worker"][1]
+
+
+def test_planning_reads_only_what_is_new(ten_tib: Simulation) -> None:
+    plans = ten_tib.by_function("plan")
+    polls_per_watch = WATCH_SECONDS / POLL_INTERVAL_SECONDS
+    # A call reads the session, then per poll the next segment record and the stream end,
+    # the lease once a minute, and the records of what it plans: never the whole ledger.
+    segments_per_call = max(1, math.ceil(ten_tib.segments / len(plans))) * 4
+    for plan in plans:
+        # + the check of the last map: its items file, a LIST of its results, one DeleteObjects of its finished segments.
+        assert plan.total_requests <= 2 * polls_per_watch + 2 * segments_per_call + 40 + 12, plan.requests
+    total = ten_tib.requests("plan")
+    # Linear in the stream's duration and its segments (the old planner was quadratic: ~13 M GETs here).
+    assert total["GET"] <= 1.2 * (2 * ten_tib.stream_seconds / POLL_INTERVAL_SECONDS + ten_tib.stream_seconds / 60 + 2 * ten_tib.segments + 2 * len(plans))
+    assert total["LIST"] <= 10 * ten_tib.turns["map"] + 2  # one LIST per map check, under the round's own key prefix
+    assert total["DELETE"] <= ten_tib.turns["map"]  # finished segments leave staging round by round
+
+
+def test_finalize_reads_each_record_once_and_checks_presence_by_list(ten_tib: Simulation) -> None:
+    (finalize,) = ten_tib.by_function("finalize")
+    assert finalize.requests["HEAD"] == 0  # no per-chunk HEAD
+    rounds = ten_tib.turns["map"]
+    assert finalize.requests["GET"] <= ten_tib.items + rounds + 10
+    assert finalize.requests["LIST"] <= 2 * math.ceil(ten_tib.chunks / 1000) + math.ceil(ten_tib.items / 1000) + 3 * math.ceil((ten_tib.items + rounds + ten_tib.segments) / 1000) + 10
+
+
+@pytest.mark.parametrize("rate", [50, 300, 1000])
+def test_one_tib_at_500_workers_is_published_within_15_seconds_of_stream_end(calibration: WorkerRequests, rate: int) -> None:
+    result = simulate(1, rate, 500, calibration=calibration)
+    assert result.seconds_after_stream_end <= 15, (rate, result.seconds_after_stream_end)
+    assert result.history_events <= HISTORY_QUOTA / 2
