@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from braid.errors import UsageError
+from braid.errors import RepositoryError, UsageError
+from braid.format.layout import CONFIG
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyService
@@ -37,7 +38,7 @@ class LocalInit:
     """What init made, for the CLI to report: the key file is the one thing to keep safe."""
 
     repository: Repository
-    root: Path
+    root: Path | str  # the directory, or an object store's URL (s3://BUCKET/PREFIX)
     key_file: Path
     key_id: str
     created_key: bool  # False: an existing key file was reused (one key for several repositories)
@@ -71,3 +72,41 @@ def init_local_repository(
     config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
     root.mkdir(parents=True, exist_ok=True)
     return LocalInit(Repository.create(store, config), root, path, keys.key_id, created)
+
+
+def init_store_repository(
+    store: ObjectStore,
+    key_files: MasterKeyFiles,
+    key_file_for: Callable[[str], Path],
+    *,
+    now: str | None = None,
+) -> LocalInit:
+    """A repository on an object store (S3 or an S3-compatible one) with no pipeline: this host compresses and encrypts.
+
+    The same format and the same master-key file as a directory repository;
+    only the store differs, so every command reads it the same way. An
+    existing repository is refused before the key file is made, so a second
+    init leaves no orphan key behind.
+    """
+    if store.head(CONFIG) is not None:
+        raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it")
+    provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
+    path = key_file_for(provisional.id)
+    created = not path.exists()
+    keys = key_files.create(path) if created else key_files.open(path)
+    config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
+    return LocalInit(Repository.create(store, config), store.url, path, keys.key_id, created)
+
+
+def init_kms_repository(store: ObjectStore, key_arn: str, probe: Callable[[RepositoryConfig], object], *, now: str | None = None) -> Repository:
+    """A repository on an object store whose data keys a KMS key wraps, with no pipeline.
+
+    `probe(config)` makes one data key under the new repository's context
+    before anything is written: a key this host may not use fails the init
+    (exit 4 with the missing permission), not the first backup.
+    """
+    if store.head(CONFIG) is not None:
+        raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it")
+    config = RepositoryConfig.new({"type": "kms", "key_id": key_arn}, now or utc_now())
+    probe(config)
+    return Repository.create(store, config)
