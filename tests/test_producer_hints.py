@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from tests.conftest import run_braid
 
 pytestmark = pytest.mark.e2e
