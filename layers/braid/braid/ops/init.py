@@ -12,6 +12,7 @@ takes it as a port, `MasterKeyFiles`, from the composition root.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,7 @@ def init_local_repository(
     reused, never replaced.
     """
     root = root.absolute()
+    _check_writable(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise UsageError(f"{root} exists and is not an empty directory; choose a new path for the repository")
     provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
@@ -70,8 +72,36 @@ def init_local_repository(
     created = not path.exists()
     keys = key_files.create(path) if created else key_files.open(path)
     config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RepositoryError(f"cannot create repository directory {root}: {exc.strerror or exc}") from None
     return LocalInit(Repository.create(store, config), root, path, keys.key_id, created)
+
+
+def _check_writable(root: Path) -> None:
+    """This user can make (or write into) `root`: checked before the key file is written.
+
+    A service user (postgres, db2inst1) running `braid init --repo
+    /var/backups/braid` usually may not create directories there; saying so,
+    with the command that fixes it, beats a traceback after a key file was
+    already made for a repository that never came to be.
+    """
+    existing = root
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+    except OSError as exc:  # a parent this user may not search
+        raise RepositoryError(f"cannot create repository directory {root}: {exc.strerror or exc} ({exc.filename})") from None
+    if existing == root and not root.is_dir():
+        return  # a file where the repository would go: the caller says the path is in use
+    if not existing.is_dir():
+        raise RepositoryError(f"cannot create repository directory {root}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RepositoryError(
+            f"cannot create repository directory {root}: {existing} is not writable by this user;"
+            f" have it made for this user first, e.g. 'install -d -o USER -m 0700 {root}'"
+        )
 
 
 def init_store_repository(
