@@ -94,6 +94,9 @@ class HostAccess(Construct):
         self.agent_role = iam.Role(
             self, "AgentRole", assumed_by=host_principal(session_tags=True), managed_policies=[self.agent_policy], description="Braid agent on database hosts"
         )
+        # EC2 database hosts get the agent role through an instance profile
+        # (`aws ec2 associate-iam-instance-profile`); restore hosts through theirs.
+        self.agent_instance_profile = iam.InstanceProfile(self, "AgentInstanceProfile", role=self.agent_role)
         self.restore_role = iam.Role(self, "RestoreRole", assumed_by=host_principal(), description="Braid restore and verify from hosts")
         self.restore_role.add_to_policy(
             iam.PolicyStatement(
@@ -103,4 +106,5 @@ class HostAccess(Construct):
         )
         self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]))
         keys.allow_decrypt(self.restore_role)
+        self.restore_instance_profile = iam.InstanceProfile(self, "RestoreInstanceProfile", role=self.restore_role)
 

@@ -15,11 +15,13 @@ from constructs import Construct
 
 from braid import contract
 from braid.contract import (
+    OUTPUT_AGENT_INSTANCE_PROFILE,
     OUTPUT_AGENT_POLICY,
     OUTPUT_AGENT_ROLE,
     OUTPUT_BUCKET,
     OUTPUT_KEY,
     OUTPUT_REPOSITORY,
+    OUTPUT_RESTORE_INSTANCE_PROFILE,
     OUTPUT_RESTORE_ROLE,
     OUTPUT_STATE_MACHINE,
 )
@@ -84,4 +86,12 @@ class BraidStack(Stack):
         CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
         CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")
         CfnOutput(self, OUTPUT_RESTORE_ROLE, value=self.access.restore_role.role_arn, description="Role for restore hosts")
+        CfnOutput(
+            self, OUTPUT_AGENT_INSTANCE_PROFILE, value=self.access.agent_instance_profile.instance_profile_name,
+            description="Instance profile for EC2 database hosts (the agent role)",
+        )
+        CfnOutput(
+            self, OUTPUT_RESTORE_INSTANCE_PROFILE, value=self.access.restore_instance_profile.instance_profile_name,
+            description="Instance profile for EC2 restore hosts (the restore role)",
+        )
         suppress_findings(self)

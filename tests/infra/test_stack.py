@@ -354,6 +354,22 @@ def test_outputs_name_what_braid_init_needs(template: Template) -> None:
         assert name in outputs
 
 
+def test_database_hosts_get_the_agent_role_by_instance_profile(template: Template) -> None:
+    """EC2 hosts take a role only through an instance profile: one for the agent, one for restore."""
+    resources = template.to_json()["Resources"]
+    roles = {name: logical for logical, body in resources.items() if body["Type"] == "AWS::IAM::Role"
+             for name in ("AgentRole", "RestoreRole") if logical.startswith(f"Access{name}")}
+    profiles = {logical: body["Properties"]["Roles"] for logical, body in resources.items() if body["Type"] == "AWS::IAM::InstanceProfile"}
+    assert sorted(profiles.values(), key=str) == sorted([[{"Ref": roles["AgentRole"]}], [{"Ref": roles["RestoreRole"]}]], key=str)
+    # The agent role's trust lets EC2 assume it, which an instance profile needs.
+    trust = resources[roles["AgentRole"]]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert any("ec2.amazonaws.com" in json.dumps(statement["Principal"]) for statement in trust)
+    outputs = template.to_json()["Outputs"]
+    for output, profile in (("AgentInstanceProfileName", "AgentRole"), ("RestoreInstanceProfileName", "RestoreRole")):
+        (logical,) = [k for k, roles_ in profiles.items() if roles_ == [{"Ref": roles[profile]}]]
+        assert outputs[output]["Value"] == {"Ref": logical}
+
+
 def test_cdk_nag_is_enforced_not_silenced(tmp_path: Path) -> None:
     """A finding nobody acknowledged must fail synth (so the clean synth above means something)."""
     app = cdk.App(context=cdk_context(), outdir=str(tmp_path))

@@ -16,6 +16,8 @@ OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
 OUTPUT_AGENT_POLICY = "AgentPolicyArn"
 OUTPUT_AGENT_ROLE = "AgentRoleArn"
 OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
+OUTPUT_AGENT_INSTANCE_PROFILE = "AgentInstanceProfileName"
+OUTPUT_RESTORE_INSTANCE_PROFILE = "RestoreInstanceProfileName"
 
 # -- the pipeline functions' environment --------------------------------------
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket

@@ -16,10 +16,10 @@ from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
-from braid.format.keys import DataKey, WrappedKey
+from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.layout import CONFIG
-from braid.format.repository import Repository
-from braid.ops.init import LocalInit, init_local_repository
+from braid.format.repository import Repository, RepositoryConfig
+from braid.ops.init import LocalInit, init_kms_repository, init_local_repository, init_store_repository
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
@@ -97,6 +97,24 @@ def init_local(url: str, key_file: str | None) -> LocalInit:
     store = open_store(url)
     root = Path(url).expanduser().absolute()
     return init_local_repository(root, store, LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
+
+
+def init_store_with_key_file(url: str, key_file: str | None) -> LocalInit:
+    """`braid init --repo s3://... --engine local`: an object store, and a master-key file on this host."""
+    return init_store_repository(open_store(url), LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
+
+
+def init_store_with_kms(url: str, key_arn: str) -> Repository:
+    """`braid init --repo s3://... --engine local --kms-key ARN`: data keys wrapped by KMS, made on this host."""
+    from braid.adapters.aws.clients import kms_client
+    from braid.adapters.aws.kms import KmsKeyService
+
+    keys = KmsKeyService(kms_client(), key_arn)
+
+    def probe(config: RepositoryConfig) -> object:
+        return keys.generate_data_key(encryption_context(config.id, "init-probe"))
+
+    return init_kms_repository(open_store(url), key_arn, probe)
 
 
 def open_key_service(repository: Repository, key_file: str | None, *, unwrap_only: bool = False) -> KeyService:

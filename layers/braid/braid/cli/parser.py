@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
                     " elsewhere), or an s3:// prefix served by a deployed stack (--stack).",
     ))
     init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
+    init.add_argument("--engine", choices=("local", "stepfunctions"),
+                      help="s3:// repositories: 'local' compresses and encrypts on this host (no stack needed; a key file, or --kms-key)")
+    init.add_argument("--kms-key", metavar="ARN", help="with --engine local: a KMS key wraps the data keys instead of a key file")
     init.set_defaults(handler=_command("init:cmd_init"))
 
     backup = sub.add_parser("backup", parents=[common], **_help(
@@ -226,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
     backup.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                         help=f"fail (exit 5) if no process opens a named-pipe --input for writing within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
+    backup.add_argument("--engine", choices=("local", "stepfunctions"),
+                        help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
     cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help="uploads in flight (default 8); memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")

@@ -69,6 +69,14 @@ def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bo
         print(f"initialised repository {url} (id {config.id}) on stack {stack}", file=sys.stderr)
 
 
+def print_store_init(url: str, config: RepositoryConfig, as_json: bool) -> None:
+    """An object-store repository with no pipeline whose data keys a KMS key wraps."""
+    if as_json:
+        print(json.dumps({"repository": url, "id": config.id, "key_id": config.key["key_id"]}))
+    else:
+        print(f"initialised repository {url} (id {config.id}); data keys wrapped by {config.key['key_id']}", file=sys.stderr)
+
+
 def saved(plaintext_bytes: int, stored_bytes: int) -> str:
     """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew)."""
     if not plaintext_bytes:

@@ -22,6 +22,7 @@ arguments: command lines carry passwords (`mysqldump -pSECRET`).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -36,6 +37,7 @@ __all__ = ["Child", "program_name"]
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _TAIL_BYTES = 8192
 _LAST_LINE_CHARS = 300
+_HINT = re.compile(r"^(\S+: )?hint: ", re.IGNORECASE)  # "pg_basebackup: hint: ...", "HINT:  ..."
 STOP_GRACE_SECONDS = 10.0
 
 
@@ -92,11 +94,18 @@ class Child:
                     passing = False  # our stderr is gone: keep draining, or the command blocks on a full pipe
 
     def last_line(self) -> str | None:
-        """The last non-blank line the command wrote on stderr (progress `\\r` updates count as lines)."""
+        """The last non-blank line the command wrote on stderr (progress `\\r` updates count as lines).
+
+        Trailing hint lines are passed over: PostgreSQL's tools end a failure
+        with `pg_basebackup: hint: Try "pg_basebackup --help" ...` after the
+        line that says what went wrong, and the user needs the latter.
+        """
         with self._tail_lock:
             text = bytes(self._tail).decode(errors="replace")
         lines = [line.strip() for line in text.replace("\r", "\n").split("\n")]
         lines = [line for line in lines if line]
+        while len(lines) > 1 and _HINT.match(lines[-1]):
+            lines.pop()
         if not lines:
             return None
         last = lines[-1]

@@ -12,12 +12,14 @@ takes it as a port, `MasterKeyFiles`, from the composition root.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from braid.errors import UsageError
+from braid.errors import RepositoryError, UsageError
+from braid.format.layout import CONFIG
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyService
@@ -37,7 +39,7 @@ class LocalInit:
     """What init made, for the CLI to report: the key file is the one thing to keep safe."""
 
     repository: Repository
-    root: Path
+    root: Path | str  # the directory, or an object store's URL (s3://BUCKET/PREFIX)
     key_file: Path
     key_id: str
     created_key: bool  # False: an existing key file was reused (one key for several repositories)
@@ -58,6 +60,7 @@ def init_local_repository(
     reused, never replaced.
     """
     root = root.absolute()
+    _check_writable(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise UsageError(f"{root} exists and is not an empty directory; choose a new path for the repository")
     provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
@@ -69,5 +72,71 @@ def init_local_repository(
     created = not path.exists()
     keys = key_files.create(path) if created else key_files.open(path)
     config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RepositoryError(f"cannot create repository directory {root}: {exc.strerror or exc}") from None
     return LocalInit(Repository.create(store, config), root, path, keys.key_id, created)
+
+
+def _check_writable(root: Path) -> None:
+    """This user can make (or write into) `root`: checked before the key file is written.
+
+    A service user (postgres, db2inst1) running `braid init --repo
+    /var/backups/braid` usually may not create directories there; saying so,
+    with the command that fixes it, beats a traceback after a key file was
+    already made for a repository that never came to be.
+    """
+    existing = root
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+    except OSError as exc:  # a parent this user may not search
+        raise RepositoryError(f"cannot create repository directory {root}: {exc.strerror or exc} ({exc.filename})") from None
+    if existing == root and not root.is_dir():
+        return  # a file where the repository would go: the caller says the path is in use
+    if not existing.is_dir():
+        raise RepositoryError(f"cannot create repository directory {root}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RepositoryError(
+            f"cannot create repository directory {root}: {existing} is not writable by this user;"
+            f" have it made for this user first, e.g. 'install -d -o USER -m 0700 {root}'"
+        )
+
+
+def init_store_repository(
+    store: ObjectStore,
+    key_files: MasterKeyFiles,
+    key_file_for: Callable[[str], Path],
+    *,
+    now: str | None = None,
+) -> LocalInit:
+    """A repository on an object store (S3 or an S3-compatible one) with no pipeline: this host compresses and encrypts.
+
+    The same format and the same master-key file as a directory repository;
+    only the store differs, so every command reads it the same way. An
+    existing repository is refused before the key file is made, so a second
+    init leaves no orphan key behind.
+    """
+    if store.head(CONFIG) is not None:
+        raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it")
+    provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
+    path = key_file_for(provisional.id)
+    created = not path.exists()
+    keys = key_files.create(path) if created else key_files.open(path)
+    config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
+    return LocalInit(Repository.create(store, config), store.url, path, keys.key_id, created)
+
+
+def init_kms_repository(store: ObjectStore, key_arn: str, probe: Callable[[RepositoryConfig], object], *, now: str | None = None) -> Repository:
+    """A repository on an object store whose data keys a KMS key wraps, with no pipeline.
+
+    `probe(config)` makes one data key under the new repository's context
+    before anything is written: a key this host may not use fails the init
+    (exit 4 with the missing permission), not the first backup.
+    """
+    if store.head(CONFIG) is not None:
+        raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it")
+    config = RepositoryConfig.new({"type": "kms", "key_id": key_arn}, now or utc_now())
+    probe(config)
+    return Repository.create(store, config)

@@ -46,7 +46,12 @@ class LocalKeyFile:
         """Write a new master key; refuses to replace an existing file."""
         master = os.urandom(32)
         doc = {"format": KEY_FILE_FORMAT, "version": 1, "key_id": _key_id(master), "key": base64.b64encode(master).decode()}
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:  # e.g. a service user whose home is /nonexistent
+            raise KeyAccessError(
+                f"cannot create key file {path}: {exc.strerror or exc} ({exc.filename}); give --key-file PATH or set BRAID_KEY_FILE"
+            ) from None
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:

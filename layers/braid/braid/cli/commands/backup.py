@@ -28,9 +28,17 @@ from braid.format.repository import Repository
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
 
 
+def _uses_pipeline(repository: Repository, args: argparse.Namespace) -> bool:
+    """`--engine`, else the repository's config: a pipeline named in it, or this machine."""
+    engine = getattr(args, "engine", None)
+    if engine == "stepfunctions" and not repository.config.cloud:
+        raise UsageError(f"--engine stepfunctions: repository {repository.url} has no pipeline (made without 'braid init --stack')")
+    return bool(repository.config.cloud) and engine != "local"
+
+
 def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngine:
-    """The repository's config decides: a pipeline named in it, or this machine."""
-    if repository.config.cloud:
+    """The cloud pipeline, or this machine (`--engine local`, or a repository without one)."""
+    if _uses_pipeline(repository, args):
         from braid.adapters.aws.wiring import cloud_engine
 
         args.rate_limit_bytes = parse_size(args.rate_limit) if args.rate_limit else None
@@ -40,7 +48,8 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
     typed = getattr(args, "typed", _CLOUD_ONLY)  # set in the environment or a config file for every run, they are ignored here
     given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name) and name in typed]
     if given:
-        raise UsageError(f"{', '.join(given)} only apply to s3:// repositories")
+        where = "the cloud pipeline, not --engine local" if repository.url.startswith("s3://") else "s3:// repositories"
+        raise UsageError(f"{', '.join(given)} only apply to {where}")
     from braid.engine.local import LocalEngine
 
     return LocalEngine(repository, open_key_service(repository, args.key_file))
@@ -82,9 +91,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
         source.check()
     inputs = len(sources) if producer is None else (args.pipes or 1)
     repository = open_repository(repo_url(args.repo))
-    if repository.config.cloud:
+    cloud = _uses_pipeline(repository, args)
+    if cloud:
         check_worker_chunk_size(chunk_size)
-    check_backup_memory(cloud=bool(repository.config.cloud), inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
+    check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     progress = Progress.for_terminal(args.json)
     engine = _engine_for(repository, args)
     # The producer starts only now that the repository and its key are ready,
