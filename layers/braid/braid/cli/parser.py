@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--key-file", help="master-key file of a local repository (env BRAID_KEY_FILE)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
+    reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
+    reporting.add_argument("--quiet", action="store_true", help="no progress and no notes on success (for cron); errors still print, one line on stderr")
+    reporting.add_argument("--log-file", metavar="PATH", help="append every progress event to PATH as JSON lines (whatever --quiet or --json say)")
 
     parser = _Parser(
         prog="braid",
@@ -154,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--stack", help="s3:// repositories: the deployed CloudFormation stack whose pipeline and key to use")
     init.set_defaults(handler=_command("init:cmd_init"))
 
-    backup = sub.add_parser("backup", parents=[common], help="back up stdin or --input streams")
+    backup = sub.add_parser("backup", parents=[common, reporting], help="back up stdin or --input streams")
     backup.add_argument("--name", help="backup name, e.g. the database name")
     backup.add_argument("--input", action="append", metavar="PATH", help="file or named pipe; repeat for several (read concurrently)")
     backup.add_argument("--chunk-size", default="64MiB", help="chunk size (default 64MiB)")
@@ -175,12 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
-    status = sub.add_parser("status", parents=[common], help="follow a cloud backup's pipeline execution")
+    status = sub.add_parser("status", parents=[common, reporting], help="follow a cloud backup's pipeline execution")
     status.add_argument("backup", metavar="NAME@ID")
     status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
     status.set_defaults(handler=_command("backup:cmd_status"))
 
-    restore = sub.add_parser("restore", parents=[common], help="write a backup's original bytes to stdout or --output")
+    restore = sub.add_parser("restore", parents=[common, reporting], help="write a backup's original bytes to stdout or --output")
     restore.add_argument("backup", metavar="NAME@ID", help="backup to restore (NAME@latest for the newest)")
     restore.add_argument("--output", action="append", metavar="PATH", help="one per backup input, in order")
     restore.add_argument("--workers", type=_positive_int, default=_cores(), help="decode threads (default: cores)")

@@ -50,13 +50,12 @@ class LocalChunkSink:
         self._entries: dict[int, ChunkEntry] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
-        self._totals = {"bytes_read": 0, "stored_bytes": 0, "chunks_done": 0}
+        # The stored chunks' plaintext, stored size and count: one set, so their ratio is exact mid-stream.
+        self._totals = {"bytes": 0, "stored_bytes": 0, "chunks": 0}
 
     def accept(self, index: int, piece: Piece, release: Release) -> None:
         with self._lock:
             error = self._error
-            if error is None:
-                self._totals["bytes_read"] += piece.length
         if error is not None:
             release()
             raise error
@@ -108,10 +107,12 @@ class LocalChunkSink:
         finally:
             release()
         with self._lock:
+            self._totals["bytes"] += entry.length
             self._totals["stored_bytes"] += entry.stored_length
-            self._totals["chunks_done"] += 1
+            self._totals["chunks"] += 1
             snapshot: dict[str, Any] = dict(self._totals)
-        self._progress({"event": "chunk", "backup": str(self._ref), **snapshot})
+        ratio = round(snapshot["stored_bytes"] / snapshot["bytes"], 4) if snapshot["bytes"] else 1.0
+        self._progress({"event": "chunk", "backup": str(self._ref), **snapshot, "ratio": ratio})
         return entry
 
     def _settled(self, index: int, future: Future[ChunkEntry], release: Release) -> None:
