@@ -243,14 +243,14 @@ def test_the_summary_line_has_the_totals() -> None:
     assert summary_line(restored) == "db@x: restored 3 GiB in 48 chunks, 0:00:31 (30.7 s), 100 MiB/s"
 
 
-def run_on_terminal(*args: str, stdin: Path) -> tuple[int, str, str]:
+def run_on_terminal(*args: str, stdin: Path, env: dict[str, str] | None = None, timeout: float = 120) -> tuple[int, str, str]:
     """The CLI with stderr on a pseudo-terminal (what a person sees), stdout a pipe: (code, stdout, terminal text)."""
     leader, follower = pty.openpty()
     with open(stdin, "rb") as feed:
-        proc = subprocess.Popen([str(BRAID), *args], stdin=feed, stdout=subprocess.PIPE, stderr=follower, env={**os.environ, "COLUMNS": "200"})
+        proc = subprocess.Popen([str(BRAID), *args], stdin=feed, stdout=subprocess.PIPE, stderr=follower, env={**(env or os.environ), "COLUMNS": "200"})
     os.close(follower)
     seen = b""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready, _, _ = select.select([leader], [], [], 0.5)
         if ready:

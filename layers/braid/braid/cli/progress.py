@@ -82,6 +82,7 @@ class Progress:
         self._view = ProgressView(self._started)
         self._live: Any = None  # rich.live.Live, started at the first event on a terminal
         self._live_ended = False
+        self._console: Any = None  # rich.console.Console, for the line and the notices above it
         self.backup = ""  # the operation's NAME@ID once known (the log's `error` event names it)
 
     @classmethod
@@ -131,26 +132,33 @@ class Progress:
     # -- the terminal -----------------------------------------------------------------
 
     def _draw(self, event: dict[str, Any]) -> None:
-        notice = _notice(event)
         if self._live_ended:
             return
-        if self._live is None:
-            self._start_live()
+        notice = _notice(event)
         if notice is not None:
             from rich.text import Text
 
-            self._live.console.print(Text(notice), soft_wrap=True)
+            self._terminal().print(Text(notice), soft_wrap=True)  # above the progress line, which follows it down
+            return
+        if self._live is None:
+            self._start_live()
         if event.get("event") == "done":
             self._stop_live()  # its last drawing is the summary line, which stays
 
+    def _terminal(self) -> Any:
+        """The rich Console on `stream`, made at the first drawing."""
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.stream, highlight=False)
+        return self._console
+
     def _start_live(self) -> None:
-        from rich.console import Console
         from rich.live import Live
 
-        console = Console(file=self.stream, highlight=False)
         self._live = Live(
             get_renderable=self._renderable,
-            console=console,
+            console=self._terminal(),
             refresh_per_second=REFRESH_PER_SECOND,
             redirect_stdout=False,  # stdout is data (a restore's bytes, a backup's id): never touch it
             redirect_stderr=False,
