@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from braid.cli.progress import Progress, open_log
 from braid.cli.progress_view import ProgressView, summary_line
 from braid.format.timestamps import parse_timestamp
 from braid.ports.progress import COMMON_FIELDS, EVENTS, PHASES, SCHEMA_VERSION, event_problems
@@ -174,6 +175,17 @@ def test_log_file_gets_the_events_as_json_lines_and_the_failure(repo: Path, sour
 
     unwritable = run_braid("backup", "--repo", str(repo), "--name", "db", "--input", str(source), "--log-file", str(tmp_path / "no" / "dir" / "log"))
     assert unwritable.code == 5 and unwritable.stderr.startswith("braid: error: cannot open --log-file "), unwritable.stderr
+
+
+def test_an_interrupted_run_ends_its_log_with_an_error_event(tmp_path: Path) -> None:
+    """SIGINT, SIGTERM and SIGHUP arrive as KeyboardInterrupt (braid.cli.main): the log says so, with exit code 130."""
+    log = tmp_path / "braid.jsonl"
+    with pytest.raises(KeyboardInterrupt), Progress("none", log=open_log(str(log))) as progress:
+        progress({"event": "phase", "backup": "db@x", "phase": "reading", "total_bytes": None, "total_chunks": None})
+        raise KeyboardInterrupt
+    events = parse_events(log.read_text())
+    assert [(e["event"], e.get("exit_code"), e.get("message")) for e in events] == [("phase", None, None), ("error", 130, "interrupted")]
+    assert events[-1]["backup"] == "db@x"
 
 
 # -- README ----------------------------------------------------------------------------------

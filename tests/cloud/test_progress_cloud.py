@@ -82,3 +82,18 @@ def test_a_cloud_backup_on_a_terminal_ends_with_its_real_totals(cloud: Emulator,
     assert lines[0].startswith(f"braid: backup {ref} started; if interrupted, continue with 'braid backup --resume {ref} ...'"), lines
     assert any(line.startswith("uploading") for line in lines), lines
     assert lines[-1].startswith(f"{ref}: backed up 12 MiB in 3 chunks, stored "), lines
+
+
+def test_a_no_wait_backup_and_status_print_versioned_json(cloud: Emulator, source: Path) -> None:
+    staged = braid(cloud, "agent", "backup", "--name", "prognw", "--chunk-size", CHUNK, "--input", str(source), "--no-wait", "--json")
+    assert staged.code == 0, staged.stderr
+    doc = json.loads(staged.stdout)
+    assert (doc["schema_version"], doc["status"], doc["name"]) == (SCHEMA_VERSION, "staged", "prognw")
+    assert kinds(parse_events(staged.stderr))[-1] == "stream-end"
+    once = json.loads(braid(cloud, "agent", "status", doc["backup"], "--once", "--json").stdout)
+    assert once["schema_version"] == SCHEMA_VERSION and once["chunks"] == once["chunks_done"]
+    followed = braid(cloud, "agent", "status", doc["backup"], "--json")
+    assert followed.code == 0, followed.stderr
+    events = parse_events(followed.stderr)
+    assert kinds(events)[0] == "phase:processing" and (events[-1]["event"], events[-1]["bytes"]) == ("done", SIZE)
+    assert json.loads(followed.stdout)["bytes"] == SIZE
