@@ -46,12 +46,14 @@ def test_a_cloud_backup_and_its_restore_report_in_the_one_vocabulary(cloud: Emul
     assert parse_events(log.read_text()) == events  # the log holds the same documents
     order = kinds(events)
     assert order[:3] == ["started", "phase:uploading", "upload"], order
-    assert order[-2:] == ["phase:finalizing", "done"], order
-    assert {"stream-end", "phase:processing"} <= set(order) and order.index("stream-end") < order.index("phase:processing")
-    uploading = events[order.index("phase:uploading")]
+    # finalizing: once the workers processed every chunk (the last status count may follow it), or once the execution succeeded
+    assert order.index("stream-end") < order.index("phase:processing") < order.index("phase:finalizing"), order
+    assert order[order.index("phase:finalizing") :] in (["phase:finalizing", "done"], ["phase:finalizing", "status", "done"]), order
+    (uploading,) = [e for e in events if e["event"] == "phase" and e["phase"] == "uploading"]
     assert (uploading["total_bytes"], uploading["total_chunks"]) == (SIZE, 3)  # a regular file: its size is known
-    uploads = [e for e in events if e["event"] == "upload"]
-    assert uploads[-1]["bytes"] == SIZE and uploads[-1]["chunks"] == 3 and all(0 < e["bytes"] == e["bytes_uploaded"] for e in uploads)
+    uploads = [e for e in events if e["event"] == "upload"]  # thinned to two a second: the last may not be written
+    assert all(0 < e["bytes"] == e["bytes_uploaded"] <= SIZE and e["total_bytes"] == SIZE for e in uploads)
+    assert [e["bytes"] for e in uploads] == sorted(e["bytes"] for e in uploads)
     (end,) = [e for e in events if e["event"] == "stream-end"]
     assert (end["bytes"], end["bytes_read"], end["chunks"]) == (SIZE, SIZE, 3)
     assert all(e["phase"] in ("processing", "finalizing") and e["total_chunks"] == 3 for e in events if e["event"] == "status")
