@@ -77,6 +77,7 @@ def test_a_local_backup_and_its_restore_report_in_the_vocabulary_with_totals(rep
     chunks = [e for e in events if e["event"] == "chunk"]
     assert all(e["phase"] == "reading" and e["total_bytes"] == SIZE and 0 < e["bytes"] <= SIZE for e in chunks)
     assert all(e["ratio"] == round(e["stored_bytes"] / e["bytes"], 4) for e in chunks)
+    assert (chunks[-1]["bytes"], chunks[-1]["chunks"]) == (SIZE, 5)  # thinned to two a second, but each phase's last count is kept
     done = events[-1]
     assert (done["operation"], done["bytes"], done["plaintext_bytes"], done["chunks"]) == ("backup", SIZE, SIZE, 5)
     assert done["stored_bytes"] > 0 and done["ratio"] == round(done["stored_bytes"] / SIZE, 4) and done["rate"] > 0
@@ -98,6 +99,7 @@ def test_a_local_backup_and_its_restore_report_in_the_vocabulary_with_totals(rep
     assert kinds(events)[0] == "phase:restoring" and kinds(events)[-1] == "done"
     assert (events[0]["total_bytes"], events[0]["total_chunks"]) == (SIZE, 5)  # from the manifest
     assert (events[-1]["operation"], events[-1]["bytes"], events[-1]["chunks"]) == ("restore", SIZE, 5)
+    assert (events[-2]["event"], events[-2]["bytes"], events[-2]["chunks"]) == ("chunk", SIZE, 5)
     result = json.loads(restored.out)
     assert (result["schema_version"], result["operation"], result["bytes"], result["backup"]) == (SCHEMA_VERSION, "restore", SIZE, summary["backup"])
 

@@ -19,12 +19,13 @@ import json
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Literal, TextIO
 
 from braid.cli.progress_view import ProgressView
 from braid.errors import BackupError, InputError
-from braid.format.timestamps import utc_now
+from braid.format.timestamps import format_timestamp
 from braid.ports.progress import PROGRESS_EVENTS, SCHEMA_VERSION
 
 Display = Literal["bar", "json", "none"]
@@ -77,9 +78,11 @@ class Progress:
         self.log = log
         self.interval = interval
         self._started = time.monotonic()
+        self._started_wall = time.time()
         self._last = -interval
         self._lock = threading.Lock()
         self._view = ProgressView(self._started)
+        self._held: tuple[dict[str, Any], float] | None = None  # the last counting event thinned out, and when it came
         self._live: Any = None  # rich.live.Live, started at the first event on a terminal
         self._live_ended = False
         self._console: Any = None  # rich.console.Console, for the line and the notices above it
@@ -97,7 +100,8 @@ class Progress:
 
     def stamp(self, event: dict[str, Any], now: float) -> dict[str, Any]:
         """The event as a JSON document: the vocabulary's common fields first."""
-        stamped = {"schema_version": SCHEMA_VERSION, "event": event.get("event"), "time": utc_now(), "elapsed": round(now - self._started, 3), **event}
+        moment = datetime.fromtimestamp(self._started_wall + (now - self._started), UTC)  # when it came, not when written
+        stamped = {"schema_version": SCHEMA_VERSION, "event": event.get("event"), "time": format_timestamp(moment), "elapsed": round(now - self._started, 3), **event}
         if event.get("event") == "started" and "message" not in event:  # the same sentence for whoever reads the log
             stamped["message"] = started_line(str(event.get("backup", "")), event.get("resumable") is not False)
         return stamped
@@ -112,19 +116,27 @@ class Progress:
                 self._view.update(event, now)
             if event.get("event") in PROGRESS_EVENTS:
                 if now - self._last < self.interval:
+                    self._held = (event, now)  # written before the next other event: each phase's last count is kept
                     return
                 self._last = now
-            if self.display == "none" and self.log is None:
-                return
-            document = self.stamp(event, now)
-            if self.log is not None:
-                self.log.write(json.dumps(document) + "\n")
-                self.log.flush()
-            if self.display == "json":
-                self.stream.write(json.dumps(document) + "\n")
-                self.stream.flush()
-            elif self.display == "bar":
-                self._draw(document)
+                self._held = None
+            elif self._held is not None:
+                (held, at), self._held = self._held, None
+                self._write(held, at)
+            self._write(event, now)
+
+    def _write(self, event: dict[str, Any], now: float) -> None:
+        if self.display == "none" and self.log is None:
+            return
+        document = self.stamp(event, now)
+        if self.log is not None:
+            self.log.write(json.dumps(document) + "\n")
+            self.log.flush()
+        if self.display == "json":
+            self.stream.write(json.dumps(document) + "\n")
+            self.stream.flush()
+        elif self.display == "bar":
+            self._draw(document)
 
     def elapsed(self) -> float:
         return time.monotonic() - self._started
