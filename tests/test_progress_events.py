@@ -184,9 +184,13 @@ def test_an_interrupted_run_ends_its_log_with_an_error_event(tmp_path: Path) -> 
     log = tmp_path / "braid.jsonl"
     with pytest.raises(KeyboardInterrupt), Progress("none", log=open_log(str(log))) as progress:
         progress({"event": "phase", "backup": "db@x", "phase": "reading", "total_bytes": None, "total_chunks": None})
+        for n in (1, 2, 3):  # in the same half second: only the first and the last are written
+            progress({"event": "chunk", "backup": "db@x", "phase": "reading", "bytes": n, "chunks": n, "total_bytes": None, "total_chunks": None})
         raise KeyboardInterrupt
     events = parse_events(log.read_text())
-    assert [(e["event"], e.get("exit_code"), e.get("message")) for e in events] == [("phase", None, None), ("error", 130, "interrupted")]
+    assert [(e["event"], e.get("chunks"), e.get("exit_code"), e.get("message")) for e in events] == [
+        ("phase", None, None, None), ("chunk", 1, None, None), ("chunk", 3, None, None), ("error", None, 130, "interrupted")
+    ]
     assert events[-1]["backup"] == "db@x"
 
 

@@ -197,6 +197,9 @@ class Progress:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         with self._lock:
+            if self._held is not None:  # the last count before a failure: where it stopped
+                (held, at), self._held = self._held, None
+                self._write(held, at)
             self._stop_live()
             if self.log is not None:
                 if error is not None:

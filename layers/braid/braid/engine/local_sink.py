@@ -45,6 +45,7 @@ class LocalChunkSink:
         self._progress = progress
         self._codecs = threading.local()  # one codec (and output buffer) per worker thread
         self._lock = threading.Lock()
+        self._reporting = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pending: set[Future[ChunkEntry]] = set()
         self._entries: dict[int, ChunkEntry] = {}
@@ -106,13 +107,14 @@ class LocalChunkSink:
             entry = store_chunk(codec, self._store, self._ref, task, piece.data, durable=False, spent=piece.buffer)
         finally:
             release()
-        with self._lock:
-            self._totals["bytes"] += entry.length
-            self._totals["stored_bytes"] += entry.stored_length
-            self._totals["chunks"] += 1
-            snapshot: dict[str, Any] = dict(self._totals)
-        ratio = round(snapshot["stored_bytes"] / snapshot["bytes"], 4) if snapshot["bytes"] else 1.0
-        self._progress({"event": "chunk", "backup": str(self._ref), **snapshot, "ratio": ratio})
+        with self._reporting:  # one report at a time, in the order of the counts (never under the state lock)
+            with self._lock:
+                self._totals["bytes"] += entry.length
+                self._totals["stored_bytes"] += entry.stored_length
+                self._totals["chunks"] += 1
+                snapshot: dict[str, Any] = dict(self._totals)
+            ratio = round(snapshot["stored_bytes"] / snapshot["bytes"], 4) if snapshot["bytes"] else 1.0
+            self._progress({"event": "chunk", "backup": str(self._ref), **snapshot, "ratio": ratio})
         return entry
 
     def _settled(self, index: int, future: Future[ChunkEntry], release: Release) -> None:

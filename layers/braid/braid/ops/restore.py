@@ -177,6 +177,7 @@ def restore_backup(
     finished: list[Output] = []
     lock = threading.Lock()
     totals = {"bytes": 0, "chunks": 0}
+    reporting = threading.Lock()
     stats = RestoreStats()
     ahead = _ReadAhead(max(1, workers) + 1)
     # Plaintext buffers circulate between decoders and writers: no chunk
@@ -264,12 +265,13 @@ def restore_backup(
                 if outstanding:
                     ahead.give()  # the next chunk is now this output's own
                 top_up()
-                with lock:
-                    totals["bytes"] += len(plaintext)
-                    totals["chunks"] += 1
-                    snapshot = dict(totals)
-                if progress:
-                    progress({"event": "chunk", "backup": str(ref), **snapshot})
+                with reporting:  # one report at a time, in the order of the counts
+                    with lock:
+                        totals["bytes"] += len(plaintext)
+                        totals["chunks"] += 1
+                        snapshot = dict(totals)
+                    if progress:
+                        progress({"event": "chunk", "backup": str(ref), **snapshot})
             else:
                 done, output = output, None
                 done.finish()
