@@ -237,6 +237,8 @@ def test_sigterm_stops_a_plain_stdin_backup_as_sigint_does(repo: Path, private_t
     assert proc.stdin is not None and proc.stderr is not None
     proc.stdin.write(stream(0, 200_000))
     proc.stdin.flush()
+    first = proc.stderr.readline()  # the reading phase begins
+    assert b'"event": "phase"' in first, first
     first = proc.stderr.readline()  # a chunk stored: braid is in the middle of the stream
     assert b'"event": "chunk"' in first, first
     proc.send_signal(signal.SIGTERM)

@@ -454,7 +454,7 @@ def test_forget_dry_run_then_forget(repo: Path) -> None:
 
     result = run_braid("forget", "--repo", str(repo), a, "--json")
     assert result.code == 0, result.stderr
-    assert json.loads(result.out) == {"dry_run": False, "backup": a, "manifest": f"manifests/db/{BackupRef.parse(a).id}.json", "objects": chunks}
+    assert json.loads(result.out) == {"schema_version": 1, "dry_run": False, "backup": a, "manifest": f"manifests/db/{BackupRef.parse(a).id}.json", "objects": chunks}
     assert listed(repo) == [b] and not data_dir(repo, a).exists()
     assert restores(repo, b, b"b" * 9000)
 

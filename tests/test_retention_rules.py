@@ -312,7 +312,7 @@ def test_stored_policy_round_trip_and_prune_with_it(repo: Path, calendar: dict[s
         "version": 1, "name": "pg", "rules": {"keep_daily": 2, "keep_within": "1d12h"}
     }
     shown = run_braid("prune", "--repo", str(repo), "--show-policy", "--json")
-    assert shown.code == 0 and json.loads(shown.out) == {"policies": {"pg": {"keep_daily": 2, "keep_within": "1d12h"}}}
+    assert shown.code == 0 and json.loads(shown.out) == {"schema_version": 1, "policies": {"pg": {"keep_daily": 2, "keep_within": "1d12h"}}}
 
     result = run_braid("prune", "--repo", str(repo))  # no rules: the stored ones, per name
     assert result.code == 0, result.stderr
@@ -324,7 +324,7 @@ def test_stored_policy_round_trip_and_prune_with_it(repo: Path, calendar: dict[s
     assert json.loads(again.out)["unmanaged"] == ["logs"] and json.loads(again.out)["forget"] == []
     assert run_braid("prune", "--repo", str(repo), "--name", "pg", "--delete-policy").out.strip() == "removed the stored policy of pg"
     assert run_braid("prune", "--repo", str(repo), "--show-policy").stderr.startswith("no stored retention policy")
-    assert json.loads(run_braid("prune", "--repo", str(repo), "--name", "pg", "--delete-policy", "--json").out) == {"name": "pg", "deleted": False}
+    assert json.loads(run_braid("prune", "--repo", str(repo), "--name", "pg", "--delete-policy", "--json").out) == {"schema_version": 1, "name": "pg", "deleted": False}
 
 
 def test_without_any_policy_nothing_is_removed(repo: Path, calendar: dict[str, list[str]]) -> None:

@@ -119,7 +119,7 @@ def test_no_key_material_in_any_output_with_debug_on_success_or_failure(tmp_path
     data = os.urandom(1 * MiB)
     backed_up = repo.run("backup", "--name", "db", "--chunk-size", "64KiB", "--debug", "--json", stdin=data)
     assert backed_up.code == 0, backed_up.stderr
-    ref = backed_up.stdout.decode().strip()
+    ref = json.loads(backed_up.stdout)["backup"]  # --json: the summary document
     secrets = key_material(repo, ref)
     restored = repo.run("restore", ref, "--debug", "--json")
     assert (restored.code, restored.stdout) == (0, data)

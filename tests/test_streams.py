@@ -98,7 +98,7 @@ def test_more_pipes_written_in_turn_than_workers_back_up_and_restore(repo: Path,
     backed = braid_with(writer, "backup", "--repo", str(repo), "--name", "db2", "--workers", "2", "--chunk-size", "256KiB", "--json", *inputs)
     assert backed.code == 0, backed.stderr
     assert writer.returncode == 0
-    backup_id = backed.out.strip()
+    backup_id = json.loads(backed.out)["backup"]  # --json: the summary document
 
     shown = json.loads(run_braid("show", "--repo", str(repo), "--json", backup_id).out)
     assert [d["bytes"] for d in shown["input_details"]] == sizes
@@ -179,7 +179,8 @@ def test_a_writer_that_opens_late_is_waited_for_and_said_so(repo: Path, tmp_path
     )
     try:
         assert proc.stderr is not None
-        first = proc.stderr.readline().decode()  # the note comes after min(5 s, timeout / 2)
+        first = proc.stderr.readline().decode()  # the reading phase begins at once,
+        first += proc.stderr.readline().decode()  # the note comes after min(5 s, timeout / 2)
         assert events(first, "waiting"), first
         with open(pipe, "wb") as handle:  # then the writer turns up, within the timeout
             handle.write(b"late but whole")
@@ -192,7 +193,7 @@ def test_a_writer_that_opens_late_is_waited_for_and_said_so(repo: Path, tmp_path
     assert proc.returncode == 0, err
     (note,) = events(err, "waiting")
     assert note["message"].startswith(f"waiting for a writer on {pipe}")
-    assert run_braid("restore", "--repo", str(repo), out.decode().strip()).stdout == b"late but whole"
+    assert run_braid("restore", "--repo", str(repo), json.loads(out)["backup"]).stdout == b"late but whole"
 
 
 def test_a_writer_that_opens_at_once_but_writes_late_is_not_timed_out(repo: Path, tmp_path: Path) -> None:
@@ -214,7 +215,7 @@ def test_a_writer_that_opens_at_once_but_writes_late_is_not_timed_out(repo: Path
             proc.communicate()
     assert proc.returncode == 0, err.decode()
     assert events(err.decode(), "waiting") == []
-    assert run_braid("restore", "--repo", str(repo), out.decode().strip()).stdout == b"after a checkpoint"
+    assert run_braid("restore", "--repo", str(repo), json.loads(out)["backup"]).stdout == b"after a checkpoint"
 
 
 def test_a_restore_pipe_nobody_reads_fails_after_the_open_timeout(repo: Path, tmp_path: Path) -> None:

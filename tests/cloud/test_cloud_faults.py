@@ -167,7 +167,7 @@ def faulted(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Fau
     paths = write_inputs(tmp, inputs)
     faults(emulator, rate=0.05, seed=11, callers="all", first_of_each=True)
     backup = backup_files(emulator, "agent-faults", "faulted", paths, "--debug")
-    ref = backup.stdout.strip()
+    ref = backup.summary["backup"]  # --json: the summary document
     restore, restored = restore_files(emulator, "restore-faults", ref, tmp, 2, "--debug", "--json")
     report = faults(emulator)
     faults(emulator, rate=0.0)
@@ -271,7 +271,7 @@ def kill_and_resume(emulator: Emulator, tmp: Path, caller: str, name: str, input
     run = braid(emulator, caller, "backup", "--resume", ref, "--json", *[a for p in paths for a in ("--input", p)])
 
     assert run.code == 0, run.stderr + emulator.tail()
-    assert run.stdout.strip() == ref
+    assert run.summary["backup"] == ref
     # Stored by the killed agent: every part whose request began before the kill
     # (one in flight may have been stored after it; --resume must find it too).
     before = {part for part, at in staged_times(emulator, ref_prefix(ref)) if at < killed_at}

@@ -143,6 +143,12 @@ class Run:
     def errors(self) -> list[str]:
         return [line for line in self.stderr.splitlines() if line.startswith("braid: ")]
 
+    @property
+    def summary(self) -> dict[str, Any]:
+        """`backup --json`'s stdout: one JSON document (NAME@ID is its `backup`)."""
+        document: dict[str, Any] = json.loads(self.stdout)
+        return document
+
     def events(self, kind: str) -> list[dict[str, Any]]:
         found = []
         for line in self.stderr.splitlines():
@@ -382,7 +388,7 @@ def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(clo
     run = backup_pipes(cloud, tmp_path, "agent-pipes", "pg", inputs)
 
     assert run.code == 0, run.stderr
-    ref = run.stdout.strip()
+    ref = run.summary["backup"]
     assert ref.startswith("pg@") and run.errors == []
     done = run.events("done")[-1]
     assert (done["plaintext_bytes"], done["chunks"], done["inputs"]) == (sum(map(len, inputs)), parts_of(list(map(len, inputs))), 2)
@@ -495,7 +501,7 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
         writer.finish()
 
     assert run.code == 0, run.stderr
-    assert run.stdout.strip() == ref
+    assert run.summary["backup"] == ref
     after = staged_parts(cloud, ref_prefix(ref), since=killed_at)
     assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
     assert len(before) + len(after) == parts_of(list(map(len, inputs)))
@@ -537,7 +543,7 @@ def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(start_emula
     invocations = [r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]
     assert len([r for r in invocations if "function_error" in r]) == 1
     assert len(invocations) >= 2
-    assert restore_two(emulator, tmp_path, "restore", run.stdout.strip()) == inputs
+    assert restore_two(emulator, tmp_path, "restore", run.summary["backup"]) == inputs
 
 
 def test_a_worker_that_always_fails_holds_the_backup_for_resume_and_says_so(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
@@ -613,7 +619,7 @@ def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: 
     run = backup_pipes(emulator, tmp_path, "agent", "throttled", inputs)
 
     assert run.code == 0, run.stderr + emulator.tail()
-    ref = run.stdout.strip()
+    ref = run.summary["backup"]
     throttled = staged_parts(emulator, ref_prefix(ref), status=503)
     stored = staged_parts(emulator, ref_prefix(ref))
     assert len(throttled) == 3

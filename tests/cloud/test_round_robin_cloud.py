@@ -55,7 +55,7 @@ def test_more_pipes_written_in_turn_than_uploads_in_flight_back_up_and_restore(t
         code, out, err = run_beside(writer, argv + [a for p in pipes for a in ("--input", str(p))], timeout=HANG, env=emulator.braid_env("agent"))
         assert code == 0, f"{err}\n{emulator.tail()}"
         assert writer.returncode == 0
-        backup_id = out.decode().strip()
+        backup_id = json.loads(out)["backup"]  # --json: the summary document
         (stream_end,) = [e for e in (json.loads(line) for line in err.splitlines() if line.startswith("{")) if e.get("event") == "stream-end"]
         assert stream_end["bytes_read"] == sum(sizes)
         assert 1 <= stream_end["max_buffers_in_flight"] <= len(sizes) + 2 + 1  # inputs + concurrency + 1

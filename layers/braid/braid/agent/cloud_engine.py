@@ -25,6 +25,7 @@ from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineSt
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
+from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix
@@ -35,7 +36,7 @@ from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore
-from braid.ports.progress import ProgressFn
+from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.progress_relay import ProgressRelay
 
 # How long an agent that abandoned its stream waits for the pipeline to fail
@@ -97,11 +98,12 @@ class CloudEngine:
             source.check()
         ref = request.ref
         self._report_retries(ref, progress)
+        report = PhaseReporter(progress, str(ref))
         area = StagingArea(self.store, ref)
         upload_options: dict[str, Any] = {
             "concurrency": self.options.concurrency,
             "rate_limit": self.options.rate_limit,
-            "progress": lambda snapshot: progress({"event": "upload", "backup": str(ref), **snapshot}),
+            "progress": lambda snapshot: report(upload_event(snapshot)),
         }
         labels = [s.label for s in request.sources]
         if request.resume:
@@ -134,6 +136,8 @@ class CloudEngine:
         # after a crash (the host's, the network's, a SIGKILL) the user has the
         # NAME@ID that --resume needs.
         progress({"event": "started", "backup": str(ref), "resumed": request.resume, "resumable": request.resumable})
+        sources = list(request.sources)
+        report.phase("uploading", total_bytes=expected_bytes(sources), total_chunks=expected_chunks(sources, upload.chunk_size))
         # Start the pipeline as soon as the session exists: it fans out each
         # segment as the agent completes it, while later ones still upload.
         document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
@@ -157,7 +161,7 @@ class CloudEngine:
                     chunk_size=upload.chunk_size,
                     backup=str(ref),
                     open_timeout=request.open_timeout,
-                    progress=progress,
+                    progress=report,
                     gate=request.gate,
                 )
         except PipelineStopped:
@@ -168,14 +172,17 @@ class CloudEngine:
                 raise
             # The gate refused the stream, or it cannot be read again: there is
             # nothing to resume, so the pipeline must not wait for more.
-            self._abandon(upload, ref, exc, progress)
+            self._abandon(upload, ref, exc, report)
             raise
         stream_end = stream.outcome
         progress(
             {
                 "event": "stream-end",
                 "backup": str(ref),
+                "phase": "uploading",
+                "bytes": sum(stream_end.lengths),
                 "bytes_read": sum(stream_end.lengths),
+                "chunks": stream.chunks,
                 "parts_uploaded": upload.parts_uploaded,
                 "parts_skipped": upload.parts_skipped,  # already in S3 (--resume)
                 "max_buffers_in_flight": stream.max_buffers_in_flight,
@@ -183,7 +190,7 @@ class CloudEngine:
         )
         if not self.options.wait:
             return None
-        return self.wait(ref, progress, expected=stream_end)
+        return self.wait(ref, progress, expected=stream_end, total_chunks=stream.chunks)
 
     def _abandon(self, upload: StagingUpload, ref: BackupRef, exc: BaseException, progress: ProgressFn) -> None:
         """Tell the pipeline the stream will never end (it fails at its next poll and removes the staging).
@@ -214,8 +221,11 @@ class CloudEngine:
 
     # -- following an execution ------------------------------------------------
 
-    def wait(self, ref: BackupRef, progress: ProgressFn, *, expected: StreamEnd | None = None) -> Manifest:
+    def wait(self, ref: BackupRef, progress: ProgressFn, *, expected: StreamEnd | None = None, total_chunks: int | None = None) -> Manifest:
+        """Follow the execution to its end; `total_chunks` (when known) makes the processing phase a percentage."""
         self._report_retries(ref, progress)
+        report = PhaseReporter(progress, str(ref))
+        report.phase("processing", total_bytes=None if expected is None else sum(expected.lengths), total_chunks=total_chunks)
         delay = self.options.poll_seconds
         last_count = -1
         while True:
@@ -225,9 +235,13 @@ class CloudEngine:
             self.check_not_held(ref)
             count = self.chunks_processed(ref)
             if count is not None and count != last_count:
-                progress({"event": "status", "backup": str(ref), "status": status.status, "chunks_done": count})
+                if total_chunks is not None and count >= total_chunks and report.current != "finalizing":
+                    report.phase("finalizing", total_chunks=total_chunks)  # every chunk processed: Finalize writes the manifest
+                report({"event": "status", "backup": str(ref), "status": status.status, "chunks": count, "chunks_done": count})
                 last_count = count
             time.sleep(delay)
+        if report.current != "finalizing" and status.status == "SUCCEEDED":
+            report.phase("finalizing", total_chunks=total_chunks)  # the agent checks the published manifest against what it sent
         return self.outcome(ref, status, expected)
 
     def check_not_held(self, ref: BackupRef) -> None:
@@ -305,6 +319,13 @@ class CloudEngine:
             key = chunk_key(ref, chunk.index)
             if sizes.get(key) != chunk.stored_length:
                 raise IntegrityError(f"published backup {ref}: chunk {chunk.index} is missing or has the wrong size in {self.store.url}")
+
+
+def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The uploader's counters as an `upload` event: `bytes` and `chunks` staged so far, as every engine counts them."""
+    counters = {k: v for k, v in snapshot.items() if k != "phase"}
+    staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters["parts_uploaded"] + counters["parts_skipped"]}
+    return {"event": "upload", **staged, **counters}
 
 
 def check_covers_stream(manifest: Manifest, expected: StreamEnd) -> None:

@@ -182,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
+    reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
+    reporting.add_argument("--quiet", action="store_true", help="no progress and no notes on success (for cron); errors still print, one line on stderr")
+    reporting.add_argument("--log-file", metavar="PATH", help="append every progress event to PATH as JSON lines (whatever --quiet or --json say)")
 
     parser = _Parser(
         prog="braid",
@@ -207,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--kms-key", metavar="ARN", help="with --engine local: a KMS key wraps the data keys instead of a key file")
     init.set_defaults(handler=_command("init:cmd_init"))
 
-    backup = sub.add_parser("backup", parents=[common], **_help(
+    backup = sub.add_parser("backup", parents=[common, reporting], **_help(
         "back up stdin or --input streams",
         "braid backup --repo /srv/braid --name pg -- pg_basebackup -Ft -D - -X fetch -c fast",
         "braid backup --name db2 --pipes 2 -- db2 backup db SAMPLE to {pipes}",
@@ -239,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
-    status = sub.add_parser("status", parents=[common], **_help(
+    status = sub.add_parser("status", parents=[common, reporting], **_help(
         "follow a cloud backup's pipeline execution",
         "braid status --repo s3://my-bucket/prod pg@20261123T020000.000Z-1a2b3c4d --once",
         "braid status pg@latest                           # the newest backup named pg, staged with --no-wait",
@@ -250,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
     status.set_defaults(handler=_command("backup:cmd_status"))
 
-    restore = sub.add_parser("restore", parents=[common], **_help(
+    restore = sub.add_parser("restore", parents=[common, reporting], **_help(
         "write a backup's original bytes to stdout or --output",
         "braid restore pg@latest -- tar -x -C /var/lib/postgresql/15/main   # a pg_basebackup -Ft tar",
         "braid restore db2@latest --pipes -- db2 restore db SAMPLE from {pipes}",

@@ -18,6 +18,7 @@ from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
+from braid.ports.progress import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
     from braid.format.policy import KeepRules
@@ -25,6 +26,35 @@ if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's an
     from braid.ops.init import LocalInit
     from braid.ops.rekey import RekeyReport
     from braid.ops.retention import PrunePlan
+
+
+def document(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON document as Braid prints it: `schema_version` first (braid.ports.progress.SCHEMA_VERSION)."""
+    return {"schema_version": SCHEMA_VERSION, **doc}
+
+
+def print_json(value: Mapping[str, Any] | list[dict[str, Any]], indent: int | None = 2) -> None:
+    """One JSON document on stdout; a list (`list`, `verify`: kept as arrays for existing scripts) carries the version in each element."""
+    shaped: Any = [document(row) for row in value] if isinstance(value, list) else document(value)
+    print(json.dumps(shaped, indent=indent))
+
+
+def operation_summary(manifest: Manifest, operation: str, elapsed: float) -> dict[str, Any]:
+    """What a backup or restore did: the `done` event's fields and `backup --json`'s document."""
+    return {
+        "operation": operation,
+        "bytes": manifest.plaintext_bytes,
+        "rate": round(manifest.plaintext_bytes / elapsed, 1) if elapsed > 0 else 0.0,
+        **manifest_summary(manifest),
+    }
+
+
+def print_backup_result(summary: dict[str, Any], elapsed: float, as_json: bool, quiet: bool) -> None:
+    """`backup` on stdout: NAME@ID (nothing with --quiet), or with --json the summary document."""
+    if as_json:
+        print_json({"status": "published", **summary, "elapsed": round(elapsed, 3)}, indent=None)
+    elif not quiet:
+        print(summary["backup"])
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
@@ -52,7 +82,7 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
 
 def print_local_init(result: LocalInit, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"repository": str(result.root), "id": result.repository.config.id, "key_file": str(result.key_file), "key_id": result.key_id}))
+        print_json({"repository": str(result.root), "id": result.repository.config.id, "key_file": str(result.key_file), "key_id": result.key_id}, indent=None)
         return
     if result.created_key:
         note = f"created key file {result.key_file} (0600): keep a copy somewhere safe; without it no backup can be restored"
@@ -64,7 +94,7 @@ def print_local_init(result: LocalInit, as_json: bool) -> None:
 
 def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"repository": url, "id": config.id, "key_id": config.key["key_id"], **config.cloud}))
+        print_json({"repository": url, "id": config.id, "key_id": config.key["key_id"], **config.cloud}, indent=None)
     else:
         print(f"initialised repository {url} (id {config.id}) on stack {stack}", file=sys.stderr)
 
@@ -72,7 +102,7 @@ def print_cloud_init(url: str, config: RepositoryConfig, stack: str, as_json: bo
 def print_store_init(url: str, config: RepositoryConfig, as_json: bool) -> None:
     """An object-store repository with no pipeline whose data keys a KMS key wraps."""
     if as_json:
-        print(json.dumps({"repository": url, "id": config.id, "key_id": config.key["key_id"]}))
+        print_json({"repository": url, "id": config.id, "key_id": config.key["key_id"]}, indent=None)
     else:
         print(f"initialised repository {url} (id {config.id}); data keys wrapped by {config.key['key_id']}", file=sys.stderr)
 
@@ -98,7 +128,7 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
     if as_json:
         # One row per line, each by the C encoder: `indent` would switch to the pure-Python one,
         # which took longer than reading the whole catalog at 10,000 backups (scripts/bench catalog).
-        print("[\n" + ",\n".join("  " + json.dumps(row) for row in rows) + "\n]" if rows else "[]")
+        print("[\n" + ",\n".join("  " + json.dumps(document(row)) for row in rows) + "\n]" if rows else "[]")
         return
     if not rows:
         print(empty, file=sys.stderr)
@@ -119,7 +149,7 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
 def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
     """`list --incomplete`: IncompleteBackup JSON, one row each, and what to do about it."""
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print_json(rows)
         return
     if not rows:
         print("no incomplete backups", file=sys.stderr)
@@ -156,7 +186,7 @@ def manifest_detail(manifest: Manifest) -> dict[str, Any]:
 def print_manifest(manifest: Manifest, as_json: bool) -> None:
     detail = manifest_detail(manifest)
     if as_json:
-        print(json.dumps(detail, indent=2))
+        print_json(detail)
         return
     print(f"backup      {manifest.backup}")
     print(f"created     {manifest.created}")
@@ -179,7 +209,7 @@ def print_manifest(manifest: Manifest, as_json: bool) -> None:
 def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
     """`reports`: VerifyReport JSON, or {"backup", "ok": False, "failures"} for a backup that would not open."""
     if as_json:
-        print(json.dumps(reports, indent=2))
+        print_json(reports)
         return
     for r in reports:
         status = "ok" if r["ok"] else "FAILED"
@@ -191,7 +221,7 @@ def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
 
 def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"dry_run": dry_run, **plan.to_json()}, indent=2))
+        print_json({"dry_run": dry_run, **plan.to_json()})
         return
     verb = "would remove" if dry_run else "removed"
     for ref in plan.forget:
@@ -215,7 +245,7 @@ def print_policies(policies: Mapping[str, KeepRules], as_json: bool, saved: str 
         doc: dict[str, Any] = {"policies": {name: rules.to_json() for name, rules in sorted(policies.items())}}
         if saved is not None:
             doc["saved"] = saved
-        print(json.dumps(doc, indent=2))
+        print_json(doc)
         return
     if not policies:
         print("no stored retention policy: 'braid prune' without --keep-* rules removes no backup", file=sys.stderr)
@@ -227,7 +257,7 @@ def print_policies(policies: Mapping[str, KeepRules], as_json: bool, saved: str 
 
 def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"dry_run": dry_run, **plan.to_json()}, indent=2))
+        print_json({"dry_run": dry_run, **plan.to_json()})
         return
     verb = "would remove" if dry_run else "removed"
     print(f"{verb} {plan.ref} (manifest {plan.manifest} and {len(plan.objects)} data object(s))")
@@ -235,12 +265,15 @@ def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
 
 def print_execution_status(doc: dict[str, object], as_json: bool) -> None:
     """`status --once`: {"backup", "status", "chunks_done", "execution"[, "cause"]}."""
-    print(json.dumps(doc) if as_json else f"{doc['backup']}: {doc['status']}, {doc['chunks_done']} chunks processed")
+    if as_json:
+        print_json(doc, indent=None)
+    else:
+        print(f"{doc['backup']}: {doc['status']}, {doc['chunks_done']} chunks processed")
 
 
 def print_rekey(report: RekeyReport, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(report.to_json(), indent=2))
+        print_json(report.to_json())
         return
     for backup in report.rewrapped:
         print(f"re-wrapped {backup}")

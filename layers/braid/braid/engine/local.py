@@ -24,13 +24,14 @@ from braid.engine.finalize import InputRecord, discard_backup_data, finalize_bac
 from braid.engine.lease import BackupLease
 from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
+from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyService
-from braid.ports.progress import ProgressFn
+from braid.ports.progress import PhaseReporter, ProgressFn
 
 
 class LocalEngine:
@@ -46,6 +47,7 @@ class LocalEngine:
         for source in request.sources:
             source.check()
         ref = request.ref
+        report = PhaseReporter(progress, str(ref))
         created = utc_now()
         started = time.monotonic()
         key, wrapped = self.keys.generate_data_key(encryption_context(self.repository.config.id, str(ref)))
@@ -53,7 +55,9 @@ class LocalEngine:
         # The lease (refreshed while the backup runs, removed after) tells a
         # concurrent prune this backup is alive, however long it runs.
         with ThreadPoolExecutor(max_workers=request.workers, thread_name_prefix="braid-worker") as executor, BackupLease(store, ref):
-            sink = LocalChunkSink(executor, store, ref, key, request.level, progress)
+            sink = LocalChunkSink(executor, store, ref, key, request.level, report)
+            sources = list(request.sources)
+            report.phase("reading", total_bytes=expected_bytes(sources), total_chunks=expected_chunks(sources, request.chunk_size))
             try:
                 stream = drive(
                     request.sources,
@@ -63,8 +67,9 @@ class LocalEngine:
                     backup=str(ref),
                     gate=request.gate,
                     open_timeout=request.open_timeout,
-                    progress=progress,
+                    progress=report,
                 )
+                report.phase("finalizing", total_bytes=sum(stream.input_lengths.values()), total_chunks=stream.chunks)
                 return finalize_backup(
                     store,
                     ref=ref,

@@ -45,20 +45,20 @@ class LocalChunkSink:
         self._progress = progress
         self._codecs = threading.local()  # one codec (and output buffer) per worker thread
         self._lock = threading.Lock()
+        self._reporting = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._pending: set[Future[ChunkEntry]] = set()
         self._entries: dict[int, ChunkEntry] = {}
         self._error: BaseException | None = None
         self._stopped = threading.Event()
         self._running = 0  # workers inside store_chunk now (abort waits for them)
-        self._totals = {"bytes_read": 0, "stored_bytes": 0, "chunks_done": 0}
+        # The stored chunks' plaintext, stored size and count: one set, so their ratio is exact mid-stream.
+        self._totals = {"bytes": 0, "stored_bytes": 0, "chunks": 0}
 
     def accept(self, index: int, piece: Piece, release: Release) -> None:
         release = _once(release)  # a signal inside submit() may leave both this and the worker releasing
         with self._lock:
             error = self._error
-            if error is None:
-                self._totals["bytes_read"] += piece.length
         if error is not None:
             release()
             raise error
@@ -124,11 +124,14 @@ class LocalChunkSink:
             with self._lock:
                 self._running -= 1
                 self._changed.notify_all()
-        with self._lock:
-            self._totals["stored_bytes"] += entry.stored_length
-            self._totals["chunks_done"] += 1
-            snapshot: dict[str, Any] = dict(self._totals)
-        self._progress({"event": "chunk", "backup": str(self._ref), **snapshot})
+        with self._reporting:  # one report at a time, in the order of the counts (never under the state lock)
+            with self._lock:
+                self._totals["bytes"] += entry.length
+                self._totals["stored_bytes"] += entry.stored_length
+                self._totals["chunks"] += 1
+                snapshot: dict[str, Any] = dict(self._totals)
+            ratio = round(snapshot["stored_bytes"] / snapshot["bytes"], 4) if snapshot["bytes"] else 1.0
+            self._progress({"event": "chunk", "backup": str(self._ref), **snapshot, "ratio": ratio})
         return entry
 
     def _settled(self, index: int, future: Future[ChunkEntry], release: Release) -> None:

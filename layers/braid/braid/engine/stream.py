@@ -163,9 +163,9 @@ class InputSource:
             raise InputError(f"cannot open input {self.path}: {exc.strerror}") from None
 
 
-def expected_chunks(sources: list[InputSource], chunk_size: int) -> int | None:
-    """How many chunks the inputs will make if they are regular files as long as they are now; None if any is not."""
-    total = 0
+def _remaining_lengths(sources: list[InputSource]) -> list[int] | None:
+    """What is left to read of each input if all are regular files (fstat); None if any is not."""
+    lengths = []
     for source in sources:
         try:
             if source.path is None:
@@ -179,8 +179,20 @@ def expected_chunks(sources: list[InputSource], chunk_size: int) -> int | None:
             return None
         if not stat.S_ISREG(info.st_mode):
             return None
-        total += max(1, -(-remaining // chunk_size))
-    return total
+        lengths.append(remaining)
+    return lengths
+
+
+def expected_chunks(sources: list[InputSource], chunk_size: int) -> int | None:
+    """How many chunks the inputs will make if they are regular files as long as they are now; None if any is not."""
+    lengths = _remaining_lengths(sources)
+    return None if lengths is None else sum(max(1, -(-length // chunk_size)) for length in lengths)
+
+
+def expected_bytes(sources: list[InputSource]) -> int | None:
+    """The stream's length if every input is a regular file (a progress bar's total); None if any is not."""
+    lengths = _remaining_lengths(sources)
+    return None if lengths is None else sum(lengths)
 
 
 def _identity(path: str) -> tuple[object, ...]:

@@ -37,7 +37,7 @@ from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
 from braid.ops.chunk_reader import ChunkReader
 from braid.ops.restore_output import Output, OutputTarget, commit_all, remove_partial
-from braid.ports.progress import ProgressFn
+from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.store import ObjectStore, prefetch_object
 
 __all__ = ["OutputTarget", "RestoreStats", "check_chunks_present", "restore_backup", "targets_from_args"]
@@ -170,13 +170,17 @@ def restore_backup(
     for target in targets:
         target.check(force)
     check_chunks_present(store, manifest, key)
+    if progress is not None:
+        progress = report = PhaseReporter(progress, str(ref))
+        report.phase("restoring", total_bytes=manifest.plaintext_bytes, total_chunks=manifest.chunk_count)
 
     readers = threading.local()
     cancelled = threading.Event()
     errors: list[BaseException] = []
     finished: list[Output] = []
     lock = threading.Lock()
-    totals = {"bytes_written": 0, "chunks_done": 0}
+    totals = {"bytes": 0, "chunks": 0}
+    reporting = threading.Lock()
     stats = RestoreStats()
     ahead = _ReadAhead(max(1, workers) + 1)
     # Plaintext buffers circulate between decoders and writers: no chunk
@@ -264,12 +268,13 @@ def restore_backup(
                 if outstanding:
                     ahead.give()  # the next chunk is now this output's own
                 top_up()
-                with lock:
-                    totals["bytes_written"] += len(plaintext)
-                    totals["chunks_done"] += 1
-                    snapshot = dict(totals)
-                if progress:
-                    progress({"event": "chunk", "backup": str(ref), **snapshot})
+                with reporting:  # one report at a time, in the order of the counts
+                    with lock:
+                        totals["bytes"] += len(plaintext)
+                        totals["chunks"] += 1
+                        snapshot = dict(totals)
+                    if progress:
+                        progress({"event": "chunk", "backup": str(ref), **snapshot})
             else:
                 done, output = output, None
                 done.finish()

@@ -15,7 +15,7 @@ from braid.agent.limits import check_worker_chunk_size
 from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
-from braid.cli.render import manifest_summary, print_execution_status
+from braid.cli.render import operation_summary, print_backup_result, print_execution_status, print_json
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
@@ -23,6 +23,7 @@ from braid.engine.producer import Producer
 from braid.engine.stream import sources_from_args
 from braid.errors import ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
+from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
@@ -82,6 +83,12 @@ def _producer(args: argparse.Namespace) -> Producer | None:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     ref = _backup_ref(args)
+    with Progress.for_command(args) as progress:  # from here on, a failure is in the --log-file too
+        progress.backup = str(ref)
+        return _backup(args, ref, progress)
+
+
+def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int:
     chunk_size = parse_size(args.chunk_size)
     if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
@@ -95,7 +102,6 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if cloud:
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
-    progress = Progress.for_terminal(args.json)
     engine = _engine_for(repository, args)
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
@@ -113,11 +119,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
         )
         manifest = engine.run(request, progress)
     if manifest is None:
-        print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
-        print(ref)
+        if args.json:
+            print_json({"backup": str(ref), "name": ref.name, "id": ref.id, "status": "staged"}, indent=None)
+        elif not progress.quiet:
+            print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
+            print(ref)
         return 0
-    progress({"event": "done", **manifest_summary(manifest)})
-    print(manifest.backup)
+    _published(manifest, args, progress)
     return 0
 
 
@@ -133,6 +141,14 @@ def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
     return max(candidates, key=lambda candidate: candidate.id)
 
 
+def _published(manifest: Manifest, args: argparse.Namespace, progress: Progress) -> None:
+    """The `done` event and the result on stdout: NAME@ID, or with --json the summary document."""
+    elapsed = progress.elapsed()
+    summary = operation_summary(manifest, "backup", elapsed)
+    progress({"event": "done", **summary})
+    print_backup_result(summary, elapsed, args.json, progress.quiet)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from braid.adapters.aws.wiring import cloud_engine
 
@@ -143,7 +159,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     engine = cloud_engine(repository, args)
     status, processed = engine.status(ref)
     if args.once:
-        doc: dict[str, object] = {"backup": str(ref), "status": status.status, "chunks_done": processed, "execution": status.arn}
+        doc: dict[str, object] = {"backup": str(ref), "status": status.status, "chunks": processed, "chunks_done": processed, "execution": status.arn}
         cause = status.failure_message(ref) if status.done and status.status != "SUCCEEDED" else None
         if not status.done:
             cause = engine.held_message(ref)  # held for --resume: still running, but waiting on a person
@@ -154,8 +170,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise ExecutionError(cause)
         return 0
     # Following: the same outcome as a waiting backup (NAME@ID on stdout, or the failure).
-    progress = Progress.for_terminal(args.json)
-    manifest = engine.wait(ref, progress, expected=engine.staged_stream_end(ref))
-    progress({"event": "done", **manifest_summary(manifest)})
-    print(manifest.backup)
+    with Progress.for_command(args) as progress:
+        progress.backup = str(ref)
+        manifest = engine.wait(ref, progress, expected=engine.staged_stream_end(ref))
+        _published(manifest, args, progress)
     return 0

@@ -13,12 +13,11 @@ manage those policies and prune nothing.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import fields
 from typing import Any
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
-from braid.cli.render import print_policies, print_prune_plan
+from braid.cli.render import print_json, print_policies, print_prune_plan
 from braid.errors import UsageError
 from braid.format.policy import KeepRules
 from braid.ops.retention import RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
@@ -55,7 +54,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.delete_policy:
         deleted = delete_policy(repository, args.name)
         if args.json:
-            print(json.dumps({"name": args.name, "deleted": deleted}))
+            print_json({"name": args.name, "deleted": deleted}, indent=None)
         else:
             print(f"removed the stored policy of {args.name}" if deleted else f"no stored policy for {args.name}")
         return 0

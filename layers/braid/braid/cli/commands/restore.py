@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from braid.cli.budget import check_restore_memory
 from braid.cli.compose import key_service_on_demand, open_repository, repo_url
 from braid.cli.progress import Progress
+from braid.cli.render import operation_summary, print_json
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.ops.open import open_backup
@@ -38,6 +39,12 @@ def _consumer(args: argparse.Namespace) -> Consumer | None:
 
 def cmd_restore(args: argparse.Namespace) -> int:
     consumer = _consumer(args)
+    with Progress.for_command(args) as progress:  # from here on, a failure is in the --log-file too
+        progress.backup = args.backup
+        return _restore(args, consumer, progress)
+
+
+def _restore(args: argparse.Namespace, consumer: Consumer | None, progress: Progress) -> int:
     repository = open_repository(repo_url(args.repo))
     ref = BackupRef.parse(args.backup)
     manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file))
@@ -45,7 +52,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if consumer is not None:
         consumer.check(manifest)
     check_restore_memory(manifest, args.workers)
-    progress = Progress.for_terminal(args.json)
+    progress.backup = manifest.backup
 
     def run(targets: list[OutputTarget], progress: ProgressFn) -> None:
         restore_backup(repository.store, manifest, key, targets, workers=args.workers, force=args.force, progress=progress, open_timeout=args.open_timeout)
@@ -55,5 +62,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     else:
         check_chunks_present(repository.store, manifest, key)  # before the consumer may touch the database
         consumer.restore(manifest, run, progress)
-    progress({"event": "done", "backup": manifest.backup, "bytes_written": manifest.plaintext_bytes, "chunks_done": manifest.chunk_count})
+    elapsed = progress.elapsed()
+    summary = operation_summary(manifest, "restore", elapsed)
+    progress({"event": "done", **summary})
+    if args.json and (args.output or consumer is not None):  # stdout is free: the summary document goes there
+        print_json({**summary, "elapsed": round(elapsed, 3)}, indent=None)
     return 0
