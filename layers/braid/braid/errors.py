@@ -118,5 +118,5 @@ def did_you_mean(word: str, known: Iterable[str]) -> str:
     """" (did you mean pg?)" for the closest known word, or "": a typo is told apart from a real absence."""
     import difflib  # on an error path only: every process imports this module
 
-    close = difflib.get_close_matches(word, sorted(set(known)), n=1)
+    close = difflib.get_close_matches(word, sorted(set(known) - {word}), n=1)  # never the word itself: it exists, the id does not
     return f" (did you mean {close[0]}?)" if close else ""

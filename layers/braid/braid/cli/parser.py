@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
     reporting.add_argument("--quiet", action="store_true", help="no progress and no notes on success (for cron); errors still print, one line on stderr")
     reporting.add_argument("--log-file", metavar="PATH", help="append every progress event to PATH as JSON lines (whatever --quiet or --json say)")
+    quieting = _Parser(add_help=False)  # the other commands cron runs (verify, prune, forget, rekey): silent unless something is wrong
+    quieting.add_argument("--quiet", action="store_true",
+                          help="print nothing on success (for cron); what failed, and the error line, still print (--json still prints)")
 
     parser = _Parser(
         prog="braid",
@@ -296,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
 
-    rekey = sub.add_parser("rekey", parents=[common], **_help(
+    rekey = sub.add_parser("rekey", parents=[common, quieting], **_help(
         "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
         "braid rekey --new-key-file /etc/braid/master-2027.key",
         "braid rekey --repo s3://bucket/prod --kms-key arn:aws:kms:eu-west-1:111122223333:key/NEW",
@@ -309,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     new_key.add_argument("--new-key-file", metavar="PATH", help="local repositories: re-wrap under this master-key file (created if missing)")
     rekey.set_defaults(handler=_command("rekey:cmd_rekey"))
 
-    verify = sub.add_parser("verify", parents=[common], **_help(
+    verify = sub.add_parser("verify", parents=[common, quieting], **_help(
         "check backups: quick (presence, size, checksum) or --deep",
         "braid verify pg@latest",
         "braid verify --all --deep --sample 10",
@@ -325,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), metavar="N", help="parallel checks (default: cores, at least 4)")
     verify.set_defaults(handler=_command("verify:cmd_verify"))
 
-    prune = sub.add_parser("prune", parents=[common], **_help(
+    prune = sub.add_parser("prune", parents=[common, quieting], **_help(
         "forget backups a retention policy lets go, and collect leftovers",
         "braid prune --keep-daily 7 --keep-weekly 5 --dry-run",
         "braid prune --name pg --keep-daily 7 --keep-monthly 12 --save-policy",
@@ -354,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     prune.set_defaults(handler=_command("prune:cmd_prune"))
 
-    forget = sub.add_parser("forget", parents=[common], **_help(
+    forget = sub.add_parser("forget", parents=[common, quieting], **_help(
         "remove one backup (manifest first, then chunks), e.g. one known to be bad",
         "braid forget pg@20261123T020000.000Z-1a2b3c4d --dry-run",
     ))

@@ -59,7 +59,10 @@ def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
             if objects
             else ""
         )
-        raise NotFoundError(f"backup {ref} not found in {repository.url}{hint or repository.suggest_name(ref.name)}")
+        if not hint:
+            others = repository.backups(ref.name)
+            hint = f"; {ref.name} has {len(others)} other backup(s): see 'braid list --name {ref.name}'" if others else repository.suggest_name(ref.name)
+        raise NotFoundError(f"backup {ref} not found in {repository.url}{hint}")
     return ForgetPlan(ref, key, objects)
 
 

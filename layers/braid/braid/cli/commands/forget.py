@@ -19,5 +19,6 @@ def cmd_forget(args: argparse.Namespace) -> int:
     plan = plan_forget(repository, ref)
     if not args.dry_run:
         execute_forget(repository, plan)
-    print_forget(plan, args.dry_run, args.json)
+    if args.json or not args.quiet:
+        print_forget(plan, args.dry_run, args.json)
     return 0

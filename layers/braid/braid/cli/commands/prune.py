@@ -67,8 +67,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     plan = plan_prune(repository, policy, keys, name=args.name)
     if not args.dry_run:
         execute_prune(repository, plan)
-    print_prune_plan(plan, args.dry_run, args.json)
     error = unreadable_error(plan)
+    if args.json or not args.quiet or error is not None:
+        print_prune_plan(plan, args.dry_run, args.json)
     if error is not None:
         raise error
     return 0

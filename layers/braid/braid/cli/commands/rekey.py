@@ -53,7 +53,8 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         rewrap = KmsRewrap.to_key(client, args.kms_key or repository.config.key["key_id"])
         unwrap = KmsKeyService.for_unwrap(client)
         report = rekey_repository(repository, unwrap, unwrap, rewrap, {"type": "kms", "key_id": rewrap.target_key_id})
-    print_rekey(report, args.json)
+    if args.json or not args.quiet or report.failed:
+        print_rekey(report, args.json)
     if report.failed:
         backup, first = report.failed[0]
         message = f"{len(report.failed)} backup(s) could not be re-wrapped (the others were); first: {backup}: {first}"

@@ -40,8 +40,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
             errors.append(IntegrityError(next(f for f in report.failures if f not in report.unreadable)))
         elif not report.ok:
             errors.append(StorageError(report.unreadable[0]))
-    print_verify_reports(reports, args.json)
     failed = [r for r in reports if not r["ok"]]
+    if args.json or not args.quiet:
+        print_verify_reports(reports, args.json)
+    elif failed:  # --quiet: only what failed, for the cron mail
+        print_verify_reports(failed, args.json)
     if failed:
         # Corruption outranks an unreadable chunk: the one is proof of damage, the other only a check not done.
         worst = next((e for e in errors if isinstance(e, IntegrityError)), errors[0])
