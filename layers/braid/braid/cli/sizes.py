@@ -26,7 +26,7 @@ _UNITS: dict[str, int] = {
     "tib": 1024**4,
 }
 
-_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(text: str) -> int:

@@ -31,7 +31,7 @@ from braid.errors import UsageError
 
 __all__ = ["HeldFifo", "PipeDir", "check_placeholders", "substitute"]
 
-_PLACEHOLDER = re.compile(r"\{pipe(s|\d+)\}")
+_PLACEHOLDER = re.compile(r"\{pipe(s|\d+)\}", re.ASCII)
 
 
 def check_placeholders(argv: Sequence[str], count: int | None, flag: str = "--pipes N") -> None:

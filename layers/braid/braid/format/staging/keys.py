@@ -27,8 +27,8 @@ HELD = "held.json"
 RESUME = "resume.json"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
-_SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})")
-_ROUND = re.compile(r"plans/round-(\d{5,})\.json")
+_SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})", re.ASCII)
+_ROUND = re.compile(r"plans/round-(\d{5,})\.json", re.ASCII)
 
 
 def session_key(ref: BackupRef) -> str:
