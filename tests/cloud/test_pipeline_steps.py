@@ -208,3 +208,18 @@ def test_chunk_sizes_beyond_the_workers_memory_are_refused_naming_the_largest() 
         check_worker_chunk_size(128 * MiB)
     assert refused.value.exit_code == 2
     assert max_worker_chunk_size(lanes=2) > largest  # fewer lanes, larger chunks
+
+
+def test_the_pipelines_events_carry_exactly_the_fields_readme_documents(staged: Staged, tmp_path: Path) -> None:
+    from braid.contract import BACKUP_COMPLETED, BACKUP_FAILED
+    from support.event_docs import documented_events
+
+    documented = documented_events()
+    run_workers(staged)
+    events = RecordingPublisher()
+    finalize_step(staged.store, staged.keys, PlainStoreJanitor(), events, staged.ref)
+    cleanup_step(staged.store, PlainStoreJanitor(), events, BackupRef.new("other"), {"Error": "StorageError", "Cause": "SlowDown"})
+
+    published = {kind: set(detail) for kind, detail in events.events}
+    assert published == {BACKUP_COMPLETED: documented[BACKUP_COMPLETED], BACKUP_FAILED: documented[BACKUP_FAILED]}
+

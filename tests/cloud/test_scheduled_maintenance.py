@@ -17,6 +17,7 @@ from braid.ops.retention import RetentionPolicy
 from braid.pipeline.maintenance import policy_from_event, run_maintenance
 from braid.ports.pipeline import RecordingPublisher
 from conftest import run_braid
+from support.event_docs import documented_events
 
 
 def backup(repo: Path, name: str, data: bytes) -> str:
@@ -66,6 +67,7 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
     assert failed["backup"] == latest and any(f"chunk 0 of backup {latest}" in f and "corrupt" in f for f in failed["failures"])
     assert [kind for kind, _ in events.events] == [VERIFY_FAILED]
     assert events.events[0][1]["backup"] == latest
+    assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
     assert report.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
 
 
