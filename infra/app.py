@@ -6,6 +6,7 @@ Context:
   braid:repositoryPrefix  key prefix of the repository in the bucket (default: bucket root)
   braid:retention         the scheduled prune's keep rules (braid_infra/schedules.py; default: none)
   braid:backupSchedules   backups EventBridge Scheduler runs on tagged hosts (braid_infra/backup_schedules.py)
+  braid:alarmEmail        e-mail addresses for the alarm topic; braid:expectedBackups {NAME: hours} freshness alarms (monitoring.py)
 cdk-nag's AWS Solutions checks run on every synth; findings that are
 accepted are suppressed narrowly, with reasons, in braid_infra/nag.py.
 """

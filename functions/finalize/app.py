@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from braid import contract
 from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, key_service, repository_store
 from braid.format.ids import BackupRef
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.finalize import finalize_step
-from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
+from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, count_for_backup_name, logger, pipeline_handler
 
 
 def _notify_failed(ref: BackupRef, exc: Exception) -> None:
@@ -36,5 +37,6 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             "BackupCompressionRatio": (MetricUnit.NoUnit, round(summary.ratio, 4)),
         }
     )
+    count_for_backup_name(contract.METRIC_BACKUP_PUBLISHED, request.ref.name)
     logger.info("backup published", extra=summary.to_json())
     return summary.to_json()

@@ -35,6 +35,8 @@ from constructs import Construct
 from braid import contract
 
 ALARM_EMAIL_CONTEXT = "braid:alarmEmail"
+EXPECTED_BACKUPS_CONTEXT = "braid:expectedBackups"  # {"NAME": hours}: alarm when NAME has no published backup for that long
+MAX_EXPECTED_HOURS = 168  # CloudWatch evaluates at most 7 days of hourly datapoints
 MAP_LABEL = "chunks"  # the Distributed Map's label (braid_infra.pipeline): AWS names its children's metrics by it
 MAINTENANCE_NEAR_TIMEOUT = 0.8  # of the function's timeout
 
@@ -54,6 +56,28 @@ def alarm_emails(value: object) -> list[str]:
     return found
 
 
+def expected_backups(value: object) -> dict[str, int]:
+    """{backup name: hours} from a context value (an object, or its JSON text); a bad one fails synth."""
+    import json
+
+    from braid.errors import UsageError
+    from braid.format.ids import validate_name
+
+    if value is None or value == "":
+        return {}
+    doc = json.loads(value) if isinstance(value, str) else value
+    if not isinstance(doc, dict):
+        raise ValueError(f'{EXPECTED_BACKUPS_CONTEXT}: an object of backup name to hours, e.g. {{"pg": 26}}, not {value!r}')
+    for name, hours in doc.items():
+        try:
+            validate_name(name)
+        except UsageError as exc:
+            raise ValueError(f"{EXPECTED_BACKUPS_CONTEXT}: {exc}") from None
+        if isinstance(hours, bool) or not isinstance(hours, int) or not 1 <= hours <= MAX_EXPECTED_HOURS:
+            raise ValueError(f"{EXPECTED_BACKUPS_CONTEXT}: {name}: hours must be a whole number from 1 to {MAX_EXPECTED_HOURS}, not {hours!r}")
+    return dict(doc)
+
+
 class Monitoring(Construct):
     def __init__(
         self,
@@ -64,6 +88,7 @@ class Monitoring(Construct):
         functions: dict[str, lambda_.Function],
         extra_alarms: Sequence[cloudwatch.Alarm] = (),
         alarm_emails_value: object = None,
+        expected_backups_value: object = None,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -142,6 +167,30 @@ class Monitoring(Construct):
                     f"{name.capitalize()}Errors",
                     f"Braid {name} function errors (no DLQ: synchronous Step Functions invokes)",
                     threshold=5 if name == "worker" else 1,
+                )
+            )
+        # Freshness: Finalize counts each published backup under its name; an hour with none is
+        # missing data, so H missing hours in a row (treated as breaching) is "no backup for H hours".
+        expected = expected_backups(
+            expected_backups_value if expected_backups_value is not None else self.node.try_get_context(EXPECTED_BACKUPS_CONTEXT)
+        )
+        for name, hours in sorted(expected.items()):
+            self.alarms.append(
+                cloudwatch.Metric(
+                    namespace=contract.METRICS_NAMESPACE,
+                    metric_name=contract.METRIC_BACKUP_PUBLISHED,
+                    dimensions_map={"service": contract.SERVICE_NAME, contract.DIMENSION_BACKUP_NAME: name},
+                    period=Duration.hours(1),
+                    statistic="Sum",
+                ).create_alarm(
+                    self,
+                    f"NoBackup-{name}",
+                    alarm_description=f"No Braid backup of {name} was published in the last {hours} hours",
+                    threshold=1,
+                    evaluation_periods=hours,
+                    datapoints_to_alarm=hours,
+                    comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                    treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
                 )
             )
         self.alarms.extend(extra_alarms)

@@ -223,3 +223,20 @@ def test_the_pipelines_events_carry_exactly_the_fields_readme_documents(staged: 
     published = {kind: set(detail) for kind, detail in events.events}
     assert published == {BACKUP_COMPLETED: documented[BACKUP_COMPLETED], BACKUP_FAILED: documented[BACKUP_FAILED]}
 
+
+
+def test_each_published_backup_is_counted_under_its_name_for_the_freshness_alarm(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from braid import contract
+    from braid.pipeline.observability import count_for_backup_name
+
+    count_for_backup_name(contract.METRIC_BACKUP_PUBLISHED, "pg")
+
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    emf = json.loads(line)
+    (directive,) = emf["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == contract.METRICS_NAMESPACE  # what the stack's NoBackup-NAME alarms watch
+    assert directive["Metrics"] == [{"Name": contract.METRIC_BACKUP_PUBLISHED, "Unit": "Count"}]
+    assert sorted(directive["Dimensions"][0]) == sorted(["service", contract.DIMENSION_BACKUP_NAME])
+    assert (emf["service"], emf[contract.DIMENSION_BACKUP_NAME], emf[contract.METRIC_BACKUP_PUBLISHED]) == ("braid", "pg", [1.0])

@@ -16,7 +16,7 @@ import aws_cdk as cdk  # noqa: E402
 from aws_cdk.assertions import Template  # noqa: E402
 
 from braid_infra.backup_schedules import SCHEDULES_CONTEXT  # noqa: E402
-from braid_infra.monitoring import ALARM_EMAIL_CONTEXT, alarm_emails  # noqa: E402
+from braid_infra.monitoring import ALARM_EMAIL_CONTEXT, EXPECTED_BACKUPS_CONTEXT, alarm_emails, expected_backups  # noqa: E402
 from braid_infra.nag import add_nag_checks  # noqa: E402
 from braid_infra.stack import BraidStack  # noqa: E402
 from support.moto_stack import cdk_context  # noqa: E402
@@ -26,7 +26,12 @@ SCHEDULE = {"name": "pg", "schedule": "rate(1 day)", "command": "braid backup --
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
-    context = {**cdk_context(), ALARM_EMAIL_CONTEXT: "dba@example.com, oncall@example.com", SCHEDULES_CONTEXT: [SCHEDULE]}
+    context = {
+        **cdk_context(),
+        ALARM_EMAIL_CONTEXT: "dba@example.com, oncall@example.com",
+        SCHEDULES_CONTEXT: [SCHEDULE],
+        EXPECTED_BACKUPS_CONTEXT: {"pg": 26, "sample": 170 - 2},
+    }
     app = cdk.App(context=context, outdir=str(tmp_path_factory.mktemp("cdk.out")))
     stack = BraidStack(app, "Braid")
     add_nag_checks(app)
@@ -92,3 +97,21 @@ def test_a_dashboard_shows_backups_workers_and_alarms(template: Template) -> Non
     body = json.dumps(dashboard["Properties"]["DashboardBody"])
     for title in ("Backups", "Workers", "Alarms"):
         assert f'\\"title\\":\\"{title}\\"' in body
+
+
+def test_a_name_without_a_backup_for_its_expected_hours_trips_its_own_alarm(template: Template) -> None:
+    fresh = {p["AlarmDescription"]: p for p in alarms(template).values() if p.get("MetricName") == "BackupPublished"}
+    assert sorted(fresh) == [
+        "No Braid backup of pg was published in the last 26 hours",
+        "No Braid backup of sample was published in the last 168 hours",
+    ]
+    pg = fresh["No Braid backup of pg was published in the last 26 hours"]
+    assert pg["Dimensions"] == [{"Name": "backup_name", "Value": "pg"}, {"Name": "service", "Value": "braid"}]
+    assert (pg["Period"], pg["EvaluationPeriods"], pg["DatapointsToAlarm"]) == (3600, 26, 26)
+    assert (pg["ComparisonOperator"], pg["Threshold"], pg["TreatMissingData"]) == ("LessThanThreshold", 1, "breaching")
+    assert expected_backups(None) == {} and expected_backups('{"pg": 1}') == {"pg": 1}
+    for bad, said in (("[1]", "an object of backup name to hours"), ('{"pg": 0}', "pg: hours must be"), ('{"pg": 200}', "from 1 to 168"),
+                      ('{"../x": 5}', "invalid backup name")):
+        with pytest.raises(ValueError, match=said):
+            expected_backups(bad)
+

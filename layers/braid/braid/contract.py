@@ -56,6 +56,9 @@ ENV_KEY_FILE = "BRAID_KEY_FILE"
 SERVICE_NAME = "braid"  # POWERTOOLS_SERVICE_NAME, the metrics' "service" dimension
 METRICS_NAMESPACE = "Braid"  # POWERTOOLS_METRICS_NAMESPACE
 METRIC_VERIFY_FAILURES = "VerifyFailures"
+# One datapoint per published backup, per backup name: the freshness alarm ("no backup of NAME for H hours").
+METRIC_BACKUP_PUBLISHED = "BackupPublished"
+DIMENSION_BACKUP_NAME = "backup_name"
 
 # -- outcome events (EventBridge) ----------------------------------------------
 EVENT_SOURCE = "braid"

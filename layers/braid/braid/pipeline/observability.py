@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.metrics import MetricUnit, single_metric
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from braid import contract
@@ -30,7 +30,7 @@ metrics = Metrics(namespace=contract.METRICS_NAMESPACE, service=contract.SERVICE
 
 R = TypeVar("R")
 
-__all__ = ["LambdaContext", "MetricUnit", "add_metrics", "logger", "metrics", "pipeline_handler", "tracer"]
+__all__ = ["LambdaContext", "MetricUnit", "add_metrics", "count_for_backup_name", "logger", "metrics", "pipeline_handler", "tracer"]
 
 
 def pipeline_handler(handler: Callable[[dict[str, Any], LambdaContext], R]) -> Callable[[dict[str, Any], LambdaContext], R]:
@@ -52,3 +52,18 @@ def add_metrics(values: Mapping[str, tuple[MetricUnit, float]]) -> None:
     """Add several metrics of this invocation at once: {name: (unit, value)}."""
     for name, (unit, value) in values.items():
         metrics.add_metric(name=name, unit=unit, value=value)
+
+
+def count_for_backup_name(metric: str, backup_name: str) -> None:
+    """One count of `metric` under its own dimensions, service and backup name, written at once.
+
+    A metric of its own: a backup_name dimension on the handler's shared
+    metrics would split every other metric per name too. Per name, because
+    "no backup of pg for a day" is the alarm a DBA needs, and a fleet-wide
+    count stays up while one database silently stops backing up.
+    """
+    with single_metric(
+        name=metric, unit=MetricUnit.Count, value=1, namespace=contract.METRICS_NAMESPACE, default_dimensions={"service": contract.SERVICE_NAME}
+    ) as named:
+        named.add_dimension(name=contract.DIMENSION_BACKUP_NAME, value=backup_name)
+
