@@ -18,7 +18,7 @@ from braid.adapters.aws.clients import HOST, s3_client
 from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url
 from braid.adapters.local.store import LocalStore
-from braid.errors import AlreadyExistsError, NotFoundError, RepositoryError, StorageError, UsageError
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.checksum import stored_checksum
 from braid.ports.store import ObjectStore, read_object
 
@@ -123,6 +123,23 @@ def test_create_only_refuses_existing_and_leaves_it_intact(store: ObjectStore) -
         store.put("chunk", b"late worker", create_only=True)
     assert store.get("chunk") == b"published"
     assert keys(store) == ["chunk"]
+
+
+def test_replacing_rewrites_only_the_version_that_was_read(store: ObjectStore) -> None:
+    """rekey's switch: a manifest replaced as the version read (S3: If-Match), never one changed since."""
+    store.put("manifest", b"as read")
+    read = store.head("manifest")
+    assert read is not None and read.version
+    store.put("manifest", b"rewritten", replacing=read.version)
+    assert store.get("manifest") == b"rewritten"
+    with pytest.raises(IntegrityError, match="changed or went since it was read; nothing was replaced"):
+        store.put("manifest", b"stale writer", replacing=read.version)  # the version it read is gone
+    assert store.get("manifest") == b"rewritten"
+    store.delete(["manifest"])
+    with pytest.raises(IntegrityError, match="changed or went since it was read"):
+        store.put("manifest", b"after a prune", replacing=read.version)
+    assert store.head("manifest") is None
+    assert keys(store) == []  # no temporary file left behind either
 
 
 def test_checksum_verified_on_put(store: ObjectStore) -> None:

@@ -17,14 +17,15 @@ prune and Cleanup delete stops being billed a day later, not 30); delete
 markers left with no version behind them are removed. Other noncurrent
 versions (manifests, config) are kept 30 days.
 
-Chunks and manifests are written once: the bucket policy denies, to every
-principal, a PutObject or CompleteMultipartUpload under data/ or manifests/
-that does not carry `If-None-Match: *` (S3 "Enforce conditional writes":
-condition key `s3:if-none-match` absent, and `s3:ObjectCreationOperation`
-true so that CreateMultipartUpload and UploadPart, which take no
-conditional header, are not caught). So no role, compromised host or late
-worker can replace a stored chunk or a published manifest; Braid already
-writes both create-only. Deletes are not touched by it: retention (the
+Chunks are written once: the bucket policy denies, to every principal, a
+PutObject or CompleteMultipartUpload under data/ that does not carry
+`If-None-Match: *` (S3 "Enforce conditional writes": condition key
+`s3:if-none-match` absent, and `s3:ObjectCreationOperation` true so that
+CreateMultipartUpload and UploadPart, which take no conditional header,
+are not caught). Manifests are created the same way, and may be replaced
+only with `If-Match: ETAG` of the version the writer read (`braid rekey`
+re-wraps a backup's data key so): no role, compromised host or late worker
+can replace a stored chunk, nor a manifest it has not read as it stands. Deletes are not touched by it: retention (the
 scheduled Verify), Cleanup and Finalize's withdrawal still delete, within
 their roles' grants.
 """
@@ -54,9 +55,10 @@ EXECUTION_TIMEOUT = Duration.days(7)
 STAGING_LIFETIME = Duration.days(8)
 # Noncurrent chunk versions (pruned, or discarded by Cleanup) and staging versions.
 NONCURRENT_DATA = Duration.days(1)
-# Written once, by every principal (the bucket policy's CreateOnly statement).
-CREATE_ONLY_OBJECTS = (DATA_OBJECTS, MANIFEST_OBJECTS)
+# Chunks are written once, by every principal (the bucket policy's CreateOnlyChunks statement).
 CREATE_ONLY_CONDITION = {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
+# Manifests are created once, or replaced only as the exact version the writer read (rekey: If-Match).
+CONDITIONAL_CONDITION = {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
 
 
 def key_prefix(repository_prefix: str) -> str:
@@ -111,16 +113,20 @@ class Storage(Construct):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.bucket.add_to_resource_policy(
-            iam.PolicyStatement(
-                sid="CreateOnlyChunksAndManifests",
-                effect=iam.Effect.DENY,
-                principals=[iam.AnyPrincipal()],
-                actions=["s3:PutObject"],
-                resources=[self.arn(pattern) for pattern in CREATE_ONLY_OBJECTS],
-                conditions=CREATE_ONLY_CONDITION,
+        for sid, pattern, condition in (
+            ("CreateOnlyChunks", DATA_OBJECTS, CREATE_ONLY_CONDITION),
+            ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
+        ):
+            self.bucket.add_to_resource_policy(
+                iam.PolicyStatement(
+                    sid=sid,
+                    effect=iam.Effect.DENY,
+                    principals=[iam.AnyPrincipal()],
+                    actions=["s3:PutObject"],
+                    resources=[self.arn(pattern)],
+                    conditions=condition,
+                )
             )
-        )
 
     def arn(self, relative: str) -> str:
         """ARN of a repository-relative key pattern, e.g. `staging/*`."""

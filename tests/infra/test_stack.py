@@ -132,15 +132,48 @@ def test_every_role_of_the_stack_is_in_the_least_privilege_table(template: Templ
 
 
 def test_chunks_and_manifests_are_create_only_for_every_principal(template: Template) -> None:
-    """S3 "Enforce conditional writes": deny PutObject/CompleteMultipartUpload without If-None-Match, not CreateMultipartUpload/UploadPart."""
+    """S3 "Enforce conditional writes": deny PutObject/CompleteMultipartUpload without If-None-Match, not CreateMultipartUpload/UploadPart;
+    a manifest may also be replaced as the exact version its writer read (If-Match: rekey), never blindly."""
     (policy,) = [p for p in resources_of(template.to_json(), "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"]["Ref"].startswith("StorageRepository")]
-    (create_only,) = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s.get("Sid") == "CreateOnlyChunksAndManifests"]
-    assert (create_only["Effect"], create_only["Principal"], create_only["Action"]) == ("Deny", {"AWS": "*"}, "s3:PutObject")
-    assert create_only["Condition"] == {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
-    resources = sorted(Placeholders().render(r) for r in create_only["Resource"])
-    assert [r.partition(".Arn>")[2] for r in resources] == ["/data/*", "/manifests/*"] and all(r.startswith("<StorageRepository") for r in resources)
+    statements = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    expected = {
+        "CreateOnlyChunks": ("/data/*", {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}),
+        "ConditionalManifests": (
+            "/manifests/*",
+            {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}},
+        ),
+    }
+    for sid, (objects, condition) in expected.items():
+        statement = statements[sid]
+        assert (statement["Effect"], statement["Principal"], statement["Action"], statement["Condition"]) == ("Deny", {"AWS": "*"}, "s3:PutObject", condition)
+        resource = Placeholders().render(statement["Resource"])
+        assert resource.startswith("<StorageRepository") and resource.partition(".Arn>")[2] == objects
     # Deletes are not the bucket policy's business: the roles that must delete still can.
     assert "s3:DeleteObject" not in json.dumps(policy)
+
+
+def test_the_bucket_policy_lets_rekey_replace_a_manifest_it_read_and_nothing_else_through(template: Template) -> None:
+    """Evaluated as IAM does (tests/support/iam_policy): even a principal allowed every PutObject
+    cannot replace a chunk, nor a manifest without If-Match; rekey's If-Match PUT goes through."""
+    from support.iam_policy import ALLOW, DENY, Request, evaluate
+
+    (policy,) = [p for p in resources_of(template.to_json(), "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"]["Ref"].startswith("StorageRepository")]
+    bucket_policy = Placeholders().render(policy["Properties"]["PolicyDocument"])["Statement"]
+    (bucket,) = {r.partition(".Arn>")[0] + ".Arn>" for s in bucket_policy for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    admin = [{"Effect": "Allow", "Action": "s3:PutObject", "Resource": "*"}]
+    creating = {"s3:ObjectCreationOperation": "true"}
+
+    def put(key: str, **headers: str) -> str:
+        context = {**creating, **{f"s3:{name.replace('_', '-')}": value for name, value in headers.items()}}
+        return evaluate(Request("arn:aws:iam::123456789012:role/admin", "s3:PutObject", f"{bucket}/{key}", context), admin, bucket_policy)
+
+    assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json") == DENY
+    assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json", if_none_match="*") == ALLOW
+    assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json", if_match='"etag"') == ALLOW  # rekey
+    assert put("data/db/20261123T000000.000Z-1a2b3c4d/0000000000") == DENY
+    assert put("data/db/20261123T000000.000Z-1a2b3c4d/0000000000", if_match='"etag"') == DENY  # a chunk is never replaced
+    assert put("data/db/20261123T000000.000Z-1a2b3c4d/0000000000", if_none_match="*") == ALLOW
+    assert put("catalog/summaries/db/x.json") == ALLOW
 
 
 def test_hosts_may_pass_their_tag_when_they_assume_the_agent_role(template: Template) -> None:

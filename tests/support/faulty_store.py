@@ -142,8 +142,10 @@ class FaultyStore:
 
     # -- the port ---------------------------------------------------------------------
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
-        self._call("put", key, lambda: self.inner.put(key, data, checksum=checksum, create_only=create_only, durable=durable))
+    def put(
+        self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True, replacing: str | None = None
+    ) -> None:
+        self._call("put", key, lambda: self.inner.put(key, data, checksum=checksum, create_only=create_only, durable=durable, replacing=replacing))
 
     def sync(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -19,8 +19,10 @@ replaced, so the switch is made safe step by step, per backup:
    is the old one's, the target key unwraps the same data key, and the MAC
    authenticates;
 3. check the manifest is still the bytes read in 1 (a concurrent prune or
-   another rekey changed nothing), replace it with one atomic PUT (S3), or
-   rename (local, fsynced), read it back and compare;
+   another rekey changed nothing), replace it only as the version read in
+   1 (`put(replacing=...)`: one conditional PUT with If-Match on S3, which
+   the bucket's create-only policy lets through for manifests; locally a
+   version check just before the fsynced rename), read it back and compare;
 4. check the backup's chunks are all still listed: a prune that removed
    the backup between 3's check and its PUT has then taken them, and the
    manifest just written is deleted again (the backup was being removed);
@@ -87,7 +89,12 @@ def rekey_backup(repository: Repository, ref: BackupRef, old: KeyService, new: K
     store = repository.store
     target = manifest_key(ref)
     side = rekey_key(ref)
+    # The version first, then the bytes: if the manifest changes in between, the version is older
+    # than what was read and the replacing PUT below is refused, never the reverse.
+    current = store.head(target)
     try:
+        if current is None:
+            raise NotFoundError(target)
         raw = store.get(target)
     except NotFoundError:
         raise NotFoundError(f"backup {ref} not found in {repository.url}") from None
@@ -111,7 +118,9 @@ def rekey_backup(repository: Repository, ref: BackupRef, old: KeyService, new: K
     _check_new_version(store.get(side), new_raw, side, ref, manifest, sealed.body, new)
     if store.get(target) != raw:
         raise IntegrityError(f"manifest of {ref} changed during the rekey (a prune or another rekey?); run rekey again")
-    store.put(target, new_raw)
+    # Replaced only if it is still the version read (S3: If-Match, which the bucket's create-only
+    # policy lets through for manifests): a change since is refused, not overwritten.
+    store.put(target, new_raw, replacing=current.version)
     if store.get(target) != new_raw:
         raise IntegrityError(f"manifest of {ref} read back differently after the rekey replaced it; run rekey again")
     listed = {info.key for info in store.list(data_prefix(ref))}

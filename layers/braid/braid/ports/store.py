@@ -23,6 +23,9 @@ class ObjectInfo:
     size: int
     checksum: str | None = None  # "crc64nvme:<base64>" when the store keeps it
     modified: datetime | None = None  # last written, by the store's clock (UTC), when the store says
+    # This exact object's tag from `head` (S3's ETag): `put(..., replacing=version)` replaces it
+    # only if it is still this one. None from `list`, and from stores that keep none.
+    version: str | None = None
 
 
 class ObjectStore(Protocol):
@@ -31,12 +34,18 @@ class ObjectStore(Protocol):
         """Where the repository lives, as the user names it (`/path`, `s3://bucket/prefix`)."""
         ...
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+    def put(
+        self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True, replacing: str | None = None
+    ) -> None:
         """Store an object atomically: readers see all of it or none.
 
         `checksum` ("crc64nvme:...") makes the store verify what it received.
         `create_only` raises AlreadyExistsError instead of replacing, so a
         late or retried worker can never overwrite a published object.
+        `replacing` (a `head` version) replaces the object only if it is
+        still that version, else IntegrityError and nothing written: the
+        one way to rewrite a published object (rekey), and on S3 the one
+        the bucket's create-only policy lets through for manifests.
         `durable=False` lets a store return before the object is on stable
         storage; `sync` must then come before anything depends on it.
         """

@@ -25,7 +25,7 @@ from braid.adapters.aws.clients import s3_client
 from braid.adapters.aws.errors import AwsCall, aws_error, error_code, http_status
 from braid.adapters.aws.retries import retry_conflicts
 from braid.adapters.aws.s3_body import request_body
-from braid.errors import AlreadyExistsError, BackupError, NotFoundError, RepositoryError, StorageError, UsageError
+from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import checksum_from_header, s3_checksum_value, stored_checksum
 from braid.ports.progress_relay import ProgressRelay
@@ -158,7 +158,9 @@ class S3Store:
     def sync(self, keys: Iterable[str]) -> None:
         """Nothing to do: S3 has stored an object durably when PUT returns."""
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+    def put(
+        self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True, replacing: str | None = None
+    ) -> None:
         # Checked here too, not only by S3: a mismatch means the caller's
         # buffer changed after it was checksummed, and some S3-compatible
         # servers (and emulators) accept a wrong checksum without a word.
@@ -175,6 +177,8 @@ class S3Store:
         }
         if create_only:
             params["IfNoneMatch"] = "*"
+        if replacing is not None:
+            params["IfMatch"] = replacing
 
         def send() -> None:
             self.client.put_object(Body=request_body(data), **params)
@@ -184,8 +188,11 @@ class S3Store:
             # then succeeds or finds the object (412).
             retry_conflicts(send, operation="PutObject", on_retry=self.retries)
         except ClientError as exc:
-            if create_only and (error_code(exc) == "PreconditionFailed" or http_status(exc) == 412):
+            precondition = error_code(exc) == "PreconditionFailed" or http_status(exc) == 412
+            if create_only and precondition:
                 raise AlreadyExistsError(f"object {key} already exists in {self.url}") from None
+            if replacing is not None and (precondition or error_code(exc) in NOT_FOUND_CODES):
+                raise IntegrityError(f"object {key} in {self.url} changed or went since it was read; nothing was replaced") from None
             raise self.error(exc, "writing", key, "s3:PutObject") from None
         except BotoCoreError as exc:
             raise self.error(exc, "writing", key, "s3:PutObject") from None
@@ -246,7 +253,7 @@ class S3Store:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject (and s3:ListBucket, or S3 reports a missing key as 403)") from None
         except BotoCoreError as exc:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject") from None
-        return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response), response.get("LastModified"))
+        return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response), response.get("LastModified"), response.get("ETag"))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         paginator = self.client.get_paginator("list_objects_v2")

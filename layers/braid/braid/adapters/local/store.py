@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from braid.errors import AlreadyExistsError, NotFoundError, StorageError
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, StorageError
 from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.checksum import stored_checksum
 from braid.ports.store import Buffer, ObjectInfo
@@ -88,7 +88,9 @@ class LocalStore:
             raise ValueError(f"invalid object key {key!r}")
         return self.root / key
 
-    def put(self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
+    def put(
+        self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True, replacing: str | None = None
+    ) -> None:
         path = self._path(key)
         if checksum is not None and stored_checksum(data) != checksum:
             raise StorageError(f"checksum mismatch writing {path}: data changed in memory before it was stored")
@@ -107,6 +109,12 @@ class LocalStore:
                 # little (measured: 55 ms -> 1 ms at the end of a 256 MiB
                 # backup) instead of writing every chunk at the end.
                 _drop_cache(handle.fileno())
+            if replacing is not None:
+                # Checked just before the rename: a directory offers no compare-and-swap, so this
+                # narrows the window to a few system calls rather than closing it (README, rekey).
+                current = self.head(key)
+                if current is None or current.version != replacing:
+                    raise IntegrityError(f"object {key} in {self.root} changed or went since it was read; nothing was replaced")
             if create_only:
                 try:
                     os.link(tmp_name, path)
@@ -229,7 +237,7 @@ class LocalStore:
             return None
         except OSError as exc:  # an unreadable directory is a failed read, never "not there"
             raise _storage_error("reading", self._path(key), exc) from None
-        return ObjectInfo(key, status.st_size, modified=_modified(status))
+        return ObjectInfo(key, status.st_size, modified=_modified(status), version=_version(status))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self._walk(prefix, temporary=False)
@@ -276,3 +284,10 @@ class LocalStore:
             except OSError:
                 return
             directory = directory.parent
+
+
+def _version(status: os.stat_result) -> str:
+    """A file's version for `put(replacing=...)`: every put writes a new file and renames it into
+    place, so a rewrite changes the inode, and mtime and size tell apart a reused one."""
+    return f"{status.st_ino}:{status.st_mtime_ns}:{status.st_size}"
+
