@@ -80,6 +80,10 @@ COMMON_FIELDS = (
 _BYTES = Field("bytes", "integer", "plaintext bytes done so far")
 _CHUNKS = Field("chunks", "integer", "chunks done so far")
 _MESSAGE = Field("message", "string", "the same, as a sentence for a person")
+_PARTS = (  # the cloud upload's part counts, in `upload` and `stream-end` alike
+    Field("parts_uploaded", "integer", "parts uploaded by this run"),
+    Field("parts_skipped", "integer", "parts already staged (--resume)"),
+)
 
 EVENTS: dict[str, EventSpec] = {
     spec.name: spec
@@ -116,8 +120,7 @@ EVENTS: dict[str, EventSpec] = {
                 *_totals(),
                 Field("bytes_uploaded", "integer", "bytes uploaded by this run"),
                 Field("bytes_skipped", "integer", "bytes already staged by an interrupted run (--resume)"),
-                Field("parts_uploaded", "integer", "parts uploaded by this run"),
-                Field("parts_skipped", "integer", "parts already staged (--resume)"),
+                *_PARTS,
                 Field("segments_completed", "integer", "segments handed to the pipeline"),
             ),
         ),
@@ -129,8 +132,7 @@ EVENTS: dict[str, EventSpec] = {
                 Field("bytes", "integer", "plaintext bytes of the whole stream"),
                 Field("bytes_read", "integer", "the same as bytes (kept for scripts that read it)"),
                 Field("chunks", "integer", "chunks of the whole stream"),
-                Field("parts_uploaded", "integer", "parts uploaded by this run"),
-                Field("parts_skipped", "integer", "parts already staged (--resume)"),
+                *_PARTS,
                 Field("max_buffers_in_flight", "integer", "peak chunk buffers held (memory)"),
             ),
         ),
