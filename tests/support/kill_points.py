@@ -327,21 +327,27 @@ def kill_restore(repo: LocalRepo, ref: str, original: bytes, out: Path, point: t
     return killed
 
 
-def kill_removal(repo: LocalRepo, args: list[str], point: tuple[str, float], tally: Tally) -> bool:
-    """`braid prune ...` or `braid forget ...` killed at `point`; the caller audits."""
-    kind, value = point
-    manifests = repo.manifests()
+def _kill_at(repo: LocalRepo, args: list[str], point: tuple[str, float], reached: Callable[[], bool] | None, timeout: float, tally: Tally) -> bool:
+    """Run `braid ARGS`, SIGKILL it once `reached()` holds (or after `point`'s delay when None), count it."""
     proc = repo.spawn(*args)
-    if kind == "gone":
-        _wait_for(lambda: repo.manifests() <= manifests - value, proc, timeout=20)
+    if reached is not None:
+        _wait_for(reached, proc, timeout=timeout)
     else:
-        time.sleep(value)
+        time.sleep(point[1])
     killed, _out, err = _kill(proc)
     tally.cases += 1
     tally.kills += killed
     if not killed and proc.returncode != 0:
-        tally.lose(f"{' '.join(args[:1])} at {point}: failed without a kill ({proc.returncode}): {err.strip()}")
+        tally.lose(f"{args[0]} at {point}: failed without a kill ({proc.returncode}): {err.strip()}")
     return killed
+
+
+def kill_removal(repo: LocalRepo, args: list[str], point: tuple[str, float], tally: Tally) -> bool:
+    """`braid prune ...` or `braid forget ...` killed at `point`; the caller audits."""
+    kind, value = point
+    manifests = repo.manifests()
+    reached = (lambda: repo.manifests() <= manifests - value) if kind == "gone" else None
+    return _kill_at(repo, args, point, reached, 20, tally)
 
 
 def manifests_naming(repo: LocalRepo, key_id: str) -> int:
@@ -354,14 +360,5 @@ def manifests_naming(repo: LocalRepo, key_id: str) -> int:
 def kill_rekey(repo: LocalRepo, args: list[str], point: tuple[str, float], new_key_id: str, tally: Tally) -> bool:
     """`braid rekey ...` killed at `point` (("rekeyed", k) or ("delay", s)); the caller audits."""
     kind, value = point
-    proc = repo.spawn(*args)
-    if kind == "rekeyed":
-        _wait_for(lambda: manifests_naming(repo, new_key_id) >= value, proc, timeout=60)
-    else:
-        time.sleep(value)
-    killed, _out, err = _kill(proc)
-    tally.cases += 1
-    tally.kills += killed
-    if not killed and proc.returncode != 0:
-        tally.lose(f"rekey at {point}: failed without a kill ({proc.returncode}): {err.strip()}")
-    return killed
+    reached = (lambda: manifests_naming(repo, new_key_id) >= value) if kind == "rekeyed" else None
+    return _kill_at(repo, args, point, reached, 60, tally)
