@@ -322,16 +322,22 @@ def test_a_running_backup_holds_a_lease_and_survives_a_concurrent_prune(repo: Pa
     assert run_braid("verify", "--repo", str(repo), name_at_id, "--deep").code == 0
 
 
+def _s3_repository_with_a_session(tmp_path: Path) -> tuple[S3Store, LocalKeyFile, Repository, BackupRef]:
+    """A repository on (moto) S3 holding one old backup id's staging session and nothing else."""
+    client = s3_client(region="us-east-1")
+    client.create_bucket(Bucket="braid-prune")
+    store = S3Store(client, "braid-prune", "repo")
+    keys = LocalKeyFile.create(tmp_path / "cloud.key")
+    repository = Repository.create(store, RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now()))
+    uploading = BackupRef("db", "20200101T000000.000Z-0badc0de")
+    store.put(session_key(uploading), b"{}")
+    return store, keys, repository, uploading
+
+
 def test_cloud_leftovers_age_from_their_objects_times(aws_env: None, tmp_path: Path) -> None:
     """On S3 the activity is the objects' LastModified: an old id still uploading is not collected."""
     with mock_aws():
-        client = s3_client(region="us-east-1")
-        client.create_bucket(Bucket="braid-prune")
-        store = S3Store(client, "braid-prune", "repo")
-        keys = LocalKeyFile.create(tmp_path / "cloud.key")
-        repository = Repository.create(store, RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now()))
-        uploading = BackupRef("db", "20200101T000000.000Z-0badc0de")
-        store.put(session_key(uploading), b"{}")
+        store, keys, repository, uploading = _s3_repository_with_a_session(tmp_path)
         (info,) = store.list("staging/")
         assert info.modified is not None and abs(datetime.now(UTC) - info.modified) < timedelta(minutes=5)
         policy = RetentionPolicy.of(keep_last=1, orphan_grace_hours=1)
@@ -346,13 +352,7 @@ def test_cloud_leftovers_age_from_their_objects_times(aws_env: None, tmp_path: P
 def test_a_cloud_agents_staging_lease_keeps_a_slow_upload_alive(aws_env: None, tmp_path: Path) -> None:
     """Between completed segments S3 lists nothing for the parts in progress: the agent's lease is the sign of life."""
     with mock_aws():
-        client = s3_client(region="us-east-1")
-        client.create_bucket(Bucket="braid-prune")
-        store = S3Store(client, "braid-prune", "repo")
-        keys = LocalKeyFile.create(tmp_path / "cloud.key")
-        repository = Repository.create(store, RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, utc_now()))
-        uploading = BackupRef("db", "20200101T000000.000Z-0badc0de")
-        store.put(session_key(uploading), b"{}")
+        store, keys, repository, uploading = _s3_repository_with_a_session(tmp_path)
         policy = RetentionPolicy.of(keep_last=1, orphan_grace_hours=1)
         later = datetime.now(UTC) + timedelta(hours=2)
         assert plan_prune(repository, policy, keys, now=later).orphans == [uploading]  # no lease: idle for 2 h
