@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +71,18 @@ def repo(tmp_path: Path) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     if not BRAID.exists():
         sys.stderr.write(f"{BRAID} is missing: run scripts/setup first\n")
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The emulated cloud (scripts/emulated-aws) a test module shares, stopped after it.
+
+    Modules with a cloud of another kind (tests/cloud/test_state_machine.py) define their own.
+    """
+    from test_emulated_e2e import Emulator  # tests/cloud, on the path while its modules run
+
+    emulator = Emulator(tmp_path_factory.mktemp("emulated-cloud"))
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

@@ -164,14 +164,6 @@ def braid(emulator: Emulator, caller: str, *args: str, stdin: bytes = b"", timeo
     return Run(proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode())
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    emulator = Emulator(tmp_path_factory.mktemp("emulated-cloud"))
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
-
 
 @pytest.fixture
 def start_emulator(tmp_path: Path) -> Iterator[Callable[..., Emulator]]:

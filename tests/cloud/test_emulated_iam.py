@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,6 @@ from test_emulated_e2e import CHUNK, Emulator, MiB, braid, stream_bytes  # noqa:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    emulator = Emulator(tmp_path_factory.mktemp("emulated-iam"))
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 def role_ids() -> dict[str, str]:

@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ from support.db_tools import install, stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    emulator = Emulator(tmp_path_factory.mktemp("emulated-cloud"))
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 @pytest.fixture

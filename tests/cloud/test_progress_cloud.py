@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ from test_progress_events import kinds, parse_events, run_on_terminal
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 SIZE = 12 * MiB + 12345  # three 5 MiB chunks, the last one short
 
-
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
-    emulator = Emulator(tmp_path_factory.mktemp("emulated-cloud"))
-    try:
-        yield emulator
-    finally:
-        emulator.stop()
 
 
 @pytest.fixture
