@@ -7,6 +7,7 @@ Context:
   braid:retention         the scheduled prune's keep rules (braid_infra/schedules.py; default: none)
   braid:backupSchedules   backups EventBridge Scheduler runs on tagged hosts (braid_infra/backup_schedules.py)
   braid:alarmEmail        e-mail addresses for the alarm topic; braid:expectedBackups {NAME: hours} freshness alarms (monitoring.py)
+  braid:objectLock        {"mode": "GOVERNANCE"|"COMPLIANCE", "days": N}: S3 Object Lock on chunks and manifests (storage.py)
 cdk-nag's AWS Solutions checks run on every synth; findings that are
 accepted are suppressed narrowly, with reasons, in braid_infra/nag.py.
 """

@@ -79,6 +79,9 @@ class PipelineFunctions(Construct):
             "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
         }
+        if storage.object_lock is not None:
+            # Every chunk and manifest the functions write carries it (braid.adapters.aws.lambda_env.object_lock).
+            environment[contract.ENV_OBJECT_LOCK] = str(storage.object_lock)
         self.functions: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
         for spec in SPECS.values():
@@ -119,6 +122,11 @@ class PipelineFunctions(Construct):
 
     def _s3(self, name: str, actions: list[str], *patterns: str) -> None:
         self.roles[name].add_to_policy(iam.PolicyStatement(actions=actions, resources=[self.storage.arn(p) for p in patterns]))
+
+    def _retention(self, name: str, pattern: str) -> None:
+        """Under Object Lock, a PUT carrying a retention date also needs s3:PutObjectRetention (no grant without a lock)."""
+        if self.storage.object_lock is not None:
+            self._s3(name, ["s3:PutObjectRetention"], pattern)
 
     def _list(self, name: str) -> None:
         """Unconditional: without s3:ListBucket S3 answers 403, not 404, for a missing key,
@@ -164,11 +172,13 @@ class PipelineFunctions(Construct):
         # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
         self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)
         self._s3("worker", ["s3:PutObject"], DATA_OBJECTS, STAGING_OBJECTS)
+        self._retention("worker", DATA_OBJECTS)
         self._list("worker")
         self.keys.allow_decrypt(self.roles["worker"])
         # Finalize: read everything it checks, publish the manifest, delete staging.
         self._s3("finalize", ["s3:GetObject"], CONFIG, STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS)
         self._s3("finalize", ["s3:PutObject"], MANIFEST_OBJECTS)
+        self._retention("finalize", MANIFEST_OBJECTS)
         self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], STAGING_OBJECTS)
         # ...and withdraw a manifest it published whose read-back check failed (finalize_backup).
         self._s3("finalize", ["s3:DeleteObject"], MANIFEST_OBJECTS)

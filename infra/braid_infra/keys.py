@@ -62,6 +62,15 @@ class Keys(Construct):
         """Read side: unwrap a named backup's data key."""
         self._allow("DecryptDataKeys", role, ["kms:Decrypt"])
 
+    def allow_rekey(self, role: iam.IRole) -> None:
+        """`braid rekey` of the stack's key: authenticate a manifest (Decrypt), re-wrap its data key from and to
+        this key (ReEncrypt, the key material never leaves KMS), and resolve `--kms-key` to its ARN (DescribeKey,
+        which carries no encryption context, so the key policy cannot require one: it is granted by the role's
+        own policy, through the administration statement's kms:Describe* for the account). Re-keying to another
+        key needs kms:ReEncryptTo, kms:Decrypt and kms:DescribeKey for this role in that key's own policy (README)."""
+        self._allow("RekeyDataKeys", role, ["kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"])
+        role.add_to_principal_policy(iam.PolicyStatement(actions=["kms:DescribeKey"], resources=[self.key.key_arn]))
+
     def _allow(self, sid: str, role: iam.IRole, actions: list[str]) -> None:
         self.key.add_to_resource_policy(
             iam.PolicyStatement(

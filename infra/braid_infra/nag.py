@@ -113,3 +113,6 @@ def suppress_findings(stack: BraidStack) -> None:
     acknowledge(restore, wildcard(f"{bucket}/{DATA_OBJECTS}"), OBJECTS[DATA_OBJECTS])
     acknowledge(restore, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), OBJECTS[MANIFEST_OBJECTS])
     acknowledge(restore, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " Read-only (braid list).")
+    operator = stack.operator.role.node.find_child("DefaultPolicy")
+    acknowledge(operator, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "braid rekey re-wraps every manifest (If-Match replacement only, by the bucket policy).")
+    acknowledge(operator, wildcard(f"{bucket}/{REKEY_OBJECTS}"), "braid rekey's verified copies, named per backup, confined to rekey/.")

@@ -20,6 +20,8 @@ from braid.contract import (
     OUTPUT_AGENT_ROLE,
     OUTPUT_BUCKET,
     OUTPUT_KEY,
+    OUTPUT_OBJECT_LOCK,
+    OUTPUT_OPERATOR_ROLE,
     OUTPUT_REPOSITORY,
     OUTPUT_RESTORE_INSTANCE_PROFILE,
     OUTPUT_RESTORE_ROLE,
@@ -32,9 +34,10 @@ from braid_infra.keys import Keys
 from braid_infra.layer import BraidLayer
 from braid_infra.monitoring import Monitoring
 from braid_infra.nag import suppress_findings
+from braid_infra.operator import OperatorAccess
 from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
 from braid_infra.schedules import Schedules
-from braid_infra.storage import Storage
+from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting
 
 
 class BraidStack(Stack):
@@ -50,11 +53,13 @@ class BraidStack(Stack):
         retention: Mapping[str, Any] | None = None,
         backup_schedules: Any = None,
         worker_concurrency: int | None = None,
+        object_lock: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
         prefix = repository_prefix.strip("/")
-        self.storage = Storage(self, "Storage", repository_prefix=prefix)
+        lock = object_lock_setting(object_lock if object_lock is not None else self.node.try_get_context(OBJECT_LOCK_CONTEXT))
+        self.storage = Storage(self, "Storage", repository_prefix=prefix, object_lock=lock)
         self.keys = Keys(self, "Keys", alias=f"alias/braid/{construct_id}")
         self.layer = BraidLayer(self, "Layer", asset_dir=layer_dir)
         if worker_concurrency is None:
@@ -77,6 +82,7 @@ class BraidStack(Stack):
             extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
         )
         self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
+        self.operator = OperatorAccess(self, "Operator", storage=self.storage, keys=self.keys)
 
         bucket = self.storage.bucket.bucket_name
         CfnOutput(self, OUTPUT_BUCKET, value=bucket, description="Repository bucket")
@@ -94,4 +100,7 @@ class BraidStack(Stack):
             self, OUTPUT_RESTORE_INSTANCE_PROFILE, value=self.access.restore_instance_profile.instance_profile_name,
             description="Instance profile for EC2 restore hosts (the restore role)",
         )
+        CfnOutput(self, OUTPUT_OPERATOR_ROLE, value=self.operator.role.role_arn, description="Role an operator assumes for braid init and rekey")
+        if lock is not None:
+            CfnOutput(self, OUTPUT_OBJECT_LOCK, value=str(lock), description="Object Lock retention of chunks and manifests (MODE:DAYS)")
         suppress_findings(self)

@@ -28,16 +28,40 @@ re-wraps a backup's data key so): no role, compromised host or late worker
 can replace a stored chunk, nor a manifest it has not read as it stands. Deletes are not touched by it: retention (the
 scheduled Verify), Cleanup and Finalize's withdrawal still delete, within
 their roles' grants.
+
+Object Lock (optional: the `object_lock` prop or the CDK context
+`braid:objectLock`, `{"mode": "GOVERNANCE"|"COMPLIANCE", "days": N}`): the
+bucket is created with Object Lock enabled and no default retention, since
+staging, leases, catalog records, policies and rekey's copies must stay
+deletable. Retention is set per object, on chunks and manifests only, by
+whoever writes them (braid.format.lock: the backup's start plus the days),
+and the bucket policy refuses a manifest PUT that carries none, so no
+backup is published unlocked by a writer that missed the setting. What
+S3 does under it: a DELETE without a version id still succeeds (a delete
+marker; the locked version stays, still billed, until its date), a delete
+of a locked version is refused (GOVERNANCE: unless the caller has
+s3:BypassGovernanceRetention and asks; COMPLIANCE: by everyone), lifecycle
+never expires a locked version (the noncurrent-version rules below act
+once its date passed), and a PUT over a locked key (rekey's If-Match
+manifest) makes a new version with its own retention while the old one
+stays until its date. Object Lock is enabled when the bucket is created:
+turning it on for a deployed bucket is S3's PutObjectLockConfiguration,
+outside this stack.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from braid.errors import UsageError
 from braid.format import layout
+from braid.format.lock import ObjectLock
 
 # Repository-relative key patterns for IAM resources and conditions, from the
 # package's one repository layout (braid.format.layout), never retyped here.
@@ -59,6 +83,26 @@ NONCURRENT_DATA = Duration.days(1)
 CREATE_ONLY_CONDITION = {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
 # Manifests are created once, or replaced only as the exact version the writer read (rekey: If-Match).
 CONDITIONAL_CONDITION = {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
+# Under Object Lock, a manifest is written with a retention mode or not at all.
+UNLOCKED_CONDITION = {"Null": {"s3:object-lock-mode": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
+
+
+OBJECT_LOCK_CONTEXT = "braid:objectLock"
+
+
+def object_lock_setting(value: Any) -> ObjectLock | None:
+    """The stack's Object Lock from a prop or context value: {"mode", "days"}, its JSON text, or "MODE:DAYS"; a bad value fails synth."""
+    if value is None or value == "":
+        return None
+    try:
+        if isinstance(value, ObjectLock):
+            return value
+        if isinstance(value, str):
+            text = value.strip()
+            return ObjectLock.from_json(json.loads(text)) if text.startswith("{") else ObjectLock.parse(text)
+        return ObjectLock.from_json(dict(value))
+    except (ValueError, TypeError, UsageError) as exc:
+        raise ValueError(f"{OBJECT_LOCK_CONTEXT}: not an Object Lock setting ({exc}); e.g. {{\"mode\": \"GOVERNANCE\", \"days\": 30}}") from None
 
 
 def key_prefix(repository_prefix: str) -> str:
@@ -68,9 +112,10 @@ def key_prefix(repository_prefix: str) -> str:
 
 
 class Storage(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, repository_prefix: str = "") -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, repository_prefix: str = "", object_lock: ObjectLock | None = None) -> None:
         super().__init__(scope, construct_id)
         self.repository_prefix = repository_prefix.strip("/")
+        self.object_lock = object_lock
         base = key_prefix(repository_prefix)
         self.access_logs = s3.Bucket(
             self,
@@ -90,6 +135,7 @@ class Storage(Construct):
             bucket_key_enabled=True,
             enforce_ssl=True,
             versioned=True,
+            object_lock_enabled=True if object_lock is not None else None,  # and no object_lock_default_retention: see above
             object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
             server_access_logs_bucket=self.access_logs,
             server_access_logs_prefix="repository/",
@@ -113,10 +159,13 @@ class Storage(Construct):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        for sid, pattern, condition in (
+        denials = [
             ("CreateOnlyChunks", DATA_OBJECTS, CREATE_ONLY_CONDITION),
             ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
-        ):
+        ]
+        if object_lock is not None:
+            denials.append(("LockedManifests", MANIFEST_OBJECTS, UNLOCKED_CONDITION))
+        for sid, pattern, condition in denials:
             self.bucket.add_to_resource_policy(
                 iam.PolicyStatement(
                     sid=sid,

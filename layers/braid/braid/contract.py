@@ -18,6 +18,10 @@ OUTPUT_AGENT_ROLE = "AgentRoleArn"
 OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
 OUTPUT_AGENT_INSTANCE_PROFILE = "AgentInstanceProfileName"
 OUTPUT_RESTORE_INSTANCE_PROFILE = "RestoreInstanceProfileName"
+OUTPUT_OPERATOR_ROLE = "OperatorRoleArn"  # the role an operator assumes for `braid rekey` (and init)
+# The bucket's Object Lock retention as MODE:DAYS (GOVERNANCE:30); only when the stack configures one.
+# `braid init --stack` copies it into config.json: the hosts' writers and prune read it there.
+OUTPUT_OBJECT_LOCK = "ObjectLock"
 
 # -- the pipeline functions' environment --------------------------------------
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
@@ -25,6 +29,8 @@ ENV_KMS_KEY_ID = "BRAID_KMS_KEY_ID"  # the customer-managed key (ARN) wrapping d
 ENV_EVENT_BUS = "BRAID_EVENT_BUS"  # EventBridge bus for outcome events
 ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # chunks a worker processes at once
 ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved concurrency: the most a map may run at once
+# MODE:DAYS of the stack's Object Lock (the same value as OUTPUT_OBJECT_LOCK); absent without one.
+ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
 DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.

@@ -97,6 +97,16 @@ class ProducerError(BackupError):
     exit_code = 11
 
 
+class RetentionLockError(BackupError):
+    """A backup is still under its Object Lock retention: it cannot be removed before the date the message gives.
+
+    Its own exit code: not a failure of the store, nor of the backup, but a
+    date to wait for (or a policy to revisit), which a script can tell apart.
+    """
+
+    exit_code = 12
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected error (run with --debug for the traceback)",
@@ -110,6 +120,7 @@ EXIT_CODES: dict[int, str] = {
     9: "cloud execution failed",
     10: "format limit exceeded",
     11: "the producer (backup) or consumer (restore) command failed",
+    12: "a backup is under Object Lock retention: not removed before the date given",
     130: "interrupted",
 }
 

@@ -18,6 +18,7 @@ from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
 from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.layout import CONFIG
+from braid.format.lock import ObjectLock
 from braid.format.repository import Repository, RepositoryConfig
 from braid.ops.init import LocalInit, init_kms_repository, init_local_repository, init_store_repository
 from braid.ports.keys import KeyService
@@ -99,12 +100,14 @@ def init_local(url: str, key_file: str | None) -> LocalInit:
     return init_local_repository(root, store, LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
 
 
-def init_store_with_key_file(url: str, key_file: str | None) -> LocalInit:
+def init_store_with_key_file(url: str, key_file: str | None, object_lock: ObjectLock | None = None) -> LocalInit:
     """`braid init --repo s3://... --engine local`: an object store, and a master-key file on this host."""
-    return init_store_repository(open_store(url), LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
+    return init_store_repository(
+        open_store(url), LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id), object_lock=object_lock
+    )
 
 
-def init_store_with_kms(url: str, key_arn: str) -> Repository:
+def init_store_with_kms(url: str, key_arn: str, object_lock: ObjectLock | None = None) -> Repository:
     """`braid init --repo s3://... --engine local --kms-key ARN`: data keys wrapped by KMS, made on this host."""
     from braid.adapters.aws.clients import kms_client
     from braid.adapters.aws.kms import KmsKeyService
@@ -114,7 +117,7 @@ def init_store_with_kms(url: str, key_arn: str) -> Repository:
     def probe(config: RepositoryConfig) -> object:
         return keys.generate_data_key(encryption_context(config.id, "init-probe"))
 
-    return init_kms_repository(open_store(url), key_arn, probe)
+    return init_kms_repository(open_store(url), key_arn, probe, object_lock=object_lock)
 
 
 def open_key_service(repository: Repository, key_file: str | None, *, unwrap_only: bool = False) -> KeyService:

@@ -204,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "braid init --repo /srv/braid                     # a new empty directory; the key goes to ~/.config/braid/keys/",
         "braid init --repo /srv/braid --key-file /etc/braid/master.key",
         "braid init --repo s3://my-bucket/prod --stack Braid",
+        "braid init --repo s3://my-locked-bucket/db --engine local --object-lock GOVERNANCE:30",
         description="Create a repository: a new, empty directory with its master-key file (never overwritten; keep a copy"
                     " elsewhere), or an s3:// prefix served by a deployed stack (--stack).",
     ))
@@ -211,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--engine", choices=("local", "stepfunctions"),
                       help="s3:// repositories: 'local' compresses and encrypts on this host (no stack needed; a key file, or --kms-key)")
     init.add_argument("--kms-key", metavar="ARN", help="with --engine local: a KMS key wraps the data keys instead of a key file")
+    init.add_argument(
+        "--object-lock", metavar="MODE:DAYS",
+        help="with --engine local, on a bucket with S3 Object Lock: keep every backup's chunks and manifest immutable for DAYS"
+        " from its start (GOVERNANCE:30 or COMPLIANCE:30); prune and forget leave it alone until then",
+    )
     init.set_defaults(handler=_command("init:cmd_init"))
 
     backup = sub.add_parser("backup", parents=[common, reporting], **_help(

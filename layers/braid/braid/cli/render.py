@@ -18,6 +18,7 @@ from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
+from braid.format.timestamps import format_timestamp
 from braid.ports.progress import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
@@ -234,6 +235,8 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
         print(f"kept leftovers of {ref}: it showed activity (or published) while the prune ran")
     for entry in plan.unreadable:
         print(f"UNREADABLE {entry.ref}: not counted, not removed ({entry.error})")
+    for locked in plan.locked:
+        print(f"kept {locked.ref}: under Object Lock retention until {format_timestamp(locked.until)}; a prune after that date removes it")
     for name in plan.unmanaged:
         print(f"left {name} alone: no stored policy (store one with 'braid prune --name {name} --keep-... --save-policy')")
     print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)

@@ -12,11 +12,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, did_you_mean
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, UsageError, did_you_mean
 from braid.format.ids import BackupRef
 from braid.format.layout import CONFIG, manifest_key, manifest_prefix, ref_from_manifest_key
+from braid.format.lock import ObjectLock
 from braid.format.manifest import SealedManifest, open_manifest
-from braid.ports.store import ObjectStore
+from braid.ports.store import ObjectStore, RetainingStore
 
 FORMAT = "braid-repository"
 VERSION = 1
@@ -28,13 +29,19 @@ class RepositoryConfig:
     created: str
     key: dict[str, str]  # {"type": "local"|"kms", "key_id": ...}
     cloud: dict[str, Any] = field(default_factory=dict)  # pipeline settings (state machine, region, ...)
+    # Retention of every backup's chunks and manifest (S3 Object Lock; braid.format.lock), or None.
+    object_lock: ObjectLock | None = None
 
     @classmethod
-    def new(cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None) -> RepositoryConfig:
-        return cls(id=str(uuid.uuid4()), created=created, key=key, cloud=cloud or {})
+    def new(
+        cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None, object_lock: ObjectLock | None = None
+    ) -> RepositoryConfig:
+        return cls(id=str(uuid.uuid4()), created=created, key=key, cloud=cloud or {}, object_lock=object_lock)
 
     def to_bytes(self) -> bytes:
         doc = {"format": FORMAT, "version": VERSION, "id": self.id, "created": self.created, "key": self.key, "cloud": self.cloud}
+        if self.object_lock is not None:  # absent, not null, without a lock: older configs stay byte for byte
+            doc["object_lock"] = self.object_lock.to_json()
         return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
 
     @classmethod
@@ -45,8 +52,15 @@ class RepositoryConfig:
                 raise ValueError("not a Braid repository config")
             if int(doc.get("version", 0)) != VERSION:
                 raise RepositoryError(f"{where} is repository format v{doc.get('version')}; this Braid reads v{VERSION}")
-            return cls(id=str(doc["id"]), created=str(doc["created"]), key=dict(doc["key"]), cloud=dict(doc.get("cloud", {})))
-        except (ValueError, KeyError, TypeError) as exc:
+            lock = doc.get("object_lock")
+            return cls(
+                id=str(doc["id"]),
+                created=str(doc["created"]),
+                key=dict(doc["key"]),
+                cloud=dict(doc.get("cloud", {})),
+                object_lock=None if lock is None else ObjectLock.from_json(lock),
+            )
+        except (ValueError, KeyError, TypeError, UsageError) as exc:
             raise RepositoryError(f"{where} is not a valid Braid repository config: {exc}") from None
 
 
@@ -54,6 +68,12 @@ class Repository:
     def __init__(self, store: ObjectStore, config: RepositoryConfig) -> None:
         self.store = store
         self.config = config
+        if config.object_lock is not None:
+            if not isinstance(store, RetainingStore):
+                raise RepositoryError(
+                    f"{store.url}/{CONFIG} asks for Object Lock retention ({config.object_lock}), which only an s3:// repository can give"
+                )
+            store.use_object_lock(config.object_lock)  # every chunk and manifest written through this store now carries it
 
     @property
     def url(self) -> str:

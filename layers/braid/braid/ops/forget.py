@@ -7,6 +7,12 @@ can be removed too. Like prune, it removes the manifest first (from then on
 the backup does not exist, so an interrupted forget never leaves a listed
 backup with missing chunks), then the chunks, then any staging.
 
+A backup still under the repository's Object Lock retention is refused
+(RetentionLockError, naming the date), dry run or not, before anything is
+removed: S3 would take a delete marker but keep every locked version, so
+"forgotten" would only mean hidden, and the backup is still paid for and
+still restorable; better to say so and leave it listed until its date.
+
 Only an exact `NAME@ID`: which backup `NAME@latest` names changes whenever a
 backup publishes, and a forget cannot be undone.
 """
@@ -14,11 +20,13 @@ backup publishes, and a forget cannot be undone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
-from braid.errors import NotFoundError, UsageError
+from braid.errors import NotFoundError, RetentionLockError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix
 from braid.format.repository import Repository
+from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import record_removal
 from braid.ports.store import ObjectStore
 
@@ -47,8 +55,8 @@ def exact_ref(ref: BackupRef) -> BackupRef:
     return ref
 
 
-def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
-    """What forgetting `ref` removes; NotFoundError when it has no manifest."""
+def plan_forget(repository: Repository, ref: BackupRef, now: datetime | None = None) -> ForgetPlan:
+    """What forgetting `ref` removes; NotFoundError when it has no manifest, RetentionLockError while it is locked."""
     exact_ref(ref)
     store = repository.store
     key = manifest_key(ref)
@@ -63,6 +71,12 @@ def plan_forget(repository: Repository, ref: BackupRef) -> ForgetPlan:
             others = repository.backups(ref.name)
             hint = f"; {ref.name} has {len(others)} other backup(s): see 'braid list --name {ref.name}'" if others else repository.suggest_name(ref.name)
         raise NotFoundError(f"backup {ref} not found in {repository.url}{hint}")
+    lock = repository.config.object_lock
+    if lock is not None and lock.holds(ref, now or datetime.now(UTC)):
+        raise RetentionLockError(
+            f"backup {ref} is under Object Lock retention ({lock.mode}, {lock.days} days from its start) until"
+            f" {format_timestamp(lock.until(ref))}: it cannot be removed before then; nothing was removed"
+        )
     return ForgetPlan(ref, key, objects)
 
 

@@ -20,6 +20,7 @@ from typing import Protocol
 
 from braid.errors import RepositoryError, UsageError
 from braid.format.layout import CONFIG
+from braid.format.lock import ObjectLock
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyService
@@ -52,6 +53,7 @@ def init_local_repository(
     key_file_for: Callable[[str], Path],
     *,
     now: str | None = None,
+    object_lock: ObjectLock | None = None,
 ) -> LocalInit:
     """Create the repository at `root` (served by `store`) and its key file.
 
@@ -110,6 +112,7 @@ def init_store_repository(
     key_file_for: Callable[[str], Path],
     *,
     now: str | None = None,
+    object_lock: ObjectLock | None = None,
 ) -> LocalInit:
     """A repository on an object store (S3 or an S3-compatible one) with no pipeline: this host compresses and encrypts.
 
@@ -124,11 +127,13 @@ def init_store_repository(
     path = key_file_for(provisional.id)
     created = not path.exists()
     keys = key_files.create(path) if created else key_files.open(path)
-    config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id})
+    config = RepositoryConfig(provisional.id, provisional.created, {"type": "local", "key_id": keys.key_id}, object_lock=object_lock)
     return LocalInit(Repository.create(store, config), store.url, path, keys.key_id, created)
 
 
-def init_kms_repository(store: ObjectStore, key_arn: str, probe: Callable[[RepositoryConfig], object], *, now: str | None = None) -> Repository:
+def init_kms_repository(
+    store: ObjectStore, key_arn: str, probe: Callable[[RepositoryConfig], object], *, now: str | None = None, object_lock: ObjectLock | None = None
+) -> Repository:
     """A repository on an object store whose data keys a KMS key wraps, with no pipeline.
 
     `probe(config)` makes one data key under the new repository's context
@@ -137,6 +142,6 @@ def init_kms_repository(store: ObjectStore, key_arn: str, probe: Callable[[Repos
     """
     if store.head(CONFIG) is not None:
         raise RepositoryError(f"{store.url} is already a Braid repository; refusing to re-initialise it")
-    config = RepositoryConfig.new({"type": "kms", "key_id": key_arn}, now or utc_now())
+    config = RepositoryConfig.new({"type": "kms", "key_id": key_arn}, now or utc_now(), object_lock=object_lock)
     probe(config)
     return Repository.create(store, config)

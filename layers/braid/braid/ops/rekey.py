@@ -53,7 +53,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import CONFIG, chunk_key, data_prefix, manifest_key, rekey_key
 from braid.format.manifest import Manifest, open_manifest, seal_body
-from braid.format.repository import Repository, RepositoryConfig
+from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyRewrapper, KeyService
 
@@ -174,7 +174,7 @@ def rekey_repository(
     seen: set[BackupRef] = set()
     one_pass(seen)
     if not report.failed and repository.config.key != new_config_key:
-        config = RepositoryConfig(repository.config.id, repository.config.created, dict(new_config_key), repository.config.cloud)
+        config = replace(repository.config, key=dict(new_config_key))  # everything else kept (the cloud settings, the object lock)
         repository.store.put(CONFIG, config.to_bytes())  # the one other replaced object: atomic, like the manifest switch
         repository.config = config
         report.config_switched = True

@@ -21,6 +21,11 @@ stored policy is left alone. Three guarantees come before any rule:
 - The newest readable backup of each name is always kept: a policy never
   empties a name (`--keep-days` alone would, once backups stop); removing
   it is `braid forget`'s job.
+- A backup still under the repository's Object Lock retention (its start
+  plus the lock's days, braid.format.lock) is not removed, whatever the
+  rules say: it is reported as locked, with its date, and goes in the
+  first prune after that date. Nothing of it is touched before, so a
+  backup is never left with a manifest and no chunks, or the reverse.
 - Pruning removes a backup's manifest first (from that moment the backup
   no longer exists, so a crash mid-prune never leaves a listed backup with
   missing chunks), then its chunks.
@@ -40,8 +45,10 @@ from typing import Any
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, rekey_key, staging_prefix
+from braid.format.lock import ObjectLock
 from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
+from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import record_removal
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary
 from braid.ops.open import open_backup
@@ -49,6 +56,7 @@ from braid.ports.keys import KeyService
 
 __all__ = [
     "MIN_ORPHAN_GRACE_HOURS",
+    "Locked",
     "PrunePlan",
     "RetentionPolicy",
     "Unreadable",
@@ -58,6 +66,7 @@ __all__ = [
     "plan_prune",
     "save_policy",
     "select_kept",
+    "split_locked",
     "unreadable_error",
 ]
 
@@ -105,6 +114,17 @@ class Unreadable:
         return {"backup": str(self.ref), "error": str(self.error)}
 
 
+@dataclass(frozen=True)
+class Locked:
+    """A backup the rules let go that its Object Lock retention keeps until `until`."""
+
+    ref: BackupRef
+    until: datetime
+
+    def to_json(self) -> dict[str, str]:
+        return {"backup": str(self.ref), "until": format_timestamp(self.until)}
+
+
 @dataclass
 class PrunePlan:
     now: datetime  # when the plan was made: leftover ages are measured from here
@@ -116,9 +136,11 @@ class PrunePlan:
     temporary: list[str] = field(default_factory=list)  # keys of interrupted writes' temporary files, idle past the grace
     spared: list[BackupRef] = field(default_factory=list)  # orphans that showed life again just before deletion
     unmanaged: list[str] = field(default_factory=list)  # names left alone: no stored policy (stored mode only)
+    locked: list[Locked] = field(default_factory=list)  # let go by the rules, kept by Object Lock retention until their date
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "locked": [entry.to_json() for entry in self.locked],
             "unmanaged": list(self.unmanaged),
             "keep": [str(r) for r in self.keep],
             "forget": [str(r) for r in self.forget],
@@ -224,6 +246,7 @@ def plan_prune(
         kept[0] = True  # the newest readable backup of a name, always
         for ref, keep in zip(newest_first, kept, strict=True):
             (plan.keep if keep else plan.forget).append(ref)
+    plan.forget, plan.locked = split_locked(repository.config.object_lock, plan.forget, now)
     plan.orphans = [leftover.ref for leftover in find_leftovers(repository.store, published, now, policy.grace)]
     plan.temporary = find_temporary(repository.store, now, policy.grace)
     if name is not None:
@@ -234,6 +257,19 @@ def plan_prune(
     plan.unmanaged.sort()
     plan.unreadable.sort(key=lambda u: u.ref)
     return plan
+
+
+def split_locked(lock: ObjectLock | None, refs: Sequence[BackupRef], now: datetime) -> tuple[list[BackupRef], list[Locked]]:
+    """(the backups that may go now, those still under `lock`'s retention with their dates).
+
+    In the planning, not the execution, so every prune (the host's, the
+    scheduled one in the cloud) keeps a locked backup whole and says until when.
+    """
+    if lock is None:
+        return list(refs), []
+    free = [ref for ref in refs if not lock.holds(ref, now)]
+    held = [Locked(ref, lock.until(ref)) for ref in refs if lock.holds(ref, now)]
+    return free, sorted(held, key=lambda entry: entry.ref)
 
 
 def load_policies(repository: Repository) -> dict[str, KeepRules]:

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from braid.format.buffers import WritableBuffer
+from braid.format.lock import ObjectLock
 
 Buffer = bytes | bytearray | memoryview
 
@@ -70,6 +71,20 @@ class ObjectStore(Protocol):
     def delete(self, keys: Iterable[str]) -> None:
         """Remove objects; missing ones are not an error."""
         ...
+
+
+@runtime_checkable
+class RetainingStore(Protocol):
+    """A store that can make objects immutable until a date (S3 Object Lock).
+
+    Set once, for the whole store, so that every writer (worker, Finalize,
+    the local engine, rekey) puts each chunk and manifest with the
+    repository's retention without knowing of it (braid.format.lock says
+    which keys and until when). A directory store has no such thing, and a
+    repository that asks for it there is refused when opened.
+    """
+
+    def use_object_lock(self, lock: ObjectLock) -> None: ...
 
 
 @runtime_checkable

@@ -6,6 +6,8 @@ The stack gives every pipeline function the same environment:
     BRAID_KMS_KEY_ID    the customer-managed key (ARN)
     BRAID_EVENT_BUS     EventBridge bus for outcome events ("default")
     BRAID_WORKER_LANES  chunks a worker processes at once (worker only)
+    BRAID_OBJECT_LOCK   MODE:DAYS when the bucket has Object Lock: every chunk
+                        and manifest the functions write carries that retention
 
 Clients are created once per container and shared by threads (boto3 clients
 are thread-safe), with the pipeline's retry budget (braid.adapters.aws.clients
@@ -27,6 +29,7 @@ from braid.adapters.aws.kms import KmsKeyService
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.errors import UsageError
+from braid.format.lock import ObjectLock
 from braid.ports.pipeline import MultipartJanitor
 from braid.ports.progress_relay import ProgressRelay
 
@@ -81,8 +84,14 @@ def _events() -> EventBridgeClient:
     return events_client(retries=PIPELINE, on_retry=_retries)
 
 
+def object_lock() -> ObjectLock | None:
+    """The stack's Object Lock retention (None when the stack configures none)."""
+    value = os.environ.get(contract.ENV_OBJECT_LOCK, "")
+    return ObjectLock.parse(value) if value else None
+
+
 def repository_store(prefix: str) -> S3Store:
-    return S3Store(_s3(), setting(contract.ENV_BUCKET), prefix, retries=_retries)
+    return S3Store(_s3(), setting(contract.ENV_BUCKET), prefix, retries=_retries, object_lock=object_lock())
 
 
 def key_service() -> KmsKeyService:

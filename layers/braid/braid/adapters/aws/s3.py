@@ -6,6 +6,12 @@ quick verify without downloading. `create_only` is a conditional PUT
 (`If-None-Match: *`): S3 answers 412 if the key exists, so a retried or late
 worker can never replace a published chunk.
 
+With the repository's Object Lock setting (`use_object_lock`, from its
+config.json or the pipeline's environment) every chunk and manifest PUT also
+carries ObjectLockMode and ObjectLockRetainUntilDate (braid.format.lock
+says which keys and until when). S3 requires Content-MD5 or an SDK checksum
+on such a PUT: the CRC64NVME every PUT here sends is one.
+
 Errors are turned into Braid's typed errors with one line naming the bucket,
 the key and, for access errors, the IAM permission the role lacks
 (`map_error`, S3's codes on top of braid.adapters.aws.errors). Retries are
@@ -28,6 +34,7 @@ from braid.adapters.aws.s3_body import request_body
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import checksum_from_header, s3_checksum_value, stored_checksum
+from braid.format.lock import ObjectLock, locked_ref
 from braid.ports.progress_relay import ProgressRelay
 from braid.ports.store import Buffer, ObjectInfo
 
@@ -84,6 +91,11 @@ def map_error(exc: BaseException, *, action: str, bucket: str, key: str | None, 
             return StorageError(f"S3 could not use the bucket's KMS key while {doing}: {message} (the role needs kms:GenerateDataKey/kms:Decrypt on it)")
         if code in _CHECKSUM_CODES:
             return StorageError(f"S3 rejected {where} while {action}: checksum mismatch, the bytes changed on the way; nothing was stored")
+        if code == "InvalidRequest" and "objectlock" in message.replace(" ", "").lower():
+            return StorageError(
+                f"bucket {bucket} has no Object Lock, but the repository's config.json asks for retention (while {doing}):"
+                " enable Object Lock on the bucket, or use a bucket that has it"
+            )
         if code == "InvalidRange":
             return StorageError(f"range outside object {where} while {action}: the object is shorter than the repository expects")
         if code in _SLOWDOWN_CODES:
@@ -122,12 +134,31 @@ class S3Store:
     (`from_url`); whoever runs an operation points it at its ProgressFn.
     """
 
-    def __init__(self, client: S3Client, bucket: str, prefix: str = "", *, retries: ProgressRelay | None = None) -> None:
+    def __init__(
+        self, client: S3Client, bucket: str, prefix: str = "", *, retries: ProgressRelay | None = None, object_lock: ObjectLock | None = None
+    ) -> None:
         self.client = client
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self._base = f"{self.prefix}/" if self.prefix else ""
         self.retries = retries or ProgressRelay()
+        self.object_lock = object_lock
+
+    def use_object_lock(self, lock: ObjectLock) -> None:
+        """Put every chunk and manifest from now on with `lock`'s retention (RetainingStore).
+
+        A lock set already (the pipeline's, from the stack) is kept: the stack
+        configured the bucket, and the config.json it wrote at init says the same.
+        """
+        if self.object_lock is None:
+            self.object_lock = lock
+
+    def retention(self, key: str) -> dict[str, Any]:
+        """The Object Lock parameters of a PUT of `key` now ({} for an object that stays deletable)."""
+        ref = locked_ref(key) if self.object_lock is not None else None
+        if ref is None or self.object_lock is None:
+            return {}
+        return {"ObjectLockMode": self.object_lock.mode, "ObjectLockRetainUntilDate": self.object_lock.retain_until(ref)}
 
     @classmethod
     def from_url(cls, url: str, client: S3Client | None = None, **client_options: Any) -> S3Store:
@@ -174,6 +205,7 @@ class S3Store:
             "Key": self.object_key(key),
             "ChecksumAlgorithm": "CRC64NVME",
             "ChecksumCRC64NVME": s3_checksum_value(actual),
+            **self.retention(key),
         }
         if create_only:
             params["IfNoneMatch"] = "*"

@@ -14,8 +14,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from braid.adapters.aws.clients import cloudformation_client
 from braid.adapters.aws.errors import AwsCall, aws_error
 from braid.adapters.aws.s3 import S3Store
-from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE
+from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_OBJECT_LOCK, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE
 from braid.errors import BackupError, RepositoryError, UsageError
+from braid.format.lock import ObjectLock
 from braid.format.repository import RepositoryConfig
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
@@ -51,7 +52,9 @@ def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, cre
     cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE]}
     if region:
         cloud["region"] = region
-    return RepositoryConfig.new({"type": "kms", "key_id": outputs[OUTPUT_KEY]}, created, cloud)
+    # The bucket's retention, so hosts writing here (rekey, --engine local) and prune apply it too.
+    lock = ObjectLock.parse(outputs[OUTPUT_OBJECT_LOCK]) if outputs.get(OUTPUT_OBJECT_LOCK) else None
+    return RepositoryConfig.new({"type": "kms", "key_id": outputs[OUTPUT_KEY]}, created, cloud, object_lock=lock)
 
 
 def config_from_stack(stack: str, store: S3Store, created: str) -> RepositoryConfig:
