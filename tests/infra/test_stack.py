@@ -112,6 +112,9 @@ LEAST_PRIVILEGE = {
     "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*")}
     | {("s3:DeleteObject", p) for p in ("manifests/*", "data/*", "staging/*", "rekey/*")} | {("s3:ListBucket", "bucket")}
     | {(a, "catalog/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")},  # prune's removal markers, the daily snapshot
+    # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
+    "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
+    | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
     # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
     "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*")},
 }
@@ -383,8 +386,10 @@ def test_state_machine_definition(template: Template) -> None:
 
 def test_outputs_name_what_braid_init_needs(template: Template) -> None:
     outputs = template.to_json()["Outputs"]
-    for name in ("RepositoryBucket", "RepositoryUrl", "DataKeyArn", "BackupStateMachineArn", "AgentPolicyArn", "AgentRoleArn", "RestoreRoleArn"):
+    for name in ("RepositoryBucket", "RepositoryUrl", "DataKeyArn", "BackupStateMachineArn", "AgentPolicyArn", "AgentRoleArn", "RestoreRoleArn",
+                 "OperatorRoleArn"):
         assert name in outputs
+    assert "ObjectLock" not in outputs  # cdk.json configures no Object Lock (tests/infra/test_object_lock.py)
 
 
 def test_database_hosts_get_the_agent_role_by_instance_profile(template: Template) -> None:

@@ -13,8 +13,8 @@ bucket policy (S3) or the key policy (KMS) does not allow it.
 Who is checked:
   - the handlers, each as its own role (access key `emulatedpipeline-<step>`);
   - hosts that sign with `host-agent-<NAME>` (the AgentRole, or any role
-    with the AgentPolicy, tagged `braid-name=NAME`) or `host-restore` (the
-    RestoreRole); other access keys (the emulator's own `emulatedpipeline`,
+    with the AgentPolicy, tagged `braid-name=NAME`), `host-restore` (the
+    RestoreRole) or `host-operator` (the OperatorRole: init, rekey); other access keys (the emulator's own `emulatedpipeline`,
     which deploys and runs Step Functions' own calls, and a test's free-form
     callers) are not checked, so existing tests and a plain `. env` session
     keep working.
@@ -26,6 +26,17 @@ policy's TLS-only statement holds for them as it does for SDKs on AWS.
 A DeleteObjects request is refused whole when any of its keys is denied
 (AWS answers 200 with a per-key AccessDenied error instead): stricter,
 never more permissive.
+
+S3 Object Lock as AWS authorizes it: a PUT carrying x-amz-object-lock-mode
+is also checked for s3:PutObjectRetention, with the context keys
+s3:object-lock-mode and s3:object-lock-retain-until-date; a version DELETE
+with x-amz-bypass-governance-retention also for s3:BypassGovernanceRetention
+(moto honours the header from anyone). KMS ReEncrypt is checked as
+kms:ReEncryptFrom on its source key and kms:ReEncryptTo on its destination,
+each with its own encryption context, and a request naming a key is checked
+on that key (the stack's key policy applies to the stack's key only; another
+key is checked against the policy a test gives it in `other_key_policies`,
+and not at all without one).
 
 Not modelled (nothing of Braid depends on them): SCPs, permission
 boundaries, session policies, ACLs, the aws/s3 key's policy (SSE-KMS is not
@@ -52,6 +63,7 @@ from support.moto_stack import data_key_id, resources_of
 PIPELINE_PREFIX = "emulatedpipeline"
 AGENT_PREFIX = "host-agent-"
 RESTORE_KEY = "host-restore"
+OPERATOR_KEY = "host-operator"
 HOST_TAG = "braid-name"
 
 # The role a handler's invocation signs as; None: the process's own credentials.
@@ -100,6 +112,9 @@ class StackIam:
     agent_policy: list[dict[str, Any]]
     agent_role: str
     restore_role: str
+    operator_role: str | None = None
+    # Key policies of keys outside the stack a test models (a rekey's target), by ARN; others are not checked.
+    other_key_policies: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
     def render(cls, template: dict[str, Any], resolver: Resolver, *, bucket: str, key_arn: str, functions: dict[str, str]) -> StackIam:
@@ -139,9 +154,10 @@ class StackIam:
         (agent_policy_id,) = [lid for lid in managed if lid.startswith("AccessAgentPolicy")]
         (agent_role,) = [lid for lid in roles if lid.startswith("AccessAgentRole")]
         (restore_role,) = [lid for lid in roles if lid.startswith("AccessRestoreRole")]
+        operator_role = next((lid for lid in roles if lid.startswith("OperatorOperatorRole")), None)
         return cls(
             resolver.account, resolver.region, bucket, principals, function_roles, bucket_policy, key_arn, key_policy,
-            managed[agent_policy_id], agent_role, restore_role,
+            managed[agent_policy_id], agent_role, restore_role, operator_role,
         )
 
     # -- who is asking ------------------------------------------------------------
@@ -154,6 +170,8 @@ class StackIam:
             return Principal(agent.role_id, agent.arn, agent.statements, {HOST_TAG: access_key.removeprefix(AGENT_PREFIX)})
         if access_key == RESTORE_KEY:
             return self.roles[self.restore_role]
+        if access_key == OPERATOR_KEY and self.operator_role is not None:
+            return self.roles[self.operator_role]
         return None
 
     def access_key_for(self, function_name: str) -> str | None:
@@ -165,6 +183,9 @@ class StackIam:
         request = Request(principal.arn, action, resource, {"aws:SecureTransport": "true", **principal.context(), **context}, self.account)
         if action.startswith("s3:"):
             return evaluate(request, principal.statements, self.bucket_policy)
+        if action.startswith("kms:") and resource != self.key_arn:
+            other = self.other_key_policies.get(resource)
+            return ALLOW if other is None else evaluate(request, principal.statements, other, key_policy=True)
         if action.startswith("kms:"):
             return evaluate(request, principal.statements, self.key_policy, key_policy=True)
         return evaluate(request, principal.statements)
@@ -200,7 +221,10 @@ def s3_authorizations(method: str, path: str, query: dict[str, list[str]], heade
     if method == "DELETE" and "uploadId" in query:
         return [("s3:AbortMultipartUpload", object_arn, {})]
     if method == "DELETE":
-        return [("s3:DeleteObjectVersion" if versioned else "s3:DeleteObject", object_arn, {})]
+        bypass = versioned and headers.get("x-amz-bypass-governance-retention", "").lower() == "true"
+        return [("s3:DeleteObjectVersion" if versioned else "s3:DeleteObject", object_arn, {})] + (
+            [("s3:BypassGovernanceRetention", object_arn, {})] if bypass else []
+        )
     if method in ("PUT", "POST"):
         creates = (method == "PUT" and "partNumber" not in query) or (method == "POST" and "uploadId" in query)
         context: dict[str, Any] = {"s3:ObjectCreationOperation": "true" if creates else "false"}
@@ -208,7 +232,12 @@ def s3_authorizations(method: str, path: str, query: dict[str, list[str]], heade
             context["s3:if-none-match"] = headers["if-none-match"]
         if creates and "if-match" in headers:
             context["s3:if-match"] = headers["if-match"]
-        return [("s3:PutObject", object_arn, context)]
+        checks = [("s3:PutObject", object_arn, context)]
+        if creates and "x-amz-object-lock-mode" in headers:
+            context["s3:object-lock-mode"] = headers["x-amz-object-lock-mode"]
+            context["s3:object-lock-retain-until-date"] = headers.get("x-amz-object-lock-retain-until-date", "")
+            checks.append(("s3:PutObjectRetention", object_arn, context))
+        return checks
     return [(f"s3:{method}", object_arn, {})]
 
 
@@ -225,11 +254,27 @@ def _deleted_objects(body: bytes) -> list[tuple[str, str | None]]:
 _KMS_WITH_CONTEXT = {"GenerateDataKey", "GenerateDataKeyWithoutPlaintext", "Decrypt", "Encrypt", "ReEncrypt"}
 
 
+def _kms_key(named: Any, iam: StackIam) -> str:
+    """The key a KMS request names, as an ARN (the stack's key when it names none, or names it otherwise)."""
+    if not isinstance(named, str) or not named.startswith("arn:"):
+        return iam.key_arn
+    return named
+
+
+def _kms_context(context: Any) -> dict[str, str]:
+    return {f"kms:EncryptionContext:{k}": str(v) for k, v in (context or {}).items()}
+
+
 def json_authorizations(service: str, operation: str, body: dict[str, Any], iam: StackIam) -> list[tuple[str, str, dict[str, Any]]]:
     """KMS, Step Functions and EventBridge requests the handlers or hosts make."""
     if service == "kms":
-        context = {f"kms:EncryptionContext:{k}": str(v) for k, v in (body.get("EncryptionContext") or {}).items()}
-        return [(f"kms:{operation}", iam.key_arn, context if operation in _KMS_WITH_CONTEXT else {})]
+        if operation == "ReEncrypt":
+            return [
+                ("kms:ReEncryptFrom", _kms_key(body.get("SourceKeyId"), iam), _kms_context(body.get("SourceEncryptionContext"))),
+                ("kms:ReEncryptTo", _kms_key(body.get("DestinationKeyId"), iam), _kms_context(body.get("DestinationEncryptionContext"))),
+            ]
+        context = _kms_context(body.get("EncryptionContext"))
+        return [(f"kms:{operation}", _kms_key(body.get("KeyId"), iam), context if operation in _KMS_WITH_CONTEXT else {})]
     if service == "states":
         resource = body.get("stateMachineArn") or body.get("executionArn") or body.get("mapRunArn") or "*"
         return [(f"states:{operation}", resource, {})]

@@ -133,10 +133,12 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
 
     (bucket_id,) = [lid for lid in resources_of(template, "AWS::S3::Bucket") if lid.startswith("StorageRepository")]
     bucket_name = bucket or f"braid-repository-{uuid.uuid4().hex[:12]}"
+    # Object Lock is set when the bucket is made, as CloudFormation does (braid_infra.storage: no default retention).
+    lock = {"ObjectLockEnabledForBucket": True} if template["Resources"][bucket_id]["Properties"].get("ObjectLockEnabled") else {}
     if region == "us-east-1":
-        s3.create_bucket(Bucket=bucket_name)
+        s3.create_bucket(Bucket=bucket_name, **lock)
     else:
-        s3.create_bucket(Bucket=bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
+        s3.create_bucket(Bucket=bucket_name, CreateBucketConfiguration={"LocationConstraint": region}, **lock)
     s3.put_bucket_versioning(Bucket=bucket_name, VersioningConfiguration={"Status": "Enabled"})
     resolver.refs[bucket_id] = bucket_name
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{bucket_name}"

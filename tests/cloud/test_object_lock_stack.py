@@ -1,0 +1,214 @@
+"""The stack with Object Lock on: the synthesized state machine writes locked chunks and manifest, and the
+operator role allows exactly what `braid rekey` calls.
+
+The stack is synthesized with `object_lock={"mode": "GOVERNANCE", "days": 2}`
+and deployed into moto (its bucket made with Object Lock, as CloudFormation
+would), the handlers run in-process with the environment the template gives
+them. The operator's grants are evaluated as IAM does (support.iam_policy via
+support.emulated_iam) against every S3 and KMS request a real rekey made.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import moto.s3.models
+import pytest
+from aws_cdk import Duration
+from botocore.config import Config
+from moto import mock_aws
+from test_state_machine import REGION, Cloud, pattern
+
+from braid import contract
+from braid.adapters.aws.kms import KmsKeyService, KmsRewrap
+from braid.adapters.aws.s3 import S3Store
+from braid.format.ids import BackupRef
+from braid.format.layout import CONFIG, data_prefix, manifest_key, staging_prefix
+from braid.format.lock import ObjectLock
+from braid.format.repository import Repository
+from braid.ops.rekey import rekey_repository
+from support.emulated_cloud import stack_iam
+from support.emulated_iam import OPERATOR_KEY, StackIam, json_authorizations, s3_authorizations
+from support.iam_policy import ALLOW
+from support.inprocess_lambda import InProcessLambdas
+from support.moto_stack import SynthesizedStack, deploy, synthesize
+from support.sfn_semantics import AwsStepFunctions
+
+pytestmark = pytest.mark.cloud
+
+LOCK = ObjectLock("GOVERNANCE", 2)
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> SynthesizedStack:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "infra"))
+    from braid_infra.pipeline import RetryPolicy
+
+    fast = RetryPolicy(interval=Duration.seconds(1), max_attempts=3, backoff_rate=1.0, max_delay=Duration.seconds(1))
+    return synthesize(tmp_path_factory.mktemp("cdk.out"), worker_retry=fast, step_retry=fast, object_lock=LOCK.to_json())
+
+
+@pytest.fixture
+def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), InProcessLambdas() as lambdas:
+        session = boto3.session.Session(region_name=REGION)
+        cloud = Cloud(session, deploy(synthesized, session), lambdas)
+        # What `braid init --stack` writes from the stack's ObjectLock output (braid.adapters.aws.stack_outputs).
+        config = replace(cloud.repository.config, object_lock=LOCK)
+        cloud.store.put(CONFIG, config.to_bytes())
+        cloud.repository = Repository.open(cloud.store)
+        yield cloud
+
+
+def retention(cloud: Cloud, key: str) -> tuple[Any, Any]:
+    head = cloud.s3.head_object(Bucket=cloud.deployed.bucket, Key=key)
+    return head.get("ObjectLockMode"), head.get("ObjectLockRetainUntilDate")
+
+
+def publish(cloud: Cloud, inputs: list[bytes]) -> BackupRef:
+    ref = BackupRef.new("db")
+    cloud.stage_backup(ref, inputs, segment_parts=2)
+    arn = cloud.start(ref, max_concurrency=2)
+    assert cloud.wait(arn)["status"] == "SUCCEEDED", cloud.failures(arn)
+    return ref
+
+
+def test_the_pipeline_writes_every_chunk_and_the_manifest_locked_and_leaves_no_staging(cloud: Cloud, synthesized: SynthesizedStack) -> None:
+    functions = [r for r in synthesized.template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    assert functions and all(f["Properties"]["Environment"]["Variables"][contract.ENV_OBJECT_LOCK] == "GOVERNANCE:2" for f in functions)
+    inputs = [pattern(4096 * 5 + 77, 1), pattern(4096 * 2, 2)]
+
+    ref = publish(cloud, inputs)
+
+    chunks = cloud.keys_under(data_prefix(ref))
+    assert len(chunks) == 8
+    for key in [*chunks, manifest_key(ref)]:
+        assert retention(cloud, key) == ("GOVERNANCE", LOCK.until(ref)), key
+    assert cloud.restore(ref) == inputs
+    # Staging (raw bytes) carries no retention, so Finalize removed it and its old versions as before.
+    assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
+
+
+# --- the operator role, against what rekey really calls -------------------------------
+
+
+class Recorder:
+    """Every S3 and KMS request a client sends, as (action, resource, context) IAM checks (support.emulated_iam)."""
+
+    def __init__(self, iam: StackIam) -> None:
+        self.iam = iam
+        self.checks: list[tuple[str, str, dict[str, Any]]] = []
+
+    def attach(self, client: Any) -> Any:
+        client.meta.events.register("before-sign", self.record)
+        return client
+
+    def record(self, request: Any, **kwargs: Any) -> None:
+        url = urlsplit(request.url)
+        headers = {k.lower(): v.decode() if isinstance(v, bytes) else v for k, v in request.headers.items()}
+        body = request.body if isinstance(request.body, bytes) else (request.body or b"")
+        if isinstance(body, str):
+            body = body.encode()
+        if "x-amz-target" in headers:
+            self.checks.extend(json_authorizations("kms", headers["x-amz-target"].rpartition(".")[2], json.loads(body or b"{}"), self.iam))
+        elif hasattr(body, "read"):  # a streamed PUT body: only its headers matter here
+            self.checks.extend(s3_authorizations(request.method, url.path, parse_qs(url.query, keep_blank_values=True), headers, b""))
+        else:
+            self.checks.extend(s3_authorizations(request.method, url.path, parse_qs(url.query, keep_blank_values=True), headers, body))
+
+
+def new_key_policy(iam: StackIam) -> list[dict[str, Any]]:
+    """What README ("Deploy on AWS") tells an operator to put in the policy of a key to re-wrap to."""
+    assert iam.operator_role is not None
+    operator = iam.roles[iam.operator_role].arn
+    return [
+        {"Effect": "Allow", "Principal": {"AWS": operator}, "Action": ["kms:ReEncryptTo", "kms:Decrypt"], "Resource": "*",
+         "Condition": {"Null": {"kms:EncryptionContext:braid:backup": "false"}}},
+        {"Effect": "Allow", "Principal": {"AWS": operator}, "Action": "kms:DescribeKey", "Resource": "*"},
+    ]
+
+
+def test_the_operator_role_allows_every_call_of_a_rekey_under_lock_and_nothing_else(cloud: Cloud, synthesized: SynthesizedStack) -> None:
+    ref = publish(cloud, [pattern(4096 * 3, 3)])
+    iam = stack_iam(synthesized, cloud.deployed)
+    assert iam.operator_role is not None
+    operator = iam.principal_for(OPERATOR_KEY)
+    assert operator is not None
+    target = cloud.session.client("kms").create_key(Description="the key rekey moves to")["KeyMetadata"]["Arn"]
+    iam.other_key_policies[target] = new_key_policy(iam)
+    recorder = Recorder(iam)
+    s3 = recorder.attach(cloud.session.client("s3", config=Config(s3={"addressing_style": "path"})))
+    kms = recorder.attach(cloud.session.client("kms"))
+    repository = Repository.open(S3Store(s3, cloud.deployed.bucket, ""))
+    unwrap = KmsKeyService.for_unwrap(kms)
+
+    report = rekey_repository(repository, unwrap, unwrap, KmsRewrap.to_key(kms, target), {"type": "kms", "key_id": target})
+
+    assert report.rewrapped == [str(ref)] and not report.failed
+    assert retention(cloud, manifest_key(ref)) == ("GOVERNANCE", LOCK.until(ref))  # the new version keeps the backup's date
+    actions = {action for action, _, _ in recorder.checks}
+    assert {"s3:PutObject", "s3:PutObjectRetention", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:Decrypt", "kms:DescribeKey"} <= actions
+    refused = [(a, r) for a, r, c in recorder.checks if iam.decide(operator, a, r, c) != ALLOW]
+    assert refused == []
+
+    bucket = f"arn:aws:s3:::{cloud.deployed.bucket}"
+    chunk = f"{bucket}/{data_prefix(ref)}0000000000"
+    creating = {"s3:ObjectCreationOperation": "true"}
+    for action, resource, context in [
+        ("s3:GetObject", chunk, {}),  # backup data: never
+        ("s3:PutObject", chunk, {**creating, "s3:if-none-match": "*"}),
+        ("s3:DeleteObject", chunk, {}),
+        ("s3:DeleteObjectVersion", f"{bucket}/{manifest_key(ref)}", {}),
+        ("s3:BypassGovernanceRetention", f"{bucket}/{manifest_key(ref)}", {}),
+        ("s3:PutObject", f"{bucket}/{manifest_key(ref)}", {**creating, "s3:object-lock-mode": "GOVERNANCE"}),  # no If-Match: denied
+        ("s3:PutObject", f"{bucket}/{manifest_key(ref)}", {**creating, "s3:if-match": '"etag"'}),  # no retention: denied
+        ("s3:PutObject", f"{bucket}/{staging_prefix(ref)}session.json", creating),
+        ("s3:GetObject", f"{bucket}/{staging_prefix(ref)}in0/seg0", {}),
+        ("s3:PutObject", f"{bucket}/catalog/summaries/db/x.json", creating),
+        ("s3:PutObject", f"{bucket}/policies/db.json", creating),
+        ("kms:GenerateDataKey", iam.key_arn, {"kms:EncryptionContext:braid:backup": str(ref)}),
+        ("kms:Decrypt", iam.key_arn, {}),  # without the Braid encryption context
+        ("kms:ScheduleKeyDeletion", iam.key_arn, {}),
+    ]:
+        assert iam.decide(operator, action, resource, context) != ALLOW, (action, resource, context)
+
+
+def test_a_host_agent_may_not_write_a_locked_object_or_bypass_a_lock(synthesized: SynthesizedStack, cloud: Cloud) -> None:
+    iam = stack_iam(synthesized, cloud.deployed)
+    restore = iam.principal_for("host-restore")
+    agent = iam.principal_for("host-agent-db")
+    assert restore is not None and agent is not None
+    manifest = f"arn:aws:s3:::{cloud.deployed.bucket}/manifests/db/20261123T000000.000Z-1a2b3c4d.json"
+    for principal in (restore, agent):
+        assert iam.decide(principal, "s3:PutObjectRetention", manifest, {}) != ALLOW
+        assert iam.decide(principal, "s3:BypassGovernanceRetention", manifest, {}) != ALLOW
+
+
+def test_stack_outputs_give_init_the_lock(synthesized: SynthesizedStack, cloud: Cloud) -> None:
+    outputs = synthesized.template["Outputs"]
+    assert outputs[contract.OUTPUT_OBJECT_LOCK]["Value"] == "GOVERNANCE:2"
+    from braid.adapters.aws.stack_outputs import config_from_outputs
+
+    store = S3Store(cloud.s3, cloud.deployed.bucket, "")
+    config = config_from_outputs(
+        "Braid",
+        {contract.OUTPUT_BUCKET: cloud.deployed.bucket, contract.OUTPUT_KEY: cloud.deployed.key_arn,
+         contract.OUTPUT_STATE_MACHINE: cloud.deployed.state_machine_arn, contract.OUTPUT_OBJECT_LOCK: "GOVERNANCE:2"},
+        store, "2026-11-23T00:00:00.000000Z", REGION,
+    )
+    assert config.object_lock == LOCK
