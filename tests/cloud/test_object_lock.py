@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,8 @@ from braid.ops.open import open_backup
 from braid.ops.rekey import rekey_repository
 from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
+from braid.pipeline.maintenance import run_maintenance
+from braid.ports.pipeline import RecordingPublisher
 
 pytestmark = pytest.mark.cloud
 
@@ -129,6 +131,30 @@ def test_prune_keeps_a_locked_backup_whole_says_until_when_and_takes_it_after_th
     assert (plan.forget, plan.locked) == ([held], [])
     execute_prune(locked.repository, plan)
     assert locked.repository.backups() == [newest]
+
+
+def test_the_scheduled_prune_plans_with_the_same_check_and_reports_the_locked_backup(locked: Locked) -> None:
+    held = locked.backup(b"f" * 9000, NOW - timedelta(days=4))
+    newest = locked.backup(b"g" * 9000, NOW - timedelta(hours=1))
+
+    report = run_maintenance(locked.repository, locked.keys, RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1), now=NOW)
+
+    assert report.pruned == [] and report.locked == [{"backup": str(held), "until": format_timestamp(LOCK.until(held))}]
+    assert locked.repository.backups() == [held, newest]
+
+
+def test_a_pipeline_store_locked_by_the_stack_protects_a_repository_whose_config_says_nothing(locked: Locked) -> None:
+    """The Lambda functions' store carries the stack's setting (BRAID_OBJECT_LOCK): prune there respects it
+    even for a repository initialised before the stack had Object Lock (its config.json names none)."""
+    held = locked.backup(b"h" * 9000, NOW - timedelta(days=4))
+    locked.backup(b"i" * 9000, NOW - timedelta(hours=1))
+    unlocked = replace(locked.repository.config, object_lock=None)
+    locked.store.put(CONFIG, unlocked.to_bytes())
+    assert Repository.open(S3Store(locked.s3, BUCKET, "repo")).object_lock is None
+    pipeline = Repository.open(S3Store(locked.s3, BUCKET, "repo", object_lock=LOCK))
+    assert pipeline.object_lock == LOCK
+    plan = plan_prune(pipeline, RetentionPolicy.of(keep_last=1), locked.keys, now=NOW)
+    assert plan.forget == [] and [entry.ref for entry in plan.locked] == [held]
 
 
 def test_forget_refuses_a_locked_backup_with_its_date_and_removes_nothing(locked: Locked) -> None:

@@ -79,6 +79,14 @@ class Repository:
     def url(self) -> str:
         return self.store.url
 
+    @property
+    def object_lock(self) -> ObjectLock | None:
+        """The retention its backups are written with: the config's, else the store's own (a pipeline
+        function's, from the stack), so prune and forget respect whichever of the two says there is one."""
+        if self.config.object_lock is not None:
+            return self.config.object_lock
+        return self.store.object_lock if isinstance(self.store, RetainingStore) else None
+
     @classmethod
     def create(cls, store: ObjectStore, config: RepositoryConfig) -> Repository:
         try:

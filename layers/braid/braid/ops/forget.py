@@ -71,7 +71,7 @@ def plan_forget(repository: Repository, ref: BackupRef, now: datetime | None = N
             others = repository.backups(ref.name)
             hint = f"; {ref.name} has {len(others)} other backup(s): see 'braid list --name {ref.name}'" if others else repository.suggest_name(ref.name)
         raise NotFoundError(f"backup {ref} not found in {repository.url}{hint}")
-    lock = repository.config.object_lock
+    lock = repository.object_lock
     if lock is not None and lock.holds(ref, now or datetime.now(UTC)):
         raise RetentionLockError(
             f"backup {ref} is under Object Lock retention ({lock.mode}, {lock.days} days from its start) until"

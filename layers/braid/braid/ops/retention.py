@@ -246,7 +246,7 @@ def plan_prune(
         kept[0] = True  # the newest readable backup of a name, always
         for ref, keep in zip(newest_first, kept, strict=True):
             (plan.keep if keep else plan.forget).append(ref)
-    plan.forget, plan.locked = split_locked(repository.config.object_lock, plan.forget, now)
+    plan.forget, plan.locked = split_locked(repository.object_lock, plan.forget, now)
     plan.orphans = [leftover.ref for leftover in find_leftovers(repository.store, published, now, policy.grace)]
     plan.temporary = find_temporary(repository.store, now, policy.grace)
     if name is not None:

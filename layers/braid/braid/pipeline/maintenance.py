@@ -39,6 +39,7 @@ class MaintenanceReport:
     pruned: list[str] = field(default_factory=list)  # backups the retention policy let go
     collected: list[str] = field(default_factory=list)  # leftovers of backups that never completed
     unreadable: list[dict[str, str]] = field(default_factory=list)  # {"backup", "error"}: neither counted nor removed
+    locked: list[dict[str, str]] = field(default_factory=list)  # {"backup", "until"}: let go by the policy, kept by Object Lock
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class MaintenanceReport:
             "pruned": self.pruned,
             "collected": self.collected,
             "unreadable": self.unreadable,
+            "locked": self.locked,
         }
 
 
@@ -100,6 +102,7 @@ def run_maintenance(
             events.publish(VERIFY_FAILED, {"repository": repository.url, "backup": str(u.ref), "failures": [str(u.error)]})
     execute_prune(repository, plan)
     report.pruned = [str(r) for r in plan.forget]
+    report.locked = [entry.to_json() for entry in plan.locked]
     report.collected = [str(r) for r in plan.orphans]
     # Hosts only read the catalog: the schedule rebuilds its snapshot from the manifests (braid.ops.catalog),
     # which also repairs anything done around Braid (a manifest deleted by hand).

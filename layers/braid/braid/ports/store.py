@@ -84,6 +84,11 @@ class RetainingStore(Protocol):
     repository that asks for it there is refused when opened.
     """
 
+    @property
+    def object_lock(self) -> ObjectLock | None:
+        """The retention chunks and manifests are put with now (None: none)."""
+        ...
+
     def use_object_lock(self, lock: ObjectLock) -> None: ...
 
 
