@@ -1,7 +1,7 @@
 """The emulated cloud: Braid's stack on a moto server on loopback (`scripts/emulated-aws`).
 
     scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always|first=K]
-                         [--s3-slowdown N] [--fast-retries] [--time-scale S]
+                         [--s3-slowdown N] [--fast-retries] [--time-scale S] [--object-lock MODE:DAYS]
                          [--s3-faults RATE [--s3-fault-kinds 500,503,reset]
                           [--s3-fault-seed N] [--s3-fault-callers agent|pipeline|all]]
 
@@ -160,14 +160,14 @@ def _prune_cache(cache_dir: Path, keep: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> SynthesizedStack:
+def cached_stack(*, fast_retries: bool = False, object_lock: str | None = None, cache_dir: Path = CACHE_DIR) -> SynthesizedStack:
     """The synthesized stack: from the cache, or synthesized once (a few seconds) and cached.
 
     The layer is not built for the emulator (the in-process handlers import
     the editable `braid` package the layer is built from), so an empty layer
     asset stands in; everything else is what `cdk synth` writes.
     """
-    options = {"stack": STACK_NAME, "fast_retries": fast_retries}
+    options = {"stack": STACK_NAME, "fast_retries": fast_retries, "object_lock": object_lock}
     entry = cache_dir / template_digest(options)
     if not (entry / "template.json").is_file():
         started = time.monotonic()
@@ -178,7 +178,8 @@ def cached_stack(*, fast_retries: bool = False, cache_dir: Path = CACHE_DIR) -> 
 
             layer = work / "layer"
             (layer / "python").mkdir(parents=True)
-            stack = synthesize(work / "cdk.out", stack_name=STACK_NAME, nag=False, layer_dir=layer, **_retry_props(fast_retries))
+            lock = {"object_lock": object_lock} if object_lock else {}
+            stack = synthesize(work / "cdk.out", stack_name=STACK_NAME, nag=False, layer_dir=layer, **_retry_props(fast_retries), **lock)
             staged = work / "entry"
             (staged / "assets").mkdir(parents=True)
             assets = {}
@@ -323,6 +324,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--s3-fault-kinds", default=",".join(KINDS), metavar="KINDS", help=f"comma-separated, of {','.join(KINDS)} (default: all)")
     parser.add_argument("--s3-fault-seed", type=int, default=0, metavar="N", help="seed of the fault RNG (default 0)")
     parser.add_argument("--s3-fault-callers", choices=CALLER_GROUPS, default="agent", help="whose requests fail (default: agent)")
+    parser.add_argument("--object-lock", metavar="MODE:DAYS",
+                        help="the stack's braid:objectLock (GOVERNANCE:1): the bucket is made with Object Lock")
     parser.add_argument("--no-iam", action="store_true", help="do not check requests against the stack's IAM policies")
     parser.add_argument("--bucket", help="bucket name (default: braid-repository-<random>)")
     parser.add_argument("--exit-with-parent", action="store_true", help="stop when the process that started it ends (tests)")
@@ -367,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     started = time.monotonic()
-    stack = cached_stack(fast_retries=args.fast_retries)
+    stack = cached_stack(fast_retries=args.fast_retries, object_lock=args.object_lock)
 
     import boto3
     from moto.core.config import default_user_config
