@@ -17,13 +17,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import boto3
-import moto.s3.models
 import pytest
 from aws_cdk import Duration
 from botocore.config import Config
-from moto import mock_aws
-from test_state_machine import REGION, Cloud, pattern
+from test_state_machine import REGION, Cloud, in_process_cloud, pattern
 
 from braid import contract
 from braid.adapters.aws.kms import KmsKeyService, KmsRewrap
@@ -36,9 +33,7 @@ from braid.ops.rekey import rekey_repository
 from support.emulated_cloud import stack_iam
 from support.emulated_iam import OPERATOR_KEY, StackIam, json_authorizations, s3_authorizations
 from support.iam_policy import ALLOW
-from support.inprocess_lambda import InProcessLambdas
-from support.moto_stack import SynthesizedStack, deploy, synthesize
-from support.sfn_semantics import AwsStepFunctions
+from support.moto_stack import SynthesizedStack, synthesize
 
 pytestmark = pytest.mark.cloud
 
@@ -58,16 +53,7 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> SynthesizedStack:
 
 @pytest.fixture
 def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-        "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), InProcessLambdas() as lambdas:
-        session = boto3.session.Session(region_name=REGION)
-        cloud = Cloud(session, deploy(synthesized, session), lambdas)
+    with in_process_cloud(synthesized, monkeypatch) as cloud:
         # What `braid init --stack` writes from the stack's ObjectLock output (braid.adapters.aws.stack_outputs).
         config = replace(cloud.repository.config, object_lock=LOCK)
         cloud.store.put(CONFIG, config.to_bytes())

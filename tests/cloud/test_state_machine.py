@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,8 +164,9 @@ class Cloud:
         return outputs
 
 
-@pytest.fixture
-def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+@contextmanager
+def in_process_cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    """`synthesized` deployed into moto, its state machine executed with the handlers in-process."""
     for name, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -178,6 +180,12 @@ def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Ite
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), InProcessLambdas() as lambdas:
         session = boto3.session.Session(region_name=REGION)
         yield Cloud(session, deploy(synthesized, session), lambdas)
+
+
+@pytest.fixture
+def cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
+    with in_process_cloud(synthesized, monkeypatch) as emulated:
+        yield emulated
 
 
 def pattern(size: int, seed: int) -> bytes:
