@@ -248,6 +248,10 @@ def test_the_cli_backs_up_with_retention_prune_reports_it_and_forget_exits_12(se
             f"braid: error: backup {refs[0]} is under Object Lock retention (COMPLIANCE, 30 days from its start) until {until}:"
             " it cannot be removed before then; nothing was removed"
         )
+    show = run_braid("show", "--repo", repo, str(refs[0]), env=server)
+    assert show.code == 0 and f"retention   Object Lock COMPLIANCE until {until}" in show.out.splitlines()
+    shown = json.loads(run_braid("show", "--repo", repo, str(refs[0]), "--json", env=server).out)
+    assert shown["object_lock"] == {"mode": "COMPLIANCE", "until": until}
     listed = run_braid("list", "--repo", repo, "--json", env=server)
     assert [doc["backup"] for doc in json.loads(listed.out)] == [str(r) for r in refs]
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
+from braid.format.ids import BackupRef
+from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
@@ -167,7 +169,14 @@ def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
         )
 
 
-def manifest_detail(manifest: Manifest) -> dict[str, Any]:
+def retention_detail(manifest: Manifest, lock: ObjectLock | None) -> dict[str, str] | None:
+    """`show`'s Object Lock line: the mode and the date the backup's chunks and manifest are kept until (None: no lock)."""
+    if lock is None:
+        return None
+    return {"mode": lock.mode, "until": format_timestamp(lock.until(BackupRef.parse(manifest.backup)))}
+
+
+def manifest_detail(manifest: Manifest, lock: ObjectLock | None = None) -> dict[str, Any]:
     """`show --json`: the summary plus how the backup was made and what each input holds."""
     return {
         **manifest_summary(manifest),
@@ -175,6 +184,7 @@ def manifest_detail(manifest: Manifest) -> dict[str, Any]:
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
         "rekeyed": manifest.rekeyed,
+        "object_lock": retention_detail(manifest, lock),
         "timings": manifest.timings,
         "stats": manifest.stats,
         "input_details": [
@@ -184,8 +194,8 @@ def manifest_detail(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def print_manifest(manifest: Manifest, as_json: bool) -> None:
-    detail = manifest_detail(manifest)
+def print_manifest(manifest: Manifest, as_json: bool, lock: ObjectLock | None = None) -> None:
+    detail = manifest_detail(manifest, lock)
     if as_json:
         print_json(detail)
         return
@@ -202,6 +212,8 @@ def print_manifest(manifest: Manifest, as_json: bool) -> None:
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
     rekeyed = f" (re-wrapped {manifest.rekeyed['at']}, before under {manifest.rekeyed['from']})" if manifest.rekeyed else ""
     print(f"key         {manifest.key.key_id}{rekeyed}")
+    if detail["object_lock"] is not None:
+        print(f"retention   Object Lock {detail['object_lock']['mode']} until {detail['object_lock']['until']}")
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")

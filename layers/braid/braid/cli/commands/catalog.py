@@ -46,5 +46,5 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
-    print_manifest(read_manifest(repository, BackupRef.parse(args.backup)), args.json)
+    print_manifest(read_manifest(repository, BackupRef.parse(args.backup)), args.json, repository.object_lock)
     return 0
