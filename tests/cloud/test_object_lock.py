@@ -44,6 +44,7 @@ from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
 from braid.pipeline.maintenance import run_maintenance
 from braid.ports.pipeline import RecordingPublisher
+from support.s3_lock_semantics import AwsObjectLock
 
 pytestmark = pytest.mark.cloud
 
@@ -78,7 +79,7 @@ class Locked:
 @pytest.fixture
 def locked(aws_env: None, tmp_path: Path) -> Iterator[Locked]:
     """A repository (key file, this host's engine) on a bucket with Object Lock, retention GOVERNANCE for 10 days."""
-    with mock_aws():
+    with mock_aws(), AwsObjectLock():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET, ObjectLockEnabledForBucket=True)
         keys = LocalKeyFile.create(tmp_path / "master.key")
@@ -106,6 +107,15 @@ def test_chunks_and_manifest_carry_the_backups_retention_and_nothing_else_does(l
     # ...unless GOVERNANCE is bypassed on purpose (s3:BypassGovernanceRetention on AWS).
     locked.s3.delete_object(Bucket=BUCKET, Key=f"repo/{chunks[0]}", VersionId=version, BypassGovernanceRetention=True)
     assert locked.versions(chunks[0]) == []
+
+
+def test_as_on_aws_a_retain_until_date_in_the_past_is_refused_so_a_late_write_is_kept_a_day(locked: Locked) -> None:
+    with pytest.raises(ClientError, match="InvalidArgument"):
+        locked.s3.put_object(Bucket=BUCKET, Key="repo/x", Body=b"x", ChecksumAlgorithm="CRC32", ObjectLockMode="GOVERNANCE",
+                             ObjectLockRetainUntilDate=NOW - timedelta(days=1))
+    ref = locked.backup(b"old " * 3000, NOW - timedelta(days=11))  # its start + 10 days is past: each write floors to a day ahead
+    head = locked.head(manifest_key(ref))
+    assert head["ObjectLockRetainUntilDate"] > datetime.now(UTC) + timedelta(hours=23)
 
 
 def test_prune_keeps_a_locked_backup_whole_says_until_when_and_takes_it_after_the_date(locked: Locked) -> None:
@@ -201,6 +211,7 @@ def server(aws_env: None) -> Iterator[dict[str, str]]:
     """A moto server with a bucket that has Object Lock and one that has not; the environment a host's CLI needs."""
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     moto.start()
+    semantics = AwsObjectLock().install()
     host, port = moto.get_host_and_port()
     env = {
         "AWS_ENDPOINT_URL": f"http://{host}:{port}",
@@ -214,6 +225,7 @@ def server(aws_env: None) -> Iterator[dict[str, str]]:
     try:
         yield env
     finally:
+        semantics.uninstall()
         moto.stop()
 
 

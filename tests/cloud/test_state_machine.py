@@ -34,6 +34,7 @@ from braid.ops.verify import verify_backup
 from braid.pipeline.execution_input import ExecutionInput, execution_name
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize
+from support.s3_lock_semantics import AwsObjectLock
 from support.sfn_semantics import AwsStepFunctions
 
 pytestmark = pytest.mark.cloud
@@ -177,7 +178,7 @@ def in_process_cloud(synthesized: SynthesizedStack, monkeypatch: pytest.MonkeyPa
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.setattr(moto.s3.models, "S3_UPLOAD_PART_MIN_SIZE", 256)
-    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), InProcessLambdas() as lambdas:
+    with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), AwsStepFunctions(), AwsObjectLock(), InProcessLambdas() as lambdas:
         session = boto3.session.Session(region_name=REGION)
         yield Cloud(session, deploy(synthesized, session), lambdas)
 

@@ -33,10 +33,13 @@ emulator behaves as AWS does (support.sfn_semantics, which cites the AWS
 pages): a Distributed Map whose failed items exceed its tolerated threshold
 fails with States.ExceedToleratedFailureThreshold (moto: SUCCEEDED with
 nulls); children of an EXPRESS map are held to 5 minutes (States.Timeout);
-each Lambda is held to its Timeout (Sandbox.Timedout). Each handler signs
-with its own role, and requests are checked against the stack's rendered
-IAM policies, bucket policy and key policy (support.emulated_iam; hosts are
-checked when they sign as `host-agent-NAME` or `host-restore`).
+each Lambda is held to its Timeout (Sandbox.Timedout). Where moto's S3
+differs under Object Lock, as AWS does too: a retain-until date in the
+past is refused (support.s3_lock_semantics). Each handler signs with its
+own role, and requests are checked against the stack's rendered IAM
+policies, bucket policy and key policy (support.emulated_iam; hosts are
+checked when they sign as `host-agent-NAME`, `host-restore` or
+`host-operator`).
 
 Test aids (never needed to use it):
   --request-log FILE   one JSON line per request the server answered:
@@ -378,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     from braid.errors import StorageError
     from support.inprocess_lambda import InProcessLambdas
     from support.moto_stack import deploy
+    from support.s3_lock_semantics import AwsObjectLock
     from support.sfn_semantics import AwsStepFunctions
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
@@ -395,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         print("emulated-aws: error: --time-scale must be positive", file=sys.stderr)
         return 2
     AwsStepFunctions(time_scale=args.time_scale).install()
+    AwsObjectLock().install()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 
