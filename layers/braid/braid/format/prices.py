@@ -96,6 +96,13 @@ def _price(value: Any, key: str) -> float:
     return float(value)
 
 
+def _number(value: Any, key: str) -> Any:
+    """In the file a price is a JSON number, never text."""
+    if isinstance(value, str):
+        raise UsageError(f"price {key} must be a non-negative number, not {value!r}")
+    return value
+
+
 def parse_prices(raw: bytes, where: str) -> PriceTable:
     """A stored table over DEFAULT; IntegrityError naming `where` for anything else, so no cost is ever shown from a table half read."""
     try:
@@ -111,10 +118,15 @@ def parse_prices(raw: bytes, where: str) -> PriceTable:
         meta = {key: doc.get(key, getattr(DEFAULT, key)) for key in META_KEYS}
         if not all(isinstance(v, str) and v for v in meta.values()):
             raise UsageError("name, date and currency must be non-empty text")
-        table = replace(DEFAULT, **meta, prices={**DEFAULT.prices, **{k: _price(v, k) for k, v in prices.items()}}, stored=True)
+        table = replace(DEFAULT, **meta, prices={**DEFAULT.prices, **{k: _price(_number(v, k), k) for k, v in prices.items()}}, stored=True)
     except (ValueError, UsageError) as exc:
         raise IntegrityError(f"price table {where} is not valid ({exc}); fix it, or go back to the defaults with 'braid prices reset'") from None
     return table
+
+
+def significant(amount: float) -> float:
+    """Six significant digits: a small backup costs fractions of a cent, and the JSON shows no float noise."""
+    return float(f"{amount:.6g}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +137,7 @@ class CostLine:
     cost: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"item": self.item, "quantity": self.quantity, "unit_price": self.unit_price, "cost": round(self.cost, 8)}
+        return {"item": self.item, "quantity": self.quantity, "unit_price": self.unit_price, "cost": significant(self.cost)}
 
 
 @dataclass(frozen=True)
@@ -146,8 +158,8 @@ class Cost:
         return {
             "currency": self.currency,
             "prices": {"name": self.table, "date": self.date},
-            "total": round(self.total, 8),
-            "storage_per_month": round(self.storage_per_month, 8),
+            "total": significant(self.total),
+            "storage_per_month": significant(self.storage_per_month),
             "lines": [line.to_json() for line in self.lines],
         }
 
