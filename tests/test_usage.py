@@ -22,10 +22,10 @@ from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError, UsageError
 from braid.format.layout import PRICES
 from braid.format.manifest import open_manifest
-from braid.format.prices import DEFAULT, parse_prices, price
+from braid.format.prices import DEFAULT, cost_totals, parse_prices, price
 from braid.format.staging import ItemResult, StreamEnd
 from braid.format.summary import BackupSummary, open_summary
-from braid.format.usage import FunctionUse, Usage, billed_invocation, express_gb_seconds, s3_request_class
+from braid.format.usage import FunctionUse, Usage, billed_invocation, check_billed, express_gb_seconds, s3_request_class
 from braid.ops.prices import load_prices, reset_prices, set_prices
 from braid.pipeline.usage import carried_usage, execution_usage, plan_call_usage, workers_usage
 from braid.ports.usage import in_context, metering, tallying
@@ -79,6 +79,23 @@ def test_s3_price_classes_follow_the_price_list() -> None:
     assert {s3_request_class(op) for op in ("GetObject", "HeadObject", "GetBucketVersioning")} == {"get"}
     assert {s3_request_class(op) for op in ("DeleteObject", "DeleteObjects", "AbortMultipartUpload")} == {"free"}
     assert (USAGE.s3_requests("put"), USAGE.s3_requests("get"), USAGE.s3_requests("free")) == (14, 12, 3)
+
+
+def test_the_billed_quantities_sum_by_price_class() -> None:
+    billed = USAGE.billed()
+    assert billed == {
+        "lambda_invocations": 6, "lambda_gb_seconds": 4.3815, "s3_put_requests": 14, "s3_get_requests": 12, "s3_free_requests": 3,
+        "kms_requests": 2, "sfn_transitions": 9, "sfn_express_requests": 4, "sfn_express_gb_seconds": 0.1875,
+        "staged_bytes": 1000, "stored_bytes": 600, "cpu_seconds": 0.0,
+    }
+    assert check_billed(json.loads(json.dumps(billed))) == billed
+    with pytest.raises(ValueError, match="usage.kms_requests must be a non-negative integer"):
+        check_billed({**billed, "kms_requests": -2})
+    with pytest.raises(ValueError, match="usage.cpu_seconds must be a non-negative number"):
+        check_billed({**billed, "cpu_seconds": "1"})
+    with pytest.raises(ValueError, match="usage must be"):
+        check_billed({**billed, "extra": 1})
+    assert cost_totals(billed, DEFAULT) == price(USAGE, DEFAULT).to_json(lines=False)
 
 
 def test_lambda_bills_the_millisecond_and_express_the_100_ms_at_64_mb() -> None:
@@ -210,7 +227,7 @@ def test_the_manifest_mac_covers_the_usage_and_older_manifests_have_none() -> No
         open_manifest(forged, "m").authenticate(KEY)
 
     summary = BackupSummary.of(manifest)
-    assert open_summary(summary.seal(KEY), "s").authenticate(KEY).usage == USAGE
+    assert open_summary(summary.seal(KEY), "s").authenticate(KEY).usage == USAGE.billed()
 
 
 # -- the price table -----------------------------------------------------------------------------
@@ -274,11 +291,12 @@ def test_show_and_list_report_a_local_backups_usage(repo: Path, tmp_path: Path) 
 
     shown = json.loads(run_braid("show", "--repo", str(repo), ref, "--json").out)
     usage = shown["usage"]
-    assert usage["requests"] == {} and usage["lambda"] == {} and usage["stepfunctions"]["transitions"] == 0  # nothing billed per request
-    assert usage["bytes"] == {"staged": 0, "stored": shown["stored_bytes"]} and usage["cpu_seconds"] > 0
+    assert shown["usage_detail"] == {"requests": {}, "lambda": {}} and usage["sfn_transitions"] == usage["s3_put_requests"] == 0  # nothing billed per request
+    assert (usage["staged_bytes"], usage["stored_bytes"]) == (0, shown["stored_bytes"]) and usage["cpu_seconds"] > 0
     assert shown["cost"]["total"] == 0 and shown["cost"]["storage_per_month"] == pytest.approx(shown["stored_bytes"] / 2**30 * 0.023, rel=1e-5)
     (row,) = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
-    assert (row["usage"], row["cost"]) == (usage, shown["cost"])
+    assert (row["usage"], row["cost"]) == (usage, shown["cost"]) and "lines" not in row["cost"]
+    assert sum(line["cost"] for line in shown["cost_lines"]) == pytest.approx(shown["cost"]["total"], rel=1e-5)
 
     text = run_braid("show", "--repo", str(repo), ref).out
     assert "CPU-seconds on this host" in text and "priced with 'aws us-east-1 list prices'" in text

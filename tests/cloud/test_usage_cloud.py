@@ -21,6 +21,7 @@ from test_emulated_e2e import CHUNK, Emulator, MiB, braid, stream_bytes
 
 from braid import contract
 from braid.format.prices import DEFAULT
+from braid.format.usage import s3_request_class
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
@@ -50,6 +51,7 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     size = 17 * MiB + 99
     ref, detail = backed_up(cloud, "cost", size, 31)
     usage, chunks = detail["usage"], detail["chunks"]
+    usage = {**usage, **detail["usage_detail"]}
     items, rounds = detail["stats"]["map_items"], detail["stats"]["rounds"]
     requests = usage["requests"]
     log = Counter(r["op"] for r in cloud.requests(service="s3") if of_backup(r, ref))
@@ -79,17 +81,20 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     assert worker["seconds"] > 0
     assert worker["gb_seconds"] == pytest.approx(worker["seconds"] * contract.WORKER_MEMORY_MB / 1024, rel=1e-4)
     # Step Functions: Identify, Prepare; per Plan call PlanSegments, SegmentsReady? and a Wait or a Map but the last; Finalize, Succeeded.
-    sfn = usage["stepfunctions"]
-    assert sfn["transitions"] == 2 + 3 * plans - 1 + 2
-    assert sfn["express_requests"] == items
-    assert items * 0.1 * 64 / 1024 <= sfn["express_gb_seconds"] <= (worker["seconds"] + 0.1 * items) * 64 / 1024 + 1e-6
+    assert usage["sfn_transitions"] == 2 + 3 * plans - 1 + 2
+    assert usage["sfn_express_requests"] == items
+    assert items * 0.1 * 64 / 1024 <= usage["sfn_express_gb_seconds"] <= (worker["seconds"] + 0.1 * items) * 64 / 1024 + 1e-6
 
-    assert usage["bytes"] == {"staged": size, "stored": detail["stored_bytes"]}
+    # The billed quantities add the request map up by S3 price class.
+    assert usage["s3_put_requests"] == sum(n for name, n in requests.items() if name.startswith("s3:") and s3_request_class(name[3:]) == "put")
+    assert usage["kms_requests"] == requests["kms:GenerateDataKey"] + requests["kms:Decrypt"]
+    assert usage["lambda_invocations"] == sum(f["invocations"] for f in functions.values()) == 2 + plans + items
+    assert (usage["staged_bytes"], usage["stored_bytes"], usage["cpu_seconds"]) == (size, detail["stored_bytes"], 0)
 
 
 def test_show_prices_the_usage_and_list_json_carries_it(cloud: Emulator) -> None:
     ref, detail = backed_up(cloud, "priced", 6 * MiB, 32)
-    usage, cost = detail["usage"], detail["cost"]
+    usage, cost = {**detail["usage"], **detail["usage_detail"]}, {**detail["cost"], "lines": detail["cost_lines"]}
     assert cost["currency"] == "USD" and cost["prices"] == {"name": DEFAULT.name, "date": DEFAULT.date}
     lines = {line["item"]: line for line in cost["lines"]}
     for line in cost["lines"]:
@@ -98,18 +103,18 @@ def test_show_prices_the_usage_and_list_json_carries_it(cloud: Emulator) -> None
     puts = sum(n for name, n in usage["requests"].items() if name in {"s3:PutObject", "s3:UploadPart", "s3:CreateMultipartUpload", "s3:CompleteMultipartUpload"})
     lists = sum(n for name, n in usage["requests"].items() if name.startswith("s3:List"))
     assert lines["s3 PUT/COPY/POST/LIST requests"]["quantity"] == puts + lists
-    assert lines["step functions transitions"]["quantity"] == usage["stepfunctions"]["transitions"]
+    assert lines["step functions transitions"]["quantity"] == usage["sfn_transitions"]
     assert lines["lambda invocations"]["quantity"] == sum(f["invocations"] for f in usage["lambda"].values())
 
     listed = braid(cloud, "restore-priced", "list", "--name", "priced", "--json")
     assert listed.code == 0, listed.stderr
     (row,) = json.loads(listed.stdout)
-    assert (row["backup"], row["usage"], row["cost"]) == (ref, usage, cost)
+    assert (row["backup"], row["usage"], row["cost"]) == (ref, detail["usage"], detail["cost"])  # list's fields are show's
 
     text = braid(cloud, "restore-priced", "show", ref)
     assert text.code == 0, text.stderr
     assert f"priced with '{DEFAULT.name}'" in text.stdout
-    assert any(line.split()[:2] == ["step", "functions"] and line.split()[3] == str(usage["stepfunctions"]["transitions"]) for line in text.stdout.splitlines())
+    assert any(line.split()[:3] == ["step", "functions", "transitions"] and line.split()[3] == str(usage["sfn_transitions"]) for line in text.stdout.splitlines())
 
 
 def test_a_price_table_stored_in_the_repository_prices_show(cloud: Emulator, tmp_path: Path) -> None:
@@ -120,7 +125,8 @@ def test_a_price_table_stored_in_the_repository_prices_show(cloud: Emulator, tmp
     try:
         shown = braid(cloud, "restore-regional", "show", ref, "--json")
         assert shown.code == 0, shown.stderr
-        cost = json.loads(shown.stdout)["cost"]
+        doc = json.loads(shown.stdout)
+        cost = {**doc["cost"], "lines": doc["cost_lines"]}
         assert (cost["currency"], cost["prices"]) == ("EUR", {"name": "eu-central-1", "date": "2026-11-01"})
         invocations = next(line for line in cost["lines"] if line["item"] == "lambda invocations")
         assert (invocations["unit_price"], invocations["cost"]) == (0.001, pytest.approx(invocations["quantity"] * 0.001, rel=1e-5))

@@ -74,7 +74,7 @@ class StagingUpload:
     ) -> None:
         """Prefer `start` or `resume`; this wires an already-read session.
 
-        `requests`: what the agent's store client has sent so far (`service:Operation` -> attempts),
+        `requests`: what the agent's process has sent to AWS so far (`service:Operation` -> attempts),
         recorded in the stream-end record as the agent's usage (braid.format.usage)."""
         if concurrency < 1:
             raise UsageError("--concurrency must be at least 1")

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
 from braid.format.manifest import Manifest
-from braid.format.prices import DEFAULT, UNITS, PriceTable, free_s3_requests, price
+from braid.format.prices import DEFAULT, UNITS, PriceTable, cost_totals, price
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
-from braid.format.usage import Usage
+from braid.format.usage import Billed, Usage
 from braid.ports.progress import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
@@ -169,10 +169,24 @@ def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
 
 
 def usage_fields(usage: Usage | None, prices: PriceTable) -> dict[str, Any]:
-    """`usage` (the quantities the manifest records) and `cost` (them priced with `prices`); null for a backup that records none."""
+    """`show --json`: the `list` row's `usage` and `cost` (billed_fields), and `usage_detail` (`requests` by
+    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage."""
     if usage is None:
+        return {"usage": None, "cost": None, "usage_detail": None, "cost_lines": None}
+    detail = usage.to_json()
+    cost = price(usage, prices).to_json()
+    return {
+        **billed_fields(usage.billed(), prices),
+        "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]},
+        "cost_lines": cost["lines"],
+    }
+
+
+def billed_fields(billed: Billed | None, prices: PriceTable) -> dict[str, Any]:
+    """`list --json`'s `usage` (the billed quantities a catalog summary keeps) and `cost` (totals, no lines)."""
+    if billed is None:
         return {"usage": None, "cost": None}
-    return {"usage": usage.to_json(), "cost": price(usage, prices).to_json()}
+    return {"usage": billed, "cost": cost_totals(billed, prices)}
 
 
 def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT) -> dict[str, Any]:
@@ -229,7 +243,7 @@ def print_usage(usage: Usage | None, prices: PriceTable) -> None:
         return
     staged = f"staged {format_size(usage.staged_bytes)}, " if usage.staged_bytes else ""
     cpu = f", {usage.cpu_seconds:.2f} CPU-seconds on this host" if usage.cpu_seconds else ""
-    print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {free_s3_requests(usage)} S3 DELETE/abort requests (free)")
+    print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {usage.s3_requests('free')} S3 DELETE/abort requests (free)")
     cost = price(usage, prices)
     print(f"cost        priced with '{cost.table}' ({cost.date}, {cost.currency}; see 'braid prices show')")
     width = max(len(line.item) for line in cost.lines)

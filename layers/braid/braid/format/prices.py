@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
-from braid.format.usage import S3_FREE, S3_GET, S3_PUT, Usage
+from braid.format.usage import Billed, Usage
 
 VERSION = 1
 GB = 2**30
@@ -154,36 +154,48 @@ class Cost:
     def total(self) -> float:
         return sum(line.cost for line in self.lines)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, lines: bool = True) -> dict[str, Any]:
+        """`lines=False`: the totals only, as `list --json` gives them for each of thousands of backups."""
+        doc = {
             "currency": self.currency,
             "prices": {"name": self.table, "date": self.date},
             "total": significant(self.total),
             "storage_per_month": significant(self.storage_per_month),
-            "lines": [line.to_json() for line in self.lines],
         }
+        if lines:
+            doc["lines"] = [line.to_json() for line in self.lines]
+        return doc
 
 
-def quantities(usage: Usage) -> list[tuple[str, str, float]]:
-    """(item, price key, quantity) for every billed item of `usage`, in the order `show` prints them."""
-    return [
-        ("lambda invocations", "lambda_request", usage.lambda_invocations),
-        ("lambda GB-seconds", "lambda_gb_second", round(usage.lambda_gb_seconds, 6)),
-        ("s3 PUT/COPY/POST/LIST requests", "s3_put_request", usage.s3_requests(S3_PUT)),
-        ("s3 GET/HEAD/other requests", "s3_get_request", usage.s3_requests(S3_GET)),
-        ("step functions transitions", "sfn_transition", usage.transitions),
-        ("step functions express requests", "sfn_express_request", usage.express_requests),
-        ("step functions express GB-seconds", "sfn_express_gb_second", round(usage.express_gb_seconds, 6)),
-        ("kms requests", "kms_request", sum(usage.requests_of("kms").values())),
-    ]
+# (item as `show` prints it, price key, billed quantity), in the order `show` prints them.
+ITEMS = (
+    ("lambda invocations", "lambda_request", "lambda_invocations"),
+    ("lambda GB-seconds", "lambda_gb_second", "lambda_gb_seconds"),
+    ("s3 PUT/COPY/POST/LIST requests", "s3_put_request", "s3_put_requests"),
+    ("s3 GET/HEAD/other requests", "s3_get_request", "s3_get_requests"),
+    ("step functions transitions", "sfn_transition", "sfn_transitions"),
+    ("step functions express requests", "sfn_express_request", "sfn_express_requests"),
+    ("step functions express GB-seconds", "sfn_express_gb_second", "sfn_express_gb_seconds"),
+    ("kms requests", "kms_request", "kms_requests"),
+)
 
 
-def price(usage: Usage, table: PriceTable) -> Cost:
-    lines = tuple(CostLine(item, quantity, table.prices[key], quantity * table.prices[key]) for item, key, quantity in quantities(usage))
-    monthly = usage.stored_bytes / GB * table.prices["s3_storage_gb_month"]
+def cost_totals(billed: Billed, table: PriceTable) -> dict[str, Any]:
+    """`Cost.to_json(lines=False)` of `price(billed, table)`, without the lines: `list --json` prices every backup."""
+    prices = table.prices
+    total = sum(billed[name] * prices[key] for _, key, name in ITEMS)
+    return {
+        "currency": table.currency,
+        "prices": {"name": table.name, "date": table.date},
+        "total": significant(total),
+        "storage_per_month": significant(billed["stored_bytes"] / GB * prices["s3_storage_gb_month"]),
+    }
+
+
+def price(billed: Billed | Usage, table: PriceTable) -> Cost:
+    """The billed quantities (`Usage.billed`, or a summary's) priced with `table`, line by line."""
+    quantities = billed.billed() if isinstance(billed, Usage) else billed
+    prices = table.prices
+    lines = tuple(CostLine(item, quantities[name], prices[key], quantities[name] * prices[key]) for item, key, name in ITEMS)
+    monthly = quantities["stored_bytes"] / GB * prices["s3_storage_gb_month"]
     return Cost(table.currency, table.name, table.date, lines, monthly)
-
-
-def free_s3_requests(usage: Usage) -> int:
-    """DELETE and abort requests: counted, not billed."""
-    return usage.s3_requests(S3_FREE)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cache, cached_property
 from typing import Any
 
 FIELD = "usage"
@@ -43,6 +44,41 @@ EXPRESS_BILLING_SECONDS = 0.1
 EXPRESS_MEMORY_GB = 64 / 1024
 
 
+# The billed quantities, flat: what a price table prices (braid.format.prices), what the
+# catalog summary keeps of a usage (so `list` reads a dozen numbers per backup, not the
+# request map), and the first fields of the CLI's `usage` object.
+BILLED_INTEGERS = (
+    "lambda_invocations",
+    "s3_put_requests",
+    "s3_get_requests",
+    "s3_free_requests",
+    "kms_requests",
+    "sfn_transitions",
+    "sfn_express_requests",
+    "staged_bytes",
+    "stored_bytes",
+)
+BILLED_AMOUNTS = ("lambda_gb_seconds", "sfn_express_gb_seconds", "cpu_seconds")
+BILLED_FIELDS = frozenset((*BILLED_INTEGERS, *BILLED_AMOUNTS))
+Billed = dict[str, int | float]
+
+
+def check_billed(doc: Any, what: str = "usage") -> Billed:
+    """A flat billed-quantities object (`Usage.billed`), every field present and a non-negative number."""
+    if not isinstance(doc, dict) or doc.keys() != BILLED_FIELDS:
+        raise ValueError(f"{what} must be {{{', '.join(sorted(BILLED_FIELDS))}}}")
+    # At once for the common case (`list` checks one per backup), field by field to name a bad one.
+    if not all(type(doc[name]) is int and doc[name] >= 0 for name in BILLED_INTEGERS):
+        for name in BILLED_INTEGERS:
+            _count(doc[name], f"{what}.{name}")
+    for name in BILLED_AMOUNTS:
+        value = doc[name]
+        if type(value) not in (int, float) or not 0 <= value < math.inf:
+            _amount(value, f"{what}.{name}")
+    return doc
+
+
+@cache
 def s3_request_class(operation: str) -> str:
     """`put`, `get` or `free`: the S3 price class of an operation (e.g. `ListObjectsV2` is `put`, `HeadObject` `get`)."""
     if operation in _S3_PUT_CLASS or operation.startswith("List"):
@@ -75,6 +111,12 @@ def _rounded(value: float) -> float:
     return round(value, 6)
 
 
+_FUNCTION_FIELDS = {"invocations", "seconds", "gb_seconds"}
+_FIELDS = {"requests", "lambda", "stepfunctions", "bytes", "cpu_seconds"}
+_SFN_FIELDS = {"transitions", "express_requests", "express_gb_seconds"}
+_BYTES_FIELDS = {"staged", "stored"}
+
+
 @dataclass(frozen=True)
 class FunctionUse:
     """One Lambda function's share: invocations and their billed duration in seconds and GB-seconds."""
@@ -91,9 +133,13 @@ class FunctionUse:
 
     @classmethod
     def from_json(cls, doc: Any, what: str) -> FunctionUse:
-        if not isinstance(doc, dict) or set(doc) != {"invocations", "seconds", "gb_seconds"}:
+        if not isinstance(doc, dict) or doc.keys() != _FUNCTION_FIELDS:
             raise ValueError(f"{what} must be {{invocations, seconds, gb_seconds}}")
-        return cls(_count(doc["invocations"], f"{what}.invocations"), _amount(doc["seconds"], f"{what}.seconds"), _amount(doc["gb_seconds"], f"{what}.gb_seconds"))
+        invocations, seconds, gb_seconds = doc["invocations"], doc["seconds"], doc["gb_seconds"]
+        if type(invocations) is int and invocations >= 0 and type(seconds) in (int, float) and type(gb_seconds) in (int, float):
+            if 0 <= seconds < math.inf and 0 <= gb_seconds < math.inf:  # the common case, checked at once
+                return cls(invocations, float(seconds), float(gb_seconds))
+        return cls(_count(invocations, f"{what}.invocations"), _amount(seconds, f"{what}.seconds"), _amount(gb_seconds, f"{what}.gb_seconds"))
 
 
 def billed_invocation(seconds: float, memory_mb: int) -> FunctionUse:
@@ -145,8 +191,22 @@ class Usage:
         prefix = f"{service}:"
         return {name[len(prefix) :]: n for name, n in self.requests.items() if name.startswith(prefix)}
 
+    @cached_property
+    def _request_totals(self) -> dict[str, int]:
+        """Attempts by S3 price class (`put`, `get`, `free`) and by service, in one pass (`list --json` prices thousands)."""
+        totals: dict[str, int] = {}
+        for name, n in self.requests.items():
+            service, _, operation = name.partition(":")
+            key = s3_request_class(operation) if service == "s3" else service
+            totals[key] = totals.get(key, 0) + n
+        return totals
+
     def s3_requests(self, price_class: str) -> int:
-        return sum(n for op, n in self.requests_of("s3").items() if s3_request_class(op) == price_class)
+        return self._request_totals.get(price_class, 0)
+
+    def service_requests(self, service: str) -> int:
+        """Every attempt to a service other than S3 (`kms`, ...)."""
+        return self._request_totals.get(service, 0)
 
     @property
     def lambda_invocations(self) -> int:
@@ -155,6 +215,23 @@ class Usage:
     @property
     def lambda_gb_seconds(self) -> float:
         return sum(f.gb_seconds for f in self.functions.values())
+
+    def billed(self) -> Billed:
+        """The quantities a bill is made of (BILLED_FIELDS), flat."""
+        return {
+            "lambda_invocations": self.lambda_invocations,
+            "lambda_gb_seconds": _rounded(self.lambda_gb_seconds),
+            "s3_put_requests": self.s3_requests(S3_PUT),
+            "s3_get_requests": self.s3_requests(S3_GET),
+            "s3_free_requests": self.s3_requests(S3_FREE),
+            "kms_requests": self.service_requests("kms"),
+            "sfn_transitions": self.transitions,
+            "sfn_express_requests": self.express_requests,
+            "sfn_express_gb_seconds": _rounded(self.express_gb_seconds),
+            "staged_bytes": self.staged_bytes,
+            "stored_bytes": self.stored_bytes,
+            "cpu_seconds": _rounded(self.cpu_seconds),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -172,19 +249,21 @@ class Usage:
     @classmethod
     def from_json(cls, doc: Any, what: str = "usage") -> Usage:
         """Every field checked (ValueError naming it); the record's reader wraps it in its own error."""
-        if not isinstance(doc, dict) or set(doc) != {"requests", "lambda", "stepfunctions", "bytes", "cpu_seconds"}:
+        if not isinstance(doc, dict) or doc.keys() != _FIELDS:
             raise ValueError(f"{what} must be {{requests, lambda, stepfunctions, bytes, cpu_seconds}}")
         requests, functions, sfn, sizes = doc["requests"], doc["lambda"], doc["stepfunctions"], doc["bytes"]
         if not isinstance(requests, dict) or not all(isinstance(k, str) and ":" in k for k in requests):
             raise ValueError(f"{what}.requests must map service:Operation to counts")
+        if not all(type(v) is int and v >= 0 for v in requests.values()):
+            requests = {k: _count(v, f"{what}.requests.{k}") for k, v in requests.items()}  # raises, naming the first bad one
         if not isinstance(functions, dict):
             raise ValueError(f"{what}.lambda must map functions to their use")
-        if not isinstance(sfn, dict) or set(sfn) != {"transitions", "express_requests", "express_gb_seconds"}:
+        if not isinstance(sfn, dict) or sfn.keys() != _SFN_FIELDS:
             raise ValueError(f"{what}.stepfunctions must be {{transitions, express_requests, express_gb_seconds}}")
-        if not isinstance(sizes, dict) or set(sizes) != {"staged", "stored"}:
+        if not isinstance(sizes, dict) or sizes.keys() != _BYTES_FIELDS:
             raise ValueError(f"{what}.bytes must be {{staged, stored}}")
         return cls(
-            requests={k: _count(v, f"{what}.requests.{k}") for k, v in requests.items()},
+            requests=dict(requests),
             functions={str(k): FunctionUse.from_json(v, f"{what}.lambda.{k}") for k, v in functions.items()},
             transitions=_count(sfn["transitions"], f"{what}.stepfunctions.transitions"),
             express_requests=_count(sfn["express_requests"], f"{what}.stepfunctions.express_requests"),

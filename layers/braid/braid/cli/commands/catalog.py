@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
-from braid.cli.render import print_backup_list, print_incomplete_list, print_manifest, summary_row, usage_fields
+from braid.cli.render import billed_fields, print_backup_list, print_incomplete_list, print_manifest, summary_row
 from braid.format.ids import BackupRef, validate_name
 from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
@@ -43,7 +43,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         elif args.name is None or entry.backup.partition("@")[0] == args.name:
             row = summary_row(entry)
             if prices is not None:
-                row.update(usage_fields(entry.usage, prices))
+                row.update(billed_fields(entry.usage, prices))
             rows.append(row)
     rows.sort(key=lambda row: (row["created"], row["backup"]))
     empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
