@@ -107,6 +107,8 @@ def test_kms_repository_without_the_stack(s3: dict[str, str]) -> None:
     assert json.loads(_objects(s3, "kms/")["kms/config.json"])["key"] == {"type": "kms", "key_id": key_arn}
     restored = run_braid("restore", "--repo", repo, "kmsdb@latest", env=s3)
     assert restored.code == 0 and restored.stdout == data, restored.stderr
+    shown = json.loads(run_braid("show", "--repo", repo, "kmsdb@latest", "--json", env=s3).out)
+    assert shown["usage_detail"]["requests"]["kms:GenerateDataKey"] == shown["usage"]["kms_requests"] == 1  # the backup's data key
 
 
 def test_kms_key_this_host_cannot_use_fails_the_init_and_writes_nothing(s3: dict[str, str]) -> None:
