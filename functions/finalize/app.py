@@ -15,7 +15,9 @@ from braid.adapters.aws.lambda_env import S3StagingJanitor, event_publisher, key
 from braid.format.ids import BackupRef
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.finalize import finalize_step
-from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, count_for_backup_name, logger, pipeline_handler
+from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, count_for_backup_name, logger, memory_mb, pipeline_handler
+from braid.pipeline.usage import carried_usage
+from braid.ports.usage import metering
 
 
 def _notify_failed(ref: BackupRef, exc: Exception) -> None:
@@ -26,9 +28,11 @@ def _notify_failed(ref: BackupRef, exc: Exception) -> None:
 
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    request = ExecutionInput.from_event(event)
-    store = repository_store(request.prefix)
-    summary = finalize_step(store, key_service(), S3StagingJanitor(store), event_publisher(), request.ref, _notify_failed)
+    with metering("finalize", memory_mb(context)) as meter:
+        request = ExecutionInput.from_event(event)
+        store = repository_store(request.prefix)
+        carried = [carried_usage(event.get("prepared"), "$.prepared"), carried_usage(event.get("plan"), "$.plan")]
+        summary = finalize_step(store, key_service(), S3StagingJanitor(store), event_publisher(), request.ref, _notify_failed, meter=meter, carried=carried)
     add_metrics(
         {
             "BackupsCompleted": (MetricUnit.Count, 1),

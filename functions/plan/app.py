@@ -4,7 +4,8 @@ Event: the state ({execution input..., "plan": previous result or absent}).
 Returns (state $.plan): {"status": "ready"|"waiting"|"done", "round", "items_key",
 "items_object" (full S3 key for the ItemReader), "items", "chunks",
 "planned_chunks", "idle_seconds", "wait_seconds", "cursor", "max_concurrency"
-(the input's, clamped to the worker's reserved concurrency)}. The cursor is
+(the input's, clamped to the worker's reserved concurrency), "usage" (every call's
+so far, with the states they ran: braid.pipeline.usage)}. The cursor is
 what the next call continues from (braid.pipeline.plan_cursor); each call
 watches staging for up to braid.pipeline.pacing.WATCH_SECONDS.
 """
@@ -15,29 +16,33 @@ from typing import Any
 
 from braid.adapters.aws.lambda_env import repository_store, worker_concurrency
 from braid.pipeline.execution_input import ExecutionInput
-from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
+from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, memory_mb, pipeline_handler
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, watch_seconds
 from braid.pipeline.plan import carried_cursor, idle_since_progress, plan_next_round
+from braid.pipeline.usage import carried_usage, plan_call_usage
+from braid.ports.usage import metering
 
 
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    request = ExecutionInput.from_event(event)
-    store = repository_store(request.prefix)
-    # --fan-out never exceeds the worker's reserved concurrency: beyond it Lambda throttles.
-    max_concurrency = min(request.max_concurrency, worker_concurrency())
-    status = plan_next_round(
-        store,
-        request.ref,
-        max_concurrency=max_concurrency,
-        max_chunks_per_item=request.max_chunks_per_item,
-        poll_seconds=request.poll_seconds,
-        stall_seconds=request.stall_seconds,
-        idle_seconds=idle_since_progress(event.get("plan")),
-        cursor=carried_cursor(event.get("plan")),
-        watch_seconds=watch_seconds(context.get_remaining_time_in_millis() / 1000 if context is not None else None),
-        min_round_seconds=MIN_ROUND_SECONDS,
-    )
+    with metering("plan", memory_mb(context)) as meter:
+        request = ExecutionInput.from_event(event)
+        store = repository_store(request.prefix)
+        # --fan-out never exceeds the worker's reserved concurrency: beyond it Lambda throttles.
+        max_concurrency = min(request.max_concurrency, worker_concurrency())
+        status = plan_next_round(
+            store,
+            request.ref,
+            max_concurrency=max_concurrency,
+            max_chunks_per_item=request.max_chunks_per_item,
+            poll_seconds=request.poll_seconds,
+            stall_seconds=request.stall_seconds,
+            idle_seconds=idle_since_progress(event.get("plan")),
+            cursor=carried_cursor(event.get("plan")),
+            watch_seconds=watch_seconds(context.get_remaining_time_in_millis() / 1000 if context is not None else None),
+            min_round_seconds=MIN_ROUND_SECONDS,
+        )
+    usage = plan_call_usage(carried_usage(event.get("plan"), "$.plan"), meter.usage(), status.status, status.items)
     if status.status == "ready":
         add_metrics({"ChunksPlanned": (MetricUnit.Count, status.chunks), "MapItemsPlanned": (MetricUnit.Count, status.items)})
     logger.info("plan", extra=status.to_json())
@@ -46,4 +51,5 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         **status.to_json(),
         "items_object": store.object_key(status.items_key) if status.items_key else "",
         "max_concurrency": max_concurrency,  # what the map runs at once ($.plan.max_concurrency)
+        "usage": usage.to_json(),
     }

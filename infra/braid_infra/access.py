@@ -36,7 +36,7 @@ from constructs import Construct
 from braid.format import layout
 from braid.format.staging import keys as staging_keys
 from braid_infra.keys import Keys
-from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, Storage
+from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, PRICES, Storage
 
 # The principal tag naming the one backup name a host may stage.
 HOST_TAG = "braid-name"
@@ -80,7 +80,13 @@ class HostAccess(Construct):
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
-                    resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), *(storage.arn(r) for r in STAGING_RECORDS), storage.arn(CATALOG_OBJECTS)],
+                    resources=[
+                        storage.arn(CONFIG),
+                        storage.arn(MANIFEST_OBJECTS),
+                        *(storage.arn(r) for r in STAGING_RECORDS),
+                        storage.arn(CATALOG_OBJECTS),
+                        storage.arn(PRICES),
+                    ],
                 ),
                 iam.PolicyStatement(
                     sid="ListRepository",
@@ -101,7 +107,7 @@ class HostAccess(Construct):
         self.restore_role.add_to_policy(
             iam.PolicyStatement(
                 actions=["s3:GetObject"],
-                resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS), storage.arn(CATALOG_OBJECTS)],
+                resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS), storage.arn(CATALOG_OBJECTS), storage.arn(PRICES)],
             )
         )
         self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]))

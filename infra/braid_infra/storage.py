@@ -71,6 +71,7 @@ DATA_OBJECTS = f"{layout.DATA}*"
 MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
 CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)
+PRICES = layout.PRICES  # the repository's price table, which `show` and `list` price each backup's usage with
 REKEY_OBJECTS = f"{layout.REKEY}*"  # braid rekey's verified copies; the scheduled prune removes a pruned backup's
 
 # The longest a backup's execution may run (the state machine's timeout), and

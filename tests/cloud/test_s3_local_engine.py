@@ -107,6 +107,8 @@ def test_kms_repository_without_the_stack(s3: dict[str, str]) -> None:
     assert json.loads(_objects(s3, "kms/")["kms/config.json"])["key"] == {"type": "kms", "key_id": key_arn}
     restored = run_braid("restore", "--repo", repo, "kmsdb@latest", env=s3)
     assert restored.code == 0 and restored.stdout == data, restored.stderr
+    shown = json.loads(run_braid("show", "--repo", repo, "kmsdb@latest", "--json", env=s3).out)
+    assert shown["usage_detail"]["requests"]["kms:GenerateDataKey"] == shown["usage"]["kms_requests"] == 1  # the backup's data key
 
 
 def test_kms_key_this_host_cannot_use_fails_the_init_and_writes_nothing(s3: dict[str, str]) -> None:
@@ -138,3 +140,23 @@ def test_usage_errors_name_the_fix(s3: dict[str, str]) -> None:
     cloud_only = run_braid("backup", "--repo", repo, "--name", "x", "--no-wait", stdin=b"data", env=s3)
     assert cloud_only.code == 2 and "--no-wait only apply to the cloud pipeline" in cloud_only.stderr
     assert run_braid("list", "--repo", repo, "--json", env=s3).out.strip() == "[]"
+
+
+def test_a_local_backup_to_s3_records_the_requests_it_sent(s3: dict[str, str], isolated_config: Path, tmp_path: Path) -> None:
+    """The local engine bills no Lambda and no Step Functions, but on S3 every chunk is a PUT: the manifest counts them."""
+    repo = "s3://plain/counted"
+    assert run_braid("init", "--repo", repo, "--engine", "local", env=s3).code == 0
+    source = tmp_path / "in"
+    source.write_bytes(_data(3 * MiB + 5))
+    ref = run_braid("backup", "--repo", repo, "--name", "db", "--chunk-size", "1MiB", "--input", str(source), env=s3).out.strip()
+    shown = run_braid("show", "--repo", repo, ref, "--json", env=s3)
+    assert shown.code == 0, shown.stderr
+    detail = json.loads(shown.stdout)
+    usage, requests = detail["usage"], detail["usage_detail"]["requests"]
+    # A PUT per chunk and the lease's, counted up to sealing (the summary, marker and manifest PUTs come after);
+    # one LIST checks every chunk before the manifest is sealed.
+    assert requests["s3:PutObject"] == detail["chunks"] + 1 == 5
+    assert requests["s3:ListObjectsV2"] == 1
+    assert usage["s3_put_requests"] == 6 and (usage["lambda_invocations"], usage["sfn_transitions"], usage["staged_bytes"]) == (0, 0, 0)
+    assert usage["cpu_seconds"] > 0 and usage["stored_bytes"] == detail["stored_bytes"]
+    assert detail["cost"]["total"] == pytest.approx(6 * 0.000005 + usage["s3_get_requests"] * 0.0000004, rel=1e-5)

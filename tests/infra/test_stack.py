@@ -92,10 +92,10 @@ RECORDS = {"staging/*/*/session.json", "staging/*/*/stream-end.json", "staging/*
 LEAST_PRIVILEGE = {
     "AccessAgentPolicy": {("s3:PutObject", OWN), ("s3:AbortMultipartUpload", OWN), ("s3:ListMultipartUploadParts", OWN), ("s3:GetObject", OWN),
                           ("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), *(("s3:GetObject", r) for r in RECORDS),
-                          ("s3:GetObject", "catalog/*"),
+                          ("s3:GetObject", "catalog/*"), ("s3:GetObject", "prices.json"),  # show and list --json price each backup's usage
                           ("s3:ListBucket", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
     "AccessRestoreRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*"), ("s3:GetObject", "catalog/*"),
-                          ("s3:ListBucket", "bucket")},
+                          ("s3:GetObject", "prices.json"), ("s3:ListBucket", "bucket")},
     "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
     # Plan deletes each segment's staging as soon as all its chunks are stored.
     "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket")},

@@ -60,6 +60,26 @@ def add_arguments(parser) -> None:
     add_option_once(parser, "--targets", default="local,s3", help="catalog: comma-separated, of local and s3 (default both)")
 
 
+def _usage(stored: int):
+    """What a cloud backup of 1 TiB in 64 MiB chunks records (braid.format.usage): every manifest carries one, so every summary does."""
+    from braid.format.usage import FunctionUse, Usage
+
+    chunks, items, segments, plans = TIB // FULL_CHUNK, TIB // FULL_CHUNK // 16, TIB // FULL_CHUNK // 256, 120
+    return Usage(
+        requests={
+            "s3:UploadPart": chunks, "s3:CreateMultipartUpload": segments, "s3:CompleteMultipartUpload": segments,
+            "s3:PutObject": chunks + items + 2 * segments + 60, "s3:GetObject": chunks + items + 4 * plans, "s3:HeadObject": 3,
+            "s3:ListObjectsV2": 3 * plans, "s3:DeleteObjects": 80, "s3:AbortMultipartUpload": 0,
+            "kms:GenerateDataKey": 1, "kms:Decrypt": 500, "stepfunctions:StartExecution": 1,
+        },
+        functions={
+            "prepare": FunctionUse(1, 0.412, 0.103), "plan": FunctionUse(plans, 3600.0, 900.0),
+            "worker": FunctionUse(items, 9000.123, 15547.3), "finalize": FunctionUse(1, 31.5, 54.4),
+        },
+        transitions=3 * plans + 3, express_requests=items, express_gb_seconds=562.5, staged_bytes=TIB, stored_bytes=stored,
+    )
+
+
 def _manifest(repository_id: str, ref, key, wrapped, created: datetime, chunks: int):
     from braid.format.algorithms import algorithms
     from braid.format.checksum import tagged_checksum
@@ -87,6 +107,7 @@ def _manifest(repository_id: str, ref, key, wrapped, created: datetime, chunks: 
         timings={"total_seconds": 2400.0},
         engine="local",
         stats={},
+        usage=_usage(sum(e.stored_length for e in entries)),
     )
 
 

@@ -33,6 +33,7 @@ from bench_lib import s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import FUNCTIONS, TIB, Simulation
+from braid.format.prices import DEFAULT as PRICE_TABLE
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
 
 NAME = "cloud-model"
@@ -45,16 +46,16 @@ SIZES_TIB = (1, 10)
 WORKERS = (100, 500, 1000)
 STREAM_MB_S = (50, 300, 1000)
 
-# us-east-1 list prices used by the model.
+# The one price table (braid.format.prices: us-east-1 list prices, what `braid show` prices a backup's usage with), by the model's names.
 PRICES = {
-    "lambda_arm_gb_s": 0.0000133334,
-    "lambda_request": 0.20 / 1e6,
-    "s3_put_class": 0.005 / 1000,  # PUT, COPY, POST, LIST, UploadPart, Create/CompleteMultipartUpload
-    "s3_get_class": 0.0004 / 1000,  # GET, HEAD
-    "sfn_standard_transition": 0.025 / 1000,
-    "sfn_express_request": 1.00 / 1e6,
-    "sfn_express_gb_s": 0.00001667,
-    "kms_request": 0.03 / 10000,
+    "lambda_arm_gb_s": PRICE_TABLE.prices["lambda_gb_second"],
+    "lambda_request": PRICE_TABLE.prices["lambda_request"],
+    "s3_put_class": PRICE_TABLE.prices["s3_put_request"],  # PUT, COPY, POST, LIST, UploadPart, Create/CompleteMultipartUpload
+    "s3_get_class": PRICE_TABLE.prices["s3_get_request"],  # GET, HEAD
+    "sfn_standard_transition": PRICE_TABLE.prices["sfn_transition"],
+    "sfn_express_request": PRICE_TABLE.prices["sfn_express_request"],
+    "sfn_express_gb_s": PRICE_TABLE.prices["sfn_express_gb_second"],
+    "kms_request": PRICE_TABLE.prices["kms_request"],
 }
 
 # Assumptions (stated in the output); the simulation's own are in bench_lib.scale_sim.
@@ -62,7 +63,7 @@ ASSUME = {
     "arm_speed": 0.8,  # Graviton2 per-core speed vs this machine for zstd+AES+CRC (CPU s on arm = x86 s / 0.8)
     "cold_start_s": 1.0,  # per worker container: init (billed) of Python + layer
     "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
-    "staging_gb_month": 0.023,  # S3 Standard, staging held from its segment's completion until Finalize removes it
+    "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],  # S3 Standard, staging held from its segment's completion until Finalize removes it
     "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation
 }
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +77,12 @@ class CloudEngine:
         executions: Executions,
         prefix: str,
         retries: ProgressRelay | None = None,
+        requests: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         """`prefix`: the repository's key prefix in its bucket, which each execution's
         input gives the pipeline. `retries`: where the clients behind the ports report
-        their retries; each run points it at that run's progress."""
+        their retries; each run points it at that run's progress. `requests`: what the
+        store's client has sent so far, the agent's usage in the stream-end record."""
         self.repository = repository
         self.store = repository.store
         self.options = options
@@ -87,6 +90,7 @@ class CloudEngine:
         self.pipeline = executions
         self.prefix = prefix
         self.retries = retries or ProgressRelay()
+        self.requests = requests
         self._rounds: dict[str, list[Round]] = {}  # per backup: plan rounds read so far (written once, never changed)
         self._resumed: dict[str, str] = {}  # per backup: the nonce of the resume request this agent wrote
 
@@ -104,6 +108,7 @@ class CloudEngine:
             "concurrency": self.options.concurrency,
             "rate_limit": self.options.rate_limit,
             "progress": lambda snapshot: report(upload_event(snapshot)),
+            "requests": self.requests,
         }
         labels = [s.label for s in request.sources]
         if request.resume:

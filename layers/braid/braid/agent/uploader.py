@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,8 +42,11 @@ from braid.errors import InputError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.staging import SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.timestamps import utc_now
+from braid.format.usage import Usage
 from braid.ports.multipart import MultipartStore
 from braid.ports.progress import ProgressFn
+
+STREAM_END_PUT = "s3:PutObject"  # the request that writes the stream-end record
 
 Release = Callable[[], None]
 
@@ -67,8 +70,12 @@ class StagingUpload:
         min_part_size: int = MIN_PART_SIZE,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        requests: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
-        """Prefer `start` or `resume`; this wires an already-read session."""
+        """Prefer `start` or `resume`; this wires an already-read session.
+
+        `requests`: what the agent's process has sent to AWS so far (`service:Operation` -> attempts),
+        recorded in the stream-end record as the agent's usage (braid.format.usage)."""
         if concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         check_sizes(session.chunk_size, session.segment_parts, min_part_size)
@@ -81,6 +88,7 @@ class StagingUpload:
         self.segment_parts = session.segment_parts
         self.concurrency = concurrency
         self.max_in_flight = concurrency + 2
+        self._requests = requests
         self._limiter = TokenBucket(rate_limit, clock=clock, sleep=sleep) if rate_limit else None
         self._progress = progress
         self._inputs = [InputState() for _ in session.inputs]
@@ -350,12 +358,20 @@ class StagingUpload:
                         f"input {self.session.inputs[index]} ended at {state.length} bytes, before segment {number} "
                         "that was uploaded before the interruption; --resume needs the same stream: start a new backup"
                     )
-        end = StreamEnd(lengths=lengths, segments=counts)
+        end = StreamEnd(lengths=lengths, segments=counts, usage=self._usage())
         if self.stream_end is not None and self.stream_end != end:
             raise InputError(f"the re-read inputs of {self.ref} ({lengths} bytes) differ from the completed upload ({self.stream_end.lengths})")
         self.area.write_stream_end(end)
         self.stream_end = end
         return end
+
+    def _usage(self) -> Usage | None:
+        """The agent's requests so far and the stream-end record's own PUT, counted before it is made."""
+        if self._requests is None:
+            return None
+        counts = dict(self._requests())
+        counts[STREAM_END_PUT] = counts.get(STREAM_END_PUT, 0) + 1
+        return Usage(requests=counts)
 
     def abort(self, error: BaseException | None = None) -> None:
         """Stop: queued parts are released unsent; what is in the store stays for --resume."""

@@ -305,6 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
 
+    prices = sub.add_parser("prices", parents=[common], **_help(
+        "show or edit the price table that prices each backup's usage",
+        "braid prices show",
+        "braid prices set name=eu-central-1 date=2026-11-01 s3_put_request=0.0000054 s3_storage_gb_month=0.0245",
+        "braid prices reset",
+        description="Every manifest records what its backup used (requests, Lambda GB-seconds, Step Functions, bytes);"
+                    " 'show' prices it with this table, stored in the repository (prices.json): AWS us-east-1 list prices"
+                    " unless the repository stores its own. Prices are per single unit.",
+    ))
+    prices.add_argument("action", choices=("show", "set", "reset"), help="print the table; set KEY=VALUE prices (and name, date, currency); go back to the defaults")
+    prices.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="with set: a price key and its price per unit, or name, date or currency")
+    prices.set_defaults(handler=_command("prices:cmd_prices"))
+
     rekey = sub.add_parser("rekey", parents=[common, quieting], **_help(
         "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
         "braid rekey --new-key-file /etc/braid/master-2027.key",

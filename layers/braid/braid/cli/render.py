@@ -18,9 +18,11 @@ from braid.cli.sizes import format_size
 from braid.format.ids import BackupRef
 from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
+from braid.format.prices import DEFAULT, UNITS, PriceTable, cost_totals, price
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
 from braid.format.timestamps import format_timestamp
+from braid.format.usage import Billed, Usage
 from braid.ports.progress import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
@@ -176,10 +178,32 @@ def retention_detail(manifest: Manifest, lock: ObjectLock | None) -> dict[str, s
     return {"mode": lock.mode, "until": format_timestamp(lock.until(BackupRef.parse(manifest.backup)))}
 
 
-def manifest_detail(manifest: Manifest, lock: ObjectLock | None = None) -> dict[str, Any]:
-    """`show --json`: the summary plus how the backup was made and what each input holds."""
+def usage_fields(usage: Usage | None, prices: PriceTable) -> dict[str, Any]:
+    """`show --json`: the `list` row's `usage` and `cost` (billed_fields), and `usage_detail` (`requests` by
+    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage."""
+    if usage is None:
+        return {"usage": None, "cost": None, "usage_detail": None, "cost_lines": None}
+    detail = usage.to_json()
+    cost = price(usage, prices).to_json()
+    return {
+        **billed_fields(usage.billed(), prices),
+        "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]},
+        "cost_lines": cost["lines"],
+    }
+
+
+def billed_fields(billed: Billed | None, prices: PriceTable) -> dict[str, Any]:
+    """`list --json`'s `usage` (the billed quantities a catalog summary keeps) and `cost` (totals, no lines)."""
+    if billed is None:
+        return {"usage": None, "cost": None}
+    return {"usage": billed, "cost": cost_totals(billed, prices)}
+
+
+def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
+    """`show --json`: the summary plus how the backup was made, what each input holds, and what it used and cost."""
     return {
         **manifest_summary(manifest),
+        **usage_fields(manifest.usage, prices),
         "chunk_size": manifest.chunk_size,
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
@@ -194,8 +218,8 @@ def manifest_detail(manifest: Manifest, lock: ObjectLock | None = None) -> dict[
     }
 
 
-def print_manifest(manifest: Manifest, as_json: bool, lock: ObjectLock | None = None) -> None:
-    detail = manifest_detail(manifest, lock)
+def print_manifest(manifest: Manifest, as_json: bool, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> None:
+    detail = manifest_detail(manifest, prices, lock)
     if as_json:
         print_json(detail)
         return
@@ -217,6 +241,45 @@ def print_manifest(manifest: Manifest, as_json: bool, lock: ObjectLock | None = 
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
+    print_usage(manifest.usage, prices)
+
+
+def _amount(value: float) -> str:
+    """A money amount: to a hundredth of a cent, or to a millionth when it is below a cent (a small backup's requests)."""
+    return f"{value:.6f}" if 0 < value < 0.01 else f"{value:.4f}"
+
+
+def print_usage(usage: Usage | None, prices: PriceTable) -> None:
+    """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with."""
+    if usage is None:
+        print("usage       not recorded (the backup was made before Braid recorded usage)")
+        return
+    staged = f"staged {format_size(usage.staged_bytes)}, " if usage.staged_bytes else ""
+    cpu = f", {usage.cpu_seconds:.2f} CPU-seconds on this host" if usage.cpu_seconds else ""
+    print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {usage.s3_requests('free')} S3 DELETE/abort requests (free)")
+    cost = price(usage, prices)
+    print(f"cost        priced with '{cost.table}' ({cost.date}, {cost.currency}; see 'braid prices show')")
+    width = max(len(line.item) for line in cost.lines)
+    print(f"  {'ITEM':<{width}}  {'QUANTITY':>12}  {cost.currency:>10}")
+    for line in cost.lines:
+        if not line.quantity:
+            continue  # nothing of it used (a local backup uses no Lambda); `show --json` lists every item
+        quantity = f"{line.quantity:,.3f}" if isinstance(line.quantity, float) and not line.quantity.is_integer() else f"{int(line.quantity):,}"
+        print(f"  {line.item:<{width}}  {quantity:>12}  {_amount(line.cost):>10}")
+    print(f"  {'total':<{width}}  {'':>12}  {_amount(cost.total):>10}")
+    print(f"  {'storage, per month':<{width}}  {format_size(usage.stored_bytes):>12}  {_amount(cost.storage_per_month):>10}")
+
+
+def print_prices(table: PriceTable, as_json: bool) -> None:
+    """`braid prices`: the table `show` prices usage with, and whether the repository stores its own."""
+    if as_json:
+        print_json({"name": table.name, "date": table.date, "currency": table.currency, "stored": table.stored, "prices": dict(table.prices)})
+        return
+    source = "stored in the repository" if table.stored else "the defaults (the repository stores no table)"
+    print(f"{table.name} ({table.date}, {table.currency}): {source}")
+    width = max(len(key) for key in table.prices)
+    for key, value in table.prices.items():
+        print(f"{key:<{width}}  {value:<14.10g}  per {UNITS[key].removeprefix('a ').removeprefix('an ')}")
 
 
 def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:

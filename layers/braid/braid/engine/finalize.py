@@ -9,8 +9,8 @@ is the backup complete; until then it does not exist.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
@@ -20,6 +20,7 @@ from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
 from braid.format.timestamps import utc_now
+from braid.format.usage import Usage
 from braid.ops.catalog import write_summary
 from braid.ports.store import ObjectStore
 
@@ -69,7 +70,10 @@ def finalize_backup(
     timings: dict[str, float],
     engine: str,
     stats: dict[str, Any] | None = None,
+    usage: Callable[[Manifest], Usage] | None = None,
 ) -> Manifest:
+    """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
+    chunk is checked (the finalizer's own requests so far included), sealed into the manifest."""
     manifest = Manifest(
         repository=repository_id,
         backup=str(ref),
@@ -92,6 +96,8 @@ def finalize_backup(
     # per chunk (S3) or only measure the page cache (local).
     check_chunks_listed(store, ref, manifest, when="before publishing")
     store.sync(chunk_key(ref, c.index) for c in manifest.chunks())
+    if usage is not None:
+        manifest = replace(manifest, usage=usage(manifest))
     sealed = manifest.seal(key)
     target = manifest_key(ref)
     # The catalog's records come first (braid.ops.catalog): a backup whose

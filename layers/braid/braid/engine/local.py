@@ -16,6 +16,7 @@ are out, and each worker thread keeps one reusable output buffer in its codec.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from braid.contract import ENGINE_LOCAL
@@ -30,6 +31,7 @@ from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
+from braid.format.usage import Usage
 from braid.ports.keys import KeyService
 from braid.ports.progress import PhaseReporter, ProgressFn
 
@@ -37,9 +39,26 @@ from braid.ports.progress import PhaseReporter, ProgressFn
 class LocalEngine:
     name = ENGINE_LOCAL
 
-    def __init__(self, repository: Repository, keys: KeyService) -> None:
+    def __init__(self, repository: Repository, keys: KeyService, requests: Callable[[], Mapping[str, int]] | None = None) -> None:
+        """`requests`: what this process has sent to a billed service so far (an s3:// repository, a KMS key),
+        `service:Operation` -> attempts; None when nothing it does is billed per request."""
         self.repository = repository
         self.keys = keys
+        self.requests = requests
+
+    def _usage_since(self, cpu: float, requests: Mapping[str, int]) -> Callable[[Manifest], Usage]:
+        """The manifest's usage: this machine's CPU time and the requests sent since the backup began.
+
+        The local engine bills no Lambda, Step Functions or staging; on a
+        directory nothing is billed per request. CPU seconds say what the
+        backup cost this host (docs/format.md, Usage)."""
+
+        def usage(manifest: Manifest) -> Usage:
+            now = dict(self.requests()) if self.requests is not None else {}
+            sent = {name: n - requests.get(name, 0) for name, n in now.items() if n > requests.get(name, 0)}
+            return Usage(requests=sent, cpu_seconds=time.process_time() - cpu, stored_bytes=manifest.stored_bytes)
+
+        return usage
 
     def run(self, request: BackupRequest, progress: ProgressFn) -> Manifest:
         if request.resume:
@@ -50,6 +69,7 @@ class LocalEngine:
         report = PhaseReporter(progress, str(ref))
         created = utc_now()
         started = time.monotonic()
+        usage = self._usage_since(time.process_time(), dict(self.requests()) if self.requests is not None else {})
         key, wrapped = self.keys.generate_data_key(encryption_context(self.repository.config.id, str(ref)))
         store = self.repository.store
         # The lease (refreshed while the backup runs, removed after) tells a
@@ -87,6 +107,7 @@ class LocalEngine:
                     },
                     engine=self.name,
                     stats={"workers": request.workers, "max_buffers_in_flight": stream.max_buffers_in_flight},
+                    usage=usage,
                 )
             except BaseException:
                 # The driver has stopped the readers and every worker, so

@@ -6,6 +6,7 @@
     data/NAME/ID/lease                   a running local backup's heartbeat (braid.format.lease)
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
     policies/NAME.json                   a name's stored retention policy (braid.format.policy)
+    prices.json                          the repository's price table, if it has its own (braid.format.prices)
     catalog/summaries/NAME/ID.json       a backup's summary, written just before its manifest (braid.format.summary)
     catalog/log/YYYYMMDD/STAMP~NAME@ID~EVENT  a marker per published or removed backup, by the writer's clock
     catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
@@ -29,6 +30,7 @@ STAGING = "staging/"
 POLICIES = "policies/"
 CATALOG = "catalog/"
 REKEY = "rekey/"
+PRICES = "prices.json"
 SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"

@@ -36,6 +36,7 @@ from braid.format.checksum import parse_tagged_checksum
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
+from braid.format.usage import Usage
 
 __all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedManifest", "canonical_json", "open_manifest", "seal_body"]
 
@@ -135,6 +136,9 @@ class Manifest:
     # Optional, written only by `braid rekey` (braid.ops.rekey): {"at": timestamp, "from": the key id that wrapped it before}.
     # `key.key_id` says which key wraps the data key now; this says since when, and instead of which.
     rekeyed: dict[str, str] | None = None
+    # Optional (docs/format.md, Usage): what making the backup used, counted where it ran
+    # (braid.format.usage). Absent from manifests written before it existed.
+    usage: Usage | None = None
 
     @property
     def name(self) -> str:
@@ -187,6 +191,7 @@ class Manifest:
             "timings": self.timings,
             "stats": self.stats,
             **({"rekeyed": self.rekeyed} if self.rekeyed is not None else {}),
+            **({"usage": self.usage.to_json()} if self.usage is not None else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -301,6 +306,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             engine=str(body_doc["engine"]),
             stats=dict(body_doc.get("stats", {})),
             rekeyed=_rekeyed(body_doc.get("rekeyed")),
+            usage=Usage.from_json(body_doc["usage"]) if "usage" in body_doc else None,
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None

@@ -27,6 +27,7 @@ from braid.format.canonical import canonical_json
 from braid.format.keys import DataKey
 from braid.format.manifest import Manifest
 from braid.format.sealed import seal, unseal
+from braid.format.usage import Billed, check_billed
 
 FORMAT = "braid-summary"
 VERSION = 1
@@ -53,6 +54,9 @@ class BackupSummary:
     chunks: int
     plaintext_bytes: int
     stored_bytes: int
+    # The billed quantities of the manifest's usage (braid.format.usage.Usage.billed), when it has one:
+    # `list --json` prices them without reading the manifest; a dozen numbers, not the request map.
+    usage: Billed | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -66,6 +70,7 @@ class BackupSummary:
             chunks=manifest.chunk_count,
             plaintext_bytes=manifest.plaintext_bytes,
             stored_bytes=manifest.stored_bytes,
+            usage=manifest.usage.billed() if manifest.usage is not None else None,
         )
 
     def body(self) -> dict[str, Any]:
@@ -81,6 +86,7 @@ class BackupSummary:
             "chunks": self.chunks,
             "plaintext_bytes": self.plaintext_bytes,
             "stored_bytes": self.stored_bytes,
+            **({"usage": self.usage} if self.usage is not None else {}),
         }
 
     @classmethod
@@ -98,6 +104,7 @@ class BackupSummary:
                 completed=_text(doc, "completed"),
                 engine=_text(doc, "engine"),
                 **numbers,
+                usage=check_billed(doc["usage"]) if "usage" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None

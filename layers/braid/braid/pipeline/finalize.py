@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +36,16 @@ from braid.format.ids import BackupRef
 from braid.format.layout import manifest_key
 from braid.format.manifest import Manifest, open_manifest
 from braid.format.staging import StagingArea
+from braid.format.usage import Usage
 from braid.ops.catalog import ensure_summary
 from braid.pipeline.plan import check_not_abandoned
 from braid.pipeline.plan_cursor import rounds_cover_stream
 from braid.pipeline.prepare import check_repository, load_data_key
+from braid.pipeline.usage import execution_usage
 from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
+from braid.ports.usage import InvocationMeter
 
 ENGINE = ENGINE_STEPFUNCTIONS
 _log = logging.getLogger(__name__)
@@ -107,7 +110,12 @@ def finalize_step(
     events: EventPublisher,
     ref: BackupRef,
     notify_failed: Callable[[BackupRef, Exception], None] = log_notify_failure,
+    *,
+    meter: InvocationMeter | None = None,
+    carried: Sequence[Usage | None] = (),
 ) -> Summary:
+    """`meter`: this invocation's; `carried`: the usage earlier steps left in the state (Prepare's, the Plan calls'):
+    the manifest gets the backup's usage (braid.pipeline.usage), whatever of it was measured."""
     started = time.monotonic()
     area = StagingArea(store, ref)
     session = area.read_session()
@@ -124,7 +132,14 @@ def finalize_step(
         check_not_abandoned(ref, end)
         rounds = area.read_rounds()
         rounds_cover_stream(ref, rounds, end, session)
-        entries = area.read_results(rounds)
+        items: list[Usage] = []
+        entries = area.read_results(rounds, items)
+
+        def usage(manifest: Manifest) -> Usage:
+            assert end is not None
+            own = meter.usage() if meter is not None else Usage()
+            return execution_usage([*carried, end.usage], items, own, staged_bytes=sum(end.lengths), stored_bytes=manifest.stored_bytes)
+
         manifest = finalize_backup(
             store,
             ref=ref,
@@ -139,6 +154,7 @@ def finalize_step(
             timings={"finalize_seconds": round(time.monotonic() - started, 3)},
             engine=ENGINE,
             stats={"rounds": len(rounds), "map_items": sum(len(r.items) for r in rounds)},
+            usage=usage,
         )
     area.remove(uploads)
     summary = summarize(manifest, store.url, time.monotonic() - started)

@@ -30,7 +30,18 @@ metrics = Metrics(namespace=contract.METRICS_NAMESPACE, service=contract.SERVICE
 
 R = TypeVar("R")
 
-__all__ = ["LambdaContext", "MetricUnit", "add_metrics", "count_for_backup_name", "logger", "metrics", "pipeline_handler", "tracer"]
+__all__ = ["LambdaContext", "MetricUnit", "add_metrics", "count_for_backup_name", "logger", "memory_mb", "metrics", "pipeline_handler", "tracer"]
+
+# Lambda's default memory, for a context that does not say (a handler called without one).
+DEFAULT_MEMORY_MB = 128
+
+
+def memory_mb(context: LambdaContext | None) -> int:
+    """The invocation's memory (what its duration is billed at): the context's `memory_limit_in_mb`."""
+    try:
+        return int(context.memory_limit_in_mb) if context is not None else DEFAULT_MEMORY_MB
+    except (AttributeError, TypeError, ValueError):
+        return DEFAULT_MEMORY_MB
 
 
 def pipeline_handler(handler: Callable[[dict[str, Any], LambdaContext], R]) -> Callable[[dict[str, Any], LambdaContext], R]:

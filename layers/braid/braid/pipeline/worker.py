@@ -41,9 +41,12 @@ from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, S
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
+from braid.ports.usage import InvocationMeter, in_context
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+RESULT_PUT = "s3:PutObject"  # the request that writes the result record
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,10 @@ class ChunkLanes:
         return codec
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """`fn` over `items` on the lanes, results in item order (the first error is raised)."""
-        return list(self._pool.map(fn, items))
+        """`fn` over `items` on the lanes, results in item order (the first error is raised).
+
+        Each runs in the caller's context, so its requests count for the invocation (braid.ports.usage)."""
+        return list(self._pool.map(in_context(fn), items))
 
 
 @dataclass(frozen=True)
@@ -158,9 +163,11 @@ def process_item(
     key: DataKey,
     level: int,
     lanes: ChunkLanes,
+    meter: InvocationMeter | None = None,
 ) -> ItemOutcome:
+    """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries."""
     try:
-        return _process_item(store, ref, item, key=key, level=level, lanes=lanes)
+        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter)
     except Exception as exc:
         record_failure(store, ref, item, exc)
         raise
@@ -182,6 +189,7 @@ def _process_item(
     key: DataKey,
     level: int,
     lanes: ChunkLanes,
+    meter: InvocationMeter | None,
 ) -> ItemOutcome:
     check_item(ref, item)
     started = time.monotonic()
@@ -192,7 +200,9 @@ def _process_item(
         return store_chunk(lanes.codec(key, level), store, ref, task, plaintext)
 
     entries = tuple(lanes.map(one, item.chunks()))
-    result = ItemResult(item.first_index, entries)
+    # The usage so far and the record's own PUT, which is counted before it is made.
+    usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
+    result = ItemResult(item.first_index, entries, usage)
     StagingArea(store, ref).write_result(result)
     return ItemOutcome(
         result,

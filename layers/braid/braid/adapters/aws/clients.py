@@ -21,6 +21,7 @@ from botocore.exceptions import NoRegionError
 from braid.adapters.aws.retries import CONFLICT_ATTEMPTS, RetrySettings, install_retries
 from braid.errors import UsageError
 from braid.ports.progress import ProgressFn
+from braid.ports.usage import RequestTally, count_request
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
     from boto3.session import Session
@@ -56,6 +57,31 @@ PIPELINE = RetrySettings(mode="standard", attempts=5, base=0.5, cap=10.0)
 PIPELINE_KMS = RetrySettings(mode="standard", attempts=8, base=0.5, cap=10.0)
 
 assert CONFLICT_ATTEMPTS == 5, "the worst cases above count 5 attempts of retry_conflicts"
+
+# Every request this process's clients sent: what a host process (one `braid` command) used.
+# A Lambda handler counts its own invocation's instead (braid.ports.usage.metering): there
+# a process serves one invocation after another, and the emulated cloud many at once.
+_PROCESS = RequestTally()
+
+
+def install_request_counting(client: BaseClient, service: str) -> None:
+    """Count every HTTP attempt `client` makes (retries included: each is billed), as `service:Operation`.
+
+    botocore emits `request-created` once per attempt, before signing and
+    sending (an emulator's in-process stub answers after it), into the
+    process's tally and the tally of the work in progress
+    (braid.ports.usage): the manifest's usage is made of these counts.
+    """
+
+    def counted(operation_name: str = "", **_: Any) -> None:
+        count_request(service, operation_name, _PROCESS)
+
+    client.meta.events.register("request-created", counted)
+
+
+def process_requests() -> dict[str, int]:
+    """What this process's clients (those made by `aws_client`) have sent so far, `service:Operation` -> attempts."""
+    return _PROCESS.counts()
 
 
 def aws_client(
@@ -103,6 +129,7 @@ def aws_client(
     except NoRegionError:
         raise UsageError("no AWS region configured: set AWS_DEFAULT_REGION or AWS_REGION") from None
     install_retries(client, retries, threads=pool, on_retry=on_retry, sleep=sleep)
+    install_request_counting(client, service)
     return client
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from braid.adapters.aws.clients import stepfunctions_client
+from braid.adapters.aws.clients import process_requests, stepfunctions_client
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.aws.stepfunctions import StepFunctionsExecutions
@@ -45,4 +45,5 @@ def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfun
         executions=StepFunctionsExecutions(client, str(arn)),
         prefix=store.prefix,
         retries=store.retries,
+        requests=process_requests,
     )

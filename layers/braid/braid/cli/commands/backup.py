@@ -53,7 +53,12 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
         raise UsageError(f"{', '.join(given)} only apply to {where}")
     from braid.engine.local import LocalEngine
 
-    return LocalEngine(repository, open_key_service(repository, args.key_file))
+    requests = None
+    if repository.url.startswith("s3://") or repository.config.key.get("type") == "kms":  # billed per request: counted
+        from braid.adapters.aws.clients import process_requests
+
+        requests = process_requests
+    return LocalEngine(repository, open_key_service(repository, args.key_file), requests)
 
 
 def _backup_ref(args: argparse.Namespace) -> BackupRef:

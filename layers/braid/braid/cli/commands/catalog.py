@@ -6,6 +6,8 @@ reads the catalog (braid.ops.catalog: a snapshot, the log since, and the
 summaries of recent backups), never every manifest; `show` reads the one
 manifest it shows.
 `list --incomplete` shows what has no manifest yet (braid.ops.incomplete).
+`show` prices the backup's recorded usage with the repository's price table
+(braid.ops.prices), and so does `list --json` for each backup.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import argparse
 from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
-from braid.cli.render import print_backup_list, print_incomplete_list, print_manifest, summary_row
+from braid.cli.render import billed_fields, print_backup_list, print_incomplete_list, print_manifest, summary_row
 from braid.format.ids import BackupRef, validate_name
 from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
+from braid.ops.prices import load_prices
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -30,6 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_incomplete_list([found.to_json() for found in incomplete_backups(repository, args.name)], args.json)
         return 0
     rows: list[dict[str, Any]] = []
+    prices = load_prices(repository.store) if args.json else None
     # Hosts only read an s3:// repository's catalog (their roles may not write it): the stack's
     # scheduled maintenance keeps its snapshot fresh. A local repository's reader caches it.
     for entry in read_catalog(repository, rebuild=args.rebuild_catalog, write=not is_s3_url(url)).entries:
@@ -37,7 +41,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             if args.name is None or entry.ref.name == args.name:
                 rows.append({"backup": str(entry.ref), "error": str(entry.error), "created": ""})
         elif args.name is None or entry.backup.partition("@")[0] == args.name:
-            rows.append(summary_row(entry))
+            row = summary_row(entry)
+            if prices is not None:
+                row.update(billed_fields(entry.usage, prices))
+            rows.append(row)
     rows.sort(key=lambda row: (row["created"], row["backup"]))
     empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
     print_backup_list(rows, args.json, empty=empty)
@@ -46,5 +53,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
-    print_manifest(read_manifest(repository, BackupRef.parse(args.backup)), args.json, repository.object_lock)
+    manifest = read_manifest(repository, BackupRef.parse(args.backup))
+    print_manifest(manifest, args.json, load_prices(repository.store), repository.object_lock)
     return 0

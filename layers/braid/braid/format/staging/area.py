@@ -48,8 +48,10 @@ from braid.format.staging.keys import (
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round
+from braid.format.usage import Usage
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore
+from braid.ports.usage import in_context
 
 # Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
 READ_THREADS = 32
@@ -83,7 +85,7 @@ class StagingArea:
         if len(keys) <= 1:
             return [self._get(key) for key in keys]
         with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:
-            return list(pool.map(self._get, keys))
+            return list(pool.map(in_context(self._get), keys))  # the reads count for the step that asked (braid.ports.usage)
 
     # -- session -------------------------------------------------------------
     def read_session(self) -> SessionRecord:
@@ -236,8 +238,10 @@ class StagingArea:
         self.store.put(key, result.to_bytes())
         return key
 
-    def read_results(self, rounds: Iterable[Round]) -> list[ChunkEntry]:
-        """Every planned chunk's entry, checked against its item; an error names the first chunk without one."""
+    def read_results(self, rounds: Iterable[Round], usages: list[Usage] | None = None) -> list[ChunkEntry]:
+        """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
+
+        `usages`, if given, receives each record's usage (those that have one)."""
         present = self._result_keys()
         items = [item for found in rounds for item in found.items]
         keys = [result_key(self.ref, item.first_index) for item in items]
@@ -251,6 +255,8 @@ class StagingArea:
             result = ItemResult.from_bytes(raw, key)
             result.check(item, str(self.ref))
             entries.extend(result.entries)
+            if usages is not None and result.usage is not None:
+                usages.append(result.usage)
         return entries
 
     def _never_stored(self, item: MapItem) -> IntegrityError:

@@ -18,6 +18,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.ids import BackupRef
 from braid.format.staging.keys import segment_key
+from braid.format.usage import Usage
 
 
 def document(raw: bytes, what: str) -> Any:
@@ -176,21 +177,30 @@ class StreamEnd:
     lengths: list[int]  # per input, in input order
     segments: list[int]  # segment count per input
     abandoned: str | None = None  # why the agent gave the stream up; None: the stream is complete
+    # What the agent's run used up to this record (its requests, this record's PUT included);
+    # optional: absent from older agents' records, and not part of what makes two ends equal.
+    usage: Usage | None = field(default=None, compare=False)
 
     def to_bytes(self) -> bytes:
         doc: dict[str, Any] = {"lengths": self.lengths, "segments": self.segments}
         if self.abandoned is not None:
             doc["abandoned"] = self.abandoned
+        if self.usage is not None:
+            doc["usage"] = self.usage.to_json()
         return canonical_json(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
         what = f"stream-end record {where}"
-        f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned",))
+        f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned", "usage"))
         abandoned = f.text("abandoned") if "abandoned" in f.doc else None
         if abandoned is not None and not abandoned.strip():
             raise IntegrityError(f"{what} is malformed: abandoned must give a reason")
-        end = cls(f.counts("lengths"), f.counts("segments"), abandoned)
+        try:
+            usage = Usage.from_json(f.doc["usage"], "usage") if "usage" in f.doc else None
+        except ValueError as exc:
+            raise IntegrityError(f"{what} is malformed: {exc}") from None
+        end = cls(f.counts("lengths"), f.counts("segments"), abandoned, usage)
         if len(end.lengths) != len(end.segments):
             raise IntegrityError(f"{what} is malformed: {len(end.lengths)} lengths for {len(end.segments)} segment counts")
         return end

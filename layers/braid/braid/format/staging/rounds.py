@@ -20,6 +20,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.manifest import ChunkEntry
 from braid.format.staging.records import document
+from braid.format.usage import Usage
 
 
 @dataclass(frozen=True)
@@ -142,13 +143,21 @@ def entry_from_json(doc: Mapping[str, Any]) -> ChunkEntry:
 
 @dataclass(frozen=True)
 class ItemResult:
-    """What a worker stored for one map item: a ChunkEntry per chunk, in chunk order."""
+    """What a worker stored for one map item: a ChunkEntry per chunk, in chunk order.
+
+    `usage` (optional, absent from records of older workers): what the
+    invocation that wrote the record used, its own PUT included
+    (braid.format.usage); Finalize adds them up into the manifest.
+    """
 
     first_index: int
     entries: tuple[ChunkEntry, ...]
+    usage: Usage | None = None
 
     def to_bytes(self) -> bytes:
-        doc = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        if self.usage is not None:
+            doc["usage"] = self.usage.to_json()
         return canonical_json(doc)
 
     @classmethod
@@ -156,7 +165,8 @@ class ItemResult:
         doc = document(raw, f"result record {where}")
         try:
             entries = tuple(entry_from_json(c) for c in doc["chunks"])
-            result = cls(int(doc["first_index"]), entries)
+            usage = Usage.from_json(doc["usage"], f"result record {where}: usage") if "usage" in doc else None
+            result = cls(int(doc["first_index"]), entries, usage)
             count = int(doc.get("count", -1))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"result record {where} is malformed: {exc}") from None

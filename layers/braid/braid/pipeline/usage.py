@@ -1,0 +1,75 @@
+"""The backup execution's usage: each step's own, carried to Finalize, plus what the state machine bills.
+
+Who counts what (docs/format.md, Usage):
+
+- every Lambda invocation meters itself (braid.ports.usage.InvocationMeter:
+  its requests, its duration at its memory): Prepare returns its usage in
+  `$.prepared.usage`; each PlanSegments call adds its own to the previous
+  call's and returns the sum in `$.plan.usage`; a Worker writes its own
+  into its item's result record; Finalize meters itself up to sealing;
+- the agent writes its requests into the stream-end record;
+- Step Functions is not asked (a Standard execution's history would cost
+  a request per 1,000 events): its bill follows from the states the
+  definition runs (infra/braid_infra/pipeline.py), which the steps know.
+  Per execution: Identify and Prepare (2 transitions); per PlanSegments
+  call, that state and SegmentsReady? (2), then WaitForSegments (1) when it
+  waits or ProcessChunks (1) when it maps a round, whose Express children
+  are one request per item, and whose ItemReader GETs the round file (an S3
+  request the execution's role makes); at the end Finalize and
+  BackupSucceeded (2). Express duration is each child's Worker duration,
+  billed in 100 ms steps at 64 MB (braid.format.usage.express_gb_seconds).
+  Task retries (each one another transition) and failed workers' attempts
+  are not seen by any step, so these are lower bounds when a step retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from braid.errors import IntegrityError
+from braid.format.usage import Usage, express_gb_seconds
+
+START_TRANSITIONS = 2  # Identify, Prepare
+PLAN_TRANSITIONS = 2  # PlanSegments, SegmentsReady?
+FINISH_TRANSITIONS = 2  # Finalize, BackupSucceeded
+WORKER = "worker"
+ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
+
+
+def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
+    """The usage a previous step left in the execution's state (`$.prepared`, `$.plan`); None if it left none."""
+    if not isinstance(state, Mapping) or "usage" not in state:
+        return None
+    try:
+        return Usage.from_json(state["usage"], f"{where}.usage")
+    except ValueError as exc:
+        raise IntegrityError(f"the execution's state holds a malformed usage: {exc}") from None
+
+
+def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int) -> Usage:
+    """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
+    usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
+    if status == "ready":
+        usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
+    elif status != "done":  # waiting, or held: WaitForSegments
+        usage = usage + Usage(transitions=1)
+    return usage
+
+
+def workers_usage(items: Iterable[Usage]) -> Usage:
+    """The workers' usage records added up, with each one's Express child duration."""
+    total = Usage()
+    for item in items:
+        worker = item.functions.get(WORKER)
+        child = express_gb_seconds(worker.seconds) if worker is not None else 0.0
+        total = total + item + Usage(express_gb_seconds=child)
+    return total
+
+
+def execution_usage(carried: Iterable[Usage | None], items: Iterable[Usage], finalize: Usage, *, staged_bytes: int, stored_bytes: int) -> Usage:
+    """The whole backup's usage, as Finalize seals it into the manifest."""
+    parts = [u for u in carried if u is not None]
+    return Usage.total(
+        [*parts, workers_usage(items), finalize, Usage(transitions=START_TRANSITIONS + FINISH_TRANSITIONS, staged_bytes=staged_bytes, stored_bytes=stored_bytes)]
+    )
