@@ -147,3 +147,33 @@ def test_all_checks_every_backup_and_a_missing_backup_is_the_hosts_error(cloud: 
 
     missing = verify(cloud, "restore-every", "every@20200101T000000.000Z-0badc0de")
     assert missing.code == 8 and "every@20200101T000000.000Z-0badc0de" in missing.stderr
+
+
+def test_the_verify_roles_sign_as_themselves_and_hosts_need_only_to_start_and_follow(cloud: Emulator) -> None:
+    from test_emulated_iam import as_key, refused
+
+    from support.emulated_cloud import cached_stack
+    from support.moto_stack import resources_of
+
+    ref = backup(cloud, "iamverify", 6 * MiB, 7)
+    # Hosts signing as their roles are checked request by request: the agent's role may start and follow a verify too.
+    assert verify(cloud, "host-agent-iamverify", ref, "--deep").code == 0
+    assert verify(cloud, "host-restore", ref).code == 0
+    roles = {step: lid for lid in resources_of(cached_stack().template, "AWS::IAM::Role")
+             for step in ("verifyplan", "verifyworker", "verifyrecord") if lid.startswith(f"Functions{step.capitalize()}Role")}
+    callers = {r["caller"] for r in cloud.requests() if r["caller"].startswith("emulatedpipeline-")}
+    assert {f"emulatedpipeline-{lid}" for lid in roles.values()} <= callers
+    assert [r for r in cloud.requests() if "denied" in r] == []
+
+    def s3(step: str) -> Any:
+        return as_key(cloud, "s3", f"emulatedpipeline-{roles[step]}")
+
+    chunk, record = chunk_key(ref, 0), cloud.keys(f"verify/{ref.replace('@', '/')}/")[0]
+    # The worker reads and writes nothing: no record, no chunk, no deletion.
+    assert refused(lambda: s3("verifyworker").put_object(Bucket=cloud.bucket, Key=record.replace(".json", "x.json"), Body=b"{}"))
+    assert refused(lambda: s3("verifyworker").put_object(Bucket=cloud.bucket, Key="verify-runs/x/plan.json", Body=b"{}"))
+    assert refused(lambda: s3("verifyworker").delete_object(Bucket=cloud.bucket, Key=chunk))
+    # The recorder never reads backup data; the planner never writes a record.
+    assert refused(lambda: s3("verifyrecord").get_object(Bucket=cloud.bucket, Key=chunk))
+    assert refused(lambda: s3("verifyplan").put_object(Bucket=cloud.bucket, Key=record.replace(".json", "x.json"), Body=b"{}"))
+    assert refused(lambda: s3("verifyplan").delete_object(Bucket=cloud.bucket, Key="verify-runs/x/plan.json"))

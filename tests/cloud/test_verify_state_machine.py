@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
+from test_state_machine import CHUNK, Cloud, cloud, pattern, synthesized  # noqa: F401  (fixtures)
 
 from braid.format.ids import BackupRef
 from braid.ops.verification import latest_verification
 from braid.pipeline.verify_request import CHUNKS_PER_ITEM
-from test_state_machine import CHUNK, Cloud, cloud, pattern, synthesized  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.cloud
 
