@@ -61,7 +61,7 @@ SPECS = {
     ),
     "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
-    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
+    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled prune (distrusting failed verifications)"),
     # The verify state machine (braid_infra.verify_pipeline). The planner runs a quick verify itself
     # (a LIST and a HEAD per chunk, 32 at once): I/O, not CPU.
     "verifyplan": FunctionSpec("verifyplan", 1024, Duration.minutes(15), "Braid verify planner: pick the chunks to check; quick verify"),
@@ -206,8 +206,9 @@ class PipelineFunctions(Construct):
         self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
-        # Verify: read and decrypt published backups, prune data without a manifest.
-        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS)
+        # Verify (the scheduled maintenance): read and decrypt published backups, prune data without a manifest;
+        # distrust backups whose newest verify record failed (braid.ops.verification).
+        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS)
         self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, REKEY_OBJECTS)
         # Prune takes a backup out of the catalog first, and the schedule keeps its snapshot fresh for hosts that only read.
         self._s3("verify", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)

@@ -147,7 +147,7 @@ class Monitoring(Construct):
             alarm(
                 maintenance.metric_duration(period=Duration.hours(1), statistic="Maximum"),
                 "MaintenanceNearTimeout",
-                f"Braid's scheduled verify and prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
+                f"Braid's scheduled prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
                 threshold=timeout * MAINTENANCE_NEAR_TIMEOUT,
             ),
             alarm(

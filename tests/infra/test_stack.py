@@ -110,7 +110,7 @@ LEAST_PRIVILEGE = {
     "FunctionsCleanupRole": {("s3:GetObject", "manifests/*"), ("s3:GetObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "data/*"),
                              ("s3:DeleteObjectVersion", "staging/*"), ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"),
                              ("s3:ListBucketVersions", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
-    "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*")}
+    "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*", "verify/*")}
     | {("s3:DeleteObject", p) for p in ("manifests/*", "data/*", "staging/*", "rekey/*")} | {("s3:ListBucket", "bucket")}
     | {(a, "catalog/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")},  # prune's removal markers, the daily snapshot
     # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
