@@ -36,13 +36,11 @@ from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
-from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from braid import contract
 from braid.format import layout
 from braid_infra.functions import PipelineFunctions
-from braid_infra.pipeline import STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy
+from braid_infra.steps import STEP_RETRY, WORKER_RETRY, RetryPolicy, lambda_step, worker_step
 from braid_infra.storage import VERIFY_RUN_OBJECTS, Storage, key_prefix
 
 VERIFY_CONTEXT = "braid:verify"
@@ -100,45 +98,9 @@ class VerifyPipeline(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
 
-        def step(name: str, function: str, result_path: str) -> tasks.LambdaInvoke:
-            task = tasks.LambdaInvoke(
-                self,
-                name,
-                state_name=name,
-                lambda_function=functions[function],
-                payload_response_only=True,
-                retry_on_service_exceptions=False,
-                result_path=result_path,
-            )
-            task.add_retry(
-                errors=list(contract.LAMBDA_TRANSIENT_ERRORS),
-                interval=step_retry.interval,
-                max_attempts=step_retry.max_attempts,
-                backoff_rate=step_retry.backoff_rate,
-                max_delay=step_retry.max_delay,
-                jitter_strategy=sfn.JitterType.FULL,
-            )
-            return task
-
-        plan = step("PlanVerify", "verifyplan", "$.plan")
-        record = step("RecordVerify", "verifyrecord", "$.report")
-
-        worker = tasks.LambdaInvoke(
-            self,
-            "VerifyWorker",
-            state_name="VerifyWorker",
-            lambda_function=functions["verifyworker"],
-            payload_response_only=True,
-            retry_on_service_exceptions=False,
-        )
-        worker.add_retry(
-            errors=TRANSIENT,
-            interval=worker_retry.interval,
-            max_attempts=worker_retry.max_attempts,
-            backoff_rate=worker_retry.backoff_rate,
-            max_delay=worker_retry.max_delay,
-            jitter_strategy=sfn.JitterType.FULL,
-        )
+        plan = lambda_step(self, "PlanVerify", functions["verifyplan"], "$.plan", step_retry)
+        record = lambda_step(self, "RecordVerify", functions["verifyrecord"], "$.report", step_retry)
+        worker = worker_step(self, "VerifyWorker", functions["verifyworker"], worker_retry)
         check = sfn.DistributedMap(
             self,
             "CheckChunks",

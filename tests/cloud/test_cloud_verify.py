@@ -72,6 +72,15 @@ def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorde
     assert (q["backup"], q["mode"], q["ok"], q["chunks_total"], q["chunks_checked"]) == (ref, "quick", True, 3, 3)
     assert (d["backup"], d["mode"], d["ok"], d["chunks_checked"], d["bytes_checked"]) == (ref, "deep", True, 3, 12 * MiB + 5)
     assert host_read_chunks(cloud, "restore-good") == []  # the host downloaded nothing
+    # Quick needs no map: one LIST of the backup's chunks (presence, size), a HEAD per chunk (S3's LIST has no
+    # checksum value), no GET of a chunk; deep reads each chunk once.
+    name, _, ident = ref.partition("@")
+    planner = [r for r in cloud.requests() if r["caller"].startswith("emulatedpipeline-FunctionsVerifyplanRole")]
+    chunk_requests = [r["op"] for r in planner if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
+    assert sorted(chunk_requests) == ["HeadObject"] * 3
+    assert len([r for r in planner if r["op"] == "ListObjects" and r.get("prefix") == f"data/{name}/{ident}/"]) == 1
+    worker_reads = [r for r in cloud.requests(op="GetObject") if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
+    assert len(worker_reads) == 3 and all(r["caller"].startswith("emulatedpipeline-FunctionsVerifyworkerRole") for r in worker_reads)
     assert cloud.requests(caller="restore-good", service="states", op="StartExecution")
     # Recorded beside the backup, and shown.
     records = cloud.keys(f"verify/{ref.replace('@', '/')}/")
@@ -99,7 +108,9 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
 
     assert quick.code == 6, quick.stderr
     assert f"chunk 1 of backup {ref}: stored checksum mismatch (corrupt in the repository)" in quick.stdout
-    assert quick.stderr.strip() == f"braid: error: 1 of 1 backup(s) failed verification; first: chunk 1 of backup {ref}: stored checksum mismatch (corrupt in the repository)"
+    note, error = quick.stderr.strip().splitlines()
+    assert note.startswith("verifying in the cloud: arn:aws:states:") and ":execution:Braid-Verify:verify-" in note
+    assert error == f"braid: error: 1 of 1 backup(s) failed verification; first: chunk 1 of backup {ref}: stored checksum mismatch (corrupt in the repository)"
     assert deep.code == 6, deep.stderr
     assert f"{ref}: FAILED (deep, 2/3 chunks)" in deep.stdout and f"chunk 1 of backup {ref}: stored size or checksum mismatch" in deep.stdout
     assert host_read_chunks(cloud, "restore-flipped") == []

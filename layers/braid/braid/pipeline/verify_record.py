@@ -25,7 +25,7 @@ from typing import Any
 
 from braid.contract import ENGINE_STEPFUNCTIONS, VERIFY_FAILED
 from braid.errors import NotFoundError, UsageError
-from braid.format.layout import verify_run_prefix
+from braid.format.layout import VERIFY_RUNS, verify_run_prefix
 from braid.format.verification import VerificationRecord
 from braid.ops.verification import new_record, write_record
 from braid.pipeline.verify_request import PLAN_OBJECT, ItemOutcome, PlannedBackup, VerifyItem
@@ -34,6 +34,7 @@ from braid.ports.store import ObjectStore
 
 REPORTED_FAILURES = 20  # per backup in the execution's output (the record keeps up to MAX_LISTED_FAILURES)
 EVENT_FAILURES = 10
+OUTPUT_BUDGET = 200_000  # bytes of the execution's output, under Step Functions' 256 KiB with room for the state around it
 
 
 @dataclass
@@ -49,27 +50,38 @@ class RunReport:
     def failed(self) -> list[VerificationRecord]:
         return [r for r in self.records if not r.ok]
 
-    def to_json(self) -> dict[str, Any]:
-        """The execution's output: `braid verify` prints these reports (braid.cli.render.print_verify_reports)."""
+    def to_json(self, budget: int = OUTPUT_BUDGET) -> dict[str, Any]:
+        """The execution's output: `braid verify` prints these reports (braid.cli.render.print_verify_reports).
+
+        Step Functions caps a state's output at 256 KiB: a run over thousands
+        of backups (--all) first lists fewer failures per backup, then only
+        the backups that failed, counting the rest ("omitted_ok"); every
+        record beside its backup stays whole.
+        """
+        for failures, only_failed in ((REPORTED_FAILURES, False), (1, False), (1, True)):
+            reports = [self._report(r, failures) for r in self.records if not (only_failed and r.ok)]
+            reports += [{"backup": g["backup"], "mode": g["mode"], "ok": False, "corrupt": False, "failures": [g["error"]]} for g in self.gone]
+            doc: dict[str, Any] = {"ok": self.ok, "reports": reports}
+            if only_failed:
+                doc["omitted_ok"] = sum(1 for r in self.records if r.ok)
+            if len(json.dumps(doc)) <= budget:
+                break
+        return doc
+
+    @staticmethod
+    def _report(r: VerificationRecord, failures: int) -> dict[str, Any]:
         return {
-            "ok": self.ok,
-            "reports": [
-                {
-                    "backup": r.backup,
-                    "mode": r.mode,
-                    "ok": r.ok,
-                    "corrupt": r.corrupt,
-                    "selection": r.selection.to_json(),
-                    "chunks_total": r.chunks_total,
-                    "chunks_checked": r.chunks_checked,
-                    "bytes_checked": r.bytes_checked,
-                    "failure_count": r.failure_count,
-                    "failures": r.failures[:REPORTED_FAILURES],
-                    "at": r.at,
-                }
-                for r in self.records
-            ]
-            + [{"backup": g["backup"], "mode": g["mode"], "ok": False, "corrupt": False, "failures": [g["error"]]} for g in self.gone],
+            "backup": r.backup,
+            "mode": r.mode,
+            "ok": r.ok,
+            "corrupt": r.corrupt,
+            "selection": r.selection.to_json(),
+            "chunks_total": r.chunks_total,
+            "chunks_checked": r.chunks_checked,
+            "bytes_checked": r.bytes_checked,
+            "failure_count": r.failure_count,
+            "failures": r.failures[:failures],
+            "at": r.at,
         }
 
 
@@ -85,19 +97,32 @@ def _worker_error(row: Mapping[str, Any]) -> str:
     return f"{error}: {cause}" if cause else error
 
 
+def export_key(s3_key: str) -> str:
+    """The repository-relative key of an object the map's ResultWriter exported.
+
+    Step Functions names the full S3 key; the stack points the ResultWriter
+    at `verify-runs/` under the repository's prefix, so the relative key
+    starts there.
+    """
+    at = s3_key.find(VERIFY_RUNS)
+    if at < 0 or (at > 0 and s3_key[at - 1] != "/"):
+        raise UsageError(f"the verify map exported its results to {s3_key}, outside {VERIFY_RUNS}: redeploy the stack")
+    return s3_key[at:]
+
+
 def map_outcomes(store: ObjectStore, results: Mapping[str, Any] | None) -> tuple[list[ItemOutcome], list[str]]:
     """Every item's outcome from the map's ResultWriter export, and the export's keys (to delete)."""
     if not results:
         return [], []
     details = results.get("ResultWriterDetails") or {}
-    manifest_key = store.relative_key(str(details["Key"])) if hasattr(store, "relative_key") else str(details["Key"])
+    manifest_key = export_key(str(details["Key"]))
     manifest = json.loads(store.get(manifest_key))
     keys = [manifest_key]
     outcomes: list[ItemOutcome] = []
     files = manifest.get("ResultFiles", {})
     for status in ("SUCCEEDED", "FAILED"):
         for entry in files.get(status, []):
-            key = store.relative_key(str(entry["Key"])) if hasattr(store, "relative_key") else str(entry["Key"])
+            key = export_key(str(entry["Key"]))
             keys.append(key)
             for row in json.loads(store.get(key)):
                 if status == "SUCCEEDED":

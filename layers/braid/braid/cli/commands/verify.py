@@ -116,8 +116,13 @@ def _cloud_reports(args: argparse.Namespace, repository: Repository, verifier: A
         "rotate": args.rotate,
     }
     name = f"verify-{catalog_stamp().replace('.', '-')}-{secrets.token_hex(4)}"
-    output = verifier.run(name, document)
+    execution = verifier.start(name, document)
+    if not args.quiet and not args.json:  # a deep verify of TiBs takes minutes: say where to watch it
+        print(f"verifying in the cloud: {execution}", file=sys.stderr)
+    output = verifier.wait(execution)
     reports = [dict(r) for r in output.get("reports", [])]
+    if output.get("omitted_ok") and not args.json and not args.quiet:  # a run over thousands of backups lists only what failed
+        print(f"{output['omitted_ok']} more backup(s) verified ok (braid list shows each one's result)", file=sys.stderr)
     errors: list[BackupError] = []
     for report in reports:
         if report.get("ok"):
