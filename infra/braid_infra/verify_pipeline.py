@@ -19,9 +19,10 @@ the run's reports (what `braid verify` prints); it fails only when the run
 itself could not be done (the alarm on failed executions), not because a
 backup failed verification (that is the VerifyFailed alarm).
 
-The daily schedule starts it for each name's latest backup (`schedule`):
-mode from the CDK context `braid:verify` (braid_infra.verify_pipeline.
-verify_schedule), deep over a 10 % sample by default.
+The daily schedule (03:47 UTC, before the 04:17 maintenance prunes with
+the records it leaves) starts it for each name's latest backup, as the CDK
+context `braid:verify` says (`verify_schedule`): deep over a 10 % sample
+by default.
 """
 
 from __future__ import annotations
