@@ -122,7 +122,7 @@ def test_list_sizes_its_columns_from_the_names_and_says_how_ratio_reads(repo: Pa
     assert listing.code == 0
     header, first, second = listing.out.splitlines()
     documents = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
-    assert header.split() == ["BACKUP", "CREATED", "SIZE", "STORED", "RATIO", "SAVED", "CHUNKS"]
+    assert header.split() == ["BACKUP", "CREATED", "SIZE", "STORED", "RATIO", "SAVED", "CHUNKS", "VERIFIED"]
     created = header.index("CREATED")
     assert created == len(documents[1]["backup"]) + 2  # as wide as the longest backup, then two spaces
     ratio_end = header.index("RATIO") + len("RATIO")
@@ -130,7 +130,7 @@ def test_list_sizes_its_columns_from_the_names_and_says_how_ratio_reads(repo: Pa
         assert line.startswith(document["backup"] + " ") and line[created - 2 : created + 2] == "  20"
         assert line[ratio_end - 6 : ratio_end] == f"{document['ratio']:>6.3f}"
         assert line[ratio_end : ratio_end + 7] == f"  {math.floor(100 * (1 - document['stored_bytes'] / document['plaintext_bytes'])):>4}%"
-        assert line.endswith(f"{document['chunks']:>7}") and len(line) == len(header)
+        assert line.endswith(f"{document['chunks']:>7}  -") and document["verified"] is None  # never verified
     assert listing.stderr == "RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO\n"
     assert set(documents[0]) >= {"backup", "name", "id", "created", "plaintext_bytes", "stored_bytes", "ratio", "chunks"}
 

@@ -1,12 +1,15 @@
-"""Scheduled maintenance Lambda: deep-verify the latest backups, then apply retention.
+"""Scheduled maintenance Lambda: apply retention, distrusting backups whose newest verification failed.
 
-Event (from the EventBridge schedule): {"prefix": "", "sample_percent": 10,
-"orphan_grace_hours": 48} and the stack's retention rules, any of keep_last,
+The verifying is the verify state machine's (its own daily schedule,
+braid_infra.verify_pipeline); this reads the records it leaves.
+
+Event (from the EventBridge schedule): {"prefix": "", "orphan_grace_hours": 48}
+(a "sample_percent" is ignored) and the stack's retention rules, any of keep_last,
 keep_hourly, keep_daily, keep_weekly, keep_monthly, keep_yearly, keep_within
 ("1y6m"), keep_days; without any, each name's policy stored in the
 repository applies, and names without one keep every backup.
-Returns: {"ok", "verified": [VerifyReport JSON...], "pruned": ["NAME@ID", ...], "collected": [...]}.
-A failed verify also emits an EventBridge "Verify Failed" event and an error metric.
+Returns: {"ok", "distrusted": [{"backup", "error"}...], "pruned": ["NAME@ID", ...], "collected": [...], "unreadable": [...]}.
+An unreadable backup also emits an EventBridge "Verify Failed" event and counts in the VerifyFailures metric.
 """
 
 from __future__ import annotations
@@ -23,25 +26,24 @@ from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics,
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     event = event or {}
-    sample = event.get("sample_percent")
     repository = Repository.open(repository_store(str(event.get("prefix", ""))))
     logger.append_keys(repository=repository.url)
     report = run_maintenance(
         repository,
         key_service(),
         event_publisher(),
-        sample_percent=float(sample) if sample is not None else None,
         policy=policy_from_event(event),
     )
-    failed = [r for r in report.verified if not r.get("ok")]
+    distrusted = {d["backup"] for d in report.distrusted}
+    announced = [u for u in report.unreadable if u["backup"] not in distrusted]  # the verify counted its own
     add_metrics(
         {
-            "BackupsVerified": (MetricUnit.Count, len(report.verified)),
-            contract.METRIC_VERIFY_FAILURES: (MetricUnit.Count, len(failed)),
+            "BackupsDistrusted": (MetricUnit.Count, len(report.distrusted)),
+            contract.METRIC_VERIFY_FAILURES: (MetricUnit.Count, len(announced)),
             "BackupsPruned": (MetricUnit.Count, len(report.pruned)),
             "LeftoversCollected": (MetricUnit.Count, len(report.collected)),
         }
     )
-    if failed:
-        logger.error("verify failed", extra={"failed": [r["backup"] for r in failed]})
+    if report.unreadable:
+        logger.error("unreadable backups kept", extra={"unreadable": [u["backup"] for u in report.unreadable]})
     return report.to_json()

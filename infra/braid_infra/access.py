@@ -36,7 +36,7 @@ from constructs import Construct
 from braid.format import layout
 from braid.format.staging import keys as staging_keys
 from braid_infra.keys import Keys
-from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, PRICES, Storage
+from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, PRICES, VERIFY_OBJECTS, Storage
 
 # The principal tag naming the one backup name a host may stage.
 HOST_TAG = "braid-name"
@@ -58,14 +58,34 @@ def host_principal(*, session_tags: bool = False) -> iam.IPrincipal:
 
 
 class HostAccess(Construct):
-    def __init__(self, scope: Construct, construct_id: str, *, storage: Storage, keys: Keys, state_machine: sfn.StateMachine) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        storage: Storage,
+        keys: Keys,
+        state_machine: sfn.StateMachine,
+        verify_state_machine: sfn.StateMachine | None = None,
+    ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        executions = stack.format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{state_machine.state_machine_name}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+
+        def executions_of(machine: sfn.StateMachine) -> str:
+            return stack.format_arn(
+                service="states", resource="execution", resource_name=f"{machine.state_machine_name}:*", arn_format=ArnFormat.COLON_RESOURCE_NAME
+            )
+
+        executions = executions_of(state_machine)
+        # `braid verify` on an s3:// repository starts the verify state machine and follows it (the host reads
+        # no chunk); `list` and `show` read the verify records.
+        verifying = (
+            [
+                iam.PolicyStatement(sid="StartVerify", actions=["states:StartExecution"], resources=[verify_state_machine.state_machine_arn]),
+                iam.PolicyStatement(sid="FollowVerify", actions=["states:DescribeExecution"], resources=[executions_of(verify_state_machine)]),
+            ]
+            if verify_state_machine is not None
+            else []
         )
         self.agent_policy = iam.ManagedPolicy(
             self,
@@ -86,6 +106,7 @@ class HostAccess(Construct):
                         *(storage.arn(r) for r in STAGING_RECORDS),
                         storage.arn(CATALOG_OBJECTS),
                         storage.arn(PRICES),
+                        storage.arn(VERIFY_OBJECTS),
                     ],
                 ),
                 iam.PolicyStatement(
@@ -95,6 +116,7 @@ class HostAccess(Construct):
                 ),
                 iam.PolicyStatement(sid="StartBackups", actions=["states:StartExecution"], resources=[state_machine.state_machine_arn]),
                 iam.PolicyStatement(sid="FollowBackups", actions=["states:DescribeExecution"], resources=[executions]),
+                *verifying,
             ],
         )
         self.agent_role = iam.Role(
@@ -107,9 +129,20 @@ class HostAccess(Construct):
         self.restore_role.add_to_policy(
             iam.PolicyStatement(
                 actions=["s3:GetObject"],
-                resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(DATA_OBJECTS), storage.arn(CATALOG_OBJECTS), storage.arn(PRICES)],
+                resources=[
+                    storage.arn(CONFIG),
+                    storage.arn(MANIFEST_OBJECTS),
+                    storage.arn(DATA_OBJECTS),
+                    storage.arn(CATALOG_OBJECTS),
+                    storage.arn(PRICES),
+                    storage.arn(VERIFY_OBJECTS),
+                ],
             )
         )
+        # `braid verify --engine local` records its result beside the backup (create-only, as every record).
+        self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject"], resources=[storage.arn(VERIFY_OBJECTS)]))
+        for statement in verifying:
+            self.restore_role.add_to_policy(statement)
         self.restore_role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]))
         keys.allow_decrypt(self.restore_role)
         self.restore_instance_profile = iam.InstanceProfile(self, "RestoreInstanceProfile", role=self.restore_role)

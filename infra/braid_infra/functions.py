@@ -25,7 +25,18 @@ from constructs import Construct
 from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
-from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS, Storage
+from braid_infra.storage import (
+    CATALOG_OBJECTS,
+    CONFIG,
+    DATA_OBJECTS,
+    MANIFEST_OBJECTS,
+    POLICY_OBJECTS,
+    REKEY_OBJECTS,
+    STAGING_OBJECTS,
+    VERIFY_OBJECTS,
+    VERIFY_RUN_OBJECTS,
+    Storage,
+)
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
 WORKER_LANES = contract.DEFAULT_WORKER_LANES
@@ -50,7 +61,15 @@ SPECS = {
     ),
     "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
-    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
+    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled prune (distrusting failed verifications)"),
+    # The verify state machine (braid_infra.verify_pipeline). The planner runs a quick verify itself
+    # (a LIST and a HEAD per chunk, 32 at once): I/O, not CPU.
+    "verifyplan": FunctionSpec("verifyplan", 1024, Duration.minutes(15), "Braid verify planner: pick the chunks to check; quick verify"),
+    # Deep checks decrypt and decompress: CPU-bound as the backup worker, in the same EXPRESS 5 minutes.
+    "verifyworker": FunctionSpec(
+        "verifyworker", contract.WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid verify worker: deep-check a few chunks"
+    ),
+    "verifyrecord": FunctionSpec("verifyrecord", 512, Duration.minutes(5), "Braid verify recorder: verify records, events, metric"),
 }
 
 
@@ -197,11 +216,27 @@ class PipelineFunctions(Construct):
         self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
-        # Verify: read and decrypt published backups, prune data without a manifest.
-        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS)
+        # Verify (the scheduled maintenance): read and decrypt published backups, prune data without a manifest;
+        # distrust backups whose newest verify record failed (braid.ops.verification).
+        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS)
         self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, REKEY_OBJECTS)
         # Prune takes a backup out of the catalog first, and the schedule keeps its snapshot fresh for hosts that only read.
         self._s3("verify", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
         self._list("verify")
         self._events("verify")
         self.keys.allow_decrypt(self.roles["verify"])
+        # PlanVerify: read manifests (authenticated: decrypt), chunks' size and checksum (HEAD), earlier
+        # verify records (the rotation's part); write the run's plan and items. Never writes data or records.
+        self._s3("verifyplan", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS)
+        self._s3("verifyplan", ["s3:PutObject"], VERIFY_RUN_OBJECTS)
+        self._list("verifyplan")
+        self.keys.allow_decrypt(self.roles["verifyplan"])
+        # VerifyWorker: reads and decrypts; writes nothing at all (no byte leaves the worker).
+        self._s3("verifyworker", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS)
+        self._list("verifyworker")
+        self.keys.allow_decrypt(self.roles["verifyworker"])
+        # RecordVerify: read the run's plan and the map's results, write the records, drop the run's work.
+        self._s3("verifyrecord", ["s3:GetObject", "s3:DeleteObject"], VERIFY_RUN_OBJECTS)
+        self._s3("verifyrecord", ["s3:PutObject"], VERIFY_OBJECTS)
+        self._list("verifyrecord")
+        self._events("verifyrecord")

@@ -12,8 +12,9 @@ Alarms: failed or timed-out backup executions; failed map-run children
 label); Lambda errors (synchronous Step Functions invokes: no DLQ, so the
 Errors metric is the signal, and worker errors that retries absorbed still
 show); sustained worker throttling; the scheduled maintenance nearing its
-15-minute timeout (it then stops before pruning); the scheduled verify's
-VerifyFailures metric (EMF, namespace Braid); and any alarm another
+15-minute timeout (it then stops before pruning); the VerifyFailures
+metric (EMF, namespace Braid) of the scheduled and the cloud verify; failed
+or timed-out verify executions; and any alarm another
 construct hands in (the backup schedules' delivery failures).
 """
 
@@ -86,6 +87,7 @@ class Monitoring(Construct):
         *,
         state_machine: sfn.StateMachine,
         functions: dict[str, lambda_.Function],
+        verify_state_machine: sfn.StateMachine | None = None,
         extra_alarms: Sequence[cloudwatch.Alarm] = (),
         alarm_emails_value: object = None,
         expected_backups_value: object = None,
@@ -145,7 +147,7 @@ class Monitoring(Construct):
             alarm(
                 maintenance.metric_duration(period=Duration.hours(1), statistic="Maximum"),
                 "MaintenanceNearTimeout",
-                f"Braid's scheduled verify and prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
+                f"Braid's scheduled prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
                 threshold=timeout * MAINTENANCE_NEAR_TIMEOUT,
             ),
             alarm(
@@ -157,9 +159,14 @@ class Monitoring(Construct):
                     statistic="Sum",
                 ),
                 "VerifyFailed",
-                "Scheduled deep verify found a damaged backup",
+                "A Braid verify found a damaged backup, or could not check some of its chunks: see its Verify Failed event",
             ),
         ]
+        if verify_state_machine is not None:
+            self.alarms += [
+                alarm(verify_state_machine.metric_failed(period=period), "VerifyRunsFailed", "A Braid verify execution failed: its backups were not checked"),
+                alarm(verify_state_machine.metric_timed_out(period=period), "VerifyRunsTimedOut", "A Braid verify execution timed out"),
+            ]
         for name, function in functions.items():
             self.alarms.append(
                 alarm(

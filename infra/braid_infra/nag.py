@@ -14,7 +14,17 @@ from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from braid_infra.access import OWN_STAGING, STAGING_RECORDS
-from braid_infra.storage import CATALOG_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS
+from braid_infra.storage import (
+    CATALOG_OBJECTS,
+    DATA_OBJECTS,
+    MANIFEST_OBJECTS,
+    POLICY_OBJECTS,
+    REKEY_OBJECTS,
+    STAGING_OBJECTS,
+    VERIFY_OBJECTS,
+    VERIFY_RUN_OBJECTS,
+)
+from braid_infra.verify_pipeline import MAP_LABEL as VERIFY_MAP_LABEL
 
 if TYPE_CHECKING:
     from braid_infra.stack import BraidStack
@@ -28,6 +38,8 @@ OBJECTS = {
     POLICY_OBJECTS: "Retention policies are named per backup name (policies/NAME.json); read-only, confined to the policies prefix.",
     CATALOG_OBJECTS: "Catalog summaries, log markers and snapshots are named per backup and time at run time; confined to the catalog prefix.",
     REKEY_OBJECTS: "braid rekey's verified manifest copies are named per backup; the scheduled prune only deletes them, confined to rekey/.",
+    VERIFY_OBJECTS: "Verify records are named per backup and time at run time (verify/NAME/ID/STAMP~MODE~OUTCOME.json); confined to verify/.",
+    VERIFY_RUN_OBJECTS: "A verify run's plan, items and exported map results are named per run at run time; confined to verify-runs/.",
 }
 
 
@@ -58,7 +70,10 @@ def suppress_findings(stack: BraidStack) -> None:
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
-        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, CATALOG_OBJECTS, REKEY_OBJECTS],
+        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, CATALOG_OBJECTS, REKEY_OBJECTS, VERIFY_OBJECTS],
+        "verifyplan": [MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
+        "verifyworker": [MANIFEST_OBJECTS, DATA_OBJECTS],
+        "verifyrecord": [VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
     }
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
@@ -78,7 +93,7 @@ def suppress_findings(stack: BraidStack) -> None:
         wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
         "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the plan rounds' keys are per backup.",
     )
-    for name in uses:
+    for name in ("prepare", "plan", "worker", "finalize", "cleanup"):
         acknowledge(
             machine_policy,
             wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
@@ -90,8 +105,33 @@ def suppress_findings(stack: BraidStack) -> None:
     acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
     acknowledge(map_policy, wildcard(f"{execution}/chunks:*"), reason)
 
+    verify = stack.verify.state_machine
+    verify_id = _ref(stack, verify)
+    verify_policy = verify.role.node.find_child("DefaultPolicy")
+    acknowledge(verify_policy, wildcard("*"), XRAY + " (state machine tracing)")
+    acknowledge(verify_policy, wildcard(f"{bucket}/{VERIFY_RUN_OBJECTS}"), "The map's ItemReader and ResultWriter: the run's items and results under verify-runs/.")
+    acknowledge(
+        verify_policy,
+        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
+        "Added by CDK's S3JsonItemReader and ResultWriter for their bucket (s3:GetObject, s3:PutObject); the run's keys are per execution.",
+    )
+    for name in ("verifyplan", "verifyworker", "verifyrecord"):
+        acknowledge(
+            verify_policy,
+            wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
+            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
+        )
+    verify_map = verify.node.find_child("DistributedMapPolicy")
+    verify_execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{verify_id}"}}]}}]}}'
+    acknowledge(verify_map, wildcard(f"{verify_execution}:*"), reason)
+    acknowledge(verify_map, wildcard(f"{verify_execution}/{VERIFY_MAP_LABEL}:*"), reason)
+    follow_verify = "DescribeExecution on the verify state machine's executions, which are named per run at run time (braid verify follows its own)."
+    verify_executions = wildcard(f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:<{verify_id}.Name>:*")
+
     access = stack.access
     agent = access.agent_policy
+    acknowledge(agent, verify_executions, follow_verify)
+    acknowledge(agent, wildcard(f"{bucket}/{VERIFY_OBJECTS}"), OBJECTS[VERIFY_OBJECTS] + " The agent only reads them (braid list, show).")
     own = OWN_STAGING.replace("${", "<").replace("}", ">")  # as cdk-nag prints the policy variable
     acknowledge(
         agent,
@@ -116,3 +156,5 @@ def suppress_findings(stack: BraidStack) -> None:
     operator = stack.operator.role.node.find_child("DefaultPolicy")
     acknowledge(operator, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "braid rekey re-wraps every manifest (If-Match replacement only, by the bucket policy).")
     acknowledge(operator, wildcard(f"{bucket}/{REKEY_OBJECTS}"), "braid rekey's verified copies, named per backup, confined to rekey/.")
+    acknowledge(restore, wildcard(f"{bucket}/{VERIFY_OBJECTS}"), OBJECTS[VERIFY_OBJECTS] + " Read, and created by braid verify --engine local.")
+    acknowledge(restore, verify_executions, follow_verify)

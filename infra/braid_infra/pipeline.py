@@ -29,42 +29,19 @@ bad minute never throws finished work away. Finalize re-checks every chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from braid import contract
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
+from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, worker_step
 from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
 
-LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
-TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    interval: Duration = Duration.seconds(2)
-    max_attempts: int = 6
-    backoff_rate: float = 2.0
-    max_delay: Duration = Duration.seconds(60)
-
-
-# Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
-# at most WORKER_TIMEOUT_SECONDS (60 s; a 16-chunk item takes ~10 s) plus
-# backoffs of at most 2 + 4 + 8 s is 254 s < 300 s, so even a worker that
-# times out every time fails its item inside the child instead of the child
-# timing out (tests/infra checks the sum). Each attempt's AWS requests are
-# first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
-# 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
-# request was made.
-WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
-STEP_RETRY = RetryPolicy(max_attempts=3)
+__all__ = ["LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
 
 
 class BackupPipeline(Construct):
@@ -81,46 +58,14 @@ class BackupPipeline(Construct):
         super().__init__(scope, construct_id)
 
         def step(name: str, function: str, result_path: str) -> tasks.LambdaInvoke:
-            task = tasks.LambdaInvoke(
-                self,
-                name,
-                state_name=name,
-                lambda_function=functions[function],
-                payload_response_only=True,
-                retry_on_service_exceptions=False,
-                result_path=result_path,
-            )
-            task.add_retry(
-                errors=LAMBDA_TRANSIENT,
-                interval=step_retry.interval,
-                max_attempts=step_retry.max_attempts,
-                backoff_rate=step_retry.backoff_rate,
-                max_delay=step_retry.max_delay,
-                jitter_strategy=sfn.JitterType.FULL,
-            )
-            return task
+            return lambda_step(self, name, functions[function], result_path, step_retry)
 
         prepare = step("Prepare", "prepare", "$.prepared")
         plan = step("PlanSegments", "plan", "$.plan")
         finalize = step("Finalize", "finalize", "$.summary")
         cleanup = step("Cleanup", "cleanup", "$.failure")
 
-        worker = tasks.LambdaInvoke(
-            self,
-            "Worker",
-            state_name="Worker",
-            lambda_function=functions["worker"],
-            payload_response_only=True,
-            retry_on_service_exceptions=False,
-        )
-        worker.add_retry(
-            errors=TRANSIENT,
-            interval=worker_retry.interval,
-            max_attempts=worker_retry.max_attempts,
-            backoff_rate=worker_retry.backoff_rate,
-            max_delay=worker_retry.max_delay,
-            jitter_strategy=sfn.JitterType.FULL,
-        )
+        worker = worker_step(self, "Worker", functions["worker"], worker_retry)
 
         process = sfn.DistributedMap(
             self,

@@ -26,6 +26,7 @@ from braid.contract import (
     OUTPUT_RESTORE_INSTANCE_PROFILE,
     OUTPUT_RESTORE_ROLE,
     OUTPUT_STATE_MACHINE,
+    OUTPUT_VERIFY_STATE_MACHINE,
 )
 from braid_infra.access import HostAccess
 from braid_infra.backup_schedules import BackupSchedules
@@ -38,6 +39,7 @@ from braid_infra.operator import OperatorAccess
 from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
 from braid_infra.schedules import Schedules
 from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting
+from braid_infra.verify_pipeline import VerifyPipeline
 
 
 class BraidStack(Stack):
@@ -54,6 +56,7 @@ class BraidStack(Stack):
         backup_schedules: Any = None,
         worker_concurrency: int | None = None,
         object_lock: Any = None,
+        verify_schedule: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -70,6 +73,16 @@ class BraidStack(Stack):
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )
+        self.verify = VerifyPipeline(
+            self,
+            "VerifyPipeline",
+            storage=self.storage,
+            functions=self.functions,
+            repository_prefix=prefix,
+            worker_retry=worker_retry,
+            step_retry=step_retry,
+            schedule=verify_schedule,
+        )
         self.schedules = Schedules(
             self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
         )
@@ -78,10 +91,14 @@ class BraidStack(Stack):
             self,
             "Monitoring",
             state_machine=self.pipeline.state_machine,
+            verify_state_machine=self.verify.state_machine,
             functions=self.functions.functions,
             extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
         )
-        self.access = HostAccess(self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine)
+        self.access = HostAccess(
+            self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine,
+            verify_state_machine=self.verify.state_machine,
+        )
         self.operator = OperatorAccess(self, "Operator", storage=self.storage, keys=self.keys)
 
         bucket = self.storage.bucket.bucket_name
@@ -89,6 +106,9 @@ class BraidStack(Stack):
         CfnOutput(self, OUTPUT_REPOSITORY, value=f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", description="braid --repo")
         CfnOutput(self, OUTPUT_KEY, value=self.keys.key.key_arn, description="KMS key wrapping data keys")
         CfnOutput(self, OUTPUT_STATE_MACHINE, value=self.pipeline.state_machine.state_machine_arn, description="Backup state machine")
+        CfnOutput(
+            self, OUTPUT_VERIFY_STATE_MACHINE, value=self.verify.state_machine.state_machine_arn, description="Verify state machine (braid verify)"
+        )
         CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
         CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")
         CfnOutput(self, OUTPUT_RESTORE_ROLE, value=self.access.restore_role.role_arn, description="Role for restore hosts")

@@ -72,6 +72,9 @@ MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
 CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)
 PRICES = layout.PRICES  # the repository's price table, which `show` and `list` price each backup's usage with
+VERIFY_OBJECTS = f"{layout.VERIFICATIONS}*"  # verify records, one per verification of a backup (braid.format.verification)
+VERIFY_RUN_OBJECTS = f"{layout.VERIFY_RUNS}*"  # the cloud verify's work: its plan, map items and the map's exported results
+VERIFY_RUN_LIFETIME = Duration.days(8)  # a run's recorder deletes its work; what a failed run left expires
 REKEY_OBJECTS = f"{layout.REKEY}*"  # braid rekey's verified copies; the scheduled prune removes a pruned backup's
 
 # The longest a backup's execution may run (the state machine's timeout), and
@@ -148,6 +151,7 @@ class Storage(Construct):
                     expiration=STAGING_LIFETIME,
                     noncurrent_version_expiration=NONCURRENT_DATA,
                 ),
+                s3.LifecycleRule(id="expire-verify-runs", prefix=f"{base}{layout.VERIFY_RUNS}", expiration=VERIFY_RUN_LIFETIME),
                 s3.LifecycleRule(
                     id="expire-deleted-chunks",
                     prefix=f"{base}{layout.DATA}",

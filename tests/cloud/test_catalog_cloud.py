@@ -52,7 +52,7 @@ def test_scheduled_maintenance_rebuilds_the_snapshot_after_its_prune(repo: Path,
     stale = BackupRef.parse(backup(repo, "db", b"c" * 5000))
     repository.store.delete([manifest_key(stale)])  # round Braid: no removal marker
 
-    run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1))
 
     (newest,) = [info.key for info in repository.store.list(CATALOG_INDEX)][-1:]
     snapshot = open_snapshot(repository.store.get(newest), newest)

@@ -289,7 +289,7 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.cfn_render import Resolver
     from support.emulated_cloud import cached_stack
-    from support.moto_stack import data_key_id, resources_of
+    from support.moto_stack import data_key_id, machine_kind, resources_of
 
     template = cached_stack().template
     config = emulator.config()
@@ -300,9 +300,10 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{emulator.bucket}"
     key_id = data_key_id(template)
     resolver.attributes[(key_id, "Arn")] = key
-    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
-    resolver.refs[machine_id] = machine
-    resolver.attributes[(machine_id, "Name")] = machine.rpartition(":")[2]
+    for machine_id in resources_of(template, "AWS::StepFunctions::StateMachine"):
+        arn = machine if machine_kind(machine_id) == "Backup" else config["cloud"]["verify_state_machine_arn"]
+        resolver.refs[machine_id] = arn
+        resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
     policies = {}
     for lid, resource in template["Resources"].items():
         if lid.startswith("AccessAgentPolicy") and resource["Type"] == "AWS::IAM::ManagedPolicy":

@@ -1,4 +1,4 @@
-"""Scheduled maintenance (the EventBridge verify-and-prune job) on a real repository."""
+"""Scheduled maintenance (the EventBridge prune job) on a real repository: it prunes, distrusting what a verify found bad."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def key_file(tmp_path: Path) -> LocalKeyFile:
     return LocalKeyFile.open(path)
 
 
-def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> None:
+def test_applies_retention_and_collects_leftovers(repo: Path, tmp_path: Path) -> None:
     old = backup(repo, "db", b"a" * 9000)
     new = backup(repo, "db", b"b" * 9000)
     logs = backup(repo, "logs", b"l" * 100)
@@ -41,33 +41,36 @@ def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> N
     os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
     events = RecordingPublisher()
 
-    report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report = run_maintenance(repository, key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
 
-    assert report.ok and sorted(r["backup"] for r in report.verified) == sorted([new, logs])
-    assert all(r["mode"] == "deep" and r["chunks_checked"] == r["chunks_total"] for r in report.verified)
+    assert report.ok and report.distrusted == []
     assert report.pruned == [old] and report.collected == [str(orphan)]
     assert sorted(str(r) for r in repository.backups()) == sorted([new, logs])
     assert list(repository.store.list(f"data/db/{orphan.id}/")) == []
     assert events.events == []
 
 
-def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: Path) -> None:
-    latest = backup(repo, "db", b"rows " * 3000)
+def corrupt_and_verify(repo: Path, latest: str) -> None:
+    """Damage chunk 0, then verify: the verify finds it and records the failure beside the backup."""
     ref = BackupRef.parse(latest)
-    chunk = sorted((repo / "data" / ref.name / ref.id).iterdir())[0]
+    chunk = repo / "data" / ref.name / ref.id / "0000000000"
     raw = bytearray(chunk.read_bytes())
     raw[-1] ^= 1
     chunk.write_bytes(bytes(raw))
+    assert run_braid("verify", "--repo", str(repo), latest, "--deep").code == 6
+
+
+def test_a_backup_whose_verification_failed_is_distrusted_and_kept(repo: Path, tmp_path: Path) -> None:
+    latest = backup(repo, "db", b"rows " * 3000)
+    corrupt_and_verify(repo, latest)
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_days=30))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_days=30))
 
     assert not report.ok
-    (failed,) = report.verified
-    assert failed["backup"] == latest and any(f"chunk 0 of backup {latest}" in f and "corrupt" in f for f in failed["failures"])
-    assert [kind for kind, _ in events.events] == [VERIFY_FAILED]
-    assert events.events[0][1]["backup"] == latest
-    assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
+    (distrusted,) = report.distrusted
+    assert distrusted["backup"] == latest and f"chunk 0 of backup {latest}" in distrusted["error"]
+    assert events.events == []  # the verify that found it reported it; maintenance does not announce it again
     assert report.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
 
 
@@ -84,11 +87,11 @@ def test_without_a_configured_policy_no_backup_is_removed(repo: Path, tmp_path: 
     old = backup(repo, "db", b"a" * 100)
     new = backup(repo, "db", b"b" * 100)
     repository = open_repository(str(repo))
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=policy_from_event({}))
     assert report.ok and report.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
 
     assert run_braid("prune", "--repo", str(repo), "--name", "db", "--keep-last", "1", "--save-policy").code == 0
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=policy_from_event({}))
     assert report.pruned == [old] and [str(r) for r in repository.backups()] == [new]
 
 
@@ -97,7 +100,7 @@ def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
     in_flight = BackupRef.new("db")
     repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
     report = run_maintenance(
-        repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1),
+        repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1),
         now=datetime.now(UTC) + timedelta(hours=1),
     )
     assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
@@ -106,20 +109,17 @@ def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
 def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path: Path) -> None:
     good = backup(repo, "db", b"good " * 3000)
     latest = backup(repo, "db", b"rows " * 3000)
-    ref = BackupRef.parse(latest)
-    chunk = repo / "data" / ref.name / ref.id / "0000000000"
-    raw = bytearray(chunk.read_bytes())
-    raw[-1] ^= 1
-    chunk.write_bytes(bytes(raw))
+    corrupt_and_verify(repo, latest)
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
 
     assert not report.ok and report.pruned == []  # keep_last=1 counts only the good one: it stays
     (unreadable,) = report.unreadable
-    assert unreadable["backup"] == latest and f"backup {latest} failed verification: chunk 0 of backup {latest}" in unreadable["error"]
+    assert unreadable["backup"] == latest and f"backup {latest} failed its deep verification of " in unreadable["error"]
+    assert f"chunk 0 of backup {latest}" in unreadable["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([good, latest])
-    assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, latest)]
+    assert events.events == []  # announced by the verify that found it
     assert report.to_json()["unreadable"] == report.unreadable
     assert run_braid("restore", "--repo", str(repo), good).stdout == b"good " * 3000
 
@@ -133,21 +133,22 @@ def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tm
     manifest.write_bytes(manifest.read_bytes()[:100])
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
 
-    assert [r["backup"] for r in report.verified] == [newest] and report.verified[0]["ok"]
+    assert report.distrusted == [] and newest not in [u["backup"] for u in report.unreadable]
     assert report.pruned == [oldest] and [u["backup"] for u in report.unreadable] == [broken] and not report.ok
     assert "corrupt" in report.unreadable[0]["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([broken, newest])
     assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, broken)]
+    assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
 
 
 def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> None:
     repository = open_repository(str(repo))
     stalled = BackupRef("db", "20200101T000000.000Z-0badc0de")  # an old id that wrote a chunk recently
     repository.store.put(f"data/db/{stalled.id}/0000000000", b"still going")
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1))
     assert report.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
     later = datetime.now(UTC) + timedelta(hours=49)
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1), now=later)
+    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1), now=later)
     assert report.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []

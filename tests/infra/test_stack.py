@@ -92,10 +92,13 @@ RECORDS = {"staging/*/*/session.json", "staging/*/*/stream-end.json", "staging/*
 LEAST_PRIVILEGE = {
     "AccessAgentPolicy": {("s3:PutObject", OWN), ("s3:AbortMultipartUpload", OWN), ("s3:ListMultipartUploadParts", OWN), ("s3:GetObject", OWN),
                           ("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), *(("s3:GetObject", r) for r in RECORDS),
-                          ("s3:GetObject", "catalog/*"), ("s3:GetObject", "prices.json"),  # show and list --json price each backup's usage
+                          ("s3:GetObject", "catalog/*"), ("s3:GetObject", "verify/*"),
+                          ("s3:GetObject", "prices.json"),  # show and list --json price each backup's usage
                           ("s3:ListBucket", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
+    # Restore hosts read verify records and write their own (braid verify --engine local); the cloud verify reads for them.
     "AccessRestoreRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*"), ("s3:GetObject", "catalog/*"),
-                          ("s3:GetObject", "prices.json"), ("s3:ListBucket", "bucket")},
+                          ("s3:GetObject", "prices.json"),
+                          ("s3:GetObject", "verify/*"), ("s3:PutObject", "verify/*"), ("s3:ListBucket", "bucket")},
     "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
     # Plan deletes each segment's staging as soon as all its chunks are stored.
     "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket")},
@@ -109,7 +112,7 @@ LEAST_PRIVILEGE = {
     "FunctionsCleanupRole": {("s3:GetObject", "manifests/*"), ("s3:GetObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "data/*"),
                              ("s3:DeleteObjectVersion", "staging/*"), ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"),
                              ("s3:ListBucketVersions", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
-    "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*")}
+    "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*", "verify/*")}
     | {("s3:DeleteObject", p) for p in ("manifests/*", "data/*", "staging/*", "rekey/*")} | {("s3:ListBucket", "bucket")}
     | {(a, "catalog/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")},  # prune's removal markers, the daily snapshot
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
@@ -117,6 +120,17 @@ LEAST_PRIVILEGE = {
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
     # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
     "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*")},
+    # The verify state machine (braid_infra.verify_pipeline): the planner reads manifests, chunks' metadata and
+    # earlier records, and writes only the run's plan; the worker only reads; the recorder writes only records.
+    "FunctionsVerifyplanRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "verify/*")}
+    | {("s3:PutObject", "verify-runs/*"), ("s3:ListBucket", "bucket")},
+    "FunctionsVerifyworkerRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*")} | {("s3:ListBucket", "bucket")},
+    "FunctionsVerifyrecordRole": {("s3:GetObject", "verify-runs/*"), ("s3:DeleteObject", "verify-runs/*"), ("s3:PutObject", "verify/*"),
+                                  ("s3:ListBucket", "bucket")},
+    # The ItemReader reads the run's items, the ResultWriter exports beside them; CDK adds the whole bucket (nag.py).
+    # (PutObject with its multipart companions: a large export is uploaded in parts.)
+    "VerifyPipelineVerifyRole": {("s3:GetObject", "verify-runs/*"), ("s3:PutObject", "verify-runs/*"), ("s3:GetObject", "*"), ("s3:PutObject", "*"),
+                                 ("s3:AbortMultipartUpload", "*"), ("s3:ListMultipartUploadParts", "*")},
 }
 
 
@@ -194,10 +208,13 @@ def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: 
     assert admin and not any(a in admin[0]["Action"] for a in ("kms:Decrypt", "kms:GenerateDataKey", "kms:*"))
     decrypters = {s["Sid"] for s in policy if s["Action"] == "kms:Decrypt"}
     generators = {s["Sid"] for s in policy if s["Action"] == "kms:GenerateDataKey"}
-    assert decrypters == {"DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysVerifyRole", "DecryptDataKeysRestoreRole"}
+    assert decrypters == {
+        "DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysVerifyRole", "DecryptDataKeysRestoreRole",
+        "DecryptDataKeysVerifyplanRole", "DecryptDataKeysVerifyworkerRole",  # the cloud verify authenticates manifests and decodes chunks
+    }
     assert generators == {"GenerateDataKeysPrepareRole"}
     assert all(s["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}} for s in policy if s.get("Sid") != "KeyAdministration")
-    for role in ("FunctionsPlanRole", "FunctionsCleanupRole", "PipelineBackupRole"):
+    for role in ("FunctionsPlanRole", "FunctionsCleanupRole", "PipelineBackupRole", "FunctionsVerifyrecordRole", "VerifyPipelineVerifyRole"):
         assert not any(a.startswith("kms:") for a in actions(statements_of(template, role))), role
 
 
@@ -269,13 +286,13 @@ def test_deleted_chunks_stop_being_billed_within_a_day_and_delete_markers_go(tem
     assert chunks["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
     assert chunks["ExpiredObjectDeleteMarker"] is True
     assert rules["expire-old-versions"]["ExpiredObjectDeleteMarker"] is True
-    # No rule may expire current chunks or manifests: only retention deletes backups.
-    assert not any("ExpirationInDays" in r for r in rules.values() if r.get("Prefix") != "staging/")
+    # No rule may expire current chunks or manifests: only retention deletes backups (staging and verify runs are work, not backups).
+    assert not any("ExpirationInDays" in r for r in rules.values() if r.get("Prefix") not in ("staging/", "verify-runs/"))
 
 
 def test_staging_outlives_the_longest_execution(template: Template) -> None:
     """A backup running up to the state machine's timeout keeps session.json, key.json and its uploads."""
-    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    machine = backup_machine(template)
     timeout = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))["TimeoutSeconds"]
     rules = lifecycle_rules(template)
     assert rules["expire-staging"]["ExpirationInDays"] * 86400 > timeout
@@ -292,7 +309,7 @@ def test_finalize_may_withdraw_a_manifest_it_published(template: Template) -> No
 
 def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -> None:
     functions = resources_of(template.to_json(), "AWS::Lambda::Function")
-    assert len(functions) == 6
+    assert len(functions) == 9  # the backup pipeline's five, the scheduled maintenance, the verify pipeline's three
     (layer_id,) = resources_of(template.to_json(), "AWS::Lambda::LayerVersion")
     for lid, function in functions.items():
         props = function["Properties"]
@@ -315,8 +332,14 @@ class Placeholders(Resolver):
         return f"<{name}.{attribute}>"
 
 
+def backup_machine(template: Template) -> dict[str, Any]:
+    """The backup pipeline's state machine (the verify pipeline has its own: tests/infra/test_verify_pipeline.py)."""
+    (machine,) = [m for lid, m in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").items() if lid.startswith("Pipeline")]
+    return machine
+
+
 def test_state_machine_definition(template: Template) -> None:
-    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    machine = backup_machine(template)
     assert machine["Properties"]["StateMachineType"] == "STANDARD"
     rendered = Placeholders().render(machine["Properties"]["DefinitionString"])
     Template.from_json({"Resources": {"Definition": {"Type": "Braid::Definition", "Properties": {"DefinitionString": rendered}}}}).has_resource_properties(
@@ -440,7 +463,7 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
 
 
 def _state(template: Template, name: str) -> dict[str, Any]:
-    (machine,) = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").values()
+    machine = backup_machine(template)
     definition = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))
     found: list[dict[str, Any]] = []
 

@@ -222,9 +222,9 @@ def emulated_resolver(stack: SynthesizedStack, deployed: Any) -> Any:
     key_id = data_key_id(template)
     resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
     resolver.attributes[(key_id, "Arn")] = deployed.key_arn
-    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
-    resolver.refs[machine_id] = deployed.state_machine_arn
-    resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    for machine_id, arn in deployed.state_machines.items():
+        resolver.refs[machine_id] = arn
+        resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
     return resolver
 
 

@@ -115,9 +115,11 @@ def zip_directory(directory: Path) -> bytes:
 class DeployedStack:
     bucket: str
     key_arn: str
-    state_machine_arn: str
+    state_machine_arn: str  # the backup pipeline's
     functions: dict[str, str] = field(default_factory=dict)  # step ("worker") -> function name
     definition: str = ""
+    state_machines: dict[str, str] = field(default_factory=dict)  # logical id -> ARN, every state machine of the stack
+    verify_state_machine_arn: str = ""
 
 
 def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) -> DeployedStack:
@@ -177,11 +179,25 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
         deployed.functions[match.group(1).lower()] = created["FunctionName"]
 
-    ((machine_id, machine),) = resources_of(template, "AWS::StepFunctions::StateMachine").items()
-    definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
-    created_machine = sfn.create_state_machine(
-        name=f"{stack.name}-Backup", definition=definition, roleArn=role_arn, type=machine["Properties"].get("StateMachineType", "STANDARD")
-    )
-    deployed.state_machine_arn = created_machine["stateMachineArn"]
-    deployed.definition = definition
+    for machine_id, machine in resources_of(template, "AWS::StepFunctions::StateMachine").items():
+        kind = machine_kind(machine_id)
+        definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
+        created_machine = sfn.create_state_machine(
+            name=f"{stack.name}-{kind}", definition=definition, roleArn=role_arn, type=machine["Properties"].get("StateMachineType", "STANDARD")
+        )
+        deployed.state_machines[machine_id] = created_machine["stateMachineArn"]
+        if kind == "Backup":
+            deployed.state_machine_arn = created_machine["stateMachineArn"]
+            deployed.definition = definition
+        else:
+            deployed.verify_state_machine_arn = created_machine["stateMachineArn"]
     return deployed
+
+
+def machine_kind(logical_id: str) -> str:
+    """"Backup" (braid_infra.pipeline) or "Verify" (braid_infra.verify_pipeline), by the construct that made it."""
+    if logical_id.startswith("VerifyPipeline"):
+        return "Verify"
+    if logical_id.startswith("Pipeline"):
+        return "Backup"
+    raise ValueError(f"unknown state machine {logical_id}")

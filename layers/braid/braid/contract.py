@@ -13,6 +13,7 @@ OUTPUT_BUCKET = "RepositoryBucket"
 OUTPUT_REPOSITORY = "RepositoryUrl"
 OUTPUT_KEY = "DataKeyArn"
 OUTPUT_STATE_MACHINE = "BackupStateMachineArn"
+OUTPUT_VERIFY_STATE_MACHINE = "VerifyStateMachineArn"
 OUTPUT_AGENT_POLICY = "AgentPolicyArn"
 OUTPUT_AGENT_ROLE = "AgentRoleArn"
 OUTPUT_RESTORE_ROLE = "RestoreRoleArn"
@@ -61,7 +62,7 @@ ENV_KEY_FILE = "BRAID_KEY_FILE"
 # -- observability (Powertools) ----------------------------------------------
 SERVICE_NAME = "braid"  # POWERTOOLS_SERVICE_NAME, the metrics' "service" dimension
 METRICS_NAMESPACE = "Braid"  # POWERTOOLS_METRICS_NAMESPACE
-METRIC_VERIFY_FAILURES = "VerifyFailures"
+METRIC_VERIFY_FAILURES = "VerifyFailures"  # backups a verification found damaged or could not check (scheduled and cloud verify)
 # One datapoint per published backup, per backup name: the freshness alarm ("no backup of NAME for H hours").
 METRIC_BACKUP_PUBLISHED = "BackupPublished"
 DIMENSION_BACKUP_NAME = "backup_name"

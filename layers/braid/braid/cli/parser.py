@@ -335,16 +335,24 @@ def build_parser() -> argparse.ArgumentParser:
         "check backups: quick (presence, size, checksum) or --deep",
         "braid verify pg@latest",
         "braid verify --all --deep --sample 10",
+        "braid verify --repo s3://bucket/prod pg@latest --deep --rotate 7",
         description="Check backups without restoring them: quick (every chunk present with its size and checksum, no"
-                    " key needed) or --deep (decrypt, decompress and check every chunk's plaintext). Exit 6 if something"
-                    " is wrong, 7 if chunks could not be read.",
+                    " key needed) or --deep (decrypt, decompress and check every chunk's plaintext). On an s3://"
+                    " repository with a stack the cloud checks them (the host downloads nothing). Each result is"
+                    " recorded beside the backup (shown by show and list). Exit 6 if something is wrong, 7 if chunks"
+                    " could not be read.",
     ))
     target = verify.add_mutually_exclusive_group(required=True)
     target.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     target.add_argument("--all", action="store_true", help="every backup in the repository")
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
-    verify.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
+    chunks = verify.add_mutually_exclusive_group()
+    chunks.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
+    chunks.add_argument("--rotate", type=_positive_int, metavar="N",
+                        help="check the next 1/N of the chunks after the last --rotate N run's: N runs check every chunk once")
     verify.add_argument("--workers", type=_positive_int, default=max(4, _cores()), metavar="N", help="parallel checks (default: cores, at least 4)")
+    verify.add_argument("--engine", choices=("local", "stepfunctions"),
+                        help="who reads the chunks: this host (local), or the stack's verify state machine (default for s3:// with a stack)")
     verify.set_defaults(handler=_command("verify:cmd_verify"))
 
     prune = sub.add_parser("prune", parents=[common, quieting], **_help(

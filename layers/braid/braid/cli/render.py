@@ -12,6 +12,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
@@ -21,12 +22,13 @@ from braid.format.manifest import Manifest
 from braid.format.prices import DEFAULT, UNITS, PriceTable, cost_totals, price
 from braid.format.repository import RepositoryConfig
 from braid.format.summary import BackupSummary
-from braid.format.timestamps import format_timestamp
+from braid.format.timestamps import format_timestamp, parse_timestamp
 from braid.format.usage import Billed, Usage
 from braid.ports.progress import SCHEMA_VERSION
 
 if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's and forget's modules (~20 ms)
     from braid.format.policy import KeepRules
+    from braid.format.verification import VerificationRecord
     from braid.ops.forget import ForgetPlan
     from braid.ops.init import LocalInit
     from braid.ops.rekey import RekeyReport
@@ -139,7 +141,8 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         print(empty, file=sys.stderr)
         return
     width = _width(rows, "backup", "BACKUP")
-    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}")
+    now = datetime.now(UTC)
+    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  VERIFIED")
     for row in rows:
         if "error" in row:
             print(f"{row['backup']:<{width}}  UNREADABLE: {row['error']}")
@@ -147,6 +150,7 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         print(
             f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
             f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
+            f"  {verified_column(row.get('verified'), now)}"
         )
     print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
 
@@ -218,8 +222,43 @@ def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: Obje
     }
 
 
-def print_manifest(manifest: Manifest, as_json: bool, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> None:
+def verified_column(verified: Mapping[str, Any] | None, now: datetime | None = None) -> str:
+    """`list`'s VERIFIED: "deep 2d ago ok", "quick 3h ago FAILED", or "-" for a backup never verified."""
+    if not verified:
+        return "-"
+    outcome = "ok" if verified["outcome"] == "ok" else "FAILED"
+    return f"{verified['mode']} {age(parse_timestamp(verified['at']), now)} {outcome}"
+
+
+def age(moment: datetime, now: datetime | None = None) -> str:
+    seconds = max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
+
+
+def verification_line(record: VerificationRecord | None) -> str:
+    if record is None:
+        return "never (braid verify NAME@ID [--deep])"
+    outcome = "ok" if record.ok else f"FAILED ({record.failure_count} problem(s); first: {record.failures[0] if record.failures else '?'})"
+    return (
+        f"{record.mode} {record.at} by {record.engine}: {outcome};"
+        f" {record.selection.describe()}, {record.chunks_checked}/{record.chunks_total} chunks checked"
+    )
+
+
+def print_manifest(
+    manifest: Manifest,
+    as_json: bool,
+    prices: PriceTable = DEFAULT,
+    lock: ObjectLock | None = None,
+    verification: VerificationRecord | None = None,
+) -> None:
     detail = manifest_detail(manifest, prices, lock)
+    # `verified` as `list` shows it; `verification` the whole newest record.
+    detail["verified"] = {"at": verification.at, "mode": verification.mode, "outcome": verification.outcome} if verification is not None else None
+    detail["verification"] = verification.to_json() if verification is not None else None
     if as_json:
         print_json(detail)
         return
@@ -241,6 +280,7 @@ def print_manifest(manifest: Manifest, as_json: bool, prices: PriceTable = DEFAU
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
+    print(f"verified    {verification_line(verification)}")
     print_usage(manifest.usage, prices)
 
 
@@ -290,7 +330,9 @@ def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
     for r in reports:
         status = "ok" if r["ok"] else "FAILED"
         checked = f"{r.get('chunks_checked', 0)}/{r.get('chunks_total', '?')} chunks" if "chunks_total" in r else ""
-        print(f"{r['backup']}: {status} ({r.get('mode', 'quick')}, {checked})")
+        selection = r.get("selection") or {}
+        part = f"part {selection['part']}/{selection['of']}, " if selection.get("kind") == "rotation" else ""
+        print(f"{r['backup']}: {status} ({r.get('mode', 'quick')}, {part}{checked})")
         for failure in r["failures"]:
             print(f"  {failure}")
 

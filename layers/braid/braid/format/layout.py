@@ -11,6 +11,8 @@
     catalog/log/YYYYMMDD/STAMP~NAME@ID~EVENT  a marker per published or removed backup, by the writer's clock
     catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
     rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
+    verify/NAME/ID/STAMP~MODE~OUTCOME.json  one per verification of the backup (braid.format.verification)
+    verify-runs/RUN/...                  the cloud verify's work: map items and the map's results (one execution)
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -31,6 +33,8 @@ POLICIES = "policies/"
 CATALOG = "catalog/"
 REKEY = "rekey/"
 PRICES = "prices.json"
+VERIFICATIONS = "verify/"
+VERIFY_RUNS = "verify-runs/"
 SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"
@@ -173,3 +177,38 @@ def index_key(stamp: str, token: str) -> str:
 def rekey_key(ref: BackupRef) -> str:
     """Where `braid rekey` writes and checks a manifest's new version before switching (braid.ops.rekey)."""
     return f"{REKEY}{ref.name}/{ref.id}.json"
+
+
+def verification_prefix(ref: BackupRef | None = None) -> str:
+    """Where a backup's verify records live (every backup's, without `ref`)."""
+    return f"{VERIFICATIONS}{ref.name}/{ref.id}/" if ref is not None else VERIFICATIONS
+
+
+def verification_key(ref: BackupRef, stamp: str, mode: str, outcome: str) -> str:
+    """A verify record's key; `stamp` is a catalog stamp (YYYYMMDDTHHMMSS.ffffffZ), so key order is time order.
+
+    The mode and outcome are in the key so `braid list` reads every
+    backup's newest result from a LIST of `verify/` alone.
+    """
+    return f"{verification_prefix(ref)}{stamp}~{mode}~{outcome}.json"
+
+
+def parse_verification_key(key: str) -> tuple[BackupRef, str, str, str] | None:
+    """(backup, stamp, mode, outcome) of a verify record key, or None for any other key."""
+    if not key.startswith(VERIFICATIONS) or not key.endswith(".json"):
+        return None
+    parts = key[len(VERIFICATIONS) : -len(".json")].split("/")
+    if len(parts) != 3:
+        return None
+    fields = parts[2].split("~")
+    ref = _ref(parts[0], parts[1])
+    if ref is None or len(fields) != 3 or not all(fields):
+        return None
+    return ref, fields[0], fields[1], fields[2]
+
+
+def verify_run_prefix(run: str) -> str:
+    """The cloud verify's work objects of one run (an execution name): items for the map, its results."""
+    if not run or "/" in run:
+        raise UsageError(f"invalid verify run name {run!r}")
+    return f"{VERIFY_RUNS}{run}/"

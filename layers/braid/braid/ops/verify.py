@@ -27,20 +27,51 @@ from braid.format.buffers import new_buffer
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import chunk_key
+from braid.format.layout import chunk_key, data_prefix
 from braid.format.manifest import ChunkEntry, Manifest
 from braid.format.repository import Repository
+from braid.format.verification import Selection
 from braid.ops.chunk_reader import ChunkReader
 from braid.ops.open import open_backup, read_manifest
 from braid.ports.keys import KeyService
-from braid.ports.store import ObjectStore
+from braid.ports.store import ObjectInfo, ObjectStore
 
 
-def check_chunk(store: ObjectStore, ref: BackupRef, entry: ChunkEntry, *, read_if_unknown: bool = True) -> None:
-    """Presence, size, and checksum; `read_if_unknown` reads objects whose store keeps no checksum."""
-    key = chunk_key(ref, entry.index)
-    info = store.head(key)
+def chunk_objects(ref: BackupRef, entries: Iterable[ChunkEntry]) -> list[tuple[str, ChunkEntry]]:
+    """Which stored object holds each chunk: the one place verify maps chunks to objects.
+
+    Today one object per chunk (braid.format.layout.chunk_key); a layout
+    packing several chunks per object changes this function only.
+    """
+    return [(chunk_key(ref, entry.index), entry) for entry in entries]
+
+
+def listed_objects(store: ObjectStore, ref: BackupRef) -> dict[str, ObjectInfo]:
+    """Every object under the backup's data prefix, with its size, from LIST (S3: 1,000 keys a request).
+
+    S3's LIST names each object's checksum algorithm but not its value, so
+    the stored checksum still takes a HEAD per chunk (`check_chunk`); what
+    LIST settles alone, a missing or resized chunk, costs no request per chunk.
+    """
+    return {info.key: info for info in store.list(data_prefix(ref))}
+
+
+def check_chunk(
+    store: ObjectStore, ref: BackupRef, entry: ChunkEntry, *, read_if_unknown: bool = True, listed: dict[str, ObjectInfo] | None = None
+) -> None:
+    """Presence, size, and checksum; `read_if_unknown` reads objects whose store keeps no checksum.
+
+    With `listed` (`listed_objects`), presence and size come from the listing and only the checksum from a HEAD.
+    """
+    ((key, _),) = chunk_objects(ref, [entry])
     where = f"chunk {entry.index} of backup {ref}"
+    if listed is not None:
+        seen = listed.get(key)
+        if seen is None:
+            raise IntegrityError(f"{where} is missing from the repository ({key})")
+        if seen.size != entry.stored_length:
+            raise IntegrityError(f"{where} is {seen.size} bytes, manifest says {entry.stored_length}")
+    info = store.head(key)
     if info is None:
         raise IntegrityError(f"{where} is missing from the repository ({key})")
     if info.size != entry.stored_length:
@@ -98,10 +129,23 @@ class VerifyReport:
 
 def select_chunks(manifest: Manifest, sample_percent: float | None) -> list[ChunkEntry]:
     """The chunks to check: all, or a fresh random sample each run, so repeated sampled runs cover the whole backup."""
+    return selected_chunks(manifest, Selection.sample(sample_percent))
+
+
+def selected_chunks(manifest: Manifest, selection: Selection) -> list[ChunkEntry]:
+    """The chunks `selection` names, in chunk order: all, a random sample, or one part of a rotation.
+
+    A rotation's part k of t is every chunk whose index is k-1 modulo t:
+    spread over the whole backup (each input, each region of the disk), and
+    t runs of parts 1..t check every chunk exactly once.
+    """
     chunks = list(manifest.chunks())
-    if sample_percent is None or sample_percent >= 100:
+    if selection.kind == "rotation":
+        assert selection.part is not None and selection.of is not None
+        return [c for c in chunks if c.index % selection.of == selection.part - 1]
+    if selection.kind != "sample" or selection.percent is None or selection.percent >= 100:
         return chunks
-    count = max(1, round(len(chunks) * sample_percent / 100)) if chunks else 0
+    count = max(1, round(len(chunks) * selection.percent / 100)) if chunks else 0
     return sorted(random.SystemRandom().sample(chunks, count), key=lambda c: c.index)
 
 
@@ -113,15 +157,41 @@ def verify_backup(
     deep: bool,
     sample_percent: float | None = None,
     workers: int = 4,
+    selection: Selection | None = None,
 ) -> VerifyReport:
-    """Check a backup and report every failure (not just the first)."""
+    """Check a backup and report every failure (not just the first); `selection` overrides `sample_percent`."""
+    chunks = selected_chunks(manifest, selection or Selection.sample(sample_percent))
+    report = check_entries(store, manifest, key, chunks, deep=deep, workers=workers)
+    if deep and key is not None and len(chunks) == manifest.chunk_count and report.ok:
+        report.failures.extend(input_checksum_failures(manifest, key))
+    return report
+
+
+def input_checksum_failures(manifest: Manifest, key: DataKey) -> list[str]:
+    """Each input's chained checksum recomputed from its chunks' keyed checksums (the manifest's own, no chunk read):
+    with every chunk's plaintext checked against those, this proves each input whole and in order."""
+    return [
+        f"backup {manifest.backup}: input {entry.index} whole-input checksum mismatch"
+        for entry in manifest.inputs
+        if key.input_mac(entry.index, entry.length, [c.mac for c in entry.chunks]) != entry.mac
+    ]
+
+
+def check_entries(
+    store: ObjectStore, manifest: Manifest, key: DataKey | None, chunks: Iterable[ChunkEntry], *, deep: bool, workers: int = 4
+) -> VerifyReport:
+    """Check these chunks of a backup (quick, or deep with its data key): the report of what was found.
+
+    Shared by the host-side verify and the cloud's verify workers, which
+    each check one group of chunks (braid.pipeline.verify_worker).
+    """
     ref = BackupRef.parse(manifest.backup)
-    chunks = select_chunks(manifest, sample_percent)
     report = VerifyReport(str(ref), "deep" if deep else "quick", manifest.chunk_count)
     failed: list[tuple[int, str]] = []  # (chunk index, message): sorted by index, not as text ("10" < "2")
     unreadable: list[tuple[int, str]] = []
     lock = threading.Lock()
     readers = threading.local()
+    listed = None if deep else listed_objects(store, ref)
 
     def deep_check(entry: ChunkEntry) -> None:
         assert key is not None
@@ -139,7 +209,7 @@ def verify_backup(
             if deep:
                 deep_check(entry)
             else:
-                check_chunk(store, ref, entry)
+                check_chunk(store, ref, entry, listed=listed)
         except IntegrityError as exc:
             with lock:
                 failed.append((entry.index, str(exc)))
@@ -156,15 +226,17 @@ def verify_backup(
         list(pool.map(run, chunks))
     report.failures = [message for _, message in sorted(failed + unreadable)]
     report.unreadable = [message for _, message in sorted(unreadable)]
-    if deep and key is not None and len(chunks) == manifest.chunk_count and report.ok:
-        for entry in manifest.inputs:
-            if key.input_mac(entry.index, entry.length, [c.mac for c in entry.chunks]) != entry.mac:
-                report.failures.append(f"backup {ref}: input {entry.index} whole-input checksum mismatch")
     return report
 
 
 def verify_published(
-    repository: Repository, ref: BackupRef, keys: KeyService | None, *, sample_percent: float | None = None, workers: int = 4
+    repository: Repository,
+    ref: BackupRef,
+    keys: KeyService | None,
+    *,
+    sample_percent: float | None = None,
+    workers: int = 4,
+    selection: Selection | None = None,
 ) -> VerifyReport:
     """Open a published backup and check it: deep when given the key service.
 
@@ -174,6 +246,7 @@ def verify_published(
     key, so a host without key access can still run it.
     """
     if keys is None:
-        return verify_backup(repository.store, read_manifest(repository, ref), None, deep=False, sample_percent=sample_percent, workers=workers)
+        manifest = read_manifest(repository, ref)
+        return verify_backup(repository.store, manifest, None, deep=False, sample_percent=sample_percent, workers=workers, selection=selection)
     manifest, key = open_backup(repository, ref, keys)
-    return verify_backup(repository.store, manifest, key, deep=True, sample_percent=sample_percent, workers=workers)
+    return verify_backup(repository.store, manifest, key, deep=True, sample_percent=sample_percent, workers=workers, selection=selection)

@@ -14,10 +14,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from braid.adapters.aws.clients import cloudformation_client
 from braid.adapters.aws.errors import AwsCall, aws_error
 from braid.adapters.aws.s3 import S3Store
-from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_OBJECT_LOCK, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE
+from braid.contract import OUTPUT_BUCKET, OUTPUT_KEY, OUTPUT_OBJECT_LOCK, OUTPUT_REPOSITORY, OUTPUT_STATE_MACHINE, OUTPUT_VERIFY_STATE_MACHINE
 from braid.errors import BackupError, RepositoryError, UsageError
 from braid.format.lock import ObjectLock
 from braid.format.repository import RepositoryConfig
+
+VERIFY_STATE_MACHINE_SETTING = "verify_state_machine_arn"  # the repository config's cloud setting
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
     from types_boto3_cloudformation.client import CloudFormationClient
@@ -50,6 +52,8 @@ def config_from_outputs(stack: str, outputs: dict[str, str], store: S3Store, cre
         raise UsageError(f"stack {stack!r} serves the repository {served}, not {store.url}: use --repo {served}")
     # The bucket is not recorded: the config lives in it.
     cloud = {"stack": stack, "state_machine_arn": outputs[OUTPUT_STATE_MACHINE]}
+    if outputs.get(OUTPUT_VERIFY_STATE_MACHINE):  # stacks from before the cloud verify have none: verify then runs on the host
+        cloud[VERIFY_STATE_MACHINE_SETTING] = outputs[OUTPUT_VERIFY_STATE_MACHINE]
     if region:
         cloud["region"] = region
     # The bucket's retention, so hosts writing here (rekey, --engine local) and prune apply it too.

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from braid.adapters.aws.clients import process_requests, stepfunctions_client
+from braid.adapters.aws.clients import cloudformation_client, process_requests, stepfunctions_client
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
+from braid.adapters.aws.stack_outputs import VERIFY_STATE_MACHINE_SETTING, stack_outputs
 from braid.adapters.aws.stepfunctions import StepFunctionsExecutions
+from braid.adapters.aws.verify_runs import CloudVerifier
 from braid.agent.cloud_engine import CloudEngine, CloudOptions
+from braid.contract import OUTPUT_VERIFY_STATE_MACHINE
 from braid.errors import RepositoryError, UsageError
 from braid.format.repository import Repository
 
@@ -47,3 +50,23 @@ def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfun
         retries=store.retries,
         requests=process_requests,
     )
+
+
+def cloud_verifier(repository: Repository, *, stepfunctions: SFNClient | None = None) -> CloudVerifier | None:
+    """The stack's verify state machine for an s3:// repository, or None when it has none (verify on this host).
+
+    Its ARN is in the repository's config when `braid init --stack` ran on
+    a stack that has one; a repository initialised before that names the
+    stack, whose outputs are then read.
+    """
+    store = repository.store
+    if not isinstance(store, S3Store):
+        return None
+    cloud = repository.config.cloud
+    arn = cloud.get(VERIFY_STATE_MACHINE_SETTING)
+    if not arn and cloud.get("stack"):
+        arn = stack_outputs(str(cloud["stack"]), cloudformation_client(region=cloud.get("region"))).get(OUTPUT_VERIFY_STATE_MACHINE)
+    if not arn:
+        return None
+    client = stepfunctions or stepfunctions_client(region=cloud.get("region"), on_retry=store.retries)
+    return CloudVerifier(client, str(arn))

@@ -4,7 +4,7 @@ Both read records checked against their own checksums only; nothing here
 decrypts, so a host without the key can still see what is there. `list`
 reads the catalog (braid.ops.catalog: a snapshot, the log since, and the
 summaries of recent backups), never every manifest; `show` reads the one
-manifest it shows.
+manifest it shows, and its newest verify record (braid.ops.verification).
 `list --incomplete` shows what has no manifest yet (braid.ops.incomplete).
 `show` prices the backup's recorded usage with the repository's price table
 (braid.ops.prices), and so does `list --json` for each backup.
@@ -22,6 +22,7 @@ from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
 from braid.ops.prices import load_prices
+from braid.ops.verification import latest_marks, latest_verification
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -45,6 +46,10 @@ def cmd_list(args: argparse.Namespace) -> int:
             if prices is not None:
                 row.update(billed_fields(entry.usage, prices))
             rows.append(row)
+    # Each backup's newest verification, from the record keys alone: one LIST of verify/, no GET per backup.
+    verified = {str(ref): mark.to_json() for ref, mark in latest_marks(repository.store).items()}
+    for row in rows:
+        row["verified"] = verified.get(row["backup"])
     rows.sort(key=lambda row: (row["created"], row["backup"]))
     empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
     print_backup_list(rows, args.json, empty=empty)
@@ -54,5 +59,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
     manifest = read_manifest(repository, BackupRef.parse(args.backup))
-    print_manifest(manifest, args.json, load_prices(repository.store), repository.object_lock)
+    record = latest_verification(repository.store, BackupRef.parse(manifest.backup))
+    print_manifest(manifest, args.json, load_prices(repository.store), repository.object_lock, record)
     return 0

@@ -1,0 +1,156 @@
+"""The cloud verify's documents: its execution input, its map items and each item's outcome.
+
+    Identify ─► PlanVerify ─► Deep? ─yes─► CheckChunks (Distributed Map, EXPRESS children: VerifyWorker) ─┐
+                                  └──no (quick, or nothing to read) ─────────────────────────────────────┴─► RecordVerify
+
+The execution input (what `braid verify` and the daily schedule start):
+
+    {"backups": ["NAME@ID" | "NAME@latest", ...] | "all" | "latest",
+     "deep": false, "sample_percent": null | PCT, "rotate": null | N, "prefix": ""}
+
+"latest" is each name's newest backup (the daily schedule). The run's work
+objects live under `verify-runs/RUN/` (RUN: the execution's name,
+braid.format.layout.verify_run_prefix): `plan.json` (per backup: the chunk
+selection, totals, and the outcomes already known: a quick check's, or a
+backup that would not open) and `items.json` (what the map's ItemReader
+reads). The map's results come back through its ResultWriter, failed
+items included with the worker's own error, and RecordVerify folds them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from braid.errors import UsageError
+from braid.format.ids import BackupRef
+from braid.format.verification import Selection
+
+CHUNKS_PER_ITEM = 8  # a 64 MiB chunk takes ~1 s to fetch, authenticate and decompress: an item stays well inside a worker's 60 s
+PLAN_OBJECT = "plan.json"
+ITEMS_OBJECT = "items.json"
+DEFAULT_MAX_CONCURRENCY = 100
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    backups: tuple[str, ...] | str  # explicit NAME@ID / NAME@latest list, or "all" | "latest"
+    deep: bool = False
+    sample_percent: float | None = None
+    rotate: int | None = None
+    prefix: str = ""
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+
+    @property
+    def mode(self) -> str:
+        return "deep" if self.deep else "quick"
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, Any]) -> VerifyRequest:
+        try:
+            backups = event.get("backups", "latest")
+            if isinstance(backups, str):
+                if backups not in ("all", "latest"):
+                    raise ValueError(f'"backups" is a list of NAME@ID, "all" or "latest", not {backups!r}')
+                chosen: tuple[str, ...] | str = backups
+            else:
+                chosen = tuple(str(BackupRef.parse(str(b))) for b in backups)
+                if not chosen:
+                    raise ValueError('"backups" names no backup')
+            sample = event.get("sample_percent")
+            rotate = event.get("rotate")
+            request = cls(
+                backups=chosen,
+                deep=bool(event.get("deep", False)),
+                sample_percent=float(sample) if sample is not None else None,
+                rotate=int(rotate) if rotate is not None else None,
+                prefix=str(event.get("prefix", "")),
+                max_concurrency=int(event.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)),
+            )
+        except (TypeError, ValueError, UsageError) as exc:
+            raise UsageError(f"invalid verify request: {exc}") from None
+        if request.sample_percent is not None and not 0 < request.sample_percent <= 100:
+            raise UsageError(f"invalid verify request: sample_percent must be in (0, 100], not {request.sample_percent}")
+        if request.rotate is not None and request.rotate < 1:
+            raise UsageError(f"invalid verify request: rotate must be at least 1, not {request.rotate}")
+        if request.sample_percent is not None and request.rotate is not None:
+            raise UsageError("invalid verify request: sample_percent and rotate exclude each other")
+        return request
+
+
+@dataclass(frozen=True)
+class VerifyItem:
+    """One map item: a few chunks of one backup, by index; the worker takes everything else from the manifest."""
+
+    backup: str
+    chunks: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backup": self.backup, "chunks": list(self.chunks)}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> VerifyItem:
+        try:
+            return cls(str(BackupRef.parse(str(doc["backup"]))), tuple(int(i) for i in doc["chunks"]))
+        except (KeyError, TypeError, ValueError, UsageError) as exc:
+            raise UsageError(f"invalid verify item: {exc}") from None
+
+
+def items_of(backup: str, indices: Iterable[int], per_item: int = CHUNKS_PER_ITEM) -> list[VerifyItem]:
+    chosen = list(indices)
+    return [VerifyItem(backup, tuple(chosen[i : i + per_item])) for i in range(0, len(chosen), per_item)]
+
+
+@dataclass
+class ItemOutcome:
+    """What checking some chunks of one backup found (a worker's item, a quick check, or a backup that would not open).
+
+    `failures` are (chunk index, message) in chunk order; `corrupt` says at
+    least one was read and found wrong (not merely unreadable or unchecked).
+    """
+
+    backup: str
+    chunks_checked: int = 0
+    bytes_checked: int = 0
+    failures: list[tuple[int, str]] = field(default_factory=list)
+    corrupt: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backup": self.backup,
+            "chunks_checked": self.chunks_checked,
+            "bytes_checked": self.bytes_checked,
+            "failures": [[i, m] for i, m in self.failures],
+            "corrupt": self.corrupt,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> ItemOutcome:
+        try:
+            return cls(
+                str(doc["backup"]),
+                int(doc["chunks_checked"]),
+                int(doc["bytes_checked"]),
+                [(int(i), str(m)) for i, m in doc["failures"]],
+                bool(doc["corrupt"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"invalid verify outcome: {exc}") from None
+
+
+@dataclass(frozen=True)
+class PlannedBackup:
+    """One backup of a run, as PlanVerify left it in `plan.json`."""
+
+    backup: str
+    selection: Selection
+    chunks_total: int
+    chunks_selected: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"backup": self.backup, "selection": self.selection.to_json(), "chunks_total": self.chunks_total, "chunks_selected": self.chunks_selected}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> PlannedBackup:
+        return cls(str(doc["backup"]), Selection.from_json(doc["selection"]), int(doc["chunks_total"]), int(doc["chunks_selected"]))
