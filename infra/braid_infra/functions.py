@@ -25,7 +25,20 @@ from constructs import Construct
 from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
-from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS, Storage
+from braid_infra.storage import (
+    CATALOG_INDEX_OBJECTS,
+    CATALOG_LOG_OBJECTS,
+    CATALOG_OBJECTS,
+    CONFIG,
+    DATA_OBJECTS,
+    MANIFEST_OBJECTS,
+    POLICY_OBJECTS,
+    PRUNE_OBJECTS,
+    REKEY_OBJECTS,
+    STAGING_OBJECTS,
+    SUMMARY_OBJECTS,
+    Storage,
+)
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[2] / "functions"
 WORKER_LANES = contract.DEFAULT_WORKER_LANES
@@ -50,7 +63,13 @@ SPECS = {
     ),
     "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
-    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify and prune"),
+    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled deep verify, then starts the prune run"),
+    # The prune state machine (braid_infra.prune_pipeline). PlanPrune authenticates the
+    # manifests its plan keeps or removes (a few MB each at TiB sizes), many at once.
+    "prune": FunctionSpec("prune", 1769, Duration.minutes(15), "Braid Prune planner: judge retention from the catalog, remove manifests first"),
+    # Sweep items retry inside their EXPRESS child's 5 minutes (contract.SWEEP_*, checked in tests/infra).
+    "sweep": FunctionSpec("sweep", 256, Duration.seconds(contract.SWEEP_TIMEOUT_SECONDS), "Braid Sweep: delete a slice of a pruned backup, or a leftover"),
+    "tally": FunctionSpec("tally", 512, Duration.minutes(15), "Braid Prune tally: report the prune run, refresh the catalog snapshot"),
 }
 
 
@@ -187,11 +206,31 @@ class PipelineFunctions(Construct):
         self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
-        # Verify: read and decrypt published backups, prune data without a manifest.
-        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS)
-        self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, REKEY_OBJECTS)
-        # Prune takes a backup out of the catalog first, and the schedule keeps its snapshot fresh for hosts that only read.
-        self._s3("verify", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
+        # Verify (the scheduled maintenance): read and decrypt published backups; deletes nothing
+        # (it starts the prune state machine: braid_infra.prune_pipeline grants that).
+        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS)
         self._list("verify")
         self._events("verify")
         self.keys.allow_decrypt(self.roles["verify"])
+        # PlanPrune: judge from the catalog and stored policies, authenticate manifests, then take
+        # each pruned backup out of the catalog (marker, summary) and delete its manifest (and any
+        # rekey copy); writes the run's plan and items. Never data: that is Sweep's.
+        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS)
+        self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
+        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS)
+        self._list("prune")
+        self._events("prune")
+        self.keys.allow_decrypt(self.roles["prune"])
+        # Sweep: look for a manifest (HEAD), read leases, delete data and staging, and a
+        # leftover's summary; write its result record. No key: it never reads a chunk.
+        self._s3("sweep", ["s3:GetObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
+        self._s3("sweep", ["s3:DeleteObject"], DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS)
+        self._s3("sweep", ["s3:PutObject"], PRUNE_OBJECTS)
+        self._list("sweep")
+        # TallyPrune: read the run's records, write its report and delete the rest; fold the
+        # catalog log into a snapshot (reading summaries, or manifests where one is missing)
+        # and collect superseded snapshots and log days. No key: the catalog needs none.
+        self._s3("tally", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS)
+        self._s3("tally", ["s3:PutObject", "s3:DeleteObject"], CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
+        self._list("tally")
+        self._events("tally")

@@ -12,9 +12,12 @@ Alarms: failed or timed-out backup executions; failed map-run children
 label); Lambda errors (synchronous Step Functions invokes: no DLQ, so the
 Errors metric is the signal, and worker errors that retries absorbed still
 show); sustained worker throttling; the scheduled maintenance nearing its
-15-minute timeout (it then stops before pruning); the scheduled verify's
-VerifyFailures metric (EMF, namespace Braid); and any alarm another
-construct hands in (the backup schedules' delivery failures).
+15-minute timeout (its verify then skips backups; the prune it starts runs
+regardless); the scheduled verify's VerifyFailures metric (EMF, namespace
+Braid); prune executions failed or timed out, and prune runs whose items
+failed (PruneFailures: their data waits for the next run), so retention
+never stops silently; and any alarm another construct hands in (the backup
+schedules' delivery failures).
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Monitoring(Construct):
         construct_id: str,
         *,
         state_machine: sfn.StateMachine,
+        prune_state_machine: sfn.StateMachine,
         functions: dict[str, lambda_.Function],
         extra_alarms: Sequence[cloudwatch.Alarm] = (),
         alarm_emails_value: object = None,
@@ -145,8 +149,25 @@ class Monitoring(Construct):
             alarm(
                 maintenance.metric_duration(period=Duration.hours(1), statistic="Maximum"),
                 "MaintenanceNearTimeout",
-                f"Braid's scheduled verify and prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
+                f"Braid's scheduled verify ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: it skips backups, or may not start the prune",
                 threshold=timeout * MAINTENANCE_NEAR_TIMEOUT,
+            ),
+            alarm(
+                prune_state_machine.metric_failed(period=period),
+                "PruneFailed",
+                "A Braid prune run failed: retention did not finish; the execution's history names the step and its error",
+            ),
+            alarm(prune_state_machine.metric_timed_out(period=period), "PruneTimedOut", "A Braid prune run timed out: retention did not finish"),
+            alarm(
+                cloudwatch.Metric(
+                    namespace=contract.METRICS_NAMESPACE,
+                    metric_name=contract.METRIC_PRUNE_FAILURES,
+                    dimensions_map={"service": contract.SERVICE_NAME},
+                    period=Duration.days(1),
+                    statistic="Sum",
+                ),
+                "PruneItemsFailed",
+                "A Braid prune run could not delete some data (it has no manifest: the next run collects it); see the run's report",
             ),
             alarm(
                 cloudwatch.Metric(
@@ -166,7 +187,7 @@ class Monitoring(Construct):
                     function.metric_errors(period=period),
                     f"{name.capitalize()}Errors",
                     f"Braid {name} function errors (no DLQ: synchronous Step Functions invokes)",
-                    threshold=5 if name == "worker" else 1,
+                    threshold=5 if name in ("worker", "sweep") else 1,  # map items: retries absorb a few
                 )
             )
         # Freshness: Finalize counts each published backup under its name; an hour with none is

@@ -7,6 +7,7 @@ reason it is the least privilege that works. Anything new fails synth.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
@@ -14,9 +15,22 @@ from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
 from braid_infra.access import OWN_STAGING, STAGING_RECORDS
-from braid_infra.storage import CATALOG_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, REKEY_OBJECTS, STAGING_OBJECTS
+from braid_infra.storage import (
+    CATALOG_INDEX_OBJECTS,
+    CATALOG_LOG_OBJECTS,
+    CATALOG_OBJECTS,
+    DATA_OBJECTS,
+    MANIFEST_OBJECTS,
+    POLICY_OBJECTS,
+    PRUNE_OBJECTS,
+    REKEY_OBJECTS,
+    STAGING_OBJECTS,
+    SUMMARY_OBJECTS,
+)
 
 if TYPE_CHECKING:
+    from aws_cdk.aws_stepfunctions import StateMachine
+
     from braid_infra.stack import BraidStack
 
 XRAY = "X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions (Resource: *); tracing is required."
@@ -28,6 +42,10 @@ OBJECTS = {
     POLICY_OBJECTS: "Retention policies are named per backup name (policies/NAME.json); read-only, confined to the policies prefix.",
     CATALOG_OBJECTS: "Catalog summaries, log markers and snapshots are named per backup and time at run time; confined to the catalog prefix.",
     REKEY_OBJECTS: "braid rekey's verified manifest copies are named per backup; the scheduled prune only deletes them, confined to rekey/.",
+    SUMMARY_OBJECTS: "Catalog summaries are named per backup; the prune deletes those of backups it removes, confined to catalog/summaries/.",
+    CATALOG_LOG_OBJECTS: "Catalog log markers are named per time and backup at run time; confined to catalog/log/.",
+    CATALOG_INDEX_OBJECTS: "Catalog snapshots are named per time at run time; confined to catalog/index/.",
+    PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
 
@@ -58,8 +76,13 @@ def suppress_findings(stack: BraidStack) -> None:
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
-        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, CATALOG_OBJECTS, REKEY_OBJECTS],
+        "verify": [DATA_OBJECTS, MANIFEST_OBJECTS],
+        "prune": [MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS],
+        "sweep": [MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS, PRUNE_OBJECTS],
+        "tally": [MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS, CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS],
     }
+    backup_steps = ("prepare", "plan", "worker", "finalize", "cleanup")
+    prune_steps = ("prune", "sweep", "tally")
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
         acknowledge(policy, wildcard("*"), XRAY)
@@ -71,24 +94,11 @@ def suppress_findings(stack: BraidStack) -> None:
     machine = stack.pipeline.state_machine
     machine_id = _ref(stack, machine)
     machine_policy = machine.role.node.find_child("DefaultPolicy")
-    acknowledge(machine_policy, wildcard("*"), XRAY + " (state machine tracing)")
+    _machine(stack, machine, backup_steps, "chunks", bucket)
     acknowledge(machine_policy, wildcard(f"{bucket}/{STAGING_OBJECTS}"), "The map's ItemReader reads plan rounds under staging/.")
-    acknowledge(
-        machine_policy,
-        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
-        "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the plan rounds' keys are per backup.",
-    )
-    for name in uses:
-        acknowledge(
-            machine_policy,
-            wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
-            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
-        )
-    map_policy = machine.node.find_child("DistributedMapPolicy")
-    execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{machine_id}"}}]}}]}}'
-    reason = "Added by CDK's DistributedMap: the state machine manages its own map runs, whose ids are made at run time."
-    acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
-    acknowledge(map_policy, wildcard(f"{execution}/chunks:*"), reason)
+    prune = stack.prune.state_machine
+    _machine(stack, prune, prune_steps, "sweep", bucket)
+    acknowledge(prune.role.node.find_child("DefaultPolicy"), wildcard(f"{bucket}/{PRUNE_OBJECTS}"), "The map's ItemReader reads the run's items under prune/.")
 
     access = stack.access
     agent = access.agent_policy
@@ -113,3 +123,26 @@ def suppress_findings(stack: BraidStack) -> None:
     acknowledge(restore, wildcard(f"{bucket}/{DATA_OBJECTS}"), OBJECTS[DATA_OBJECTS])
     acknowledge(restore, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), OBJECTS[MANIFEST_OBJECTS])
     acknowledge(restore, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " Read-only (braid list).")
+
+
+def _machine(stack: BraidStack, machine: StateMachine, steps: Sequence[str], label: str, bucket: str) -> None:
+    """What CDK itself adds to a state machine with a Distributed Map over an S3 item reader, and Lambda steps."""
+    machine_id = _ref(stack, machine)
+    policy = machine.role.node.find_child("DefaultPolicy")
+    acknowledge(policy, wildcard("*"), XRAY + " (state machine tracing)")
+    acknowledge(
+        policy,
+        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
+        "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the items' keys are made per run.",
+    )
+    for name in steps:
+        acknowledge(
+            policy,
+            wildcard(f"<{_ref(stack, stack.functions[name])}.Arn>:*"),
+            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
+        )
+    map_policy = machine.node.find_child("DistributedMapPolicy")
+    execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{machine_id}"}}]}}]}}'
+    reason = "Added by CDK's DistributedMap: the state machine manages its own map runs, whose ids are made at run time."
+    acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
+    acknowledge(map_policy, wildcard(f"{execution}/{label}:*"), reason)

@@ -20,6 +20,7 @@ from braid.contract import (
     OUTPUT_AGENT_ROLE,
     OUTPUT_BUCKET,
     OUTPUT_KEY,
+    OUTPUT_PRUNE_STATE_MACHINE,
     OUTPUT_REPOSITORY,
     OUTPUT_RESTORE_INSTANCE_PROFILE,
     OUTPUT_RESTORE_ROLE,
@@ -33,6 +34,7 @@ from braid_infra.layer import BraidLayer
 from braid_infra.monitoring import Monitoring
 from braid_infra.nag import suppress_findings
 from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
+from braid_infra.prune_pipeline import SWEEP_RETRY, PrunePipeline
 from braid_infra.schedules import Schedules
 from braid_infra.storage import Storage
 
@@ -47,6 +49,7 @@ class BraidStack(Stack):
         layer_dir: Path | None = None,
         worker_retry: RetryPolicy = WORKER_RETRY,
         step_retry: RetryPolicy = STEP_RETRY,
+        sweep_retry: RetryPolicy = SWEEP_RETRY,
         retention: Mapping[str, Any] | None = None,
         backup_schedules: Any = None,
         worker_concurrency: int | None = None,
@@ -65,14 +68,18 @@ class BraidStack(Stack):
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )
+        self.prune = PrunePipeline(
+            self, "PrunePipeline", storage=self.storage, functions=self.functions, sweep_retry=sweep_retry, step_retry=step_retry
+        )
         self.schedules = Schedules(
-            self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
+            self, "Schedules", verify=self.functions["verify"], prune=self.prune.state_machine, repository_prefix=prefix, retention=retention
         )
         self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
         self.monitoring = Monitoring(
             self,
             "Monitoring",
             state_machine=self.pipeline.state_machine,
+            prune_state_machine=self.prune.state_machine,
             functions=self.functions.functions,
             extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
         )
@@ -83,6 +90,10 @@ class BraidStack(Stack):
         CfnOutput(self, OUTPUT_REPOSITORY, value=f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}", description="braid --repo")
         CfnOutput(self, OUTPUT_KEY, value=self.keys.key.key_arn, description="KMS key wrapping data keys")
         CfnOutput(self, OUTPUT_STATE_MACHINE, value=self.pipeline.state_machine.state_machine_arn, description="Backup state machine")
+        CfnOutput(
+            self, OUTPUT_PRUNE_STATE_MACHINE, value=self.prune.state_machine.state_machine_arn,
+            description="Prune state machine (the daily maintenance starts it; input: retention rules, see README)",
+        )
         CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
         CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")
         CfnOutput(self, OUTPUT_RESTORE_ROLE, value=self.access.restore_role.role_arn, description="Role for restore hosts")

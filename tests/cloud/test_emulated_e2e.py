@@ -289,7 +289,7 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     sys.path.insert(0, str(ROOT / "tests"))
     from support.cfn_render import Resolver
     from support.emulated_cloud import cached_stack
-    from support.moto_stack import data_key_id, resources_of
+    from support.moto_stack import backup_machine_id, data_key_id, resources_of
 
     template = cached_stack().template
     config = emulator.config()
@@ -300,7 +300,7 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{emulator.bucket}"
     key_id = data_key_id(template)
     resolver.attributes[(key_id, "Arn")] = key
-    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
+    machine_id = backup_machine_id(template)
     resolver.refs[machine_id] = machine
     resolver.attributes[(machine_id, "Name")] = machine.rpartition(":")[2]
     policies = {}

@@ -1,4 +1,8 @@
-"""Scheduled maintenance (the EventBridge verify-and-prune job) on a real repository."""
+"""Scheduled maintenance (the EventBridge verify job, which then starts the prune run) on a real repository.
+
+The prune run's three steps run in-process here (support.prune_inline);
+tests/cloud/test_prune_cloud.py runs them as the synthesized state machine.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,25 @@ from braid.cli.compose import open_repository
 from braid.contract import VERIFY_FAILED
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
+from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy
-from braid.pipeline.maintenance import policy_from_event, run_maintenance
+from braid.pipeline.maintenance import MaintenanceReport, policy_from_event, run_maintenance
+from braid.pipeline.prune_tally import PruneReport
 from braid.ports.pipeline import RecordingPublisher
 from conftest import run_braid
 from support.event_docs import documented_events
+from support.prune_inline import InlinePruneRuns
+
+
+def maintain(
+    repository: Repository, keys: LocalKeyFile, events: RecordingPublisher, rules: dict[str, object], now: datetime | None = None
+) -> tuple[MaintenanceReport, PruneReport]:
+    """The scheduled job as the schedule runs it: verify, then the prune run it starts, to its end."""
+    runs = InlinePruneRuns(repository, keys, events, now=now)
+    report = run_maintenance(repository, keys, events, runs, sample_percent=None, prune_input=rules, now=now)
+    assert report.prune_run is not None and report.prune_run.startswith("inline:prune-")
+    (pruned,) = runs.reports
+    return report, pruned
 
 
 def backup(repo: Path, name: str, data: bytes) -> str:
@@ -41,11 +59,11 @@ def test_verifies_latest_then_applies_retention(repo: Path, tmp_path: Path) -> N
     os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
     events = RecordingPublisher()
 
-    report = run_maintenance(repository, key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report, run = maintain(repository, key_file(tmp_path), events, {"keep_last": 1})
 
     assert report.ok and sorted(r["backup"] for r in report.verified) == sorted([new, logs])
     assert all(r["mode"] == "deep" and r["chunks_checked"] == r["chunks_total"] for r in report.verified)
-    assert report.pruned == [old] and report.collected == [str(orphan)]
+    assert run.ok and run.pruned == [old] and run.collected == [str(orphan)]
     assert sorted(str(r) for r in repository.backups()) == sorted([new, logs])
     assert list(repository.store.list(f"data/db/{orphan.id}/")) == []
     assert events.events == []
@@ -60,7 +78,7 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
     chunk.write_bytes(bytes(raw))
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_days=30))
+    report, run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_days": 30})
 
     assert not report.ok
     (failed,) = report.verified
@@ -68,7 +86,8 @@ def test_corrupt_latest_backup_is_reported_and_announced(repo: Path, tmp_path: P
     assert [kind for kind, _ in events.events] == [VERIFY_FAILED]
     assert events.events[0][1]["backup"] == latest
     assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
-    assert report.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
+    assert run.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
+    assert [u["backup"] for u in run.unreadable] == [latest] and not run.ok
 
 
 def test_policy_from_the_schedule_event() -> None:
@@ -84,23 +103,20 @@ def test_without_a_configured_policy_no_backup_is_removed(repo: Path, tmp_path: 
     old = backup(repo, "db", b"a" * 100)
     new = backup(repo, "db", b"b" * 100)
     repository = open_repository(str(repo))
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
-    assert report.ok and report.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
+    report, run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {})
+    assert report.ok and run.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
 
     assert run_braid("prune", "--repo", str(repo), "--name", "db", "--keep-last", "1", "--save-policy").code == 0
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=policy_from_event({}))
-    assert report.pruned == [old] and [str(r) for r in repository.backups()] == [new]
+    report, run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {})
+    assert run.pruned == [old] and [str(r) for r in repository.backups()] == [new]
 
 
 def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
     repository = open_repository(str(repo))
     in_flight = BackupRef.new("db")
     repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
-    report = run_maintenance(
-        repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1),
-        now=datetime.now(UTC) + timedelta(hours=1),
-    )
-    assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
+    _report, run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1}, now=datetime.now(UTC) + timedelta(hours=1))
+    assert run.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
 
 
 def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path: Path) -> None:
@@ -113,14 +129,14 @@ def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path
     chunk.write_bytes(bytes(raw))
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report, run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_last": 1})
 
-    assert not report.ok and report.pruned == []  # keep_last=1 counts only the good one: it stays
-    (unreadable,) = report.unreadable
+    assert not report.ok and run.pruned == []  # keep_last=1 counts only the good one: it stays
+    (unreadable,) = run.unreadable
     assert unreadable["backup"] == latest and f"backup {latest} failed verification: chunk 0 of backup {latest}" in unreadable["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([good, latest])
     assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, latest)]
-    assert report.to_json()["unreadable"] == report.unreadable
+    assert run.to_json()["unreadable"] == run.unreadable
     assert run_braid("restore", "--repo", str(repo), good).stdout == b"good " * 3000
 
 
@@ -133,11 +149,11 @@ def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tm
     manifest.write_bytes(manifest.read_bytes()[:100])
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
+    report, run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_last": 1})
 
     assert [r["backup"] for r in report.verified] == [newest] and report.verified[0]["ok"]
-    assert report.pruned == [oldest] and [u["backup"] for u in report.unreadable] == [broken] and not report.ok
-    assert "corrupt" in report.unreadable[0]["error"]
+    assert run.pruned == [oldest] and [u["backup"] for u in run.unreadable] == [broken] and not run.ok
+    assert "corrupt" in run.unreadable[0]["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([broken, newest])
     assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, broken)]
 
@@ -146,8 +162,31 @@ def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> N
     repository = open_repository(str(repo))
     stalled = BackupRef("db", "20200101T000000.000Z-0badc0de")  # an old id that wrote a chunk recently
     repository.store.put(f"data/db/{stalled.id}/0000000000", b"still going")
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1))
-    assert report.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
+    _report, run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1})
+    assert run.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
     later = datetime.now(UTC) + timedelta(hours=49)
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1), now=later)
-    assert report.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []
+    _report, run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1}, now=later)
+    assert run.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []
+
+
+def test_verify_short_of_time_still_starts_the_prune(repo: Path, tmp_path: Path) -> None:
+    """Verify stops when the function's time runs low; the prune it starts must never be cut off with it."""
+    old = backup(repo, "db", b"a" * 100)
+    new = backup(repo, "db", b"b" * 100)
+    repository = open_repository(str(repo))
+    runs = InlinePruneRuns(repository, key_file(tmp_path), RecordingPublisher())
+    report = run_maintenance(
+        repository, key_file(tmp_path), RecordingPublisher(), runs, sample_percent=None, prune_input={"keep_last": 1}, time_left=lambda: 60.0
+    )
+    assert report.verified == [] and report.skipped == [new] and report.ok
+    assert report.to_json()["skipped"] == [new] and report.prune_run is not None
+    assert runs.reports[0].pruned == [old]
+
+
+def test_a_bad_policy_stops_maintenance_before_anything_runs(repo: Path, tmp_path: Path) -> None:
+    backup(repo, "db", b"a" * 100)
+    repository = open_repository(str(repo))
+    runs = InlinePruneRuns(repository, key_file(tmp_path), RecordingPublisher())
+    with pytest.raises(UsageError, match="--keep-daily must be at least 1"):
+        run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), runs, sample_percent=None, prune_input={"keep_daily": 0})
+    assert runs.reports == []

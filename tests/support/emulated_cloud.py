@@ -33,7 +33,9 @@ emulator behaves as AWS does (support.sfn_semantics, which cites the AWS
 pages): a Distributed Map whose failed items exceed its tolerated threshold
 fails with States.ExceedToleratedFailureThreshold (moto: SUCCEEDED with
 nulls); children of an EXPRESS map are held to 5 minutes (States.Timeout);
-each Lambda is held to its Timeout (Sandbox.Timedout). Each handler signs
+each Lambda is held to its Timeout (Sandbox.Timedout). A LIST with a
+delimiter names only prefixes holding current objects, not delete markers
+(support.s3_semantics). Each handler signs
 with its own role, and requests are checked against the stack's rendered
 IAM policies, bucket policy and key policy (support.emulated_iam; hosts are
 checked when they sign as `host-agent-NAME` or `host-restore`).
@@ -218,9 +220,9 @@ def emulated_resolver(stack: SynthesizedStack, deployed: Any) -> Any:
     key_id = data_key_id(template)
     resolver.refs[key_id] = deployed.key_arn.rpartition("/")[2]
     resolver.attributes[(key_id, "Arn")] = deployed.key_arn
-    (machine_id,) = resources_of(template, "AWS::StepFunctions::StateMachine")
-    resolver.refs[machine_id] = deployed.state_machine_arn
-    resolver.attributes[(machine_id, "Name")] = deployed.state_machine_arn.rpartition(":")[2]
+    for machine_id, arn in deployed.state_machines.items():
+        resolver.refs[machine_id] = arn
+        resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
     return resolver
 
 
@@ -392,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         print("emulated-aws: error: --time-scale must be positive", file=sys.stderr)
         return 2
     AwsStepFunctions(time_scale=args.time_scale).install()
+    from support import s3_semantics
+
+    s3_semantics.install()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 

@@ -115,9 +115,27 @@ def zip_directory(directory: Path) -> bytes:
 class DeployedStack:
     bucket: str
     key_arn: str
-    state_machine_arn: str
+    state_machine_arn: str  # the backup pipeline's
     functions: dict[str, str] = field(default_factory=dict)  # step ("worker") -> function name
     definition: str = ""
+    state_machines: dict[str, str] = field(default_factory=dict)  # logical id -> ARN, every state machine of the stack
+
+
+def state_machine_name(stack_name: str, logical_id: str) -> str:
+    """The emulated name of a state machine: the backup pipeline's `STACK-Backup`, any other `STACK-<logical id>`."""
+    if logical_id.startswith("Pipeline"):
+        return f"{stack_name}-Backup"
+    return f"{stack_name}-{logical_id}"[:80]
+
+
+def backup_machine_id(template: dict[str, Any]) -> str:
+    """The backup pipeline's state machine (the stack has others: the prune's)."""
+    (machine_id,) = [lid for lid in resources_of(template, "AWS::StepFunctions::StateMachine") if lid.startswith("Pipeline")]
+    return machine_id
+
+
+def backup_machine(template: dict[str, Any]) -> dict[str, Any]:
+    return dict(template["Resources"][backup_machine_id(template)])
 
 
 def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) -> DeployedStack:
@@ -154,6 +172,13 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.refs[layer_id] = f"arn:aws:lambda:{region}:{account}:layer:braid:1"
 
     deployed = DeployedStack(bucket_name, key["Arn"], "")
+    # State machines get their ARNs first: a function's environment may name one (the maintenance starts the prune).
+    machines = resources_of(template, "AWS::StepFunctions::StateMachine")
+    for machine_id in machines:
+        arn = f"arn:aws:states:{region}:{account}:stateMachine:{state_machine_name(stack.name, machine_id)}"
+        resolver.refs[machine_id] = arn
+        resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
+        deployed.state_machines[machine_id] = arn
     for lid, resource in resources_of(template, "AWS::Lambda::Function").items():
         match = _FUNCTION_ID.match(lid)
         if not match:
@@ -175,11 +200,16 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
         deployed.functions[match.group(1).lower()] = created["FunctionName"]
 
-    ((machine_id, machine),) = resources_of(template, "AWS::StepFunctions::StateMachine").items()
-    definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
-    created_machine = sfn.create_state_machine(
-        name=f"{stack.name}-Backup", definition=definition, roleArn=role_arn, type=machine["Properties"].get("StateMachineType", "STANDARD")
-    )
-    deployed.state_machine_arn = created_machine["stateMachineArn"]
-    deployed.definition = definition
+    for machine_id, machine in machines.items():
+        definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
+        created_machine = sfn.create_state_machine(
+            name=state_machine_name(stack.name, machine_id),
+            definition=definition,
+            roleArn=role_arn,
+            type=machine["Properties"].get("StateMachineType", "STANDARD"),
+        )
+        assert created_machine["stateMachineArn"] == deployed.state_machines[machine_id], created_machine["stateMachineArn"]
+        if machine_id == backup_machine_id(template):
+            deployed.state_machine_arn = created_machine["stateMachineArn"]
+            deployed.definition = definition
     return deployed

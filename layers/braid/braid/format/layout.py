@@ -10,6 +10,8 @@
     catalog/log/YYYYMMDD/STAMP~NAME@ID~EVENT  a marker per published or removed backup, by the writer's clock
     catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
     rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
+    prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_run): what it planned, its map's items, what it did
+    prune/RUN/results/NNNNNN.json        one map item's outcome
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -171,3 +173,33 @@ def index_key(stamp: str, token: str) -> str:
 def rekey_key(ref: BackupRef) -> str:
     """Where `braid rekey` writes and checks a manifest's new version before switching (braid.ops.rekey)."""
     return f"{REKEY}{ref.name}/{ref.id}.json"
+
+
+PRUNE = "prune/"
+
+
+def prune_run_prefix(run: str) -> str:
+    """Everything one scheduled prune run writes (braid.pipeline.prune_run); `run` is its id."""
+    if not run or "/" in run or run.startswith("."):
+        raise ValueError(f"invalid prune run id {run!r}")
+    return f"{PRUNE}{run}/"
+
+
+def prune_plan_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}plan.json"
+
+
+def prune_items_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}items.json"
+
+
+def prune_results_prefix(run: str) -> str:
+    return f"{prune_run_prefix(run)}results/"
+
+
+def prune_result_key(run: str, item: int) -> str:
+    return f"{prune_results_prefix(run)}{item:06d}.json"
+
+
+def prune_report_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}report.json"
