@@ -29,11 +29,7 @@ bad minute never throws finished work away. Finalize re-checks every chunk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -41,18 +37,12 @@ from constructs import Construct
 from braid import contract
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
+from braid_infra.steps import STEP_RETRY, RetryPolicy, lambda_step, logged_machine, retried
 from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
 
-LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
+__all__ = ["STEP_RETRY", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
+
 TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    interval: Duration = Duration.seconds(2)
-    max_attempts: int = 6
-    backoff_rate: float = 2.0
-    max_delay: Duration = Duration.seconds(60)
 
 
 # Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
@@ -64,7 +54,6 @@ class RetryPolicy:
 # 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
 # request was made.
 WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
-STEP_RETRY = RetryPolicy(max_attempts=3)
 
 
 class BackupPipeline(Construct):
@@ -81,45 +70,19 @@ class BackupPipeline(Construct):
         super().__init__(scope, construct_id)
 
         def step(name: str, function: str, result_path: str) -> tasks.LambdaInvoke:
-            task = tasks.LambdaInvoke(
-                self,
-                name,
-                state_name=name,
-                lambda_function=functions[function],
-                payload_response_only=True,
-                retry_on_service_exceptions=False,
-                result_path=result_path,
-            )
-            task.add_retry(
-                errors=LAMBDA_TRANSIENT,
-                interval=step_retry.interval,
-                max_attempts=step_retry.max_attempts,
-                backoff_rate=step_retry.backoff_rate,
-                max_delay=step_retry.max_delay,
-                jitter_strategy=sfn.JitterType.FULL,
-            )
-            return task
+            return lambda_step(self, name, functions[function], result_path, step_retry)
 
         prepare = step("Prepare", "prepare", "$.prepared")
         plan = step("PlanSegments", "plan", "$.plan")
         finalize = step("Finalize", "finalize", "$.summary")
         cleanup = step("Cleanup", "cleanup", "$.failure")
 
-        worker = tasks.LambdaInvoke(
-            self,
-            "Worker",
-            state_name="Worker",
-            lambda_function=functions["worker"],
-            payload_response_only=True,
-            retry_on_service_exceptions=False,
-        )
-        worker.add_retry(
-            errors=TRANSIENT,
-            interval=worker_retry.interval,
-            max_attempts=worker_retry.max_attempts,
-            backoff_rate=worker_retry.backoff_rate,
-            max_delay=worker_retry.max_delay,
-            jitter_strategy=sfn.JitterType.FULL,
+        worker = retried(
+            tasks.LambdaInvoke(
+                self, "Worker", state_name="Worker", lambda_function=functions["worker"], payload_response_only=True, retry_on_service_exceptions=False
+            ),
+            TRANSIENT,
+            worker_retry,
         )
 
         process = sfn.DistributedMap(
@@ -175,16 +138,8 @@ class BackupPipeline(Construct):
             self, "Identify", state_name="Identify", parameters={"name.$": "$$.Execution.Name"}, result_path="$.execution"
         )
         definition = identify.next(prepare).next(plan).next(choice)
-        log_group = logs.LogGroup(self, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
-        self.state_machine = sfn.StateMachine(
-            self,
-            "Backup",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            comment="Braid backup: staged stream -> chunks -> verified manifest",
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
-            timeout=EXECUTION_TIMEOUT,
+        self.state_machine = logged_machine(
+            self, "Backup", definition, comment="Braid backup: staged stream -> chunks -> verified manifest", timeout=EXECUTION_TIMEOUT
         )
         # The ItemReader reads plan rounds straight from S3.
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

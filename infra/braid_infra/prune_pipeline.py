@@ -22,17 +22,15 @@ anyone with states:StartExecution, with the same input
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
 from braid_infra.functions import PipelineFunctions
-from braid_infra.pipeline import STEP_RETRY, RetryPolicy
-from braid_infra.steps import lambda_step, retried
+from braid_infra.steps import STEP_RETRY, RetryPolicy, lambda_step, logged_machine, retried
 from braid_infra.storage import PRUNE_OBJECTS, Storage
 
 MAP_LABEL = "sweep"  # the map's label: AWS files its children's metrics under it (braid_infra.monitoring)
@@ -109,16 +107,8 @@ class PrunePipeline(Construct):
 
         identify = sfn.Pass(self, "Identify", state_name="Identify", parameters={"name.$": "$$.Execution.Name"}, result_path="$.execution")
         definition = identify.next(plan).next(anything)
-        log_group = logs.LogGroup(self, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
-        self.state_machine = sfn.StateMachine(
-            self,
-            "Prune",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            comment="Braid prune: retention from the catalog, manifests first, then chunks fanned out",
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
-            timeout=RUN_TIMEOUT,
+        self.state_machine = logged_machine(
+            self, "Prune", definition, comment="Braid prune: retention from the catalog, manifests first, then chunks fanned out", timeout=RUN_TIMEOUT
         )
         # The ItemReader reads the run's items straight from S3.
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(PRUNE_OBJECTS)]))

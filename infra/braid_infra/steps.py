@@ -11,16 +11,29 @@ jitter so a fan-out of items does not retry in lockstep.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
-from braid_infra.pipeline import RetryPolicy
 
 LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    interval: Duration = Duration.seconds(2)
+    max_attempts: int = 6
+    backoff_rate: float = 2.0
+    max_delay: Duration = Duration.seconds(60)
+
+
+STEP_RETRY = RetryPolicy(max_attempts=3)
 
 
 def retried(task: tasks.LambdaInvoke, errors: Sequence[str], policy: RetryPolicy) -> tasks.LambdaInvoke:
@@ -42,3 +55,18 @@ def lambda_step(scope: Construct, name: str, function: lambda_.IFunction, result
         scope, name, state_name=name, lambda_function=function, payload_response_only=True, retry_on_service_exceptions=False, result_path=result_path
     )
     return retried(task, LAMBDA_TRANSIENT, policy)
+
+
+def logged_machine(scope: Construct, construct_id: str, definition: sfn.IChainable, *, comment: str, timeout: Duration) -> sfn.StateMachine:
+    """A Standard state machine, traced, logging every event (without execution data: it may name backups' keys) for 3 months."""
+    log_group = logs.LogGroup(scope, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
+    return sfn.StateMachine(
+        scope,
+        construct_id,
+        definition_body=sfn.DefinitionBody.from_chainable(definition),
+        state_machine_type=sfn.StateMachineType.STANDARD,
+        comment=comment,
+        tracing_enabled=True,
+        logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+        timeout=timeout,
+    )

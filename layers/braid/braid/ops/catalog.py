@@ -50,10 +50,11 @@ holds none). Summaries also carry a MAC for those who hold the data key.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import TypeVar
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
@@ -162,17 +163,22 @@ def _confirmed(repository: Repository, ref: BackupRef) -> Entry | None:
         return None  # removed since the HEAD
 
 
-def _newest_snapshot(repository: Repository) -> tuple[CatalogSnapshot | None, list[str]]:
-    """The newest snapshot that checks, and every snapshot key (oldest first)."""
-    store = repository.store
-    keys = [info.key for info in store.list(CATALOG_INDEX)]
+def _snapshots_that_check(repository: Repository, keys: list[str]) -> Iterator[tuple[str, CatalogSnapshot]]:
+    """(key, snapshot) of each of `keys` that reads, checks and is this repository's, newest first, read as asked for."""
     for key in reversed(keys):
         try:
-            snapshot = open_snapshot(store.get(key), key)
+            snapshot = open_snapshot(repository.store.get(key), key)
         except (NotFoundError, IntegrityError):
-            continue
+            continue  # removed since the listing (a prune collected it), or corrupt: the next older one
         if snapshot.repository == repository.config.id:
-            return snapshot, keys
+            yield key, snapshot
+
+
+def _newest_snapshot(repository: Repository) -> tuple[CatalogSnapshot | None, list[str]]:
+    """The newest snapshot that checks, and every snapshot key (oldest first)."""
+    keys = [info.key for info in repository.store.list(CATALOG_INDEX)]
+    for _key, snapshot in _snapshots_that_check(repository, keys):
+        return snapshot, keys
     return None, keys
 
 
@@ -305,16 +311,7 @@ def catalog_leftovers(repository: Repository, now: datetime | None = None) -> Ca
     moment = now or datetime.now(UTC)
     store = repository.store
     keys = [info.key for info in store.list(CATALOG_INDEX)]
-    kept: list[tuple[str, datetime]] = []
-    for key in reversed(keys):
-        try:
-            snapshot = open_snapshot(store.get(key), key)
-        except (NotFoundError, IntegrityError):
-            continue
-        if snapshot.repository == repository.config.id:
-            kept.append((key, parse_catalog_stamp(snapshot.through)))
-            if len(kept) == KEEP_SNAPSHOTS:
-                break
+    kept = [(key, parse_catalog_stamp(snapshot.through)) for key, snapshot in islice(_snapshots_that_check(repository, keys), KEEP_SNAPSHOTS)]
     if not kept:
         return CatalogLeftovers([], [])
     oldest_kept = min(key for key, _through in kept)
