@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
 import pytest
-from test_emulated_e2e import Emulator, braid
+from test_emulated_e2e import Emulator, braid, start_emulator  # noqa: F401  (the fixture)
 
 from braid import contract
 from braid.adapters.aws.clients import kms_client, s3_client
@@ -151,3 +152,20 @@ def test_the_scheduled_maintenance_verifies_then_starts_the_prune_with_what_fail
     pruned = json.loads(described["output"])["report"]
     assert [u["backup"] for u in pruned["unreadable"] if u["backup"].startswith("ledger@")] == [str(newest)] and not [p for p in pruned["pruned"] if p.startswith("ledger@")]
     assert repository.store.head(manifest_key(older)) is not None and repository.store.head(manifest_key(newest)) is not None
+
+
+def test_a_failed_sweep_item_leaves_its_slice_to_the_next_run_and_says_so(start_emulator: Callable[..., Emulator]) -> None:  # noqa: F811
+    """Item 1 (the second slice) fails on every attempt: the map tolerates it, TallyPrune reports the backup whose data remains."""
+    cloud = start_emulator("--fail-sweep-item", "1")
+    repository, keys = repository_of(cloud)
+    big = write_backup(repository, keys, "db", DAY, chunks=5)
+    write_backup(repository, keys, "db", DAY + timedelta(days=1))
+
+    output = run_prune(cloud, "prune-failing", {"keep_last": 1, "slice_chunks": 2})
+
+    report = output["report"]
+    assert report["pruned"] == [str(big)] and report["incomplete"] == [str(big)] and report["failed_items"] == 1 and not report["ok"]
+    assert repository.store.head(manifest_key(big)) is None  # gone from the repository: no listed backup lacks a chunk
+    left = [info.key for info in repository.store.list(data_prefix(big))]
+    assert left == [f"{data_prefix(big)}{i:010d}" for i in (2, 3)]  # the failed slice's chunks, for the next run to collect
+    assert "injected fault" in cloud.log.read_text()
