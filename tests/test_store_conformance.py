@@ -20,7 +20,7 @@ from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url
 from braid.adapters.local.store import LocalStore
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.checksum import stored_checksum
-from braid.ports.store import ObjectStore, read_object
+from braid.ports.store import ListingAfter, ObjectStore, PrefixListing, child_prefixes, list_after, read_object
 
 BUCKET = "braid-conformance"
 
@@ -241,3 +241,26 @@ def test_s3_client_settings(aws_env: None) -> None:
     assert client.meta.config.retries["total_max_attempts"] == HOST.attempts
     with pytest.raises(UsageError):
         s3_client(region="us-east-1", retries=RetrySettings("fast", 3))
+
+
+def test_child_prefixes_name_each_directory_once_without_listing_below(store: ObjectStore) -> None:
+    """Finding backups under data/NAME/ must not list their chunks (a LIST with a delimiter on S3)."""
+    for key in ("data/db/1/0000000000", "data/db/1/0000000001", "data/db/2/lease", "data/db2/3/0000000000", "data/top", "manifests/db/1.json"):
+        store.put(key, b"x")
+    assert isinstance(store, PrefixListing)  # both backends answer without a full listing
+    assert child_prefixes(store, "data/") == ["data/db/", "data/db2/"]
+    assert child_prefixes(store, "data/db/") == ["data/db/1/", "data/db/2/"]
+    assert child_prefixes(store, "data/db/1/") == []
+    assert child_prefixes(store, "staging/") == []
+
+
+def test_list_after_starts_past_a_key(store: ObjectStore) -> None:
+    for index in range(5):
+        store.put(f"data/db/1/{index:010d}", b"x")
+    store.put("data/db/1/lease", b"x")
+    store.put("data/db/10/0000000000", b"x")  # a string prefix, as on S3
+    after = [info.key for info in list_after(store, "data/db/1/", "data/db/1/0000000002")]
+    assert after == ["data/db/1/0000000003", "data/db/1/0000000004", "data/db/1/lease"]
+    assert [info.key for info in list_after(store, "data/db/1/", "")] == [f"data/db/1/{i:010d}" for i in range(5)] + ["data/db/1/lease"]
+    if isinstance(store, ListingAfter):  # S3: StartAfter, so a later slice costs only its own pages
+        assert [info.key for info in store.list_after("data/db/1/", "data/db/1/0000000003")] == after[1:]

@@ -26,13 +26,17 @@ from braid import contract
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
 from braid_infra.storage import (
+    CATALOG_INDEX_OBJECTS,
+    CATALOG_LOG_OBJECTS,
     CATALOG_OBJECTS,
     CONFIG,
     DATA_OBJECTS,
     MANIFEST_OBJECTS,
     POLICY_OBJECTS,
+    PRUNE_OBJECTS,
     REKEY_OBJECTS,
     STAGING_OBJECTS,
+    SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
     Storage,
@@ -61,7 +65,6 @@ SPECS = {
     ),
     "finalize": FunctionSpec("finalize", contract.FINALIZE_MEMORY_MB, Duration.minutes(15), "Braid Finalize: check chunks, publish the manifest, drop staging"),
     "cleanup": FunctionSpec("cleanup", 256, Duration.minutes(15), "Braid Cleanup: abort uploads, remove partial backup data"),
-    "verify": FunctionSpec("verify", 1769, Duration.minutes(15), "Braid scheduled prune (distrusting failed verifications)"),
     # The verify state machine (braid_infra.verify_pipeline). The planner runs a quick verify itself
     # (a LIST and a HEAD per chunk, 32 at once): I/O, not CPU.
     "verifyplan": FunctionSpec("verifyplan", 1024, Duration.minutes(15), "Braid verify planner: pick the chunks to check; quick verify"),
@@ -70,6 +73,14 @@ SPECS = {
         "verifyworker", contract.WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid verify worker: deep-check a few chunks"
     ),
     "verifyrecord": FunctionSpec("verifyrecord", 512, Duration.minutes(5), "Braid verify recorder: verify records, events, metric"),
+    # The scheduled maintenance only starts the prune run (its planner distrusts failed verifications).
+    "verify": FunctionSpec("verify", 256, Duration.minutes(1), "Braid scheduled maintenance: starts the prune run"),
+    # The prune state machine (braid_infra.prune_pipeline). PlanPrune authenticates the
+    # manifests its plan keeps or removes (a few MB each at TiB sizes), many at once.
+    "prune": FunctionSpec("prune", 1769, Duration.minutes(15), "Braid Prune planner: judge retention from the catalog, remove manifests first"),
+    # Sweep items retry inside their EXPRESS child's 5 minutes (contract.SWEEP_*, checked in tests/infra).
+    "sweep": FunctionSpec("sweep", 256, Duration.seconds(contract.SWEEP_TIMEOUT_SECONDS), "Braid Sweep: delete a slice of a pruned backup, or a leftover"),
+    "tally": FunctionSpec("tally", 512, Duration.minutes(15), "Braid Prune tally: report the prune run, refresh the catalog snapshot"),
 }
 
 
@@ -216,15 +227,6 @@ class PipelineFunctions(Construct):
         self._list_versions("cleanup")
         self._uploads("cleanup")
         self._events("cleanup")
-        # Verify (the scheduled maintenance): read and decrypt published backups, prune data without a manifest;
-        # distrust backups whose newest verify record failed (braid.ops.verification).
-        self._s3("verify", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS)
-        self._s3("verify", ["s3:DeleteObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, REKEY_OBJECTS)
-        # Prune takes a backup out of the catalog first, and the schedule keeps its snapshot fresh for hosts that only read.
-        self._s3("verify", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
-        self._list("verify")
-        self._events("verify")
-        self.keys.allow_decrypt(self.roles["verify"])
         # PlanVerify: read manifests (authenticated: decrypt), chunks' size and checksum (HEAD), earlier
         # verify records (the rotation's part); write the run's plan and items. Never writes data or records.
         self._s3("verifyplan", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS)
@@ -240,3 +242,27 @@ class PipelineFunctions(Construct):
         self._s3("verifyrecord", ["s3:PutObject"], VERIFY_OBJECTS)
         self._list("verifyrecord")
         self._events("verifyrecord")
+        # Verify (the scheduled maintenance) touches no object: it starts the prune state machine
+        # (braid_infra.prune_pipeline grants that).
+        # PlanPrune: judge from the catalog and stored policies, authenticate manifests, then take
+        # each pruned backup out of the catalog (marker, summary) and delete its manifest (and any
+        # rekey copy); writes the run's plan and items. Never data: that is Sweep's.
+        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS)
+        self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
+        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS)
+        self._list("prune")
+        self._events("prune")
+        self.keys.allow_decrypt(self.roles["prune"])
+        # Sweep: look for a manifest (HEAD), read leases, delete data and staging, and a
+        # leftover's summary; write its result record. No key: it never reads a chunk.
+        self._s3("sweep", ["s3:GetObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
+        self._s3("sweep", ["s3:DeleteObject"], DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS)
+        self._s3("sweep", ["s3:PutObject"], PRUNE_OBJECTS)
+        self._list("sweep")
+        # TallyPrune: read the run's records, write its report and delete the rest; fold the
+        # catalog log into a snapshot (reading summaries, or manifests where one is missing)
+        # and collect superseded snapshots and log days. No key: the catalog needs none.
+        self._s3("tally", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS)
+        self._s3("tally", ["s3:PutObject", "s3:DeleteObject"], CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
+        self._list("tally")
+        self._events("tally")

@@ -12,10 +12,12 @@ Alarms: failed or timed-out backup executions; failed map-run children
 label); Lambda errors (synchronous Step Functions invokes: no DLQ, so the
 Errors metric is the signal, and worker errors that retries absorbed still
 show); sustained worker throttling; the scheduled maintenance nearing its
-15-minute timeout (it then stops before pruning); the VerifyFailures
+timeout (it may then not start the prune); the VerifyFailures
 metric (EMF, namespace Braid) of the scheduled and the cloud verify; failed
-or timed-out verify executions; and any alarm another
-construct hands in (the backup schedules' delivery failures).
+or timed-out verify executions; prune executions failed or timed out, and
+prune runs whose items failed (PruneFailures: their data waits for the next
+run), so retention never stops silently; and any alarm another construct
+hands in (the backup schedules' delivery failures).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Monitoring(Construct):
         construct_id: str,
         *,
         state_machine: sfn.StateMachine,
+        prune_state_machine: sfn.StateMachine,
         functions: dict[str, lambda_.Function],
         verify_state_machine: sfn.StateMachine | None = None,
         extra_alarms: Sequence[cloudwatch.Alarm] = (),
@@ -121,6 +124,13 @@ class Monitoring(Construct):
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             )
 
+        def daily_sum(metric: str) -> cloudwatch.Metric:
+            """A count the handlers emit (EMF, namespace Braid), summed per day: a scheduled job's failures."""
+            return cloudwatch.Metric(
+                namespace=contract.METRICS_NAMESPACE, metric_name=metric, dimensions_map={"service": contract.SERVICE_NAME},
+                period=Duration.days(1), statistic="Sum",
+            )
+
         children = f"{state_machine.state_machine_arn}/{MAP_LABEL}"
         maintenance = functions["verify"]
         timeout = maintenance.timeout.to_milliseconds() if maintenance.timeout else 900_000
@@ -147,17 +157,22 @@ class Monitoring(Construct):
             alarm(
                 maintenance.metric_duration(period=Duration.hours(1), statistic="Maximum"),
                 "MaintenanceNearTimeout",
-                f"Braid's scheduled prune ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: retention may stop before pruning",
+                f"Braid's scheduled maintenance ran past {MAINTENANCE_NEAR_TIMEOUT:.0%} of its timeout: it may not start the prune",
                 threshold=timeout * MAINTENANCE_NEAR_TIMEOUT,
             ),
             alarm(
-                cloudwatch.Metric(
-                    namespace=contract.METRICS_NAMESPACE,
-                    metric_name=contract.METRIC_VERIFY_FAILURES,
-                    dimensions_map={"service": contract.SERVICE_NAME},
-                    period=Duration.days(1),
-                    statistic="Sum",
-                ),
+                prune_state_machine.metric_failed(period=period),
+                "PruneFailed",
+                "A Braid prune run failed: retention did not finish; the execution's history names the step and its error",
+            ),
+            alarm(prune_state_machine.metric_timed_out(period=period), "PruneTimedOut", "A Braid prune run timed out: retention did not finish"),
+            alarm(
+                daily_sum(contract.METRIC_PRUNE_FAILURES),
+                "PruneItemsFailed",
+                "A Braid prune run could not delete some data (it has no manifest: the next run collects it); see the run's report",
+            ),
+            alarm(
+                daily_sum(contract.METRIC_VERIFY_FAILURES),
                 "VerifyFailed",
                 "A Braid verify found a damaged backup, or could not check some of its chunks: see its Verify Failed event",
             ),
@@ -173,7 +188,7 @@ class Monitoring(Construct):
                     function.metric_errors(period=period),
                     f"{name.capitalize()}Errors",
                     f"Braid {name} function errors (no DLQ: synchronous Step Functions invokes)",
-                    threshold=5 if name == "worker" else 1,
+                    threshold=5 if name in ("worker", "sweep") else 1,  # map items: retries absorb a few
                 )
             )
         # Freshness: Finalize counts each published backup under its name; an hour with none is

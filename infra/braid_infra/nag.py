@@ -7,6 +7,7 @@ reason it is the least privilege that works. Anything new fails synth.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from aws_cdk import Acknowledgment, CfnElement, Stack, Validations
@@ -15,18 +16,24 @@ from constructs import IConstruct
 
 from braid_infra.access import OWN_STAGING, STAGING_RECORDS
 from braid_infra.storage import (
+    CATALOG_INDEX_OBJECTS,
+    CATALOG_LOG_OBJECTS,
     CATALOG_OBJECTS,
     DATA_OBJECTS,
     MANIFEST_OBJECTS,
     POLICY_OBJECTS,
+    PRUNE_OBJECTS,
     REKEY_OBJECTS,
     STAGING_OBJECTS,
+    SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
 )
 from braid_infra.verify_pipeline import MAP_LABEL as VERIFY_MAP_LABEL
 
 if TYPE_CHECKING:
+    from aws_cdk.aws_stepfunctions import StateMachine
+
     from braid_infra.stack import BraidStack
 
 XRAY = "X-Ray's PutTraceSegments/PutTelemetryRecords support no resource-level permissions (Resource: *); tracing is required."
@@ -40,6 +47,10 @@ OBJECTS = {
     REKEY_OBJECTS: "braid rekey's verified manifest copies are named per backup; the scheduled prune only deletes them, confined to rekey/.",
     VERIFY_OBJECTS: "Verify records are named per backup and time at run time (verify/NAME/ID/STAMP~MODE~OUTCOME.json); confined to verify/.",
     VERIFY_RUN_OBJECTS: "A verify run's plan, items and exported map results are named per run at run time; confined to verify-runs/.",
+    SUMMARY_OBJECTS: "Catalog summaries are named per backup; the prune deletes those of backups it removes, confined to catalog/summaries/.",
+    CATALOG_LOG_OBJECTS: "Catalog log markers are named per time and backup at run time; confined to catalog/log/.",
+    CATALOG_INDEX_OBJECTS: "Catalog snapshots are named per time at run time; confined to catalog/index/.",
+    PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
 
@@ -70,11 +81,16 @@ def suppress_findings(stack: BraidStack) -> None:
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
-        "verify": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, POLICY_OBJECTS, CATALOG_OBJECTS, REKEY_OBJECTS, VERIFY_OBJECTS],
+        "verify": [],  # the scheduled maintenance only starts the prune run
         "verifyplan": [MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
         "verifyworker": [MANIFEST_OBJECTS, DATA_OBJECTS],
         "verifyrecord": [VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
+        "prune": [MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS],
+        "sweep": [MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS, PRUNE_OBJECTS],
+        "tally": [MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS, CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS],
     }
+    backup_steps = ("prepare", "plan", "worker", "finalize", "cleanup")
+    prune_steps = ("prune", "sweep", "tally")
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
         acknowledge(policy, wildcard("*"), XRAY)
@@ -86,45 +102,22 @@ def suppress_findings(stack: BraidStack) -> None:
     machine = stack.pipeline.state_machine
     machine_id = _ref(stack, machine)
     machine_policy = machine.role.node.find_child("DefaultPolicy")
-    acknowledge(machine_policy, wildcard("*"), XRAY + " (state machine tracing)")
+    _machine(stack, machine, backup_steps, "chunks", bucket)
     acknowledge(machine_policy, wildcard(f"{bucket}/{STAGING_OBJECTS}"), "The map's ItemReader reads plan rounds under staging/.")
-    acknowledge(
-        machine_policy,
-        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
-        "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the plan rounds' keys are per backup.",
-    )
-    for name in ("prepare", "plan", "worker", "finalize", "cleanup"):
-        acknowledge(
-            machine_policy,
-            wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
-            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
-        )
-    map_policy = machine.node.find_child("DistributedMapPolicy")
-    execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{machine_id}"}}]}}]}}'
-    reason = "Added by CDK's DistributedMap: the state machine manages its own map runs, whose ids are made at run time."
-    acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
-    acknowledge(map_policy, wildcard(f"{execution}/chunks:*"), reason)
+    prune = stack.prune.state_machine
+    _machine(stack, prune, prune_steps, "sweep", bucket)
+    acknowledge(prune.role.node.find_child("DefaultPolicy"), wildcard(f"{bucket}/{PRUNE_OBJECTS}"), "The map's ItemReader reads the run's items under prune/.")
 
     verify = stack.verify.state_machine
     verify_id = _ref(stack, verify)
-    verify_policy = verify.role.node.find_child("DefaultPolicy")
-    acknowledge(verify_policy, wildcard("*"), XRAY + " (state machine tracing)")
-    acknowledge(verify_policy, wildcard(f"{bucket}/{VERIFY_RUN_OBJECTS}"), "The map's ItemReader and ResultWriter: the run's items and results under verify-runs/.")
-    acknowledge(
-        verify_policy,
-        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
-        "Added by CDK's S3JsonItemReader and ResultWriter for their bucket (s3:GetObject, s3:PutObject); the run's keys are per execution.",
+    _machine(
+        stack, verify, ("verifyplan", "verifyworker", "verifyrecord"), VERIFY_MAP_LABEL, bucket,
+        reader="Added by CDK's S3JsonItemReader and ResultWriter for their bucket (s3:GetObject, s3:PutObject); the run's keys are per execution.",
     )
-    for name in ("verifyplan", "verifyworker", "verifyrecord"):
-        acknowledge(
-            verify_policy,
-            wildcard(f"<{_ref(stack, functions[name])}.Arn>:*"),
-            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
-        )
-    verify_map = verify.node.find_child("DistributedMapPolicy")
-    verify_execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{verify_id}"}}]}}]}}'
-    acknowledge(verify_map, wildcard(f"{verify_execution}:*"), reason)
-    acknowledge(verify_map, wildcard(f"{verify_execution}/{VERIFY_MAP_LABEL}:*"), reason)
+    acknowledge(
+        verify.role.node.find_child("DefaultPolicy"), wildcard(f"{bucket}/{VERIFY_RUN_OBJECTS}"),
+        "The map's ItemReader and ResultWriter: the run's items and results under verify-runs/.",
+    )
     follow_verify = "DescribeExecution on the verify state machine's executions, which are named per run at run time (braid verify follows its own)."
     verify_executions = wildcard(f"arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:<{verify_id}.Name>:*")
 
@@ -158,3 +151,34 @@ def suppress_findings(stack: BraidStack) -> None:
     acknowledge(operator, wildcard(f"{bucket}/{REKEY_OBJECTS}"), "braid rekey's verified copies, named per backup, confined to rekey/.")
     acknowledge(restore, wildcard(f"{bucket}/{VERIFY_OBJECTS}"), OBJECTS[VERIFY_OBJECTS] + " Read, and created by braid verify --engine local.")
     acknowledge(restore, verify_executions, follow_verify)
+
+
+def _machine(
+    stack: BraidStack,
+    machine: StateMachine,
+    steps: Sequence[str],
+    label: str,
+    bucket: str,
+    *,
+    reader: str = "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the items' keys are made per run.",
+) -> None:
+    """What CDK itself adds to a state machine with a Distributed Map over an S3 item reader, and Lambda steps."""
+    machine_id = _ref(stack, machine)
+    policy = machine.role.node.find_child("DefaultPolicy")
+    acknowledge(policy, wildcard("*"), XRAY + " (state machine tracing)")
+    acknowledge(
+        policy,
+        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
+        reader,
+    )
+    for name in steps:
+        acknowledge(
+            policy,
+            wildcard(f"<{_ref(stack, stack.functions[name])}.Arn>:*"),
+            "Added by CDK's LambdaInvoke: invoking the function's versions and aliases as well as $LATEST.",
+        )
+    map_policy = machine.node.find_child("DistributedMapPolicy")
+    execution = f'arn:<AWS::Partition>:states:<AWS::Region>:<AWS::AccountId>:execution:{{"Fn::Select":[6,{{"Fn::Split":[":",{{"Ref":"{machine_id}"}}]}}]}}'
+    reason = "Added by CDK's DistributedMap: the state machine manages its own map runs, whose ids are made at run time."
+    acknowledge(map_policy, wildcard(f"{execution}:*"), reason)
+    acknowledge(map_policy, wildcard(f"{execution}/{label}:*"), reason)

@@ -1,7 +1,11 @@
-"""Schedules: a daily deep verify (sampled) of the latest backups, and prune.
+"""Schedules: a daily deep verify (sampled) of the latest backups, then the prune run.
 
-EventBridge invokes the verify function with a fixed input; a failed verify
-shows as the VerifyFailures metric and a "Verify Failed" event.
+EventBridge invokes the verify function (the scheduled maintenance) with a
+fixed input; a failed verify shows as the VerifyFailures metric and a
+"Verify Failed" event. The function then starts the prune state machine
+(braid_infra.prune_pipeline) with the same input and, as `distrusted`, the
+backups that failed its verify (braid.pipeline.maintenance): it may start
+executions of that state machine and of nothing else.
 
 Retention comes from stack configuration: the `retention` prop, else the
 CDK context `braid:retention` (a JSON object, or its text), e.g.
@@ -24,8 +28,10 @@ from typing import Any
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from braid import contract
 from braid.errors import UsageError
 from braid.format.policy import KeepRules
 
@@ -50,7 +56,8 @@ class Schedules(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        verify: lambda_.IFunction,
+        verify: lambda_.Function,
+        prune: sfn.IStateMachine,
         repository_prefix: str,
         sample_percent: float = 10.0,
         retention: Mapping[str, Any] | None = None,
@@ -61,7 +68,7 @@ class Schedules(Construct):
         self.rule = events.Rule(
             self,
             "DailyVerify",
-            description="Braid: deep-verify a sample of the latest backups, then apply retention",
+            description="Braid: deep-verify a sample of the latest backups, then start the prune run",
             schedule=events.Schedule.cron(minute="17", hour="4"),
         )
         self.rule.add_target(
@@ -78,3 +85,5 @@ class Schedules(Construct):
                 retry_attempts=2,
             )
         )
+        verify.add_environment(contract.ENV_PRUNE_STATE_MACHINE, prune.state_machine_arn)
+        prune.grant_start_execution(verify)

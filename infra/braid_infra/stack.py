@@ -22,6 +22,7 @@ from braid.contract import (
     OUTPUT_KEY,
     OUTPUT_OBJECT_LOCK,
     OUTPUT_OPERATOR_ROLE,
+    OUTPUT_PRUNE_STATE_MACHINE,
     OUTPUT_REPOSITORY,
     OUTPUT_RESTORE_INSTANCE_PROFILE,
     OUTPUT_RESTORE_ROLE,
@@ -37,6 +38,7 @@ from braid_infra.monitoring import Monitoring
 from braid_infra.nag import suppress_findings
 from braid_infra.operator import OperatorAccess
 from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
+from braid_infra.prune_pipeline import SWEEP_RETRY, PrunePipeline
 from braid_infra.schedules import Schedules
 from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting
 from braid_infra.verify_pipeline import VerifyPipeline
@@ -52,6 +54,7 @@ class BraidStack(Stack):
         layer_dir: Path | None = None,
         worker_retry: RetryPolicy = WORKER_RETRY,
         step_retry: RetryPolicy = STEP_RETRY,
+        sweep_retry: RetryPolicy = SWEEP_RETRY,
         retention: Mapping[str, Any] | None = None,
         backup_schedules: Any = None,
         worker_concurrency: int | None = None,
@@ -83,8 +86,11 @@ class BraidStack(Stack):
             step_retry=step_retry,
             schedule=verify_schedule,
         )
+        self.prune = PrunePipeline(
+            self, "PrunePipeline", storage=self.storage, functions=self.functions, sweep_retry=sweep_retry, step_retry=step_retry
+        )
         self.schedules = Schedules(
-            self, "Schedules", verify=self.functions["verify"], repository_prefix=prefix, retention=retention
+            self, "Schedules", verify=self.functions["verify"], prune=self.prune.state_machine, repository_prefix=prefix, retention=retention
         )
         self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
         self.monitoring = Monitoring(
@@ -92,6 +98,7 @@ class BraidStack(Stack):
             "Monitoring",
             state_machine=self.pipeline.state_machine,
             verify_state_machine=self.verify.state_machine,
+            prune_state_machine=self.prune.state_machine,
             functions=self.functions.functions,
             extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
         )
@@ -108,6 +115,10 @@ class BraidStack(Stack):
         CfnOutput(self, OUTPUT_STATE_MACHINE, value=self.pipeline.state_machine.state_machine_arn, description="Backup state machine")
         CfnOutput(
             self, OUTPUT_VERIFY_STATE_MACHINE, value=self.verify.state_machine.state_machine_arn, description="Verify state machine (braid verify)"
+        )
+        CfnOutput(
+            self, OUTPUT_PRUNE_STATE_MACHINE, value=self.prune.state_machine.state_machine_arn,
+            description="Prune state machine (the daily maintenance starts it; input: retention rules, see README)",
         )
         CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
         CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")

@@ -1,18 +1,22 @@
-"""Steps both state machines build the same way: a Lambda step and a map's worker, with their retries.
+"""Steps Braid's state machines build the same way: a Lambda step, a map's worker, their retries, and the machine itself.
 
-The backup pipeline (braid_infra.pipeline) and the verify pipeline
-(braid_infra.verify_pipeline) invoke their functions alike: the payload is
-the function's return value, Step Functions' own service-exception retry is
-off (each policy here says exactly what is retried), and every retry backs
-off with full jitter, so a throttled fan-out does not come back in step.
+The backup, verify and prune pipelines (braid_infra.pipeline,
+braid_infra.verify_pipeline, braid_infra.prune_pipeline) invoke their
+functions alike: the payload is the function's return value, Step
+Functions' own service-exception retry is off (CDK's default would retry
+every error six times, transient or not; each policy here says exactly what
+is retried), and every retry backs off with full jitter, so a throttled
+fan-out does not come back in step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Duration
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -43,8 +47,21 @@ WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
 STEP_RETRY = RetryPolicy(max_attempts=3)
 
 
-def _invoke(scope: Construct, name: str, function: lambda_.IFunction, errors: list[str], retry: RetryPolicy, result_path: str | None) -> tasks.LambdaInvoke:
-    task = tasks.LambdaInvoke(
+def retried(task: tasks.LambdaInvoke, errors: Sequence[str], policy: RetryPolicy) -> tasks.LambdaInvoke:
+    """`task` with one Retry for `errors` under `policy` (full jitter)."""
+    task.add_retry(
+        errors=list(errors),
+        interval=policy.interval,
+        max_attempts=policy.max_attempts,
+        backoff_rate=policy.backoff_rate,
+        max_delay=policy.max_delay,
+        jitter_strategy=sfn.JitterType.FULL,
+    )
+    return task
+
+
+def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_path: str | None) -> tasks.LambdaInvoke:
+    return tasks.LambdaInvoke(
         scope,
         name,
         state_name=name,
@@ -53,22 +70,28 @@ def _invoke(scope: Construct, name: str, function: lambda_.IFunction, errors: li
         retry_on_service_exceptions=False,
         **({"result_path": result_path} if result_path is not None else {}),
     )
-    task.add_retry(
-        errors=errors,
-        interval=retry.interval,
-        max_attempts=retry.max_attempts,
-        backoff_rate=retry.backoff_rate,
-        max_delay=retry.max_delay,
-        jitter_strategy=sfn.JitterType.FULL,
-    )
-    return task
 
 
 def lambda_step(scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY) -> tasks.LambdaInvoke:
     """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client)."""
-    return _invoke(scope, name, function, LAMBDA_TRANSIENT, retry, result_path)
+    return retried(_invoke(scope, name, function, result_path), LAMBDA_TRANSIENT, retry)
 
 
 def worker_step(scope: Construct, name: str, function: lambda_.IFunction, retry: RetryPolicy = WORKER_RETRY) -> tasks.LambdaInvoke:
     """A map's item processor: also retried on StorageError and a timed-out attempt, inside its EXPRESS child's 5 minutes."""
-    return _invoke(scope, name, function, TRANSIENT, retry, None)
+    return retried(_invoke(scope, name, function, None), TRANSIENT, retry)
+
+
+def logged_machine(scope: Construct, construct_id: str, definition: sfn.IChainable, *, comment: str, timeout: Duration) -> sfn.StateMachine:
+    """A Standard state machine, traced, logging every event (without execution data: it may name backups' keys) for 3 months."""
+    log_group = logs.LogGroup(scope, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
+    return sfn.StateMachine(
+        scope,
+        construct_id,
+        definition_body=sfn.DefinitionBody.from_chainable(definition),
+        state_machine_type=sfn.StateMachineType.STANDARD,
+        comment=comment,
+        tracing_enabled=True,
+        logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+        timeout=timeout,
+    )

@@ -76,6 +76,12 @@ VERIFY_OBJECTS = f"{layout.VERIFICATIONS}*"  # verify records, one per verificat
 VERIFY_RUN_OBJECTS = f"{layout.VERIFY_RUNS}*"  # the cloud verify's work: its plan, map items and the map's exported results
 VERIFY_RUN_LIFETIME = Duration.days(8)  # a run's recorder deletes its work; what a failed run left expires
 REKEY_OBJECTS = f"{layout.REKEY}*"  # braid rekey's verified copies; the scheduled prune removes a pruned backup's
+SUMMARY_OBJECTS = f"{layout.SUMMARIES}*"  # catalog summaries: the prune drops a pruned backup's, the sweep a leftover's
+CATALOG_LOG_OBJECTS = f"{layout.CATALOG_LOG}*"  # catalog log markers: the prune writes `removed` ones, and collects old days
+CATALOG_INDEX_OBJECTS = f"{layout.CATALOG_INDEX}*"  # catalog snapshots: the prune run writes one and collects superseded ones
+PRUNE_OBJECTS = f"{layout.PRUNE}*"  # scheduled prune runs' plans, map items, results and reports (braid.pipeline.prune_plan)
+# Prune run reports are kept this long (working files go at the end of each run; a failed run's expire too).
+PRUNE_RECORDS = Duration.days(90)
 
 # The longest a backup's execution may run (the state machine's timeout), and
 # how long staging lives: longer, so the lifecycle never expires a live backup.
@@ -158,6 +164,7 @@ class Storage(Construct):
                     noncurrent_version_expiration=NONCURRENT_DATA,
                     expired_object_delete_marker=True,
                 ),
+                s3.LifecycleRule(id="expire-prune-runs", prefix=f"{base}{layout.PRUNE}", expiration=PRUNE_RECORDS),
                 s3.LifecycleRule(
                     id="expire-old-versions", noncurrent_version_expiration=Duration.days(30), expired_object_delete_marker=True
                 ),

@@ -1,11 +1,11 @@
-"""The catalog in the cloud: Finalize writes its records (a retried Finalize restores them), maintenance rebuilds its snapshot."""
+"""The catalog in the cloud: Finalize writes its records (a retried Finalize restores them), the scheduled prune rebuilds its snapshot."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from test_pipeline_steps import Staged, run_workers, staged  # noqa: F401  (the fixture)
-from test_scheduled_maintenance import backup, key_file
+from test_scheduled_maintenance import backup, key_file, maintain
 
 from braid.cli.compose import open_repository
 from braid.format.catalog import open_snapshot
@@ -15,9 +15,7 @@ from braid.format.manifest import open_manifest
 from braid.format.repository import Repository
 from braid.format.summary import BackupSummary, open_summary
 from braid.ops.catalog import read_catalog
-from braid.ops.retention import RetentionPolicy
 from braid.pipeline.finalize import finalize_step
-from braid.pipeline.maintenance import run_maintenance
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 
 
@@ -45,14 +43,15 @@ def test_finalize_writes_the_summary_and_a_retry_restores_it(staged: Staged) -> 
     assert list(read_catalog(repository).entries) == [summary]
 
 
-def test_scheduled_maintenance_rebuilds_the_snapshot_after_its_prune(repo: Path, tmp_path: Path) -> None:
+def test_the_scheduled_prune_rebuilds_the_snapshot_at_its_end(repo: Path, tmp_path: Path) -> None:
     old, new = backup(repo, "db", b"a" * 5000), backup(repo, "db", b"b" * 5000)
     repository = open_repository(str(repo))
     read_catalog(repository)  # a snapshot holding both
     stale = BackupRef.parse(backup(repo, "db", b"c" * 5000))
     repository.store.delete([manifest_key(stale)])  # round Braid: no removal marker
 
-    run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1))
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1})
+    assert run.pruned == [old] and run.catalog["snapshot"] is not None
 
     (newest,) = [info.key for info in repository.store.list(CATALOG_INDEX)][-1:]
     snapshot = open_snapshot(repository.store.get(newest), newest)

@@ -300,8 +300,11 @@ def stack_policies(emulator: Emulator) -> dict[str, list[dict[str, Any]]]:
     resolver.attributes[(bucket_id, "Arn")] = f"arn:aws:s3:::{emulator.bucket}"
     key_id = data_key_id(template)
     resolver.attributes[(key_id, "Arn")] = key
+    arns = {"Backup": machine, "Verify": config["cloud"]["verify_state_machine_arn"]}  # the host policies name no other
     for machine_id in resources_of(template, "AWS::StepFunctions::StateMachine"):
-        arn = machine if machine_kind(machine_id) == "Backup" else config["cloud"]["verify_state_machine_arn"]
+        arn = arns.get(machine_kind(machine_id))
+        if arn is None:
+            continue
         resolver.refs[machine_id] = arn
         resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
     policies = {}

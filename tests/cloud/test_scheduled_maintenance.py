@@ -1,4 +1,10 @@
-"""Scheduled maintenance (the EventBridge prune job) on a real repository: it prunes, distrusting what a verify found bad."""
+"""Scheduled maintenance (the EventBridge job that starts the prune run) on a real repository.
+
+The prune run's three steps run in-process here (support.prune_inline);
+tests/cloud/test_prune_cloud.py runs them as the synthesized state machine.
+The planner distrusts what a verify found bad (the record it left beside
+the backup, braid.ops.verification).
+"""
 
 from __future__ import annotations
 
@@ -13,11 +19,25 @@ from braid.cli.compose import open_repository
 from braid.contract import VERIFY_FAILED
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
+from braid.format.repository import Repository
 from braid.ops.retention import RetentionPolicy
 from braid.pipeline.maintenance import policy_from_event, run_maintenance
+from braid.pipeline.prune_tally import PruneReport
 from braid.ports.pipeline import RecordingPublisher
 from conftest import run_braid
 from support.event_docs import documented_events
+from support.prune_inline import InlinePruneRuns
+
+
+def maintain(
+    repository: Repository, keys: LocalKeyFile, events: RecordingPublisher, rules: dict[str, object], now: datetime | None = None
+) -> PruneReport:
+    """The scheduled job as the schedule runs it: it starts the prune run, which runs to its end."""
+    runs = InlinePruneRuns(repository, keys, events, now=now)
+    report = run_maintenance(runs, prune_input=rules, now=now)
+    assert report.prune_run is not None and report.prune_run.startswith("inline:prune-")
+    (pruned,) = runs.reports
+    return pruned
 
 
 def backup(repo: Path, name: str, data: bytes) -> str:
@@ -31,25 +51,6 @@ def key_file(tmp_path: Path) -> LocalKeyFile:
     return LocalKeyFile.open(path)
 
 
-def test_applies_retention_and_collects_leftovers(repo: Path, tmp_path: Path) -> None:
-    old = backup(repo, "db", b"a" * 9000)
-    new = backup(repo, "db", b"b" * 9000)
-    logs = backup(repo, "logs", b"l" * 100)
-    repository = open_repository(str(repo))
-    orphan = BackupRef("db", "20200101T000000.000Z-0badc0de")
-    repository.store.put(f"data/db/{orphan.id}/0000000000", b"never finished")
-    os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
-    events = RecordingPublisher()
-
-    report = run_maintenance(repository, key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
-
-    assert report.ok and report.distrusted == []
-    assert report.pruned == [old] and report.collected == [str(orphan)]
-    assert sorted(str(r) for r in repository.backups()) == sorted([new, logs])
-    assert list(repository.store.list(f"data/db/{orphan.id}/")) == []
-    assert events.events == []
-
-
 def corrupt_and_verify(repo: Path, latest: str) -> None:
     """Damage chunk 0, then verify: the verify finds it and records the failure beside the backup."""
     ref = BackupRef.parse(latest)
@@ -60,18 +61,36 @@ def corrupt_and_verify(repo: Path, latest: str) -> None:
     assert run_braid("verify", "--repo", str(repo), latest, "--deep").code == 6
 
 
+def test_applies_retention_and_collects_leftovers(repo: Path, tmp_path: Path) -> None:
+    old = backup(repo, "db", b"a" * 9000)
+    new = backup(repo, "db", b"b" * 9000)
+    logs = backup(repo, "logs", b"l" * 100)
+    repository = open_repository(str(repo))
+    orphan = BackupRef("db", "20200101T000000.000Z-0badc0de")
+    repository.store.put(f"data/db/{orphan.id}/0000000000", b"never finished")
+    os.utime(repo / "data" / "db" / orphan.id / "0000000000", (0, datetime(2020, 1, 2, tzinfo=UTC).timestamp()))  # idle since 2020
+    events = RecordingPublisher()
+
+    run = maintain(repository, key_file(tmp_path), events, {"keep_last": 1})
+
+    assert run.ok and run.pruned == [old] and run.collected == [str(orphan)] and run.unreadable == []
+    assert sorted(str(r) for r in repository.backups()) == sorted([new, logs])
+    assert list(repository.store.list(f"data/db/{orphan.id}/")) == []
+    assert events.events == []
+
+
 def test_a_backup_whose_verification_failed_is_distrusted_and_kept(repo: Path, tmp_path: Path) -> None:
     latest = backup(repo, "db", b"rows " * 3000)
     corrupt_and_verify(repo, latest)
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_days=30))
+    run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_days": 30})
 
-    assert not report.ok
-    (distrusted,) = report.distrusted
-    assert distrusted["backup"] == latest and f"chunk 0 of backup {latest}" in distrusted["error"]
-    assert events.events == []  # the verify that found it reported it; maintenance does not announce it again
-    assert report.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
+    assert not run.ok
+    (unreadable,) = run.unreadable
+    assert unreadable["backup"] == latest and f"chunk 0 of backup {latest}" in unreadable["error"]
+    assert events.events == []  # the verify that found it reported it; the prune does not announce it again
+    assert run.pruned == []  # keep_days keeps it: a corrupt backup is reported, not silently dropped
 
 
 def test_policy_from_the_schedule_event() -> None:
@@ -87,23 +106,20 @@ def test_without_a_configured_policy_no_backup_is_removed(repo: Path, tmp_path: 
     old = backup(repo, "db", b"a" * 100)
     new = backup(repo, "db", b"b" * 100)
     repository = open_repository(str(repo))
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=policy_from_event({}))
-    assert report.ok and report.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {})
+    assert run.ok and run.pruned == [] and sorted(str(r) for r in repository.backups()) == sorted([old, new])
 
     assert run_braid("prune", "--repo", str(repo), "--name", "db", "--keep-last", "1", "--save-policy").code == 0
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=policy_from_event({}))
-    assert report.pruned == [old] and [str(r) for r in repository.backups()] == [new]
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {})
+    assert run.pruned == [old] and [str(r) for r in repository.backups()] == [new]
 
 
 def test_young_leftovers_are_left_alone(repo: Path, tmp_path: Path) -> None:
     repository = open_repository(str(repo))
     in_flight = BackupRef.new("db")
     repository.store.put(f"staging/db/{in_flight.id}/session.json", b"{}")
-    report = run_maintenance(
-        repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1),
-        now=datetime.now(UTC) + timedelta(hours=1),
-    )
-    assert report.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1}, now=datetime.now(UTC) + timedelta(hours=1))
+    assert run.collected == [] and [i.key for i in repository.store.list("staging/")] == [f"staging/db/{in_flight.id}/session.json"]
 
 
 def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path: Path) -> None:
@@ -112,15 +128,15 @@ def test_corrupt_latest_never_pushes_out_the_older_good_one(repo: Path, tmp_path
     corrupt_and_verify(repo, latest)
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
+    run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_last": 1})
 
-    assert not report.ok and report.pruned == []  # keep_last=1 counts only the good one: it stays
-    (unreadable,) = report.unreadable
+    assert not run.ok and run.pruned == []  # keep_last=1 counts only the good one: it stays
+    (unreadable,) = run.unreadable
     assert unreadable["backup"] == latest and f"backup {latest} failed its deep verification of " in unreadable["error"]
     assert f"chunk 0 of backup {latest}" in unreadable["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([good, latest])
     assert events.events == []  # announced by the verify that found it
-    assert report.to_json()["unreadable"] == report.unreadable
+    assert run.to_json()["unreadable"] == run.unreadable
     assert run_braid("restore", "--repo", str(repo), good).stdout == b"good " * 3000
 
 
@@ -133,11 +149,11 @@ def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tm
     manifest.write_bytes(manifest.read_bytes()[:100])
     events = RecordingPublisher()
 
-    report = run_maintenance(open_repository(str(repo)), key_file(tmp_path), events, policy=RetentionPolicy.of(keep_last=1))
+    run = maintain(open_repository(str(repo)), key_file(tmp_path), events, {"keep_last": 1})
 
-    assert report.distrusted == [] and newest not in [u["backup"] for u in report.unreadable]
-    assert report.pruned == [oldest] and [u["backup"] for u in report.unreadable] == [broken] and not report.ok
-    assert "corrupt" in report.unreadable[0]["error"]
+    assert newest not in [u["backup"] for u in run.unreadable]
+    assert run.pruned == [oldest] and [u["backup"] for u in run.unreadable] == [broken] and not run.ok
+    assert "corrupt" in run.unreadable[0]["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([broken, newest])
     assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, broken)]
     assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
@@ -147,8 +163,17 @@ def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> N
     repository = open_repository(str(repo))
     stalled = BackupRef("db", "20200101T000000.000Z-0badc0de")  # an old id that wrote a chunk recently
     repository.store.put(f"data/db/{stalled.id}/0000000000", b"still going")
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1))
-    assert report.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1})
+    assert run.collected == [] and list(repository.store.list(f"data/db/{stalled.id}/")) != []
     later = datetime.now(UTC) + timedelta(hours=49)
-    report = run_maintenance(repository, key_file(tmp_path), RecordingPublisher(), policy=RetentionPolicy.of(keep_last=1), now=later)
-    assert report.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []
+    run = maintain(repository, key_file(tmp_path), RecordingPublisher(), {"keep_last": 1}, now=later)
+    assert run.collected == [str(stalled)] and list(repository.store.list(f"data/db/{stalled.id}/")) == []
+
+
+def test_a_bad_policy_stops_maintenance_before_anything_runs(repo: Path, tmp_path: Path) -> None:
+    backup(repo, "db", b"a" * 100)
+    repository = open_repository(str(repo))
+    runs = InlinePruneRuns(repository, key_file(tmp_path), RecordingPublisher())
+    with pytest.raises(UsageError, match="--keep-daily must be at least 1"):
+        run_maintenance(runs, prune_input={"keep_daily": 0})
+    assert runs.reports == []

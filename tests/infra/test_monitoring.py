@@ -115,3 +115,13 @@ def test_a_name_without_a_backup_for_its_expected_hours_trips_its_own_alarm(temp
         with pytest.raises(ValueError, match=said):
             expected_backups(bad)
 
+
+
+def test_a_prune_that_fails_times_out_or_leaves_data_behind_alarms(template: Template) -> None:
+    """Retention must never stop silently: the prune state machine's failures and its items' failures each reach the topic."""
+    (prune_id,) = [lid for lid in template.find_resources("AWS::StepFunctions::StateMachine") if lid.startswith("PrunePipeline")]
+    found = alarms(template).values()
+    on_prune = {p["MetricName"] for p in found if p.get("Namespace") == "AWS/States" and {"Name": "StateMachineArn", "Value": {"Ref": prune_id}} in p["Dimensions"]}
+    assert on_prune == {"ExecutionsFailed", "ExecutionsTimedOut"}
+    (items,) = [p for p in found if p.get("MetricName") == "PruneFailures"]
+    assert (items["Namespace"], items["Threshold"], items["Statistic"]) == ("Braid", 1, "Sum")

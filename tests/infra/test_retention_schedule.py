@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "infra"))
 
 import aws_cdk as cdk  # noqa: E402
 from aws_cdk import aws_lambda as lambda_  # noqa: E402
+from aws_cdk import aws_stepfunctions as sfn  # noqa: E402
 from aws_cdk.assertions import Template  # noqa: E402
 
 from braid.format.policy import KeepRules  # noqa: E402
@@ -28,7 +29,8 @@ def schedule_event(context: dict[str, Any] | None = None, retention: dict[str, A
     verify = lambda_.Function(
         stack, "Verify", runtime=lambda_.Runtime.PYTHON_3_12, handler="app.handler", code=lambda_.Code.from_inline("def handler(e, c): pass")
     )
-    Schedules(stack, "Schedules", verify=verify, repository_prefix="repo", retention=retention)
+    prune = sfn.StateMachine(stack, "Prune", definition_body=sfn.DefinitionBody.from_chainable(sfn.Succeed(stack, "Done")))
+    Schedules(stack, "Schedules", verify=verify, prune=prune, repository_prefix="repo", retention=retention)
     rules = Template.from_stack(stack).find_resources("AWS::Events::Rule")
     (rule,) = rules.values()
     (target,) = rule["Properties"]["Targets"]

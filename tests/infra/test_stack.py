@@ -112,9 +112,19 @@ LEAST_PRIVILEGE = {
     "FunctionsCleanupRole": {("s3:GetObject", "manifests/*"), ("s3:GetObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "data/*"),
                              ("s3:DeleteObjectVersion", "staging/*"), ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"),
                              ("s3:ListBucketVersions", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
-    "FunctionsVerifyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "staging/*", "policies/*", "verify/*")}
-    | {("s3:DeleteObject", p) for p in ("manifests/*", "data/*", "staging/*", "rekey/*")} | {("s3:ListBucket", "bucket")}
-    | {(a, "catalog/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")},  # prune's removal markers, the daily snapshot
+    # The scheduled maintenance only starts the prune run: it touches no object.
+    "FunctionsVerifyRole": set(),
+    # PlanPrune: reads the catalog, policies and manifests; removes manifests (catalog marker and summary first). Never data.
+    "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*")}
+    | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
+    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*")} | {("s3:ListBucket", "bucket")},
+    # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.
+    "FunctionsSweepRole": {("s3:GetObject", p) for p in ("manifests/*", "data/*", "staging/*")}
+    | {("s3:DeleteObject", p) for p in ("data/*", "staging/*", "catalog/summaries/*")} | {("s3:PutObject", "prune/*"), ("s3:ListBucket", "bucket")},
+    # TallyPrune: the run's records, and the catalog's snapshots and log days.
+    "FunctionsTallyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "prune/*")}
+    | {(a, p) for a in ("s3:PutObject", "s3:DeleteObject") for p in ("catalog/index/*", "catalog/log/*", "prune/*")} | {("s3:ListBucket", "bucket")},
+    "PrunePipelinePruneRole": {("s3:GetObject", "prune/*"), ("s3:GetObject", "*")},
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
     "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
@@ -209,7 +219,7 @@ def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: 
     decrypters = {s["Sid"] for s in policy if s["Action"] == "kms:Decrypt"}
     generators = {s["Sid"] for s in policy if s["Action"] == "kms:GenerateDataKey"}
     assert decrypters == {
-        "DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysVerifyRole", "DecryptDataKeysRestoreRole",
+        "DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysPruneRole", "DecryptDataKeysRestoreRole",
         "DecryptDataKeysVerifyplanRole", "DecryptDataKeysVerifyworkerRole",  # the cloud verify authenticates manifests and decodes chunks
     }
     assert generators == {"GenerateDataKeysPrepareRole"}
@@ -286,8 +296,9 @@ def test_deleted_chunks_stop_being_billed_within_a_day_and_delete_markers_go(tem
     assert chunks["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
     assert chunks["ExpiredObjectDeleteMarker"] is True
     assert rules["expire-old-versions"]["ExpiredObjectDeleteMarker"] is True
-    # No rule may expire current chunks or manifests: only retention deletes backups (staging and verify runs are work, not backups).
-    assert not any("ExpirationInDays" in r for r in rules.values() if r.get("Prefix") not in ("staging/", "verify-runs/"))
+    # No rule may expire current chunks or manifests: only retention deletes backups (staging, verify runs and prune
+    # run reports are work, not backups).
+    assert not any("ExpirationInDays" in r for r in rules.values() if r.get("Prefix") not in ("staging/", "verify-runs/", "prune/"))
 
 
 def test_staging_outlives_the_longest_execution(template: Template) -> None:
@@ -309,7 +320,7 @@ def test_finalize_may_withdraw_a_manifest_it_published(template: Template) -> No
 
 def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -> None:
     functions = resources_of(template.to_json(), "AWS::Lambda::Function")
-    assert len(functions) == 9  # the backup pipeline's five, the scheduled maintenance, the verify pipeline's three
+    assert len(functions) == 12  # the backup pipeline's five, the scheduled maintenance, the verify and prune pipelines' three each
     (layer_id,) = resources_of(template.to_json(), "AWS::Lambda::LayerVersion")
     for lid, function in functions.items():
         props = function["Properties"]
@@ -456,9 +467,9 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
     """cdk.json sets no `braid:retention`: the daily event carries no keep rule (tests/infra/test_retention_schedule.py)."""
     inputs = [json.loads(t["Input"]) for r in template.find_resources("AWS::Events::Rule").values() for t in r["Properties"]["Targets"]]
     assert inputs and all(not any(k.startswith("keep_") for k in event) for event in inputs)
-    # It applies the policies stored in the repository instead: the verify role reads them, and never writes them.
-    reads = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if "s3:GetObject" in actions([s])])
-    writes = json.dumps([s for s in statements_of(template, "FunctionsVerifyRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
+    # It applies the policies stored in the repository instead: the prune planner reads them, and never writes them.
+    reads = json.dumps([s for s in statements_of(template, "FunctionsPruneRole") if "s3:GetObject" in actions([s])])
+    writes = json.dumps([s for s in statements_of(template, "FunctionsPruneRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
     assert "/policies/*" in reads and "/policies/" not in writes
 
 
@@ -513,3 +524,51 @@ def test_the_worker_has_reserved_concurrency_and_the_map_is_clamped_to_it(templa
     # The map runs what PlanSegments returns: the input's --fan-out, clamped to the reservation (functions/plan/app.py).
     assert _state(template, "ProcessChunks")["MaxConcurrencyPath"] == "$.plan.max_concurrency"
     assert _state(template, "ProcessChunks")["ToleratedFailureCount"] == 10_000  # failed items are planned again, not fatal
+
+
+def _prune_definition(template: Template) -> dict[str, Any]:
+    (machine,) = [r for lid, r in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").items() if lid.startswith("PrunePipeline")]
+    assert machine["Properties"]["StateMachineType"] == "STANDARD"
+    definition: dict[str, Any] = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))
+    return definition
+
+
+def test_the_prune_is_its_own_fan_out_manifests_first(template: Template) -> None:
+    """Plan (manifests removed there) -> a Distributed Map of EXPRESS sweep children -> Tally; any step failing ends it failed."""
+    definition = _prune_definition(template)
+    states = definition["States"]
+    assert definition["StartAt"] == "Identify" and states["Identify"]["Next"] == "PlanPrune"
+    assert states["PlanPrune"]["Next"] == "AnythingToSweep?"
+    choice = states["AnythingToSweep?"]
+    assert choice["Choices"][0]["Next"] == "Sweep" and choice["Default"] == "TallyPrune"
+    sweep = states["Sweep"]
+    assert sweep["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS"}
+    assert sweep["ItemReader"]["Parameters"]["Key.$"] == "$.plan.items_object" and sweep["MaxConcurrencyPath"] == "$.plan.max_concurrency"
+    assert sweep["ToleratedFailurePercentage"] == 100  # a failed item's data has no manifest: the next run collects it
+    assert sweep["Next"] == "TallyPrune" and states["TallyPrune"]["Next"] == "PruneDone"
+    for step in ("PlanPrune", "Sweep", "TallyPrune"):
+        assert [c["Next"] for c in states[step]["Catch"]] == ["PruneFailed"]
+    assert states["PruneFailed"]["Type"] == "Fail"
+
+
+def test_every_sweep_attempt_and_its_backoff_fit_the_express_child(template: Template) -> None:
+    (retry,) = _prune_definition(template)["States"]["Sweep"]["ItemProcessor"]["States"]["SweepItem"]["Retry"]
+    timeout = _function(template, "Braid Sweep")["Timeout"]
+    attempts = 1 + retry["MaxAttempts"]
+    backoff = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"]) for n in range(retry["MaxAttempts"]))
+    assert attempts >= 3 and attempts * timeout + backoff < 300, (attempts, timeout, backoff)
+    assert {"StorageError", "Sandbox.Timedout"} <= set(retry["ErrorEquals"])
+
+
+def test_the_maintenance_may_start_the_prune_and_nothing_else(template: Template) -> None:
+    from braid import contract
+
+    (prune_id,) = [lid for lid in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine") if lid.startswith("PrunePipeline")]
+    states = [s for s in statements_of(template, "FunctionsVerifyRole") if any(a.startswith("states:") for a in actions([s]))]
+    assert [(actions([s]), s["Resource"]) for s in states] == [({"states:StartExecution"}, {"Ref": prune_id})]
+    verify = _function(template, "Braid scheduled deep verify")
+    assert verify["Environment"]["Variables"][contract.ENV_PRUNE_STATE_MACHINE] == {"Ref": prune_id}
+    # No other function may start anything.
+    for lid in resources_of(template.to_json(), "AWS::IAM::Role"):
+        if lid.startswith("Functions") and not lid.startswith("FunctionsVerifyRole"):
+            assert not [s for s in statements_of(template, lid) if "states:StartExecution" in actions([s])], lid

@@ -35,11 +35,12 @@ fails with States.ExceedToleratedFailureThreshold (moto: SUCCEEDED with
 nulls); children of an EXPRESS map are held to 5 minutes (States.Timeout);
 each Lambda is held to its Timeout (Sandbox.Timedout). Where moto's S3
 differs under Object Lock, as AWS does too: a retain-until date in the
-past is refused (support.s3_lock_semantics). Each handler signs with its
-own role, and requests are checked against the stack's rendered IAM
-policies, bucket policy and key policy (support.emulated_iam; hosts are
-checked when they sign as `host-agent-NAME`, `host-restore` or
-`host-operator`).
+past is refused (support.s3_lock_semantics). A LIST with a delimiter names
+only prefixes holding current objects, not delete markers
+(support.s3_semantics). Each handler signs with its own role, and requests
+are checked against the stack's rendered IAM policies, bucket policy and
+key policy (support.emulated_iam; hosts are checked when they sign as
+`host-agent-NAME`, `host-restore` or `host-operator`).
 
 Test aids (never needed to use it):
   --request-log FILE   one JSON line per request the server answered:
@@ -50,6 +51,8 @@ Test aids (never needed to use it):
                        error its Retry covers): `once`, `always`, or
                        `first=K`: on its first K invocations, then it heals
                        (a test can exhaust the retries, then resume)
+  --fail-sweep-item N  the prune's Sweep Lambda raises StorageError on map
+                       item N, every attempt (repeatable)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -319,6 +322,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--request-log", type=Path, help="append one JSON line per request answered")
     parser.add_argument("--fail-worker", type=fail_worker_mode, metavar="once|always|first=K",
                         help="make the Worker Lambda fail once, always, or on its first K invocations (tests)")
+    parser.add_argument("--fail-sweep-item", type=int, action="append", default=[], metavar="N",
+                        help="make the prune's Sweep Lambda fail on map item N, every attempt (tests; repeatable)")
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="run Step Functions' and Lambda's clocks S times faster than real time (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
@@ -400,6 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     AwsStepFunctions(time_scale=args.time_scale).install()
     AwsObjectLock().install()
+    from support import s3_semantics
+
+    s3_semantics.install()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 
@@ -419,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             worker,
             lambda: StorageError(f"injected fault: the emulator was started with --fail-worker {args.fail_worker}"),
             times=fail_worker_times(args.fail_worker),
+        )
+    for item in args.fail_sweep_item:
+        lambdas.fail(
+            deployed.functions["sweep"],
+            lambda item=item: StorageError(f"injected fault: the emulator was started with --fail-sweep-item {item}"),
+            times=None,
+            when=lambda event, item=item: isinstance(event.get("item"), dict) and event["item"].get("n") == item,
         )
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")

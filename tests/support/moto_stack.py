@@ -122,6 +122,21 @@ class DeployedStack:
     verify_state_machine_arn: str = ""
 
 
+def state_machine_name(stack_name: str, logical_id: str) -> str:
+    """The emulated name of a state machine: `STACK-Backup`, `STACK-Verify`, `STACK-Prune` (machine_kind)."""
+    return f"{stack_name}-{machine_kind(logical_id)}"
+
+
+def backup_machine_id(template: dict[str, Any]) -> str:
+    """The backup pipeline's state machine (the stack has others: the prune's)."""
+    (machine_id,) = [lid for lid in resources_of(template, "AWS::StepFunctions::StateMachine") if lid.startswith("Pipeline")]
+    return machine_id
+
+
+def backup_machine(template: dict[str, Any]) -> dict[str, Any]:
+    return dict(template["Resources"][backup_machine_id(template)])
+
+
 def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) -> DeployedStack:
     """Create the stack's bucket, key, functions and state machine in moto (via `session`)."""
     from support.cfn_render import Resolver
@@ -158,6 +173,13 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.refs[layer_id] = f"arn:aws:lambda:{region}:{account}:layer:braid:1"
 
     deployed = DeployedStack(bucket_name, key["Arn"], "")
+    # State machines get their ARNs first: a function's environment may name one (the maintenance starts the prune).
+    machines = resources_of(template, "AWS::StepFunctions::StateMachine")
+    for machine_id in machines:
+        arn = f"arn:aws:states:{region}:{account}:stateMachine:{state_machine_name(stack.name, machine_id)}"
+        resolver.refs[machine_id] = arn
+        resolver.attributes[(machine_id, "Name")] = arn.rpartition(":")[2]
+        deployed.state_machines[machine_id] = arn
     for lid, resource in resources_of(template, "AWS::Lambda::Function").items():
         match = _FUNCTION_ID.match(lid)
         if not match:
@@ -179,25 +201,30 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
         deployed.functions[match.group(1).lower()] = created["FunctionName"]
 
-    for machine_id, machine in resources_of(template, "AWS::StepFunctions::StateMachine").items():
-        kind = machine_kind(machine_id)
+    for machine_id, machine in machines.items():
         definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
         created_machine = sfn.create_state_machine(
-            name=f"{stack.name}-{kind}", definition=definition, roleArn=role_arn, type=machine["Properties"].get("StateMachineType", "STANDARD")
+            name=state_machine_name(stack.name, machine_id),
+            definition=definition,
+            roleArn=role_arn,
+            type=machine["Properties"].get("StateMachineType", "STANDARD"),
         )
-        deployed.state_machines[machine_id] = created_machine["stateMachineArn"]
-        if kind == "Backup":
+        assert created_machine["stateMachineArn"] == deployed.state_machines[machine_id], created_machine["stateMachineArn"]
+        if machine_id == backup_machine_id(template):
             deployed.state_machine_arn = created_machine["stateMachineArn"]
             deployed.definition = definition
-        else:
+        elif machine_kind(machine_id) == "Verify":
             deployed.verify_state_machine_arn = created_machine["stateMachineArn"]
     return deployed
 
 
 def machine_kind(logical_id: str) -> str:
-    """"Backup" (braid_infra.pipeline) or "Verify" (braid_infra.verify_pipeline), by the construct that made it."""
+    """"Backup" (braid_infra.pipeline), "Verify" (braid_infra.verify_pipeline) or "Prune"
+    (braid_infra.prune_pipeline), by the construct that made it."""
     if logical_id.startswith("VerifyPipeline"):
         return "Verify"
+    if logical_id.startswith("PrunePipeline"):
+        return "Prune"
     if logical_id.startswith("Pipeline"):
         return "Backup"
     raise ValueError(f"unknown state machine {logical_id}")

@@ -23,6 +23,7 @@ OUTPUT_OPERATOR_ROLE = "OperatorRoleArn"  # the role an operator assumes for `br
 # The bucket's Object Lock retention as MODE:DAYS (GOVERNANCE:30); only when the stack configures one.
 # `braid init --stack` copies it into config.json: the hosts' writers and prune read it there.
 OUTPUT_OBJECT_LOCK = "ObjectLock"
+OUTPUT_PRUNE_STATE_MACHINE = "PruneStateMachineArn"
 
 # -- the pipeline functions' environment --------------------------------------
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
@@ -32,6 +33,7 @@ ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # chunks a worker processes at once
 ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved concurrency: the most a map may run at once
 # MODE:DAYS of the stack's Object Lock (the same value as OUTPUT_OBJECT_LOCK); absent without one.
 ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
+ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenance starts the prune there
 DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.
@@ -55,6 +57,15 @@ PLAN_TIMEOUT_SECONDS = 900
 # request is what it waits on, so it gets a full vCPU (it runs once per backup).
 FINALIZE_MEMORY_MB = 1769
 
+# The prune's map (braid.pipeline.sweep): each item deletes one slice of a
+# removed backup's chunks (PRUNE_SLICE_CHUNKS: a LIST and a DeleteObjects per
+# 1,000, ~10 s) or collects one leftover; attempts x timeout plus backoffs
+# (2 s doubling) stay inside an EXPRESS child's 300 s (tests/infra checks).
+SWEEP_TIMEOUT_SECONDS = 90
+SWEEP_RETRIES = 2
+PRUNE_SLICE_CHUNKS = 16384
+PRUNE_MAX_CONCURRENCY = 20  # items at once: S3 deletes ~3,500 keys/s per prefix, each item is one backup's prefix
+
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"
 ENV_KEY_FILE = "BRAID_KEY_FILE"
@@ -66,12 +77,16 @@ METRIC_VERIFY_FAILURES = "VerifyFailures"  # backups a verification found damage
 # One datapoint per published backup, per backup name: the freshness alarm ("no backup of NAME for H hours").
 METRIC_BACKUP_PUBLISHED = "BackupPublished"
 DIMENSION_BACKUP_NAME = "backup_name"
+METRIC_BACKUPS_PRUNED = "BackupsPruned"
+METRIC_LEFTOVERS_COLLECTED = "LeftoversCollected"
+METRIC_PRUNE_FAILURES = "PruneFailures"  # map items that did not finish: their data waits for the next run
 
 # -- outcome events (EventBridge) ----------------------------------------------
 EVENT_SOURCE = "braid"
 BACKUP_COMPLETED = "Backup Completed"
 BACKUP_FAILED = "Backup Failed"
 VERIFY_FAILED = "Verify Failed"
+PRUNE_FAILED = "Prune Failed"
 
 # -- engines, as manifests record them (docs/format.md) ------------------------
 ENGINE_LOCAL = "local"

@@ -13,6 +13,8 @@
     rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
     verify/NAME/ID/STAMP~MODE~OUTCOME.json  one per verification of the backup (braid.format.verification)
     verify-runs/RUN/...                  the cloud verify's work: map items and the map's results (one execution)
+    prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_run): what it planned, its map's items, what it did
+    prune/RUN/results/NNNNNN.json        one map item's outcome
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -212,3 +214,31 @@ def verify_run_prefix(run: str) -> str:
     if not run or "/" in run:
         raise UsageError(f"invalid verify run name {run!r}")
     return f"{VERIFY_RUNS}{run}/"
+PRUNE = "prune/"
+
+
+def prune_run_prefix(run: str) -> str:
+    """Everything one scheduled prune run writes (braid.pipeline.prune_run); `run` is its id."""
+    if not run or "/" in run or run.startswith("."):
+        raise ValueError(f"invalid prune run id {run!r}")
+    return f"{PRUNE}{run}/"
+
+
+def prune_plan_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}plan.json"
+
+
+def prune_items_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}items.json"
+
+
+def prune_results_prefix(run: str) -> str:
+    return f"{prune_run_prefix(run)}results/"
+
+
+def prune_result_key(run: str, item: int) -> str:
+    return f"{prune_results_prefix(run)}{item:06d}.json"
+
+
+def prune_report_key(run: str) -> str:
+    return f"{prune_run_prefix(run)}report.json"

@@ -13,8 +13,8 @@ Design (docs/format.md, Catalog). Three kinds of object, all below
 - a **snapshot** (braid.format.catalog): every summary known at its
   `through` time, in one object, written by a reader when the log since the
   last one grows long, or when there is none: `list` on a local repository;
-  for an s3:// one the scheduled maintenance rebuilds it daily
-  (braid.pipeline.maintenance), since hosts' roles only read `catalog/`.
+  for an s3:// one the scheduled prune run rebuilds it daily, at its end
+  (braid.pipeline.prune_tally), since hosts' roles only read `catalog/`.
 
 `list` reads the newest snapshot, lists the log's days since its `through`
 (minus `MARGIN` for writers' clock skew and slow PUTs), and for each
@@ -50,10 +50,11 @@ holds none). Summaries also carry a MAC for those who hold the data key.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from typing import TypeVar
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
@@ -62,6 +63,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import (
     CATALOG_INDEX,
+    CATALOG_LOG,
     PUBLISHED,
     REMOVED,
     index_key,
@@ -74,7 +76,7 @@ from braid.format.layout import (
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.summary import BackupSummary, catalog_stamp, open_summary, parse_catalog_stamp
-from braid.ports.store import ObjectStore
+from braid.ports.store import ObjectStore, child_prefixes
 
 MARGIN = timedelta(minutes=15)  # writers' clocks and slow PUTs: markers this far before `through` are read again
 PENDING = timedelta(hours=1)  # a snapshot folds in only markers older than this: their manifest had time to appear
@@ -87,7 +89,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def _parallel(items: list[T], work: Callable[[T], R], workers: int = WORKERS) -> list[R]:
+def parallel(items: list[T], work: Callable[[T], R], workers: int = WORKERS) -> list[R]:
+    """`work` over `items` on a few threads, results in order: reads of small objects wait on the network, not the CPU."""
     if len(items) <= 1:
         return [work(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="braid-catalog") as pool:
@@ -160,17 +163,22 @@ def _confirmed(repository: Repository, ref: BackupRef) -> Entry | None:
         return None  # removed since the HEAD
 
 
-def _newest_snapshot(repository: Repository) -> tuple[CatalogSnapshot | None, list[str]]:
-    """The newest snapshot that checks, and every snapshot key (oldest first)."""
-    store = repository.store
-    keys = [info.key for info in store.list(CATALOG_INDEX)]
+def _snapshots_that_check(repository: Repository, keys: list[str]) -> Iterator[tuple[str, CatalogSnapshot]]:
+    """(key, snapshot) of each of `keys` that reads, checks and is this repository's, newest first, read as asked for."""
     for key in reversed(keys):
         try:
-            snapshot = open_snapshot(store.get(key), key)
+            snapshot = open_snapshot(repository.store.get(key), key)
         except (NotFoundError, IntegrityError):
-            continue
+            continue  # removed since the listing (a prune collected it), or corrupt: the next older one
         if snapshot.repository == repository.config.id:
-            return snapshot, keys
+            yield key, snapshot
+
+
+def _newest_snapshot(repository: Repository) -> tuple[CatalogSnapshot | None, list[str]]:
+    """The newest snapshot that checks, and every snapshot key (oldest first)."""
+    keys = [info.key for info in repository.store.list(CATALOG_INDEX)]
+    for _key, snapshot in _snapshots_that_check(repository, keys):
+        return snapshot, keys
     return None, keys
 
 
@@ -186,7 +194,7 @@ def _log_days(since: datetime, until: datetime) -> list[str]:
 def _read_log(store: ObjectStore, since: datetime, until: datetime) -> list[tuple[str, BackupRef, str]]:
     """Markers stamped at or after `since`, oldest first (one LIST per day, in parallel)."""
     floor = catalog_stamp(since)
-    listed = _parallel(_log_days(since, until), lambda prefix: [info.key for info in store.list(prefix)])
+    listed = parallel(_log_days(since, until), lambda prefix: [info.key for info in store.list(prefix)])
     markers = [m for keys in listed for m in map(parse_log_marker, keys) if m is not None and m[0] >= floor]
     return sorted(markers, key=lambda m: m[0])
 
@@ -229,7 +237,7 @@ def rebuild_catalog(repository: Repository, *, write: bool = True, now: datetime
             return None  # removed since the listing
 
     refs = repository.backups()
-    entries = [e for e in _parallel(refs, entry) if e is not None]
+    entries = [e for e in parallel(refs, entry) if e is not None]
     written = None
     if write:
         # Markers of the last PENDING may name manifests that appear after our listing: readers go over them again.
@@ -254,7 +262,7 @@ def read_catalog(repository: Repository, *, write: bool = True, rebuild: bool = 
     removed = {ref for _stamp, ref, event in markers if event == REMOVED}
     retry = {BackupRef.parse(text) for text in snapshot.unreadable}
     fresh = sorted((retry | {ref for _stamp, ref, event in markers if event == PUBLISHED and ref not in state}) - removed)
-    for ref, found in zip(fresh, _parallel(fresh, lambda r: _confirmed(repository, r)), strict=True):
+    for ref, found in zip(fresh, parallel(fresh, lambda r: _confirmed(repository, r)), strict=True):
         state[ref] = found
     for ref in removed:
         state.pop(ref, None)
@@ -269,3 +277,54 @@ def read_catalog(repository: Repository, *, write: bool = True, rebuild: bool = 
         keep = [e for ref, e in state.items() if e is not None and ref not in young]
         written = _write_snapshot(repository, keep, fold_until, old_keys)
     return Catalog(entries, "snapshot", len(markers), written)
+
+
+# Collecting the catalog's own leftovers --------------------------------------
+
+LOG_GRACE = timedelta(days=2)  # log days younger than this stay, whatever the snapshots say
+
+
+@dataclass
+class CatalogLeftovers:
+    """What `collect_catalog_leftovers` removed (or, planned only, would remove)."""
+
+    snapshots: list[str]
+    log_days: list[str]  # day prefixes, every marker below each removed
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"snapshots": list(self.snapshots), "log_days": list(self.log_days)}
+
+
+def catalog_leftovers(repository: Repository, now: datetime | None = None) -> CatalogLeftovers:
+    """Snapshots superseded by the newest `KEEP_SNAPSHOTS` that check, and log days every kept snapshot has folded in.
+
+    A reader takes the newest snapshot that checks and reads the log from
+    its `through` minus `MARGIN`; one that listed the index just before a
+    newer snapshot appeared is still reading the one before. So the newest
+    two that check stay, and so does every log day a reader of either
+    could still ask for, plus `LOG_GRACE`. With no snapshot that checks
+    nothing is collected: a reader must rebuild from the manifests anyway.
+    A reader that lost the race regardless finds its snapshot gone and takes
+    the next (or rebuilds), and a log day gone under it lists as empty:
+    every marker in it is older than what both kept snapshots fold in.
+    """
+    moment = now or datetime.now(UTC)
+    store = repository.store
+    keys = [info.key for info in store.list(CATALOG_INDEX)]
+    kept = [(key, parse_catalog_stamp(snapshot.through)) for key, snapshot in islice(_snapshots_that_check(repository, keys), KEEP_SNAPSHOTS)]
+    if not kept:
+        return CatalogLeftovers([], [])
+    oldest_kept = min(key for key, _through in kept)
+    stale = [key for key in keys if key < oldest_kept]
+    cutoff = min(min(through for _key, through in kept) - MARGIN, moment - LOG_GRACE)
+    first_day_kept = log_day_prefix(catalog_stamp(cutoff))  # the day of the cutoff holds markers on both sides: it stays
+    days = [prefix for prefix in child_prefixes(store, CATALOG_LOG) if prefix < first_day_kept]
+    return CatalogLeftovers(stale, days)
+
+
+def collect_catalog_leftovers(repository: Repository, leftovers: CatalogLeftovers) -> None:
+    """Delete what `catalog_leftovers` found: snapshots, then each log day's markers."""
+    store = repository.store
+    store.delete(leftovers.snapshots)
+    for day in leftovers.log_days:
+        store.delete(info.key for info in store.list(day))

@@ -30,10 +30,10 @@ from datetime import datetime, timedelta
 
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
-from braid.format.layout import DATA, STAGING, data_prefix, lease_key, manifest_key, ref_under, staging_prefix
+from braid.format.layout import DATA, STAGING, data_prefix, lease_key, manifest_key, ref_under, staging_prefix, summary_key
 from braid.format.lease import LeaseRecord
 from braid.format.staging.keys import agent_lease_key
-from braid.ports.store import ObjectInfo, ObjectStore, TemporaryFiles
+from braid.ports.store import ObjectInfo, ObjectStore, TemporaryFiles, child_prefixes
 
 MIN_ORPHAN_GRACE_HOURS = 1.0
 
@@ -97,6 +97,24 @@ def find_leftovers(store: ObjectStore, published: set[BackupRef], now: datetime,
     return sorted(leftovers, key=lambda leftover: leftover.ref)
 
 
+def leftover_candidates(store: ObjectStore, published: set[BackupRef], now: datetime, grace: timedelta) -> list[BackupRef]:
+    """Unpublished backups with data or staging that started longer than `grace` ago, by prefixes alone.
+
+    One LIST with a delimiter per root and per name, never a listing of any
+    backup's chunks: a backup's last activity is never before its start, so
+    one that started within the grace cannot be idle past it; the others
+    are judged (objects, lease) only when collected (`collect_leftover`).
+    """
+    found: set[BackupRef] = set()
+    for root in (DATA, STAGING):
+        for name_prefix in child_prefixes(store, root):
+            for backup_prefix in child_prefixes(store, name_prefix):
+                ref = ref_under(root, f"{backup_prefix}-")
+                if ref is not None and ref not in published and now - ref.started > grace:
+                    found.add(ref)
+    return sorted(found)
+
+
 def _backup_objects(store: ObjectStore, ref: BackupRef) -> list[ObjectInfo]:
     return [*store.list(data_prefix(ref)), *store.list(staging_prefix(ref))]
 
@@ -112,7 +130,7 @@ def collect_leftover(store: ObjectStore, ref: BackupRef, now: datetime, grace: t
     objects = _backup_objects(store, ref)
     if now - last_activity(store, ref, objects) <= grace:
         return False
-    store.delete(info.key for info in objects)
+    store.delete([*(info.key for info in objects), summary_key(ref)])  # and the summary of a publish that crashed before its manifest
     if store.head(manifest_key(ref)) is not None:
         raise IntegrityError(
             f"backup {ref} was published while prune was collecting its data as a leftover of an incomplete backup;"

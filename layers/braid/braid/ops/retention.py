@@ -49,10 +49,12 @@ from braid.format.lock import ObjectLock
 from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
-from braid.ops.catalog import record_removal
-from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary
+from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog, record_removal
+from braid.ops.catalog import Unreadable as CatalogUnreadable
+from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary, leftover_candidates
 from braid.ops.open import open_backup
 from braid.ports.keys import KeyService
+from braid.ports.store import ObjectStore
 
 __all__ = [
     "MIN_ORPHAN_GRACE_HOURS",
@@ -64,6 +66,7 @@ __all__ = [
     "execute_prune",
     "load_policies",
     "plan_prune",
+    "remove_manifest",
     "save_policy",
     "select_kept",
     "split_locked",
@@ -137,6 +140,9 @@ class PrunePlan:
     spared: list[BackupRef] = field(default_factory=list)  # orphans that showed life again just before deletion
     unmanaged: list[str] = field(default_factory=list)  # names left alone: no stored policy (stored mode only)
     locked: list[Locked] = field(default_factory=list)  # let go by the rules, kept by Object Lock retention until their date
+    # The catalog's superseded snapshots and folded log days (braid.ops.catalog); whole-repository plans only.
+    catalog: CatalogLeftovers = field(default_factory=lambda: CatalogLeftovers([], []))
+    chunks: dict[BackupRef, int] = field(default_factory=dict)  # chunk counts the catalog recorded (from_catalog plans)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,28 +154,70 @@ class PrunePlan:
             "unreadable": [u.to_json() for u in self.unreadable],
             "temporary": list(self.temporary),
             "spared": [str(r) for r in self.spared],
+            "catalog": self.catalog.to_json(),
         }
 
 
-def _authenticate_all(
-    repository: Repository, keys: KeyService, distrusted: Mapping[BackupRef, str]
-) -> tuple[dict[BackupRef, str], list[Unreadable], set[BackupRef]]:
-    """({ref: created} of authenticated backups, the unreadable ones, every published ref)."""
-    readable: dict[BackupRef, str] = {}
-    unreadable: list[Unreadable] = []
-    published: set[BackupRef] = set()
+def _authenticate(repository: Repository, keys: KeyService, ref: BackupRef) -> str | BackupError | None:
+    """The backup's start time from its authenticated manifest, the error that stopped it, or None (no manifest now)."""
+    try:
+        return open_backup(repository, ref, keys).manifest.created
+    except NotFoundError:
+        return None  # removed since the listing (another prune, a forget): nothing to keep or count
+    except BackupError as exc:
+        return exc
+
+
+@dataclass
+class _Candidates:
+    """Published backups as a plan sees them: `created` by ref, and which of them have been authenticated.
+
+    A host's prune authenticates every manifest up front. The scheduled
+    prune in the cloud starts from the catalog's summaries (checksummed, not
+    authenticated) and authenticates only the backups its judgement keeps or
+    removes, judging again whenever one fails (braid.ops.retention.plan_prune).
+    """
+
+    created: dict[BackupRef, str]
+    authenticated: set[BackupRef]
+    unreadable: list[Unreadable]
+    published: set[BackupRef]
+    chunks: dict[BackupRef, int] = field(default_factory=dict)
+
+
+def _authenticate_all(repository: Repository, keys: KeyService, distrusted: Mapping[BackupRef, str]) -> _Candidates:
+    """Every published backup, each manifest read and authenticated."""
+    found = _Candidates({}, set(), [], set())
     for ref in repository.backups():
-        published.add(ref)
+        found.published.add(ref)
         if ref in distrusted:
-            unreadable.append(Unreadable(ref, IntegrityError(distrusted[ref])))
+            found.unreadable.append(Unreadable(ref, IntegrityError(distrusted[ref])))
             continue
-        try:
-            readable[ref] = open_backup(repository, ref, keys).manifest.created
-        except NotFoundError:
-            continue  # removed since the listing (another prune, a forget): nothing to keep or count
-        except BackupError as exc:
-            unreadable.append(Unreadable(ref, exc))
-    return readable, unreadable, published
+        outcome = _authenticate(repository, keys, ref)
+        if isinstance(outcome, str):
+            found.created[ref] = outcome
+            found.authenticated.add(ref)
+        elif outcome is not None:
+            found.unreadable.append(Unreadable(ref, outcome))
+    return found
+
+
+def _from_catalog(repository: Repository, distrusted: Mapping[BackupRef, str]) -> _Candidates:
+    """Published backups from the catalog (snapshot + log: a handful of reads), none authenticated yet."""
+    found = _Candidates({}, set(), [], set())
+    for entry in read_catalog(repository, write=False).entries:
+        if isinstance(entry, CatalogUnreadable):
+            found.published.add(entry.ref)
+            found.unreadable.append(Unreadable(entry.ref, entry.error))
+            continue
+        ref = BackupRef.parse(entry.backup)
+        found.published.add(ref)
+        if ref in distrusted:
+            found.unreadable.append(Unreadable(ref, IntegrityError(distrusted[ref])))
+        else:
+            found.created[ref] = entry.created
+            found.chunks[ref] = entry.chunks
+    return found
 
 
 def select_kept(started_newest_first: Sequence[datetime], rules: KeepRules, now: datetime) -> list[bool]:
@@ -215,43 +263,58 @@ def plan_prune(
     *,
     distrusted: Mapping[BackupRef, str] | None = None,
     name: str | None = None,
+    from_catalog: bool = False,
 ) -> PrunePlan:
-    """What a prune would do; reads (and authenticates) every manifest, removes nothing.
+    """What a prune would do; removes nothing.
 
     `distrusted`: backups the caller found bad (a failed deep verify), with
     the reason; they are treated as unreadable. `name`: judge only that
     name's backups, and collect only its leftovers. A `stored` policy takes
     each name's rules from the repository; names without one are kept whole
     and listed in `plan.unmanaged`.
+
+    By default every manifest is read and authenticated first (a host's
+    `braid prune`). `from_catalog` (the scheduled prune in the cloud, where
+    reading every manifest of TiBs of backups does not fit one function)
+    starts from the catalog and authenticates only the backups the rules
+    keep or let go: when one fails it becomes unreadable, counts towards no
+    rule and the names are judged again, until every backup the plan keeps
+    or removes has authenticated. Backups of names the plan leaves alone are
+    not read. Leftovers are then found from the prefixes under `data/` and
+    `staging/` (a LIST with a delimiter per name), never a listing of every
+    chunk; each is judged idle just before deletion (braid.ops.leftovers).
     """
     now = now or datetime.now(UTC)
     plan = PrunePlan(now=now, grace=policy.grace)
     stored = load_policies(repository) if policy.stored else {}
-    readable, plan.unreadable, published = _authenticate_all(repository, keys, distrusted or {})
-    if name is not None:
-        plan.unreadable = [u for u in plan.unreadable if u.ref.name == name]
-    by_name: dict[str, list[BackupRef]] = {}
-    for ref in readable:
-        if name is None or ref.name == name:
-            by_name.setdefault(ref.name, []).append(ref)
-    for backup_name, refs in by_name.items():
-        # Newest first as `NAME@latest` resolves: id's millisecond, then the manifest's own start time.
-        newest_first = sorted(refs, key=lambda r: (r.id.partition("-")[0], readable[r], r.id), reverse=True)
-        rules = stored.get(backup_name) if policy.stored else policy.rules
-        if rules is None:
-            plan.unmanaged.append(backup_name)
-            plan.keep.extend(newest_first)
-            continue
-        kept = select_kept([ref.started for ref in newest_first], rules, now)
-        kept[0] = True  # the newest readable backup of a name, always
-        for ref, keep in zip(newest_first, kept, strict=True):
-            (plan.keep if keep else plan.forget).append(ref)
+    distrust = distrusted or {}
+    found = _from_catalog(repository, distrust) if from_catalog else _authenticate_all(repository, keys, distrust)
+    while True:
+        plan.keep, plan.forget, plan.unmanaged = _judge(found.created, stored if policy.stored else None, policy.rules, name, now)
+        unchecked = [ref for ref in (*plan.keep, *plan.forget) if ref not in found.authenticated and ref.name not in plan.unmanaged]
+        if not unchecked:
+            break
+        for ref, outcome in zip(unchecked, parallel(unchecked, lambda r: _authenticate(repository, keys, r)), strict=True):
+            if isinstance(outcome, str):
+                found.created[ref] = outcome
+                found.authenticated.add(ref)
+                continue
+            del found.created[ref]
+            if outcome is not None:
+                found.unreadable.append(Unreadable(ref, outcome))
+    plan.unreadable = [u for u in found.unreadable if name is None or u.ref.name == name]
     plan.forget, plan.locked = split_locked(repository.object_lock, plan.forget, now)
-    plan.orphans = [leftover.ref for leftover in find_leftovers(repository.store, published, now, policy.grace)]
+    plan.chunks = {ref: found.chunks[ref] for ref in plan.forget if ref in found.chunks}
+    if from_catalog:
+        plan.orphans = [ref for ref in leftover_candidates(repository.store, found.published, now, policy.grace) if name is None or ref.name == name]
+    else:
+        plan.orphans = [leftover.ref for leftover in find_leftovers(repository.store, found.published, now, policy.grace)]
+        plan.orphans = [ref for ref in plan.orphans if name is None or ref.name == name]
     plan.temporary = find_temporary(repository.store, now, policy.grace)
     if name is not None:
-        plan.orphans = [ref for ref in plan.orphans if ref.name == name]
         plan.temporary = [key for key in plan.temporary if key.startswith(name_prefixes(name))]
+    else:
+        plan.catalog = catalog_leftovers(repository, now)
     plan.keep.sort()
     plan.forget.sort()
     plan.unmanaged.sort()
@@ -270,6 +333,30 @@ def split_locked(lock: ObjectLock | None, refs: Sequence[BackupRef], now: dateti
     free = [ref for ref in refs if not lock.holds(ref, now)]
     held = [Locked(ref, lock.until(ref)) for ref in refs if lock.holds(ref, now)]
     return free, sorted(held, key=lambda entry: entry.ref)
+def _judge(
+    created: Mapping[BackupRef, str], stored: Mapping[str, KeepRules] | None, rules: KeepRules, name: str | None, now: datetime
+) -> tuple[list[BackupRef], list[BackupRef], list[str]]:
+    """(keep, forget, unmanaged names) for the counted backups: each name's rules, and its newest always kept."""
+    keep: list[BackupRef] = []
+    forget: list[BackupRef] = []
+    unmanaged: list[str] = []
+    by_name: dict[str, list[BackupRef]] = {}
+    for ref in created:
+        if name is None or ref.name == name:
+            by_name.setdefault(ref.name, []).append(ref)
+    for backup_name, refs in by_name.items():
+        # Newest first as `NAME@latest` resolves: id's millisecond, then the manifest's own start time.
+        newest_first = sorted(refs, key=lambda r: (r.id.partition("-")[0], created[r], r.id), reverse=True)
+        name_rules = stored.get(backup_name) if stored is not None else rules
+        if name_rules is None:
+            unmanaged.append(backup_name)
+            keep.extend(newest_first)
+            continue
+        kept = select_kept([ref.started for ref in newest_first], name_rules, now)
+        kept[0] = True  # the newest readable backup of a name, always
+        for ref, keep_it in zip(newest_first, kept, strict=True):
+            (keep if keep_it else forget).append(ref)
+    return keep, forget, unmanaged
 
 
 def load_policies(repository: Repository) -> dict[str, KeepRules]:
@@ -303,6 +390,17 @@ def delete_policy(repository: Repository, name: str) -> bool:
     return True
 
 
+def remove_manifest(store: ObjectStore, ref: BackupRef) -> None:
+    """The first step of removing a backup: out of the catalog, then its manifest; from then on it does not exist.
+
+    Its chunks can go afterwards, at any later time, by anyone: data with no
+    manifest is never restored, and a run interrupted here leaves what the
+    next finds as a leftover (braid.ops.leftovers).
+    """
+    record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
+    store.delete([manifest_key(ref), rekey_key(ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
+
+
 def execute_prune(repository: Repository, plan: PrunePlan) -> None:
     """Carry out a plan: forget what the policy let go, collect leftovers still idle.
 
@@ -312,8 +410,7 @@ def execute_prune(repository: Repository, plan: PrunePlan) -> None:
     """
     store = repository.store
     for ref in plan.forget:
-        record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
-        store.delete([manifest_key(ref), rekey_key(ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
+        remove_manifest(store, ref)
         store.delete(info.key for info in store.list(data_prefix(ref)))
         store.delete(info.key for info in store.list(staging_prefix(ref)))
     collected = []
@@ -324,6 +421,7 @@ def execute_prune(repository: Repository, plan: PrunePlan) -> None:
             plan.spared.append(ref)
     plan.orphans = collected
     plan.temporary = collect_temporary(store, plan.temporary, plan.now, plan.grace)
+    collect_catalog_leftovers(repository, plan.catalog)
 
 
 def unreadable_error(plan: PrunePlan) -> BackupError | None:

@@ -36,6 +36,14 @@ class EventPublisher(Protocol):
     def publish(self, detail_type: str, detail: Mapping[str, Any]) -> None: ...
 
 
+class PruneRuns(Protocol):
+    """Starts a scheduled prune run (the prune state machine on AWS) without waiting for it."""
+
+    def start(self, run: str, document: Mapping[str, Any]) -> str:
+        """Start run `run` with `document` as its input; returns its id (the execution ARN)."""
+        ...
+
+
 class MultipartJanitor:
     """StagingJanitor over a store's MultipartStore (S3, or a fake of it)."""
 

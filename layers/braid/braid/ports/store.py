@@ -106,6 +106,51 @@ class TemporaryFiles(Protocol):
         ...
 
 
+@runtime_checkable
+class PrefixListing(Protocol):
+    """A store that can list the "directories" below a prefix without listing what is in them.
+
+    Finding the backups under `data/NAME/` must not mean listing every
+    chunk of every backup (5.7 million keys for 35 backups of 10 TiB): S3
+    answers it with a LIST with a delimiter, a directory with one readdir.
+    """
+
+    def list_prefixes(self, prefix: str) -> Iterator[str]:
+        """Each distinct `prefix + SEGMENT + "/"` that has objects below it, in key order (`prefix` ends with "/")."""
+        ...
+
+
+def child_prefixes(store: ObjectStore, prefix: str) -> list[str]:
+    """The `prefix + SEGMENT + "/"` prefixes below `prefix`; by a full listing only where the store offers nothing better."""
+    if isinstance(store, PrefixListing):
+        return list(store.list_prefixes(prefix))
+    found: set[str] = set()
+    for info in store.list(prefix):
+        segment, slash, _rest = info.key[len(prefix) :].partition("/")
+        if slash:
+            found.add(f"{prefix}{segment}/")
+    return sorted(found)
+
+
+@runtime_checkable
+class ListingAfter(Protocol):
+    """A store that can start a listing after a key (S3's StartAfter), so a slice of a big prefix costs only its own pages."""
+
+    def list_after(self, prefix: str, after: str) -> Iterator[ObjectInfo]:
+        """Objects under `prefix` whose key sorts after `after`, in key order."""
+        ...
+
+
+def list_after(store: ObjectStore, prefix: str, after: str) -> Iterator[ObjectInfo]:
+    """Objects under `prefix` after the key `after` ("": all); by filtering a full listing where the store offers nothing better."""
+    if after and isinstance(store, ListingAfter):
+        yield from store.list_after(prefix, after)
+        return
+    for info in store.list(prefix):
+        if info.key > after:
+            yield info
+
+
 def read_object(store: ObjectStore, key: str, buffer: WritableBuffer) -> memoryview | bytes:
     """The whole object, into a reused buffer where the store offers `get_into`.
 

@@ -23,11 +23,12 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from braid import contract
-from braid.adapters.aws.clients import PIPELINE, PIPELINE_KMS, events_client, kms_client, s3_client
+from braid.adapters.aws.clients import PIPELINE, PIPELINE_KMS, events_client, kms_client, s3_client, stepfunctions_client
 from braid.adapters.aws.events import EventBridgePublisher
 from braid.adapters.aws.kms import KmsKeyService
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
+from braid.adapters.aws.stepfunctions import StepFunctionsPruneRuns
 from braid.errors import UsageError
 from braid.format.lock import ObjectLock
 from braid.ports.pipeline import MultipartJanitor
@@ -40,7 +41,7 @@ if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer do
 
 log = logging.getLogger("braid.aws")
 
-__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "repository_store", "setting", "worker_concurrency", "worker_lanes"]
+__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "prune_runs", "repository_store", "setting", "worker_concurrency", "worker_lanes"]
 
 
 def setting(name: str, default: str | None = None) -> str:
@@ -107,3 +108,8 @@ class S3StagingJanitor(MultipartJanitor):
 
 def event_publisher() -> EventBridgePublisher:
     return EventBridgePublisher(_events(), setting(contract.ENV_EVENT_BUS, contract.DEFAULT_EVENT_BUS))
+
+
+def prune_runs() -> StepFunctionsPruneRuns:
+    """The stack's prune state machine (the scheduled maintenance starts it)."""
+    return StepFunctionsPruneRuns(stepfunctions_client(retries=PIPELINE, on_retry=_retries), setting(contract.ENV_PRUNE_STATE_MACHINE))

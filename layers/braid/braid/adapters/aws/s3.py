@@ -288,11 +288,27 @@ class S3Store:
         return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response), response.get("LastModified"), response.get("ETag"))
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        yield from self.list_after(prefix, "")
+
+    def list_after(self, prefix: str, after: str) -> Iterator[ObjectInfo]:
+        """braid.ports.store.ListingAfter: ListObjectsV2's StartAfter."""
         paginator = self.client.get_paginator("list_objects_v2")
+        full = self._base + prefix
+        pages = paginator.paginate(Bucket=self.bucket, Prefix=full, StartAfter=self.object_key(after)) if after else paginator.paginate(Bucket=self.bucket, Prefix=full)
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._base + prefix):
+            for page in pages:
                 for item in page.get("Contents", []):
                     yield ObjectInfo(self.relative_key(item["Key"]), int(item["Size"]), modified=item.get("LastModified"))
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "listing", prefix or None, "s3:ListBucket") from None
+
+    def list_prefixes(self, prefix: str) -> Iterator[str]:
+        """braid.ports.store.PrefixListing: ListObjectsV2 with Delimiter "/" (1,000 prefixes a page)."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._base + prefix, Delimiter="/"):
+                for common in page.get("CommonPrefixes", []):
+                    yield self.relative_key(common["Prefix"])
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "listing", prefix or None, "s3:ListBucket") from None
 

@@ -8,6 +8,7 @@ are the only Step Functions permissions its IAM policy grants.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -70,3 +71,19 @@ class StepFunctionsExecutions:
 
     def _call(self, doing: str, permission: str) -> AwsCall:
         return AwsCall("Step Functions", doing, permission)
+
+
+class StepFunctionsPruneRuns:
+    """braid.ports.pipeline.PruneRuns over the stack's prune state machine: one execution per run, named by it."""
+
+    def __init__(self, client: SFNClient, state_machine_arn: str) -> None:
+        self.client = client
+        self.state_machine_arn = state_machine_arn
+
+    def start(self, run: str, document: Mapping[str, Any]) -> str:
+        call = AwsCall("Step Functions", f"starting prune run {run}", "states:StartExecution")
+        try:
+            response = self.client.start_execution(stateMachineArn=self.state_machine_arn, name=run, input=json.dumps(dict(document), sort_keys=True))
+        except (ClientError, BotoCoreError) as exc:
+            raise aws_error(exc, call, ExecutionError) from None
+        return str(response["executionArn"])

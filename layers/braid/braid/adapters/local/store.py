@@ -242,6 +242,18 @@ class LocalStore:
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self._walk(prefix, temporary=False)
 
+    def list_prefixes(self, prefix: str) -> Iterator[str]:
+        """braid.ports.store.PrefixListing: the subdirectories of the directory `prefix` names."""
+        directory = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        try:
+            names = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir(follow_symlinks=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as exc:
+            raise _storage_error("listing", directory, exc) from None
+        for name in names:
+            yield f"{prefix}{name}/"
+
     def list_temporary(self, prefix: str) -> Iterator[ObjectInfo]:
         """The `.tmp-*` files interrupted puts left under `prefix` (braid.ports.store.TemporaryFiles)."""
         yield from self._walk(prefix, temporary=True)

@@ -1,0 +1,186 @@
+"""PlanPrune: the first step of a scheduled prune run, and the only one that decides.
+
+The prune state machine (infra/braid_infra/prune_pipeline.py) runs
+
+    Identify ─► PlanPrune ─► anything to sweep? ─yes─► Sweep (Distributed Map) ─┐
+                                   │ no                                          │
+                                   └──────────────────────────► TallyPrune ◄─────┘
+
+PlanPrune judges from the catalog with braid.ops.retention's own planning
+(`plan_prune(..., from_catalog=True)`, so every guarantee and check there
+applies here too): only backups whose manifest authenticates count towards
+a rule, the newest readable backup of each name is kept, unreadable ones
+are reported and announced, never removed. It then removes the manifests
+of the backups the policy lets go (catalog marker first), all of them
+before any chunk is touched: from that moment they do not exist, so a
+failed or slow sweep never leaves a listed backup with missing chunks.
+
+What is left is plain deletion, fanned out as map items, written to S3
+for the map's ItemReader: each removed backup's `data/NAME/ID/` prefix cut
+into slices of `slice_chunks` chunks by key range (a 10 TiB backup of
+163,840 chunks is 10 items, each a few LIST pages and DeleteObjects of
+1,000), and one item per leftover candidate of a backup that never
+published, which the sweep judges again just before deleting
+(braid.pipeline.sweep). The plan itself is kept beside the items for
+TallyPrune, so the state machine passes only small JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from braid import contract
+from braid.errors import UsageError
+from braid.format.ids import BackupRef
+from braid.format.layout import chunk_key, prune_items_key, prune_plan_key, prune_run_prefix
+from braid.format.policy import COUNT_RULES, Duration
+from braid.format.repository import Repository
+from braid.ops.catalog import parallel
+from braid.ops.verification import failed_verifications
+from braid.ops.retention import PrunePlan, RetentionPolicy, plan_prune, remove_manifest
+from braid.ports.keys import KeyService
+from braid.ports.pipeline import EventPublisher
+
+BACKUP = "backup"  # item kind: a slice of a removed backup's chunks
+LEFTOVER = "leftover"  # item kind: data of a backup that never published, judged again before deletion
+
+
+@dataclass(frozen=True)
+class SweepItem:
+    """One map item: `n` numbers its result record; `after`/`until` bound a slice's keys ("": open)."""
+
+    n: int
+    kind: str
+    backup: str
+    after: str = ""
+    until: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "kind": self.kind, "backup": self.backup, "after": self.after, "until": self.until}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
+        try:
+            item = cls(int(doc["n"]), str(doc["kind"]), str(doc["backup"]), str(doc.get("after", "")), str(doc.get("until", "")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"not a prune map item: {exc}") from None
+        if item.kind not in (BACKUP, LEFTOVER):
+            raise UsageError(f"not a prune map item: unknown kind {item.kind!r}")
+        BackupRef.parse(item.backup)
+        return item
+
+
+def slices(ref: BackupRef, chunks: int, slice_chunks: int) -> list[tuple[str, str]]:
+    """Key ranges (after, until] that together cover `data/NAME/ID/` whatever its keys, `slice_chunks` chunks each.
+
+    The bounds are chunk keys, so slices are even for chunks named by
+    index; the last is open above, so an object of any other name (the
+    lease) is still swept, by exactly one slice.
+    """
+    bounds = [chunk_key(ref, end - 1) for end in range(slice_chunks, chunks, slice_chunks)]
+    lows = ["", *bounds]
+    highs = [*bounds, ""]
+    return list(zip(lows, highs, strict=True))
+
+
+def policy_from_event(event: Mapping[str, Any]) -> RetentionPolicy:
+    """The run's retention settings: any of {"keep_last", "keep_hourly", "keep_daily",
+    "keep_weekly", "keep_monthly", "keep_yearly", "keep_within" (a DURATION such as "1y"),
+    "keep_days"}, and "orphan_grace_hours".
+
+    An event with no keep rule applies each name's policy stored in the
+    repository (`braid prune --name NAME --keep-... --save-policy`); a name
+    without one keeps every backup. So a schedule with no policy configured
+    removes no backup (it still collects leftovers of backups that never
+    completed: those are not backups).
+    """
+    try:
+        counts = {rule: int(event[rule]) for rule in COUNT_RULES if event.get(rule) is not None}
+        within = event.get("keep_within")
+        keep_days = event.get("keep_days")
+        return RetentionPolicy.of(
+            keep_days=float(keep_days) if keep_days is not None else None,
+            orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
+            keep_within=Duration.parse(str(within)) if within is not None else None,
+            stored=not counts and within is None and keep_days is None,
+            **counts,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the schedule's retention settings are not numbers: {exc}") from None
+
+
+def distrusted_from_event(event: Mapping[str, Any]) -> dict[BackupRef, str]:
+    """{"distrusted": {"NAME@ID": reason}}: backups a verify found bad; they count towards no rule and are not removed."""
+    given = event.get("distrusted") or {}
+    if not isinstance(given, Mapping):
+        raise UsageError("the prune's 'distrusted' must map NAME@ID to a reason")
+    return {BackupRef.parse(str(ref)): str(reason) for ref, reason in given.items()}
+
+
+def slice_chunks_from_event(event: Mapping[str, Any]) -> int:
+    value = event.get("slice_chunks", contract.PRUNE_SLICE_CHUNKS)
+    if type(value) is not int or not 1 <= value <= contract.PRUNE_SLICE_CHUNKS:
+        raise UsageError(f"slice_chunks must be a whole number from 1 to {contract.PRUNE_SLICE_CHUNKS} (got {value!r})")
+    return value
+
+
+def announce_unreadable(repository: Repository, events: EventPublisher, plan: PrunePlan, distrusted: Mapping[BackupRef, str]) -> None:
+    """A "Verify Failed" event per unreadable backup (retention leaves it alone, so a person must look),
+    except those the caller distrusted: whoever verified them announced them already."""
+    for u in plan.unreadable:
+        if u.ref in distrusted:
+            continue
+        events.publish(contract.VERIFY_FAILED, {"repository": repository.url, "backup": str(u.ref), "failures": [str(u.error)]})
+
+
+def plan_run(
+    repository: Repository,
+    keys: KeyService,
+    events: EventPublisher,
+    *,
+    run: str,
+    prefix: str = "",
+    policy: RetentionPolicy,
+    distrusted: Mapping[BackupRef, str] | None = None,
+    slice_chunks: int = contract.PRUNE_SLICE_CHUNKS,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """Plan, announce, remove the manifests, write the plan and the map's items; returns the state for the map.
+
+    `prefix` is the repository's key prefix in the bucket, passed on to the
+    items (an execution started by hand may leave it out: the bucket root).
+    """
+    moment = now or datetime.now(UTC)
+    store = repository.store
+    prune_run_prefix(run)  # a usable run id, before anything is removed
+    # Backups whose newest verify record failed count towards no rule and are never removed, whoever started
+    # the run; their recorder announced them already. The caller's own (an execution's input) come on top.
+    distrusted = {**failed_verifications(repository), **(distrusted or {})}
+    plan = plan_prune(repository, policy, keys, moment, distrusted=distrusted, from_catalog=True)
+    announce_unreadable(repository, events, plan, distrusted)  # before anything is removed: a run that fails midway must not swallow them
+    parallel(plan.forget, lambda ref: remove_manifest(store, ref))
+    items: list[SweepItem] = []
+    for ref in plan.forget:
+        for after, until in slices(ref, plan.chunks.get(ref, 0), slice_chunks):
+            items.append(SweepItem(len(items), BACKUP, str(ref), after, until))
+    for ref in plan.orphans:
+        items.append(SweepItem(len(items), LEFTOVER, str(ref)))
+    record = plan.to_json()
+    record.update({"run": run, "repository": repository.url, "now": moment.isoformat(), "items": len(items)})
+    store.put(prune_plan_key(run), json.dumps(record, sort_keys=True).encode())
+    store.put(prune_items_key(run), json.dumps([item.to_json() for item in items]).encode())
+    return {
+        "run": run,
+        "prefix": prefix,
+        "items_object": prune_items_key(run),
+        "items": len(items),
+        "max_concurrency": contract.PRUNE_MAX_CONCURRENCY,
+        "now": moment.isoformat(),
+        "grace_hours": policy.orphan_grace_hours,
+        "pruned": len(plan.forget),
+        "unreadable": len(plan.unreadable),
+    }

@@ -1,0 +1,149 @@
+"""TallyPrune: the last step of a scheduled prune run: what happened, said once, loudly if anything failed.
+
+The map tolerates failed items (a backup's data whose sweep failed has no
+manifest: the next run collects it as a leftover, once idle past the grace
+period), so the map's own status says little; the items' result records
+do. TallyPrune reads the run's plan and items, counts an item without a
+result record as failed, and writes the run's report
+(`prune/RUN/report.json`: what was pruned, collected, spared, refused,
+which backups still hold data, and the unreadable ones the plan met). A
+run with failed or refused items publishes a "Prune Failed" event and
+counts `PruneFailures`, which an alarm watches.
+
+It also keeps the catalog small and fresh, since hosts in the cloud only
+read it (`list` then reads one snapshot and a day or two of log): the
+snapshot is rebuilt from the manifests, as the maintenance did before, and
+then superseded snapshots and log days every kept snapshot has folded in
+are collected (braid.ops.catalog.catalog_leftovers). Finalize does not
+refresh the snapshot: that would mean reading and rewriting the whole
+snapshot (MBs at 10,000 backups) for every backup, while the log already
+makes a new backup visible at once. Its working files (plan, items,
+results) go last; the report stays (the bucket's lifecycle expires `prune/`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from braid import contract
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.layout import prune_items_key, prune_plan_key, prune_report_key, prune_results_prefix
+from braid.format.repository import Repository
+from braid.ops.catalog import catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
+from braid.pipeline.prune_plan import BACKUP, SweepItem
+from braid.pipeline.sweep import COLLECTED, DELETED, REFUSED, SPARED
+from braid.ports.pipeline import EventPublisher
+
+MAX_EVENT_FAILURES = 10
+
+
+@dataclass
+class PruneReport:
+    run: str
+    pruned: list[str] = field(default_factory=list)  # backups the policy let go: manifests removed
+    incomplete: list[str] = field(default_factory=list)  # of those, backups whose data a failed item left (next run collects it)
+    collected: list[str] = field(default_factory=list)  # leftovers of backups that never published
+    spared: list[str] = field(default_factory=list)  # leftover candidates that showed life again
+    refused: list[str] = field(default_factory=list)  # slices of backups found with a manifest: nothing deleted
+    unreadable: list[dict[str, str]] = field(default_factory=list)  # {"backup", "error"}: neither counted nor removed
+    failed_items: int = 0
+    objects_deleted: int = 0
+    catalog: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed_items and not self.refused and not self.unreadable
+
+    def failures(self) -> list[str]:
+        lines = [f"{ref}: its data could not be deleted; the next prune collects it as a leftover" for ref in self.incomplete]
+        lines += [f"{ref}: has a manifest again; its slice was not deleted (run 'braid verify {ref}')" for ref in self.refused]
+        lines += [f"{u['backup']}: {u['error']}" for u in self.unreadable]
+        if self.failed_items and not self.incomplete:
+            lines.append(f"{self.failed_items} leftover item(s) failed; the next prune tries them again")
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "run": self.run,
+            "pruned": self.pruned,
+            "incomplete": self.incomplete,
+            "collected": self.collected,
+            "spared": self.spared,
+            "refused": self.refused,
+            "unreadable": self.unreadable,
+            "failed_items": self.failed_items,
+            "objects_deleted": self.objects_deleted,
+            "catalog": self.catalog,
+        }
+
+
+def _json(repository: Repository, key: str) -> Any:
+    try:
+        return json.loads(repository.store.get(key))
+    except ValueError as exc:
+        raise IntegrityError(f"{repository.url}/{key} is not valid JSON: {exc}") from None
+
+
+def _results(repository: Repository, run: str) -> dict[int, dict[str, Any]]:
+    store = repository.store
+    keys = [info.key for info in store.list(prune_results_prefix(run))]
+
+    def read(key: str) -> dict[str, Any] | None:
+        try:
+            doc = json.loads(store.get(key))
+        except (NotFoundError, ValueError):
+            return None  # a record that is not there or not whole: the item counts as failed
+        return doc if isinstance(doc, dict) and isinstance(doc.get("n"), int) else None
+
+    return {doc["n"]: doc for doc in parallel(keys, read) if doc is not None}
+
+
+def refresh_catalog(repository: Repository, now: datetime) -> dict[str, Any]:
+    """Rebuild the snapshot from the manifests (a LIST of them, a summary GET each, in parallel: seconds at
+    10,000 backups, and it repairs anything done round Braid), then collect what no reader needs any more."""
+    catalog = read_catalog(repository, write=True, rebuild=True, now=now)
+    leftovers = catalog_leftovers(repository, now)
+    collect_catalog_leftovers(repository, leftovers)
+    return {"snapshot": catalog.snapshot_written, "backups": len(catalog.entries), **leftovers.to_json()}
+
+
+def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: datetime | None = None) -> PruneReport:
+    moment = now or datetime.now(UTC)
+    store = repository.store
+    plan = _json(repository, prune_plan_key(run))
+    items = [SweepItem.from_json(doc) for doc in _json(repository, prune_items_key(run))]
+    results = _results(repository, run)
+    report = PruneReport(run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])))
+    incomplete: set[str] = set()
+    refused: set[str] = set()
+    for item in items:
+        result = results.get(item.n)
+        outcome = result.get("outcome") if result else None
+        if outcome is None or outcome not in (DELETED, REFUSED, COLLECTED, SPARED):
+            report.failed_items += 1
+            if item.kind == BACKUP:
+                incomplete.add(item.backup)
+            continue
+        assert result is not None
+        report.objects_deleted += int(result.get("objects", 0))
+        if outcome == REFUSED:
+            refused.add(item.backup)
+        elif outcome == COLLECTED:
+            report.collected.append(item.backup)
+        elif outcome == SPARED:
+            report.spared.append(item.backup)
+    report.incomplete = sorted(incomplete)
+    report.refused = sorted(refused)
+    report.catalog = refresh_catalog(repository, moment)
+    store.put(prune_report_key(run), json.dumps(report.to_json(), sort_keys=True).encode())
+    if report.failed_items or report.refused:
+        events.publish(
+            contract.PRUNE_FAILED,
+            {"repository": repository.url, "run": run, "failed_items": report.failed_items, "failures": report.failures()[:MAX_EVENT_FAILURES]},
+        )
+    store.delete([*(info.key for info in store.list(prune_results_prefix(run))), prune_items_key(run), prune_plan_key(run)])
+    return report

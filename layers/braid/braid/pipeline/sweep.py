@@ -1,0 +1,93 @@
+"""Sweep: one item of a prune run's map: delete a slice of a removed backup, or collect one leftover.
+
+Runs as the worker of the prune state machine's Distributed Map (EXPRESS
+children, retried on transient errors), so every step here is safe to run
+twice and late:
+
+- A slice of a removed backup (its manifest already gone, PlanPrune) is
+  deleted page by page: a LIST of up to 1,000 keys from the slice's lower
+  bound (StartAfter), one DeleteObjects for them, until the upper bound.
+  Before that, the manifest is looked for once more: backup ids are never
+  reused, so finding one means something is badly wrong, and the item
+  refuses (its outcome says so) rather than delete a published backup's
+  chunks. The open-ended last slice also removes the backup's staging.
+- A leftover is judged again exactly as `braid prune` does
+  (braid.ops.leftovers.collect_leftover): a manifest that appeared since
+  the plan, or any activity within the grace period, spares it.
+
+Each item ends by writing its result record; TallyPrune counts an item
+without one as failed, and its data, having no manifest, is what the next
+run finds as a leftover.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import islice
+from typing import Any
+
+from braid.format.ids import BackupRef
+from braid.format.layout import data_prefix, manifest_key, prune_result_key, staging_prefix
+from braid.ops.leftovers import collect_leftover
+from braid.pipeline.prune_plan import BACKUP, SweepItem
+from braid.ports.store import ObjectStore, list_after
+
+PAGE = 1000  # one LIST page, one DeleteObjects request
+
+DELETED = "deleted"  # a slice's objects are gone
+REFUSED = "refused"  # a slice of a backup that has a manifest: nothing deleted
+COLLECTED = "collected"  # a leftover's objects are gone
+SPARED = "spared"  # a leftover that showed life again (or published): left alone
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    n: int
+    kind: str
+    backup: str
+    outcome: str
+    objects: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "kind": self.kind, "backup": self.backup, "outcome": self.outcome, "objects": self.objects}
+
+
+def _in_slice(store: ObjectStore, prefix: str, after: str, until: str) -> Iterator[str]:
+    for info in list_after(store, prefix, after):
+        if until and info.key > until:
+            return
+        yield info.key
+
+
+def _delete_pages(store: ObjectStore, keys: Iterator[str]) -> int:
+    deleted = 0
+    while page := list(islice(keys, PAGE)):
+        store.delete(page)
+        deleted += len(page)
+    return deleted
+
+
+def sweep_slice(store: ObjectStore, ref: BackupRef, after: str, until: str) -> str | int:
+    """Delete one slice of a removed backup's objects: how many, or REFUSED if it has a manifest."""
+    if store.head(manifest_key(ref)) is not None:
+        return REFUSED
+    deleted = _delete_pages(store, _in_slice(store, data_prefix(ref), after, until))
+    if not until:
+        deleted += _delete_pages(store, (info.key for info in store.list(staging_prefix(ref))))
+    return deleted
+
+
+def sweep_item(store: ObjectStore, item: SweepItem, *, run: str, now: datetime, grace: timedelta) -> SweepResult:
+    """Carry out one item and record its outcome (the record is what TallyPrune counts)."""
+    ref = BackupRef.parse(item.backup)
+    if item.kind == BACKUP:
+        done = sweep_slice(store, ref, item.after, item.until)
+        result = SweepResult(item.n, item.kind, item.backup, REFUSED if done == REFUSED else DELETED, 0 if isinstance(done, str) else done)
+    else:
+        collected = collect_leftover(store, ref, now, grace)
+        result = SweepResult(item.n, item.kind, item.backup, COLLECTED if collected else SPARED)
+    store.put(prune_result_key(run, item.n), json.dumps(result.to_json(), sort_keys=True).encode())
+    return result
