@@ -40,8 +40,8 @@ from braid.format.layout import chunk_key, prune_items_key, prune_plan_key, prun
 from braid.format.policy import COUNT_RULES, Duration
 from braid.format.repository import Repository
 from braid.ops.catalog import parallel
-from braid.ops.verification import failed_verifications
 from braid.ops.retention import PrunePlan, RetentionPolicy, plan_prune, remove_manifest
+from braid.ops.verification import failed_verifications
 from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher
 
