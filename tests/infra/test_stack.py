@@ -566,7 +566,7 @@ def test_the_maintenance_may_start_the_prune_and_nothing_else(template: Template
     (prune_id,) = [lid for lid in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine") if lid.startswith("PrunePipeline")]
     states = [s for s in statements_of(template, "FunctionsVerifyRole") if any(a.startswith("states:") for a in actions([s]))]
     assert [(actions([s]), s["Resource"]) for s in states] == [({"states:StartExecution"}, {"Ref": prune_id})]
-    verify = _function(template, "Braid scheduled deep verify")
+    verify = _function(template, "Braid scheduled maintenance: starts the prune run")
     assert verify["Environment"]["Variables"][contract.ENV_PRUNE_STATE_MACHINE] == {"Ref": prune_id}
     # No other function may start anything.
     for lid in resources_of(template.to_json(), "AWS::IAM::Role"):
