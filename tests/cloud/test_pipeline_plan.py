@@ -9,7 +9,9 @@ import pytest
 
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError
+from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
+from braid.format.manifest import ChunkEntry
 from braid.format.staging import (
     ItemFailure,
     ItemResult,
@@ -24,7 +26,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.staging.keys import agent_lease_key
+from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline.item_sizing import chunks_per_item
 from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, items_for_segments, plan_next_round
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
@@ -156,7 +158,12 @@ def finish(store: LocalStore, ref: BackupRef, status, *, failing: set[int] = fro
     area = StagingArea(store, ref)
     for item in area.read_items(status.items_key, status.round):
         if item.first_index not in failing:
-            area.write_result(ItemResult(item.first_index, ()))
+            area.write_result(result_of(item))
+
+
+def result_of(item: MapItem) -> ItemResult:
+    mac = bytes(32)
+    return ItemResult(item.first_index, tuple(ChunkEntry(c.index, item.input_index, c.offset, c.length, c.length, stored_checksum(b""), mac, "zstd") for c in item.chunks()))
 
 
 def watch(store: LocalStore, ref: BackupRef, clock: VirtualClock, cursor=None, *, seconds: float = 60, stall: int = 3600, rounds: float = 10):  # type: ignore[no-untyped-def]
@@ -178,8 +185,10 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
         cursor = status.to_json()["cursor"]
     store.gets = store.lists = 0
     checked = watch(store, ref, clock, cursor, seconds=0)
-    # The last map's items file and one LIST of its results; then the watch's reads.
-    assert (checked.status, store.gets, store.lists) == ("waiting", 5, 1)
+    # The last map's items file, one LIST of its results, the stream end (is it the last map?) and the
+    # map's result records (folded into one); then the watch's reads.
+    assert (checked.status, store.gets, store.lists) == ("waiting", 1 + 1 + 2 + 4, 1)
+    assert len(list(store.list(folds_prefix(ref)))) == 40
     store.gets = store.lists = 0
     idle = watch(store, ref, clock, checked.to_json()["cursor"], seconds=0)
     # session, the next segment record (not there), stream end, the lease: whatever came before.
@@ -193,6 +202,8 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
     assert store.gets <= 6 and store.lists == 0
     finish(store, ref, last)
     assert watch(store, ref, clock, last.to_json()["cursor"], seconds=0).status == "done"
+    # The last map is not folded (Finalize comes next and reads its few records itself).
+    assert fold_key(ref, 41, 0) not in {info.key for info in store.list(folds_prefix(ref))}
     # The round files, which a call without a cursor rebuilds it from, agree.
     indexes = sorted(c.index for r in StagingArea(store, ref).read_rounds() for item in r.items for c in item.chunks())
     assert indexes == list(range(161))

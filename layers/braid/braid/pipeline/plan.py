@@ -167,7 +167,7 @@ def plan_next_round(
     else:
         state = PlanCursor.from_json(cursor, len(session.inputs))
     deadline = now + max(0.0, watch_seconds)
-    state, again = check_last_map(area, state, now)
+    state, again = check_last_map(area, state, now, fold=state.check is not None and not _all_planned(ref, area, state, session))
     if again:
         return _map_again(state, again)
     ready: list[SegmentRecord] = []
@@ -213,6 +213,12 @@ def plan_next_round(
                 cursor=state,
             )
         sleep(pause)
+
+
+def _all_planned(ref: BackupRef, area: StagingArea, state: PlanCursor, session: SessionRecord) -> bool:
+    """True when the stream has ended and every segment is planned: the last map is done, Finalize comes next."""
+    end = area.read_stream_end()
+    return end is not None and end.abandoned is None and stream_complete(ref, state, end, session)
 
 
 def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
