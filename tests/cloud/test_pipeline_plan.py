@@ -11,6 +11,7 @@ from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
+from braid.format.lease import heartbeat_seconds
 from braid.format.manifest import ChunkEntry
 from braid.format.staging import (
     ItemFailure,
@@ -308,3 +309,17 @@ def test_a_hold_nobody_resumes_ends_and_an_abandon_ends_it_at_once(tmp_path: Pat
     store.put(stream_end_key(ref), StreamEnd([400], [1], abandoned="the operator gave it up").to_bytes())
     with pytest.raises(StreamAbandonedError, match="the operator gave it up"):
         watch(store, ref, clock, cursor)
+
+
+def test_a_short_stall_window_reads_the_lease_often_enough_to_see_its_renewals(tmp_path: Path) -> None:
+    # --stall-timeout 20: the agent renews its lease every 5 s (heartbeat_seconds), and the planner must read it
+    # as often, not once a minute, or a live upload would be declared dead after 20 s.
+    assert heartbeat_seconds(20) == 5 and heartbeat_seconds(3600) == 60
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    for tick in range(1, 25):
+        clock.at(5 * tick, lambda tick=tick: store.put(agent_lease_key(ref), f"renewal {tick}".encode()))
+    status = watch(store, ref, clock, seconds=110, stall=20)
+    assert status.status == "waiting" and status.idle_seconds < 20
+    with pytest.raises(StagingStalledError, match="no lease renewal from the agent for 2"):
+        watch(store, ref, clock, status.to_json()["cursor"], seconds=110, stall=20)

@@ -44,6 +44,10 @@ WORKER_RETRIES = 3
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
+# The execution input's stall window (`braid backup --stall-timeout`): no upload progress
+# for this long and the planner gives the backup up; at least the planner's Wait.
+DEFAULT_POLL_SECONDS = 15
+DEFAULT_STALL_SECONDS = 3600
 # Finalize reads a result record per map item, many at once; botocore's CPU per
 # request is what it waits on, so it gets a full vCPU (it runs once per backup).
 FINALIZE_MEMORY_MB = 1769

@@ -30,6 +30,7 @@ from typing import Any
 
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
+from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
@@ -194,7 +195,7 @@ def plan_next_round(
             return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items)
         if end is not None and not ready and stream_complete(ref, state, end, session):
             return PlanStatus("done", round=state.rounds, planned_chunks=state.chunks, cursor=state)
-        if now - lease_read_at >= LEASE_CHECK_SECONDS:
+        if now - lease_read_at >= heartbeat_seconds(stall_seconds):
             lease_read_at = now
             digest = lease_digest(area.read_agent_lease())
             if digest and digest != state.lease:
@@ -228,10 +229,6 @@ def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
         "ready", round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
         planned_chunks=state.chunks, cursor=state,
     )
-
-
-# The agent rewrites its lease every minute (braid.format.lease): reading it more often shows nothing new.
-LEASE_CHECK_SECONDS = 60.0
 
 
 def store_has_rounds(area: StagingArea) -> bool:
