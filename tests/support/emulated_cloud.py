@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     from braid.errors import StorageError
     from support.inprocess_lambda import InProcessLambdas
     from support.moto_stack import deploy
+    from support.s3_semantics import AwsS3
     from support.sfn_semantics import AwsStepFunctions
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
@@ -392,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         print("emulated-aws: error: --time-scale must be positive", file=sys.stderr)
         return 2
     AwsStepFunctions(time_scale=args.time_scale).install()
+    AwsS3().install()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 

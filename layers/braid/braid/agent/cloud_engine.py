@@ -36,7 +36,7 @@ from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
-from braid.ports.multipart import MultipartStore
+from braid.ports.multipart import MultipartStore, UploadGoneError
 from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.progress_relay import ProgressRelay
 
@@ -174,6 +174,13 @@ class CloudEngine:
                 )
         except PipelineStopped:
             raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon
+        except UploadGoneError as exc:
+            # Its staging was aborted under it: normally the pipeline gave the backup up, and its
+            # cause (a stall, a failure) is what the user needs, not that a part found no upload.
+            stopped = watch.stopped_with or watch.check()
+            if stopped is not None:
+                raise stopped from None
+            raise exc from None  # nothing staged is left to resume: no --resume hint
         except BaseException as exc:
             if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
                 _resumable(exc, ref)  # adds the way back in to the error itself
