@@ -699,3 +699,42 @@ def _feed(agent: subprocess.Popen[bytes], data: bytes) -> None:
         agent.stdin.close()
     except (BrokenPipeError, OSError):
         pass  # the agent stopped reading: it was given up
+
+
+# -- a coordinator's failure keeps finished work ----------------------------------------------------
+
+
+def test_finalize_failing_holds_the_backup_and_resume_publishes_it_without_resending_or_reprocessing(
+    start_emulator: Callable[..., Emulator], tmp_path: Path
+) -> None:
+    """--fail-finalize once: every chunk is stored, then Finalize fails (StorageError: not a Lambda error its
+    Retry covers). The backup is held, not cleaned up: the agent stops naming the step and its error;
+    --resume sends no part again, runs no worker again, and publishes it."""
+    emulator = start_emulator("--fail-finalize", "once")
+    data = stream_bytes(12 * MiB, 23)
+
+    held = braid(emulator, "agent", "backup", "--name", "coordinator", "--chunk-size", CHUNK, stdin=data)
+
+    assert held.code == 9, held.stderr + emulator.tail()
+    message = held.errors[-1]
+    ref = message.removeprefix("braid: error: backup ").split(" ", 1)[0]
+    assert message.startswith(f"braid: error: backup {ref} is held: Finalize failed: StorageError: injected fault"), message
+    assert f"'braid backup --resume {ref}' and the same inputs" in message, message
+    assert emulator.keys("manifests/") == [] and any(k.endswith("held.json") for k in emulator.keys(ref_prefix(ref)))
+    stored = emulator.keys(f"data/coordinator/{ref.partition('@')[2]}/")
+    assert len(stored) == 3  # every chunk stored, and kept
+    status = braid(emulator, "agent", "status", ref, "--once", "--json")
+    assert status.code == 9 and json.loads(status.stdout)["status"] == "RUNNING", status
+    assert status.errors == [message], "\n".join([*status.errors, message])
+    workers = len([r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]])
+    held_at = time.time()
+
+    resumed = braid(emulator, "agent", "backup", "--resume", ref, stdin=data)
+
+    assert resumed.code == 0, resumed.stderr + emulator.tail()
+    assert resumed.stdout.strip() == ref
+    assert staged_parts(emulator, ref_prefix(ref), since=held_at) == []  # no part sent again
+    assert len([r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]) == workers  # no chunk processed again
+    restored = subprocess.run([str(BRAID), "restore", ref], env=emulator.braid_env("restore"), capture_output=True, timeout=120)
+    assert restored.returncode == 0 and restored.stdout == data
+    assert emulator.keys(ref_prefix(ref)) == []

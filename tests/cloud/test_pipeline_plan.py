@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from braid.format.staging import (
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline.item_sizing import chunks_per_item
-from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, items_for_segments, plan_next_round
+from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
@@ -323,3 +324,38 @@ def test_a_short_stall_window_reads_the_lease_often_enough_to_see_its_renewals(t
     assert status.status == "waiting" and status.idle_seconds < 20
     with pytest.raises(StagingStalledError, match="no lease renewal from the agent for 2"):
         watch(store, ref, clock, status.to_json()["cursor"], seconds=110, stall=20)
+
+
+def test_a_failed_coordinator_step_holds_the_backup_and_resume_carries_on_from_the_cursor(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    store.put(segment_key(ref, 0, 0), b"x" * 400)
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([400], [1]).to_bytes())
+    first = watch(store, ref, clock)
+    finish(store, ref, first)
+    done = watch(store, ref, clock, first.to_json()["cursor"])
+    assert done.status == "done"
+
+    # Finalize fails (S3 refused a write): the Hold state holds the backup, naming the step and its error.
+    error = {"Error": "StorageError", "Cause": json.dumps({"errorType": "StorageError", "errorMessage": "S3 refused writing: InternalError"})}
+    held = hold_step_failure(store, ref, "Finalize", error, done.to_json(), clock=clock)
+    hold = StagingArea(store, ref).read_hold()
+    assert held.status == "held" and hold is not None
+    assert (hold.cause, hold.items) == ("Finalize failed: StorageError: S3 refused writing: InternalError", 0)
+    # Held, nothing is deleted and nothing planned; past the stall window the agent is not declared dead.
+    still = watch(store, ref, clock, held.to_json()["cursor"], seconds=400, stall=100)
+    assert still.status == "held" and len(StagingArea(store, ref).read_rounds()) == 1
+
+    StagingArea(store, ref).write_resume_request(ResumeRequest("resume-1"))  # braid backup --resume
+    assert watch(store, ref, clock, still.to_json()["cursor"]).status == "done"  # Finalize again
+    assert StagingArea(store, ref).read_hold() is None
+
+
+def test_a_hold_after_a_failed_step_ends_like_any_hold(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    held = hold_step_failure(store, ref, "PlanSegments", {"Error": "KeyAccessError", "Cause": "kms:Decrypt denied"}, None, clock=clock)
+    clock.now += HOLD_SECONDS
+    with pytest.raises(BackupHeldError, match="after a pipeline step failed \\(PlanSegments failed: KeyAccessError: kms:Decrypt denied\\)"):
+        watch(store, ref, clock, held.to_json()["cursor"])

@@ -1,6 +1,7 @@
 """The emulated cloud: Braid's stack on a moto server on loopback (`scripts/emulated-aws`).
 
     scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always|first=K]
+                         [--fail-finalize once|always|first=K]
                          [--s3-slowdown N] [--fast-retries] [--time-scale S]
                          [--s3-faults RATE [--s3-fault-kinds 500,503,reset]
                           [--s3-fault-seed N] [--s3-fault-callers agent|pipeline|all]]
@@ -47,6 +48,8 @@ Test aids (never needed to use it):
                        error its Retry covers): `once`, `always`, or
                        `first=K`: on its first K invocations, then it heals
                        (a test can exhaust the retries, then resume)
+  --fail-finalize MODE the Finalize Lambda raises StorageError, as --fail-worker
+                       (a coordinator's failure: the backup is held for --resume)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -315,6 +318,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--request-log", type=Path, help="append one JSON line per request answered")
     parser.add_argument("--fail-worker", type=fail_worker_mode, metavar="once|always|first=K",
                         help="make the Worker Lambda fail once, always, or on its first K invocations (tests)")
+    parser.add_argument("--fail-finalize", type=fail_worker_mode, metavar="once|always|first=K",
+                        help="make the Finalize Lambda fail once, always, or on its first K invocations (tests)")
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="run Step Functions' and Lambda's clocks S times faster than real time (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
@@ -413,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
             worker,
             lambda: StorageError(f"injected fault: the emulator was started with --fail-worker {args.fail_worker}"),
             times=fail_worker_times(args.fail_worker),
+        )
+    if args.fail_finalize is not None:
+        lambdas.fail(
+            deployed.functions["finalize"],
+            lambda: StorageError(f"injected fault: the emulator was started with --fail-finalize {args.fail_finalize}"),
+            times=fail_worker_times(args.fail_finalize),
         )
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")

@@ -85,4 +85,14 @@ LAMBDA_TRANSIENT_ERRORS = (
 )
 # Braid's typed error for S3 that kept failing past the client's retries
 # (braid.errors.StorageError), and a worker that ran out of time.
+# Pipeline errors after which a backup can never finish: the state machine sends them to Cleanup;
+# any other failure after Prepare holds the backup for `braid backup --resume` (braid.pipeline.replan).
+FINAL_PIPELINE_ERRORS = (
+    "ExecutionMismatchError",  # not this execution's backup: Cleanup touches nothing
+    "UsageError",  # an invalid execution input
+    "StreamAbandonedError",  # the agent gave the stream up
+    "BackupHeldError",  # held, and nobody resumed it in time
+    "StagingStalledError",  # the agent stopped uploading before the stream ended
+)
+
 WORKER_TRANSIENT_ERRORS = (*LAMBDA_TRANSIENT_ERRORS, "StorageError", "Sandbox.Timedout")

@@ -279,8 +279,9 @@ class CloudEngine:
         mine = self._resumed.get(str(ref))
         if mine is not None and hold.released_by != mine:
             return None
+        why = f"workers kept failing on {hold.items} map item(s) ({hold.cause})" if hold.items else hold.cause
         return (
-            f"backup {ref} is held: workers kept failing on {hold.items} map item(s) ({hold.cause}). Nothing finished is lost:"
+            f"backup {ref} is held: {why}. Nothing finished is lost:"
             f" its stored chunks and staging are kept until {hold.until}; fix the cause, then finish it with"
             f" 'braid backup --resume {ref}' and the same inputs (only the unfinished chunks are processed)"
         )

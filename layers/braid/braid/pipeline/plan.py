@@ -32,10 +32,11 @@ from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
+from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
-from braid.pipeline.replan import check_last_map, check_of, watch_hold
+from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -179,6 +180,8 @@ def plan_next_round(
             state, again = watch_hold(area, state, now)
             if again:
                 return _map_again(state, again)
+            if state.held is None:
+                continue  # released: plan on from the cursor
             check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
             if now + POLL_INTERVAL_SECONDS > deadline:
                 return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
@@ -214,6 +217,23 @@ def plan_next_round(
                 cursor=state,
             )
         sleep(pause)
+
+
+def hold_step_failure(
+    store: ObjectStore, ref: BackupRef, step: str, error: Mapping[str, Any] | None, previous: Mapping[str, Any] | None, clock: Callable[[], float] = time.time,
+) -> PlanStatus:
+    """The Hold state: a step after Prepare failed; hold the backup (braid.pipeline.replan.hold_after_failure).
+
+    `previous`: the state's `$.plan` (its cursor continues after the resume);
+    returns the "held" status the planner's loop then watches."""
+    area = StagingArea(store, ref)
+    session = area.read_session()
+    now = clock()
+    carried = carried_cursor(previous)
+    state = PlanCursor.from_json(carried, len(session.inputs)) if carried is not None else recover_cursor(area, session, now)
+    name, message = describe_error(error)
+    state = hold_after_failure(area, state, now, step, name, message)
+    return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
 
 
 def _all_planned(ref: BackupRef, area: StagingArea, state: PlanCursor, session: SessionRecord) -> bool:
