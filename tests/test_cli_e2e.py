@@ -330,7 +330,7 @@ def test_restore_to_a_terminal_is_refused(repo: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--concurrency", "4"], ["--rate-limit", "10MiB"], ["--fan-out", "10"], ["--no-wait"]],
+    [["--concurrency", "4"], ["--rate-limit", "10MiB"], ["--fan-out", "10"], ["--no-wait"], ["--stall-timeout", "60"]],
 )
 def test_cloud_options_on_a_local_repository_are_refused(repo: Path, args: list[str]) -> None:
     result = run_braid("backup", "--repo", str(repo), "--name", "db", *args, stdin=b"rows")

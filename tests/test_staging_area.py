@@ -17,6 +17,7 @@ from braid.format.staging import (
     ItemResult,
     MapItem,
     Round,
+    RoundFold,
     SegmentRecord,
     SessionRecord,
     StagingArea,
@@ -31,6 +32,7 @@ from braid.format.staging import (
     stream_end_key,
     wrapped_key_key,
 )
+from braid.format.staging.keys import fold_key
 from braid.ports.pipeline import PlainStoreJanitor
 
 CHUNK = 100
@@ -336,6 +338,56 @@ def test_a_result_that_is_truncated_or_disagrees_with_its_item_is_refused(area: 
     area.write_result(ItemResult(0, shifted))
     with pytest.raises(IntegrityError, match="describes chunk 0 of input 0 at 1\\+100; the plan says input 0 at 0\\+100"):
         area.read_results([found])
+
+
+# -- folds: a map's results merged by the planner ---------------------------------
+
+
+def test_a_fold_stands_in_for_its_records_and_unfolded_items_are_read_from_theirs(area: StagingArea) -> None:
+    found = area.write_round(1, [item_of(area, 0, 3), item_of(area, 3, 1)])
+    first, second = found.items
+    area.write_result(ItemResult(0, entries_of(first)))
+    area.write_result(ItemResult(3, entries_of(second)))
+
+    assert area.fold_results(1, 0, [first]) == fold_key(area.ref, 1, 0)
+    # A late or retried worker rewrites, or the record goes: the fold already has it.
+    area.store.delete([result_key(area.ref, 0)])
+    assert area.read_results([found]) == [*entries_of(first), *entries_of(second)]  # the second from its own record
+    assert RoundFold.from_bytes(area.store.get(fold_key(area.ref, 1, 0)), "k") == RoundFold(1, 0, (ItemResult(0, entries_of(first)),))
+
+
+def test_an_item_with_neither_fold_nor_record_was_never_stored(area: StagingArea) -> None:
+    found = area.write_round(1, [item_of(area, 0, 2), item_of(area, 2, 2)])
+    first, second = found.items
+    area.write_result(ItemResult(0, entries_of(first)))
+    area.fold_results(1, 0, [first, second])  # the second has no record: folded without it
+    with pytest.raises(IntegrityError, match=f"chunks 2..3 of backup {area.ref} were never stored"):
+        area.read_results([found])
+
+
+def test_a_record_that_disagrees_with_its_item_is_not_folded_and_finalize_still_refuses_it(area: StagingArea) -> None:
+    found = area.write_round(1, [item_of(area, 0, 2)])
+    (item,) = found.items
+    area.write_result(ItemResult(0, entries_of(item)[:1]))
+    assert area.fold_results(1, 0, [item]) is None
+    assert list(area.store.list(fold_key(area.ref, 1, 0))) == []
+    with pytest.raises(IntegrityError, match="lists 1 chunks, the plan 2"):
+        area.read_results([found])
+
+
+def test_a_fold_that_disagrees_with_the_plan_or_is_malformed_is_refused(area: StagingArea) -> None:
+    found = area.write_round(1, [item_of(area, 0, 2)])
+    (item,) = found.items
+    shifted = tuple(replace(e, offset=e.offset + 1) for e in entries_of(item))
+    key = fold_key(area.ref, 1, 0)
+    area.write_result(ItemResult(0, entries_of(item)))  # the record is right, the fold is not: the fold is what counts
+    area.store.put(key, RoundFold(1, 0, (ItemResult(0, shifted),)).to_bytes())
+    with pytest.raises(IntegrityError, match="describes chunk 0 of input 0 at 1\\+100; the plan says input 0 at 0\\+100"):
+        area.read_results([found])
+    for body, complaint in [(b"nope", "not JSON"), (b'{"round": 1, "attempt": 0}', "malformed"), (b'{"round": 1, "attempt": 0, "items": [{}]}', "malformed")]:
+        area.store.put(key, body)
+        with pytest.raises(IntegrityError, match=f"result fold {key}.*{complaint}"):
+            area.read_results([found])
 
 
 # -- removal ---------------------------------------------------------------------

@@ -8,7 +8,8 @@
                                    │ done
                                    ▼
                                 Finalize ─► BackupSucceeded
-    any failure (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
+    Prepare fails, or a FINAL error (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
+    PlanSegments/ProcessChunks/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
 
 Identify adds the execution's own name to the state ($.execution.name, from
 $$.Execution.Name, overwriting whatever the input put there); every step
@@ -34,12 +35,16 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from braid import contract
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
 from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
 from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
 
-__all__ = ["LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
+__all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
+
+# Errors after which the backup can never finish: Cleanup, not a hold.
+FINAL_ERRORS = list(contract.FINAL_PIPELINE_ERRORS)
 
 
 class BackupPipeline(Construct):
@@ -104,12 +109,40 @@ class BackupPipeline(Construct):
             ),
         )
 
-        for state in (prepare, plan, process, finalize):
-            state.add_catch(cleanup, errors=["States.ALL"], result_path="$.error")
+        # A failure of Prepare leaves nothing worth keeping: Cleanup. After it, a failing step holds
+        # the backup instead (the Hold state, run by the Plan function: held.json names the step and
+        # its error, everything done is kept, the planner then waits for --resume; see
+        # braid.pipeline.replan), unless its error says the backup can never finish (FINAL_ERRORS).
+        prepare.add_catch(cleanup, errors=["States.ALL"], result_path="$.error")
+        hold = step("Hold", "plan", "$.plan")
+        hold_failed = sfn.Fail(
+            self,
+            "HoldFailed",
+            state_name="HoldFailed",
+            error="HoldFailed",
+            cause=(
+                "A pipeline step failed and so did holding the backup for --resume; nothing was published and nothing was"
+                f" deleted. Staging expires by the bucket lifecycle within {STAGING_LIFETIME.to_days()} days."
+            ),
+        )
+        steps: list[tuple[str, tasks.LambdaInvoke | sfn.DistributedMap]] = [("PlanSegments", plan), ("ProcessChunks", process), ("Finalize", finalize)]
+        for state_name, state in steps:
+            # Which step failed, and a fresh id for this failure: the Hold state is the Plan function
+            # holding when $.failed.id is not the hold its previous result ($.plan.hold_id) made.
+            failed_step = sfn.Pass(
+                self, f"{state_name}Failed", state_name=f"{state_name}Failed", parameters={"step": state_name, "id.$": "States.UUID()"},
+                result_path="$.failed",
+            )
+            state.add_catch(cleanup, errors=FINAL_ERRORS, result_path="$.error")
+            state.add_catch(failed_step, errors=["States.ALL"], result_path="$.error")
+            failed_step.next(hold)
+        hold.add_catch(cleanup, errors=FINAL_ERRORS, result_path="$.error")
+        hold.add_catch(hold_failed, errors=["States.ALL"], result_path="$.hold_error")
         cleanup.add_catch(cleanup_failed, errors=["States.ALL"], result_path="$.cleanup_error")
         cleanup.next(failed)
 
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
+        hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
         choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
         choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
         choice.otherwise(wait.next(plan))

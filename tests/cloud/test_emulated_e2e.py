@@ -622,3 +622,123 @@ def test_slowdown_on_uploads_is_retried_and_the_backup_succeeds(start_emulator: 
     assert set(throttled) <= set(stored)  # each throttled part was sent again and stored
     assert len(stored) == len(set(stored)) == parts_of(list(map(len, inputs)))
     assert restore_two(emulator, tmp_path, "restore", ref) == inputs
+
+
+# -- stall detection measures upload progress -------------------------------------------------
+
+STALL = 15  # --stall-timeout: the smallest the CLI allows (the planner's poll)
+
+
+def test_a_slow_agent_uploading_a_segment_for_longer_than_the_stall_window_is_not_declared_dead(cloud: Emulator) -> None:
+    """16 MiB at 512 KiB/s is one segment (5 MiB chunks: 410 parts per segment) completed only after ~32 s,
+    more than twice the 15 s stall window: no segment record appears inside it, only the agent's lease,
+    renewed 4 times per window, shows the upload is alive."""
+    data = stream_bytes(16 * MiB, 21)
+    started = time.monotonic()
+
+    run = braid(cloud, "agent-slow", "backup", "--name", "slow", "--chunk-size", CHUNK, "--rate-limit", "512KiB", "--stall-timeout", str(STALL), stdin=data)
+
+    assert run.code == 0, run.stderr + cloud.tail()
+    assert time.monotonic() - started >= 2 * STALL
+    ref = run.stdout.strip()
+    renewals = [r for r in cloud.requests(caller="agent-slow", op="PutObject") if r["key"] == f"{ref_prefix(ref)}lease"]
+    assert len(renewals) >= 2 * 4, renewals  # every STALL / 4 seconds while uploading
+    restored = subprocess.run([str(BRAID), "restore", ref], env=cloud.braid_env("restore-slow"), capture_output=True, timeout=120)
+    assert restored.returncode == 0 and restored.stdout == data
+
+
+def test_a_stopped_agent_is_declared_stalled_and_once_continued_stops_at_once_with_the_pipelines_cause(cloud: Emulator, tmp_path: Path) -> None:
+    data = stream_bytes(16 * MiB, 22)
+    args = ["backup", "--name", "frozen", "--chunk-size", CHUNK, "--rate-limit", "512KiB", "--stall-timeout", str(STALL)]
+    stdout, stderr = open(tmp_path / "out", "wb+"), open(tmp_path / "err", "wb+")  # noqa: SIM115 - read after the agent exits
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-frozen"), stdin=subprocess.PIPE, stdout=stdout, stderr=stderr)
+    feeder = threading.Thread(target=lambda: _feed(agent, data), daemon=True)
+    feeder.start()
+    deadline = time.monotonic() + 60
+    while not staged_parts(cloud, "staging/frozen/"):
+        assert agent.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()
+        time.sleep(0.05)
+    (session,) = [r["key"] for r in cloud.requests(caller="agent-frozen", op="PutObject") if r["key"].endswith("/session.json")]
+    ref = "{1}@{2}".format(*session.split("/"))
+
+    agent.send_signal(signal.SIGSTOP)  # the host freezes: no part, no lease renewal
+    try:
+        sfn = cloud.client("stepfunctions")
+        machine = cloud.config()["cloud"]["state_machine_arn"]
+        deadline = time.monotonic() + 6 * STALL
+        while True:
+            (execution,) = [e for e in sfn.list_executions(stateMachineArn=machine)["executions"] if e["name"] == ref]
+            if execution["status"] != "RUNNING" or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        described = sfn.describe_execution(executionArn=execution["executionArn"])
+        assert described["status"] == "FAILED", described
+        assert "no new staged segment and no lease renewal from the agent" in described.get("cause", ""), described
+    finally:
+        agent.send_signal(signal.SIGCONT)
+    continued = time.monotonic()
+    try:
+        agent.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait(10)
+        raise AssertionError(f"the agent kept going after the pipeline gave the backup up:\n{(tmp_path / 'err').read_text()[-4000:]}") from None
+    feeder.join(10)
+    out, err = (tmp_path / "out").read_bytes(), (tmp_path / "err").read_bytes()
+    stdout.close()
+    stderr.close()
+
+    # At once: its watch's wait has long passed, and the parts in flight find their upload aborted (404 NoSuchUpload).
+    assert time.monotonic() - continued < 15, err.decode()[-3000:]
+    errors = [line for line in err.decode().splitlines() if line.startswith("braid: ")]
+    assert agent.returncode == 9 and out == b"", err.decode()
+    assert f"backup {ref}" in errors[-1] and "no new staged segment and no lease renewal" in errors[-1], errors
+    assert cloud.keys("manifests/frozen/") == []
+
+
+def _feed(agent: subprocess.Popen[bytes], data: bytes) -> None:
+    assert agent.stdin is not None
+    try:
+        agent.stdin.write(data)
+        agent.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # the agent stopped reading: it was given up
+
+
+# -- a coordinator's failure keeps finished work ----------------------------------------------------
+
+
+def test_finalize_failing_holds_the_backup_and_resume_publishes_it_without_resending_or_reprocessing(
+    start_emulator: Callable[..., Emulator], tmp_path: Path
+) -> None:
+    """--fail-finalize once: every chunk is stored, then Finalize fails (StorageError: not a Lambda error its
+    Retry covers). The backup is held, not cleaned up: the agent stops naming the step and its error;
+    --resume sends no part again, runs no worker again, and publishes it."""
+    emulator = start_emulator("--fail-finalize", "once")
+    data = stream_bytes(12 * MiB, 23)
+
+    held = braid(emulator, "agent", "backup", "--name", "coordinator", "--chunk-size", CHUNK, stdin=data)
+
+    assert held.code == 9, held.stderr + emulator.tail()
+    message = held.errors[-1]
+    ref = message.removeprefix("braid: error: backup ").split(" ", 1)[0]
+    assert message.startswith(f"braid: error: backup {ref} is held: Finalize failed: StorageError: injected fault"), message
+    assert f"'braid backup --resume {ref}' and the same inputs" in message, message
+    assert emulator.keys("manifests/") == [] and any(k.endswith("held.json") for k in emulator.keys(ref_prefix(ref)))
+    stored = emulator.keys(f"data/coordinator/{ref.partition('@')[2]}/")
+    assert len(stored) == 3  # every chunk stored, and kept
+    status = braid(emulator, "agent", "status", ref, "--once", "--json")
+    assert status.code == 9 and json.loads(status.stdout)["status"] == "RUNNING", status
+    assert status.errors == [message], "\n".join([*status.errors, message])
+    workers = len([r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]])
+    held_at = time.time()
+
+    resumed = braid(emulator, "agent", "backup", "--resume", ref, stdin=data)
+
+    assert resumed.code == 0, resumed.stderr + emulator.tail()
+    assert resumed.stdout.strip() == ref
+    assert staged_parts(emulator, ref_prefix(ref), since=held_at) == []  # no part sent again
+    assert len([r for r in emulator.requests(op="Invoke") if "Worker" in r["function"]]) == workers  # no chunk processed again
+    restored = subprocess.run([str(BRAID), "restore", ref], env=emulator.braid_env("restore"), capture_output=True, timeout=120)
+    assert restored.returncode == 0 and restored.stdout == data
+    assert emulator.keys(ref_prefix(ref)) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -9,7 +10,10 @@ import pytest
 
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError
+from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
+from braid.format.lease import heartbeat_seconds
+from braid.format.manifest import ChunkEntry
 from braid.format.staging import (
     ItemFailure,
     ItemResult,
@@ -24,9 +28,9 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.staging.keys import agent_lease_key
+from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline.item_sizing import chunks_per_item
-from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, items_for_segments, plan_next_round
+from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
@@ -156,7 +160,12 @@ def finish(store: LocalStore, ref: BackupRef, status, *, failing: set[int] = fro
     area = StagingArea(store, ref)
     for item in area.read_items(status.items_key, status.round):
         if item.first_index not in failing:
-            area.write_result(ItemResult(item.first_index, ()))
+            area.write_result(result_of(item))
+
+
+def result_of(item: MapItem) -> ItemResult:
+    mac = bytes(32)
+    return ItemResult(item.first_index, tuple(ChunkEntry(c.index, item.input_index, c.offset, c.length, c.length, stored_checksum(b""), mac, "zstd") for c in item.chunks()))
 
 
 def watch(store: LocalStore, ref: BackupRef, clock: VirtualClock, cursor=None, *, seconds: float = 60, stall: int = 3600, rounds: float = 10):  # type: ignore[no-untyped-def]
@@ -178,8 +187,10 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
         cursor = status.to_json()["cursor"]
     store.gets = store.lists = 0
     checked = watch(store, ref, clock, cursor, seconds=0)
-    # The last map's items file and one LIST of its results; then the watch's reads.
-    assert (checked.status, store.gets, store.lists) == ("waiting", 5, 1)
+    # The last map's items file, one LIST of its results, the stream end (is it the last map?) and the
+    # map's result records (folded into one); then the watch's reads.
+    assert (checked.status, store.gets, store.lists) == ("waiting", 1 + 1 + 2 + 4, 1)
+    assert len(list(store.list(folds_prefix(ref)))) == 40
     store.gets = store.lists = 0
     idle = watch(store, ref, clock, checked.to_json()["cursor"], seconds=0)
     # session, the next segment record (not there), stream end, the lease: whatever came before.
@@ -193,6 +204,8 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
     assert store.gets <= 6 and store.lists == 0
     finish(store, ref, last)
     assert watch(store, ref, clock, last.to_json()["cursor"], seconds=0).status == "done"
+    # The last map is not folded (Finalize comes next and reads its few records itself).
+    assert fold_key(ref, 41, 0) not in {info.key for info in store.list(folds_prefix(ref))}
     # The round files, which a call without a cursor rebuilds it from, agree.
     indexes = sorted(c.index for r in StagingArea(store, ref).read_rounds() for item in r.items for c in item.chunks())
     assert indexes == list(range(161))
@@ -297,3 +310,52 @@ def test_a_hold_nobody_resumes_ends_and_an_abandon_ends_it_at_once(tmp_path: Pat
     store.put(stream_end_key(ref), StreamEnd([400], [1], abandoned="the operator gave it up").to_bytes())
     with pytest.raises(StreamAbandonedError, match="the operator gave it up"):
         watch(store, ref, clock, cursor)
+
+
+def test_a_short_stall_window_reads_the_lease_often_enough_to_see_its_renewals(tmp_path: Path) -> None:
+    # --stall-timeout 20: the agent renews its lease every 5 s (heartbeat_seconds), and the planner must read it
+    # as often, not once a minute, or a live upload would be declared dead after 20 s.
+    assert heartbeat_seconds(20) == 5 and heartbeat_seconds(3600) == 60
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    for tick in range(1, 25):
+        clock.at(5 * tick, lambda tick=tick: store.put(agent_lease_key(ref), f"renewal {tick}".encode()))
+    status = watch(store, ref, clock, seconds=110, stall=20)
+    assert status.status == "waiting" and status.idle_seconds < 20
+    with pytest.raises(StagingStalledError, match="no lease renewal from the agent for 2"):
+        watch(store, ref, clock, status.to_json()["cursor"], seconds=110, stall=20)
+
+
+def test_a_failed_coordinator_step_holds_the_backup_and_resume_carries_on_from_the_cursor(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    store.put(segment_key(ref, 0, 0), b"x" * 400)
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([400], [1]).to_bytes())
+    first = watch(store, ref, clock)
+    finish(store, ref, first)
+    done = watch(store, ref, clock, first.to_json()["cursor"])
+    assert done.status == "done"
+
+    # Finalize fails (S3 refused a write): the Hold state holds the backup, naming the step and its error.
+    error = {"Error": "StorageError", "Cause": json.dumps({"errorType": "StorageError", "errorMessage": "S3 refused writing: InternalError"})}
+    held = hold_step_failure(store, ref, "Finalize", error, done.to_json(), clock=clock)
+    hold = StagingArea(store, ref).read_hold()
+    assert held.status == "held" and hold is not None
+    assert (hold.cause, hold.items) == ("Finalize failed: StorageError: S3 refused writing: InternalError", 0)
+    # Held, nothing is deleted and nothing planned; past the stall window the agent is not declared dead.
+    still = watch(store, ref, clock, held.to_json()["cursor"], seconds=400, stall=100)
+    assert still.status == "held" and len(StagingArea(store, ref).read_rounds()) == 1
+
+    StagingArea(store, ref).write_resume_request(ResumeRequest("resume-1"))  # braid backup --resume
+    assert watch(store, ref, clock, still.to_json()["cursor"]).status == "done"  # Finalize again
+    assert StagingArea(store, ref).read_hold() is None
+
+
+def test_a_hold_after_a_failed_step_ends_like_any_hold(tmp_path: Path) -> None:
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+    held = hold_step_failure(store, ref, "PlanSegments", {"Error": "KeyAccessError", "Cause": "kms:Decrypt denied"}, None, clock=clock)
+    clock.now += HOLD_SECONDS
+    with pytest.raises(BackupHeldError, match="after a pipeline step failed \\(PlanSegments failed: KeyAccessError: kms:Decrypt denied\\)"):
+        watch(store, ref, clock, held.to_json()["cursor"])

@@ -5,7 +5,7 @@ the same steps through moto's Step Functions)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,28 @@ from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
 from braid.errors import IntegrityError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
+from braid.format.keys import DataKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
+from braid.format.manifest import open_manifest
 from braid.format.repository import Repository, RepositoryConfig
-from braid.format.staging import ItemFailure, ItemResult, SegmentRecord, SessionRecord, StagingArea, StreamEnd, failure_key, segment_key
+from braid.format.staging import (
+    ItemFailure,
+    ItemResult,
+    MapItem,
+    RoundFold,
+    SegmentRecord,
+    SessionRecord,
+    StagingArea,
+    StreamEnd,
+    failure_key,
+    result_key,
+    segment_key,
+    segment_record_key,
+    stream_end_key,
+)
+from braid.format.staging.keys import fold_key, folds_prefix
 from braid.format.timestamps import utc_now
+from braid.ops.chunk_reader import ChunkReader
 from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
 from braid.pipeline.execution_input import ExecutionInput, ExecutionMismatchError
 from braid.pipeline.finalize import finalize_step
@@ -240,3 +258,74 @@ def test_each_published_backup_is_counted_under_its_name_for_the_freshness_alarm
     assert directive["Metrics"] == [{"Name": contract.METRIC_BACKUP_PUBLISHED, "Unit": "Count"}]
     assert sorted(directive["Dimensions"][0]) == sorted(["service", contract.DIMENSION_BACKUP_NAME])
     assert (emf["service"], emf[contract.DIMENSION_BACKUP_NAME], emf[contract.METRIC_BACKUP_PUBLISHED]) == ("braid", "pg", [1.0])
+
+
+# -- results folded by the planner: Finalize reads folds, and still checks every chunk -------------
+
+
+def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
+    """Plan and process the first segment before the rest of the stream is staged, then the rest.
+
+    Returns the data key and the first round's items (the round whose results the planner folds)."""
+    area = StagingArea(staged.store, staged.ref)
+    later = {key: staged.store.get(key) for key in (segment_record_key(staged.ref, 0, 1), segment_record_key(staged.ref, 0, 2), stream_end_key(staged.ref))}
+    staged.store.delete(list(later))
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    lanes = ChunkLanes(2)
+
+    def plan(cursor: Mapping[str, Any] | None) -> Any:
+        return plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60, cursor=cursor)
+
+    first = plan(None)
+    assert (first.status, first.round) == ("ready", 1)
+    first_items = area.read_items(first.items_key, first.round)
+    for item in first_items:
+        process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
+    for name, body in later.items():
+        staged.store.put(name, body)
+    status = plan(first.to_json()["cursor"])  # checks round 1's map and folds it, then plans the rest
+    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]
+    while status.status != "done":
+        assert status.status == "ready", status
+        for item in area.read_items(status.items_key, status.round):
+            process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
+        status = plan(status.to_json()["cursor"])
+    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]  # the last map: not folded
+    return key, first_items
+
+
+def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(staged: Staged) -> None:
+    key, first_items = stream_in_two_rounds(staged)
+    area = StagingArea(staged.store, staged.ref)
+    # A late worker of a folded item rewrites its record after the fold (here one that even disagrees with
+    # the stored chunk), and another folded item's record is gone: the fold, checked against the plan and
+    # the stored chunks, is what Finalize uses.
+    late = ItemResult.from_bytes(staged.store.get(result_key(staged.ref, first_items[0].first_index)), "late")
+    area.write_result(ItemResult(late.first_index, tuple(replace(e, mac=bytes(32)) for e in late.entries)))
+    staged.store.delete([result_key(staged.ref, item.first_index) for item in first_items[1:]])
+
+    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+
+    assert (summary.chunks, summary.plaintext_bytes) == (5, len(DATA))
+    manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
+    reader = ChunkReader(staged.store, manifest, key)
+    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+
+
+def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagrees_with_the_plan(staged: Staged) -> None:
+    _, first_items = stream_in_two_rounds(staged)
+    area = StagingArea(staged.store, staged.ref)
+    fold = RoundFold.from_bytes(staged.store.get(fold_key(staged.ref, 1, 0)), "fold")
+    chunk = chunk_key(staged.ref, first_items[0].first_index)
+    stored = staged.store.get(chunk)
+    staged.store.delete([chunk])
+    with pytest.raises(IntegrityError, match=f"chunk {first_items[0].first_index} of backup {staged.ref} is missing from the repository"):
+        finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+    staged.store.put(chunk, stored)
+    first = fold.results[0]
+    wrong = ItemResult(first.first_index, tuple(replace(e, length=e.length - 1) for e in first.entries))
+    staged.store.put(fold_key(staged.ref, 1, 0), RoundFold(1, 0, (wrong, *fold.results[1:])).to_bytes())
+    with pytest.raises(IntegrityError, match=f"result for chunk {first.first_index} of {staged.ref} describes"):
+        finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+    assert staged.store.head(manifest_key(staged.ref)) is None and area.read_session().backup == str(staged.ref)

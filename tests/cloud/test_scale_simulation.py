@@ -32,6 +32,7 @@ from bench_lib.scale_sim import (  # noqa: E402
     simulate,
 )
 from braid import contract  # noqa: E402
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND  # noqa: E402
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, WATCH_SECONDS  # noqa: E402
 
 
@@ -91,20 +92,25 @@ def test_planning_reads_only_what_is_new(ten_tib: Simulation) -> None:
     # the lease once a minute, and the records of what it plans: never the whole ledger.
     segments_per_call = max(1, math.ceil(ten_tib.segments / len(plans))) * 4
     for plan in plans:
-        # + the check of the last map: its items file, a LIST of its results, one DeleteObjects of its finished segments.
-        assert plan.total_requests <= 2 * polls_per_watch + 2 * segments_per_call + 40 + 12, plan.requests
+        # + the check of the last map: its items file, a LIST of its results, one DeleteObjects of its finished segments,
+        # and the fold: the map's result records (read in parallel, at most a round's items) and one PUT.
+        assert plan.parallel["GET"] <= MAX_ITEMS_PER_ROUND
+        assert plan.total_requests - plan.parallel["GET"] <= 2 * polls_per_watch + 2 * segments_per_call + 40 + 13, plan.requests
     total = ten_tib.requests("plan")
-    # Linear in the stream's duration and its segments (the old planner was quadratic: ~13 M GETs here).
-    assert total["GET"] <= 1.2 * (2 * ten_tib.stream_seconds / POLL_INTERVAL_SECONDS + ten_tib.stream_seconds / 60 + 2 * ten_tib.segments + 2 * len(plans))
+    # Linear in the stream's duration and its segments (the old planner was quadratic: ~13 M GETs here),
+    # and each item's result record is folded once.
+    assert total["GET"] <= ten_tib.items + 1.2 * (2 * ten_tib.stream_seconds / POLL_INTERVAL_SECONDS + ten_tib.stream_seconds / 60 + 2 * ten_tib.segments + 2 * len(plans))
     assert total["LIST"] <= 10 * ten_tib.turns["map"] + 2  # one LIST per map check, under the round's own key prefix
     assert total["DELETE"] <= ten_tib.turns["map"]  # finished segments leave staging round by round
 
 
-def test_finalize_reads_each_record_once_and_checks_presence_by_list(ten_tib: Simulation) -> None:
+def test_finalize_reads_the_planners_folds_not_a_record_per_item_and_checks_presence_by_list(ten_tib: Simulation) -> None:
     (finalize,) = ten_tib.by_function("finalize")
     assert finalize.requests["HEAD"] == 0  # no per-chunk HEAD
     rounds = ten_tib.turns["map"]
-    assert finalize.requests["GET"] <= ten_tib.items + rounds + 10
+    # A round file and a fold per map, and the records of the last map (which no planner call folded).
+    assert finalize.requests["GET"] <= 2 * rounds + MAX_ITEMS_PER_ROUND + 10
+    assert finalize.requests["GET"] < ten_tib.items / 2, (finalize.requests, ten_tib.items)
     assert finalize.requests["LIST"] <= 2 * math.ceil(ten_tib.chunks / 1000) + math.ceil(ten_tib.items / 1000) + 3 * math.ceil((ten_tib.items + rounds + ten_tib.segments) / 1000) + 10
 
 

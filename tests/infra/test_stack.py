@@ -21,6 +21,7 @@ import aws_cdk as cdk  # noqa: E402
 from aws_cdk import aws_iam as iam  # noqa: E402
 from aws_cdk.assertions import Match, Template  # noqa: E402
 
+from braid import contract  # noqa: E402
 from braid_infra.nag import add_nag_checks  # noqa: E402
 from braid_infra.stack import BraidStack  # noqa: E402
 from support.cfn_render import Resolver  # noqa: E402
@@ -399,10 +400,41 @@ def test_state_machine_definition(template: Template) -> None:
                                                 },
                                             }
                                         ),
-                                        "Catch": [Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "Cleanup"})],
+                                        # Errors that end the backup go to Cleanup; any other failure holds it.
+                                        "Catch": [
+                                            Match.object_like({"ErrorEquals": list(contract.FINAL_PIPELINE_ERRORS), "Next": "Cleanup"}),
+                                            Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "ProcessChunksFailed"}),
+                                        ],
                                     }
                                 ),
-                                "Finalize": Match.object_like({"Next": "BackupSucceeded", "Catch": [Match.object_like({"Next": "Cleanup"})]}),
+                                "Finalize": Match.object_like(
+                                    {
+                                        "Next": "BackupSucceeded",
+                                        "Catch": [
+                                            Match.object_like({"ErrorEquals": list(contract.FINAL_PIPELINE_ERRORS), "Next": "Cleanup"}),
+                                            Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "FinalizeFailed"}),
+                                        ],
+                                    }
+                                ),
+                                "PlanSegments": Match.object_like(
+                                    {"Catch": [Match.object_like({"Next": "Cleanup"}), Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "PlanSegmentsFailed"})]}
+                                ),
+                                "FinalizeFailed": {
+                                    "Type": "Pass",
+                                    "Parameters": {"step": "Finalize", "id.$": "States.UUID()"},
+                                    "ResultPath": "$.failed",
+                                    "Next": "Hold",
+                                },
+                                "Hold": Match.object_like(
+                                    {
+                                        "Next": "SegmentsReady?",
+                                        "ResultPath": "$.plan",
+                                        "Catch": [
+                                            Match.object_like({"ErrorEquals": list(contract.FINAL_PIPELINE_ERRORS), "Next": "Cleanup"}),
+                                            Match.object_like({"ErrorEquals": ["States.ALL"], "Next": "HoldFailed"}),
+                                        ],
+                                    }
+                                ),
                                 "Cleanup": Match.object_like({"Next": "BackupFailed"}),
                                 "BackupFailed": {"Type": "Fail", "ErrorPath": "$.failure.error", "CausePath": "$.failure.cause"},
                             }

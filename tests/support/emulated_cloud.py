@@ -1,6 +1,7 @@
 """The emulated cloud: Braid's stack on a moto server on loopback (`scripts/emulated-aws`).
 
     scripts/emulated-aws [--port N] [--request-log FILE] [--fail-worker once|always|first=K]
+                         [--fail-finalize once|always|first=K]
                          [--s3-slowdown N] [--fast-retries] [--time-scale S] [--object-lock MODE:DAYS]
                          [--s3-faults RATE [--s3-fault-kinds 500,503,reset]
                           [--s3-fault-seed N] [--s3-fault-callers agent|pipeline|all]]
@@ -53,6 +54,8 @@ Test aids (never needed to use it):
                        (a test can exhaust the retries, then resume)
   --fail-sweep-item N  the prune's Sweep Lambda raises StorageError on map
                        item N, every attempt (repeatable)
+  --fail-finalize MODE the Finalize Lambda raises StorageError, as --fail-worker
+                       (a coordinator's failure: the backup is held for --resume)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -324,6 +327,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="make the Worker Lambda fail once, always, or on its first K invocations (tests)")
     parser.add_argument("--fail-sweep-item", type=int, action="append", default=[], metavar="N",
                         help="make the prune's Sweep Lambda fail on map item N, every attempt (tests; repeatable)")
+    parser.add_argument("--fail-finalize", type=fail_worker_mode, metavar="once|always|first=K",
+                        help="make the Finalize Lambda fail once, always, or on its first K invocations (tests)")
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="run Step Functions' and Lambda's clocks S times faster than real time (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
@@ -387,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     from support.inprocess_lambda import InProcessLambdas
     from support.moto_stack import deploy
     from support.s3_lock_semantics import AwsObjectLock
+    from support.s3_semantics import AwsS3
     from support.sfn_semantics import AwsStepFunctions
 
     default_user_config["stepfunctions"] = {"execute_state_machine": True}
@@ -408,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     from support import s3_semantics
 
     s3_semantics.install()
+    AwsS3().install()
     lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
     lambdas.install()
 
@@ -434,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
             lambda item=item: StorageError(f"injected fault: the emulator was started with --fail-sweep-item {item}"),
             times=None,
             when=lambda event, item=item: isinstance(event.get("item"), dict) and event["item"].get("n") == item,
+        )
+    if args.fail_finalize is not None:
+        lambdas.fail(
+            deployed.functions["finalize"],
+            lambda: StorageError(f"injected fault: the emulator was started with --fail-finalize {args.fail_finalize}"),
+            times=fail_worker_times(args.fail_finalize),
         )
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")

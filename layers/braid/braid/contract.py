@@ -53,6 +53,10 @@ WORKER_RETRIES = 3
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
+# The execution input's stall window (`braid backup --stall-timeout`): no upload progress
+# for this long and the planner gives the backup up; at least the planner's Wait.
+DEFAULT_POLL_SECONDS = 15
+DEFAULT_STALL_SECONDS = 3600
 # Finalize reads a result record per map item, many at once; botocore's CPU per
 # request is what it waits on, so it gets a full vCPU (it runs once per backup).
 FINALIZE_MEMORY_MB = 1769
@@ -103,4 +107,14 @@ LAMBDA_TRANSIENT_ERRORS = (
 )
 # Braid's typed error for S3 that kept failing past the client's retries
 # (braid.errors.StorageError), and a worker that ran out of time.
+# Pipeline errors after which a backup can never finish: the state machine sends them to Cleanup;
+# any other failure after Prepare holds the backup for `braid backup --resume` (braid.pipeline.replan).
+FINAL_PIPELINE_ERRORS = (
+    "ExecutionMismatchError",  # not this execution's backup: Cleanup touches nothing
+    "UsageError",  # an invalid execution input
+    "StreamAbandonedError",  # the agent gave the stream up
+    "BackupHeldError",  # held, and nobody resumed it in time
+    "StagingStalledError",  # the agent stopped uploading before the stream ended
+)
+
 WORKER_TRANSIENT_ERRORS = (*LAMBDA_TRANSIENT_ERRORS, "StorageError", "Sandbox.Timedout")

@@ -30,13 +30,14 @@ from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix
+from braid.format.lease import heartbeat_seconds
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
-from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
+from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
-from braid.ports.multipart import MultipartStore
+from braid.ports.multipart import MultipartStore, UploadGoneError
 from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.progress_relay import ProgressRelay
 
@@ -53,6 +54,8 @@ class CloudOptions:
     wait: bool = True
     poll_seconds: float = 2.0
     watch_seconds: float = WATCH_INTERVAL_SECONDS  # while uploading: how often the agent looks at its execution
+    # No upload progress (a new segment, a renewed lease) for this long and the pipeline declares the agent dead.
+    stall_seconds: int = DEFAULT_STALL_SECONDS
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -62,6 +65,7 @@ class CloudOptions:
             rate_limit=getattr(args, "rate_limit_bytes", None),
             fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
             wait=not getattr(args, "no_wait", False),
+            stall_seconds=getattr(args, "stall_timeout", None) or DEFAULT_STALL_SECONDS,
         )
 
 
@@ -145,7 +149,9 @@ class CloudEngine:
         report.phase("uploading", total_bytes=expected_bytes(sources), total_chunks=expected_chunks(sources, upload.chunk_size))
         # Start the pipeline as soon as the session exists: it fans out each
         # segment as the agent completes it, while later ones still upload.
-        document = ExecutionInput(backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out).to_json()
+        document = ExecutionInput(
+            backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out, stall_seconds=self.options.stall_seconds
+        ).to_json()
         self.pipeline.start(ref, document)
         if request.resume:
             # A held backup (workers kept failing) waits for this: the pipeline plans
@@ -157,7 +163,9 @@ class CloudEngine:
             # The lease shows retention that this upload is alive between
             # completed segments (S3 lists nothing for parts in progress).
             watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
-            with BackupLease(self.store, ref, key=agent_lease_key(ref), remove_on_exit=False), watch:
+            # Renewed several times per stall window: it is the upload's progress to the planner.
+            lease = BackupLease(self.store, ref, heartbeat_seconds(self.options.stall_seconds), key=agent_lease_key(ref), remove_on_exit=False)
+            with lease, watch:
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
                     request.sources,
@@ -171,6 +179,13 @@ class CloudEngine:
                 )
         except PipelineStopped:
             raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon
+        except UploadGoneError as exc:
+            # Its staging was aborted under it: normally the pipeline gave the backup up, and its
+            # cause (a stall, a failure) is what the user needs, not that a part found no upload.
+            stopped = watch.stopped_with or watch.check()
+            if stopped is not None:
+                raise stopped from None
+            raise exc from None  # nothing staged is left to resume: no --resume hint
         except BaseException as exc:
             if request.resumable and not isinstance(exc, (ProducerError, EmptyStreamError)):
                 _resumable(exc, ref)  # adds the way back in to the error itself
@@ -269,8 +284,9 @@ class CloudEngine:
         mine = self._resumed.get(str(ref))
         if mine is not None and hold.released_by != mine:
             return None
+        why = f"workers kept failing on {hold.items} map item(s) ({hold.cause})" if hold.items else hold.cause
         return (
-            f"backup {ref} is held: workers kept failing on {hold.items} map item(s) ({hold.cause}). Nothing finished is lost:"
+            f"backup {ref} is held: {why}. Nothing finished is lost:"
             f" its stored chunks and staging are kept until {hold.until}; fix the cause, then finish it with"
             f" 'braid backup --resume {ref}' and the same inputs (only the unfinished chunks are processed)"
         )

@@ -15,7 +15,7 @@ import textwrap
 from collections.abc import Callable
 from typing import Any
 
-from braid import __version__
+from braid import __version__, contract
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
@@ -151,6 +151,17 @@ def _open_timeout(text: str) -> float:
     return value
 
 
+def _stall_timeout(text: str) -> int:
+    """Whole seconds, at least the planner's poll: the pipeline's stall window for this backup."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value < contract.DEFAULT_POLL_SECONDS:
+        raise argparse.ArgumentTypeError(f"--stall-timeout must be at least {contract.DEFAULT_POLL_SECONDS} seconds, not {text!r}")
+    return value
+
+
 def _command(name: str) -> Callable[[argparse.Namespace], int]:
     """The handler `braid.cli.commands.MODULE:FUNCTION`, imported only when its command runs.
 
@@ -248,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
+    cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
+                       help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 

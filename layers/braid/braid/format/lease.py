@@ -27,6 +27,19 @@ from datetime import datetime
 from braid.format.timestamps import parse_timestamp
 
 LEASE_REFRESH_SECONDS = 60.0
+# The cloud agent's lease is also its sign of upload progress to the planner's stall detection.
+HEARTBEATS_PER_STALL_WINDOW = 4
+
+
+def heartbeat_seconds(stall_seconds: float) -> float:
+    """How often the cloud agent renews its lease, and the planner reads it, for a stall window of `stall_seconds`.
+
+    The planner declares the agent dead after `stall_seconds` without a new
+    segment or a renewed lease; a renewal every minute is enough for the
+    default hour, but a shorter window (`braid backup --stall-timeout`) needs
+    several renewals inside it, or a live upload between two segments would
+    look dead."""
+    return min(LEASE_REFRESH_SECONDS, stall_seconds / HEARTBEATS_PER_STALL_WINDOW)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ name kept in the cause.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +33,7 @@ from braid.errors import BackupError
 from braid.format.ids import BackupRef
 from braid.format.staging import ItemFailure, StagingArea
 from braid.pipeline.execution_input import ExecutionMismatchError
+from braid.pipeline.failure import describe_error
 from braid.pipeline.finalize import published_manifest
 from braid.ports.pipeline import EventPublisher, StagingJanitor
 from braid.ports.store import ObjectStore
@@ -71,22 +71,6 @@ class Failure:
 
     def to_json(self) -> dict[str, str]:
         return {"error": self.error, "cause": self.cause}
-
-
-def describe_error(error: Mapping[str, Any] | None) -> tuple[str, str]:
-    """The error name and its message, unwrapped from a Lambda error payload when it is one."""
-    if not error:
-        return "BackupFailed", "the pipeline failed without an error record"
-    name = str(error.get("Error") or "BackupFailed")
-    cause = str(error.get("Cause") or "")
-    try:
-        payload = json.loads(cause)
-        if isinstance(payload, dict) and "errorMessage" in payload:
-            name = str(payload.get("errorType") or name)
-            cause = str(payload["errorMessage"])
-    except ValueError:
-        pass
-    return name, cause or "no cause given"
 
 
 def reportable(name: str) -> str:

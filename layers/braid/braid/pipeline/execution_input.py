@@ -25,13 +25,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from braid import contract
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 
 DEFAULT_MAX_CONCURRENCY = 100
 DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
-DEFAULT_POLL_SECONDS = 15
-DEFAULT_STALL_SECONDS = 3600
+DEFAULT_POLL_SECONDS = contract.DEFAULT_POLL_SECONDS
+DEFAULT_STALL_SECONDS = contract.DEFAULT_STALL_SECONDS
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
 MAX_CONCURRENCY_LIMIT = 10_000
 # Step Functions execution names: 1-80 characters, no spaces, brackets, wildcards or "#%\\^|~`$&,;:/".

@@ -2,8 +2,10 @@
 
 Correctness never rests on the map's own bookkeeping (on moto a failed
 DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
-reads the plan rounds and the workers' result records itself (in parallel:
-StagingArea reads many records at once), requires the rounds to tile every
+reads the plan rounds and the workers' results itself (in parallel:
+StagingArea reads many records at once; the planner folded each map's
+results into one fold as the stream arrived, so these are a few folds and
+the last map's records, not one record per item), requires the rounds to tile every
 input through its stream-end length and a result for every planned chunk
 that matches its place in the plan, and `finalize_backup` then checks every
 stored chunk's presence and size by LIST (1,000 per request; S3 verified

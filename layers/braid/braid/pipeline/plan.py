@@ -30,11 +30,13 @@ from typing import Any
 
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
+from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
+from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
-from braid.pipeline.replan import check_last_map, check_of, watch_hold
+from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -167,7 +169,7 @@ def plan_next_round(
     else:
         state = PlanCursor.from_json(cursor, len(session.inputs))
     deadline = now + max(0.0, watch_seconds)
-    state, again = check_last_map(area, state, now)
+    state, again = check_last_map(area, state, now, fold=state.check is not None and not _all_planned(ref, area, state, session))
     if again:
         return _map_again(state, again)
     ready: list[SegmentRecord] = []
@@ -178,6 +180,8 @@ def plan_next_round(
             state, again = watch_hold(area, state, now)
             if again:
                 return _map_again(state, again)
+            if state.held is None:
+                continue  # released: plan on from the cursor
             check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
             if now + POLL_INTERVAL_SECONDS > deadline:
                 return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
@@ -194,7 +198,7 @@ def plan_next_round(
             return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items)
         if end is not None and not ready and stream_complete(ref, state, end, session):
             return PlanStatus("done", round=state.rounds, planned_chunks=state.chunks, cursor=state)
-        if now - lease_read_at >= LEASE_CHECK_SECONDS:
+        if now - lease_read_at >= heartbeat_seconds(stall_seconds):
             lease_read_at = now
             digest = lease_digest(area.read_agent_lease())
             if digest and digest != state.lease:
@@ -215,6 +219,29 @@ def plan_next_round(
         sleep(pause)
 
 
+def hold_step_failure(
+    store: ObjectStore, ref: BackupRef, step: str, error: Mapping[str, Any] | None, previous: Mapping[str, Any] | None, clock: Callable[[], float] = time.time,
+) -> PlanStatus:
+    """The Hold state: a step after Prepare failed; hold the backup (braid.pipeline.replan.hold_after_failure).
+
+    `previous`: the state's `$.plan` (its cursor continues after the resume);
+    returns the "held" status the planner's loop then watches."""
+    area = StagingArea(store, ref)
+    session = area.read_session()
+    now = clock()
+    carried = carried_cursor(previous)
+    state = PlanCursor.from_json(carried, len(session.inputs)) if carried is not None else recover_cursor(area, session, now)
+    name, message = describe_error(error)
+    state = hold_after_failure(area, state, now, step, name, message)
+    return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+
+
+def _all_planned(ref: BackupRef, area: StagingArea, state: PlanCursor, session: SessionRecord) -> bool:
+    """True when the stream has ended and every segment is planned: the last map is done, Finalize comes next."""
+    end = area.read_stream_end()
+    return end is not None and end.abandoned is None and stream_complete(ref, state, end, session)
+
+
 def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
     """Map the unfinished items of an earlier round again (braid.pipeline.replan)."""
     assert state.check is not None
@@ -222,10 +249,6 @@ def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
         "ready", round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
         planned_chunks=state.chunks, cursor=state,
     )
-
-
-# The agent rewrites its lease every minute (braid.format.lease): reading it more often shows nothing new.
-LEASE_CHECK_SECONDS = 60.0
 
 
 def store_has_rounds(area: StagingArea) -> bool:

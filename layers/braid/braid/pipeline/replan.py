@@ -8,6 +8,12 @@ itself: an item is finished when its result record exists. Then:
 - the staged segments whose chunks are all stored are deleted at once
   (raw bytes need not wait for Finalize; `--resume` trusts segment records,
   not the objects);
+- the finished items' result records are merged into one fold
+  (braid.format.staging.RoundFold), so Finalize reads a few folds instead of
+  a record per item: the merge happens while the stream still arrives, off
+  the time after stream end. Not after the last map (`fold=False`): the
+  next step is Finalize, which reads those few records faster itself (one
+  vCPU against the planner's 256 MB share of one);
 - unfinished items are planned again, `MAX_REPLANS` times (each item
   already had its worker's retries inside its EXPRESS child);
 - if some are still unfinished, the backup is *held*: a HoldRecord in
@@ -47,10 +53,11 @@ def check_of(key: str, round_number: int, attempt: int = 0, limit: int = MAX_REP
     return {"key": key, "round": round_number, "attempt": attempt, "limit": limit}
 
 
-def check_last_map(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCursor, list[MapItem] | None]:
+def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bool = True) -> tuple[PlanCursor, list[MapItem] | None]:
     """Check the last map's items; returns the cursor and the items to map again now (None: nothing to re-plan).
 
-    Holds the backup (writes the HoldRecord) when the re-plans are spent.
+    Folds the finished items' results (unless `fold` is False); holds the
+    backup (writes the HoldRecord) when the re-plans are spent.
     """
     check = state.check
     if check is None or state.held is not None:  # held: watch_hold decides
@@ -58,6 +65,8 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float) -> tuple[Pl
     items = area.read_items(str(check["key"]), int(check["round"]))
     finished, unfinished = area.finished_items(items)
     pending = {item.segment for item in unfinished}
+    if fold:
+        area.fold_results(int(check["round"]), int(check["attempt"]), finished)
     area.remove_segments(item.segment for item in finished if item.segment not in pending)
     if not unfinished:
         return replace(state, check=None), None
@@ -75,15 +84,39 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float) -> tuple[Pl
     return replace(state, held={"until": until, "released_by": released_by}), None
 
 
+def hold_after_failure(area: StagingArea, state: PlanCursor, now: float, step: str, error: str, message: str) -> PlanCursor:
+    """A coordinating step (PlanSegments, ProcessChunks, Finalize) failed after Prepare: hold the backup, as for items.
+
+    Why: the work already done (stored chunks, results, staged segments) is
+    hours of a large backup; one bad minute of S3 or KMS in a coordinator must
+    not throw it away. The HoldRecord names the step and its error for a
+    person; the execution then waits for `braid backup --resume` (which
+    continues from the cursor: the last map's unfinished items, more rounds,
+    or Finalize again) until the hold ends. Only errors that say this
+    backup can never finish skip the hold (the state machine sends those to
+    Cleanup: an abandoned stream, an ended hold, a stalled agent, an
+    execution not named after its backup)."""
+    request = area.read_resume_request()
+    released_by = request.nonce if request is not None else ""
+    until = now + HOLD_SECONDS
+    area.write_hold(HoldRecord(f"{step} failed: {error}: {message}", _when(now), _when(until), released_by, 0))
+    return replace(state, held={"until": until, "released_by": released_by})
+
+
 def watch_hold(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCursor, list[MapItem] | None]:
     """While held: a new resume request releases the hold and returns the unfinished items; the hold's end raises."""
     held, check = state.held, state.check
-    if held is None or check is None:
+    if held is None:
         return state, None
     request = area.read_resume_request()
-    if request is not None and request.nonce != held["released_by"]:
+    if check is None and request is not None and request.nonce != held["released_by"]:
+        area.clear_hold()  # a coordinator's hold: no map to repeat, the planner carries on from its cursor
+        return replace(state, held=None, progress=now), None
+    if check is not None and request is not None and request.nonce != held["released_by"]:
         _, unfinished = area.finished_items(area.read_items(str(check["key"]), int(check["round"])))
         area.clear_hold()
+        if not unfinished:  # held after its map finished (a coordinator failed): nothing to map again
+            return replace(state, held=None, check=None, progress=now), None
         attempt = int(check["attempt"]) + 1
         retry = area.write_retry(int(check["round"]), attempt, unfinished)
         return replace(state, held=None, check=check_of(retry.key, int(check["round"]), attempt, attempt + MAX_REPLANS)), unfinished
@@ -91,7 +124,7 @@ def watch_hold(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCu
         hold = area.read_hold()
         cause = hold.cause if hold is not None else "workers kept failing"
         raise BackupHeldError(
-            f"backup {area.ref} was held {HOLD_SECONDS / 3600:.0f} h for 'braid backup --resume {area.ref}' after workers kept"
-            f" failing ({cause}); nobody resumed it, so it is removed"
+            f"backup {area.ref} was held {HOLD_SECONDS / 3600:.0f} h for 'braid backup --resume {area.ref}' after"
+            f" {'workers kept failing' if hold is None or hold.items else 'a pipeline step failed'} ({cause}); nobody resumed it, so it is removed"
         )
     return state, None

@@ -26,7 +26,7 @@ from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 
-_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "resume")
+_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "stall_timeout", "resume")
 
 
 def _uses_pipeline(repository: Repository, args: argparse.Namespace) -> bool:

@@ -16,6 +16,9 @@ nothing from the host but these objects:
     key.json                     wrapped data key, written by Prepare
     plans/round-NNNNN.json       map items of one planner round (Round)
     results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
+    folds/round-RRRRR-AA.json    the results of one map's finished items, merged by
+                                 the planner after that map (RoundFold): what
+                                 Finalize reads instead of one record per item
     failures/NNNNNNNNNN.json     the error a worker raised for one map item
                                  (ItemFailure); Cleanup reports the first
     plans/retry-RRRRR-AA.json    items of round R without a result after its
@@ -55,7 +58,7 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ChunkSlice, ItemFailure, ItemResult, MapItem, Round
+from braid.format.staging.rounds import ChunkSlice, ItemFailure, ItemResult, MapItem, Round, RoundFold
 
 __all__ = [
     "ChunkSlice",
@@ -63,6 +66,7 @@ __all__ = [
     "ItemResult",
     "MapItem",
     "Round",
+    "RoundFold",
     "SegmentRecord",
     "SessionRecord",
     "StagingArea",

@@ -30,6 +30,8 @@ from braid.format.staging.keys import (
     agent_lease_key,
     failure_key,
     failures_prefix,
+    fold_key,
+    folds_prefix,
     held_key,
     parse_round_key,
     parse_segment_key,
@@ -47,7 +49,7 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round
+from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore
@@ -241,23 +243,70 @@ class StagingArea:
     def read_results(self, rounds: Iterable[Round], usages: list[Usage] | None = None) -> list[ChunkEntry]:
         """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
 
-        `usages`, if given, receives each record's usage (those that have one)."""
-        present = self._result_keys()
+        Each item's result comes from a fold (RoundFold: the planner merged
+        it after the item's map) or else from the item's own record: a few
+        fold GETs, plus one per item no fold covers (the last round's, whose
+        planner call was the one that said "done"). A result from a fold is
+        checked against its planned item exactly as a record is. `usages`,
+        if given, receives each result's usage (those that have one)."""
         items = [item for found in rounds for item in found.items]
-        keys = [result_key(self.ref, item.first_index) for item in items]
-        for item, key in zip(items, keys, strict=True):
-            if key not in present:
-                raise self._never_stored(item)
+        folded = self._read_folds()
+        missing = [item for item in items if item.first_index not in folded]
+        direct: dict[int, ItemResult] = {}
+        if missing:
+            present = self._result_keys()
+            keys = [result_key(self.ref, item.first_index) for item in missing]
+            for item, key in zip(missing, keys, strict=True):
+                if key not in present:
+                    raise self._never_stored(item)
+            for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
+                if raw is None:
+                    raise self._never_stored(item)
+                direct[item.first_index] = ItemResult.from_bytes(raw, key)
         entries: list[ChunkEntry] = []
-        for item, key, raw in zip(items, keys, self._get_many(keys), strict=True):
-            if raw is None:
-                raise self._never_stored(item)
-            result = ItemResult.from_bytes(raw, key)
+        for item in items:
+            result = folded.get(item.first_index) or direct[item.first_index]
             result.check(item, str(self.ref))
             entries.extend(result.entries)
             if usages is not None and result.usage is not None:
                 usages.append(result.usage)
         return entries
+
+    def fold_results(self, round_number: int, attempt: int, finished: Iterable[MapItem]) -> str | None:
+        """Merge the result records of a map's finished items into one fold; returns its key (None: nothing to fold).
+
+        Only records that read back and match their item go in: anything else
+        is left to Finalize, which reads that item's record itself and refuses
+        it there. Overwrites are fine: a retried planner folds the same
+        records, and a late worker's record describes the same stored chunks."""
+        finished = list(finished)
+        keys = [result_key(self.ref, item.first_index) for item in finished]
+        results: list[ItemResult] = []
+        for item, key, raw in zip(finished, keys, self._get_many(keys), strict=True):
+            if raw is None:
+                continue
+            try:
+                result = ItemResult.from_bytes(raw, key)
+                result.check(item, str(self.ref))
+            except IntegrityError:
+                continue
+            results.append(result)
+        if not results:
+            return None
+        key = fold_key(self.ref, round_number, attempt)
+        self.store.put(key, RoundFold(round_number, attempt, tuple(results)).to_bytes())
+        return key
+
+    def _read_folds(self) -> dict[int, ItemResult]:
+        """Every fold's results by first chunk index (a malformed fold is an IntegrityError naming it)."""
+        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)))
+        folded: dict[int, ItemResult] = {}
+        for key, raw in zip(keys, self._get_many(keys), strict=True):
+            if raw is None:  # deleted between LIST and GET: staging is being removed
+                continue
+            for result in RoundFold.from_bytes(raw, key).results:
+                folded[result.first_index] = result
+        return folded
 
     def _never_stored(self, item: MapItem) -> IntegrityError:
         return IntegrityError(

@@ -1,4 +1,4 @@
-"""A held backup: items failed past every retry, finished work kept, waiting for `--resume`.
+"""A held backup: items failed past every retry (or a coordinating step failed), finished work kept, waiting for `--resume`.
 
 The planner re-plans items that have no result after their map (each item
 already had its worker's retries), twice; if some still fail, it writes a
@@ -23,11 +23,11 @@ from braid.format.staging.records import Fields, document
 
 @dataclass(frozen=True)
 class HoldRecord:
-    cause: str  # the first failed worker's error, for a person
+    cause: str  # the first failed worker's error, or "STEP failed: ERROR: MESSAGE", for a person
     since: str  # Braid timestamp
     until: str  # Braid timestamp: after it the pipeline fails and removes the backup
     released_by: str  # the nonce of the resume request the hold predates ("" for none): a request with another nonce releases it
-    items: int  # map items without a result
+    items: int  # map items without a result (0: a coordinating step failed)
 
     def to_bytes(self) -> bytes:
         return canonical_json(

@@ -23,6 +23,7 @@ ROUNDS = "plans/round-"
 RESULTS = "results/"
 FAILURES = "failures/"
 RETRIES = "plans/retry-"
+FOLDS = "folds/"
 HELD = "held.json"
 RESUME = "resume.json"
 
@@ -123,6 +124,15 @@ def retry_key(ref: BackupRef, round_number: int, attempt: int) -> str:
 
     Not under `plans/round-`: they reuse their round's chunk indexes, so they are no round of the ledger."""
     return f"{staging_prefix(ref)}{RETRIES}{round_number:05d}-{attempt:02d}.json"
+
+
+def fold_key(ref: BackupRef, round_number: int, attempt: int) -> str:
+    """The results of round `round_number`'s map (attempt 0) or of its retry `attempt`, merged (RoundFold)."""
+    return f"{staging_prefix(ref)}{FOLDS}round-{round_number:05d}-{attempt:02d}.json"
+
+
+def folds_prefix(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{FOLDS}"
 
 
 def held_key(ref: BackupRef) -> str:

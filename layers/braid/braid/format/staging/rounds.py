@@ -7,7 +7,10 @@ contract (the worker event carries one). A result record
 `results/<first index>.json` lists the ChunkEntry of every chunk of one item.
 A failure record `failures/<first index>.json` (ItemFailure) is what a worker
 raised for one item, written before it re-raises, so Cleanup can name the
-worker's real error (Step Functions reports only the map's).
+worker's real error (Step Functions reports only the map's). A fold
+`folds/round-RRRRR-AA.json` (RoundFold) is the result records of one map's
+finished items merged by the planner after that map, so Finalize reads a
+few folds instead of one record per item.
 """
 
 from __future__ import annotations
@@ -155,14 +158,20 @@ class ItemResult:
     usage: Usage | None = None
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
-        if self.usage is not None:
-            doc["usage"] = self.usage.to_json()
-        return canonical_json(doc)
+        return canonical_json(self.to_json())
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> ItemResult:
-        doc = document(raw, f"result record {where}")
+        return cls.from_json(document(raw, f"result record {where}"), where)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        if self.usage is not None:
+            doc["usage"] = self.usage.to_json()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> ItemResult:
         try:
             entries = tuple(entry_from_json(c) for c in doc["chunks"])
             usage = Usage.from_json(doc["usage"], f"result record {where}: usage") if "usage" in doc else None
@@ -185,6 +194,42 @@ class ItemResult:
                     f"result for chunk {planned.index} of {backup} describes chunk {entry.index} of input {entry.input_index}"
                     f" at {entry.offset}+{entry.length}; the plan says input {item.input_index} at {planned.offset}+{planned.length}"
                 )
+
+
+@dataclass(frozen=True)
+class RoundFold:
+    """The result records of one map's finished items, merged by the planner right after that map.
+
+    Why: Finalize needs every item's ChunkEntries; reading one record per item
+    at the end (thousands at 1 TiB) was most of the time after stream end.
+    The planner runs after every map anyway, so it merges the map's results
+    while the stream still arrives. A fold is only a faster copy: Finalize
+    checks each result in it against its planned item exactly as it checks a
+    record, reads the record itself for any item no fold covers, and checks
+    every chunk's presence and size by LIST, so a stale, partial or missing
+    fold can cost time, never correctness.
+    """
+
+    round: int
+    attempt: int  # 0: the round's own map; A: its retry file plans/retry-RRRRR-AA.json
+    results: tuple[ItemResult, ...]
+
+    def to_bytes(self) -> bytes:
+        return canonical_json({"round": self.round, "attempt": self.attempt, "items": [r.to_json() for r in self.results]})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> RoundFold:
+        doc = document(raw, f"result fold {where}")
+        try:
+            docs = doc["items"]
+            if not isinstance(docs, list):
+                raise TypeError("items is not a list")
+            fold = cls(int(doc["round"]), int(doc["attempt"]), tuple(ItemResult.from_json(d, f"{where} item {n}") for n, d in enumerate(docs)))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IntegrityError(f"result fold {where} is malformed: {exc}") from None
+        except IntegrityError as exc:
+            raise IntegrityError(f"result fold {where}: {exc.message}") from None
+        return fold
 
 
 # A failure record is for a person to read; a traceback-sized message is cut.
