@@ -150,3 +150,23 @@ def test_the_cloud_engine_needs_a_stack_and_says_how_to_get_one(repo: Path) -> N
     result = run_braid("verify", "--repo", str(repo), ref, "--engine", "stepfunctions")
     assert result.code == 2
     assert "has no verify state machine" in result.stderr and "--engine local" in result.stderr
+
+
+def test_forget_and_prune_remove_a_backups_verify_records_with_it(repo: Path) -> None:
+    """Records describe one backup: they go with its manifest, so nothing of a removed backup stays under verify/."""
+    first = backup(repo, "db", b"1" * 9000)
+    second = backup(repo, "db", b"2" * 9000)
+    third = backup(repo, "db", b"3" * 9000)
+    for ref in (first, second, third):
+        assert run_braid("verify", "--repo", str(repo), ref).code == 0
+    store = open_repository(str(repo)).store
+
+    def recorded() -> set[str]:
+        return {str(parsed[0]) for info in store.list("verify/") if (parsed := parse_verification_key(info.key)) is not None}
+
+    assert recorded() == {first, second, third}
+    assert run_braid("forget", "--repo", str(repo), second).code == 0
+    assert recorded() == {first, third}
+    assert run_braid("prune", "--repo", str(repo), "--keep-last", "1").code == 0
+    assert recorded() == {third}
+    assert latest_verification(store, BackupRef.parse(third)) is not None

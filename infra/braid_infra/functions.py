@@ -246,10 +246,10 @@ class PipelineFunctions(Construct):
         # (braid_infra.prune_pipeline grants that).
         # PlanPrune: judge from the catalog and stored policies, authenticate manifests, then take
         # each pruned backup out of the catalog (marker, summary) and delete its manifest (and any
-        # rekey copy); writes the run's plan and items. Never data: that is Sweep's.
+        # rekey copy, and its verify records); writes the run's plan and items. Never data: that is Sweep's.
         self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS)
         self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
-        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS)
+        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS)
         self._list("prune")
         self._events("prune")
         self.keys.allow_decrypt(self.roles["prune"])

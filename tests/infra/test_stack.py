@@ -118,7 +118,7 @@ LEAST_PRIVILEGE = {
     # PlanPrune: reads the catalog, policies and manifests; removes manifests (catalog marker and summary first). Never data.
     "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*")}
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
-    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*")} | {("s3:ListBucket", "bucket")},
+    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*")} | {("s3:ListBucket", "bucket")},
     # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.
     "FunctionsSweepRole": {("s3:GetObject", p) for p in ("manifests/*", "data/*", "staging/*")}
     | {("s3:DeleteObject", p) for p in ("data/*", "staging/*", "catalog/summaries/*")} | {("s3:PutObject", "prune/*"), ("s3:ListBucket", "bucket")},

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from braid.errors import NotFoundError, RetentionLockError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix
+from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix, verification_prefix
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import record_removal
@@ -80,9 +80,22 @@ def plan_forget(repository: Repository, ref: BackupRef, now: datetime | None = N
     return ForgetPlan(ref, key, objects)
 
 
+def remove_manifest(store: ObjectStore, ref: BackupRef) -> None:
+    """The first step of removing a backup: out of the catalog, then its manifest; from then on it does not exist.
+
+    Its chunks can go afterwards, at any later time, by anyone: data with no
+    manifest is never restored, and a run interrupted here leaves what the
+    next finds as a leftover (braid.ops.leftovers). Any copy an interrupted
+    rekey left goes with the manifest (braid.ops.rekey), and so do the
+    backup's verify records (braid.ops.verification), which describe only it.
+    """
+    record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
+    store.delete([manifest_key(ref), rekey_key(ref)])
+    store.delete(info.key for info in store.list(verification_prefix(ref)))
+
+
 def execute_forget(repository: Repository, plan: ForgetPlan) -> None:
     """Catalog summary, manifest, then everything under the backup's data and staging prefixes (listed again now)."""
     store = repository.store
-    record_removal(store, plan.ref)  # out of `list` first (braid.ops.catalog)
-    store.delete([plan.manifest, rekey_key(plan.ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
+    remove_manifest(store, plan.ref)
     store.delete(_objects(store, plan.ref))

@@ -44,17 +44,17 @@ from typing import Any
 
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import POLICIES, data_prefix, manifest_key, name_from_policy_key, name_prefixes, policy_key, rekey_key, staging_prefix
+from braid.format.layout import POLICIES, data_prefix, name_from_policy_key, name_prefixes, policy_key, staging_prefix
 from braid.format.lock import ObjectLock
 from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
-from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog, record_removal
+from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
 from braid.ops.catalog import Unreadable as CatalogUnreadable
+from braid.ops.forget import remove_manifest
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary, leftover_candidates
 from braid.ops.open import open_backup
 from braid.ports.keys import KeyService
-from braid.ports.store import ObjectStore
 
 __all__ = [
     "MIN_ORPHAN_GRACE_HOURS",
@@ -388,17 +388,6 @@ def delete_policy(repository: Repository, name: str) -> bool:
         return False
     repository.store.delete([key])
     return True
-
-
-def remove_manifest(store: ObjectStore, ref: BackupRef) -> None:
-    """The first step of removing a backup: out of the catalog, then its manifest; from then on it does not exist.
-
-    Its chunks can go afterwards, at any later time, by anyone: data with no
-    manifest is never restored, and a run interrupted here leaves what the
-    next finds as a leftover (braid.ops.leftovers).
-    """
-    record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
-    store.delete([manifest_key(ref), rekey_key(ref)])  # and any copy an interrupted rekey left (braid.ops.rekey)
 
 
 def execute_prune(repository: Repository, plan: PrunePlan) -> None:
