@@ -244,10 +244,11 @@ class PipelineFunctions(Construct):
         self._events("verifyrecord")
         # Verify (the scheduled maintenance) touches no object: it starts the prune state machine
         # (braid_infra.prune_pipeline grants that).
-        # PlanPrune: judge from the catalog and stored policies, authenticate manifests, then take
-        # each pruned backup out of the catalog (marker, summary) and delete its manifest (and any
-        # rekey copy, and its verify records); writes the run's plan and items. Never data: that is Sweep's.
-        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS)
+        # PlanPrune: judge from the catalog, stored policies and verify records (a failed one is
+        # distrusted), authenticate manifests, then take each pruned backup out of the catalog (marker,
+        # summary) and delete its manifest (and any rekey copy, and its verify records); writes the
+        # run's plan and items. Never data: that is Sweep's.
+        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS)
         self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
         self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS)
         self._list("prune")

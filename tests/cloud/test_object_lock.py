@@ -44,6 +44,7 @@ from braid.ops.retention import RetentionPolicy, execute_prune, plan_prune
 from braid.ops.verify import verify_published
 from braid.pipeline.maintenance import run_maintenance
 from braid.ports.pipeline import RecordingPublisher
+from support.prune_inline import InlinePruneRuns
 from support.s3_lock_semantics import AwsObjectLock
 
 pytestmark = pytest.mark.cloud
@@ -147,9 +148,12 @@ def test_the_scheduled_prune_plans_with_the_same_check_and_reports_the_locked_ba
     held = locked.backup(b"f" * 9000, NOW - timedelta(days=4))
     newest = locked.backup(b"g" * 9000, NOW - timedelta(hours=1))
 
-    report = run_maintenance(locked.repository, locked.keys, RecordingPublisher(), sample_percent=None, policy=RetentionPolicy.of(keep_last=1), now=NOW)
+    runs = InlinePruneRuns(locked.repository, locked.keys, RecordingPublisher(), now=NOW)
+    run_maintenance(runs, prune_input={"keep_last": 1}, now=NOW)
 
+    (report,) = runs.reports
     assert report.pruned == [] and report.locked == [{"backup": str(held), "until": format_timestamp(LOCK.until(held))}]
+    assert report.to_json()["locked"] == report.locked
     assert locked.repository.backups() == [held, newest]
 
 

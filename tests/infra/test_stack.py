@@ -116,7 +116,7 @@ LEAST_PRIVILEGE = {
     # The scheduled maintenance only starts the prune run: it touches no object.
     "FunctionsVerifyRole": set(),
     # PlanPrune: reads the catalog, policies and manifests; removes manifests (catalog marker and summary first). Never data.
-    "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*")}
+    "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*", "verify/*")}
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
     | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*")} | {("s3:ListBucket", "bucket")},
     # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.

@@ -75,21 +75,17 @@ def last_activity(store: ObjectStore, ref: BackupRef, objects: Iterable[ObjectIn
     return newest
 
 
-def _objects_by_backup(store: ObjectStore) -> dict[BackupRef, list[ObjectInfo]]:
-    found: dict[BackupRef, list[ObjectInfo]] = {}
-    for root in (DATA, STAGING):
-        for info in store.list(root):
-            ref = ref_under(root, info.key)
-            if ref is not None:
-                found.setdefault(ref, []).append(info)
-    return found
-
-
 def find_leftovers(store: ObjectStore, published: set[BackupRef], now: datetime, grace: timedelta) -> list[Leftover]:
-    """Unpublished backups whose last sign of life is older than `grace`, oldest first."""
+    """Unpublished backups whose last sign of life is older than `grace`, oldest first.
+
+    The candidates come from prefixes alone (leftover_candidates); only
+    their own objects are listed to judge them, never the chunks of the
+    published backups, which are nearly all of a repository's objects.
+    """
     leftovers = []
-    for ref, objects in _objects_by_backup(store).items():
-        if ref in published:
+    for ref in leftover_candidates(store, published, now, grace):
+        objects = _backup_objects(store, ref)
+        if not objects:
             continue
         active = last_activity(store, ref, objects)
         if now - active > grace:

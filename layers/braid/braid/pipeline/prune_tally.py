@@ -49,6 +49,7 @@ class PruneReport:
     spared: list[str] = field(default_factory=list)  # leftover candidates that showed life again
     refused: list[str] = field(default_factory=list)  # slices of backups found with a manifest: nothing deleted
     unreadable: list[dict[str, str]] = field(default_factory=list)  # {"backup", "error"}: neither counted nor removed
+    locked: list[dict[str, str]] = field(default_factory=list)  # {"backup", "until"}: let go by the rules, kept by Object Lock
     failed_items: int = 0
     objects_deleted: int = 0
     catalog: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +76,7 @@ class PruneReport:
             "spared": self.spared,
             "refused": self.refused,
             "unreadable": self.unreadable,
+            "locked": self.locked,
             "failed_items": self.failed_items,
             "objects_deleted": self.objects_deleted,
             "catalog": self.catalog,
@@ -117,7 +119,9 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
     plan = _json(repository, prune_plan_key(run))
     items = [SweepItem.from_json(doc) for doc in _json(repository, prune_items_key(run))]
     results = _results(repository, run)
-    report = PruneReport(run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])))
+    report = PruneReport(
+        run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])), locked=list(plan.get("locked", []))
+    )
     incomplete: set[str] = set()
     refused: set[str] = set()
     for item in items:
