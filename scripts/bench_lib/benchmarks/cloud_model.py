@@ -50,6 +50,9 @@ PRICES = {
     "lambda_arm_gb_s": 0.0000133334,
     "lambda_request": 0.20 / 1e6,
     "s3_put_class": 0.005 / 1000,  # PUT, COPY, POST, LIST, UploadPart, Create/CompleteMultipartUpload
+    # DELETE (DeleteObject, DeleteObjects) and CANCEL (AbortMultipartUpload) requests are free:
+    # https://aws.amazon.com/s3/pricing/ ("DELETE and CANCEL requests are free"); the S3 FAQ
+    # (https://aws.amazon.com/s3/faqs/) prices 1,000,000 DELETE requests at $0.00. So DELETE is not priced below.
     "s3_get_class": 0.0004 / 1000,  # GET, HEAD
     "sfn_standard_transition": 0.025 / 1000,
     "sfn_express_request": 1.00 / 1e6,
@@ -211,7 +214,7 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
     requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
-    put_class = requests["PUT"] + requests["LIST"] + requests["DELETE"]
+    put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
     coordinators = sum(i.seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
     workers_started = min(sim.workers, sim.items)
@@ -327,9 +330,11 @@ def run(ctx: Context) -> Section:
         " (process_item), history events and state transitions, rounds, items; measured: worker CPU per chunk (this machine, scaled"
         " by --arm-speed), the coordinators' Python CPU; assumed: request latency, map start, S3 throughput in Lambda, prices, logs"
     )
+    part_chunks = scale_sim.default_part_chunks(chunk, 1, scale_sim.DEFAULT_CONCURRENCY)
     notes.append(
-        "per-chunk costs no grouping removes: the agent's UploadPart and the worker's chunk PUT, "
-        f"${2 * (TIB // chunk) * PRICES['s3_put_class']:.3f}/TiB together at {chunk // 2**20} MiB chunks"
+        f"per-chunk PUT-class requests: the agent's UploadPart, one per {part_chunks} chunks (one input at the default --concurrency), "
+        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's chunk PUT, "
+        f"${(TIB // chunk) * PRICES['s3_put_class']:.3f}/TiB, at {chunk // 2**20} MiB chunks"
     )
     section.notes = notes
     return section

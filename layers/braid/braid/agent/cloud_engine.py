@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from braid.agent.limits import check_worker_chunk_size
+from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
@@ -46,7 +46,7 @@ ABANDON_WAIT_SECONDS = 120.0
 
 @dataclass(frozen=True)
 class CloudOptions:
-    concurrency: int = 8
+    concurrency: int = DEFAULT_CONCURRENCY
     rate_limit: float | None = None
     fan_out: int = DEFAULT_MAX_CONCURRENCY
     wait: bool = True
@@ -57,7 +57,7 @@ class CloudOptions:
     def from_cli(cls, args: Any) -> CloudOptions:
         """From `braid backup`/`status` arguments; what a command does not take keeps its default."""
         return cls(
-            concurrency=getattr(args, "concurrency", None) or 8,
+            concurrency=getattr(args, "concurrency", None) or DEFAULT_CONCURRENCY,
             rate_limit=getattr(args, "rate_limit_bytes", None),
             fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
             wait=not getattr(args, "no_wait", False),
@@ -324,7 +324,7 @@ class CloudEngine:
 def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The uploader's counters as an `upload` event: `bytes` and `chunks` staged so far, as every engine counts them."""
     counters = {k: v for k, v in snapshot.items() if k != "phase"}
-    staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters["parts_uploaded"] + counters["parts_skipped"]}
+    staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters.pop("chunks")}  # a part holds several chunks
     return {"event": "upload", **staged, **counters}
 
 
