@@ -28,11 +28,12 @@ from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
-from braid.format.layout import chunk_key, data_prefix
+from braid.format.layout import data_prefix
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
+from braid.format.stored import stored_objects
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore
@@ -315,10 +316,9 @@ class CloudEngine:
         """Every chunk present with its recorded size: one LIST per 1,000 chunks, no key needed."""
         ref = BackupRef.parse(manifest.backup)
         sizes = {info.key: info.size for info in self.store.list(data_prefix(ref))}
-        for chunk in manifest.chunks():
-            key = chunk_key(ref, chunk.index)
-            if sizes.get(key) != chunk.stored_length:
-                raise IntegrityError(f"published backup {ref}: chunk {chunk.index} is missing or has the wrong size in {self.store.url}")
+        for stored in stored_objects(manifest):
+            if sizes.get(stored.key) != stored.size:
+                raise IntegrityError(f"published backup {ref}: chunk {stored.chunks[0]} is missing or has the wrong size in {self.store.url}")
 
 
 def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:
