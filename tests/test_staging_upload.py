@@ -546,19 +546,20 @@ def test_the_uploader_needs_only_ports_a_directory_and_the_fake_will_do(tmp_path
 
 
 def test_part_chunks_follow_the_agents_buffers() -> None:
-    """Parts of ~256 MiB, shrunk until every input's unfinished part and one part being sent fit in
+    """Parts of up to 256 MiB, shrunk until every input's unfinished part and 3 parts being sent fit in
     (inputs + concurrency + 1) buffers; a resumed upload with too little --concurrency is refused."""
     mib = 1024**2
-    assert default_part_chunks(64 * mib, 1, 8) == 4  # the defaults: 256 MiB parts
-    assert default_part_chunks(64 * mib, 2, 8) == 3
-    assert default_part_chunks(64 * mib, 4, 8) == 2
+    assert default_part_chunks(64 * mib, 1, 8) == 2  # the defaults: 128 MiB parts, 4 of them in flight
+    assert default_part_chunks(64 * mib, 2, 8) == 2
+    assert default_part_chunks(64 * mib, 4, 8) == 1
     assert default_part_chunks(64 * mib, 1, 1) == 1
-    assert default_part_chunks(94 * mib, 1, 8) == 2  # 188 MiB
-    assert default_part_chunks(8 * mib, 1, 8) == 5  # (1 + 1) x 5 = 10 buffers = 1 + 8 + 1
+    assert [default_part_chunks(64 * mib, 1, c) for c in (9, 10, 13, 14, 64)] == [2, 3, 3, 4, 4]  # 256 MiB at most
+    assert default_part_chunks(8 * mib, 1, 38) == 10  # (1 + 3) x 10 = 40 buffers = 1 + 38 + 1
+    assert default_part_chunks(2 * 1024 * mib, 1, 64) == 1  # no part beyond 5 GiB
     for inputs in (1, 2, 3, 8):
         for concurrency in (1, 2, 5, 8, 16, 64):
             chunks = default_part_chunks(64 * mib, inputs, concurrency)
-            assert buffers_needed(inputs, chunks) <= inputs + concurrency + 1 or chunks == 1
+            assert (inputs + 3) * chunks <= inputs + concurrency + 1 or chunks == 1
             check_part_chunks(chunks, inputs, concurrency)
     with pytest.raises(UsageError, match="use --concurrency 6 or more"):
         check_part_chunks(4, 1, 5)

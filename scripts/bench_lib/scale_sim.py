@@ -12,7 +12,7 @@ invocation makes. What is synthetic, and said so:
   `braid.agent.limits.default_segment_parts`), its lease is rewritten every
   minute, the stream-end record is written at the end; UploadParts are
   counted per part, each of `default_part_chunks` chunks (one input at the
-  default --concurrency: 4 × 64 MiB), as braid.agent.uploader sends them;
+  default --concurrency: 2 × 64 MiB), as braid.agent.uploader sends them;
 - the workers: an item's requests come from running the real
   `braid.pipeline.worker.process_item` on two small items once
   (`calibrate_worker`: requests per item and per chunk); in the simulation

@@ -290,7 +290,7 @@ def test_an_agent_killed_at_random_points_resumes_without_resending_a_stored_par
     """Killed mid-upload (after a random number of parts), while waiting for the pipeline, and
     while waiting with the pipeline then finishing alone: each --resume ends with the backup."""
     rng = random.Random(2026)
-    inputs = [os.urandom(31 * MiB + 5), os.urandom(6 * MiB)]  # 7 and 2 chunks: 3 + 1 parts of 3 chunks
+    inputs = [os.urandom(21 * MiB + 5), os.urandom(6 * MiB)]  # 5 and 2 chunks: 3 + 1 parts of 2 chunks
     points: list[tuple[str, int | str]] = [("parts", rng.randint(1, parts_of([len(d) for d in inputs]) - 2)), ("waiting", "running"), ("waiting", "finished")]
     faults(emulator, rate=0.05, seed=3, callers="agent")
 

@@ -458,10 +458,10 @@ def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emu
 
 def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(cloud: Emulator, tmp_path: Path) -> None:
     inputs = [stream_bytes(27 * MiB + 99, 4), stream_bytes(8 * MiB, 5)]
-    # Parts of 3 chunks (two inputs at the default --concurrency). Each writer stops after whole chunks,
-    # so exactly those parts can be uploaded before the kill: input 0's first (chunks 1-3); input 1's
-    # first chunk waits for the rest of its part, which only the resumed run reads.
-    assert default_part_chunks(5 * MiB, 2, DEFAULT_CONCURRENCY) == 3
+    # Parts of 2 chunks (two inputs at the default --concurrency). Each writer stops after whole chunks,
+    # so exactly those parts can be uploaded before the kill: input 0's first (chunks 1-2; chunk 3 waits
+    # for chunk 4); input 1's first chunk waits for the rest of its part, which only the resumed run reads.
+    assert default_part_chunks(5 * MiB, 2, DEFAULT_CONCURRENCY) == 2
     first = [PipeWriter(tmp_path / "in0", inputs[0], pause_after=15 * MiB), PipeWriter(tmp_path / "in1", inputs[1], pause_after=5 * MiB)]
     args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--input", str(first[0].path), "--input", str(first[1].path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -514,13 +514,13 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
     assert len(before) + len(after) == parts_of(list(map(len, inputs)))
     (end,) = run.events("stream-end")
-    assert (end["parts_skipped"], end["parts_uploaded"]) == (1, len(after)) == (1, 2)  # input 0's second part, input 1's only one
+    assert (end["parts_skipped"], end["parts_uploaded"]) == (1, len(after)) == (1, 3)  # input 0's last two parts, input 1's only one
     assert restore_two(cloud, tmp_path, "restore-resume", ref) == inputs
     assert_within_policy(cloud, "agent-resume", "agent")
 
 
 def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path) -> None:
-    writer = PipeWriter(tmp_path / "in0", stream_bytes(32 * MiB, 13), pause_after=25 * MiB)  # one whole part of 5 chunks
+    writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 13), pause_after=10 * MiB)  # one whole part of 2 chunks
     args = ["backup", "--name", "interrupted", "--chunk-size", CHUNK, "--input", str(writer.path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -5,9 +5,10 @@ time, into the parts of a multipart upload (a "segment", see
 braid.format.staging); a new segment starts every `segment_parts` chunks, so
 a stream of any length fits S3's 10,000-part limit, and the pipeline can fan
 out a finished segment while later ones still upload. The agent holds no key
-and calls no KMS. Parts of several chunks (256 MiB of 64 MiB chunks) cut the
-UploadPart requests S3 bills by four; the worker still reads one chunk per
-ranged GET, by byte offset, so only the agent knows how chunks were grouped.
+and calls no KMS. Parts of several chunks (128-256 MiB of 64 MiB chunks) cut
+the UploadPart requests S3 bills by two to four; the worker still reads one
+chunk per ranged GET, by byte offset, so only the agent knows how chunks were
+grouped.
 
 It takes ports only (StagingArea for the records, a MultipartStore for the
 parts), so it runs against S3, moto or an in-memory fake alike. Retries are
@@ -25,8 +26,9 @@ of their part or being sent: `submit` blocks while (concurrency + 2) are, and
 a part's buffers go back to the reader (their `release` callbacks) as soon as
 the part is stored, so memory is bounded whatever the stream length. A part
 is sent from its chunks' own buffers (never joined), once all are read;
-`part_chunks` is chosen so that every input's unfinished part and one part
-being sent always fit (braid.agent.limits.default_part_chunks).
+`part_chunks` is chosen so that every input's unfinished part and three parts
+being sent fit (braid.agent.limits.default_part_chunks; one is enough never to
+deadlock, three keep the upload as fast as one chunk per part).
 
 Resume: braid.agent.resume reads what the store holds; re-read chunks that
 match a stored part are skipped, completed segments are checked as a whole.
