@@ -76,6 +76,18 @@ def test_parts_sent_in_any_order_complete_into_one_object(target: Target) -> Non
     assert list(target.uploads.list_uploads("staging/")) == []
 
 
+def test_a_part_sent_from_several_buffers_is_their_bytes_back_to_back(target: Target) -> None:
+    """The agent sends a part of several chunks from the chunks' own buffers, never joined."""
+    chunks = [os.urandom(PART), os.urandom(PART), os.urandom(300)]
+    part = b"".join(chunks)
+    upload_id = target.uploads.create_upload("k")
+    etag = target.uploads.upload_part("k", upload_id, 1, [memoryview(bytearray(c)) for c in chunks], crc(part))
+    (listed,) = list(target.uploads.list_parts("k", upload_id))
+    assert (listed.number, listed.size, listed.etag) == (1, len(part), etag)
+    target.uploads.complete_upload("k", upload_id, [SentPart(1, etag, crc(part))], crc(part), len(part))
+    assert target.store.get("k") == part
+
+
 def test_list_parts_reports_what_was_sent(target: Target) -> None:
     first, second = os.urandom(PART), os.urandom(PART * 2)
     upload_id = target.uploads.create_upload("k")

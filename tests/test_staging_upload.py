@@ -20,11 +20,11 @@ from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import default_segment_parts
+from braid.agent.limits import buffers_needed, check_part_chunks, default_part_chunks, default_segment_parts
 from braid.agent.resume import part_matches
 from braid.agent.throttle import TokenBucket
 from braid.agent.uploader import StagingUpload
-from braid.errors import AlreadyExistsError, InputError, NotFoundError, StorageError, UsageError
+from braid.errors import AlreadyExistsError, InputError, IntegrityError, NotFoundError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.staging import (
@@ -68,6 +68,7 @@ class S3Calls:
     crash_after: int | None = None
     retry_sleeps: list[float] = field(default_factory=list)  # the client's backoff, recorded instead of slept
     retries: list[dict[str, Any]] = field(default_factory=list)  # what the client reported to progress
+    part_sizes: list[int] = field(default_factory=list)  # Content-Length of each UploadPart let through to S3
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def before_send(self, request: Any, **_: Any) -> AWSResponse | None:
@@ -79,6 +80,7 @@ class S3Calls:
                 self.slowdowns_left -= 1
                 body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
                 return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw(body))
+            self.part_sizes.append(int(request.headers["Content-Length"]))
         return None
 
     def after_call(self, http_response: Any, **_: Any) -> None:
@@ -175,11 +177,17 @@ def resume(store: ObjectStore, uploads: MultipartStore | None = None, **override
     return StagingUpload.resume(StagingArea(store, REF), uploads or uploads_of(store), **options(**overrides))
 
 
+def least_concurrency(inputs: int, part_chunks: int) -> int:
+    """Our usual 3, or the least that fills parts of `part_chunks` chunks (the tightest memory the agent allows)."""
+    return max(3, buffers_needed(inputs, part_chunks) - inputs - 1)
+
+
 def run(
     store: ObjectStore,
     streams: list[bytes],
     *,
     segment_parts: int = 4,
+    part_chunks: int = 1,
     feeder: Feeder | None = None,
     uploads: MultipartStore | None = None,
     **overrides: Any,
@@ -192,7 +200,8 @@ def run(
         chunk_size=CHUNK,
         level=3,
         segment_parts=segment_parts,
-        **options(**overrides),
+        part_chunks=part_chunks,
+        **options(**{"concurrency": least_concurrency(len(streams), part_chunks), **overrides}),
     )
     with upload:
         (feeder or Feeder()).feed(upload, streams)
@@ -209,15 +218,27 @@ def reassemble(store: ObjectStore, input_index: int) -> bytes:
     return b"".join(store.get(r.key) for r in records(store) if r.input_index == input_index)
 
 
+def crc(data: bytes) -> str:
+    return encode_crc64nvme(crc64nvme(data))
+
+
 def stream(size: int, seed: int = 1) -> bytes:
     return random.Random(seed).randbytes(size)
 
 
-def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls]) -> None:
+# Chunks per staging part: one (as agents before wrote), and three, so segments
+# of 4 chunks have a full part and a short one, and an input may end mid-part.
+PART_CHUNKS = [1, 3]
+# S3 parts of segments of 4 chunks holding 4, 4 and 2 chunks.
+PARTS_OF_10_CHUNKS = {1: 10, 3: 2 + 2 + 1}
+
+
+@pytest.mark.parametrize("part_chunks", PART_CHUNKS)
+def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls], part_chunks: int) -> None:
     store, calls = s3
-    data = stream(CHUNK * 9 + 1234)  # 10 parts: segments of 4, 4 and 2
+    data = stream(CHUNK * 9 + 1234)  # 10 chunks: segments of 4, 4 and 2
     progress: list[dict[str, Any]] = []
-    upload, end = run(store, [data], progress=progress.append)
+    upload, end = run(store, [data], part_chunks=part_chunks, progress=progress.append)
     assert reassemble(store, 0) == data
     found = records(store)
     assert [(r.segment, r.parts, r.offset, r.length) for r in found] == [
@@ -238,20 +259,26 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls]) -> None:
     assert StreamEnd.from_bytes(store.get(stream_end_key(REF))) == end
     session = SessionRecord.from_bytes(store.get(session_key(REF)))
     assert (session.repository, session.chunk_size, session.segment_parts, session.inputs, session.level) == (REPOSITORY_ID, CHUNK, 4, ["/pipe0"], 3)
-    assert calls.uploads_ok == 10
-    assert progress[-1]["bytes_uploaded"] == len(data) and progress[-1]["parts_uploaded"] == 10
+    assert session.part_chunks == part_chunks
+    assert calls.uploads_ok == PARTS_OF_10_CHUNKS[part_chunks]
+    assert progress[-1]["bytes_uploaded"] == len(data) and progress[-1]["parts_uploaded"] == PARTS_OF_10_CHUNKS[part_chunks]
+    assert progress[-1]["chunks"] == 10
     assert progress[-1]["segments_completed"] == 3
+    # Parts of part_chunks chunks (a segment's last may hold fewer), each sent with its combined CRC, which S3 checked.
+    wanted = [min(part_chunks * CHUNK, r.length - i) for r in found for i in range(0, r.length, part_chunks * CHUNK)]
+    assert sorted(calls.part_sizes) == sorted(wanted)
     assert store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
 
 
-def test_two_inputs_of_unequal_size_and_an_empty_one(s3: tuple[S3Store, S3Calls]) -> None:
+@pytest.mark.parametrize("part_chunks", PART_CHUNKS)
+def test_two_inputs_of_unequal_size_and_an_empty_one(s3: tuple[S3Store, S3Calls], part_chunks: int) -> None:
     store, _ = s3
     big, small = stream(CHUNK * 5 + 7, seed=2), stream(CHUNK - 1, seed=3)
-    _, end = run(store, [big, small, b""], segment_parts=2)
+    _, end = run(store, [big, small, b""], segment_parts=4 if part_chunks > 1 else 2, part_chunks=part_chunks)
     assert reassemble(store, 0) == big
     assert reassemble(store, 1) == small
     assert reassemble(store, 2) == b""
-    assert end == StreamEnd(lengths=[len(big), len(small), 0], segments=[3, 1, 0])
+    assert end == StreamEnd(lengths=[len(big), len(small), 0], segments=[3, 1, 0] if part_chunks == 1 else [2, 1, 0])
 
 
 def test_input_ending_on_a_segment_boundary(s3: tuple[S3Store, S3Calls]) -> None:
@@ -513,3 +540,153 @@ def test_the_uploader_needs_only_ports_a_directory_and_the_fake_will_do(tmp_path
     assert reassemble(store, 0) == data
     assert [r.checksum for r in records(store)] == [stored_checksum(store.get(r.key)) for r in records(store)]
     assert list(uploads.list_uploads("")) == []
+
+
+# -- staging parts of several chunks ------------------------------------------------
+
+
+def test_part_chunks_follow_the_agents_buffers() -> None:
+    """Parts of up to 256 MiB, shrunk until every input's unfinished part and 3 parts being sent fit in
+    (inputs + concurrency + 1) buffers; a resumed upload with too little --concurrency is refused."""
+    mib = 1024**2
+    assert default_part_chunks(64 * mib, 1, 8) == 2  # the defaults: 128 MiB parts, 4 of them in flight
+    assert default_part_chunks(64 * mib, 2, 8) == 2
+    assert default_part_chunks(64 * mib, 4, 8) == 1
+    assert default_part_chunks(64 * mib, 1, 1) == 1
+    assert [default_part_chunks(64 * mib, 1, c) for c in (9, 10, 13, 14, 64)] == [2, 3, 3, 4, 4]  # 256 MiB at most
+    assert default_part_chunks(8 * mib, 1, 38) == 10  # (1 + 3) x 10 = 40 buffers = 1 + 38 + 1
+    assert default_part_chunks(2 * 1024 * mib, 1, 64) == 1  # no part beyond 5 GiB
+    for inputs in (1, 2, 3, 8):
+        for concurrency in (1, 2, 5, 8, 16, 64):
+            chunks = default_part_chunks(64 * mib, inputs, concurrency)
+            assert (inputs + 3) * chunks <= inputs + concurrency + 1 or chunks == 1
+            check_part_chunks(chunks, inputs, concurrency)
+    with pytest.raises(UsageError, match="use --concurrency 6 or more"):
+        check_part_chunks(4, 1, 5)
+    store = S3Store(client=None, bucket="b")
+    session = SessionRecord("db@x", "s3://b", CHUNK, 4, 3, ["-"], "now", part_chunks=4)
+    with pytest.raises(UsageError, match="use --concurrency 6 or more"):
+        StagingUpload(StagingArea(store, REF), S3Multipart(store), session, concurrency=2, min_part_size=SMALL_PART)
+    with pytest.raises(UsageError, match="outside S3's part sizes"):
+        StagingUpload(StagingArea(store, REF), S3Multipart(store), SessionRecord("db@x", "s3://b", 2 * 1024**3, 4, 3, ["-"], "now", part_chunks=3))
+
+
+def test_session_keeps_part_chunks_and_reads_old_sessions() -> None:
+    grouped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=4)
+    assert SessionRecord.from_bytes(grouped.to_bytes()) == grouped
+    old = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now")
+    assert b"part_chunks" not in old.to_bytes()  # written as agents that sent one chunk per part wrote it
+    assert SessionRecord.from_bytes(old.to_bytes()).part_chunks == 1
+    with pytest.raises(IntegrityError, match="impossible settings"):
+        SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=0).check(REF, "session.json")
+
+
+def test_memory_bound_with_grouped_parts_in_the_agents_own_buffers(s3: tuple[S3Store, S3Calls]) -> None:
+    """Two inputs read in turn from exactly (inputs + concurrency + 1) buffers, parts of 2 chunks, slow uploads: no deadlock."""
+    store, calls = s3
+    def slow_upload(**_: Any) -> None:
+        threading.Event().wait(0.005)  # uploads slower than the reader: buffers run short
+
+    store.client.meta.events.register("before-send.s3.UploadPart", slow_upload)
+    feeder = Feeder()
+    streams = [stream(CHUNK * 13, seed=4), stream(CHUNK * 6 + 5, seed=5)]
+    concurrency = least_concurrency(2, 2)
+    assert concurrency == 3
+    done = threading.Event()
+    result: list[Any] = []
+
+    def go() -> None:
+        upload = StagingUpload.start(
+            StagingArea(store, REF), uploads_of(store), repository_id=REPOSITORY_ID, inputs=["/p0", "/p1"], chunk_size=CHUNK, level=3,
+            segment_parts=4, part_chunks=2, **options(concurrency=concurrency),
+        )
+        with upload:
+            feeder.feed(upload, streams, pool_size=2 + concurrency + 1)
+            result.append((upload, upload.finish()))
+        done.set()
+
+    worker = threading.Thread(target=go, daemon=True)
+    worker.start()
+    assert done.wait(60), "the reader and the uploader deadlocked (or the upload failed)"
+    upload, end = result[0]
+    assert reassemble(store, 0) == streams[0] and reassemble(store, 1) == streams[1]
+    assert end.segments == [4, 2]
+    assert feeder.peak_held <= 2 + concurrency + 1 and feeder.held == 0
+    assert upload.peak_in_flight <= concurrency + 2
+    # Input 0: 13 chunks in segments of 4, 4, 4 and 1 (parts 2+2, 2+2, 2+2, 1); input 1: 7 chunks, the last of
+    # 5 bytes, in segments of 4 and 3 (parts 2+2, 2+1).
+    assert calls.uploads_ok == 7 + 4
+    assert sorted(calls.part_sizes) == sorted([2 * CHUNK] * 9 + [CHUNK, 5])
+
+
+@pytest.mark.parametrize("crash_after", [1, 3, 4])
+def test_resume_of_grouped_parts_sends_only_missing_parts(s3: tuple[S3Store, S3Calls], crash_after: int) -> None:
+    """Killed after some 2-chunk parts were sent (mid-segment, at a segment's end): the resumed run sends only the rest."""
+    store, calls = s3
+    data = stream(CHUNK * 16 + 999)  # 17 chunks: segments of 4, 2-chunk parts: 2+2+2+2+1 = 9 parts
+    calls.crash_after = crash_after
+    with pytest.raises(Crash):
+        run(store, [data], segment_parts=4, part_chunks=2)
+    stored = calls.uploads_ok
+    assert stored >= crash_after - 0 and store.head(stream_end_key(REF)) is None
+    calls.crash_after = None
+    calls.uploads_sent = calls.uploads_ok = 0
+    calls.part_sizes.clear()
+
+    upload = resume(store, inputs=["/pipe0"])
+    assert upload.part_chunks == 2  # from the session, whatever the defaults are now
+    with upload:
+        Feeder().feed(upload, [data])
+        end = upload.finish()
+    assert calls.uploads_ok == 9 - stored and upload.parts_skipped == stored
+    assert end == StreamEnd(lengths=[len(data)], segments=[5])
+    assert reassemble(store, 0) == data
+    assert [r.parts for r in records(store)] == [4, 4, 4, 4, 1]
+    assert list(uploads_of(store).list_uploads("")) == []
+
+
+def test_resume_of_grouped_parts_resends_a_part_that_differs(tmp_path: Any) -> None:
+    """Over the fake: a stored 2-chunk part whose second chunk differs from the re-read one is sent again."""
+    store = LocalStore(tmp_path / "repo")
+    data = stream(CHUNK * 6 + 77)
+    uploads = CrashingMultipart(store, crash_after=1)  # one part of segment 0 stored, then the agent dies
+    with pytest.raises(Crash):
+        run(store, [data], uploads=uploads, part_chunks=2)
+    (open_upload,) = list(uploads.list_uploads(""))
+    (part,) = list(uploads.list_parts(open_upload.key, open_upload.upload_id))
+    tampered = data[:CHUNK] + bytes([data[CHUNK] ^ 1]) + data[CHUNK + 1 : 2 * CHUNK]
+    uploads.crash_after = None
+    uploads.upload_part(open_upload.key, open_upload.upload_id, part.number, [tampered[:CHUNK], tampered[CHUNK:]], crc(tampered))
+    uploads.calls.clear()
+    upload = resume(store, uploads, inputs=["/pipe0"])
+    with upload:
+        Feeder().feed(upload, [data])
+        upload.finish()
+    assert uploads.calls.count("upload_part") == 4 and upload.parts_skipped == 0  # 2 + 2 parts, the differing one again
+    assert reassemble(store, 0) == data
+
+
+def test_a_failure_frees_the_chunks_still_waiting_for_their_part(s3: tuple[S3Store, S3Calls]) -> None:
+    """Every UploadPart fails: the chunks read towards a part that is never sent go back to the reader too."""
+    store, calls = s3
+    calls.always_fail = True
+    feeder = Feeder()
+    with pytest.raises(StorageError, match="SlowDown"):
+        run(store, [stream(CHUNK * 11)], part_chunks=3, feeder=feeder)
+    assert feeder.held == 0 and records(store) == []
+
+
+def test_a_part_body_over_several_buffers_rewinds_for_retries() -> None:
+    from braid.adapters.aws.s3_body import request_body
+
+    pieces = [memoryview(bytearray(b"abc")), b"", memoryview(b"defgh"), bytearray(b"ij")]
+    body = request_body(pieces)
+    assert len(body) == 10
+    assert body.read(2) == b"abc"  # a read answers up to 1 MiB, within one buffer
+    assert body.read() == b"defghij"
+    body.seek(0)
+    out = bytearray(7)
+    assert body.readinto(out) == 7 and bytes(out) == b"abcdefg"
+    assert [body.read(100), body.read(100), body.read(100)] == [b"h", b"ij", b""]  # one buffer per read, then the end
+    body.seek(-4, io.SEEK_END)
+    assert body.tell() == 6 and body.read() == b"ghij"

@@ -8,10 +8,11 @@ in-memory store (`CountingStore`) that counts every request each Lambda
 invocation makes. What is synthetic, and said so:
 
 - the agent: segment records appear when a stream of `stream_mb_s` would
-  have completed them (one 2 GiB segment of 32 × 64 MiB parts at a time,
+  have completed them (one 2 GiB segment of 32 × 64 MiB chunks at a time,
   `braid.agent.limits.default_segment_parts`), its lease is rewritten every
   minute, the stream-end record is written at the end; UploadParts are
-  counted per part (one each, as braid.agent.uploader sends them);
+  counted per part, each of `default_part_chunks` chunks (one input at the
+  default --concurrency: 2 × 64 MiB), as braid.agent.uploader sends them;
 - the workers: an item's requests come from running the real
   `braid.pipeline.worker.process_item` on two small items once
   (`calibrate_worker`: requests per item and per chunk); in the simulation
@@ -48,7 +49,7 @@ from typing import Any
 
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
-from braid.agent.limits import default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
 from braid.errors import AlreadyExistsError, NotFoundError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
@@ -407,13 +408,13 @@ class _Agent:
     def _complete(self, number: int) -> None:
         offset = number * self.seg_bytes
         length = min(self.seg_bytes, self.total - offset)
-        parts = math.ceil(length / self.session.chunk_size)
-        record = SegmentRecord(0, number, segment_key(self.ref, 0, number), offset, length, parts, stored_checksum(b""), [self.crc] * parts)
+        chunks = math.ceil(length / self.session.chunk_size)
+        record = SegmentRecord(0, number, segment_key(self.ref, 0, number), offset, length, chunks, stored_checksum(b""), [self.crc] * chunks)
         self.store.put_sized(record.key, length)  # the completed multipart object (by size)
         self.completed.append(((offset + length) / self.rate, length, record.key))
         self.area.write_segment_record(record)
-        # CreateMultipartUpload, UploadPart per part, CompleteMultipartUpload, the record's PUT.
-        self.requests["PUT"] += 1 + parts + 1 + 1
+        # CreateMultipartUpload, UploadPart per part (of part_chunks chunks), CompleteMultipartUpload, the record's PUT.
+        self.requests["PUT"] += 1 + math.ceil(chunks / self.session.part_chunks) + 1 + 1
 
 
 class _Clock:
@@ -458,7 +459,10 @@ def simulate(
         repository = _repository(store, keys)
         ref = BackupRef.new("sim")
         total = int(tib * TIB)
-        session = SessionRecord(str(ref), repository.config.id, chunk_size, default_segment_parts(chunk_size), 3, ["stdin"], utc_now())
+        session = SessionRecord(
+            str(ref), repository.config.id, chunk_size, default_segment_parts(chunk_size), 3, ["stdin"], utc_now(),
+            part_chunks=default_part_chunks(chunk_size, 1, DEFAULT_CONCURRENCY),
+        )
         StagingArea(store, ref).write_session(session)
         agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
         clock.agent = agent

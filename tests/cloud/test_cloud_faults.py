@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_emulated_e2e import BRAID, Emulator, Run, braid, parts_of, ref_prefix, staged_parts
+from test_emulated_e2e import BRAID, Emulator, Run, braid, chunks_of, parts_of, ref_prefix, staged_parts
 
 from braid.format.chunk import ChunkHeader
 from braid.format.keys import DataKey
@@ -191,9 +191,9 @@ def test_a_backup_and_restore_through_s3_faults_on_every_request_kind_come_out_i
     # (a HEAD has no body to carry an error code: its 500 or 503 is reported by status)
     assert retries and {e["reason"] for e in retries} <= {"InternalError", "SlowDown", "500", "503", "ConnectionClosedError"}, retries
     done = faulted.backup.events("done")[-1]
-    assert (done["plaintext_bytes"], done["chunks"]) == (sum(map(len, faulted.inputs)), parts_of(list(map(len, faulted.inputs))))
+    assert (done["plaintext_bytes"], done["chunks"]) == (sum(map(len, faulted.inputs)), chunks_of(list(map(len, faulted.inputs))))
     stored = staged_parts(emulator, ref_prefix(faulted.ref))
-    assert len(stored) == len(set(stored)) == done["chunks"]  # each part stored once, faults or not
+    assert len(stored) == len(set(stored)) == parts_of(list(map(len, faulted.inputs)))  # each part stored once, faults or not
     nothing_staged(emulator, faulted.ref)
     verified = braid(emulator, "restore-faults", "verify", faulted.ref, "--deep")
     assert verified.code == 0, verified.stderr
@@ -290,7 +290,7 @@ def test_an_agent_killed_at_random_points_resumes_without_resending_a_stored_par
     """Killed mid-upload (after a random number of parts), while waiting for the pipeline, and
     while waiting with the pipeline then finishing alone: each --resume ends with the backup."""
     rng = random.Random(2026)
-    inputs = [os.urandom(11 * MiB + 5), os.urandom(6 * MiB)]
+    inputs = [os.urandom(21 * MiB + 5), os.urandom(6 * MiB)]  # 5 and 2 chunks: 3 + 1 parts of 2 chunks
     points: list[tuple[str, int | str]] = [("parts", rng.randint(1, parts_of([len(d) for d in inputs]) - 2)), ("waiting", "running"), ("waiting", "finished")]
     faults(emulator, rate=0.05, seed=3, callers="agent")
 
@@ -331,7 +331,7 @@ def test_nonces_never_repeat_within_a_cloud_backup(emulator: Emulator, faulted: 
         header, _ = ChunkHeader.unpack(stored, key)
         assert (header.backup, header.index) == (faulted.ref, int(key.rsplit("/", 1)[1]))
         nonces[header.nonce] = key
-    assert len(keys) == parts_of(list(map(len, faulted.inputs))) == len(nonces)
+    assert len(keys) == chunks_of(list(map(len, faulted.inputs))) == len(nonces)
 
 
 def json_documents(blob: bytes) -> list[dict[str, Any]]:

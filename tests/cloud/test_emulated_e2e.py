@@ -29,6 +29,8 @@ from typing import Any
 import boto3
 import pytest
 
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "scripts" / "emulated-aws"
 BRAID = ROOT / ".venv" / "bin" / "braid"
@@ -261,8 +263,19 @@ def restore_two(emulator: Emulator, tmp: Path, caller: str, ref: str) -> list[by
     return [reader.data, target.read_bytes()]
 
 
-def parts_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
+def chunks_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
     return sum(-(-size // chunk) for size in sizes)
+
+
+def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int = DEFAULT_CONCURRENCY) -> int:
+    """Staging parts the agent sends at its defaults: `default_part_chunks` chunks each (a segment's last may hold fewer)."""
+    per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_parts(chunk)
+    parts = 0
+    for size in sizes:
+        chunks = -(-size // chunk)
+        for first in range(0, chunks, per_segment):
+            parts += -(-min(per_segment, chunks - first) // per_part)
+    return parts
 
 
 # -- IAM: every request of a role's commands, allowed by the stack's policy for it -----
@@ -387,7 +400,7 @@ def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(clo
     ref = run.summary["backup"]
     assert ref.startswith("pg@") and run.errors == []
     done = run.events("done")[-1]
-    assert (done["plaintext_bytes"], done["chunks"], done["inputs"]) == (sum(map(len, inputs)), parts_of(list(map(len, inputs))), 2)
+    assert (done["plaintext_bytes"], done["chunks"], done["inputs"]) == (sum(map(len, inputs)), chunks_of(list(map(len, inputs))), 2)
     assert restore_two(cloud, tmp_path, "restore-pipes", ref) == inputs
 
     listed = braid(cloud, "restore-pipes", "list", "--json")
@@ -449,12 +462,15 @@ def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emu
 
 def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(cloud: Emulator, tmp_path: Path) -> None:
     inputs = [stream_bytes(27 * MiB + 99, 4), stream_bytes(8 * MiB, 5)]
-    # Each writer stops after whole chunks, so exactly those parts can be uploaded before the kill.
+    # Parts of 2 chunks (two inputs at the default --concurrency). Each writer stops after whole chunks,
+    # so exactly those parts can be uploaded before the kill: input 0's first (chunks 1-2; chunk 3 waits
+    # for chunk 4); input 1's first chunk waits for the rest of its part, which only the resumed run reads.
+    assert default_part_chunks(5 * MiB, 2, DEFAULT_CONCURRENCY) == 2
     first = [PipeWriter(tmp_path / "in0", inputs[0], pause_after=15 * MiB), PipeWriter(tmp_path / "in1", inputs[1], pause_after=5 * MiB)]
     args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--input", str(first[0].path), "--input", str(first[1].path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while len(staged_parts(cloud, "staging/resumed/")) < 4:
+    while len(staged_parts(cloud, "staging/resumed/")) < 1:
         assert agent.poll() is None, agent.communicate()
         assert time.monotonic() < deadline, "the agent did not upload the first parts"
         time.sleep(0.05)
@@ -489,7 +505,7 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert huge.code == 2 and "--chunk-size 128 MiB is more than the cloud pipeline's worker can hold" in huge.errors[-1], huge.stderr
     assert "the largest allowed is 94 MiB" in huge.errors[-1]
     before = staged_parts(cloud, ref_prefix(ref))
-    assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", p) for p in (1, 2, 3)] + [(f"{ref_prefix(ref)}in1/seg00000", 1)]
+    assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", 1)]
 
     again = [PipeWriter(tmp_path / "in0", inputs[0]), PipeWriter(tmp_path / "in1", inputs[1])]
     run = braid(cloud, "agent-resume", "backup", "--resume", ref, "--json", "--input", str(again[0].path), "--input", str(again[1].path))
@@ -502,13 +518,13 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
     assert len(before) + len(after) == parts_of(list(map(len, inputs)))
     (end,) = run.events("stream-end")
-    assert (end["parts_skipped"], end["parts_uploaded"]) == (4, len(after))
+    assert (end["parts_skipped"], end["parts_uploaded"]) == (1, len(after)) == (1, 3)  # input 0's last two parts, input 1's only one
     assert restore_two(cloud, tmp_path, "restore-resume", ref) == inputs
     assert_within_policy(cloud, "agent-resume", "agent")
 
 
 def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path) -> None:
-    writer = PipeWriter(tmp_path / "in0", stream_bytes(12 * MiB, 13), pause_after=5 * MiB)
+    writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 13), pause_after=10 * MiB)  # one whole part of 2 chunks
     args = ["backup", "--name", "interrupted", "--chunk-size", CHUNK, "--input", str(writer.path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from braid.errors import StorageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, tagged_checksum
-from braid.ports.multipart import OpenUpload, SentPart, StoredPart, UploadGoneError
+from braid.ports.multipart import OpenUpload, SentPart, StoredPart, UploadGoneError, part_pieces
 from braid.ports.store import Buffer, ObjectStore
 
 
@@ -51,8 +51,8 @@ class MemoryMultipart:
             self._uploads[upload_id] = _Upload(key)
             return upload_id
 
-    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer, checksum: str) -> str:
-        body = bytes(data)
+    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer | Sequence[Buffer], checksum: str) -> str:
+        body = b"".join(bytes(piece) for piece in part_pieces(data))
         if not 1 <= number <= 10_000:
             raise StorageError(f"part number {number} of {key} is outside 1..10000")
         if encode_crc64nvme(crc64nvme(body)) != checksum:

@@ -56,6 +56,9 @@ PRICES = {
     "sfn_express_request": PRICE_TABLE.prices["sfn_express_request"],
     "sfn_express_gb_s": PRICE_TABLE.prices["sfn_express_gb_second"],
     "kms_request": PRICE_TABLE.prices["kms_request"],
+    # DELETE (DeleteObject, DeleteObjects) and CANCEL (AbortMultipartUpload) requests are free:
+    # https://aws.amazon.com/s3/pricing/ ("DELETE and CANCEL requests are free"); the S3 FAQ
+    # (https://aws.amazon.com/s3/faqs/) prices 1,000,000 DELETE requests at $0.00. So DELETE is not priced below.
 }
 
 # Assumptions (stated in the output); the simulation's own are in bench_lib.scale_sim.
@@ -212,7 +215,7 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
     requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
-    put_class = requests["PUT"] + requests["LIST"] + requests["DELETE"]
+    put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
     coordinators = sum(i.seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
     workers_started = min(sim.workers, sim.items)
@@ -328,9 +331,11 @@ def run(ctx: Context) -> Section:
         " (process_item), history events and state transitions, rounds, items; measured: worker CPU per chunk (this machine, scaled"
         " by --arm-speed), the coordinators' Python CPU; assumed: request latency, map start, S3 throughput in Lambda, prices, logs"
     )
+    part_chunks = scale_sim.default_part_chunks(chunk, 1, scale_sim.DEFAULT_CONCURRENCY)
     notes.append(
-        "per-chunk costs no grouping removes: the agent's UploadPart and the worker's chunk PUT, "
-        f"${2 * (TIB // chunk) * PRICES['s3_put_class']:.3f}/TiB together at {chunk // 2**20} MiB chunks"
+        f"per-chunk PUT-class requests: the agent's UploadPart, one per {part_chunks} chunks (one input at the default --concurrency), "
+        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's chunk PUT, "
+        f"${(TIB // chunk) * PRICES['s3_put_class']:.3f}/TiB, at {chunk // 2**20} MiB chunks"
     )
     section.notes = notes
     return section

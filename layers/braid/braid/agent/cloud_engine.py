@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from braid.agent.limits import check_worker_chunk_size
+from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
@@ -29,12 +29,13 @@ from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
-from braid.format.layout import chunk_key, data_prefix
+from braid.format.layout import data_prefix
 from braid.format.lease import heartbeat_seconds
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
+from braid.format.stored import stored_objects
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore, UploadGoneError
@@ -48,7 +49,7 @@ ABANDON_WAIT_SECONDS = 120.0
 
 @dataclass(frozen=True)
 class CloudOptions:
-    concurrency: int = 8
+    concurrency: int = DEFAULT_CONCURRENCY
     rate_limit: float | None = None
     fan_out: int = DEFAULT_MAX_CONCURRENCY
     wait: bool = True
@@ -61,7 +62,7 @@ class CloudOptions:
     def from_cli(cls, args: Any) -> CloudOptions:
         """From `braid backup`/`status` arguments; what a command does not take keeps its default."""
         return cls(
-            concurrency=getattr(args, "concurrency", None) or 8,
+            concurrency=getattr(args, "concurrency", None) or DEFAULT_CONCURRENCY,
             rate_limit=getattr(args, "rate_limit_bytes", None),
             fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
             wait=not getattr(args, "no_wait", False),
@@ -336,16 +337,15 @@ class CloudEngine:
         """Every chunk present with its recorded size: one LIST per 1,000 chunks, no key needed."""
         ref = BackupRef.parse(manifest.backup)
         sizes = {info.key: info.size for info in self.store.list(data_prefix(ref))}
-        for chunk in manifest.chunks():
-            key = chunk_key(ref, chunk.index)
-            if sizes.get(key) != chunk.stored_length:
-                raise IntegrityError(f"published backup {ref}: chunk {chunk.index} is missing or has the wrong size in {self.store.url}")
+        for stored in stored_objects(manifest):
+            if sizes.get(stored.key) != stored.size:
+                raise IntegrityError(f"published backup {ref}: chunk {stored.chunks[0]} is missing or has the wrong size in {self.store.url}")
 
 
 def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:
     """The uploader's counters as an `upload` event: `bytes` and `chunks` staged so far, as every engine counts them."""
     counters = {k: v for k, v in snapshot.items() if k != "phase"}
-    staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters["parts_uploaded"] + counters["parts_skipped"]}
+    staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters.pop("chunks")}  # a part holds several chunks
     return {"event": "upload", **staged, **counters}
 
 

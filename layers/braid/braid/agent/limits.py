@@ -26,6 +26,18 @@ MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
 MAX_PART_SIZE = 5 * 1024**3
 MAX_OBJECT_SIZE = 5 * 1024**4
 SEGMENT_TARGET_BYTES = 2 * 1024**3
+DEFAULT_CONCURRENCY = 8  # --concurrency: chunks in flight
+# A staging part of up to this many bytes holds several chunks: S3 bills each
+# UploadPart, so k chunks per part cut the agent's request cost by k (2 at the
+# default --concurrency, 4 with more buffers); the worker still reads one chunk
+# per ranged GET (by byte offset).
+PART_TARGET_BYTES = 256 * MiB
+# Parts that must fit in flight beside every input's part being filled: fewer
+# (bigger parts in the same buffers) starve the upload. Measured, scripts/bench
+# cloud at 2 GiB, --concurrency 8: 4-chunk parts (1-2 in flight) uploaded at
+# 0.65x boto3's 64 MiB multipart, 2-chunk parts (3-4 in flight) at 0.91x
+# (one chunk per part: 0.93x).
+MIN_PARTS_IN_FLIGHT = 3
 
 
 def default_segment_parts(chunk_size: int) -> int:
@@ -38,10 +50,51 @@ def default_segment_parts(chunk_size: int) -> int:
     return max(1, min(MAX_PARTS, -(-SEGMENT_TARGET_BYTES // chunk_size)))
 
 
-def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PART_SIZE) -> None:
-    """Refuse chunk and segment sizes S3's multipart uploads cannot hold."""
+def buffers_needed(inputs: int, part_chunks: int) -> int:
+    """Chunk buffers the agent needs so that grouping chunks into parts can never deadlock.
+
+    Each input may hold the chunks of its part still being filled plus the
+    one it reads into (`part_chunks` each), and one whole part must fit
+    beside them to be uploaded, which frees its buffers for the next.
+    """
+    return (inputs + 1) * part_chunks
+
+
+def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
+    """Chunks per staging part: up to PART_TARGET_BYTES, within what the agent's buffers allow.
+
+    --concurrency counts chunks in flight, so memory stays (inputs +
+    concurrency + 1) chunks whatever the part size; a part is sent once all
+    its chunks are read, from their own buffers. The part shrinks (down to
+    one chunk, as before) until every input's part being filled and
+    MIN_PARTS_IN_FLIGHT parts being sent fit in that bound: at the default
+    --concurrency 8, 2 chunks (128 MiB parts) with one or two inputs, 1 with
+    four; with one input, 3 from --concurrency 10 and 4 from 14.
+    """
+    buffers = inputs + concurrency + 1
+    chunks = max(1, min(PART_TARGET_BYTES // chunk_size, MAX_PART_SIZE // chunk_size))
+    while chunks > 1 and (inputs + MIN_PARTS_IN_FLIGHT) * chunks > buffers:
+        chunks -= 1
+    return chunks
+
+
+def check_part_chunks(part_chunks: int, inputs: int, concurrency: int) -> None:
+    """A resumed upload keeps its session's parts: refuse a --concurrency too small to fill them."""
+    buffers = inputs + concurrency + 1
+    if buffers_needed(inputs, part_chunks) > buffers:
+        needed = buffers_needed(inputs, part_chunks) - inputs - 1
+        raise UsageError(
+            f"this upload's staging parts hold {part_chunks} chunks each, which --concurrency {concurrency} with {inputs} input(s)"
+            f" cannot fill without running out of buffers; use --concurrency {needed} or more"
+        )
+
+
+def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PART_SIZE, part_chunks: int = 1) -> None:
+    """Refuse chunk, part and segment sizes S3's multipart uploads cannot hold."""
     if not 0 < chunk_size <= MAX_PART_SIZE:
         raise UsageError(f"chunk size {chunk_size} is outside S3's part sizes (up to 5 GiB)")
+    if not 1 <= part_chunks or part_chunks * chunk_size > MAX_PART_SIZE:
+        raise UsageError(f"staging parts of {part_chunks} x {chunk_size} bytes are outside S3's part sizes (up to 5 GiB)")
     if segment_parts > 1 and chunk_size < min_part_size:
         raise UsageError(f"chunk size {chunk_size} is below S3's minimum part size of {min_part_size} bytes; use --chunk-size 5MiB or more")
     if not 1 <= segment_parts <= MAX_PARTS:

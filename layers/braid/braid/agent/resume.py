@@ -4,8 +4,9 @@ Everything needed lives in the store: the session record, the records of
 completed segments, segment objects completed just before an interruption
 (no record yet), and the parts of open multipart uploads. A resumed agent
 re-reads its inputs from the start (the database tool restarts its stream),
-checks each re-read chunk against what is stored (size and CRC64NVME), and
-uploads only the parts that are missing or differ.
+checks each re-read part (the session's `part_chunks` chunks) against what
+is stored (size and CRC64NVME), and uploads only the parts that are missing
+or differ.
 """
 
 from __future__ import annotations
@@ -24,21 +25,25 @@ from braid.ports.store import ObjectInfo
 _MD5 = re.compile(r"[0-9a-f]{32}")
 
 
-def part_matches(part: StoredPart, data: memoryview, crc: int) -> bool:
-    """Is this stored part exactly the re-read chunk?
+def part_matches(part: StoredPart, data: memoryview | list[memoryview], crc: int) -> bool:
+    """Is this stored part exactly the re-read chunk, or chunks (a list, in order; `crc` is of them all)?
 
     S3 reports each part's CRC64NVME when the upload was created with it.
     Without it (older S3-compatible stores, emulators) a plain-MD5 ETag
     still identifies the bytes; an ETag that is not an MD5 (SSE-KMS) and
     no checksum means we cannot tell, so the part is sent again.
     """
-    if part.size != len(data):
+    pieces = data if isinstance(data, list) else [data]
+    if part.size != sum(len(piece) for piece in pieces):
         return False
     if part.checksum is not None:
         return part.checksum == encode_crc64nvme(crc)
     etag = part.etag.strip('"')
     if _MD5.fullmatch(etag):
-        return hashlib.md5(data, usedforsecurity=False).hexdigest() == etag
+        md5 = hashlib.md5(usedforsecurity=False)
+        for piece in pieces:
+            md5.update(piece)
+        return md5.hexdigest() == etag
     return False
 
 

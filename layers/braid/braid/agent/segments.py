@@ -1,14 +1,19 @@
 """What the uploader knows of each input and segment, and the record a finished segment gets.
 
-A segment's full-object CRC64NVME is combined from its parts' CRCs in part
-order (CRCs combine without re-reading the data), so the record, the
-checksum sent with CompleteMultipartUpload and the check of a segment
-completed before an interruption all come from the parts as they were read.
+A segment is one multipart upload; each of its parts holds `part_chunks`
+consecutive chunks (its last part may hold fewer). Each chunk's CRC64NVME is
+computed as its bytes are read for sending; a part's CRC, a segment's
+full-object CRC are combined from them in order (CRCs combine without
+re-reading the data), so the record (one checksum per chunk, which the
+worker checks its ranged GET against), the checksums sent with UploadPart
+and CompleteMultipartUpload, and the check of a segment completed before
+an interruption all come from the chunks as they were read.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from braid.errors import InputError, StorageError
@@ -20,11 +25,30 @@ from braid.ports.store import ObjectInfo, ObjectStore
 
 @dataclass
 class Part:
-    """A part of the re-read stream: sent (etag), or found already stored."""
+    """A part of the re-read stream: sent (etag), or found already stored; or one chunk of a part (no etag)."""
 
     etag: str | None
     crc: int
     size: int
+
+
+Release = Callable[[], None]
+Chunk = tuple[memoryview, Release]  # a chunk read and not yet sent: its bytes, and how to give its buffer back
+
+
+def combined_crc(pieces: list[Part]) -> int:
+    """The CRC64NVME of the pieces laid end to end, from their own CRCs."""
+    crc = pieces[0].crc
+    for piece in pieces[1:]:
+        crc = combine_crc64nvme(crc, piece.crc, piece.size)
+    return crc
+
+
+def _in_order(found: dict[int, Part], what: str, key: str) -> list[tuple[int, Part]]:
+    numbers = sorted(found)
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise AssertionError(f"segment {key} has {what} {numbers}")  # pragma: no cover
+    return [(n, found[n]) for n in numbers]
 
 
 @dataclass
@@ -36,41 +60,36 @@ class Segment:
     stored: ObjectInfo | None = None  # completed but not recorded (interrupted in between)
     upload_id: str | None = None
     existing: dict[int, StoredPart] = field(default_factory=dict)  # parts of its open upload
-    parts: dict[int, Part] = field(default_factory=dict)
-    submitted: int = 0
-    expected: int | None = None  # known once the segment is full or its input ended
+    parts: dict[int, Part] = field(default_factory=dict)  # by S3 part number (1-based)
+    chunks: dict[int, Part] = field(default_factory=dict)  # by chunk number within the segment (1-based)
+    pending: dict[int, list[Chunk]] = field(default_factory=dict)  # part number -> chunks read, not yet sent
+    submitted: int = 0  # chunks
+    expected: int | None = None  # chunks; known once the segment is full or its input ended
     completing: bool = False
     done: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ordered_parts(self) -> list[tuple[int, Part]]:
-        numbers = sorted(self.parts)
-        if numbers != list(range(1, len(numbers) + 1)):
-            raise AssertionError(f"segment {self.key} has parts {numbers}")  # pragma: no cover
-        return [(n, self.parts[n]) for n in numbers]
+        return _in_order(self.parts, "parts", self.key)
 
     def full_crc(self) -> int:
-        parts = [part for _, part in self.ordered_parts()]
-        crc = parts[0].crc
-        for part in parts[1:]:
-            crc = combine_crc64nvme(crc, part.crc, part.size)
-        return crc
+        return combined_crc([chunk for _, chunk in _in_order(self.chunks, "chunks", self.key)])
 
     def sent_parts(self) -> list[SentPart]:
         return [SentPart(n, part.etag or "", encode_crc64nvme(part.crc)) for n, part in self.ordered_parts()]
 
     def record_of(self, chunk_size: int, segment_parts: int) -> SegmentRecord:
-        """The record of this segment as read now: what the pipeline and a later resume trust."""
-        parts = [part for _, part in self.ordered_parts()]
+        """The record of this segment as read now (per chunk): what the pipeline and a later resume trust."""
+        chunks = [chunk for _, chunk in _in_order(self.chunks, "chunks", self.key)]
         return SegmentRecord(
             input_index=self.input_index,
             segment=self.number,
             key=self.key,
             offset=self.number * segment_parts * chunk_size,
-            length=sum(p.size for p in parts),
-            parts=len(parts),
-            checksum=tagged_checksum(self.full_crc()),
-            part_checksums=[encode_crc64nvme(p.crc) for p in parts],
+            length=sum(c.size for c in chunks),
+            parts=len(chunks),
+            checksum=tagged_checksum(combined_crc(chunks)),
+            part_checksums=[encode_crc64nvme(c.crc) for c in chunks],
         )
 
     def check_same_stream(self, built: SegmentRecord, input_label: str) -> None:

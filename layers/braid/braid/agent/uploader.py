@@ -1,23 +1,34 @@
 """The agent's uploader: raw chunks into multipart staging segments.
 
-The host only moves bytes. Each chunk the reader cuts becomes one part of a
-multipart upload (a "segment", see braid.format.staging); a new segment
-starts every `segment_parts` parts, so a stream of any length fits S3's
-10,000-part limit, and the pipeline can fan out a finished segment while
-later ones still upload. The agent holds no key and calls no KMS.
+The host only moves bytes. The chunks the reader cuts go, `part_chunks` at a
+time, into the parts of a multipart upload (a "segment", see
+braid.format.staging); a new segment starts every `segment_parts` chunks, so
+a stream of any length fits S3's 10,000-part limit, and the pipeline can fan
+out a finished segment while later ones still upload. The agent holds no key
+and calls no KMS. Parts of several chunks (128-256 MiB of 64 MiB chunks) cut
+the UploadPart requests S3 bills by two to four; the worker still reads one
+chunk per ranged GET, by byte offset, so only the agent knows how chunks were
+grouped.
 
 It takes ports only (StagingArea for the records, a MultipartStore for the
 parts), so it runs against S3, moto or an in-memory fake alike. Retries are
 the store client's, reported to progress there; there is no loop here.
 
-Integrity: every part carries its CRC64NVME, which S3 verifies; the
-segment's full-object CRC64NVME (braid.agent.segments) goes with
-CompleteMultipartUpload, so S3 checks the whole object too, and where a
-store does not return the checksum it computed, HEAD tells and we compare.
+Integrity: each chunk's CRC64NVME is computed as its part is sent (one pass
+over its bytes) and recorded per chunk for the worker; every part carries the
+CRC combined from its chunks', which S3 verifies; the segment's full-object
+CRC64NVME (braid.agent.segments) goes with CompleteMultipartUpload, so S3
+checks the whole object too, and where a store does not return the checksum
+it computed, HEAD tells and we compare.
 
-Memory: `submit` blocks while (concurrency + 2) chunks are in flight, and a
-chunk's buffer goes back to the reader (its `release` callback) as soon as
-the part is stored, so memory is bounded whatever the stream length.
+Memory: `--concurrency` counts chunks in flight, whether waiting for the rest
+of their part or being sent: `submit` blocks while (concurrency + 2) are, and
+a part's buffers go back to the reader (their `release` callbacks) as soon as
+the part is stored, so memory is bounded whatever the stream length. A part
+is sent from its chunks' own buffers (never joined), once all are read;
+`part_chunks` is chosen so that every input's unfinished part and three parts
+being sent fit (braid.agent.limits.default_part_chunks; one is enough never to
+deadlock, three keep the upload as fast as one chunk per part).
 
 Resume: braid.agent.resume reads what the store holds; re-read chunks that
 match a stored part are skipped, completed segments are checked as a whole.
@@ -34,9 +45,9 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from braid.agent.limits import MIN_PART_SIZE, check_sizes, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, MIN_PART_SIZE, check_part_chunks, check_sizes, default_part_chunks, default_segment_parts
 from braid.agent.resume import load_staged, part_matches, session_to_resume
-from braid.agent.segments import InputState, Part, Segment, complete_segment_upload
+from braid.agent.segments import Chunk, InputState, Part, Segment, combined_crc, complete_segment_upload
 from braid.agent.throttle import TokenBucket
 from braid.errors import InputError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
@@ -64,7 +75,7 @@ class StagingUpload:
         uploads: MultipartStore,
         session: SessionRecord,
         *,
-        concurrency: int = 8,
+        concurrency: int = DEFAULT_CONCURRENCY,
         rate_limit: float | None = None,
         progress: ProgressFn | None = None,
         min_part_size: int = MIN_PART_SIZE,
@@ -78,7 +89,8 @@ class StagingUpload:
         recorded in the stream-end record as the agent's usage (braid.format.usage)."""
         if concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
-        check_sizes(session.chunk_size, session.segment_parts, min_part_size)
+        check_sizes(session.chunk_size, session.segment_parts, min_part_size, session.part_chunks)
+        check_part_chunks(session.part_chunks, len(session.inputs), concurrency)
         self.area = area
         self.store = area.store
         self.uploads = uploads
@@ -86,6 +98,7 @@ class StagingUpload:
         self.session = session
         self.chunk_size = session.chunk_size
         self.segment_parts = session.segment_parts
+        self.part_chunks = session.part_chunks
         self.concurrency = concurrency
         self.max_in_flight = concurrency + 2
         self._requests = requests
@@ -107,8 +120,9 @@ class StagingUpload:
         self.peak_in_flight = 0
         self.bytes_uploaded = 0
         self.bytes_skipped = 0
-        self.parts_uploaded = 0
+        self.parts_uploaded = 0  # S3 parts
         self.parts_skipped = 0
+        self.chunks_staged = 0  # chunks in parts uploaded or skipped
         self.segments_completed = 0
 
     # ------------------------------------------------------------------ set-up
@@ -124,15 +138,21 @@ class StagingUpload:
         chunk_size: int,
         level: int,
         segment_parts: int | None = None,
+        part_chunks: int | None = None,
         **options: Any,
     ) -> StagingUpload:
         """Begin a new backup's staging: writes the session record first, create-only.
 
         `repository_id` is the repository config's id: the pipeline checks the
         session against it and binds the data key and manifest to it.
+        `part_chunks` defaults to what the inputs and --concurrency allow
+        (braid.agent.limits.default_part_chunks); the session keeps it, so a
+        resumed upload sends its parts as the first run did.
         """
         if not inputs:
             raise UsageError("a backup needs at least one input")
+        if part_chunks is None:
+            part_chunks = default_part_chunks(chunk_size, len(inputs), options.get("concurrency", DEFAULT_CONCURRENCY))
         session = SessionRecord(
             backup=str(area.ref),
             repository=repository_id,
@@ -141,6 +161,7 @@ class StagingUpload:
             level=level,
             inputs=list(inputs),
             created=utc_now(),
+            part_chunks=part_chunks,
         )
         upload = cls(area, uploads, session, **options)
         try:
@@ -189,7 +210,8 @@ class StagingUpload:
 
         Blocks while (concurrency + 2) chunks are in flight. `release` is
         called exactly once, from any thread, when the buffer is no longer
-        needed: after its part is stored, skipped, or abandoned. Raises the
+        needed: after its part is stored, skipped, or abandoned. A chunk
+        that completes its part (or its segment) sends the part. Raises the
         upload's error once it has failed (after releasing the buffer).
         """
         try:
@@ -201,18 +223,32 @@ class StagingUpload:
             release()
             raise
         with self._lock:
-            state = self._inputs[input_index]
-            state.next_number = number + 1
-            state.length += len(data)
-            state.short_seen = len(data) < self.chunk_size
-            segment = self._segment(input_index, number // self.segment_parts)
-            segment.submitted += 1
-            if segment.submitted == self.segment_parts:
-                segment.expected = self.segment_parts
-            self.in_flight += 1
-            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            self._outstanding += 1
-        self._pool.submit(self._part_task, segment, number % self.segment_parts + 1, data, release)
+            if self._failed.is_set():  # failed since the check above: _drop_pending may have run already
+                late = True
+            else:
+                late = False
+                self._accept(input_index, number, data, release)
+        if late:
+            self._slots.release()
+            release()
+            self._raise_if_failed()
+
+    def _accept(self, input_index: int, number: int, data: memoryview, release: Release) -> None:
+        """Under the lock: count the chunk in, add it to its part, and send the part if the chunk completes it."""
+        state = self._inputs[input_index]
+        state.next_number = number + 1
+        state.length += len(data)
+        state.short_seen = len(data) < self.chunk_size
+        segment = self._segment(input_index, number // self.segment_parts)
+        segment.submitted += 1
+        if segment.submitted == self.segment_parts:
+            segment.expected = self.segment_parts
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        part_number = (number % self.segment_parts) // self.part_chunks + 1
+        segment.pending.setdefault(part_number, []).append((data, release))
+        if len(segment.pending[part_number]) == self.part_chunks or segment.submitted == segment.expected:
+            self._pool.submit(self._part_task, segment, part_number, self._take_part(segment, part_number))
 
     def end_input(self, input_index: int, length: int) -> None:
         """Input `input_index` ended after `length` bytes: its last segment can complete."""
@@ -226,7 +262,11 @@ class StagingUpload:
             last = state.segments.get((state.next_number - 1) // self.segment_parts) if state.next_number else None
             if last is not None and last.expected is None:
                 last.expected = last.submitted
+            # The input's last part, if it ended before filling it.
+            tail = [(n, self._take_part(last, n)) for n in sorted(last.pending)] if last is not None else []
             ready = self._take_ready(last) if last is not None else None
+        for part_number, chunks in tail:
+            self._pool.submit(self._part_task, last, part_number, chunks)  # type: ignore[arg-type]
         if ready is not None:
             self._schedule_completion(ready)
 
@@ -240,36 +280,56 @@ class StagingUpload:
 
     # --------------------------------------------------------------- uploading
 
-    def _part_task(self, segment: Segment, part_number: int, data: memoryview, release: Release) -> None:
+    def _take_part(self, segment: Segment, part_number: int) -> list[Chunk]:
+        """Under the lock: a part's chunks, handed from `pending` to a pool task (counted as outstanding)."""
+        self._outstanding += 1
+        return segment.pending.pop(part_number)
+
+    def _part_task(self, segment: Segment, part_number: int, chunks: list[Chunk]) -> None:
         ready: Segment | None = None
         try:
             if self._failed.is_set():
                 raise _Cancelled()
-            crc = crc64nvme(data)
+            views = [data for data, _ in chunks]
+            pieces = [Part(None, crc64nvme(data), len(data)) for data in views]  # each chunk's CRC, as it is read for sending
+            crc, size = combined_crc(pieces), sum(p.size for p in pieces)
             etag: str | None = None
             existing = segment.existing.get(part_number)
             if segment.record is not None or segment.stored is not None:
                 skipped = True  # completed before; checked as a whole when it closes
-            elif existing is not None and part_matches(existing, data, crc):
+            elif existing is not None and part_matches(existing, views, crc):
                 skipped, etag = True, existing.etag
             else:
                 skipped = False
                 upload_id = self._ensure_upload(segment)
                 if self._limiter is not None:
-                    self._limiter.take(len(data))
-                etag = self.uploads.upload_part(segment.key, upload_id, part_number, data, encode_crc64nvme(crc))
+                    self._limiter.take(size)
+                etag = self.uploads.upload_part(segment.key, upload_id, part_number, views, encode_crc64nvme(crc))
             with self._lock:
-                segment.parts[part_number] = Part(etag, crc, len(data))
+                segment.parts[part_number] = Part(etag, crc, size)
+                first = (part_number - 1) * self.part_chunks + 1
+                for offset, piece in enumerate(pieces):
+                    segment.chunks[first + offset] = piece
                 if skipped:
                     self.parts_skipped += 1
-                    self.bytes_skipped += len(data)
+                    self.bytes_skipped += size
                 else:
                     self.parts_uploaded += 1
-                    self.bytes_uploaded += len(data)
+                    self.bytes_uploaded += size
+                self.chunks_staged += len(pieces)
                 ready = self._take_ready(segment)
         except BaseException as exc:  # recorded; finish() raises it
             self._fail(exc)
         finally:
+            self._release(chunks)
+            self._report()
+            if ready is not None:
+                self._complete_quietly(ready)
+            self._task_done()
+
+    def _release(self, chunks: list[Chunk]) -> None:
+        """Give the chunks' buffers back to the reader, and their slots to `submit`."""
+        for _, release in chunks:
             try:
                 release()
             except BaseException as exc:  # the reader's bug must not leak a slot
@@ -277,10 +337,18 @@ class StagingUpload:
             with self._lock:
                 self.in_flight -= 1
             self._slots.release()
-            self._report()
-            if ready is not None:
-                self._complete_quietly(ready)
-            self._task_done()
+
+    def _drop_pending(self) -> None:
+        """After a failure: chunks still waiting for the rest of their part are never sent; free their buffers."""
+        with self._lock:
+            dropped = [chunk for state in self._inputs for segment in state.segments.values() for chunk in self._pop_all(segment)]
+        self._release(dropped)
+
+    @staticmethod
+    def _pop_all(segment: Segment) -> list[Chunk]:
+        chunks = [chunk for number in sorted(segment.pending) for chunk in segment.pending[number]]
+        segment.pending.clear()
+        return chunks
 
     def _ensure_upload(self, segment: Segment) -> str:
         with segment.lock:
@@ -292,7 +360,7 @@ class StagingUpload:
 
     def _take_ready(self, segment: Segment) -> Segment | None:
         """Under the lock: the segment, if it just became complete-able (once)."""
-        if segment.completing or segment.expected is None or len(segment.parts) != segment.expected:
+        if segment.completing or segment.expected is None or len(segment.chunks) != segment.expected:
             return None
         segment.completing = True
         return segment
@@ -347,6 +415,7 @@ class StagingUpload:
             self.abort()
             raise ValueError(f"finish before inputs {open_inputs} ended")
         self._wait_idle()
+        self._drop_pending()  # only after a failure can a part still wait for chunks
         self._shutdown()
         self._raise_if_failed()  # the first error, or "stopped" after abort()
         lengths = [state.length for state in self._inputs]
@@ -376,6 +445,7 @@ class StagingUpload:
     def abort(self, error: BaseException | None = None) -> None:
         """Stop: queued parts are released unsent; what is in the store stays for --resume."""
         self._fail(error or _Cancelled())
+        self._drop_pending()
         self._wait_idle()
         self._shutdown()
 
@@ -444,6 +514,7 @@ class StagingUpload:
                     "bytes_skipped": self.bytes_skipped,
                     "parts_uploaded": self.parts_uploaded,
                     "parts_skipped": self.parts_skipped,
+                    "chunks": self.chunks_staged,
                     "segments_completed": self.segments_completed,
                 }
             self._progress(snapshot)

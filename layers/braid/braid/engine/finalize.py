@@ -19,6 +19,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
+from braid.format.stored import stored_objects
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
 from braid.ops.catalog import write_summary
@@ -95,7 +96,7 @@ def finalize_backup(
     # records that same checksum; reading it back here would add a request
     # per chunk (S3) or only measure the page cache (local).
     check_chunks_listed(store, ref, manifest, when="before publishing")
-    store.sync(chunk_key(ref, c.index) for c in manifest.chunks())
+    store.sync(stored.key for stored in stored_objects(manifest))
     if usage is not None:
         manifest = replace(manifest, usage=usage(manifest))
     sealed = manifest.seal(key)
@@ -130,13 +131,12 @@ def finalize_backup(
 def check_chunks_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest, *, when: str) -> None:
     """Every chunk the manifest names is stored with its recorded size (one LIST per 1,000 chunks)."""
     listed = {info.key: info.size for info in store.list(data_prefix(ref))}
-    for chunk in manifest.chunks():
-        key = chunk_key(ref, chunk.index)
-        size = listed.get(key)
+    for stored in stored_objects(manifest):
+        size, index = listed.get(stored.key), stored.chunks[0]
         if size is None:
-            raise IntegrityError(f"chunk {chunk.index} of backup {ref} is missing from the repository ({key}) {when}")
-        if size != chunk.stored_length:
-            raise IntegrityError(f"chunk {chunk.index} of backup {ref} is {size} bytes, manifest says {chunk.stored_length} ({when})")
+            raise IntegrityError(f"chunk {index} of backup {ref} is missing from the repository ({stored.key}) {when}")
+        if size != stored.size:
+            raise IntegrityError(f"chunk {index} of backup {ref} is {size} bytes, manifest says {stored.size} ({when})")
 
 
 def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest) -> None:
@@ -150,10 +150,10 @@ def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Mani
     collision is avoided or reported, never silent.
     """
     listed = {info.key for info in store.list(data_prefix(ref))}
-    for chunk in manifest.chunks():
-        if chunk_key(ref, chunk.index) not in listed:
+    for stored in stored_objects(manifest):
+        if stored.key not in listed:
             raise IntegrityError(
-                f"chunk {chunk.index} of backup {ref} disappeared while the backup was being published"
+                f"chunk {stored.chunks[0]} of backup {ref} disappeared while the backup was being published"
                 " (a concurrent prune or forget?); the backup was withdrawn: run it again"
             )
 

@@ -55,14 +55,23 @@ class UploadGoneError(StorageError):
     """The store no longer knows the upload: aborted (cleanup, lifecycle) or already completed."""
 
 
+def part_pieces(data: Buffer | Sequence[Buffer]) -> list[Buffer]:
+    """The buffers `upload_part` was given, in order (one, or the list or tuple of several)."""
+    if isinstance(data, (list, tuple)):
+        return list(data)
+    return [data]  # type: ignore[list-item]
+
+
 class MultipartStore(Protocol):
     def create_upload(self, key: str) -> str:
         """Open an upload whose parts and whole carry CRC64NVME (full object); returns its id."""
         ...
 
-    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer, checksum: str) -> str:
+    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer | Sequence[Buffer], checksum: str) -> str:
         """Store part `number` (1-based) with its CRC64NVME (header form), which the store
-        verifies; returns the part's ETag. UploadGoneError if the upload is gone;
+        verifies; returns the part's ETag. `data` is the part's bytes: one buffer, or
+        (a part of several chunks) a list or tuple of buffers that follow each other,
+        sent without being joined. UploadGoneError if the upload is gone;
         StorageError if the store says it kept other bytes."""
         ...
 

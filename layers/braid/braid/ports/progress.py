@@ -112,11 +112,11 @@ EVENTS: dict[str, EventSpec] = {
         ),
         EventSpec(
             "upload",
-            "cloud backup: raw parts staged in S3 (one part per chunk)",
+            "cloud backup: raw parts staged in S3 (a part holds up to 4 chunks, see --concurrency)",
             (
                 _phase(),
                 Field("bytes", "integer", "plaintext bytes staged so far (uploaded, or already there on --resume)"),
-                Field("chunks", "integer", "parts staged so far"),
+                Field("chunks", "integer", "chunks staged so far"),
                 *_totals(),
                 Field("bytes_uploaded", "integer", "bytes uploaded by this run"),
                 Field("bytes_skipped", "integer", "bytes already staged by an interrupted run (--resume)"),

@@ -19,7 +19,7 @@ from braid.adapters.aws.errors import error_code
 from braid.adapters.aws.s3 import DELETE_BATCH, S3Store, batches, checksum_from_response
 from braid.adapters.aws.s3_body import request_body
 from braid.errors import StorageError
-from braid.ports.multipart import OpenUpload, SentPart, StoredPart, UploadGoneError
+from braid.ports.multipart import OpenUpload, SentPart, StoredPart, UploadGoneError, part_pieces
 from braid.ports.store import Buffer
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
@@ -63,7 +63,8 @@ class S3Multipart:
         )
         return str(response["UploadId"])
 
-    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer, checksum: str) -> str:
+    def upload_part(self, key: str, upload_id: str, number: int, data: Buffer | Sequence[Buffer], checksum: str) -> str:
+        pieces = part_pieces(data)
         response = self._call(
             f"uploading part {number} of",
             key,
@@ -73,8 +74,8 @@ class S3Multipart:
                 Key=self.store.object_key(key),
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=request_body(data),
-                ContentLength=len(data),
+                Body=request_body(pieces),
+                ContentLength=sum(memoryview(p).nbytes for p in pieces),
                 ChecksumAlgorithm="CRC64NVME",
                 ChecksumCRC64NVME=checksum,
             ),

@@ -86,28 +86,43 @@ class SessionRecord:
     backup: str
     repository: str
     chunk_size: int
-    segment_parts: int
+    segment_parts: int  # chunks per segment (the name is from when each chunk was one part)
     level: int
     inputs: list[str]  # sources as the user named them
     created: str
+    # Chunks per multipart part of a segment (its last part may hold fewer).
+    # Only the agent reads it, to send a resumed upload's parts as before: the
+    # pipeline reads chunks by byte offset, so `segment_parts` and a segment
+    # record's `parts` and `part_checksums` count chunks whatever this is.
+    # Absent (1) in sessions of agents that sent one chunk per part.
+    part_chunks: int = 1
 
     def to_bytes(self) -> bytes:
-        return _encode(self)
+        doc = asdict(self)
+        if self.part_chunks == 1:
+            del doc["part_chunks"]  # as written before parts held several chunks
+        return canonical_json(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "session.json") -> SessionRecord:
         what = f"staged session {where}"
-        f = Fields(document(raw, what), what, ("backup", "repository", "chunk_size", "segment_parts", "level", "inputs", "created"))
-        return cls(f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_parts"), f.count("level"), f.texts("inputs"), f.text("created"))
+        names = ("backup", "repository", "chunk_size", "segment_parts", "level", "inputs", "created")
+        f = Fields(document(raw, what), what, names, optional=("part_chunks",))
+        part_chunks = f.count("part_chunks") if "part_chunks" in f.doc else 1
+        return cls(
+            f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_parts"), f.count("level"), f.texts("inputs"),
+            f.text("created"), part_chunks,
+        )
 
     def check(self, ref: BackupRef, where: str) -> None:
         """The session is this backup's and its settings can describe a stream."""
         if self.backup != str(ref):
             raise IntegrityError(f"staged session at {where} names {self.backup}, not {ref}")
-        if self.chunk_size < 1 or self.segment_parts < 1 or not self.inputs:
+        if self.chunk_size < 1 or self.segment_parts < 1 or self.part_chunks < 1 or not self.inputs:
             raise IntegrityError(
                 f"staged session of {ref} has impossible settings"
-                f" (chunk size {self.chunk_size}, {self.segment_parts} parts per segment, {len(self.inputs)} inputs)"
+                f" (chunk size {self.chunk_size}, {self.segment_parts} chunks per segment, {self.part_chunks} per part,"
+                f" {len(self.inputs)} inputs)"
             )
 
 
