@@ -54,10 +54,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
-from braid.format.catalog import CatalogSnapshot, open_snapshot
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import (
@@ -75,6 +74,9 @@ from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.summary import BackupSummary, catalog_stamp, open_summary, parse_catalog_stamp
 from braid.ports.store import ObjectStore
+
+if TYPE_CHECKING:
+    from braid.format.catalog import CatalogSnapshot
 
 MARGIN = timedelta(minutes=15)  # writers' clocks and slow PUTs: markers this far before `through` are read again
 PENDING = timedelta(hours=1)  # a snapshot folds in only markers older than this: their manifest had time to appear
@@ -162,6 +164,8 @@ def _confirmed(repository: Repository, ref: BackupRef) -> Entry | None:
 
 def _newest_snapshot(repository: Repository) -> tuple[CatalogSnapshot | None, list[str]]:
     """The newest snapshot that checks, and every snapshot key (oldest first)."""
+    from braid.format.catalog import open_snapshot  # readers only: publishing a backup (write_summary) needs no snapshot
+
     store = repository.store
     keys = [info.key for info in store.list(CATALOG_INDEX)]
     for key in reversed(keys):
@@ -203,6 +207,8 @@ class Catalog:
 
 def _write_snapshot(repository: Repository, entries: Iterable[Entry], through: datetime, old_keys: list[str]) -> str | None:
     """Best effort: a reader without write access (an agent host in the cloud) simply does not cache."""
+    from braid.format.catalog import CatalogSnapshot
+
     store = repository.store
     listed = list(entries)
     summaries = tuple(e for e in listed if isinstance(e, BackupSummary))
