@@ -71,7 +71,7 @@ def test_a_restore_loads_no_checksum_library(tmp_path: Path, repo: Path) -> None
     assert made.code == 0, made.stderr
     modules = loaded(tmp_path, "restore", "--repo", str(repo), "db@latest", "--quiet")
     assert "braid.ops.restore" in modules
-    assert found(modules, CLOUD_AND_TERMINAL + ON_DEMAND + ("awscrt", "braid.engine.local", "braid.engine.driver")) == []
+    assert found(modules, CLOUD_AND_TERMINAL + ON_DEMAND + ("awscrt", "braid.engine.local", "braid.engine.driver", "braid.engine.stream")) == []
 
 
 def test_what_only_some_runs_need_is_loaded_when_they_run(tmp_path: Path) -> None:
