@@ -49,7 +49,7 @@ holds none). Summaries also carry a MAC for those who hold the data key.
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -214,7 +214,7 @@ def _write_snapshot(repository: Repository, entries: Iterable[Entry], through: d
     summaries = tuple(e for e in listed if isinstance(e, BackupSummary))
     unreadable = tuple(str(e.ref) for e in listed if isinstance(e, Unreadable))
     stamp = catalog_stamp(through)
-    key = index_key(stamp, secrets.token_hex(4))
+    key = index_key(stamp, os.urandom(4).hex())
     try:
         store.put(key, CatalogSnapshot(repository.config.id, stamp, summaries, unreadable).to_bytes(), create_only=True)
         stale = [k for k in sorted([*old_keys, key]) if k < key][: -(KEEP_SNAPSHOTS - 1) or None]
