@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from braid.cli.main import main
-from braid.cli.parser import build_parser
+from braid.cli.parser import SUMMARIES, build_parser, fill
 from braid.cli.settings import Settings
 from conftest import run_braid
 
@@ -59,6 +61,36 @@ def test_top_level_help_names_settings_and_global_options(capsys: pytest.Capture
     text = capsys.readouterr().out
     for needle in ("--repo REPO", "--config PATH", "BRAID_<OPTION>", "BRAID_CONFIG", "~/.config/braid/config.toml", "braid --repo /srv/braid list"):
         assert needle in text
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(dict(a.choices) for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_descriptions_wrap_as_textwrap_would() -> None:
+    """The parser fills descriptions without loading textwrap; the result is textwrap's, character for character."""
+    for command, sub in _commands(build_parser()).items():
+        text = sub.description.replace("\n", " ")
+        assert sub.description == textwrap.fill(text, 79, break_on_hyphens=False), command
+    assert fill("a " * 100 + "--an-option-that-stays-whole " * 5) == textwrap.fill("a " * 100 + "--an-option-that-stays-whole " * 5, 79, break_on_hyphens=False)
+
+
+def test_a_run_declares_only_the_commands_it_names_and_lists_them_all() -> None:
+    """`braid backup ...` declares backup's options alone (start-up), yet `braid --help` and usage errors read the same."""
+    whole, partial = build_parser(), build_parser(commands={"backup"})
+    assert partial.format_help() == whole.format_help()
+    assert list(_commands(partial)) == list(_commands(whole)) == list(SUMMARIES)
+    assert _commands(partial)["backup"].format_help() == _commands(whole)["backup"].format_help()
+    assert "--keep-last" not in _commands(partial)["prune"].format_help()
+    assert "--keep-last" in _commands(whole)["prune"].format_help()
+
+
+def test_a_value_that_spells_a_command_still_parses(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Every command word on the line is declared, so the one argparse picks is complete whichever it is."""
+    code, _, err = run(capsys, "--repo", str(tmp_path / "missing"), "backup", "--name", "list", "--level", "20")
+    assert (code, err) == (2, "braid: error: argument --level: --level must be 1..19 (see 'braid backup --help')\n")
+    code, _, err = run(capsys, "--repo", str(tmp_path / "missing"), "list", "--name", "backup")
+    assert code == 3 and "missing" in err, err
 
 
 # -- hints -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
@@ -20,9 +21,11 @@ from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.layout import CONFIG
 from braid.format.lock import ObjectLock
 from braid.format.repository import Repository, RepositoryConfig
-from braid.ops.init import LocalInit, init_kms_repository, init_local_repository, init_store_repository
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
+
+if TYPE_CHECKING:
+    from braid.ops.init import LocalInit
 
 
 def is_s3_url(url: str) -> bool:
@@ -95,6 +98,8 @@ def key_file_path(arg: str | None, repository_id: str) -> Path:
 
 def init_local(url: str, key_file: str | None) -> LocalInit:
     """`braid init` of a directory: the local store and master-key file wired into the use case."""
+    from braid.ops.init import init_local_repository  # the init use cases load only for `braid init`
+
     store = open_store(url)
     root = Path(url).expanduser().absolute()
     return init_local_repository(root, store, LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id))
@@ -102,6 +107,8 @@ def init_local(url: str, key_file: str | None) -> LocalInit:
 
 def init_store_with_key_file(url: str, key_file: str | None, object_lock: ObjectLock | None = None) -> LocalInit:
     """`braid init --repo s3://... --engine local`: an object store, and a master-key file on this host."""
+    from braid.ops.init import init_store_repository
+
     return init_store_repository(
         open_store(url), LocalKeyFile, lambda repository_id: key_file_path(key_file, repository_id), object_lock=object_lock
     )
@@ -111,6 +118,7 @@ def init_store_with_kms(url: str, key_arn: str, object_lock: ObjectLock | None =
     """`braid init --repo s3://... --engine local --kms-key ARN`: data keys wrapped by KMS, made on this host."""
     from braid.adapters.aws.clients import kms_client
     from braid.adapters.aws.kms import KmsKeyService
+    from braid.ops.init import init_kms_repository
 
     keys = KmsKeyService(kms_client(), key_arn)
 

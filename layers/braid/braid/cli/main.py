@@ -7,6 +7,10 @@ run, never Braid's own options), and the signals that stop Braid: SIGTERM
 and SIGHUP (a service manager stopping it, a closed terminal) stop it as
 SIGINT does, cleaning up on the way out (exit 130). The grammar is
 braid.cli.parser, the commands braid.cli.commands, the output braid.cli.render.
+
+Every run starts here, so this module and the grammar import little, and
+the parser declares only the options of the command typed (see
+braid.cli.parser); what a command needs is imported when it runs.
 """
 
 from __future__ import annotations
@@ -17,12 +21,11 @@ import gc
 import signal
 import sys
 import threading
-import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
-from braid.cli.parser import build_parser
+from braid.cli.parser import SUMMARIES, build_parser
 from braid.cli.settings import Settings
 from braid.errors import BackupError, UsageError
 
@@ -77,9 +80,11 @@ def split_command(words: Sequence[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    settings = Settings(parser)
     words, command = split_command(argv if argv is not None else sys.argv[1:])
+    # The commands among the words: argparse picks one of them, so only
+    # theirs need declaring (a value that spells a command costs a little).
+    parser = build_parser(commands={word for word in words if word in SUMMARIES})
+    settings = Settings(parser, whole=build_parser)
     debug = "--debug" in words
     try:
         with _stop_on_signals():
@@ -93,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(args.handler(args))
     except BackupError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         print(f"braid: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:
@@ -104,9 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 5
     except Exception as exc:  # a bug: still one line, traceback on --debug
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         print(f"braid: error: unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+def _print_traceback() -> None:
+    import traceback  # only for --debug: it loads linecache, tokenize and textwrap
+
+    traceback.print_exc()
 
 
 def _parse(parser: argparse.ArgumentParser, settings: Settings, words: list[str]) -> argparse.Namespace:

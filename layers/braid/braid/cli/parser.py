@@ -3,24 +3,50 @@
 Help text and option names are a contract with users' scripts, so they live
 here alone; each command's handler is bound with `set_defaults(handler=...)`
 and `braid.cli.main` calls it with the parsed namespace.
+
+Start-up is part of every run (a 256 MiB backup takes well under a second),
+so this module imports only argparse and what every command's options need
+to be declared; what an option needs to check its value (backup names,
+durations) is imported when one is given. `build_parser(commands=...)`
+declares the options of the named commands only: argparse spends ~0.1 ms
+per option (a help formatter and gettext look-ups each), and a run needs
+one command's (measured; tests/test_startup.py keeps the imports honest).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import math
 import os
-import textwrap
-from collections.abc import Callable
-from typing import Any
+import sys
+from collections.abc import Callable, Collection
+from typing import TYPE_CHECKING, Any
 
 from braid import __version__, contract
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
-from braid.format.ids import validate_name
-from braid.format.policy import Duration
+
+if TYPE_CHECKING:
+    from braid.format.policy import Duration
+
+    Subparsers = argparse._SubParsersAction["_Parser"]  # what declares the commands (argparse names its type only privately)
+
+SUMMARIES = {
+    "init": "create a repository (and, locally, its master key)",
+    "backup": "back up stdin or --input streams",
+    "status": "follow a cloud backup's pipeline execution",
+    "restore": "write a backup's original bytes to stdout or --output",
+    "list": "list complete backups (or, with --incomplete, unfinished ones)",
+    "show": "show one backup's manifest summary",
+    "prices": "show or edit the price table that prices each backup's usage",
+    "rekey": "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
+    "verify": "check backups: quick (presence, size, checksum) or --deep",
+    "prune": "forget backups a retention policy lets go, and collect leftovers",
+    "forget": "remove one backup (manifest first, then chunks), e.g. one known to be bad",
+    "completion": "print a shell completion script for bash or zsh",
+    "manpage": "print the braid(1) manual page (roff)",
+}
+"""Every command and its one-line help, in the order `braid --help` lists them."""
 
 
 def _cores() -> int:
@@ -48,11 +74,30 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
-def _help(text: str, *examples: str, description: str | None = None) -> dict[str, Any]:
+def fill(text: str, width: int = 79) -> str:
+    """`text` wrapped at spaces into lines of at most `width` characters.
+
+    textwrap.fill(text, width, break_on_hyphens=False) for the one-paragraph,
+    single-spaced descriptions here (tests/test_cli_help.py checks they
+    agree), without loading textwrap in every run to declare one command.
+    """
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "\n".join([*lines, line])
+
+
+def _help(command: str, *examples: str, description: str | None = None) -> dict[str, Any]:
     """A subcommand's one-line help, its description and its examples: what `braid COMMAND --help` shows first and last."""
+    text = SUMMARIES[command]
     return {
         "help": text,
-        "description": textwrap.fill(description or text[0].upper() + text[1:] + ".", 79, break_on_hyphens=False),
+        "description": fill(description or text[0].upper() + text[1:] + "."),
         "epilog": "examples:\n" + "\n".join(f"  {line}" for line in examples),
         "formatter_class": argparse.RawDescriptionHelpFormatter,
     }
@@ -102,6 +147,8 @@ def _finite_range(unit: str, maximum: float) -> Callable[[str], float]:
     """A number in [0, maximum]: nan, inf and values no clock can subtract (1e12 days) are usage errors, not tracebacks."""
 
     def parse(text: str) -> float:
+        import math
+
         try:
             value = float(text)
         except ValueError:
@@ -117,6 +164,8 @@ MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and ti
 
 
 def _duration(text: str) -> Duration:
+    from braid.format.policy import Duration
+
     try:
         return Duration.parse(text)
     except UsageError as exc:
@@ -124,6 +173,8 @@ def _duration(text: str) -> Duration:
 
 
 def _backup_name(text: str) -> str:
+    from braid.format.ids import validate_name
+
     try:
         return validate_name(text)
     except UsageError as exc:
@@ -142,6 +193,8 @@ def _level(text: str) -> int:
 
 def _open_timeout(text: str) -> float:
     """Seconds, more than 0 and finite: a named pipe must be opened by its other end within them."""
+    import math
+
     try:
         value = float(text)
     except ValueError:
@@ -172,7 +225,9 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
     module, _, function = name.partition(":")
 
     def handler(args: argparse.Namespace) -> int:
-        run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(f"braid.cli.commands.{module}"), function)
+        qualified = f"braid.cli.commands.{module}"
+        __import__(qualified)
+        run: Callable[[argparse.Namespace], int] = getattr(sys.modules[qualified], function)
         return run(args)
 
     handler.__qualname__ = handler.__name__ = function
@@ -186,7 +241,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Shared:
+    """The option groups several commands take (argparse parents), handed to each command's declaration."""
+
+    def __init__(self, common: _Parser, reporting: _Parser, quieting: _Parser) -> None:
+        self.common = common  # every command's options, also accepted before the command
+        self.reporting = reporting  # the commands that report progress (backup, restore, status)
+        self.quieting = quieting  # the other commands cron runs (verify, prune, forget, rekey): silent unless something is wrong
+
+
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The grammar of every command, or (`commands`) only of those named there.
+
+    Every command is listed (`braid --help`, usage errors), but only the
+    named ones get their options: `braid.cli.main` names the words of the
+    command line that are commands, so the command argparse picks among
+    them is always complete. Completion, the manual page and
+    braid.cli.settings's checks of a config file build the whole grammar.
+    """
     common = _Parser(add_help=False)  # options every command takes
     common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
     common.add_argument("--config", metavar="PATH", help="TOML config file (env BRAID_CONFIG; default ~/.config/braid/config.toml, then /etc/braid/config.toml)")
@@ -210,8 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"braid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    init = sub.add_parser("init", parents=[common], **_help(
-        "create a repository (and, locally, its master key)",
+    shared = _Shared(common, reporting, quieting)
+    for name, declare in _DECLARATIONS.items():
+        if commands is None or name in commands:
+            declare(sub, shared)
+        else:
+            sub.add_parser(name, help=SUMMARIES[name])
+    return parser
+
+
+def _declare_init(sub: Subparsers, shared: _Shared) -> None:
+    init = sub.add_parser("init", parents=[shared.common], **_help(
+        "init",
         "braid init --repo /srv/braid                     # a new empty directory; the key goes to ~/.config/braid/keys/",
         "braid init --repo /srv/braid --key-file /etc/braid/master.key",
         "braid init --repo s3://my-bucket/prod --stack Braid",
@@ -230,8 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.set_defaults(handler=_command("init:cmd_init"))
 
-    backup = sub.add_parser("backup", parents=[common, reporting], **_help(
-        "back up stdin or --input streams",
+
+def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
+    backup = sub.add_parser("backup", parents=[shared.common, shared.reporting], **_help(
+        "backup",
         "braid backup --repo /srv/braid --name pg -- pg_basebackup -Ft -D - -X fetch -c fast",
         "braid backup --name db2 --pipes 2 -- db2 backup db SAMPLE to {pipes}",
         "braid backup --name dump < dump.sql",
@@ -264,8 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
-    status = sub.add_parser("status", parents=[common, reporting], **_help(
-        "follow a cloud backup's pipeline execution",
+
+def _declare_status(sub: Subparsers, shared: _Shared) -> None:
+    status = sub.add_parser("status", parents=[shared.common, shared.reporting], **_help(
+        "status",
         "braid status --repo s3://my-bucket/prod pg@20261123T020000.000Z-1a2b3c4d --once",
         "braid status pg@latest                           # the newest backup named pg, staged with --no-wait",
         description="Follow the Step Functions execution of an s3:// backup (one started with --no-wait, or whose"
@@ -275,8 +361,10 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--once", action="store_true", help="print the current state and exit (code 9 if the execution failed)")
     status.set_defaults(handler=_command("backup:cmd_status"))
 
-    restore = sub.add_parser("restore", parents=[common, reporting], **_help(
-        "write a backup's original bytes to stdout or --output",
+
+def _declare_restore(sub: Subparsers, shared: _Shared) -> None:
+    restore = sub.add_parser("restore", parents=[shared.common, shared.reporting], **_help(
+        "restore",
         "braid restore pg@latest -- tar -x -C /var/lib/postgresql/15/main   # a pg_basebackup -Ft tar",
         "braid restore db2@latest --pipes -- db2 restore db SAMPLE from {pipes}",
         "braid restore dump@latest > dump.sql",
@@ -295,8 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     restore.set_defaults(handler=_command("restore:cmd_restore"))
 
-    lister = sub.add_parser("list", parents=[common], **_help(
-        "list complete backups (or, with --incomplete, unfinished ones)",
+
+def _declare_list(sub: Subparsers, shared: _Shared) -> None:
+    lister = sub.add_parser("list", parents=[shared.common], **_help(
+        "list",
         "braid list --repo /srv/braid",
         "braid list --name pg --json",
         "braid list --incomplete",
@@ -310,16 +400,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rebuild the catalog from the manifests (reads every one; the repair path, see docs/format.md)")
     lister.set_defaults(handler=_command("catalog:cmd_list"))
 
-    show = sub.add_parser("show", parents=[common], **_help(
-        "show one backup's manifest summary",
+
+def _declare_show(sub: Subparsers, shared: _Shared) -> None:
+    show = sub.add_parser("show", parents=[shared.common], **_help(
+        "show",
         "braid show pg@latest",
         "braid show pg@20261123T020000.000Z-1a2b3c4d --json",
     ))
     show.add_argument("backup", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     show.set_defaults(handler=_command("catalog:cmd_show"))
 
-    prices = sub.add_parser("prices", parents=[common], **_help(
-        "show or edit the price table that prices each backup's usage",
+
+def _declare_prices(sub: Subparsers, shared: _Shared) -> None:
+    prices = sub.add_parser("prices", parents=[shared.common], **_help(
+        "prices",
         "braid prices show",
         "braid prices set name=eu-central-1 date=2026-11-01 s3_put_request=0.0000054 s3_storage_gb_month=0.0245",
         "braid prices reset",
@@ -331,8 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     prices.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="with set: a price key and its price per unit, or name, date or currency")
     prices.set_defaults(handler=_command("prices:cmd_prices"))
 
-    rekey = sub.add_parser("rekey", parents=[common, quieting], **_help(
-        "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
+
+def _declare_rekey(sub: Subparsers, shared: _Shared) -> None:
+    rekey = sub.add_parser("rekey", parents=[shared.common, shared.quieting], **_help(
+        "rekey",
         "braid rekey --new-key-file /etc/braid/master-2027.key",
         "braid rekey --repo s3://bucket/prod --kms-key arn:aws:kms:eu-west-1:111122223333:key/NEW",
         description="Re-wrap every backup's data key under a new master key (a local key file) or KMS key, rewriting"
@@ -344,8 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
     new_key.add_argument("--new-key-file", metavar="PATH", help="local repositories: re-wrap under this master-key file (created if missing)")
     rekey.set_defaults(handler=_command("rekey:cmd_rekey"))
 
-    verify = sub.add_parser("verify", parents=[common, quieting], **_help(
-        "check backups: quick (presence, size, checksum) or --deep",
+
+def _declare_verify(sub: Subparsers, shared: _Shared) -> None:
+    verify = sub.add_parser("verify", parents=[shared.common, shared.quieting], **_help(
+        "verify",
         "braid verify pg@latest",
         "braid verify --all --deep --sample 10",
         "braid verify --repo s3://bucket/prod pg@latest --deep --rotate 7",
@@ -368,8 +466,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="who reads the chunks: this host (local), or the stack's verify state machine (default for s3:// with a stack)")
     verify.set_defaults(handler=_command("verify:cmd_verify"))
 
-    prune = sub.add_parser("prune", parents=[common, quieting], **_help(
-        "forget backups a retention policy lets go, and collect leftovers",
+
+def _declare_prune(sub: Subparsers, shared: _Shared) -> None:
+    prune = sub.add_parser("prune", parents=[shared.common, shared.quieting], **_help(
+        "prune",
         "braid prune --keep-daily 7 --keep-weekly 5 --dry-run",
         "braid prune --name pg --keep-daily 7 --keep-monthly 12 --save-policy",
         "braid prune                                      # each name's stored policy",
@@ -397,16 +497,20 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     prune.set_defaults(handler=_command("prune:cmd_prune"))
 
-    forget = sub.add_parser("forget", parents=[common, quieting], **_help(
-        "remove one backup (manifest first, then chunks), e.g. one known to be bad",
+
+def _declare_forget(sub: Subparsers, shared: _Shared) -> None:
+    forget = sub.add_parser("forget", parents=[shared.common, shared.quieting], **_help(
+        "forget",
         "braid forget pg@20261123T020000.000Z-1a2b3c4d --dry-run",
     ))
     forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
     forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
     forget.set_defaults(handler=_command("forget:cmd_forget"))
 
+
+def _declare_completion(sub: Subparsers, shared: _Shared) -> None:
     completion = sub.add_parser("completion", **_help(
-        "print a shell completion script for bash or zsh",
+        "completion",
         "braid completion bash > /etc/bash_completion.d/braid          # or: source <(braid completion bash)",
         "braid completion zsh > /usr/local/share/zsh/site-functions/_braid",
         description="Print a completion script for every command and option, generated from this version of braid"
@@ -415,10 +519,28 @@ def build_parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
     completion.set_defaults(handler=_command("reference:cmd_completion"))
 
+
+def _declare_manpage(sub: Subparsers, shared: _Shared) -> None:
     manpage = sub.add_parser("manpage", **_help(
-        "print the braid(1) manual page (roff)",
+        "manpage",
         "braid manpage > /usr/local/share/man/man1/braid.1",
         "braid manpage | man -l -",
     ))
     manpage.set_defaults(handler=_command("reference:cmd_manpage"))
-    return parser
+
+
+_DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
+    "init": _declare_init,
+    "backup": _declare_backup,
+    "status": _declare_status,
+    "restore": _declare_restore,
+    "list": _declare_list,
+    "show": _declare_show,
+    "prices": _declare_prices,
+    "rekey": _declare_rekey,
+    "verify": _declare_verify,
+    "prune": _declare_prune,
+    "forget": _declare_forget,
+    "completion": _declare_completion,
+    "manpage": _declare_manpage,
+}

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from braid.cli.config_file import TABLES, ConfigFile, load
 from braid.errors import UsageError, did_you_mean
-from braid.format.ids import validate_name
 
 ENV_PREFIX = "BRAID_"
 NOT_SETTINGS = frozenset({"help", "version"})
@@ -165,7 +164,11 @@ class Settings:
     `resolve` after each parse to be complete.
     """
 
-    def __init__(self, parser: argparse.ArgumentParser) -> None:
+    def __init__(self, parser: argparse.ArgumentParser, whole: Callable[[], argparse.ArgumentParser] | None = None) -> None:
+        """`whole`: for a parser that declares only some commands' options
+        (braid.cli.parser.build_parser), what builds every command's: a
+        config file is checked against all of them."""
+        self._whole = whole
         self.commands = _subparsers(parser)
         self._by_command: dict[str | None, dict[str, Setting]] = {}
         defaults: dict[int, Any] = {}  # by action: parents share one action between parsers
@@ -224,6 +227,13 @@ class Settings:
 
     def check(self, config: ConfigFile) -> None:
         """Every key and value of the file, not just those this run reads: a typo fails the first run, not the one that needed it."""
+        if not (config.top or config.commands or config.names):
+            return
+        if self._whole is not None:
+            Settings(self._whole()).check(config)
+            return
+        from braid.format.ids import validate_name
+
         for key, value in config.top.items():
             self._check_key(config, None, key, value, list(self.all()))
         for command, values in config.commands.items():

@@ -12,7 +12,6 @@ small write will fail the backup's chunk writes anyway.
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from types import TracebackType
 
@@ -22,6 +21,11 @@ from braid.format.layout import lease_key
 from braid.format.lease import LEASE_REFRESH_SECONDS, LeaseRecord
 from braid.format.timestamps import utc_now
 from braid.ports.store import ObjectStore
+
+
+def _hostname() -> str:
+    """This host's name, as socket.gethostname() gives it (the kernel's node name), without loading socket."""
+    return os.uname().nodename
 
 
 class BackupLease:
@@ -51,7 +55,7 @@ class BackupLease:
         return self._key
 
     def refresh(self) -> None:
-        record = LeaseRecord(backup=str(self._ref), refreshed=utc_now(), host=socket.gethostname(), pid=os.getpid())
+        record = LeaseRecord(backup=str(self._ref), refreshed=utc_now(), host=_hostname(), pid=os.getpid())
         # Not fsynced: after a host crash the chunks' own times still show
         # when the backup was last alive, and no fsync stalls the backup.
         self._store.put(self.key, record.to_bytes(), durable=False)

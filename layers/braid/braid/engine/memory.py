@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from braid.engine.stream import pool_size
 from braid.errors import UsageError
 
 # cgroup v2 (and v1) limits: a container's memory, not the host's.
@@ -27,6 +26,8 @@ def backup_buffers(inputs: int, workers: int) -> int:
     """Chunk buffers a backup's pool holds at most, as both engines size it
     (`pool_size(inputs, workers + 1)`, braid.engine.stream): one to read
     into per input, and the chunks in flight."""
+    from braid.engine.stream import pool_size  # the readers' module: a restore, which checks its memory here too, has none
+
     return pool_size(inputs, workers + 1)
 
 

@@ -19,7 +19,6 @@ are per instance); the engines keep one per worker thread.
 
 from __future__ import annotations
 
-import hmac
 import os
 import struct
 from dataclasses import dataclass
@@ -268,7 +267,7 @@ class ChunkCodec:
             self._decompress(payload, plaintext, where)
         elif not direct:
             raise IntegrityError(f"{where}: stored payload is {payload_length} bytes, manifest says {plaintext_length}")
-        if not hmac.compare_digest(self._key.chunk_mac(index, plaintext), plaintext_mac):
+        if not self._key.chunk_mac_matches(index, plaintext, plaintext_mac):
             raise IntegrityError(f"{where}: plaintext checksum mismatch")
         return plaintext
 

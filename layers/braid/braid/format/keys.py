@@ -19,16 +19,16 @@ cloud, the local master-key file (braid.adapters.local.keys) on a host.
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from braid.format.canonical import canonical_json
+from braid.format.digests import hmac_sha256, hmac_sha256_matches, sha256
 
 DATA_KEY_BYTES = 32
 
@@ -90,7 +90,7 @@ class DataKey:
         self._manifest_mac = _hkdf(material, b"manifest-mac")
         self._input_mac = _hkdf(material, b"input-mac")
         self._summary_mac = _hkdf(material, b"summary-mac")
-        self.fingerprint = hashlib.sha256(b"braid/v1/fingerprint" + material).hexdigest()[:16]
+        self.fingerprint = sha256(b"braid/v1/fingerprint", material).hex()[:16]
 
     def __repr__(self) -> str:
         return f"DataKey(fingerprint={self.fingerprint})"
@@ -108,15 +108,33 @@ class DataKey:
         HMAC-SHA256 would cost a third of the worker's CPU (measured, see
         docs/format.md).
         """
-        one_time_key = hmac.digest(self._chunk_mac, b"chunk:%d" % index, "sha256")
-        return Poly1305.generate_tag(one_time_key, plaintext)
+        return Poly1305.generate_tag(self._one_time_key(index), plaintext)
+
+    def chunk_mac_matches(self, index: int, plaintext: bytes | bytearray | memoryview, tag: bytes) -> bool:
+        """Whether `tag` is `chunk_mac(index, plaintext)`, checked in constant time."""
+        try:
+            Poly1305.verify_tag(self._one_time_key(index), plaintext, bytes(tag))
+        except InvalidSignature:
+            return False
+        return True
+
+    def _one_time_key(self, index: int) -> bytes:
+        return hmac_sha256(self._chunk_mac, b"chunk:%d" % index)
 
     def manifest_mac(self, body: bytes) -> bytes:
-        return hmac.digest(self._manifest_mac, body, "sha256")
+        return hmac_sha256(self._manifest_mac, body)
+
+    def manifest_mac_matches(self, body: bytes, mac: bytes) -> bool:
+        """Whether `mac` is `manifest_mac(body)`, checked in constant time."""
+        return hmac_sha256_matches(self._manifest_mac, mac, body)
 
     def summary_mac(self, body: bytes) -> bytes:
         """MAC of a catalog summary: its own label, so a summary can never pass for a manifest or the reverse."""
-        return hmac.digest(self._summary_mac, body, "sha256")
+        return hmac_sha256(self._summary_mac, body)
+
+    def summary_mac_matches(self, body: bytes, mac: bytes) -> bool:
+        """Whether `mac` is `summary_mac(body)`, checked in constant time."""
+        return hmac_sha256_matches(self._summary_mac, mac, body)
 
     def input_mac(self, input_index: int, length: int, chunk_macs: list[bytes]) -> bytes:
         """Whole-input checksum, chained from the chunk MACs in order.
@@ -125,8 +143,5 @@ class DataKey:
         holds no key in the cloud path) nor a single worker must read the
         whole input; any reordering, loss or duplication of chunks changes it.
         """
-        mac = hmac.new(self._input_mac, b"input:%d:length:%d:chunks:%d" % (input_index, length, len(chunk_macs)), "sha256")
-        for tag in chunk_macs:
-            mac.update(tag)
-        return mac.digest()
+        return hmac_sha256(self._input_mac, b"input:%d:length:%d:chunks:%d" % (input_index, length, len(chunk_macs)), *chunk_macs)
 

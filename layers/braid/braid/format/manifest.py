@@ -22,8 +22,6 @@ sealing is reproducible, but no reader depends on that.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -33,6 +31,7 @@ from typing import Any
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.checksum import parse_tagged_checksum
+from braid.format.digests import sha256
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
@@ -245,13 +244,13 @@ class SealedManifest:
     mac: bytes
 
     def authenticate(self, key: DataKey) -> Manifest:
-        if not hmac.compare_digest(key.manifest_mac(self.body), self.mac):
+        if not key.manifest_mac_matches(self.body, self.mac):
             raise IntegrityError(f"manifest of {self.manifest.backup} failed authentication (tampered, or not written by this key)")
         return self.manifest
 
 
 def _digest(body: bytes, mac_hex: bytes) -> bytes:
-    return hashlib.sha256(body + mac_hex).hexdigest().encode()
+    return sha256(body, mac_hex).hex().encode()
 
 
 def seal_body(body: bytes, mac: bytes) -> bytes:
@@ -282,7 +281,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
         raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)")
     mac_hex, digest = leading.group(1), trailing.group(1)
     body = raw[_BODY_START:end]
-    if not hmac.compare_digest(_digest(body, mac_hex), digest):
+    if _digest(body, mac_hex) != digest:  # corruption, not forgery: `authenticate` checks the MAC
         raise IntegrityError(f"{where}: manifest checksum mismatch (corrupt)")
     try:
         body_doc = _parse_body(body)

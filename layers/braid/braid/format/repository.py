@@ -8,7 +8,6 @@ names only the repository and Braid finds the rest.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,8 @@ class RepositoryConfig:
     def new(
         cls, key: dict[str, str], created: str, cloud: dict[str, Any] | None = None, object_lock: ObjectLock | None = None
     ) -> RepositoryConfig:
+        import uuid  # only `init` makes an id; every other run reads one (uuid loads platform and _uuid)
+
         return cls(id=str(uuid.uuid4()), created=created, key=key, cloud=cloud or {}, object_lock=object_lock)
 
     def to_bytes(self) -> bytes:

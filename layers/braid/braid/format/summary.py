@@ -17,7 +17,6 @@ reads the manifest instead (braid.ops.catalog). It names no key id, so
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -134,7 +133,7 @@ class SealedSummary:
     mac: bytes
 
     def authenticate(self, key: DataKey) -> BackupSummary:
-        if not hmac.compare_digest(key.summary_mac(self.body), self.mac):
+        if not key.summary_mac_matches(self.body, self.mac):
             raise IntegrityError(f"summary of {self.summary.backup} failed authentication (tampered, or not written by this key)")
         return self.summary
 

@@ -49,16 +49,15 @@ holds none). Summaries also carry a MAC for those who hold the data key.
 
 from __future__ import annotations
 
-import secrets
+import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import islice
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
-from braid.format.catalog import CatalogSnapshot, open_snapshot
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import (
@@ -77,6 +76,9 @@ from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.summary import BackupSummary, catalog_stamp, open_summary, parse_catalog_stamp
 from braid.ports.store import ObjectStore, child_prefixes
+
+if TYPE_CHECKING:
+    from braid.format.catalog import CatalogSnapshot
 
 MARGIN = timedelta(minutes=15)  # writers' clocks and slow PUTs: markers this far before `through` are read again
 PENDING = timedelta(hours=1)  # a snapshot folds in only markers older than this: their manifest had time to appear
@@ -165,6 +167,8 @@ def _confirmed(repository: Repository, ref: BackupRef) -> Entry | None:
 
 def _snapshots_that_check(repository: Repository, keys: list[str]) -> Iterator[tuple[str, CatalogSnapshot]]:
     """(key, snapshot) of each of `keys` that reads, checks and is this repository's, newest first, read as asked for."""
+    from braid.format.catalog import open_snapshot  # readers only: publishing a backup (write_summary) needs no snapshot
+
     for key in reversed(keys):
         try:
             snapshot = open_snapshot(repository.store.get(key), key)
@@ -211,12 +215,14 @@ class Catalog:
 
 def _write_snapshot(repository: Repository, entries: Iterable[Entry], through: datetime, old_keys: list[str]) -> str | None:
     """Best effort: a reader without write access (an agent host in the cloud) simply does not cache."""
+    from braid.format.catalog import CatalogSnapshot
+
     store = repository.store
     listed = list(entries)
     summaries = tuple(e for e in listed if isinstance(e, BackupSummary))
     unreadable = tuple(str(e.ref) for e in listed if isinstance(e, Unreadable))
     stamp = catalog_stamp(through)
-    key = index_key(stamp, secrets.token_hex(4))
+    key = index_key(stamp, os.urandom(4).hex())
     try:
         store.put(key, CatalogSnapshot(repository.config.id, stamp, summaries, unreadable).to_bytes(), create_only=True)
         stale = [k for k in sorted([*old_keys, key]) if k < key][: -(KEEP_SNAPSHOTS - 1) or None]

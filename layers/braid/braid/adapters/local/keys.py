@@ -10,7 +10,6 @@ overwritten.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -20,13 +19,14 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from braid.errors import KeyAccessError
+from braid.format.digests import sha256
 from braid.format.keys import DATA_KEY_BYTES, DataKey, WrappedKey, canonical_context
 
 KEY_FILE_FORMAT = "braid-master-key"
 
 
 def _key_id(master: bytes) -> str:
-    return "local:" + hashlib.sha256(b"braid/v1/master-key-id" + master).hexdigest()[:24]
+    return "local:" + sha256(b"braid/v1/master-key-id", master).hex()[:24]
 
 
 class LocalKeyFile:

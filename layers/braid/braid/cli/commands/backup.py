@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from typing import TYPE_CHECKING
 
-from braid.agent.limits import check_worker_chunk_size
 from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
@@ -19,12 +19,14 @@ from braid.cli.render import operation_summary, print_backup_result, print_execu
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
-from braid.engine.producer import Producer
 from braid.engine.stream import sources_from_args
 from braid.errors import ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
+
+if TYPE_CHECKING:
+    from braid.engine.producer import Producer
 
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "stall_timeout", "resume")
 
@@ -83,6 +85,8 @@ def _producer(args: argparse.Namespace) -> Producer | None:
         raise UsageError("--input and a command after -- exclude each other: the command's output is the backup")
     if args.resume:
         raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
+    from braid.engine.producer import Producer  # with its subprocess and pipe machinery, only when there is a command to run
+
     return Producer(args.run, pipes=args.pipes)
 
 
@@ -105,6 +109,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     repository = open_repository(repo_url(args.repo))
     cloud = _uses_pipeline(repository, args)
     if cloud:
+        from braid.agent.limits import check_worker_chunk_size
+
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     engine = _engine_for(repository, args)
