@@ -242,8 +242,9 @@ class PipelineFunctions(Construct):
         self._s3("verifyrecord", ["s3:PutObject"], VERIFY_OBJECTS)
         self._list("verifyrecord")
         self._events("verifyrecord")
-        # Verify (the scheduled maintenance) touches no object: it starts the prune state machine
-        # (braid_infra.prune_pipeline grants that).
+        # Verify (the scheduled maintenance) reads no object: it lists staging/'s prefixes (the age of
+        # the oldest staged backup) and starts the prune state machine (braid_infra.prune_pipeline grants that).
+        self._list("verify")
         # PlanPrune: judge from the catalog, stored policies and verify records (a failed one is
         # distrusted), authenticate manifests, then take each pruned backup out of the catalog (marker,
         # summary) and delete its manifest (and any rekey copy, and its verify records); writes the

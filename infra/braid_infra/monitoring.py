@@ -17,7 +17,8 @@ metric (EMF, namespace Braid) of the scheduled and the cloud verify; failed
 or timed-out verify executions; prune executions failed or timed out, and
 prune runs whose items failed (PruneFailures: their data waits for the next
 run), so retention never stops silently; and any alarm another construct
-hands in (the backup schedules' delivery failures).
+hands in (the backup schedules' delivery failures); and a backup staged for more
+than a day (OldestStagingHours, measured by the daily maintenance).
 """
 
 from __future__ import annotations
@@ -170,6 +171,16 @@ class Monitoring(Construct):
                 daily_sum(contract.METRIC_PRUNE_FAILURES),
                 "PruneItemsFailed",
                 "A Braid prune run could not delete some data (it has no manifest: the next run collects it); see the run's report",
+            ),
+            alarm(
+                cloudwatch.Metric(
+                    namespace=contract.METRICS_NAMESPACE, metric_name=contract.METRIC_OLDEST_STAGING_HOURS,
+                    dimensions_map={"service": contract.SERVICE_NAME}, period=Duration.days(1), statistic="Maximum",
+                ),
+                "StagingOlderThanADay",
+                f"A Braid backup has been in staging for more than {contract.STAGING_ALARM_HOURS} hours: stuck, held for --resume,"
+                " or abandoned by a host that died ('braid list --incomplete' names it)",
+                threshold=contract.STAGING_ALARM_HOURS,
             ),
             alarm(
                 daily_sum(contract.METRIC_VERIFY_FAILURES),

@@ -177,3 +177,23 @@ def test_a_bad_policy_stops_maintenance_before_anything_runs(repo: Path, tmp_pat
     with pytest.raises(UsageError, match="--keep-daily must be at least 1"):
         run_maintenance(runs, prune_input={"keep_daily": 0})
     assert runs.reports == []
+
+
+def test_the_maintenance_measures_the_oldest_staged_backup(repo: Path, tmp_path: Path) -> None:
+    """From the staging prefixes alone: the stack alarms when a backup has been staged for more than a day."""
+    repository = open_repository(str(repo))
+    now = datetime(2026, 11, 23, 12, tzinfo=UTC)
+    runs = InlinePruneRuns(repository, key_file(tmp_path), RecordingPublisher(), now=now)
+    report = run_maintenance(runs, prune_input={}, store=repository.store, now=now)
+    assert (report.oldest_staging, report.oldest_staging_hours) == (None, 0.0)
+
+    stuck = BackupRef("db", "20261122T060000.000Z-0badc0de")  # 30 hours before `now`
+    recent = BackupRef("db", "20261123T100000.000Z-1badc0de")
+    other = BackupRef("logs", "20261123T110000.000Z-2badc0de")
+    for ref in (stuck, recent, other):
+        repository.store.put(f"staging/{ref.name}/{ref.id}/session.json", b"{}")
+
+    report = run_maintenance(runs, prune_input={}, store=repository.store, now=now)
+
+    assert report.oldest_staging == str(stuck) and report.oldest_staging_hours == 30.0
+    assert report.to_json()["oldest_staging_hours"] == 30.0 and report.prune_run is not None

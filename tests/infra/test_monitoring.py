@@ -65,6 +65,8 @@ def test_the_alarms_cover_what_needs_a_person(template: Template) -> None:
         assert wanted in names, wanted
     children = [p for p in alarms(template).values() if p.get("MetricName") == "ExecutionsFailed" and "Fn::Join" in json.dumps(p["Dimensions"])]
     assert len(children) == 1 and "/chunks" in json.dumps(children[0]["Dimensions"]), "map-run children are filed under the map's label"
+    (staging,) = [p for p in alarms(template).values() if p.get("MetricName") == "OldestStagingHours"]
+    assert (staging["Threshold"], staging["Statistic"], staging["Namespace"]) == (24, "Maximum", "Braid"), staging
     near = [p for p in alarms(template).values() if p.get("MetricName") == "Duration"]
     assert [p["Threshold"] for p in near] == [48000]  # 80% of the maintenance function's minute (it only starts the prune run)
 

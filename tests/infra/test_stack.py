@@ -113,8 +113,8 @@ LEAST_PRIVILEGE = {
     "FunctionsCleanupRole": {("s3:GetObject", "manifests/*"), ("s3:GetObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "data/*"),
                              ("s3:DeleteObjectVersion", "staging/*"), ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"),
                              ("s3:ListBucketVersions", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
-    # The scheduled maintenance only starts the prune run: it touches no object.
-    "FunctionsVerifyRole": set(),
+    # The scheduled maintenance starts the prune run and lists staging/'s prefixes: it reads no object.
+    "FunctionsVerifyRole": {("s3:ListBucket", "bucket")},
     # PlanPrune: reads the catalog, policies and manifests; removes manifests (catalog marker and summary first). Never data.
     "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*", "verify/*")}
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}

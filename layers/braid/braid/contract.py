@@ -84,6 +84,8 @@ DIMENSION_BACKUP_NAME = "backup_name"
 METRIC_BACKUPS_PRUNED = "BackupsPruned"
 METRIC_LEFTOVERS_COLLECTED = "LeftoversCollected"
 METRIC_PRUNE_FAILURES = "PruneFailures"  # map items that did not finish: their data waits for the next run
+METRIC_OLDEST_STAGING_HOURS = "OldestStagingHours"  # the scheduled maintenance: age of the oldest backup still in staging
+STAGING_ALARM_HOURS = 24  # a backup in staging longer than this is stuck (or held): someone should look
 
 # -- outcome events (EventBridge) ----------------------------------------------
 EVENT_SOURCE = "braid"

@@ -1,4 +1,4 @@
-"""Scheduled maintenance: start the prune run.
+"""Scheduled maintenance: start the prune run, and say how old the oldest staged backup is.
 
 Run by an EventBridge schedule (functions/verify), without the host. It
 verifies nothing itself: the verify state machine does that on its own
@@ -10,6 +10,11 @@ planner distrusts every backup whose newest verify record failed
 (braid.ops.verification.failed_verifications): those count towards no rule
 and are never removed, so a corrupt latest backup never pushes out the
 older good one, whoever started the prune.
+
+It also measures the age of the oldest backup still in staging (from the
+ids under `staging/`, two LISTs with a delimiter per name: no object is
+read): a backup staged for more than a day is stuck, held, or abandoned
+by a host that died, and the stack alarms on it (braid_infra.monitoring).
 """
 
 from __future__ import annotations
@@ -17,29 +22,57 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from braid.format.layout import STAGING, ref_under
 from braid.format.summary import catalog_stamp
 from braid.pipeline.prune_plan import policy_from_event
 from braid.ports.pipeline import PruneRuns
+from braid.ports.store import ObjectStore, child_prefixes
 
-__all__ = ["MaintenanceReport", "policy_from_event", "prune_run_id", "run_maintenance"]
+__all__ = ["MaintenanceReport", "oldest_staging_hours", "policy_from_event", "prune_run_id", "run_maintenance"]
 
 
 @dataclass
 class MaintenanceReport:
     prune_run: str | None = None  # the prune run started (its execution id)
+    oldest_staging: str | None = None  # NAME@ID of the oldest backup in staging, if any
+    oldest_staging_hours: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": True, "prune_run": self.prune_run}
+        return {
+            "ok": True,
+            "prune_run": self.prune_run,
+            "oldest_staging": self.oldest_staging,
+            "oldest_staging_hours": round(self.oldest_staging_hours, 2),
+        }
 
 
-def run_maintenance(prune: PruneRuns, *, prune_input: Mapping[str, Any], now: datetime | None = None) -> MaintenanceReport:
-    """Start the prune with the schedule's rules; a bad policy fails here, before anything runs."""
+def oldest_staging_hours(store: ObjectStore, now: datetime) -> tuple[str | None, float]:
+    """(NAME@ID, hours since it started) of the oldest backup with anything under `staging/`; (None, 0) if none."""
+    oldest = None
+    for name_prefix in child_prefixes(store, STAGING):
+        for backup_prefix in child_prefixes(store, name_prefix):
+            ref = ref_under(STAGING, f"{backup_prefix}-")
+            if ref is not None and (oldest is None or ref.started < oldest.started):
+                oldest = ref
+    if oldest is None:
+        return None, 0.0
+    return str(oldest), max(0.0, (now - oldest.started).total_seconds() / 3600)
+
+
+def run_maintenance(
+    prune: PruneRuns, *, prune_input: Mapping[str, Any], store: ObjectStore | None = None, now: datetime | None = None
+) -> MaintenanceReport:
+    """Start the prune with the schedule's rules (a bad policy fails here, before anything runs), and measure
+    the oldest staged backup in `store`, if given."""
     policy_from_event(prune_input)
-    run = prune_run_id(now)
-    return MaintenanceReport(prune_run=prune.start(run, dict(prune_input)))
+    report = MaintenanceReport()
+    if store is not None:
+        report.oldest_staging, report.oldest_staging_hours = oldest_staging_hours(store, now or datetime.now(UTC))
+    report.prune_run = prune.start(prune_run_id(now), dict(prune_input))
+    return report
 
 
 def prune_run_id(now: datetime | None = None) -> str:
