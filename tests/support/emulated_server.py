@@ -216,6 +216,7 @@ class Middleware:
             return start_response(status, response_headers, exc_info) if exc_info else start_response(status, response_headers)
 
         result = self.app(environ, capture)
+        record["done"] = round(time.time(), 3)  # when the store held it: a killed client's request may finish after the kill
         self.requests.write(record)
         return result
 
