@@ -31,17 +31,16 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from braid.format import layout
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import STEP_RETRY, WORKER_RETRY, RetryPolicy, lambda_step, worker_step
+from braid_infra.steps import STEP_RETRY, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
 from braid_infra.storage import VERIFY_RUN_OBJECTS, Storage, key_prefix
 
 VERIFY_CONTEXT = "braid:verify"
@@ -132,16 +131,9 @@ class VerifyPipeline(Construct):
 
         identify = sfn.Pass(self, "Identify", state_name="Identify", parameters={"name.$": "$$.Execution.Name"}, result_path="$.execution")
         definition = identify.next(plan).next(choice)
-        log_group = logs.LogGroup(self, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
-        self.state_machine = sfn.StateMachine(
-            self,
-            "Verify",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            state_machine_type=sfn.StateMachineType.STANDARD,
-            comment="Braid verify: chunks of published backups checked in the cloud, recorded beside them",
-            tracing_enabled=True,
-            logs=sfn.LogOptions(destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
-            timeout=VERIFY_TIMEOUT,
+        self.state_machine = logged_machine(
+            self, "Verify", definition,
+            comment="Braid verify: chunks of published backups checked in the cloud, recorded beside them", timeout=VERIFY_TIMEOUT,
         )
         # The ItemReader reads the run's items; the ResultWriter exports the map's results beside them.
         self.state_machine.add_to_role_policy(
