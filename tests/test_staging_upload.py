@@ -6,6 +6,7 @@ import io
 import os
 import random
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -514,9 +515,15 @@ class CrashingMultipart(MemoryMultipart):
     def __init__(self, store: ObjectStore, crash_after: int | None) -> None:
         super().__init__(store, min_part_size=SMALL_PART)
         self.crash_after = crash_after
+        self._started = 0
+        self._counting = threading.Lock()
 
     def upload_part(self, key: str, upload_id: str, number: int, data: Any, checksum: str) -> str:
-        if self.crash_after is not None and self.calls.count("upload_part") >= self.crash_after:
+        # Counted as each call starts, under a lock: with parts sent concurrently, exactly the first
+        # `crash_after` calls store their part, whichever thread gets there first.
+        with self._counting:
+            started, self._started = self._started, self._started + 1
+        if self.crash_after is not None and started >= self.crash_after:
             raise Crash()
         return super().upload_part(key, upload_id, number, data, checksum)
 
@@ -653,7 +660,10 @@ def test_resume_of_grouped_parts_resends_a_part_that_differs(tmp_path: Any) -> N
     with pytest.raises(Crash):
         run(store, [data], uploads=uploads, part_chunks=2)
     (open_upload,) = list(uploads.list_uploads(""))
-    (part,) = list(uploads.list_parts(open_upload.key, open_upload.upload_id))
+    deadline = time.monotonic() + 10  # the one part that started may still be storing when the crash reaches us
+    while not (parts := list(uploads.list_parts(open_upload.key, open_upload.upload_id))) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (part,) = parts
     tampered = data[:CHUNK] + bytes([data[CHUNK] ^ 1]) + data[CHUNK + 1 : 2 * CHUNK]
     uploads.crash_after = None
     uploads.upload_part(open_upload.key, open_upload.upload_id, part.number, [tampered[:CHUNK], tampered[CHUNK:]], crc(tampered))
