@@ -653,20 +653,25 @@ def test_resume_of_grouped_parts_sends_only_missing_parts(s3: tuple[S3Store, S3C
 
 
 def test_resume_of_grouped_parts_resends_a_part_that_differs(tmp_path: Any) -> None:
-    """Over the fake: a stored 2-chunk part whose second chunk differs from the re-read one is sent again."""
+    """Over the fake: a stored 2-chunk part whose bytes differ from the re-read ones is sent again."""
     store = LocalStore(tmp_path / "repo")
-    data = stream(CHUNK * 6 + 77)
-    uploads = CrashingMultipart(store, crash_after=1)  # one part of segment 0 stored, then the agent dies
+    data = stream(CHUNK * 6 + 77)  # segments of 4 chunks: parts of 2 chunks, 2 + 2 of them
+    uploads = CrashingMultipart(store, crash_after=1)  # one part stored (whichever was first), then the agent dies
     with pytest.raises(Crash):
         run(store, [data], uploads=uploads, part_chunks=2)
-    (open_upload,) = list(uploads.list_uploads(""))
     deadline = time.monotonic() + 10  # the one part that started may still be storing when the crash reaches us
-    while not (parts := list(uploads.list_parts(open_upload.key, open_upload.upload_id))) and time.monotonic() < deadline:
+    while True:
+        stored = [(u, part) for u in uploads.list_uploads("") for part in uploads.list_parts(u.key, u.upload_id)]
+        if stored or time.monotonic() > deadline:
+            break
         time.sleep(0.01)
-    (part,) = parts
-    tampered = data[:CHUNK] + bytes([data[CHUNK] ^ 1]) + data[CHUNK + 1 : 2 * CHUNK]
+    ((open_upload, part),) = stored
+    segment = int(open_upload.key.rpartition("seg")[2])
+    start = segment * 4 * CHUNK + (part.number - 1) * 2 * CHUNK
+    original = data[start : min(start + 2 * CHUNK, (segment + 1) * 4 * CHUNK, len(data))]
+    tampered = original[:-1] + bytes([original[-1] ^ 1])
     uploads.crash_after = None
-    uploads.upload_part(open_upload.key, open_upload.upload_id, part.number, [tampered[:CHUNK], tampered[CHUNK:]], crc(tampered))
+    uploads.upload_part(open_upload.key, open_upload.upload_id, part.number, [tampered], crc(tampered))
     uploads.calls.clear()
     upload = resume(store, uploads, inputs=["/pipe0"])
     with upload:
