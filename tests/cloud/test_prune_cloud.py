@@ -44,24 +44,32 @@ def repository_of(cloud: Emulator) -> tuple[Repository, KmsKeyService]:
     return repository, keys
 
 
-def prune_machine(cloud: Emulator) -> str:
+def stack_output(cloud: Emulator, key: str) -> str:
     (stack,) = cloud.client("cloudformation").describe_stacks(StackName="Braid")["Stacks"]
-    (arn,) = [o["OutputValue"] for o in stack["Outputs"] if o["OutputKey"] == contract.OUTPUT_PRUNE_STATE_MACHINE]
-    return str(arn)
+    (value,) = [o["OutputValue"] for o in stack["Outputs"] if o["OutputKey"] == key]
+    return str(value)
+
+
+def prune_machine(cloud: Emulator) -> str:
+    return stack_output(cloud, contract.OUTPUT_PRUNE_STATE_MACHINE)
+
+
+def finished(cloud: Emulator, arn: str, timeout: float = 180) -> dict[str, Any]:
+    """The output of execution `arn`, once it SUCCEEDED (anything else fails the test, with its error and cause)."""
+    sfn = cloud.client("stepfunctions")
+    deadline = time.monotonic() + timeout
+    while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+        assert time.monotonic() < deadline, f"{arn} still running after {timeout} s:\n{cloud.tail()}"
+        time.sleep(0.5)
+    assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"), cloud.tail()[-3000:])
+    output: dict[str, Any] = json.loads(described["output"])
+    return output
 
 
 def run_prune(cloud: Emulator, name: str, document: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
     sfn = cloud.client("stepfunctions")
     arn = sfn.start_execution(stateMachineArn=prune_machine(cloud), name=name, input=json.dumps(document))["executionArn"]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        described = sfn.describe_execution(executionArn=arn)
-        if described["status"] != "RUNNING":
-            assert described["status"] == "SUCCEEDED", (described, cloud.tail())
-            output: dict[str, Any] = json.loads(described["output"])
-            return output
-        time.sleep(0.5)
-    raise AssertionError(f"prune run {name} still running after {timeout} s:\n{cloud.tail()}")
+    return finished(cloud, arn, timeout)
 
 
 def deletions(cloud: Emulator, role: str) -> list[float]:
@@ -137,16 +145,12 @@ def test_the_scheduled_maintenance_starts_the_prune_which_distrusts_what_a_verif
     raw = bytearray(s3.get_object(Bucket=cloud.bucket, Key=chunk)["Body"].read())
     raw[-1] ^= 1
     s3.put_object(Bucket=cloud.bucket, Key=chunk, Body=bytes(raw))  # the newest is damaged: it must not push the older one out
-    sfn = cloud.client("stepfunctions")
-    (stack,) = cloud.client("cloudformation").describe_stacks(StackName="Braid")["Stacks"]
-    (verify_machine,) = [o["OutputValue"] for o in stack["Outputs"] if o["OutputKey"] == contract.OUTPUT_VERIFY_STATE_MACHINE]
-    verify_run = sfn.start_execution(
-        stateMachineArn=verify_machine, name="verify-ledger", input=json.dumps({"prefix": "", "backups": [str(newest)], "deep": True})
+    verify_run = cloud.client("stepfunctions").start_execution(
+        stateMachineArn=stack_output(cloud, contract.OUTPUT_VERIFY_STATE_MACHINE),
+        name="verify-ledger",
+        input=json.dumps({"prefix": "", "backups": [str(newest)], "deep": True}),
     )["executionArn"]
-    deadline = time.monotonic() + 180
-    while (described := sfn.describe_execution(executionArn=verify_run))["status"] == "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert described["status"] == "SUCCEEDED", (described, cloud.tail())
+    finished(cloud, verify_run)
     lambda_ = cloud.client("lambda")
     # The maintenance function (logical id FunctionsVerify...; the verify pipeline's are FunctionsVerifyplan... etc.).
     (maintenance,) = [f["FunctionName"] for f in lambda_.list_functions()["Functions"] if re.match(r"FunctionsVerify(?![a-z])", f["FunctionName"])]
@@ -157,11 +161,7 @@ def test_the_scheduled_maintenance_starts_the_prune_which_distrusts_what_a_verif
     assert "FunctionError" not in answer, report
     assert report["prune_run"].startswith(prune_machine(cloud).replace(":stateMachine:", ":execution:"))
     assert isinstance(report["oldest_staging_hours"], float)  # measured under its own role: it may list staging/
-    deadline = time.monotonic() + 180
-    while (described := sfn.describe_execution(executionArn=report["prune_run"]))["status"] == "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"), cloud.tail()[-3000:])
-    pruned = json.loads(described["output"])["report"]
+    pruned = finished(cloud, report["prune_run"])["report"]
     unreadable = [u for u in pruned["unreadable"] if u["backup"].startswith("ledger@")]
     assert [u["backup"] for u in unreadable] == [str(newest)] and "failed its deep verification" in unreadable[0]["error"]
     assert not [p for p in pruned["pruned"] if p.startswith("ledger@")]
