@@ -256,8 +256,8 @@ def test_workers_beyond_memory_are_refused_with_the_figure(repo: Path) -> None:
     result = run_braid("backup", "--repo", str(repo), "--name", "db", "--workers", "100000", stdin=b"rows")
     assert result.code == 2
     line = error_line(result.stderr)
-    assert line.startswith("braid: error: --workers 100000 with --chunk-size 64 MiB needs up to ")
-    assert "(300002 x 64 MiB), more than this machine's " in line and line.endswith(" of memory: lower it")
+    assert line.startswith("braid: error: --workers 100000 with --chunk-size 16 MiB needs up to ")
+    assert "(300002 x 16 MiB), more than this machine's " in line and line.endswith(" of memory: lower it")
     assert result.stdout == b""
 
 

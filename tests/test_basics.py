@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from datetime import UTC, datetime, timedelta, timezone
@@ -10,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from braid.adapters.local.keys import LocalKeyFile
-from braid.cli.sizes import format_size, parse_size
+from braid.cli.sizes import DEFAULT_CHUNK_DIRECTORY, DEFAULT_CHUNK_S3, default_chunk_size, format_size, parse_size
 from braid.errors import KeyAccessError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.keys import canonical_context, encryption_context
 from braid.format.layout import DATA, STAGING, chunk_key, data_prefix, manifest_key, ref_from_manifest_key, ref_under, staging_prefix
 from braid.format.timestamps import format_timestamp, parse_timestamp, utc_now
+from conftest import run_braid
 
 
 @pytest.mark.parametrize(
@@ -142,3 +144,15 @@ def test_timestamps_and_ids_round_trip_to_the_microsecond_and_millisecond() -> N
     assert ref.started == moment.replace(microsecond=456000)
     with pytest.raises(UsageError, match="invalid backup id"):
         BackupRef.parse("pg@\u0662\u0660\u0662\u066611\u06623T010203.456Z-1a2b3c4d")
+
+
+def test_chunk_size_default_follows_where_chunks_are_stored(repo: Path) -> None:
+    """16 MiB chunks in a directory (small streams are not start-up bound), 64 MiB on S3 (a request per chunk)."""
+    assert default_chunk_size(str(repo)) == DEFAULT_CHUNK_DIRECTORY == 16 * 2**20
+    assert default_chunk_size("s3://bucket/prefix") == DEFAULT_CHUNK_S3 == 64 * 2**20
+    stream = os.urandom(40 * 2**20)
+    for extra, size, chunks in (((), 16 * 2**20, 3), (("--chunk-size", "8MiB"), 8 * 2**20, 5)):
+        made = run_braid("backup", "--repo", str(repo), "--name", "db", *extra, stdin=stream)
+        assert made.code == 0, made.stderr
+        shown = json.loads(run_braid("show", "--repo", str(repo), made.stdout.decode().strip(), "--json").stdout)
+        assert (shown["chunk_size"], shown["chunks"]) == (size, chunks)

@@ -93,7 +93,7 @@ chunk_size = 134217728
 
 def test_defaults_without_any_setting() -> None:
     args = resolved(["backup", "--name", "db"], {"BRAID_CONFIG": os.devnull})
-    assert (args.repo, args.key_file, args.chunk_size, args.level, args.concurrency, args.json) == (None, None, "64MiB", 3, None, False)
+    assert (args.repo, args.key_file, args.chunk_size, args.level, args.concurrency, args.json) == (None, None, None, 3, None, False)
     assert args.workers >= 1
 
 

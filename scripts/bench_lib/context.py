@@ -74,6 +74,14 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _GivenSize(argparse.Action):
+    """Stores the size and notes that it was typed: `local` then uses it instead of braid's own default."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.chunk_size_given = True
+
+
 def add_option_once(parser: argparse.ArgumentParser, *flags: str, **kwargs) -> None:
     """Add an option unless another benchmark already did (`all` shares options such as --chunk-size)."""
     if any(flag in parser._option_string_actions for flag in flags):
@@ -83,5 +91,6 @@ def add_option_once(parser: argparse.ArgumentParser, *flags: str, **kwargs) -> N
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by benchmarks that run the codec or the CLI."""
-    add_option_once(parser, "--chunk-size", type=size_arg, default=size_arg("64MiB"), help="chunk size (default 64MiB)")
+    add_option_once(parser, "--chunk-size", type=size_arg, default=size_arg("64MiB"), action=_GivenSize,
+                    help="chunk size (default 64MiB; local: braid's default for a directory repository, 16MiB)")
     add_option_once(parser, "--level", type=int, default=3, help="zstd level for ours and the reference (default 3)")

@@ -30,6 +30,7 @@ from pathlib import Path
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Comparison, Section
 from bench_lib.timing import Sample, Series, drop_dirty_pages, run_command, warm_page_cache
+from braid.cli.sizes import DEFAULT_CHUNK_DIRECTORY
 
 NAME = "local"
 HELP = "braid backup/restore (local repository) vs zstd -T<cores> | openssl enc -aes-256-ctr and back"
@@ -65,7 +66,9 @@ def _check_cli(ctx: Context) -> str | None:
 def run(ctx: Context) -> Section:
     args = ctx.args
     workers = args.workers or ctx.cores
-    section = Section(NAME, f"local backup and restore end to end, {workers} workers, {args.chunk_size // 2**20} MiB chunks, zstd level {args.level}")
+    # braid's default for a directory repository unless --chunk-size was typed: what a user gets.
+    chunk_size = args.chunk_size if getattr(args, "chunk_size_given", False) else DEFAULT_CHUNK_DIRECTORY
+    section = Section(NAME, f"local backup and restore end to end, {workers} workers, {chunk_size // 2**20} MiB chunks, zstd level {args.level}")
     problem = _check_cli(ctx)
     if problem:
         section.skipped = problem
@@ -76,7 +79,7 @@ def run(ctx: Context) -> Section:
             return section
 
     data = ctx.dataset()
-    chunks = -(-data.size // args.chunk_size)
+    chunks = -(-data.size // chunk_size)
     if chunks < 4 * workers:
         section.notes.append(
             f"only {chunks} chunk(s) for {workers} workers: braid cannot overlap reading, encoding and writing much,"
@@ -120,7 +123,7 @@ def run(ctx: Context) -> Section:
     for rep in range(ctx.reps):
         repo, key = fresh_repo(rep)
         common = ["--repo", str(repo), "--key-file", str(key)]
-        backup_argv = [braid, "backup", *common, "--name", "bench", "--chunk-size", str(args.chunk_size), "--level", str(args.level), "--workers", str(workers)]
+        backup_argv = [braid, "backup", *common, "--name", "bench", "--chunk-size", str(chunk_size), "--level", str(args.level), "--workers", str(workers)]
         restore_argv = [braid, "restore", *common, "--workers", str(workers), "bench@latest"]
         backups = [
             lambda backup_argv=backup_argv: (warm_page_cache(data.path), timed(backup_ours, backup_argv, stdin=data.path, stdout=backup_id_file, stderr=backup_log)),

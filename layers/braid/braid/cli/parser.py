@@ -325,8 +325,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     ))
     backup.add_argument("--name", help="backup name, e.g. the database name")
     backup.add_argument("--input", action="append", metavar="PATH", help="file or named pipe; repeat for several (read concurrently)")
-    backup.add_argument("--chunk-size", type=_size("--chunk-size", MIN_CHUNK, MAX_CHUNK), default="64MiB", metavar="SIZE",
-                        help=f"chunk size, {format_size(MIN_CHUNK)} to {format_size(MAX_CHUNK)} (default 64MiB)")
+    backup.add_argument("--chunk-size", type=_size("--chunk-size", MIN_CHUNK, MAX_CHUNK), metavar="SIZE",
+                        help=f"chunk size, {format_size(MIN_CHUNK)} to {format_size(MAX_CHUNK)} (default 16MiB in a directory, 64MiB on s3://)")
     backup.add_argument("--workers", type=_positive_int, default=_cores(), metavar="N", help="worker threads (default: cores)")
     backup.add_argument("--level", type=_level, default=3, metavar=f"1-{MAX_LEVEL}", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
     backup.add_argument("--pipes", type=_positive_int, metavar="N",

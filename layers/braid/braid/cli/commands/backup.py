@@ -16,7 +16,7 @@ from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
 from braid.cli.render import operation_summary, print_backup_result, print_execution_status, print_json
-from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
+from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, default_chunk_size, format_size, parse_size
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
@@ -98,8 +98,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
 
 
 def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int:
-    chunk_size = parse_size(args.chunk_size)
-    if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+    chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
+    if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
     producer = _producer(args)
     sources = sources_from_args(args.input) if producer is None else []
@@ -107,6 +107,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         source.check()
     inputs = len(sources) if producer is None else (args.pipes or 1)
     repository = open_repository(repo_url(args.repo))
+    if chunk_size is None:
+        chunk_size = default_chunk_size(repository.url)
     cloud = _uses_pipeline(repository, args)
     if cloud:
         from braid.agent.limits import check_worker_chunk_size
