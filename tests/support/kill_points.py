@@ -262,6 +262,7 @@ def kill_backup(repo: LocalRepo, name: str, data: bytes, point: tuple[str, float
     """A backup of `data` on stdin, killed at `point`; returns whether the kill landed."""
     kind, value = point
     before = repo.chunk_files(name)
+    listed_before = set(repo.listed()[0])
     proc = repo.spawn("backup", "--name", name, "--chunk-size", "64KiB", "--workers", "2", stdin=subprocess.PIPE)
     if kind == "chunks":
         k = int(value)
@@ -284,6 +285,11 @@ def kill_backup(repo: LocalRepo, name: str, data: bytes, point: tuple[str, float
         tally.lose(f"backup {name} at {point}: failed without a kill ({proc.returncode}): {err.strip().splitlines()[-1:]}")
     if ref:  # printed only once published: a good backup, killed or not
         good[ref] = data
+    elif killed:
+        # Killed after publishing but before printing NAME@ID: the backup is
+        # complete and listed (the audit deep-verifies and may restore it).
+        for published in set(repo.listed()[0]) - listed_before:
+            good[published] = data
     return killed
 
 
