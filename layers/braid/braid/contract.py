@@ -38,6 +38,10 @@ DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.
 DEFAULT_WORKER_LANES = 4
+# Chunks per stored object (a pack, docs/format.md): the worker stores each run of this many
+# consecutive chunks of its item as one create-only PUT, so chunk PUTs cost 1/k. Bounded by memory:
+# a lane holds the frames of its pack until the PUT (scripts/bench pack-memory measures it).
+CHUNKS_PER_PACK = 4
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
