@@ -36,8 +36,9 @@ from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from braid.ports.store import ObjectInfo
 
 CHUNK = 4096
+K = contract.CHUNKS_PER_PACK
 SEGMENT_PARTS = 8
-# 9 chunks and a bit: one segment of 8 (one item, two packs of 4) and one of 2 (a pack of 2); compressible, each chunk its own.
+# 9 chunks and a bit: one segment of 8 (one item, in packs of CHUNKS_PER_PACK) and one of 2 (a pack of 2); compressible, each chunk its own.
 DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(1700))[: 9 * CHUNK + 1234]
 
 
@@ -110,8 +111,9 @@ def rewrite(p: Published, key: str, change: bytes) -> None:
 
 def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
     objects = stored_objects(published.manifest)
-    assert contract.CHUNKS_PER_PACK == 4
-    assert [o.chunks for o in objects] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9)]
+    k = contract.CHUNKS_PER_PACK
+    assert 2 <= k < SEGMENT_PARTS
+    assert [o.chunks for o in objects] == [tuple(range(first, min(first + k, SEGMENT_PARTS))) for first in range(0, SEGMENT_PARTS, k)] + [(8, 9)]
     assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]
     for stored in objects:  # each pack is its frames back to back, with the checksum S3 would compute of it
         raw = published.store.get(stored.key)
@@ -125,7 +127,8 @@ def test_quick_verify_checks_each_pack_once(published: Published) -> None:
     published.store.heads.clear()
     report = verify_backup(published.store, published.manifest, None, deep=False)
     assert report.ok and (report.chunks_checked, report.bytes_checked) == (10, len(DATA)), report.failures
-    assert published.store.heads == [o.key for o in stored_objects(published.manifest)]  # 3 HEADs for 10 chunks
+    assert published.store.heads == [o.key for o in stored_objects(published.manifest)]  # one HEAD per pack, not per chunk
+    assert len(published.store.heads) == -(-SEGMENT_PARTS // contract.CHUNKS_PER_PACK) + 1
 
 
 def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(published: Published, tmp_path: Path) -> None:
@@ -139,19 +142,19 @@ def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(pu
     assert deep.failures == [f"chunk 1 of backup {published.ref}: stored size or checksum mismatch (corrupt in the repository)"]
     assert deep.chunks_checked == 9
     quick = verify_backup(published.store, published.manifest, None, deep=False)
-    assert quick.failures == [f"pack of chunks 0-3 of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
+    assert quick.failures == [f"pack of chunks 0-{K - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
     with pytest.raises(IntegrityError, match=f"^chunk 1 of backup {published.ref}: failed authentication"):
         restore(published, tmp_path)
     assert not (tmp_path / "restored").exists()
 
 
 def test_a_missing_pack_stops_a_restore_naming_its_first_chunk(published: Published, tmp_path: Path) -> None:
-    published.store.delete([chunk_key(published.ref, 4)])
-    with pytest.raises(IntegrityError, match=rf"^chunk 4 of backup {published.ref} is missing from the repository \(its pack {chunk_key(published.ref, 4)} is gone\)$"):
+    published.store.delete([chunk_key(published.ref, K)])  # the second pack
+    with pytest.raises(IntegrityError, match=rf"^chunk {K} of backup {published.ref} is missing from the repository \(its pack {chunk_key(published.ref, K)} is gone\)$"):
         restore(published, tmp_path)
     assert not (tmp_path / "restored").exists()
     quick = verify_backup(published.store, published.manifest, None, deep=False)
-    assert quick.failures == [f"pack of chunks 4-7 of backup {published.ref} is missing from the repository ({chunk_key(published.ref, 4)})"]
+    assert quick.failures == [f"pack of chunks {K}-{2 * K - 1} of backup {published.ref} is missing from the repository ({chunk_key(published.ref, K)})"]
 
 
 def test_a_truncated_pack_is_caught_by_size(published: Published, tmp_path: Path) -> None:
@@ -176,10 +179,10 @@ def plaintext(task: ChunkTask) -> bytes:
 def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(published: Published) -> None:
     pack = chunk_key(published.ref, 0)
     original = published.store.get(pack)
-    recorded = [c for c in published.manifest.chunks() if c.index < 4]
+    recorded = [c for c in published.manifest.chunks() if c.index < K]
     codec = ChunkCodec(published.key)
 
-    again = store_pack(codec, published.store, published.ref, tasks(0, 4), plaintext)
+    again = store_pack(codec, published.store, published.ref, tasks(0, K), plaintext)
     assert again == recorded  # the stored frames' own checksums and offsets, though this encoding's nonces differ
     assert published.store.get(pack) == original
 
@@ -187,10 +190,10 @@ def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(publi
         data = plaintext(task)
         return data[:-1] + b"!" if task.index == 1 else data  # compresses to another length
 
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-3\) already exists with different content: {len(original)} bytes, these chunks encode to"):
-        store_pack(codec, published.store, published.ref, tasks(0, 4), longer)
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-2\) already exists with different content: {len(original)} bytes"):
-        store_pack(codec, published.store, published.ref, tasks(0, 3), plaintext)  # grouped otherwise: never accepted
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
+        store_pack(codec, published.store, published.ref, tasks(0, K), longer)
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 2}\) already exists with different content: {len(original)} bytes"):
+        store_pack(codec, published.store, published.ref, tasks(0, K - 1), plaintext)  # grouped otherwise: never accepted
     assert published.store.get(pack) == original
 
 
