@@ -29,7 +29,8 @@ def manifest_of(ref: BackupRef, sizes: list[int]) -> Manifest:
 def test_one_object_per_chunk_in_chunk_order() -> None:
     ref = BackupRef.new("db")
     found = stored_objects(manifest_of(ref, [30, 10, 20]))
-    assert found == [StoredObject(chunk_key(ref, i), size, (i,), "crc64nvme:AAAAAAAAAAA=") for i, size in enumerate([30, 10, 20])]
+    assert found == [StoredObject(chunk_key(ref, i), size, (i,), (("crc64nvme:AAAAAAAAAAA=", size),)) for i, size in enumerate([30, 10, 20])]
+    assert all(s.checksum == "crc64nvme:AAAAAAAAAAA=" for s in found)  # a lone frame's checksum is its object's
 
 
 def packs_of(ref: BackupRef, frames: list[bytes], sizes: list[int]) -> Manifest:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from braid.errors import AlreadyExistsError, IntegrityError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import stored_checksum
-from braid.format.chunk import Buffer, ChunkCodec, compression_name
+from braid.format.chunk import Buffer, ChunkCodec, EncodedChunk, compression_name
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry
@@ -31,6 +31,22 @@ class ChunkTask:
     index: int
     input_index: int
     offset: int
+
+
+def _entry(task: ChunkTask, length: int, encoded: EncodedChunk, *, pack: int = -1, pack_offset: int = 0) -> ChunkEntry:
+    """The manifest entry of a chunk just encoded (`pack` -1: alone in its object)."""
+    return ChunkEntry(
+        index=task.index,
+        input_index=task.input_index,
+        offset=task.offset,
+        length=length,
+        stored_length=encoded.stored_length,
+        checksum=encoded.checksum,
+        mac=encoded.plaintext_mac,
+        compression=compression_name(encoded.compression),
+        pack=pack,
+        pack_offset=pack_offset,
+    )
 
 
 def store_chunk(
@@ -55,16 +71,7 @@ def store_chunk(
     existing object is left as it is.
     """
     encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
-    entry = ChunkEntry(
-        index=task.index,
-        input_index=task.input_index,
-        offset=task.offset,
-        length=len(plaintext),
-        stored_length=encoded.stored_length,
-        checksum=encoded.checksum,
-        mac=encoded.plaintext_mac,
-        compression=compression_name(encoded.compression),
-    )
+    entry = _entry(task, len(plaintext), encoded)
     key = chunk_key(ref, task.index)
     try:
         store.put(key, encoded.stored, checksum=entry.checksum, create_only=True, durable=durable)
@@ -124,20 +131,7 @@ def store_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, tasks: Seq
         encoded = codec.encode(str(ref), task.index, task.input_index, plaintext)
         last = position == len(tasks) - 1
         frames.append(encoded.stored if last else bytes(encoded.stored))
-        entries.append(
-            ChunkEntry(
-                index=task.index,
-                input_index=task.input_index,
-                offset=task.offset,
-                length=len(plaintext),
-                stored_length=encoded.stored_length,
-                checksum=encoded.checksum,
-                mac=encoded.plaintext_mac,
-                compression=compression_name(encoded.compression),
-                pack=first,
-                pack_offset=offset,
-            )
-        )
+        entries.append(_entry(task, len(plaintext), encoded, pack=first, pack_offset=offset))
         offset += encoded.stored_length
     key = chunk_key(ref, first)
     checksum = pack_checksum((e.checksum, e.stored_length) for e in entries)
