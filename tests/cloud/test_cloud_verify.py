@@ -11,6 +11,7 @@ a bug in something else writing the bucket), or deleted.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,8 +63,9 @@ def received(cloud: Emulator, url: str) -> list[dict[str, Any]]:
     return [json.loads(m["Body"]) for m in messages]
 
 
-def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorded(cloud: Emulator) -> None:
+def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorded(cloud: Emulator, tmp_path: Path) -> None:
     ref = backup(cloud, "good", 12 * MiB + 5, 1)
+    assert [manifest_chunk(cloud, ref, i)["pack"] for i in range(3)] == [0, 0, 0]  # one pack of 3 chunks
 
     quick = verify(cloud, "restore-good", ref, "--json")
     deep = verify(cloud, "restore-good", ref, "--deep", "--json")
@@ -92,6 +94,9 @@ def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorde
     (row,) = [r for r in json.loads(listed.stdout) if r["backup"] == ref]
     assert row["verified"]["mode"] == "deep" and row["verified"]["outcome"] == "ok"
     assert cloud.keys("verify-runs/") == []  # the run's work is gone
+    # Restored from the pack by ranged reads of its frames, byte for byte.
+    restored = braid(cloud, "restore-good", "restore", ref, "--output", str(tmp_path / "out"))
+    assert restored.code == 0 and (tmp_path / "out").read_bytes() == stream_bytes(12 * MiB + 5, 1), restored.stderr
     assert_within_policy(cloud, "restore-good", "restore")
 
 
@@ -135,7 +140,7 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
     assert "by stepfunctions: FAILED (1 problem(s); first: chunk 1 of backup" in shown.stdout
 
 
-def test_a_deleted_pack_fails_quick_and_deep_verify_naming_its_chunks(cloud: Emulator) -> None:
+def test_a_deleted_pack_fails_quick_and_deep_verify_and_restore_naming_its_chunks(cloud: Emulator, tmp_path: Path) -> None:
     ref = backup(cloud, "deleted", 22 * MiB + 5, 3)  # 5 chunks: packs of chunks 0-2 and 3-4
     assert manifest_chunk(cloud, ref, 4)["pack"] == 3
     cloud.client("s3").delete_object(Bucket=cloud.bucket, Key=chunk_key(ref, 3))
@@ -150,6 +155,9 @@ def test_a_deleted_pack_fails_quick_and_deep_verify_naming_its_chunks(cloud: Emu
         assert report["failures"][0].startswith(f"{first} of backup {ref} is missing from the repository"), report
         assert f"failed verification; first: {first} of backup" in run.stderr
     assert deep.stdout and any(f.startswith(f"chunk 4 of backup {ref} is missing") for f in reports(deep)[0]["failures"])
+    restored = braid(cloud, "restore-deleted", "restore", ref, "--output", str(tmp_path / "out"))
+    assert restored.code == 6 and not (tmp_path / "out").exists()
+    assert f"braid: error: chunk 3 of backup {ref} is missing from the repository (its pack {chunk_key(ref, 3)} is gone)" in restored.stderr, restored.stderr
 
 
 def test_rotation_covers_every_chunk_over_its_runs_and_a_sample_checks_a_share(cloud: Emulator) -> None:
