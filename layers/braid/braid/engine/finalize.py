@@ -89,8 +89,8 @@ def finalize_backup(
         stats=stats or {},
     )
     manifest.check_structure()
-    # Presence and size of every chunk, by LIST (one request per 1,000
-    # chunks, not a HEAD each). Each chunk's checksum was verified where it
+    # Presence and size of every object (pack), by LIST (one request per 1,000
+    # objects, not a HEAD each). Each pack's checksum was verified where it
     # was written: S3 checked the CRC64NVME sent with the PUT, a local store
     # checked it in `put` from the very buffer it wrote, and the entry
     # records that same checksum; reading it back here would add a request

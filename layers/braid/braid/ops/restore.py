@@ -1,7 +1,9 @@
 """Restore: stream a backup's original bytes back, verified before written.
 
-Before the first byte, every chunk must be in the repository with its
-recorded size (one LIST per 1,000 chunks on S3, not a HEAD each): stdout
+Before the first byte, every chunk's object (its pack, docs/format.md) must
+be in the repository with its recorded size (one LIST per 1,000 objects on
+S3, not a HEAD each); each chunk is then read as its frame, a ranged read of
+its pack (a whole read for a chunk alone in its object): stdout
 and pipes cannot take bytes back, and a backup missing its last chunk must
 not be found out after the rest was written. Regular files are written
 beside their name and renamed over it only when every output succeeded
