@@ -341,3 +341,42 @@ def test_cloud_options_on_a_local_repository_are_refused(repo: Path, args: list[
 def test_resume_on_a_local_repository_is_refused(repo: Path) -> None:
     result = run_braid("backup", "--repo", str(repo), "--resume", "db@20261123T010203.456Z-1a2b3c4d", stdin=b"rows")
     assert result.code == 2 and "--resume only apply to s3:// repositories" in error_line(result.stderr)
+
+
+# -- format version 2 (docs/format.md, Packs): an earlier repository or manifest is refused, never read --------------
+
+
+def test_a_version_1_repository_is_refused_naming_both_versions(repo: Path) -> None:
+    config = repo / "config.json"
+    doc = json.loads(config.read_text())
+    assert doc["version"] == 2
+    config.chmod(0o644)
+    config.write_text(json.dumps({**doc, "version": 1}, indent=2, sort_keys=True) + "\n")
+    result = run_braid("list", "--repo", str(repo))
+    assert result.code == 3
+    assert "config.json is repository format v1; this Braid reads v2 only (earlier repositories are not read" in result.stderr, result.stderr
+
+
+def test_a_version_1_manifest_is_refused_naming_both_versions(repo: Path, tmp_path: Path) -> None:
+    from braid.cli.compose import open_key_service, open_repository
+    from braid.format.canonical import canonical_json
+    from braid.format.ids import BackupRef
+    from braid.format.layout import manifest_key
+    from braid.format.manifest import open_manifest, seal_body
+    from braid.ops.open import open_backup
+
+    ref = backup(repo, b"v" * 10_000)
+    repository = open_repository(str(repo))
+    key = open_backup(repository, BackupRef.parse(ref), open_key_service(repository, None, unwrap_only=True)).key
+    stored = repo / manifest_key(BackupRef.parse(ref))
+    doc = json.loads(open_manifest(stored.read_bytes(), "manifest").body)
+    doc["version"] = 1  # as a version-1 Braid wrote it: no pack fields, authentic under the backup's key
+    for entry in doc["inputs"]:
+        for chunk in entry["chunks"]:
+            del chunk["pack"], chunk["pack_offset"]
+    body = canonical_json(doc)
+    stored.chmod(0o644)
+    stored.write_bytes(seal_body(body, key.manifest_mac(body)))
+    result = run_braid("restore", "--repo", str(repo), ref, "--output", str(tmp_path / "out"))
+    assert result.code == 6 and not (tmp_path / "out").exists()
+    assert "unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 only (earlier versions are not read)" in result.stderr, result.stderr

@@ -158,7 +158,7 @@ def test_both_engines_write_one_shape(published: tuple[Published, Published]) ->
     local, cloud = published
     assert shape(local.body) == shape(cloud.body)
     for body in (local.body, cloud.body):
-        assert (body["format"], body["version"]) == ("braid-manifest", 1)
+        assert (body["format"], body["version"]) == ("braid-manifest", 2)
         for name in ENGINE_SPECIFIC:
             assert body[name] and all(isinstance(v, int | float) and not isinstance(v, bool) for v in body[name].values())
         assert sorted(body["key"]["encryption_context"]) == ["braid:backup", "braid:repository"]
@@ -192,8 +192,29 @@ def test_checksums_are_spelled_one_way_and_name_the_stored_bytes(published: tupl
     for manifest in published:
         for entry in (c for i in manifest.body["inputs"] for c in i["chunks"]):
             assert TAGGED_CRC64NVME.fullmatch(entry["checksum"]), entry["checksum"]
-            stored = manifest.store.get(chunk_key(manifest.ref, entry["index"]))
+            # docs/format.md, Packs: the frame is `stored_length` bytes at `pack_offset` of the object keyed by chunk `pack`.
+            start = entry["pack_offset"]
+            stored = manifest.store.get(chunk_key(manifest.ref, entry["pack"]))[start : start + entry["stored_length"]]
             value = int.from_bytes(base64.b64decode(entry["checksum"].partition(":")[2]), "big")
             assert value == crc64nvme(stored) and len(stored) == entry["stored_length"]
             assert re.fullmatch(r"[0-9a-f]{32}", entry["mac"]) and entry["compression"] in ("zstd", "none")
         assert all(re.fullmatch(r"[0-9a-f]{64}", i["mac"]) for i in manifest.body["inputs"])
+
+
+def test_packs_are_frames_back_to_back_keyed_by_their_first_chunk(published: tuple[Published, Published]) -> None:
+    """docs/format.md, Packs: each object under data/NAME/ID/ is its chunks' frames in order and nothing else;
+    the local engine stores every chunk alone, the cloud worker runs of up to 4 chunks of an item (2 here)."""
+    local, cloud = published
+    for manifest in published:
+        chunks = sorted((c for i in manifest.body["inputs"] for c in i["chunks"]), key=lambda c: c["index"])
+        packs: dict[int, list[dict[str, Any]]] = {}
+        for entry in chunks:
+            packs.setdefault(entry["pack"], []).append(entry)
+        for first, frames in packs.items():
+            assert frames[0]["index"] == first and [f["index"] for f in frames] == list(range(first, first + len(frames)))
+            assert [f["pack_offset"] for f in frames] == [sum(f["stored_length"] for f in frames[:n]) for n in range(len(frames))]
+            assert len(manifest.store.get(chunk_key(manifest.ref, first))) == sum(f["stored_length"] for f in frames)
+        listed = {info.key for info in manifest.store.list(f"data/{manifest.ref.name}/{manifest.ref.id}/")}
+        assert listed == {chunk_key(manifest.ref, first) for first in packs}
+        sizes = sorted(len(frames) for frames in packs.values())
+        assert sizes == ([1] * 5 if manifest is local else [1, 2, 2])  # cloud: items of 2, 2 (input 0: 3 chunks = 2 + 1) and 2

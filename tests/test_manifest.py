@@ -166,3 +166,29 @@ def test_only_braid_timestamps_and_checksums_are_sealed() -> None:
     bare = replace(manifest.inputs[0].chunks[0], checksum=manifest.inputs[0].chunks[0].checksum.partition(":")[2])
     with pytest.raises(IntegrityError, match="chunk 0 checksum .* is not crc64nvme:<base64>"):
         replace(manifest, inputs=(replace(manifest.inputs[0], chunks=(bare,)),)).seal(KEY)
+
+
+def version_1_of(body: bytes) -> bytes:
+    """A version-1 body: the version number, and chunk entries without the pack fields version 2 added."""
+    doc = json.loads(body)
+    doc["version"] = 1
+    for entry in doc["inputs"]:
+        for chunk in entry["chunks"]:
+            del chunk["pack"], chunk["pack_offset"]
+    return canonical_json(doc)
+
+
+def test_a_version_1_manifest_is_refused_with_both_versions_named() -> None:
+    """docs/format.md: no earlier repository is read; the refusal says which version this is and which Braid reads."""
+    body = version_1_of(canonical_json(make_manifest([[10, 20]]).body()))
+    raw = seal_body(body, KEY.manifest_mac(body))  # intact and authentic: refused for its version alone
+    with pytest.raises(IntegrityError, match=r"^manifests/x: unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 only"):
+        open_manifest(raw, "manifests/x")
+
+
+def test_a_version_2_chunk_entry_without_its_pack_is_malformed() -> None:
+    doc = json.loads(canonical_json(make_manifest([[10]]).body()))
+    del doc["inputs"][0]["chunks"][0]["pack_offset"]
+    body = canonical_json(doc)
+    with pytest.raises(IntegrityError, match=r"manifest is missing or has malformed fields \('pack_offset'\)"):
+        open_manifest(seal_body(body, KEY.manifest_mac(body)), "manifests/x")

@@ -20,7 +20,7 @@ from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url
 from braid.adapters.local.store import LocalStore
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.checksum import stored_checksum
-from braid.ports.store import ListingAfter, ObjectStore, PrefixListing, child_prefixes, list_after, read_object
+from braid.ports.store import ListingAfter, ObjectStore, PrefixListing, child_prefixes, list_after, put_pieces, read_object
 
 BUCKET = "braid-conformance"
 
@@ -48,6 +48,22 @@ def test_put_get_head(store: ObjectStore) -> None:
     info = store.head("data/a")
     assert info is not None and info.key == "data/a" and info.size == 3000
     assert store.head("data/missing") is None
+
+
+def test_put_pieces_stores_them_end_to_end_with_their_checksum_and_create_only(store: ObjectStore) -> None:
+    """A pack's frames go up as one object, from their own buffers where the store can (S3), joined where not."""
+    codec_buffer = bytearray(os.urandom(5000))
+    pieces = [os.urandom(3000), memoryview(codec_buffer)[:4000], bytearray(b"tail")]
+    whole = b"".join(bytes(p) for p in pieces)
+    put_pieces(store, "data/pack", pieces, checksum=stored_checksum(whole), create_only=True)
+    assert store.get("data/pack") == whole and store.get_range("data/pack", 3000, 4000) == bytes(codec_buffer[:4000])
+    info = store.head("data/pack")
+    assert info is not None and info.size == len(whole) and info.checksum in (None, stored_checksum(whole))
+    with pytest.raises(AlreadyExistsError):
+        put_pieces(store, "data/pack", pieces[:1], create_only=True)
+    with pytest.raises(StorageError, match="checksum mismatch"):
+        put_pieces(store, "data/other", pieces, checksum=stored_checksum(whole[:-1]), create_only=True)
+    assert store.get("data/pack") == whole and keys(store, "data/") == ["data/pack"]
 
 
 def test_put_accepts_memoryview_slices_and_bytearrays(store: ObjectStore) -> None:

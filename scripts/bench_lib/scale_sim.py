@@ -50,10 +50,11 @@ from typing import Any
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
 from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.contract import CHUNKS_PER_PACK
 from braid.errors import AlreadyExistsError, NotFoundError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
-from braid.format.layout import chunk_key
+from braid.format.layout import chunk_key, data_prefix
 from braid.format.lease import LeaseRecord
 from braid.format.manifest import ChunkEntry
 from braid.format.repository import Repository, RepositoryConfig
@@ -66,7 +67,7 @@ from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
-from braid.pipeline.worker import ChunkLanes, process_item
+from braid.pipeline.worker import ChunkLanes, packs_of, process_item
 from braid.ports.store import ObjectInfo
 
 MiB = 2**20
@@ -268,44 +269,64 @@ class NullPublisher:
 
 @dataclass(frozen=True)
 class WorkerRequests:
-    """Requests of one map item of k chunks: per_item + k × per_chunk, by kind (from process_item)."""
+    """Requests of one map item of k chunks: per_item + k × per_chunk + packs × per_pack, by kind (from process_item).
+
+    The worker stores an item's chunks in packs of CHUNKS_PER_PACK (one PUT each), so its PUTs follow the packs, not the chunks.
+    """
 
     per_item: Counter[str]
     per_chunk: Counter[str]
+    per_pack: Counter[str] = field(default_factory=Counter)
+    chunks_per_pack: int = 1
 
     def of(self, chunks: int) -> Counter[str]:
+        packs = -(-chunks // max(1, self.chunks_per_pack))
         total: Counter[str] = Counter()
-        for kind in set(self.per_item) | set(self.per_chunk):
-            total[kind] = self.per_item[kind] + chunks * self.per_chunk[kind]
+        for kind in set(self.per_item) | set(self.per_chunk) | set(self.per_pack):
+            total[kind] = self.per_item[kind] + chunks * self.per_chunk[kind] + packs * self.per_pack[kind]
         return total
 
 
+def _count_item(keys: LocalKeyFile, chunks: int) -> Counter[str]:
+    """The requests of the real worker storing one item of `chunks` small chunks."""
+    store = CountingStore(time.time)
+    _repository(store, keys)
+    ref = BackupRef.new("calibrate")
+    chunk = 4096
+    data = bytes(range(256)) * (chunk * chunks // 256)
+    area = StagingArea(store, ref)
+    repo_id = Repository.open(store).config.id
+    area.write_session(SessionRecord(str(ref), repo_id, chunk, chunks, 3, ["in"], utc_now()))
+    store.put(segment_key(ref, 0, 0), data)
+    crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
+    prepare_backup(store, keys, ref)
+    key, _ = load_data_key(store, keys, ref, repo_id)
+    item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, chunks, 0, crcs)
+    store.current = Invocation("worker")
+    process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+    return store.current.requests
+
+
 def calibrate_worker() -> WorkerRequests:
-    """Run the real worker on items of 1 and of 4 small chunks and count its requests."""
-    counts = []
+    """Run the real worker on items of 1, k and 2k small chunks (k = CHUNKS_PER_PACK) and count its requests.
+
+    1 and k chunks make one pack each, so they tell the per-chunk requests
+    (the ranged GETs) from the per-item ones; 2k chunks add the second pack's.
+    """
+    k = CHUNKS_PER_PACK
     with tempfile.TemporaryDirectory() as tmp:
         keys = LocalKeyFile.create(Path(tmp) / "master.key")
-        for chunks in (1, 4):
-            store = CountingStore(time.time)
-            _repository(store, keys)
-            ref = BackupRef.new("calibrate")
-            chunk = 4096
-            data = bytes(range(256)) * (chunk * chunks // 256)
-            area = StagingArea(store, ref)
-            repo_id = Repository.open(store).config.id
-            area.write_session(SessionRecord(str(ref), repo_id, chunk, chunks, 3, ["in"], utc_now()))
-            store.put(segment_key(ref, 0, 0), data)
-            crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
-            prepare_backup(store, keys, ref)
-            key, _ = load_data_key(store, keys, ref, repo_id)
-            item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, chunks, 0, crcs)
-            store.current = Invocation("worker")
-            process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
-            counts.append(store.current.requests)
-    one, four = counts
-    per_chunk = Counter({k: (four[k] - one[k]) // 3 for k in set(one) | set(four)})
-    per_item = Counter({k: one[k] - per_chunk[k] for k in set(one) | set(four)})
-    return WorkerRequests(+per_item, +per_chunk)
+        if k == 1:
+            one, two = _count_item(keys, 1), _count_item(keys, 2)
+            kinds = set(one) | set(two)
+            per_chunk = Counter({kind: two[kind] - one[kind] for kind in kinds})
+            return WorkerRequests(+Counter({kind: one[kind] - per_chunk[kind] for kind in kinds}), +per_chunk)
+        one, full, double = _count_item(keys, 1), _count_item(keys, k), _count_item(keys, 2 * k)
+    kinds = set(one) | set(full) | set(double)
+    per_chunk = Counter({kind: (full[kind] - one[kind]) // (k - 1) for kind in kinds})
+    per_pack = Counter({kind: double[kind] - full[kind] - k * per_chunk[kind] for kind in kinds})
+    per_item = Counter({kind: one[kind] - per_chunk[kind] - per_pack[kind] for kind in kinds})
+    return WorkerRequests(+per_item, +per_chunk, +per_pack, k)
 
 
 def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
@@ -349,6 +370,7 @@ class Simulation:
     map_seconds: float
     transitions: int  # Standard state transitions of the backup execution (billed)
     staged_byte_seconds: float  # raw bytes in staging x how long they stayed (until Finalize removed them)
+    packs: int = 0  # stored objects of chunks: one worker PUT each (braid.contract.CHUNKS_PER_PACK chunks at most)
 
     @property
     def seconds_after_stream_end(self) -> float:
@@ -534,6 +556,7 @@ def simulate(
             tib=tib, stream_mb_s=stream_mb_s, workers=workers, chunk_size=chunk_size, segments=agent.segments,
             chunks=math.ceil(total / chunk_size), stream_seconds=agent.end_at, invocations=invocations, history_events=events,
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
+            packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
         )
 
@@ -557,11 +580,16 @@ def _run_items(
     try:
         for item in items:
             entries = []
-            for piece in item.chunks():
-                stored = max(1, int(piece.length * ratio))
-                store.put_sized(chunk_key(ref, piece.index), stored)
-                mac = hashlib.blake2b(piece.index.to_bytes(8, "big"), digest_size=32).digest()
-                entries.append(ChunkEntry(piece.index, item.input_index, piece.offset, piece.length, stored, stored_checksum(b""), mac, "zstd"))
+            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK):  # one object per pack, as the worker stores them
+                offset = 0
+                for piece in pack:
+                    stored = max(1, int(piece.length * ratio))
+                    mac = hashlib.blake2b(piece.index.to_bytes(8, "big"), digest_size=32).digest()
+                    entries.append(
+                        ChunkEntry(piece.index, item.input_index, piece.offset, piece.length, stored, stored_checksum(b""), mac, "zstd", pack[0].index, offset)
+                    )
+                    offset += stored
+                store.put_sized(chunk_key(ref, pack[0].index), offset)
             area.write_result(ItemResult(item.first_index, tuple(entries)))
             invocations[item.count] += 1
     finally:

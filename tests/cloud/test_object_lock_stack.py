@@ -29,6 +29,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import CONFIG, data_prefix, manifest_key, staging_prefix
 from braid.format.lock import ObjectLock
 from braid.format.repository import Repository
+from braid.format.stored import stored_objects
 from braid.ops.rekey import rekey_repository
 from support.emulated_cloud import stack_iam
 from support.emulated_iam import OPERATOR_KEY, StackIam, json_authorizations, s3_authorizations
@@ -82,7 +83,8 @@ def test_the_pipeline_writes_every_chunk_and_the_manifest_locked_and_leaves_no_s
     ref = publish(cloud, inputs)
 
     chunks = cloud.keys_under(data_prefix(ref))
-    assert len(chunks) == 8
+    packs = stored_objects(cloud.repository.load(ref).manifest)  # items of a segment's 2 chunks: one pack each
+    assert sum(len(p.chunks) for p in packs) == 8 and chunks == [p.key for p in packs]
     for key in [*chunks, manifest_key(ref)]:
         assert retention(cloud, key) == ("GOVERNANCE", LOCK.until(ref)), key
     assert cloud.restore(ref) == inputs

@@ -320,7 +320,9 @@ def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagree
     chunk = chunk_key(staged.ref, first_items[0].first_index)
     stored = staged.store.get(chunk)
     staged.store.delete([chunk])
-    with pytest.raises(IntegrityError, match=f"chunk {first_items[0].first_index} of backup {staged.ref} is missing from the repository"):
+    # The item's first chunk begins its first pack: the pack (keyed by that chunk) is what went missing.
+    first_pack = f"pack of chunks {first_items[0].first_index}-{first_items[0].first_index + min(first_items[0].count, contract.CHUNKS_PER_PACK) - 1}"
+    with pytest.raises(IntegrityError, match=f"{first_pack} of backup {staged.ref} is missing from the repository"):
         finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
     staged.store.put(chunk, stored)
     first = fold.results[0]

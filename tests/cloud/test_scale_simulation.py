@@ -46,10 +46,21 @@ def ten_tib(request: pytest.FixtureRequest, calibration: WorkerRequests) -> Simu
     return simulate(10, request.param, 500, calibration=calibration)
 
 
-def test_the_worker_makes_one_get_and_one_put_per_chunk_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
-    # Counted from the real process_item on items of 1 and 4 chunks.
-    assert dict(calibration.per_chunk) == {"GET": 1, "PUT": 1}
+def test_the_worker_makes_one_get_per_chunk_one_put_per_pack_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
+    # Counted from the real process_item on items of 1, k and 2k chunks (k = CHUNKS_PER_PACK).
+    k = contract.CHUNKS_PER_PACK
+    assert calibration.chunks_per_pack == k >= 2
+    assert dict(calibration.per_chunk) == {"GET": 1}
+    assert dict(calibration.per_pack) == {"PUT": 1}
     assert dict(calibration.per_item) == {"PUT": 1}
+    # An item of 16 chunks (the default while streaming): 16 ranged GETs, a PUT per pack and its result record's PUT.
+    assert dict(calibration.of(16)) == {"GET": 16, "PUT": -(-16 // k) + 1}
+    assert dict(calibration.of(k + 1)) == {"GET": k + 1, "PUT": 3}
+
+
+def test_the_simulated_ledger_stores_one_object_per_pack(ten_tib: Simulation) -> None:
+    # Every chunk PUT the simulation stores is a pack of up to CHUNKS_PER_PACK chunks (items never span segments, so some are shorter).
+    assert ten_tib.chunks / contract.CHUNKS_PER_PACK <= ten_tib.packs < ten_tib.chunks / 2
 
 
 def test_ten_tib_is_a_real_ledger_and_is_published(ten_tib: Simulation) -> None:

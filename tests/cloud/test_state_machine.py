@@ -152,7 +152,7 @@ class Cloud:
         for entry in manifest.inputs:
             parts = [
                 codec.decode(
-                    self.store.get(chunk_key(ref, c.index)),
+                    self.store.get_range(chunk_key(ref, c.pack), c.pack_offset, c.stored_length),  # the frame, in its pack
                     backup=str(ref),
                     index=c.index,
                     input_index=c.input_index,
@@ -334,23 +334,32 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     assert cloud.wait(cloud.start(ref))["status"] == "SUCCEEDED"
     published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)}
     manifest = cloud.repository.load(ref).manifest
-    def item_for(data: bytes) -> dict[str, object]:
+    # The items as the planner made them: two chunks after stream end spread over the workers, one each
+    # (a retried worker forms the same packs as the first attempt: the round file fixes the items).
+    assert {c.pack for c in manifest.chunks()} == {0, 1}
+
+    def items_for(data: bytes) -> list[dict[str, object]]:
         crcs = [s3_checksum_value(stored_checksum(data[i : i + CHUNK])) for i in range(0, len(data), CHUNK)]
-        return {"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
-                "chunk_size": CHUNK, "first_part": 1, "count": 2, "first_index": 0, "crc": crcs}
+        return [{"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
+                 "chunk_size": CHUNK, "first_part": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]]} for n in range(2)]
 
     StagingArea(cloud.store, ref).write_wrapped_key(manifest.key)
 
     # A retried worker with the same bytes: accepted, the stored chunks untouched.
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])
-    assert invoke_worker(cloud, ref, item_for(inputs[0]))["error"] is None
+    assert [invoke_worker(cloud, ref, item)["error"] for item in items_for(inputs[0])] == [None, None]
+    # Grouped otherwise (both chunks in one pack), even of the same bytes: never accepted over the stored chunk.
+    regrouped = {**items_for(inputs[0])[0], "count": 2, "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(2)]}
+    refused = invoke_worker(cloud, ref, regrouped)
+    assert refused["error"] and refused["payload"]["errorType"] == "IntegrityError"
+    assert "(chunks 0-1) already exists with different content" in refused["payload"]["errorMessage"]
     # Staged bytes that changed under a planned item: refused before encoding.
     other = pattern(CHUNK * 2, 6)
     cloud.stage_segment(ref, 0, 0, 0, other)
-    changed = invoke_worker(cloud, ref, item_for(inputs[0]))
+    changed = invoke_worker(cloud, ref, items_for(inputs[0])[0])
     assert changed["error"] and "does not match the checksum the agent recorded" in changed["payload"]["errorMessage"]
     # A late worker of another attempt, with different bytes: refused, the stored chunks untouched.
-    late = invoke_worker(cloud, ref, item_for(other))
+    late = invoke_worker(cloud, ref, items_for(other)[1])
 
     assert late["error"] and late["payload"]["errorType"] == "IntegrityError"
     assert "already exists with different content" in late["payload"]["errorMessage"]

@@ -38,6 +38,12 @@ DEFAULT_EVENT_BUS = "default"
 # The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
 # overlaps one chunk's compression on one vCPU.
 DEFAULT_WORKER_LANES = 4
+# Chunks per stored object (a pack, docs/format.md): the worker stores each run of this many
+# consecutive chunks of its item as one create-only PUT, so chunk PUTs cost 1/k. Bounded by memory:
+# a lane holds its pack's frames until the PUT. Measured (scripts/bench pack-memory, 4 lanes, an item of
+# 16 x 64 MiB incompressible chunks, the worst case): peak RSS 875 MB at k=1, 1,131 at 2, 1,515 at 3,
+# 1,770 at 4 (over the worker's 1,769 MB); compressible data (ratio 0.53) 1,140 MB at 3.
+CHUNKS_PER_PACK = 3
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769

@@ -33,6 +33,7 @@ from bench_lib import s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import FUNCTIONS, TIB, Simulation
+from braid import contract
 from braid.format.prices import DEFAULT as PRICE_TABLE
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
 
@@ -316,7 +317,7 @@ def run(ctx: Context) -> Section:
         "stored / plaintext": round(measured.ratio, 4),
         "chunks measured": measured.chunks_measured,
         "worker measured against": server,
-        "worker memory, lanes (braid.contract)": f"{memory} MB, {lanes}",
+        "worker memory, lanes, chunks per pack (braid.contract)": f"{memory} MB, {lanes}, {contract.CHUNKS_PER_PACK}",
         "chunks per item (max)": DEFAULT_MAX_CHUNKS_PER_ITEM,
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
@@ -334,8 +335,8 @@ def run(ctx: Context) -> Section:
     part_chunks = scale_sim.default_part_chunks(chunk, 1, scale_sim.DEFAULT_CONCURRENCY)
     notes.append(
         f"per-chunk PUT-class requests: the agent's UploadPart, one per {part_chunks} chunks (one input at the default --concurrency), "
-        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's chunk PUT, "
-        f"${(TIB // chunk) * PRICES['s3_put_class']:.3f}/TiB, at {chunk // 2**20} MiB chunks"
+        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's pack PUT, one per {contract.CHUNKS_PER_PACK} chunks"
+        f" (braid.contract.CHUNKS_PER_PACK), ${(TIB // chunk) / contract.CHUNKS_PER_PACK * PRICES['s3_put_class']:.3f}/TiB, at {chunk // 2**20} MiB chunks"
     )
     section.notes = notes
     return section

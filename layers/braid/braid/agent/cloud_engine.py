@@ -339,7 +339,7 @@ class CloudEngine:
         sizes = {info.key: info.size for info in self.store.list(data_prefix(ref))}
         for stored in stored_objects(manifest):
             if sizes.get(stored.key) != stored.size:
-                raise IntegrityError(f"published backup {ref}: chunk {stored.chunks[0]} is missing or has the wrong size in {self.store.url}")
+                raise IntegrityError(f"published backup {ref}: {stored.label} is missing or has the wrong size in {self.store.url}")
 
 
 def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:

@@ -1,21 +1,27 @@
-"""The chunk worker: the one function that turns plaintext into a stored chunk.
+"""The chunk worker: the functions that turn plaintext into stored chunks.
 
-The local engine calls it from its thread pool and the Lambda worker calls it
-once per map item, so both paths store byte-for-byte the same format.
+The local engine stores each chunk as its own object (`store_chunk`, from its
+thread pool: a disk bills no request, and a lone chunk restores through
+reused buffers). The Lambda worker stores a few consecutive chunks as one
+*pack* (`store_pack`, docs/format.md, Packs): S3 bills a PUT per object, so
+k chunks per object divide that cost by k. A pack of one chunk is exactly
+what `store_chunk` writes; both produce the same frames.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from braid.errors import AlreadyExistsError, IntegrityError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import stored_checksum
-from braid.format.chunk import Buffer, ChunkCodec, compression_name
+from braid.format.chunk import Buffer, ChunkCodec, EncodedChunk, compression_name
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry
-from braid.ports.store import ObjectStore
+from braid.format.stored import pack_checksum
+from braid.ports.store import ObjectStore, put_pieces
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,22 @@ class ChunkTask:
     index: int
     input_index: int
     offset: int
+
+
+def _entry(task: ChunkTask, length: int, encoded: EncodedChunk, *, pack: int = -1, pack_offset: int = 0) -> ChunkEntry:
+    """The manifest entry of a chunk just encoded (`pack` -1: alone in its object)."""
+    return ChunkEntry(
+        index=task.index,
+        input_index=task.input_index,
+        offset=task.offset,
+        length=length,
+        stored_length=encoded.stored_length,
+        checksum=encoded.checksum,
+        mac=encoded.plaintext_mac,
+        compression=compression_name(encoded.compression),
+        pack=pack,
+        pack_offset=pack_offset,
+    )
 
 
 def store_chunk(
@@ -49,16 +71,7 @@ def store_chunk(
     existing object is left as it is.
     """
     encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
-    entry = ChunkEntry(
-        index=task.index,
-        input_index=task.input_index,
-        offset=task.offset,
-        length=len(plaintext),
-        stored_length=encoded.stored_length,
-        checksum=encoded.checksum,
-        mac=encoded.plaintext_mac,
-        compression=compression_name(encoded.compression),
-    )
+    entry = _entry(task, len(plaintext), encoded)
     key = chunk_key(ref, task.index)
     try:
         store.put(key, encoded.stored, checksum=entry.checksum, create_only=True, durable=durable)
@@ -87,3 +100,64 @@ def store_chunk(
             mac=entry.mac,
             compression=compression_name(header.compression),
         )
+
+
+def store_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, tasks: Sequence[ChunkTask], read: Callable[[ChunkTask], Buffer]) -> list[ChunkEntry]:
+    """Encode consecutive chunks and store their frames back to back as one object, create-only.
+
+    `read` gives each task's plaintext, asked for one at a time, so only one
+    plaintext and the frames so far are in memory at once. Each frame but
+    the last is copied out of the codec's reused buffer (the next encode
+    overwrites it); the last is sent from that buffer, and the object is
+    sent from the frames' own buffers without joining them
+    (braid.ports.store.put_pieces). The pack's key is its first chunk's.
+
+    If the pack already exists (a retried or late worker), it is accepted
+    only if it is exactly these chunks: frames of the same lengths (zstd at
+    one level is deterministic, so the same plaintext compresses to the same
+    length whatever the nonce), each authenticating under this backup's key
+    as the same plaintext. Then the existing frames' sizes and checksums are
+    reported. Anything else is an IntegrityError, and the object is left as
+    it is.
+    """
+    if not tasks:
+        return []
+    first = tasks[0].index
+    frames: list[Buffer] = []
+    entries: list[ChunkEntry] = []
+    offset = 0
+    for position, task in enumerate(tasks):
+        plaintext = read(task)
+        encoded = codec.encode(str(ref), task.index, task.input_index, plaintext)
+        last = position == len(tasks) - 1
+        frames.append(encoded.stored if last else bytes(encoded.stored))
+        entries.append(_entry(task, len(plaintext), encoded, pack=first, pack_offset=offset))
+        offset += encoded.stored_length
+    key = chunk_key(ref, first)
+    checksum = pack_checksum((e.checksum, e.stored_length) for e in entries)
+    try:
+        put_pieces(store, key, frames, checksum=checksum, create_only=True)
+        return entries
+    except AlreadyExistsError:
+        return _existing_pack(codec, store, ref, key, entries)
+
+
+def _existing_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, key: str, entries: list[ChunkEntry]) -> list[ChunkEntry]:
+    """The entries of an already stored pack, if it holds exactly these chunks (see store_pack); else IntegrityError."""
+    existing = memoryview(store.get(key))
+    what = f"pack {key} of backup {ref} (chunks {entries[0].index}-{entries[-1].index})"
+    total = sum(e.stored_length for e in entries)
+    if len(existing) != total:
+        raise IntegrityError(f"{what} already exists with different content: {len(existing)} bytes, these chunks encode to {total}")
+    found = []
+    for entry in entries:
+        frame = existing[entry.pack_offset : entry.pack_offset + entry.stored_length]
+        try:
+            codec.decode(
+                frame, backup=str(ref), index=entry.index, input_index=entry.input_index, plaintext_length=entry.length, plaintext_mac=entry.mac
+            )
+        except IntegrityError as exc:
+            raise IntegrityError(f"{what} already exists with different content: {exc}") from None
+        header = codec.peek_header(frame, key)
+        found.append(replace(entry, checksum=stored_checksum(frame), compression=compression_name(header.compression)))
+    return found

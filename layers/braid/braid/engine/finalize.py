@@ -89,8 +89,8 @@ def finalize_backup(
         stats=stats or {},
     )
     manifest.check_structure()
-    # Presence and size of every chunk, by LIST (one request per 1,000
-    # chunks, not a HEAD each). Each chunk's checksum was verified where it
+    # Presence and size of every object (pack), by LIST (one request per 1,000
+    # objects, not a HEAD each). Each pack's checksum was verified where it
     # was written: S3 checked the CRC64NVME sent with the PUT, a local store
     # checked it in `put` from the very buffer it wrote, and the entry
     # records that same checksum; reading it back here would add a request
@@ -129,14 +129,14 @@ def finalize_backup(
 
 
 def check_chunks_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest, *, when: str) -> None:
-    """Every chunk the manifest names is stored with its recorded size (one LIST per 1,000 chunks)."""
+    """Every object (pack) the manifest names is stored with its recorded size (one LIST per 1,000 objects)."""
     listed = {info.key: info.size for info in store.list(data_prefix(ref))}
     for stored in stored_objects(manifest):
-        size, index = listed.get(stored.key), stored.chunks[0]
+        size = listed.get(stored.key)
         if size is None:
-            raise IntegrityError(f"chunk {index} of backup {ref} is missing from the repository ({stored.key}) {when}")
+            raise IntegrityError(f"{stored.label} of backup {ref} is missing from the repository ({stored.key}) {when}")
         if size != stored.size:
-            raise IntegrityError(f"chunk {index} of backup {ref} is {size} bytes, manifest says {stored.size} ({when})")
+            raise IntegrityError(f"{stored.label} of backup {ref} is {size} bytes, manifest says {stored.size} ({when})")
 
 
 def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest) -> None:
@@ -153,7 +153,7 @@ def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Mani
     for stored in stored_objects(manifest):
         if stored.key not in listed:
             raise IntegrityError(
-                f"chunk {stored.chunks[0]} of backup {ref} disappeared while the backup was being published"
+                f"{stored.label} of backup {ref} disappeared while the backup was being published"
                 " (a concurrent prune or forget?); the backup was withdrawn: run it again"
             )
 

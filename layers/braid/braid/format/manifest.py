@@ -40,7 +40,9 @@ from braid.format.usage import Usage
 __all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedManifest", "canonical_json", "open_manifest", "seal_body"]
 
 FORMAT = "braid-manifest"
-VERSION = 1
+# Version 2: a chunk entry says which stored object (pack) holds its frame and where (docs/format.md, Packs).
+# A version-1 manifest (one object per chunk, no pack fields) is refused, not read: no repository of it needs reading.
+VERSION = 2
 
 # The sealed layout: HEAD, 64 hex (mac), MIDDLE, BODY, TAIL, 64 hex (sha256), END.
 _HEAD = b'{"mac":"'
@@ -64,6 +66,15 @@ class ChunkEntry:
     checksum: str  # of the stored object, tagged form (braid.format.checksum)
     mac: bytes  # keyed plaintext checksum
     compression: str  # "zstd" or "none"
+    # The pack (stored object) holding this chunk's frame, named by the index of its first chunk
+    # (its key is that chunk's key, braid.format.layout.chunk_key), and where the frame starts in it.
+    # -1: the chunk's own object (pack = index, offset 0), as the local engine writes every chunk.
+    pack: int = -1
+    pack_offset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pack < 0:
+            object.__setattr__(self, "pack", self.index)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +85,8 @@ class ChunkEntry:
             "checksum": self.checksum,
             "mac": self.mac.hex(),
             "compression": self.compression,
+            "pack": self.pack,
+            "pack_offset": self.pack_offset,
         }
 
     @classmethod
@@ -87,6 +100,8 @@ class ChunkEntry:
             checksum=str(doc["checksum"]),
             mac=bytes.fromhex(str(doc["mac"])),
             compression=str(doc["compression"]),
+            pack=int(doc["pack"]),
+            pack_offset=int(doc["pack_offset"]),
         )
 
 
@@ -233,6 +248,22 @@ class Manifest:
                 raise IntegrityError(f"{where}: input {pos} chunks cover {offset} bytes, recorded length {entry.length}")
         if seen != set(range(len(seen))):
             raise IntegrityError(f"{where}: chunk indexes are not contiguous from 0")
+        self._check_packs(where)
+
+    def _check_packs(self, where: str) -> None:
+        """Each pack is a run of consecutive chunks from the one it is named by, their frames back to back from offset 0."""
+        ordered = sorted(self.chunks(), key=lambda c: c.index)
+        previous: ChunkEntry | None = None
+        for chunk in ordered:
+            if chunk.pack == chunk.index:
+                expected = 0
+            elif previous is not None and chunk.pack == previous.pack:
+                expected = previous.pack_offset + previous.stored_length
+            else:
+                raise IntegrityError(f"{where}: chunk {chunk.index} names pack {chunk.pack}, which does not end just before it")
+            if chunk.pack_offset != expected:
+                raise IntegrityError(f"{where}: chunk {chunk.index} starts at byte {chunk.pack_offset} of pack {chunk.pack}, expected {expected}")
+            previous = chunk
 
 
 @dataclass(frozen=True)
@@ -291,7 +322,10 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
         raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)") from None
     try:
         if body_doc.get("format") != FORMAT or int(body_doc.get("version", 0)) != VERSION:
-            raise IntegrityError(f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')}")
+            raise IntegrityError(
+                f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')};"
+                f" this Braid reads {FORMAT} v{VERSION} only (earlier versions are not read)"
+            )
         manifest = Manifest(
             repository=str(body_doc["repository"]),
             backup=str(body_doc["backup"]),

@@ -19,7 +19,9 @@ from braid.format.manifest import SealedManifest, open_manifest
 from braid.ports.store import ObjectStore, RetainingStore
 
 FORMAT = "braid-repository"
-VERSION = 1
+# Version 2: backups' chunks may share stored objects (packs; docs/format.md). A v1 repository is refused
+# with a message saying so, never read: its manifests lack the pack fields every reader now follows.
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,10 @@ class RepositoryConfig:
             if doc.get("format") != FORMAT:
                 raise ValueError("not a Braid repository config")
             if int(doc.get("version", 0)) != VERSION:
-                raise RepositoryError(f"{where} is repository format v{doc.get('version')}; this Braid reads v{VERSION}")
+                raise RepositoryError(
+                    f"{where} is repository format v{doc.get('version')}; this Braid reads v{VERSION} only"
+                    " (earlier repositories are not read: restore them with the Braid that wrote them)"
+                )
             lock = doc.get("object_lock")
             return cls(
                 id=str(doc["id"]),

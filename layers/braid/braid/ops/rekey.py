@@ -51,9 +51,10 @@ from braid.errors import BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import CONFIG, chunk_key, data_prefix, manifest_key, rekey_key
+from braid.format.layout import CONFIG, data_prefix, manifest_key, rekey_key
 from braid.format.manifest import Manifest, open_manifest, seal_body
 from braid.format.repository import Repository
+from braid.format.stored import stored_objects
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyRewrapper, KeyService
 
@@ -124,7 +125,7 @@ def rekey_backup(repository: Repository, ref: BackupRef, old: KeyService, new: K
     if store.get(target) != new_raw:
         raise IntegrityError(f"manifest of {ref} read back differently after the rekey replaced it; run rekey again")
     listed = {info.key for info in store.list(data_prefix(ref))}
-    if any(chunk_key(ref, c.index) not in listed for c in manifest.chunks()):
+    if any(stored.key not in listed for stored in stored_objects(manifest)):
         store.delete([target])  # a prune removed it between our check and our PUT: finish its removal
         raise NotFoundError(f"backup {ref} was removed (pruned or forgotten) while it was re-keyed")
     store.delete([side])

@@ -1,7 +1,9 @@
 """Restore: stream a backup's original bytes back, verified before written.
 
-Before the first byte, every chunk must be in the repository with its
-recorded size (one LIST per 1,000 chunks on S3, not a HEAD each): stdout
+Before the first byte, every chunk's object (its pack, docs/format.md) must
+be in the repository with its recorded size (one LIST per 1,000 objects on
+S3, not a HEAD each); each chunk is then read as its frame, a ranged read of
+its pack (a whole read for a chunk alone in its object): stdout
 and pipes cannot take bytes back, and a backup missing its last chunk must
 not be found out after the rest was written. Regular files are written
 beside their name and renamed over it only when every output succeeded
@@ -33,8 +35,9 @@ from braid.errors import BackupError, IntegrityError, UsageError
 from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import chunk_key, data_prefix
+from braid.format.layout import data_prefix
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
+from braid.format.stored import frame_location, stored_objects
 from braid.ops.chunk_reader import ChunkReader
 from braid.ops.restore_output import Output, OutputTarget, commit_all, remove_partial
 from braid.ports.progress import PhaseReporter, ProgressFn
@@ -63,23 +66,26 @@ def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[Outpu
 
 
 def check_chunks_present(store: ObjectStore, manifest: Manifest, key: DataKey) -> None:
-    """Every chunk in the store with its recorded size, or the first that is not, by index.
+    """Every stored object (pack) in the store with its recorded size, or the first that is not, by chunk index.
 
-    A chunk the LIST did not show is fetched once more through the chunk
-    reader, which tells a missing chunk (corruption, exit 6) from a backup
-    removed while we read it (exit 8).
+    An object the LIST did not show is fetched once more through the chunk
+    reader (its first chunk), which tells a missing object (corruption,
+    exit 6) from a backup removed while we read it (exit 8).
     """
     ref = BackupRef.parse(manifest.backup)
     sizes = {info.key: info.size for info in store.list(data_prefix(ref))}
+    entries = {c.index: c for c in manifest.chunks()}
     reader: ChunkReader | None = None
-    for chunk in sorted(manifest.chunks(), key=lambda c: c.index):
-        size = sizes.get(chunk_key(ref, chunk.index))
+    for stored in stored_objects(manifest):
+        size = sizes.get(stored.key)
         if size is None:
             reader = reader or ChunkReader(store, manifest, key)
-            size = len(reader.fetch(chunk))
-        if size != chunk.stored_length:
+            fetched = len(reader.fetch(entries[stored.chunks[0]]))  # raises the right error when it is gone
+            info = store.head(stored.key) if len(stored.chunks) > 1 else None  # a pack's read was its first frame only
+            size = info.size if info is not None else fetched
+        if size != stored.size:
             raise IntegrityError(
-                f"chunk {chunk.index} of backup {ref} is {size} bytes in the repository, the manifest says {chunk.stored_length}; nothing was restored"
+                f"{stored.label} of backup {ref} is {size} bytes in the repository, the manifest says {stored.size}; nothing was restored"
             )
 
 
@@ -216,7 +222,7 @@ def restore_backup(
             if following is not None:
                 del unread[following.index]
         if following is not None:
-            prefetch_object(store, chunk_key(ref, following.index))
+            prefetch_object(store, frame_location(ref, following)[0])
         # Taken only now that the stored chunk is in: by then the writer has
         # usually given back the buffer of the chunk before, so a fast
         # output (a pipe, /dev/null) makes do with one buffer per decoder

@@ -1,8 +1,8 @@
 """Verification of stored backups, quick and deep.
 
-Quick: every chunk exists with its recorded size and the stored checksum
-(the store's own where it keeps one, as S3 does; otherwise read and
-computed). Deep: every chunk is fetched, authenticated, decompressed and its
+Quick: every stored object (pack) holding a selected chunk exists with its
+recorded size and the stored checksum (the store's own where it keeps one,
+as S3 does; otherwise read and computed): one HEAD per pack, not per chunk. Deep: every chunk is fetched, authenticated, decompressed and its
 plaintext checked against the manifest's keyed checksum, and each input's
 chained checksum recomputed, as pgBackRest's verify does for its files.
 
@@ -27,9 +27,10 @@ from braid.format.buffers import new_buffer
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import chunk_key, data_prefix
+from braid.format.layout import data_prefix
 from braid.format.manifest import ChunkEntry, Manifest
 from braid.format.repository import Repository
+from braid.format.stored import StoredObject, group_packs, stored_object
 from braid.format.verification import Selection
 from braid.ops.chunk_reader import ChunkReader
 from braid.ops.open import open_backup, read_manifest
@@ -37,62 +38,44 @@ from braid.ports.keys import KeyService
 from braid.ports.store import ObjectInfo, ObjectStore
 
 
-def chunk_objects(ref: BackupRef, entries: Iterable[ChunkEntry]) -> list[tuple[str, ChunkEntry]]:
-    """Which stored object holds each chunk: the one place verify maps chunks to objects.
-
-    Today one object per chunk (braid.format.layout.chunk_key); a layout
-    packing several chunks per object changes this function only.
-    """
-    return [(chunk_key(ref, entry.index), entry) for entry in entries]
-
-
 def listed_objects(store: ObjectStore, ref: BackupRef) -> dict[str, ObjectInfo]:
     """Every object under the backup's data prefix, with its size, from LIST (S3: 1,000 keys a request).
 
     S3's LIST names each object's checksum algorithm but not its value, so
-    the stored checksum still takes a HEAD per chunk (`check_chunk`); what
-    LIST settles alone, a missing or resized chunk, costs no request per chunk.
+    the stored checksum still takes a HEAD per object (`check_object`: per
+    pack, not per chunk); what LIST settles alone, a missing or resized
+    object, costs no request per object.
     """
     return {info.key: info for info in store.list(data_prefix(ref))}
 
 
-def check_chunk(
-    store: ObjectStore, ref: BackupRef, entry: ChunkEntry, *, read_if_unknown: bool = True, listed: dict[str, ObjectInfo] | None = None
-) -> None:
-    """Presence, size, and checksum; `read_if_unknown` reads objects whose store keeps no checksum.
+def check_object(store: ObjectStore, ref: BackupRef, stored: StoredObject, *, read_if_unknown: bool = True, listed: dict[str, ObjectInfo] | None = None) -> None:
+    """Presence, size, and checksum of one stored object (a pack, or a chunk alone in its object).
 
-    With `listed` (`listed_objects`), presence and size come from the listing and only the checksum from a HEAD.
+    With `listed` (`listed_objects`), presence and size come from the listing
+    and only the checksum from a HEAD; `read_if_unknown` reads objects whose
+    store keeps no checksum. The pack's checksum is the one the manifest's
+    frame checksums combine to (braid.format.stored), as S3 computes it.
     """
-    ((key, _),) = chunk_objects(ref, [entry])
-    where = f"chunk {entry.index} of backup {ref}"
+    key, where = stored.key, f"{stored.label} of backup {ref}"
     if listed is not None:
         seen = listed.get(key)
         if seen is None:
             raise IntegrityError(f"{where} is missing from the repository ({key})")
-        if seen.size != entry.stored_length:
-            raise IntegrityError(f"{where} is {seen.size} bytes, manifest says {entry.stored_length}")
+        if seen.size != stored.size:
+            raise IntegrityError(f"{where} is {seen.size} bytes, manifest says {stored.size}")
     info = store.head(key)
     if info is None:
         raise IntegrityError(f"{where} is missing from the repository ({key})")
-    if info.size != entry.stored_length:
-        raise IntegrityError(f"{where} is {info.size} bytes, manifest says {entry.stored_length}")
+    if info.size != stored.size:
+        raise IntegrityError(f"{where} is {info.size} bytes, manifest says {stored.size}")
     checksum = info.checksum
     if checksum is None:
         if not read_if_unknown:
             return
         checksum = stored_checksum(store.get(key))
-    if checksum != entry.checksum:
+    if checksum != stored.checksum:
         raise IntegrityError(f"{where}: stored checksum mismatch (corrupt in the repository)")
-
-
-def check_chunk_presence(
-    store: ObjectStore, ref: BackupRef, entries: Iterable[ChunkEntry], workers: int = 16, *, read_if_unknown: bool = True
-) -> None:
-    """Quick check of many chunks in parallel; raises the first failure by chunk order."""
-    ordered = sorted(entries, key=lambda e: e.index)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for future in [pool.submit(check_chunk, store, ref, e, read_if_unknown=read_if_unknown) for e in ordered]:
-            future.result()
 
 
 @dataclass
@@ -192,6 +175,11 @@ def check_entries(
     lock = threading.Lock()
     readers = threading.local()
     listed = None if deep else listed_objects(store, ref)
+    selected = list(chunks)
+    packs: dict[int, StoredObject] = {}
+    if not deep:
+        wanted = {entry.pack for entry in selected}
+        packs = {frames[0].pack: stored_object(ref, frames) for frames in group_packs(manifest.chunks()) if frames[0].pack in wanted}
 
     def deep_check(entry: ChunkEntry) -> None:
         assert key is not None
@@ -204,26 +192,29 @@ def check_entries(
             raise IntegrityError(f"chunk {entry.index} of backup {ref}: stored size or checksum mismatch (corrupt in the repository)")
         reader.decode(stored, entry, readers.plaintext)
 
-    def run(entry: ChunkEntry) -> None:
+    def run(group: list[ChunkEntry]) -> None:
+        """Deep: one chunk (a group of one); quick: the selected chunks of one pack, checked as that whole pack."""
+        first = group[0]
         try:
             if deep:
-                deep_check(entry)
+                deep_check(first)
             else:
-                check_chunk(store, ref, entry, listed=listed)
+                check_object(store, ref, packs[first.pack], listed=listed)
         except IntegrityError as exc:
             with lock:
-                failed.append((entry.index, str(exc)))
+                failed.append((first.index, str(exc)))
             return
-        except StorageError as exc:  # the chunk could not be read: unchecked, not known bad
+        except StorageError as exc:  # the object could not be read: unchecked, not known bad
             with lock:
-                unreadable.append((entry.index, str(exc)))
+                unreadable.append((first.index, str(exc)))
             return
         with lock:
-            report.chunks_checked += 1
-            report.bytes_checked += entry.length
+            report.chunks_checked += len(group)
+            report.bytes_checked += sum(entry.length for entry in group)
 
+    groups = [[entry] for entry in selected] if deep else group_packs(selected)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(run, chunks))
+        list(pool.map(run, groups))
     report.failures = [message for _, message in sorted(failed + unreadable)]
     report.unreadable = [message for _, message in sorted(unreadable)]
     return report

@@ -11,7 +11,8 @@ size (us-east-1 list prices):
 - a Lambda invoke ($0.20 per million) and a result record PUT ($0.005 per
   1,000 = $0.082/TiB at one chunk per item).
 
-What each *chunk* costs whatever the grouping: its chunk PUT ($0.082/TiB), the
+What each *chunk* costs whatever the grouping: its share of a pack PUT ($0.082/TiB
+at one chunk per object; the worker stores CHUNKS_PER_PACK chunks per object), the
 agent's UploadPart ($0.082/TiB), ranged GET and HEAD (~$0.013/TiB), and the
 worker's GB-seconds. That last one is the lever grouping pulls hardest: a
 one-chunk item pays for download, then compress+encrypt, then upload, one

@@ -3,7 +3,8 @@
 Quick mode needs no map: presence and size of every selected chunk come from
 one LIST of the backup's data prefix (1,000 keys a request), and only the
 stored checksum, which S3's LIST does not return (it names the algorithm,
-not the value), takes a HEAD per chunk; all of it here, on a thread pool
+not the value), takes a HEAD per stored object (a pack of up to
+CHUNKS_PER_PACK chunks, docs/format.md); all of it here, on a thread pool
 (braid.ops.verify.check_entries). Deep mode authenticates each manifest
 here (a forged chunk list must not "verify" forged chunks), checks each
 input's chained checksum against its chunks' keyed checksums when every

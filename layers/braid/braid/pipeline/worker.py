@@ -1,9 +1,12 @@
 """Worker: one map item, a few consecutive parts of a staging segment.
 
 Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
-input's last, so the range follows from the part number), then
-`braid.engine.chunk_worker.store_chunk`: the same encode and create-only PUT the local
-engine runs, so a retried or late worker can never replace a published chunk.
+input's last, so the range follows from the part number). The item's chunks
+are stored in packs of up to CHUNKS_PER_PACK consecutive chunks, one
+create-only PUT each (`braid.engine.chunk_worker.store_pack`: the same frames
+the local engine writes), so a retried or late worker can never replace a
+published pack. Packs follow from the item alone, and round files fix the
+items, so a retry forms the same packs.
 The item's result goes to staging (an ItemResult record, see
 braid.format.staging); the Lambda returns almost nothing.
 
@@ -30,7 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from braid.engine.chunk_worker import ChunkTask, store_chunk
+from braid.contract import CHUNKS_PER_PACK
+from braid.engine.chunk_worker import ChunkTask, store_pack
 from braid.errors import IntegrityError, NotFoundError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.chunk import ChunkCodec
@@ -155,6 +159,13 @@ def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSl
     return data
 
 
+def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int) -> list[list[ChunkSlice]]:
+    """The item's chunks in runs of `chunks_per_pack` from its first (the last run may be shorter)."""
+    ordered = list(pieces)
+    size = max(1, chunks_per_pack)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
 def process_item(
     store: ObjectStore,
     ref: BackupRef,
@@ -164,10 +175,11 @@ def process_item(
     level: int,
     lanes: ChunkLanes,
     meter: InvocationMeter | None = None,
+    chunks_per_pack: int = CHUNKS_PER_PACK,
 ) -> ItemOutcome:
     """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries."""
     try:
-        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter)
+        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter, chunks_per_pack=chunks_per_pack)
     except Exception as exc:
         record_failure(store, ref, item, exc)
         raise
@@ -190,16 +202,17 @@ def _process_item(
     level: int,
     lanes: ChunkLanes,
     meter: InvocationMeter | None,
+    chunks_per_pack: int,
 ) -> ItemOutcome:
     check_item(ref, item)
     started = time.monotonic()
 
-    def one(piece: ChunkSlice) -> ChunkEntry:
-        plaintext = fetch_part(store, ref, item, piece)
-        task = ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset)
-        return store_chunk(lanes.codec(key, level), store, ref, task, plaintext)
+    def one(pack: list[ChunkSlice]) -> list[ChunkEntry]:
+        pieces = {piece.index: piece for piece in pack}
+        tasks = [ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset) for piece in pack]
+        return store_pack(lanes.codec(key, level), store, ref, tasks, lambda task: fetch_part(store, ref, item, pieces[task.index]))
 
-    entries = tuple(lanes.map(one, item.chunks()))
+    entries = tuple(entry for stored in lanes.map(one, packs_of(item.chunks(), chunks_per_pack)) for entry in stored)
     # The usage so far and the record's own PUT, which is counted before it is made.
     usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
     result = ItemResult(item.first_index, entries, usage)

@@ -7,7 +7,7 @@ conformance tests (tests/test_store_conformance.py) runs against all of them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -149,6 +149,24 @@ def list_after(store: ObjectStore, prefix: str, after: str) -> Iterator[ObjectIn
     for info in store.list(prefix):
         if info.key > after:
             yield info
+
+
+@runtime_checkable
+class PiecewisePut(Protocol):
+    """A store that can write one object from several buffers without joining them (S3: one PutObject body)."""
+
+    def put_pieces(self, key: str, pieces: Sequence[Buffer], *, checksum: str | None = None, create_only: bool = False) -> None: ...
+
+
+def put_pieces(store: ObjectStore, key: str, pieces: Sequence[Buffer], *, checksum: str | None = None, create_only: bool = False) -> None:
+    """`put` of `pieces` laid end to end: from their own buffers where the store can (a pack's frames, braid.engine.chunk_worker),
+    else joined first (a directory store's write copies through the page cache anyway)."""
+    if len(pieces) == 1:
+        store.put(key, pieces[0], checksum=checksum, create_only=create_only)
+    elif isinstance(store, PiecewisePut):
+        store.put_pieces(key, pieces, checksum=checksum, create_only=create_only)
+    else:
+        store.put(key, b"".join(pieces), checksum=checksum, create_only=create_only)
 
 
 def read_object(store: ObjectStore, key: str, buffer: WritableBuffer) -> memoryview | bytes:

@@ -33,7 +33,7 @@ from braid.adapters.aws.retries import retry_conflicts
 from braid.adapters.aws.s3_body import request_body
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.buffers import WritableBuffer
-from braid.format.checksum import checksum_from_header, s3_checksum_value, stored_checksum
+from braid.format.checksum import checksum_from_header, crc64nvme, s3_checksum_value, stored_checksum, tagged_checksum
 from braid.format.lock import ObjectLock, locked_ref
 from braid.ports.progress_relay import ProgressRelay
 from braid.ports.store import Buffer, ObjectInfo
@@ -192,10 +192,21 @@ class S3Store:
     def put(
         self, key: str, data: Buffer, *, checksum: str | None = None, create_only: bool = False, durable: bool = True, replacing: str | None = None
     ) -> None:
+        self._put(key, data, stored_checksum(data), checksum=checksum, create_only=create_only, replacing=replacing)
+
+    def put_pieces(self, key: str, pieces: Sequence[Buffer], *, checksum: str | None = None, create_only: bool = False) -> None:
+        """braid.ports.store.PiecewisePut: one object of `pieces` back to back, sent from their own buffers (a pack's frames)."""
+        value = 0
+        for piece in pieces:
+            value = crc64nvme(piece, value)
+        self._put(key, list(pieces), tagged_checksum(value), checksum=checksum, create_only=create_only, replacing=None)
+
+    def _put(
+        self, key: str, data: Buffer | list[Buffer], actual: str, *, checksum: str | None, create_only: bool, replacing: str | None
+    ) -> None:
         # Checked here too, not only by S3: a mismatch means the caller's
         # buffer changed after it was checksummed, and some S3-compatible
         # servers (and emulators) accept a wrong checksum without a word.
-        actual = stored_checksum(data)
         if checksum is not None and actual != checksum:
             raise StorageError(
                 f"checksum mismatch writing s3://{self.bucket}/{self.object_key(key)}: data changed in memory before it was stored; nothing was written"

@@ -1,0 +1,214 @@
+"""Packs (docs/format.md, Packs): the cloud worker stores runs of CHUNKS_PER_PACK chunks as one object, and
+every reader finds each chunk's frame in it: restore, quick and deep verify, Finalize; a retried or late worker
+accepts its pack only if it is exactly its chunks. The pipeline's real steps run over a local store here
+(tests/cloud/test_emulated_e2e.py runs them on the emulated AWS through the CLI)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from braid import contract
+from braid.adapters.local.keys import LocalKeyFile
+from braid.adapters.local.store import LocalStore
+from braid.engine.chunk_worker import ChunkTask, store_pack
+from braid.errors import IntegrityError
+from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.chunk import ChunkCodec
+from braid.format.ids import BackupRef
+from braid.format.keys import DataKey
+from braid.format.layout import chunk_key, data_prefix, manifest_key
+from braid.format.manifest import Manifest, open_manifest
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.staging import SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
+from braid.format.stored import stored_objects
+from braid.format.timestamps import utc_now
+from braid.ops.restore import OutputTarget, restore_backup
+from braid.ops.verify import verify_backup
+from braid.pipeline.finalize import finalize_step
+from braid.pipeline.plan import plan_next_round
+from braid.pipeline.prepare import load_data_key, prepare_backup
+from braid.pipeline.worker import ChunkLanes, process_item
+from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
+from braid.ports.store import ObjectInfo
+
+CHUNK = 4096
+K = contract.CHUNKS_PER_PACK
+SEGMENT_PARTS = 8
+# 9 chunks and a bit: one segment of 8 (one item, in packs of CHUNKS_PER_PACK) and one of 2 (a pack of 2); compressible, each chunk its own.
+DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(1700))[: 9 * CHUNK + 1234]
+
+
+class CountingStore(LocalStore):
+    """Counts HEADs: quick verify makes one per pack, not per chunk."""
+
+    heads: list[str]
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self.heads.append(key)
+        return super().head(key)
+
+
+@dataclass
+class Published:
+    store: CountingStore
+    keys: LocalKeyFile
+    ref: BackupRef
+    key: DataKey
+    manifest: Manifest
+
+
+def stage(store: LocalStore, ref: BackupRef, repository_id: str) -> None:
+    area = StagingArea(store, ref)
+    area.write_session(SessionRecord(str(ref), repository_id, CHUNK, SEGMENT_PARTS, 3, ["pipe0"], utc_now()))
+    size = CHUNK * SEGMENT_PARTS
+    offsets = range(0, len(DATA), size)
+    for number, offset in enumerate(offsets):
+        segment = DATA[offset : offset + size]
+        key = segment_key(ref, 0, number)
+        store.put(key, segment)
+        parts = [encode_crc64nvme(crc64nvme(segment[p : p + CHUNK])) for p in range(0, len(segment), CHUNK)]
+        area.write_segment_record(SegmentRecord(0, number, key, offset, len(segment), len(parts), stored_checksum(segment), parts))
+    area.write_stream_end(StreamEnd([len(DATA)], [len(offsets)]))
+
+
+@pytest.fixture
+def published(tmp_path: Path) -> Published:
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    (tmp_path / "repo").mkdir()
+    store = CountingStore(tmp_path / "repo")
+    store.heads = []
+    # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
+    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    ref = BackupRef.new("db")
+    stage(store, ref, repository.config.id)
+    prepare_backup(store, keys, ref)
+    key, _ = load_data_key(store, keys, ref, repository.config.id)
+    lanes = ChunkLanes(2)
+    while (status := plan_next_round(store, ref, max_concurrency=1, max_chunks_per_item=SEGMENT_PARTS, poll_seconds=1, stall_seconds=60)).status != "done":
+        assert status.status == "ready", status
+        for item in StagingArea(store, ref).read_rounds()[-1].items:
+            process_item(store, ref, item, key=key, level=3, lanes=lanes)
+    finalize_step(store, keys, PlainStoreJanitor(), RecordingPublisher(), ref)
+    manifest = open_manifest(store.get(manifest_key(ref)), "manifest").authenticate(key)
+    return Published(store, keys, ref, key, manifest)
+
+
+def restore(p: Published, tmp_path: Path) -> Path:
+    out = tmp_path / "restored"
+    restore_backup(p.store, p.manifest, p.key, [OutputTarget(str(out), str(out))], workers=2)
+    return out
+
+
+def rewrite(p: Published, key: str, change: bytes) -> None:
+    """Replace a stored object behind Braid's back (storage corruption, or tampering)."""
+    (p.store.root / key).chmod(0o644)
+    (p.store.root / key).write_bytes(change)
+
+
+def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
+    objects = stored_objects(published.manifest)
+    k = contract.CHUNKS_PER_PACK
+    assert 2 <= k < SEGMENT_PARTS
+    assert [o.chunks for o in objects] == [tuple(range(first, min(first + k, SEGMENT_PARTS))) for first in range(0, SEGMENT_PARTS, k)] + [(8, 9)]
+    assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]
+    for stored in objects:  # each pack is its frames back to back, with the checksum S3 would compute of it
+        raw = published.store.get(stored.key)
+        assert len(raw) == stored.size and stored_checksum(raw) == stored.checksum
+    assert restore(published, tmp_path).read_bytes() == DATA
+    deep = verify_backup(published.store, published.manifest, published.key, deep=True)
+    assert deep.ok and deep.chunks_checked == 10, deep.failures
+
+
+def test_quick_verify_checks_each_pack_once(published: Published) -> None:
+    published.store.heads.clear()
+    report = verify_backup(published.store, published.manifest, None, deep=False)
+    assert report.ok and (report.chunks_checked, report.bytes_checked) == (10, len(DATA)), report.failures
+    assert published.store.heads == [o.key for o in stored_objects(published.manifest)]  # one HEAD per pack, not per chunk
+    assert len(published.store.heads) == -(-SEGMENT_PARTS // contract.CHUNKS_PER_PACK) + 1
+
+
+def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(published: Published, tmp_path: Path) -> None:
+    pack = chunk_key(published.ref, 0)
+    second = next(c for c in published.manifest.chunks() if c.index == 1)
+    raw = bytearray(published.store.get(pack))
+    raw[second.pack_offset + second.stored_length // 2] ^= 0x01
+    rewrite(published, pack, bytes(raw))
+
+    deep = verify_backup(published.store, published.manifest, published.key, deep=True)
+    assert deep.failures == [f"chunk 1 of backup {published.ref}: stored size or checksum mismatch (corrupt in the repository)"]
+    assert deep.chunks_checked == 9
+    quick = verify_backup(published.store, published.manifest, None, deep=False)
+    assert quick.failures == [f"pack of chunks 0-{K - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
+    with pytest.raises(IntegrityError, match=f"^chunk 1 of backup {published.ref}: failed authentication"):
+        restore(published, tmp_path)
+    assert not (tmp_path / "restored").exists()
+
+
+def test_a_missing_pack_stops_a_restore_naming_its_first_chunk(published: Published, tmp_path: Path) -> None:
+    published.store.delete([chunk_key(published.ref, K)])  # the second pack
+    with pytest.raises(IntegrityError, match=rf"^chunk {K} of backup {published.ref} is missing from the repository \(its pack {chunk_key(published.ref, K)} is gone\)$"):
+        restore(published, tmp_path)
+    assert not (tmp_path / "restored").exists()
+    quick = verify_backup(published.store, published.manifest, None, deep=False)
+    assert quick.failures == [f"pack of chunks {K}-{2 * K - 1} of backup {published.ref} is missing from the repository ({chunk_key(published.ref, K)})"]
+
+
+def test_a_truncated_pack_is_caught_by_size(published: Published, tmp_path: Path) -> None:
+    pack = chunk_key(published.ref, 8)
+    raw = published.store.get(pack)
+    rewrite(published, pack, raw[:-1])
+    expected = f"pack of chunks 8-9 of backup {published.ref} is {len(raw) - 1} bytes"
+    quick = verify_backup(published.store, published.manifest, None, deep=False)
+    assert quick.failures == [f"{expected}, manifest says {len(raw)}"]
+    with pytest.raises(IntegrityError, match=f"^{expected} in the repository, the manifest says {len(raw)}; nothing was restored"):
+        restore(published, tmp_path)
+
+
+def tasks(first: int, count: int) -> list[ChunkTask]:
+    return [ChunkTask(index=i, input_index=0, offset=i * CHUNK) for i in range(first, first + count)]
+
+
+def plaintext(task: ChunkTask) -> bytes:
+    return DATA[task.offset : task.offset + CHUNK]
+
+
+def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(published: Published) -> None:
+    pack = chunk_key(published.ref, 0)
+    original = published.store.get(pack)
+    recorded = [c for c in published.manifest.chunks() if c.index < K]
+    codec = ChunkCodec(published.key)
+
+    again = store_pack(codec, published.store, published.ref, tasks(0, K), plaintext)
+    assert again == recorded  # the stored frames' own checksums and offsets, though this encoding's nonces differ
+    assert published.store.get(pack) == original
+
+    def longer(task: ChunkTask) -> bytes:
+        data = plaintext(task)
+        return data[:-1] + b"!" if task.index == 1 else data  # compresses to another length
+
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
+        store_pack(codec, published.store, published.ref, tasks(0, K), longer)
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 2}\) already exists with different content: {len(original)} bytes"):
+        store_pack(codec, published.store, published.ref, tasks(0, K - 1), plaintext)  # grouped otherwise: never accepted
+    assert published.store.get(pack) == original
+
+
+def test_a_late_worker_with_other_plaintext_of_the_same_stored_length_is_refused_by_authentication(published: Published) -> None:
+    """Incompressible chunks are stored as they are: a changed byte keeps every frame's length, and only the keyed checksum tells."""
+    ref = BackupRef.new("other")
+    random = {i: hashlib.shake_256(b"chunk %d" % i).digest(CHUNK) for i in range(3)}
+    codec = ChunkCodec(published.key)
+    stored = store_pack(codec, published.store, ref, tasks(0, 3), lambda task: random[task.index])
+    assert [e.compression for e in stored] == ["none"] * 3 and [e.pack_offset for e in stored] == [0, stored[0].stored_length, 2 * stored[0].stored_length]
+    original = published.store.get(chunk_key(ref, 0))
+
+    def changed(task: ChunkTask) -> bytes:
+        return random[task.index][:-1] + bytes([random[task.index][-1] ^ 1]) if task.index == 1 else random[task.index]
+
+    with pytest.raises(IntegrityError, match=rf"^pack {chunk_key(ref, 0)} of backup {ref} \(chunks 0-2\) already exists with different content: chunk 1 of backup {ref}: plaintext checksum mismatch$"):
+        store_pack(codec, published.store, ref, tasks(0, 3), changed)
+    assert published.store.get(chunk_key(ref, 0)) == original
