@@ -17,6 +17,7 @@ from braid.adapters.local.store import LocalStore
 from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
 from braid.errors import IntegrityError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
@@ -168,6 +169,33 @@ def test_a_failing_worker_leaves_its_error_and_cleanup_reports_it(staged: Staged
     assert "does not match the checksum the agent recorded" in failure.cause
     assert [info.key for info in staged.store.list(staging_prefix(staged.ref))] == []
     assert [info.key for info in staged.store.list(data_prefix(staged.ref))] == []
+
+
+def test_a_lane_reads_every_part_into_one_buffer_and_stores_the_chunk_from_it(staged: Staged) -> None:
+    """No fresh chunk-sized allocation per chunk: the ranged GET fills the lane's buffer and the codec writes the stored chunk over it."""
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    assert plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60).status == "ready"
+    items = StagingArea(staged.store, staged.ref).read_rounds()[0].items
+    lanes = ChunkLanes(1)
+
+    def lane_buffer() -> Any:
+        return lanes.map(lambda _: lanes.buffer(0), [0])[0]
+
+    entries = list(process_item(staged.store, staged.ref, items[0], key=key, level=3, lanes=lanes).result.entries)
+    buffer = lane_buffer()
+    assert len(buffer) >= CHUNK
+    entries += [entry for item in items[1:] for entry in process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes).result.entries]
+    assert lane_buffer() is buffer  # the same pages for every chunk of every item
+    last = staged.store.get(chunk_key(staged.ref, entries[-1].index))
+    assert bytes(memoryview(buffer)[: len(last)]) == last  # the last chunk was stored from the lane's buffer
+    codec = ChunkCodec(key)
+    plaintext = [
+        bytes(codec.decode(staged.store.get(chunk_key(staged.ref, e.index)), backup=str(staged.ref), index=e.index, input_index=e.input_index,
+                           plaintext_length=e.length, plaintext_mac=e.mac))
+        for e in entries
+    ]
+    assert b"".join(plaintext) == DATA  # and every chunk holds its own part
 
 
 def test_failure_records_round_trip_and_a_long_cause_is_cut(staged: Staged) -> None:

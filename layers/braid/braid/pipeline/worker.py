@@ -8,7 +8,8 @@ The item's result goes to staging (an ItemResult record, see
 braid.format.staging); the Lambda returns almost nothing.
 
 Chunks of an item run on a few *lanes* (threads, each with its own codec and
-reusable output buffer): while one lane compresses, another downloads or
+a reusable chunk buffer that the ranged GET fills and the codec then writes
+the stored chunk over): while one lane compresses, another downloads or
 uploads. zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the
 worker bills about the CPU time instead of CPU + I/O (see item_sizing).
 
@@ -32,15 +33,16 @@ from typing import Any, TypeVar
 
 from braid.engine.chunk_worker import ChunkTask, store_chunk
 from braid.errors import IntegrityError, NotFoundError, UsageError
+from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.checksum import crc64nvme, encode_crc64nvme
-from braid.format.chunk import ChunkCodec
+from braid.format.chunk import Buffer, ChunkCodec, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.manifest import ChunkEntry
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
-from braid.ports.store import ObjectStore
+from braid.ports.store import ObjectStore, read_range
 from braid.ports.usage import InvocationMeter, in_context
 
 T = TypeVar("T")
@@ -95,8 +97,8 @@ class DataKeyCache:
 
 
 class ChunkLanes:
-    """A few threads, each with a codec per data key; kept for the container's lifetime
-    so the codecs' large output buffers are allocated once, not per invocation."""
+    """A few threads, each with a codec per data key and a chunk buffer; kept for the
+    container's lifetime so the large buffers are allocated once, not per chunk or invocation."""
 
     def __init__(self, lanes: int = 2) -> None:
         self.lanes = max(1, lanes)
@@ -110,6 +112,17 @@ class ChunkLanes:
             self._local.slot = slot
         codec: ChunkCodec = self._local.codec
         return codec
+
+    def buffer(self, size: int) -> WritableBuffer:
+        """This lane's chunk buffer, at least `size` bytes: a part is read into it and the stored chunk written over it.
+
+        Only the lane's own thread uses it, one chunk at a time, so it is
+        free again when that chunk's PUT returned."""
+        current: WritableBuffer | None = getattr(self._local, "buffer", None)
+        if current is None or len(current) < size:
+            current = new_buffer(size)
+            self._local.buffer = current
+        return current
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """`fn` over `items` on the lanes, results in item order (the first error is raised).
@@ -140,9 +153,10 @@ def check_item(ref: BackupRef, item: MapItem) -> None:
         raise IntegrityError(f"map item names {item.segment}, which is not a staging segment of {ref}")
 
 
-def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice) -> bytes:
+def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice, buffer: WritableBuffer) -> Buffer:
+    """The part's staged bytes, read into `buffer` (where the store can), checked against the agent's CRC64NVME."""
     try:
-        data = store.get_range(item.segment, piece.start, piece.length)
+        data = read_range(store, item.segment, piece.start, piece.length, buffer)
     except NotFoundError:
         raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
     if len(data) != piece.length:
@@ -195,9 +209,11 @@ def _process_item(
     started = time.monotonic()
 
     def one(piece: ChunkSlice) -> ChunkEntry:
-        plaintext = fetch_part(store, ref, item, piece)
+        # Room for the stored form too, so the codec writes it over the plaintext, in the same pages.
+        buffer = lanes.buffer(stored_size(str(ref), piece.length))
+        plaintext = fetch_part(store, ref, item, piece, buffer)
         task = ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset)
-        return store_chunk(lanes.codec(key, level), store, ref, task, plaintext)
+        return store_chunk(lanes.codec(key, level), store, ref, task, plaintext, spent=buffer)
 
     entries = tuple(lanes.map(one, item.chunks()))
     # The usage so far and the record's own PUT, which is counted before it is made.
