@@ -6,12 +6,15 @@ written through one store reads back through any other. S3 runs on moto.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from botocore.exceptions import ClientError
+from botocore.response import StreamingBody
 from moto import mock_aws
 
 from braid.adapters.aws.clients import HOST, s3_client
@@ -20,7 +23,7 @@ from braid.adapters.aws.s3 import S3Store, map_error, parse_s3_url
 from braid.adapters.local.store import LocalStore
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.checksum import stored_checksum
-from braid.ports.store import ListingAfter, ObjectStore, PrefixListing, child_prefixes, list_after, put_pieces, read_object
+from braid.ports.store import ListingAfter, ObjectStore, PrefixListing, child_prefixes, list_after, put_pieces, read_object, read_range
 
 BUCKET = "braid-conformance"
 
@@ -99,6 +102,45 @@ def test_get_range(store: ObjectStore) -> None:
     assert store.get_range("obj", 500, 24) == data[500:524]
     assert store.get_range("obj", 1000, 100) == data[1000:]  # a range past the end is cut short
     assert store.get_range("obj", 5, 0) == b""
+
+
+def test_get_range_into_reuses_the_buffer_and_cuts_a_range_past_the_end(store: ObjectStore) -> None:
+    data = os.urandom(5_000)
+    store.put("obj", data)
+    buffer = bytearray(2_000)
+    view = read_range(store, "obj", 100, 1_500, buffer)
+    assert bytes(view) == data[100:1_600]
+    assert isinstance(view, memoryview) and view.obj is buffer  # the worker's lane buffer, not a fresh one
+    assert bytes(read_range(store, "obj", 4_000, 1_500, buffer)) == data[4_000:]  # past the end: cut short, as get_range
+    assert bytes(read_range(store, "obj", 0, 3_000, buffer)) == data[:3_000]  # too big: read elsewhere
+    assert len(buffer) == 2_000  # never resized: another thread may hold a view of it
+    assert bytes(read_range(store, "obj", 7, 0, buffer)) == b""
+    with pytest.raises(NotFoundError):
+        read_range(store, "data/nope", 0, 5, buffer)
+
+
+def test_a_ranged_read_that_ends_short_is_an_error_not_a_short_chunk(aws_env: None) -> None:
+    """botocore's body counts what arrives: a connection that closes early must fail the read (the worker then retries)."""
+
+    class ShortBodies:
+        """A real client whose GET responses lose their last bytes on the way, as over a dropped connection."""
+
+        def __init__(self, client: Any) -> None:
+            self.client = client
+
+        def get_object(self, **kwargs: Any) -> dict[str, Any]:
+            response = dict(self.client.get_object(**kwargs))
+            body = response["Body"].read()
+            response["Body"] = StreamingBody(io.BytesIO(body[:-3]), len(body))
+            return response
+
+    with mock_aws():
+        client = s3_client(region="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        S3Store(client, BUCKET).put("obj", os.urandom(4_000))
+        store = S3Store(cast(Any, ShortBodies(client)), BUCKET)
+        with pytest.raises(StorageError, match="reading s3://braid-conformance/obj"):
+            store.get_range_into("obj", 10, 3_000, bytearray(3_000))
 
 
 def test_missing_object(store: ObjectStore) -> None:

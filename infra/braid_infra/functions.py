@@ -57,7 +57,7 @@ class FunctionSpec:
 SPECS = {
     "prepare": FunctionSpec("prepare", 256, Duration.seconds(60), "Braid Prepare: make and stage the backup's data key"),
     # Each call watches staging for up to braid.pipeline.pacing.WATCH_SECONDS (420 s): half this timeout.
-    "plan": FunctionSpec("plan", 256, Duration.seconds(contract.PLAN_TIMEOUT_SECONDS), "Braid Plan: completed staging segments to map rounds"),
+    "plan": FunctionSpec("plan", contract.PLAN_MEMORY_MB, Duration.seconds(contract.PLAN_TIMEOUT_SECONDS), "Braid Plan: completed staging segments to map rounds"),
     # EXPRESS child workflows end at 5 minutes: every attempt of the worker, and the
     # backoff between them, must fit (braid_infra.pipeline.WORKER_RETRY, checked in tests/infra).
     "worker": FunctionSpec(

@@ -14,6 +14,14 @@ off, so nothing runs behind it) and, with --s3-server moto, for S3 too.
 s3proxy 2.6.0 rejects a few request headers the agent sends (see
 s3compat/sitecustomize.py); `COMPAT_ENV` turns on the benchmark-only shim
 in the child processes it is passed to.
+
+With `tls=True` s3proxy also serves HTTPS (s3proxy.secure-endpoint), as S3
+does for a Lambda: TLS costs the client CPU on every byte, which loopback
+HTTP would leave out of a measurement. The certificate is made at run time
+with the JDK's keytool into the work directory (a keystore for s3proxy, its
+certificate as PEM for the client: `Server.ca_bundle`, passed to boto3 as
+AWS_CA_BUNDLE), never checked in and never trusted beyond the benchmark's
+child processes.
 """
 
 from __future__ import annotations
@@ -97,6 +105,8 @@ class Server:
     data_dir: Path | None = None
     version: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    secure_endpoint: str | None = None  # https:// on loopback, when started with tls=True
+    ca_bundle: Path | None = None  # the PEM certificate a client trusts for secure_endpoint
 
     @property
     def pid(self) -> int:
@@ -118,8 +128,55 @@ class Server:
         self.stop()
 
 
-def start_s3proxy(workdir: Path, log=lambda msg: None) -> Server:
-    """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data."""
+KEYSTORE_PASSWORD = "braidbench"  # of a throwaway keystore for a loopback certificate
+
+
+def make_keystore(home: Path) -> tuple[Path, Path]:
+    """(keystore for s3proxy, PEM certificate for clients): a fresh self-signed certificate for 127.0.0.1, made with keytool."""
+    if not shutil.which("keytool"):
+        raise ServerError("keytool (the JDK's) is not on PATH to make a certificate for s3proxy's TLS endpoint")
+    keystore, pem = home / "keystore.jks", home / "loopback-cert.pem"
+    for path in (keystore, pem):
+        path.unlink(missing_ok=True)
+    steps = (
+        ["keytool", "-genkeypair", "-alias", "s3proxy", "-keyalg", "RSA", "-keysize", "2048", "-validity", "7",
+         "-dname", "CN=127.0.0.1", "-ext", "SAN=ip:127.0.0.1,dns:localhost", "-storetype", "JKS",
+         "-keystore", str(keystore), "-storepass", KEYSTORE_PASSWORD, "-keypass", KEYSTORE_PASSWORD],
+        ["keytool", "-exportcert", "-rfc", "-alias", "s3proxy", "-keystore", str(keystore), "-storepass", KEYSTORE_PASSWORD, "-file", str(pem)],
+    )
+    for step in steps:
+        proc = subprocess.run(step, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ServerError(f"keytool {step[1]} failed: {(proc.stdout + proc.stderr).strip().splitlines()[-1:]}")
+    return keystore, pem
+
+
+def _wait_tls(endpoint: str, ca_bundle: Path, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> None:
+    """Like _wait_http, over TLS trusting only `ca_bundle`: a certificate the client would refuse fails here, not mid-benchmark."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca_bundle))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-5:]
+            raise ServerError(f"server exited with {proc.returncode}: {tail}")
+        try:
+            urllib.request.urlopen(endpoint + "/", timeout=2, context=context).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except urllib.error.URLError as exc:
+            if isinstance(exc.reason, ssl.SSLError):
+                raise ServerError(f"s3proxy's TLS endpoint {endpoint} does not verify with {ca_bundle}: {exc.reason}") from None
+            time.sleep(0.2)
+        except OSError:
+            time.sleep(0.2)
+    raise ServerError(f"server at {endpoint} not ready after {timeout:.0f} s; see {log_path}")
+
+
+def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False) -> Server:
+    """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data; with `tls`, an HTTPS port too."""
     if not shutil.which("java"):
         raise ServerError("java is not on PATH")
     home = workdir / "s3proxy"
@@ -129,11 +186,18 @@ def start_s3proxy(workdir: Path, log=lambda msg: None) -> Server:
     data.mkdir(parents=True)
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
+    secure: list[str] = []
+    secure_endpoint, ca_bundle = None, None
+    if tls:
+        keystore, ca_bundle = make_keystore(home)
+        secure_endpoint = f"https://127.0.0.1:{free_port()}"
+        secure = [f"s3proxy.secure-endpoint={secure_endpoint}", f"s3proxy.keystore-path={keystore}", f"s3proxy.keystore-password={KEYSTORE_PASSWORD}"]
     props = home / "s3proxy.properties"
     props.write_text(
         "\n".join(
             [
                 f"s3proxy.endpoint={endpoint}",
+                *secure,
                 "s3proxy.authorization=aws-v2-or-v4",
                 f"s3proxy.identity={IDENTITY}",
                 f"s3proxy.credential={CREDENTIAL}",
@@ -149,9 +213,11 @@ def start_s3proxy(workdir: Path, log=lambda msg: None) -> Server:
             ["java", "-Xmx1g", "-jar", str(jar), "--properties", str(props)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    server = Server("s3proxy", endpoint, proc, log_path, data, jar.name.split("-")[1])
+    server = Server("s3proxy", endpoint, proc, log_path, data, jar.name.split("-")[1], secure_endpoint=secure_endpoint, ca_bundle=ca_bundle)
     try:
         _wait_http(endpoint + "/", proc, log_path)
+        if secure_endpoint and ca_bundle:
+            _wait_tls(secure_endpoint, ca_bundle, proc, log_path)
     except BaseException:
         server.stop()
         raise

@@ -23,7 +23,7 @@ invocation makes. What is synthetic, and said so:
   so a 61-hour watch runs in seconds; each request adds `REQUEST_SECONDS`,
   reads done in parallel (StagingArea's READ_THREADS) add it once per wave,
   and the Python CPU the real code spent in each invocation (measured) is
-  scaled by the function's share of a vCPU;
+  scaled by the function's share of a vCPU (botocore's per request too);
 - history events per state as AWS records them (`EVENTS`): a Lambda Task 5,
   Choice 2, Wait 2, Pass 2, Distributed Map 6, Succeed 2, start and end 2.
 
@@ -41,6 +41,7 @@ import math
 import tempfile
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ STORED_RATIO = 0.54  # stored / plaintext
 # The functions as the stack deploys them (infra/braid_infra/functions.py): memory MB, timeout s.
 FUNCTIONS = {
     "prepare": (256, 60),
-    "plan": (256, contract.PLAN_TIMEOUT_SECONDS),
+    "plan": (contract.PLAN_MEMORY_MB, contract.PLAN_TIMEOUT_SECONDS),
     "worker": (contract.WORKER_MEMORY_MB, contract.WORKER_TIMEOUT_SECONDS),
     "finalize": (contract.FINALIZE_MEMORY_MB, 900),
 }
@@ -114,6 +115,7 @@ class Invocation:
     cpu: float = 0.0  # Python CPU seconds of the real code here (thread time)
     seconds: float = 0.0  # modelled duration
     count: int = 1  # identical invocations this record stands for (workers)
+    peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
 
     @property
     def timeout(self) -> int:
@@ -468,8 +470,12 @@ def simulate(
     ratio: float = STORED_RATIO,
     lanes: int = contract.DEFAULT_WORKER_LANES,
     calibration: WorkerRequests | None = None,
+    trace_memory: bool = False,
 ) -> Simulation:
-    """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps."""
+    """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
+
+    `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc, which slows the calls it traces;
+    their CPU figures then overstate)."""
     calibration = calibration or calibrate_worker()
     clock = _Clock()
     store = CountingStore(clock)
@@ -493,11 +499,16 @@ def simulate(
             invocation = Invocation(function)
             store.current = invocation
             clock.watched = 0.0
+            if trace_memory:
+                tracemalloc.start()
             cpu0 = time.thread_time()
             try:
                 return call()
             finally:
                 invocation.cpu = time.thread_time() - cpu0
+                if trace_memory:
+                    invocation.peak_bytes = tracemalloc.get_traced_memory()[1]
+                    tracemalloc.stop()
                 invocation.watched = clock.watched
                 store.current = None
                 invocations.append(invocation)

@@ -6,6 +6,7 @@ accepts its pack only if it is exactly its chunks. The pipeline's real steps run
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,13 +177,18 @@ def plaintext(task: ChunkTask) -> bytes:
     return DATA[task.offset : task.offset + CHUNK]
 
 
+def unspent(read: Callable[[ChunkTask], bytes]) -> Callable[[ChunkTask], tuple[bytes, None]]:
+    """store_pack's reader for plaintext in buffers the codec must not write over."""
+    return lambda task: (read(task), None)
+
+
 def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(published: Published) -> None:
     pack = chunk_key(published.ref, 0)
     original = published.store.get(pack)
     recorded = [c for c in published.manifest.chunks() if c.index < K]
     codec = ChunkCodec(published.key)
 
-    again = store_pack(codec, published.store, published.ref, tasks(0, K), plaintext)
+    again = store_pack(codec, published.store, published.ref, tasks(0, K), unspent(plaintext))
     assert again == recorded  # the stored frames' own checksums and offsets, though this encoding's nonces differ
     assert published.store.get(pack) == original
 
@@ -191,9 +197,9 @@ def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(publi
         return data[:-1] + b"!" if task.index == 1 else data  # compresses to another length
 
     with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
-        store_pack(codec, published.store, published.ref, tasks(0, K), longer)
+        store_pack(codec, published.store, published.ref, tasks(0, K), unspent(longer))
     with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 2}\) already exists with different content: {len(original)} bytes"):
-        store_pack(codec, published.store, published.ref, tasks(0, K - 1), plaintext)  # grouped otherwise: never accepted
+        store_pack(codec, published.store, published.ref, tasks(0, K - 1), unspent(plaintext))  # grouped otherwise: never accepted
     assert published.store.get(pack) == original
 
 
@@ -202,7 +208,7 @@ def test_a_late_worker_with_other_plaintext_of_the_same_stored_length_is_refused
     ref = BackupRef.new("other")
     random = {i: hashlib.shake_256(b"chunk %d" % i).digest(CHUNK) for i in range(3)}
     codec = ChunkCodec(published.key)
-    stored = store_pack(codec, published.store, ref, tasks(0, 3), lambda task: random[task.index])
+    stored = store_pack(codec, published.store, ref, tasks(0, 3), unspent(lambda task: random[task.index]))
     assert [e.compression for e in stored] == ["none"] * 3 and [e.pack_offset for e in stored] == [0, stored[0].stored_length, 2 * stored[0].stored_length]
     original = published.store.get(chunk_key(ref, 0))
 
@@ -210,5 +216,5 @@ def test_a_late_worker_with_other_plaintext_of_the_same_stored_length_is_refused
         return random[task.index][:-1] + bytes([random[task.index][-1] ^ 1]) if task.index == 1 else random[task.index]
 
     with pytest.raises(IntegrityError, match=rf"^pack {chunk_key(ref, 0)} of backup {ref} \(chunks 0-2\) already exists with different content: chunk 1 of backup {ref}: plaintext checksum mismatch$"):
-        store_pack(codec, published.store, ref, tasks(0, 3), changed)
+        store_pack(codec, published.store, ref, tasks(0, 3), unspent(changed))
     assert published.store.get(chunk_key(ref, 0)) == original

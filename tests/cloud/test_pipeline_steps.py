@@ -17,6 +17,7 @@ from braid.adapters.local.store import LocalStore
 from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
 from braid.errors import IntegrityError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
@@ -168,6 +169,37 @@ def test_a_failing_worker_leaves_its_error_and_cleanup_reports_it(staged: Staged
     assert "does not match the checksum the agent recorded" in failure.cause
     assert [info.key for info in staged.store.list(staging_prefix(staged.ref))] == []
     assert [info.key for info in staged.store.list(data_prefix(staged.ref))] == []
+
+
+def test_a_lane_reads_each_part_of_a_pack_into_its_own_buffer_and_stores_the_frames_from_them(staged: Staged) -> None:
+    """No fresh chunk-sized allocation per chunk: each ranged GET fills one of the lane's buffers, the codec writes
+    that chunk's frame over it, and the pack is sent from those buffers, which the next pack reuses."""
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    assert plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60).status == "ready"
+    items = StagingArea(staged.store, staged.ref).read_rounds()[0].items
+    assert [item.count for item in items][:2] == [2, 2]  # two-chunk items: one pack each
+    lanes = ChunkLanes(1)
+
+    def lane_buffers() -> list[Any]:
+        return lanes.map(lambda _: lanes.buffers(2, 0), [0])[0]
+
+    first = process_item(staged.store, staged.ref, items[0], key=key, level=3, lanes=lanes).result.entries
+    buffers = lane_buffers()
+    assert all(len(buffer) >= CHUNK for buffer in buffers) and buffers[0] is not buffers[1]
+    second = process_item(staged.store, staged.ref, items[1], key=key, level=3, lanes=lanes).result.entries
+    assert all(a is b for a, b in zip(lane_buffers(), buffers, strict=True))  # the same pages for every pack
+    pack = staged.store.get(chunk_key(staged.ref, second[0].index))
+    frames = b"".join(bytes(memoryview(buffer)[: e.stored_length]) for buffer, e in zip(buffers, second, strict=True))
+    assert [e.compression for e in second] == ["zstd", "zstd"] and pack == frames  # the pack was sent from the lane's buffers
+    entries = [*first, *second] + [e for item in items[2:] for e in process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes).result.entries]
+    codec = ChunkCodec(key)
+    plaintext = [
+        bytes(codec.decode(staged.store.get_range(chunk_key(staged.ref, e.pack), e.pack_offset, e.stored_length), backup=str(staged.ref),
+                           index=e.index, input_index=e.input_index, plaintext_length=e.length, plaintext_mac=e.mac))
+        for e in entries
+    ]
+    assert b"".join(plaintext) == DATA  # and every chunk holds its own part
 
 
 def test_failure_records_round_trip_and_a_long_cause_is_cut(staged: Staged) -> None:

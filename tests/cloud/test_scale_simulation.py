@@ -12,6 +12,8 @@ timeout (and Lambda's 15 minutes), an EXPRESS child's 5 minutes.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +134,33 @@ def test_one_tib_at_500_workers_is_published_within_15_seconds_of_stream_end(cal
     result = min((simulate(1, rate, 500, calibration=calibration) for _ in range(2)), key=lambda r: r.seconds_after_stream_end)
     assert result.seconds_after_stream_end <= 15, (rate, result.seconds_after_stream_end)
     assert result.history_events <= HISTORY_QUOTA / 2
+
+
+def test_the_plan_function_holds_ten_tib_even_in_lambdas_smallest_memory(tmp_path: Path) -> None:
+    """Plan is billed for the whole stream while it watches, so its memory is a cost lever (contract.PLAN_MEMORY_MB):
+    what it holds must fit its size, and fits the smallest, 128 MB.
+
+    Its memory is the runtime with the handler's imports and an S3 client (measured in a fresh
+    process, as a cold start makes them) plus the most any call allocates over a 10 TiB backup
+    (traced in the simulation, at 1 GB/s: the biggest rounds; the simulated store's own key list
+    is counted in too). A fifth is left for what this cannot see (tracing buffers, log records)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('plan_app', sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "from braid.adapters.aws.clients import s3_client\n"
+        "s3_client(region='us-east-1')\n"
+        # The peak of this process's own memory (ru_maxrss would carry the forking test process's over exec).
+        "print(next(line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')))\n"
+    )
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1", contract.ENV_BUCKET: "braid-probe", "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME}
+    done = subprocess.run([sys.executable, str(probe), str(ROOT / "functions" / "plan" / "app.py")], env=env, capture_output=True, text=True, check=True)
+    footprint = int(done.stdout.split()[-1]) * 1024  # VmHWM is in KiB
+    simulation = simulate(10, 1000, 500, trace_memory=True)
+    peak = max(i.peak_bytes for i in simulation.by_function("plan"))
+    assert peak > 0  # traced
+    smallest = 128 * 2**20  # Lambda's "MB" are MiB
+    assert contract.PLAN_MEMORY_MB >= 128
+    assert footprint + peak <= 0.8 * smallest, (footprint / 2**20, peak / 2**20)

@@ -59,6 +59,12 @@ WORKER_RETRIES = 3
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
+# Its memory. It is billed for the whole stream while it watches (at 50 MB/s most of what
+# coordination costs), and what it holds fits the smallest size, 128 MB (measured:
+# tests/cloud/test_scale_simulation.py); but its share of a vCPU buys the CPU it spends after
+# the stream ends, and at 128 MB the modelled time after stream end reaches the 15 s target
+# (scripts/bench cloud-model), so it stays at 256 until that time has room.
+PLAN_MEMORY_MB = 256
 # The execution input's stall window (`braid backup --stall-timeout`): no upload progress
 # for this long and the planner gives the backup up; at least the planner's Wait.
 DEFAULT_POLL_SECONDS = 15

@@ -14,10 +14,10 @@ from braid.errors import UsageError
 
 MiB = 1024**2
 # The worker (contract.WORKER_MEMORY_MB, contract.DEFAULT_WORKER_LANES lanes)
-# holds, per lane, about 3-4x the chunk size: the plaintext from the GET (and
-# a transient second copy while the body is joined), the compressed payload
-# and the stored form. Budget 4x, after what the runtime, libraries and
-# clients take before any chunk.
+# holds, per lane, about 2x the chunk size: the lane's buffer (the plaintext
+# from the GET, then the stored form written over it) and the compressed
+# payload; an incompressible chunk's stored form takes a third. Budget
+# 4x, after what the runtime, libraries and clients take before any chunk.
 WORKER_BUFFERS_PER_LANE = 4
 WORKER_BASE_MB = 256
 

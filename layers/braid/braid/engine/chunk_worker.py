@@ -102,15 +102,22 @@ def store_chunk(
         )
 
 
-def store_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, tasks: Sequence[ChunkTask], read: Callable[[ChunkTask], Buffer]) -> list[ChunkEntry]:
+def store_pack(
+    codec: ChunkCodec,
+    store: ObjectStore,
+    ref: BackupRef,
+    tasks: Sequence[ChunkTask],
+    read: Callable[[ChunkTask], tuple[Buffer, WritableBuffer | None]],
+) -> list[ChunkEntry]:
     """Encode consecutive chunks and store their frames back to back as one object, create-only.
 
-    `read` gives each task's plaintext, asked for one at a time, so only one
-    plaintext and the frames so far are in memory at once. Each frame but
-    the last is copied out of the codec's reused buffer (the next encode
-    overwrites it); the last is sent from that buffer, and the object is
-    sent from the frames' own buffers without joining them
-    (braid.ports.store.put_pieces). The pack's key is its first chunk's.
+    `read` gives each task's plaintext, asked for one at a time, and the
+    buffer it lies in if the codec may write the frame over it (the caller
+    then gives each chunk of the pack its own buffer), else None. A frame
+    left in the codec's reused buffer (no such buffer, or a chunk stored
+    uncompressed) is copied out unless it is the last, since the next encode
+    overwrites it. The object is sent from the frames' own buffers without
+    joining them (braid.ports.store.put_pieces). The pack's key is its first chunk's.
 
     If the pack already exists (a retried or late worker), it is accepted
     only if it is exactly these chunks: frames of the same lengths (zstd at
@@ -127,10 +134,11 @@ def store_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, tasks: Seq
     entries: list[ChunkEntry] = []
     offset = 0
     for position, task in enumerate(tasks):
-        plaintext = read(task)
-        encoded = codec.encode(str(ref), task.index, task.input_index, plaintext)
+        plaintext, spent = read(task)
+        encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
         last = position == len(tasks) - 1
-        frames.append(encoded.stored if last else bytes(encoded.stored))
+        own = spent is not None and encoded.stored.obj is spent  # written over the caller's buffer, kept until the PUT
+        frames.append(encoded.stored if last or own else bytes(encoded.stored))
         entries.append(_entry(task, len(plaintext), encoded, pack=first, pack_offset=offset))
         offset += encoded.stored_length
     key = chunk_key(ref, first)

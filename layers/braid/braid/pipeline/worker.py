@@ -11,7 +11,8 @@ The item's result goes to staging (an ItemResult record, see
 braid.format.staging); the Lambda returns almost nothing.
 
 Chunks of an item run on a few *lanes* (threads, each with its own codec and
-reusable output buffer): while one lane compresses, another downloads or
+a reusable chunk buffer that the ranged GET fills and the codec then writes
+the stored chunk over): while one lane compresses, another downloads or
 uploads. zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the
 worker bills about the CPU time instead of CPU + I/O (see item_sizing).
 
@@ -36,15 +37,16 @@ from typing import Any, TypeVar
 from braid.contract import CHUNKS_PER_PACK
 from braid.engine.chunk_worker import ChunkTask, store_pack
 from braid.errors import IntegrityError, NotFoundError, UsageError
+from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.checksum import crc64nvme, encode_crc64nvme
-from braid.format.chunk import ChunkCodec
+from braid.format.chunk import Buffer, ChunkCodec, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.manifest import ChunkEntry
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
-from braid.ports.store import ObjectStore
+from braid.ports.store import ObjectStore, read_range
 from braid.ports.usage import InvocationMeter, in_context
 
 T = TypeVar("T")
@@ -99,8 +101,8 @@ class DataKeyCache:
 
 
 class ChunkLanes:
-    """A few threads, each with a codec per data key; kept for the container's lifetime
-    so the codecs' large output buffers are allocated once, not per invocation."""
+    """A few threads, each with a codec per data key and a chunk buffer; kept for the
+    container's lifetime so the large buffers are allocated once, not per chunk or invocation."""
 
     def __init__(self, lanes: int = 2) -> None:
         self.lanes = max(1, lanes)
@@ -114,6 +116,21 @@ class ChunkLanes:
             self._local.slot = slot
         codec: ChunkCodec = self._local.codec
         return codec
+
+    def buffers(self, count: int, size: int) -> list[WritableBuffer]:
+        """This lane's first `count` chunk buffers, each at least `size` bytes: one per chunk of a pack,
+        a part read into it and its stored frame written over it.
+
+        Only the lane's own thread uses them, one pack at a time, so they are
+        free again when that pack's PUT returned."""
+        current: list[WritableBuffer] = getattr(self._local, "buffers", [])
+        while len(current) < count:
+            current.append(new_buffer(size))
+        for i in range(count):
+            if len(current[i]) < size:
+                current[i] = new_buffer(size)
+        self._local.buffers = current
+        return current[:count]
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         """`fn` over `items` on the lanes, results in item order (the first error is raised).
@@ -144,9 +161,10 @@ def check_item(ref: BackupRef, item: MapItem) -> None:
         raise IntegrityError(f"map item names {item.segment}, which is not a staging segment of {ref}")
 
 
-def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice) -> bytes:
+def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice, buffer: WritableBuffer) -> Buffer:
+    """The part's staged bytes, read into `buffer` (where the store can), checked against the agent's CRC64NVME."""
     try:
-        data = store.get_range(item.segment, piece.start, piece.length)
+        data = read_range(store, item.segment, piece.start, piece.length, buffer)
     except NotFoundError:
         raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
     if len(data) != piece.length:
@@ -208,9 +226,18 @@ def _process_item(
     started = time.monotonic()
 
     def one(pack: list[ChunkSlice]) -> list[ChunkEntry]:
-        pieces = {piece.index: piece for piece in pack}
+        # One buffer per chunk of the pack, with room for the stored form too: each part is read
+        # into its own and the codec writes its frame over it, so the frames wait for the pack's
+        # PUT in the pages their plaintext came in.
+        buffers = lanes.buffers(len(pack), stored_size(str(ref), max(piece.length for piece in pack)))
+        slots = {piece.index: (piece, buffer) for piece, buffer in zip(pack, buffers, strict=False)}
         tasks = [ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset) for piece in pack]
-        return store_pack(lanes.codec(key, level), store, ref, tasks, lambda task: fetch_part(store, ref, item, pieces[task.index]))
+
+        def read(task: ChunkTask) -> tuple[Buffer, WritableBuffer]:
+            piece, buffer = slots[task.index]
+            return fetch_part(store, ref, item, piece, buffer), buffer
+
+        return store_pack(lanes.codec(key, level), store, ref, tasks, read)
 
     entries = tuple(entry for stored in lanes.map(one, packs_of(item.chunks(), chunks_per_pack)) for entry in stored)
     # The usage so far and the record's own PUT, which is counted before it is made.

@@ -46,6 +46,7 @@ T = TypeVar("T")
 
 DELETE_BATCH = 1000  # DeleteObjects' limit per request
 _READ_BLOCK = 8 * 1024**2
+_RANGE_BLOCK = 1024**2  # get_range_into's reads: urllib3 copies each through a temporary of this size
 
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
 _CHECKSUM_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch", "InvalidChecksum"})
@@ -283,6 +284,36 @@ class S3Store:
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key), Range=f"bytes={start}-{start + length - 1}")
             return bytes(response["Body"].read())
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "reading", key, "s3:GetObject") from None
+
+    def get_range_into(self, key: str, start: int, length: int, buffer: WritableBuffer) -> memoryview:
+        """`get_range`, read into `buffer` when it fits (else into a new one); never resizes `buffer`.
+
+        Read through botocore's body (`readinto`), which counts what arrives
+        and raises if the response ends short of its Content-Length; in
+        blocks, since urllib3 reads each one into a temporary first: a
+        block that fits the CPU cache is a cheap copy, a 64 MiB one is fresh
+        pages (the cost this method exists to avoid).
+        """
+        if length <= 0:
+            return memoryview(buffer)[:0]
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key), Range=f"bytes={start}-{start + length - 1}")
+            size = int(response["ContentLength"])
+            if size > length:
+                raise StorageError(f"s3://{self.bucket}/{self.object_key(key)} returned {size} bytes for a range of {length}; run it again")
+            view = memoryview(buffer if len(buffer) >= size else bytearray(size))[:size]
+            body = response["Body"]
+            filled = 0
+            while filled < size:
+                n = body.readinto(view[filled : min(size, filled + _RANGE_BLOCK)])  # type: ignore[arg-type]  # the stubs say IO[bytes]; botocore takes any writable buffer
+                if not n:
+                    break
+                filled += n
+            if filled != size or body.read(1):  # the last read also has botocore check the length it was promised
+                raise StorageError(f"s3://{self.bucket}/{self.object_key(key)} returned {filled} bytes of a {size}-byte range; run it again")
+            return view
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "reading", key, "s3:GetObject") from None
 

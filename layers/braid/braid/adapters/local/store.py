@@ -219,6 +219,26 @@ class LocalStore:
         finally:
             os.close(fd)
 
+    def get_range_into(self, key: str, start: int, length: int, buffer: WritableBuffer) -> memoryview:
+        """`get_range`, read into `buffer` when it fits (else into a new one); never resizes `buffer`."""
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as handle:
+                size = max(0, min(length, os.fstat(handle.fileno()).st_size - start))
+                view = memoryview(buffer if len(buffer) >= size else new_buffer(size))[:size]
+                handle.seek(start)
+                filled = 0
+                while filled < size:
+                    n = handle.readinto(view[filled:])
+                    if not n:
+                        break
+                    filled += n
+                return view[:filled]
+        except FileNotFoundError:
+            raise NotFoundError(f"object {key} not found in {self.root}") from None
+        except OSError as exc:
+            raise _storage_error("reading", path, exc) from None
+
     def get_range(self, key: str, start: int, length: int) -> bytes:
         path = self._path(key)
         try:
