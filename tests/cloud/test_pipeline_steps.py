@@ -249,12 +249,12 @@ MiB = 1024**2
 
 def test_chunk_sizes_beyond_the_workers_memory_are_refused_naming_the_largest() -> None:
     largest = max_worker_chunk_size()
-    # Each of the worker's lanes holds ~4x the chunk (plaintext, payload, stored form, a transient copy).
-    assert contract.DEFAULT_WORKER_LANES * 4 * largest < contract.WORKER_MEMORY_MB * MiB
-    assert largest == 94 * MiB
+    # Each of the worker's lanes holds a buffer per chunk of its pack, the payload and an incompressible chunk's stored form.
+    assert contract.DEFAULT_WORKER_LANES * (contract.CHUNKS_PER_PACK + 2) * largest < contract.WORKER_MEMORY_MB * MiB
+    assert largest == 75 * MiB
     check_worker_chunk_size(64 * MiB)  # the default
     check_worker_chunk_size(largest)
-    with pytest.raises(UsageError, match="the largest allowed is 94 MiB: use --chunk-size 94MiB or less") as refused:
+    with pytest.raises(UsageError, match="the largest allowed is 75 MiB: use --chunk-size 75MiB or less") as refused:
         check_worker_chunk_size(128 * MiB)
     assert refused.value.exit_code == 2
     assert max_worker_chunk_size(lanes=2) > largest  # fewer lanes, larger chunks

@@ -14,11 +14,14 @@ from braid.errors import UsageError
 
 MiB = 1024**2
 # The worker (contract.WORKER_MEMORY_MB, contract.DEFAULT_WORKER_LANES lanes)
-# holds, per lane, about 2x the chunk size: the lane's buffer (the plaintext
-# from the GET, then the stored form written over it) and the compressed
-# payload; an incompressible chunk's stored form takes a third. Budget
-# 4x, after what the runtime, libraries and clients take before any chunk.
-WORKER_BUFFERS_PER_LANE = 4
+# holds, per lane, one buffer per chunk of a pack (contract.CHUNKS_PER_PACK:
+# the plaintext from the GET, then its stored frame, kept until the pack's
+# PUT), the compressed payload, and for an incompressible chunk the codec's
+# stored form: measured with scripts/bench pack-memory, 1,295 MB for one
+# item of incompressible 64 MiB chunks in packs of 3 on 4 lanes, 5.06 chunk
+# sizes per lane. Budgeted after what the runtime, libraries and clients
+# take before any chunk.
+WORKER_BUFFERS_PER_LANE = contract.CHUNKS_PER_PACK + 2
 WORKER_BASE_MB = 256
 
 MAX_PARTS = 10_000  # S3's limit per multipart upload
@@ -104,7 +107,7 @@ def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PA
 
 
 def max_worker_chunk_size(memory_mb: int = contract.WORKER_MEMORY_MB, lanes: int = contract.DEFAULT_WORKER_LANES) -> int:
-    """The largest chunk size (whole MiB) the worker's lanes hold in its memory: 94 MiB for the stack's worker."""
+    """The largest chunk size (whole MiB) the worker's lanes hold in its memory: 75 MiB for the stack's worker."""
     per_chunk = (memory_mb - WORKER_BASE_MB) * MiB // (lanes * WORKER_BUFFERS_PER_LANE)
     return per_chunk // MiB * MiB
 

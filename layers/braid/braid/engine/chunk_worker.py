@@ -137,8 +137,7 @@ def store_pack(
         plaintext, spent = read(task)
         encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
         last = position == len(tasks) - 1
-        own = spent is not None and encoded.stored.obj is spent  # written over the caller's buffer, kept until the PUT
-        frames.append(encoded.stored if last or own else bytes(encoded.stored))
+        frames.append(_kept(encoded.stored, spent, last))
         entries.append(_entry(task, len(plaintext), encoded, pack=first, pack_offset=offset))
         offset += encoded.stored_length
     key = chunk_key(ref, first)
@@ -148,6 +147,20 @@ def store_pack(
         return entries
     except AlreadyExistsError:
         return _existing_pack(codec, store, ref, key, entries)
+
+
+def _kept(frame: memoryview, spent: WritableBuffer | None, last: bool) -> Buffer:
+    """The frame where it stays valid until the pack's PUT: the caller's buffer (written over by the codec,
+    or, for a chunk stored uncompressed, copied there once its plaintext was encrypted), else a copy
+    unless it is the last (the codec's own buffer is overwritten by the next encode)."""
+    if spent is not None:
+        if frame.obj is spent:
+            return frame
+        if len(spent) >= len(frame):
+            kept = memoryview(spent)[: len(frame)]
+            kept[:] = frame
+            return kept
+    return frame if last else bytes(frame)
 
 
 def _existing_pack(codec: ChunkCodec, store: ObjectStore, ref: BackupRef, key: str, entries: list[ChunkEntry]) -> list[ChunkEntry]:
