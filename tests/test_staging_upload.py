@@ -705,3 +705,64 @@ def test_a_part_body_over_several_buffers_rewinds_for_retries() -> None:
     assert [body.read(100), body.read(100), body.read(100)] == [b"h", b"ij", b""]  # one buffer per read, then the end
     body.seek(-4, io.SEEK_END)
     assert body.tell() == 6 and body.read() == b"ghij"
+
+
+def _submit(upload: StagingUpload, number: int, data: bytes, released: list[int]) -> None:
+    upload.submit(0, number, memoryview(bytearray(data)), lambda: released.append(number))
+
+
+def _wait_for(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_a_segments_upload_opens_while_its_first_part_is_still_being_read(tmp_path: Any) -> None:
+    """With parts of 2 chunks, the first chunk of a segment opens its multipart upload, so the
+    part is sent as soon as its second chunk is read; later chunks of the segment open nothing."""
+    store = LocalStore(tmp_path / "repo")
+    uploads = MemoryMultipart(store, min_part_size=SMALL_PART)
+    data = stream(CHUNK * 5 + 9)  # segments of 4 chunks: parts 2+2, then 2 (the last one short)
+    pieces = [data[i : i + CHUNK] for i in range(0, len(data), CHUNK)]
+    released: list[int] = []
+    upload = StagingUpload.start(
+        StagingArea(store, REF), uploads, repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3,
+        segment_parts=4, part_chunks=2, **options(),
+    )
+    with upload:
+        _submit(upload, 0, pieces[0], released)
+        _wait_for(lambda: len(list(uploads.list_uploads(""))) == 1, "the segment's upload was not opened before its first part was complete")
+        (opened,) = uploads.list_uploads("")
+        assert list(uploads.list_parts(opened.key, opened.upload_id)) == [] and released == []  # nothing sent yet: the part waits for chunk 1
+        for number in range(1, 5):
+            _submit(upload, number, pieces[number], released)
+        _wait_for(lambda: len(list(uploads.list_uploads(""))) == 1 and upload.segments_completed == 1, "segment 0 did not complete")
+        _submit(upload, 5, pieces[5], released)  # the last chunk, short: its part and segment complete at the input's end
+        upload.end_input(0, len(data))
+        end = upload.finish()
+    assert uploads.calls.count("create") == 2  # one per segment, never a second for a segment
+    assert end == StreamEnd(lengths=[len(data)], segments=[2])
+    assert reassemble(store, 0) == data and sorted(released) == list(range(6))
+    assert list(uploads.list_uploads("")) == []
+
+
+def test_an_upload_that_cannot_be_opened_stops_the_reader_with_its_error(tmp_path: Any) -> None:
+    """CreateMultipartUpload refused while the first part is still being read: the next chunk raises that error, every buffer comes back."""
+    store = LocalStore(tmp_path / "repo")
+
+    class Refusing(MemoryMultipart):
+        def create_upload(self, key: str) -> str:
+            raise StorageError(f"access denied starting the upload of {key}")
+
+    released: list[int] = []
+    upload = StagingUpload.start(
+        StagingArea(store, REF), Refusing(store, min_part_size=SMALL_PART), repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK,
+        level=3, segment_parts=4, part_chunks=2, **options(),
+    )
+    with pytest.raises(StorageError, match="access denied starting the upload of"):
+        with upload:
+            _submit(upload, 0, stream(CHUNK), released)
+            _wait_for(lambda: upload.error is not None, "the refused CreateMultipartUpload was not recorded")
+            _submit(upload, 1, stream(CHUNK, seed=2), released)
+    assert sorted(released) == [0, 1] and records(store) == []

@@ -39,7 +39,14 @@ PART_TARGET_BYTES = 256 * MiB
 # (bigger parts in the same buffers) starve the upload. Measured, scripts/bench
 # cloud at 2 GiB, --concurrency 8: 4-chunk parts (1-2 in flight) uploaded at
 # 0.65x boto3's 64 MiB multipart, 2-chunk parts (3-4 in flight) at 0.91x
-# (one chunk per part: 0.93x).
+# (one chunk per part: 0.93x). That count is the ceiling: at --concurrency 8
+# with one input the 10 buffers hold at most 5 parts of 2 chunks, against
+# boto3's 8 requests, and each connection carried about the same 40-60 MB/s
+# on the loaded bench machine (traced per UploadPart). Starting a part's
+# UploadPart at its first chunk would not raise it (the part keeps both
+# buffers until S3 answers, for botocore's retries), and cannot keep S3's
+# check of the part: its CRC64NVME header needs every byte before the first
+# is sent.
 MIN_PARTS_IN_FLIGHT = 3
 
 

@@ -25,7 +25,9 @@ Memory: `--concurrency` counts chunks in flight, whether waiting for the rest
 of their part or being sent: `submit` blocks while (concurrency + 2) are, and
 a part's buffers go back to the reader (their `release` callbacks) as soon as
 the part is stored, so memory is bounded whatever the stream length. A part
-is sent from its chunks' own buffers (never joined), once all are read;
+is sent from its chunks' own buffers (never joined), once all are read (its
+segment's upload is opened meanwhile, at the segment's first chunk, so the
+part goes out without waiting one more round trip);
 `part_chunks` is chosen so that every input's unfinished part and three parts
 being sent fit (braid.agent.limits.default_part_chunks; one is enough never to
 deadlock, three keep the upload as fast as one chunk per part).
@@ -249,6 +251,12 @@ class StagingUpload:
         segment.pending.setdefault(part_number, []).append((data, release))
         if len(segment.pending[part_number]) == self.part_chunks or segment.submitted == segment.expected:
             self._pool.submit(self._part_task, segment, part_number, self._take_part(segment, part_number))
+        elif segment.submitted == 1 and self._needs_upload(segment):
+            # The segment's first part waits for its other chunks: open its upload
+            # meanwhile, so the part's UploadPart starts as soon as they are read,
+            # not one CreateMultipartUpload round trip later.
+            self._outstanding += 1
+            self._pool.submit(self._open_task, segment)
 
     def end_input(self, input_index: int, length: int) -> None:
         """Input `input_index` ended after `length` bytes: its last segment can complete."""
@@ -349,6 +357,21 @@ class StagingUpload:
         chunks = [chunk for number in sorted(segment.pending) for chunk in segment.pending[number]]
         segment.pending.clear()
         return chunks
+
+    @staticmethod
+    def _needs_upload(segment: Segment) -> bool:
+        """A segment with nothing stored of it (not completed, no open upload found on --resume) is sure to need one."""
+        return segment.upload_id is None and segment.record is None and segment.stored is None and not segment.existing
+
+    def _open_task(self, segment: Segment) -> None:
+        try:
+            if self._failed.is_set():
+                raise _Cancelled()
+            self._ensure_upload(segment)
+        except BaseException as exc:  # recorded; finish() raises it
+            self._fail(exc)
+        finally:
+            self._task_done()
 
     def _ensure_upload(self, segment: Segment) -> str:
         with segment.lock:
