@@ -30,7 +30,7 @@ from braid.errors import UsageError
 from braid.format.ids import BackupRef
 
 DEFAULT_MAX_CONCURRENCY = 100
-DEFAULT_MAX_CHUNKS_PER_ITEM = 32  # the cost model's pick (scripts/bench cloud-model, item_sizing): a 2 GiB segment of 64 MiB chunks
+DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
 DEFAULT_POLL_SECONDS = contract.DEFAULT_POLL_SECONDS
 DEFAULT_STALL_SECONDS = contract.DEFAULT_STALL_SECONDS
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.

@@ -22,17 +22,13 @@ previous chunk's upload with the current chunk's compression
 (braid.pipeline.worker), so it bills about the CPU time (~0.35 s per
 chunk, ~$0.13/TiB).
 
-So an item is *several* chunks: while the stream arrives, `max_chunks_per_item`
-(default 32); after stream end, as many as keep every allowed worker busy, up
+So an item is *a few* chunks: while the stream arrives, `max_chunks_per_item`
+(default 16); after stream end, as many as keep every allowed worker busy, up
 to that. scripts/bench cloud-model measures the worker and prices 1 TiB at 500
 workers (EXPRESS children, 90 MB/s per S3 stream in Lambda): k=1 ≈ $1.01,
-k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.42, k=32
-$0.026 less again at 50 and 300 MB/s (each item's first download and last
-upload, which nothing overlaps, are paid half as often) with the same tail,
-its pick. Grouping never crosses a segment (2 GiB: 32 chunks of 64 MiB), so
-an item's parts are one contiguous range of one staging object, and larger
-caps change nothing. A 32-chunk item takes ~17 s, under a third of the
-worker's 60 s timeout.
+k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.43, its
+pick; beyond that the per-chunk costs dominate. Grouping never crosses a
+segment, so an item's parts are one contiguous range of one staging object.
 
 The round cap keeps every map's state output (a null per item) far below the
 256 KiB payload limit without a ResultWriter.
