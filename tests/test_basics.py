@@ -7,6 +7,7 @@ import os
 import stat
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,3 +157,28 @@ def test_chunk_size_default_follows_where_chunks_are_stored(repo: Path) -> None:
         assert made.code == 0, made.stderr
         shown = json.loads(run_braid("show", "--repo", str(repo), made.stdout.decode().strip(), "--json").stdout)
         assert (shown["chunk_size"], shown["chunks"]) == (size, chunks)
+
+
+def test_read_full_fills_through_short_reads_and_stops_at_the_end() -> None:
+    """Pipes and files may return fewer bytes than asked: a chunk is filled by repeated reads, never cut short."""
+    import io
+
+    from braid.format.buffers import read_full
+
+    class Trickle(io.RawIOBase):
+        def __init__(self, data: bytes) -> None:
+            self.data, self.pos = data, 0
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            n = min(3, len(buffer), len(self.data) - self.pos)  # at most 3 bytes a call
+            buffer[:n] = self.data[self.pos : self.pos + n]
+            self.pos += n
+            return n
+
+    view = memoryview(bytearray(10))
+    assert read_full(Trickle(b"0123456789abc"), view) == 10 and bytes(view) == b"0123456789"
+    short = memoryview(bytearray(10))
+    assert read_full(Trickle(b"01234"), short) == 5 and bytes(short[:5]) == b"01234"

@@ -32,7 +32,7 @@ from io import RawIOBase
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, is_fifo, open_fifo_for_reading
 from braid.errors import BackupError, InputError
-from braid.format.buffers import WritableBuffer, new_buffer
+from braid.format.buffers import WritableBuffer, new_buffer, read_full
 from braid.format.checksum import preload as preload_checksums
 
 
@@ -259,17 +259,6 @@ def _drop_cache(handle: RawIOBase, offset: int, length: int) -> None:
             pass  # pipes and sockets: nothing cached
 
 
-def _read_full(handle: RawIOBase, view: memoryview) -> int:
-    """Fill `view` unless EOF comes first; pipes return short reads."""
-    filled = 0
-    while filled < len(view):
-        n = handle.readinto(view[filled:])
-        if not n:
-            break
-        filled += n
-    return filled
-
-
 class StreamCutter:
     """Reads all inputs concurrently and yields pieces and ends as they come.
 
@@ -318,7 +307,7 @@ class StreamCutter:
                         # a worker's critical path (braid.format.checksum).
                         preload_checksums()
                     try:
-                        n = _read_full(handle, memoryview(buf))
+                        n = read_full(handle, memoryview(buf))
                     except OSError as exc:
                         self.pool.release(buf)
                         raise InputError(f"error reading input {source.label}: {exc.strerror or exc}") from None

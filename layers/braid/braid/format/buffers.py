@@ -25,7 +25,7 @@ import queue
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 WritableBuffer = bytearray | mmap.mmap | memoryview
 """What the codec, the stores and the pools write into: a bytearray, or a mapped buffer (a byte memoryview)."""
@@ -38,6 +38,26 @@ _SMALL = 64 * 1024  # below this a mapping's system calls cost more than zero-fi
 _lock = threading.Lock()
 _mapper: Callable[[int, bool], memoryview] | None = None
 _mapper_tried = False
+
+
+class _ReadsInto(Protocol):
+    def readinto(self, buffer: Any, /) -> int | None: ...
+
+
+def read_full(handle: _ReadsInto, view: memoryview) -> int:
+    """Fill `view` from `handle` unless its end comes first; the bytes read.
+
+    Files and pipes may return short reads, so one `readinto` is not enough;
+    every reader of a whole chunk (the stream cutter, the local store) fills
+    its buffer through this.
+    """
+    filled = 0
+    while filled < len(view):
+        n = handle.readinto(view[filled:])
+        if not n:
+            break
+        filled += n
+    return filled
 
 
 def new_buffer(size: int, *, populate: bool = True) -> WritableBuffer:

@@ -13,11 +13,10 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
-from io import FileIO
 from pathlib import Path
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, StorageError
-from braid.format.buffers import WritableBuffer, new_buffer
+from braid.format.buffers import WritableBuffer, new_buffer, read_full
 from braid.format.checksum import stored_checksum
 from braid.ports.store import Buffer, ObjectInfo
 
@@ -31,17 +30,6 @@ def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return StorageError(f"permission denied while {action} {path}")
     return StorageError(f"error while {action} {path}: {exc.strerror or exc}")
-
-
-def _read_into(handle: FileIO, view: memoryview) -> int:
-    """Fill `view` from the file's position until it is full or the file ends; the bytes read."""
-    filled = 0
-    while filled < len(view):
-        n = handle.readinto(view[filled:])
-        if not n:
-            break
-        filled += n
-    return filled
 
 
 def _drop_cache(fd: int) -> None:
@@ -194,7 +182,7 @@ class LocalStore:
             with open(path, "rb", buffering=0) as handle:
                 size = os.fstat(handle.fileno()).st_size
                 view = memoryview(buffer if len(buffer) >= size else new_buffer(size))[:size]
-                filled = _read_into(handle, view)
+                filled = read_full(handle, view)
                 _drop_cache(handle.fileno())
                 return view[:filled]
         except FileNotFoundError:
@@ -234,7 +222,7 @@ class LocalStore:
                 size = max(0, min(length, os.fstat(handle.fileno()).st_size - start))
                 view = memoryview(buffer if len(buffer) >= size else new_buffer(size))[:size]
                 handle.seek(start)
-                filled = _read_into(handle, view)
+                filled = read_full(handle, view)
                 return view[:filled]
         except FileNotFoundError:
             raise NotFoundError(f"object {key} not found in {self.root}") from None
