@@ -17,14 +17,14 @@ from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.engine.chunk_worker import ChunkTask, store_pack
 from braid.errors import IntegrityError
-from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
+from braid.format.checksum import stored_checksum
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key
 from braid.format.manifest import Manifest, open_manifest
 from braid.format.repository import Repository, RepositoryConfig
-from braid.format.staging import SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
+from braid.format.staging import StagingArea
 from braid.format.stored import stored_objects
 from braid.format.timestamps import utc_now
 from braid.ops.restore import OutputTarget, restore_backup
@@ -35,6 +35,7 @@ from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from braid.ports.store import ObjectInfo
+from support.staged_stream import stage_stream
 
 CHUNK = 4096
 K = contract.CHUNKS_PER_PACK
@@ -62,20 +63,6 @@ class Published:
     manifest: Manifest
 
 
-def stage(store: LocalStore, ref: BackupRef, repository_id: str) -> None:
-    area = StagingArea(store, ref)
-    area.write_session(SessionRecord(str(ref), repository_id, CHUNK, SEGMENT_PARTS, 3, ["pipe0"], utc_now()))
-    size = CHUNK * SEGMENT_PARTS
-    offsets = range(0, len(DATA), size)
-    for number, offset in enumerate(offsets):
-        segment = DATA[offset : offset + size]
-        key = segment_key(ref, 0, number)
-        store.put(key, segment)
-        parts = [encode_crc64nvme(crc64nvme(segment[p : p + CHUNK])) for p in range(0, len(segment), CHUNK)]
-        area.write_segment_record(SegmentRecord(0, number, key, offset, len(segment), len(parts), stored_checksum(segment), parts))
-    area.write_stream_end(StreamEnd([len(DATA)], [len(offsets)]))
-
-
 @pytest.fixture
 def published(tmp_path: Path) -> Published:
     keys = LocalKeyFile.create(tmp_path / "master.key")
@@ -85,7 +72,7 @@ def published(tmp_path: Path) -> Published:
     # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
     repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
     ref = BackupRef.new("db")
-    stage(store, ref, repository.config.id)
+    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=SEGMENT_PARTS)
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repository.config.id)
     lanes = ChunkLanes(2)

@@ -16,7 +16,6 @@ from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
 from braid.errors import IntegrityError, StorageError, UsageError
-from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
@@ -28,13 +27,9 @@ from braid.format.staging import (
     ItemResult,
     MapItem,
     RoundFold,
-    SegmentRecord,
-    SessionRecord,
     StagingArea,
-    StreamEnd,
     failure_key,
     result_key,
-    segment_key,
     segment_record_key,
     stream_end_key,
 )
@@ -48,6 +43,7 @@ from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
+from support.staged_stream import stage_stream
 
 CHUNK = 4096
 DATA = b"row 0001 " * 2000  # 18,000 bytes: 5 chunks in 3 segments of 2 parts
@@ -69,17 +65,7 @@ def staged(tmp_path: Path) -> Staged:
     # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
     repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
     ref = BackupRef.new("db")
-    area = StagingArea(store, ref)
-    area.write_session(SessionRecord(str(ref), repository.config.id, CHUNK, 2, 3, ["pipe0"], utc_now()))
-    size = CHUNK * 2
-    segments = range(0, len(DATA), size)
-    for number, offset in enumerate(segments):
-        segment = DATA[offset : offset + size]
-        key = segment_key(ref, 0, number)
-        store.put(key, segment)
-        parts = [encode_crc64nvme(crc64nvme(segment[p : p + CHUNK])) for p in range(0, len(segment), CHUNK)]
-        area.write_segment_record(SegmentRecord(0, number, key, offset, len(segment), len(parts), stored_checksum(segment), parts))
-    area.write_stream_end(StreamEnd([len(DATA)], [len(segments)]))
+    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=2)
     return Staged(store, keys, ref, repository.config.id)
 
 
