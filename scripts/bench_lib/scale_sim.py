@@ -27,6 +27,10 @@ invocation makes. What is synthetic, and said so:
 - history events per state as AWS records them (`EVENTS`): a Lambda Task 5,
   Choice 2, Wait 2, Pass 2, Distributed Map 6, Succeed 2, start and end 2.
 
+Where in the planner's round cycle the stream ends moves the time after
+stream end by up to one round (`end_phase_sizes`, `simulate_end_phases`):
+scripts/bench cloud-model reports the worst of several end phases.
+
 The result (`Simulation`) holds every invocation (function, requests by
 kind, modelled seconds, its timeout) and the execution's events, which
 tests/cloud/test_scale_simulation.py asserts against AWS's quotas and
@@ -65,7 +69,7 @@ from braid.format.staging.keys import agent_lease_key
 from braid.format.timestamps import utc_now
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
 from braid.pipeline.finalize import finalize_step
-from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS
+from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS, round_interval
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, packs_of, process_item
@@ -570,6 +574,32 @@ def simulate(
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
         )
+
+
+END_PHASES = 6  # stream ends sampled across one round period (end_phase_sizes)
+
+
+def end_phase_sizes(tib: float, stream_mb_s: float, phases: int = END_PHASES) -> list[float]:
+    """Backup sizes (TiB) whose streams end at `phases` evenly spread points of one round period.
+
+    The time after stream end depends on where in the planner's round
+    cycle the stream happens to end: just after a round started, the last
+    segment waits for that whole round (its map start and its longest item)
+    before the final round can begin; just before, it joins the next one at
+    once. Rounds are `round_interval(age)` apart (pacing), so taking
+    `phases` sizes that shorten the stream by 0, 1/phases, ... of one round
+    period's worth of data samples every end phase at the same rate, the
+    same fan-out and within ~1% of the size. A guarantee ("within 15 s of
+    stream end") is judged on the worst of them, never on a lucky phase.
+    """
+    total = tib * TIB
+    period_bytes = round_interval(total / (stream_mb_s * 1e6)) * stream_mb_s * 1e6
+    return [(total - k * period_bytes / phases) / TIB for k in range(phases)]
+
+
+def simulate_end_phases(tib: float, stream_mb_s: float, workers: int, phases: int = END_PHASES, **options: Any) -> list[Simulation]:
+    """`simulate` at every size of end_phase_sizes: the first is the backup of exactly `tib` TiB."""
+    return [simulate(size, stream_mb_s, workers, **options) for size in end_phase_sizes(tib, stream_mb_s, phases)]
 
 
 def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:

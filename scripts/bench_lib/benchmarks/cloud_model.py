@@ -5,7 +5,11 @@ modelled duration come from bench_lib.scale_sim, which runs the real
 Prepare, Plan (watch, cursor, pacing) and Finalize code over a synthetic
 backup of 1 and 10 TiB, and the worker's requests per item from the real
 `process_item` (see that module for what is synthetic). This benchmark
-prices them, at 100/500/1,000 workers and 50/300/1,000 MB/s streams.
+prices them, at 100/500/1,000 workers and 50/300/1,000 MB/s streams. The
+time after stream end depends on where in the planner's round cycle the
+stream ends, so each 1 TiB row is simulated at several stream ends spread
+over one round period (scale_sim.end_phase_sizes) and reports the worst:
+the 15 s target is a promise for any stream, not for a lucky phase.
 
 Measured here (in a child process, the real worker code):
 - `braid.pipeline.worker.process_item` on map items of up to
@@ -51,6 +55,9 @@ IN_ALL = True
 TIME_TARGET = 15.0  # seconds after stream end, 1 TiB at 500 workers
 COST_TARGET = 0.30  # $ per TiB, 1 TiB at 500 workers
 SIZES_TIB = (1, 10)
+# Stream ends sampled per row (scale_sim.end_phase_sizes): the time after stream end is the worst of them. Every phase
+# of the 1 TiB rows, which the targets judge; one for 10 TiB, whose simulation takes ~16 s a run.
+PHASED_SIZES = {1: scale_sim.END_PHASES}
 WORKERS = (100, 500, 1000)
 STREAM_MB_S = (50, 300, 1000)
 
@@ -271,17 +278,23 @@ def rows_for(cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, 
             for rate in STREAM_MB_S:
                 if log:
                     log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers ...")
-                sim = scale_sim.simulate(tib, rate, workers, chunk_size=chunk, worker_cpu=cpu_arm, ratio=ratio, lanes=lanes, calibration=calibration)
+                options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": calibration}
+                phases = PHASED_SIZES.get(tib, 1)
+                sims = scale_sim.simulate_end_phases(tib, rate, workers, phases, **options)
+                sim = sims[0]  # exactly `tib`: priced
                 costs = price(sim, memory)
+                tails = [s.seconds_after_stream_end for s in sims]
                 total = sum(costs.values())
                 rows.append({
                     "tib": tib,
                     "workers": workers,
                     "stream_mb_s": rate,
                     "cost_per_tib": round(total / tib, 4),
-                    "seconds_after_stream_end": round(sim.seconds_after_stream_end, 1),
-                    "max_history_events": sim.history_events,
-                    "max_timeout_fraction": round(sim.max_timeout_fraction, 3),
+                    "seconds_after_stream_end": round(max(tails), 1),  # the worst end phase (scale_sim.end_phase_sizes)
+                    "seconds_after_stream_end_best": round(min(tails), 1),
+                    "end_phases": len(sims),
+                    "max_history_events": max(s.history_events for s in sims),
+                    "max_timeout_fraction": round(max(s.max_timeout_fraction for s in sims), 3),
                     "segments": sim.segments,
                     "chunks": sim.chunks,
                     "items": sim.items,
@@ -309,11 +322,12 @@ def run(ctx: Context) -> Section:
     arm = args.arm_speed
     cpu_arm = measured.cpu_per_chunk / arm
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log)
-    columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "max_history_events", "max_timeout_fraction",
+    columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
+               "max_history_events", "max_timeout_fraction",
                "segments", "chunks", "items", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
-        "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest, largest history (events),"
-        " largest Lambda duration over its timeout",
+        "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest (worst and best of"
+        " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
         columns,
         [[row[c] for c in columns] for row in rows],
     ))
@@ -360,6 +374,11 @@ def run(ctx: Context) -> Section:
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
     }
+    notes.append(
+        f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
+        " (scale_sim.end_phase_sizes: a stream ending just after a round started waits for that round), one end for the 10 TiB rows;"
+        " `seconds_after_stream_end_best` is the luckiest phase; cost and counts are the exact-size run's"
+    )
     notes.append(
         "counted (scale simulation, the real code): every S3 request of Prepare, Plan and Finalize, the worker's requests per item"
         " (process_item), history events and state transitions, rounds, items; measured: worker CPU per chunk (this machine, scaled"

@@ -30,8 +30,12 @@ k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.43, its
 pick. k=32 (a whole 2 GiB segment) is ~$0.03 cheaper again, since each
 item's unoverlapped first download and last upload are paid half as
 often, but a streaming item then takes ~17 s, and the round still running
-when the stream ends holds the last one back: 20 s after stream end at 300
-MB/s and 1 GB/s against 10-15 s at k=16 (measured HTTPS worker CPU). Grouping never crosses a
+when the stream ends holds the last one back by up to that whole round.
+That wait is the spread of the time after stream end: at k=16 a stream
+that ends just before a round starts is published ~8 s after its end, one
+that ends just after ~8.5 s later (scripts/bench cloud-model samples the
+end phase; see scale_sim.end_phase_sizes), and k=32 would add another ~8 s
+to the worst phase. Grouping never crosses a
 segment, so an item's parts are one contiguous range of one staging object.
 
 The round cap keeps every map's state output (a null per item) far below the
