@@ -4,8 +4,9 @@ All arm64 (Graviton: cheaper per GB-s and as fast for zstd/AES here), one
 shared layer, Powertools configured through the environment, X-Ray active.
 
 Memory: the worker gets 1,769 MB, the size at which Lambda grants one full
-vCPU. Its bytes need less (four lanes, each with one chunk, its compressed
-frame and its stored form: ~800 MiB at 64 MiB chunks), but it is CPU-bound, and
+vCPU. Its bytes need less (the chunks it reads ahead, two packs' frames and
+its encoders' buffers: ~1,130 MB at peak with 64 MiB chunks, measured by
+scripts/bench pack-memory), but it is CPU-bound, and
 below a full vCPU a GB-s buys proportionally less CPU, so the bill per chunk
 stays the same while each item takes longer. The coordinating functions
 (prepare, plan, cleanup) move only small JSON and get 256 MB.

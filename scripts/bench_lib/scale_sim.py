@@ -14,8 +14,8 @@ invocation makes. What is synthetic, and said so:
   counted per part, each of `default_part_chunks` chunks (one input at the
   default --concurrency: 2 × 64 MiB), as braid.agent.uploader sends them;
 - the workers: an item's requests come from running the real
-  `braid.pipeline.worker.process_item` on two small items once
-  (`calibrate_worker`: requests per item and per chunk); in the simulation
+  `braid.pipeline.worker.process_item` on small items once
+  (`calibrate_worker`: an item of every size, counted); in the simulation
   each item writes its stored chunks (sizes only) and its real ItemResult
   record, and lasts `item_seconds` (the worker's CPU per chunk is an input:
   measured by scripts/bench cloud-model, assumed 0.45 s on arm64 here);
@@ -67,12 +67,13 @@ from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, Sess
 from braid.format.staging.area import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.keys import agent_lease_key
 from braid.format.timestamps import utc_now
+from braid.pipeline import item_flow
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS, round_interval
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
-from braid.pipeline.worker import ChunkLanes, packs_of, process_item
+from braid.pipeline.worker import ChunkLanes, pack_sizes, packs_of, process_item
 from braid.ports.store import ObjectInfo
 
 MiB = 2**20
@@ -275,30 +276,43 @@ class NullPublisher:
 
 @dataclass(frozen=True)
 class WorkerRequests:
-    """Requests of one map item of k chunks: per_item + k × per_chunk + packs × per_pack, by kind (from process_item).
+    """Requests of one map item by its number of chunks, by kind, counted from the real process_item.
 
-    The worker stores an item's chunks in packs of CHUNKS_PER_PACK (one PUT each), so its PUTs follow the packs, not the chunks.
+    Not a per-chunk rate: the worker reads an item's first chunks in several
+    ranges (braid.pipeline.item_flow) and stores its chunks in packs that
+    shrink towards the item's end (braid.pipeline.worker.pack_sizes), so
+    each item size is counted as it is.
     """
 
-    per_item: Counter[str]
-    per_chunk: Counter[str]
-    per_pack: Counter[str] = field(default_factory=Counter)
-    chunks_per_pack: int = 1
+    by_chunks: dict[int, Counter[str]]
+    chunks_per_pack: int = CHUNKS_PER_PACK
 
     def of(self, chunks: int) -> Counter[str]:
-        packs = -(-chunks // max(1, self.chunks_per_pack))
-        total: Counter[str] = Counter()
-        for kind in set(self.per_item) | set(self.per_chunk) | set(self.per_pack):
-            total[kind] = self.per_item[kind] + chunks * self.per_chunk[kind] + packs * self.per_pack[kind]
-        return total
+        if chunks not in self.by_chunks:
+            raise ValueError(f"no calibration for an item of {chunks} chunks (counted: 1..{max(self.by_chunks)})")
+        return Counter(self.by_chunks[chunks])
 
 
-def _count_item(keys: LocalKeyFile, chunks: int) -> Counter[str]:
-    """The requests of the real worker storing one item of `chunks` small chunks."""
+def _count_item(keys: LocalKeyFile, chunks: int, chunk_size: int) -> Counter[str]:
+    """The requests of the real worker storing one item of `chunks` small chunks, as it would at `chunk_size`.
+
+    The chunks are 4 KiB (the requests do not depend on the bytes), and the
+    smallest range the worker reads a chunk in is scaled by the same factor,
+    so its chunks are cut into as many ranged GETs as `chunk_size` ones are.
+    """
+    chunk = 4096
+    saved = item_flow.MIN_RANGE_BYTES
+    item_flow.MIN_RANGE_BYTES = max(1, saved * chunk // chunk_size)
+    try:
+        return _run_count(keys, chunks, chunk)
+    finally:
+        item_flow.MIN_RANGE_BYTES = saved
+
+
+def _run_count(keys: LocalKeyFile, chunks: int, chunk: int) -> Counter[str]:
     store = CountingStore(time.time)
     _repository(store, keys)
     ref = BackupRef.new("calibrate")
-    chunk = 4096
     data = bytes(range(256)) * (chunk * chunks // 256)
     area = StagingArea(store, ref)
     repo_id = Repository.open(store).config.id
@@ -313,26 +327,11 @@ def _count_item(keys: LocalKeyFile, chunks: int) -> Counter[str]:
     return store.current.requests
 
 
-def calibrate_worker() -> WorkerRequests:
-    """Run the real worker on items of 1, k and 2k small chunks (k = CHUNKS_PER_PACK) and count its requests.
-
-    1 and k chunks make one pack each, so they tell the per-chunk requests
-    (the ranged GETs) from the per-item ones; 2k chunks add the second pack's.
-    """
-    k = CHUNKS_PER_PACK
+def calibrate_worker(chunk_size: int = 64 * 2**20, max_chunks: int = DEFAULT_MAX_CHUNKS_PER_ITEM) -> WorkerRequests:
+    """Run the real worker on an item of every size from 1 to `max_chunks` chunks and count its requests."""
     with tempfile.TemporaryDirectory() as tmp:
         keys = LocalKeyFile.create(Path(tmp) / "master.key")
-        if k == 1:
-            one, two = _count_item(keys, 1), _count_item(keys, 2)
-            kinds = set(one) | set(two)
-            per_chunk = Counter({kind: two[kind] - one[kind] for kind in kinds})
-            return WorkerRequests(+Counter({kind: one[kind] - per_chunk[kind] for kind in kinds}), +per_chunk)
-        one, full, double = _count_item(keys, 1), _count_item(keys, k), _count_item(keys, 2 * k)
-    kinds = set(one) | set(full) | set(double)
-    per_chunk = Counter({kind: (full[kind] - one[kind]) // (k - 1) for kind in kinds})
-    per_pack = Counter({kind: double[kind] - full[kind] - k * per_chunk[kind] for kind in kinds})
-    per_item = Counter({kind: one[kind] - per_chunk[kind] - per_pack[kind] for kind in kinds})
-    return WorkerRequests(+per_item, +per_chunk, +per_pack, k)
+        return WorkerRequests({n: _count_item(keys, n, chunk_size) for n in range(1, max_chunks + 1)})
 
 
 def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
@@ -341,16 +340,36 @@ def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
 
 
 def item_seconds(chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int) -> float:
-    """One map item of `chunks` chunks on `lanes` lanes: the larger of its CPU and its I/O, plus the unoverlapped ends."""
+    """One map item of `chunks` chunks through the worker's pipeline (braid.pipeline.item_flow), in seconds.
+
+    Reads: the first FIRST_RANGED_CHUNKS chunks one after the other, each in
+    ranges over the whole NIC; then up to `lanes` GETs at once, one S3
+    stream each, sharing the NIC. The codec (one vCPU) takes the chunks in
+    order, each once it has arrived; a pack's PUT (one stream) starts when
+    its last chunk is encoded (braid.pipeline.worker.pack_sizes). The item
+    ends with the last PUT, or with its bytes over the NIC if that is longer,
+    plus the invocation's overhead.
+    """
     mb = 1e6
-    rate = min(LAMBDA_S3_MB_S * max(1, min(lanes, chunks)), LAMBDA_NIC_MB_S)
-    get_s, put_s = chunk / mb / LAMBDA_S3_MB_S, chunk * ratio / mb / LAMBDA_S3_MB_S
-    io_total = chunks * chunk * (1 + ratio) / mb / rate
-    if chunks == 1 or lanes == 1:
-        body = chunks * (get_s + cpu_chunk + put_s)
-    else:
-        body = get_s + max(chunks * cpu_chunk, io_total) + put_s
-    return body + INVOKE_OVERHEAD_SECONDS
+    size = chunk / mb
+    ranged = size / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
+    arrivals = [ranged * (i + 1) for i in range(min(chunks, item_flow.FIRST_RANGED_CHUNKS))]
+    rest = chunks - len(arrivals)
+    if rest:
+        start = arrivals[-1]
+        rate = min(lanes * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)  # MB/s of the read-ahead
+        batch = min(lanes, rest)
+        arrivals += [start + max(batch, j + 1) * size / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
+    encoded, done = [], 0.0
+    for arrival in arrivals:
+        done = max(done, arrival) + cpu_chunk
+        encoded.append(done)
+    end, first = 0.0, 0
+    for pack in pack_sizes(chunks, CHUNKS_PER_PACK):
+        first += pack
+        end = max(end, encoded[first - 1] + pack * size * ratio / LAMBDA_S3_MB_S)
+    io_total = chunks * size * (1 + ratio) / LAMBDA_NIC_MB_S
+    return max(end, io_total) + INVOKE_OVERHEAD_SECONDS
 
 
 # -- the simulation ------------------------------------------------------------------
@@ -621,7 +640,7 @@ def _run_items(
     try:
         for item in items:
             entries = []
-            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK):  # one object per pack, as the worker stores them
+            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK):  # one object per pack, as the worker stores them (pack_sizes)
                 offset = 0
                 for piece in pack:
                     stored = max(1, int(piece.length * ratio))

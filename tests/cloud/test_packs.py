@@ -1,4 +1,4 @@
-"""Packs (docs/format.md, Packs): the cloud worker stores runs of CHUNKS_PER_PACK chunks as one object, and
+"""Packs (docs/format.md, Packs): the cloud worker stores runs of up to CHUNKS_PER_PACK chunks (pack_sizes) as one object, and
 every reader finds each chunk's frame in it: restore, quick and deep verify, Finalize; a retried or late worker
 accepts its pack only if it is exactly its chunks. The pipeline's real steps run over a local store here
 (tests/cloud/test_emulated_e2e.py runs them on the emulated AWS through the CLI)."""
@@ -32,16 +32,20 @@ from braid.ops.verify import verify_backup
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
-from braid.pipeline.worker import ChunkLanes, process_item
+from braid.pipeline.worker import ChunkLanes, pack_sizes, process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from braid.ports.store import ObjectInfo
 from support.staged_stream import stage_stream
 
 CHUNK = 4096
 K = contract.CHUNKS_PER_PACK
-SEGMENT_PARTS = 8
-# 9 chunks and a bit: one segment of 8 (one item, in packs of CHUNKS_PER_PACK) and one of 2 (a pack of 2); compressible, each chunk its own.
-DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(1700))[: 9 * CHUNK + 1234]
+SEGMENT_PARTS = 16
+# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 5, 5, 3, 2, 1) and one of 3 (packs of 2 and 1);
+# compressible, each chunk its own.
+DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(3200))[: 18 * CHUNK + 1234]
+CHUNKS = 19
+LAYOUT = pack_sizes(SEGMENT_PARTS, K) + pack_sizes(CHUNKS - SEGMENT_PARTS, K)
+FIRST = LAYOUT[0]  # chunks in the first pack (0..FIRST-1); the second starts at FIRST
 
 
 class CountingStore(LocalStore):
@@ -99,24 +103,24 @@ def rewrite(p: Published, key: str, change: bytes) -> None:
 
 def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
     objects = stored_objects(published.manifest)
-    k = contract.CHUNKS_PER_PACK
-    assert 2 <= k < SEGMENT_PARTS
-    assert [o.chunks for o in objects] == [tuple(range(first, min(first + k, SEGMENT_PARTS))) for first in range(0, SEGMENT_PARTS, k)] + [(8, 9)]
+    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [5, 5, 3, 2, 1, 2, 1]
+    firsts = [sum(LAYOUT[:n]) for n in range(len(LAYOUT))]
+    assert [o.chunks for o in objects] == [tuple(range(first, first + size)) for first, size in zip(firsts, LAYOUT, strict=True)]
     assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]
     for stored in objects:  # each pack is its frames back to back, with the checksum S3 would compute of it
         raw = published.store.get(stored.key)
         assert len(raw) == stored.size and stored_checksum(raw) == stored.checksum
     assert restore(published, tmp_path).read_bytes() == DATA
     deep = verify_backup(published.store, published.manifest, published.key, deep=True)
-    assert deep.ok and deep.chunks_checked == 10, deep.failures
+    assert deep.ok and deep.chunks_checked == CHUNKS, deep.failures
 
 
 def test_quick_verify_checks_each_pack_once(published: Published) -> None:
     published.store.heads.clear()
     report = verify_backup(published.store, published.manifest, None, deep=False)
-    assert report.ok and (report.chunks_checked, report.bytes_checked) == (10, len(DATA)), report.failures
+    assert report.ok and (report.chunks_checked, report.bytes_checked) == (CHUNKS, len(DATA)), report.failures
     assert published.store.heads == [o.key for o in stored_objects(published.manifest)]  # one HEAD per pack, not per chunk
-    assert len(published.store.heads) == -(-SEGMENT_PARTS // contract.CHUNKS_PER_PACK) + 1
+    assert len(published.store.heads) == len(LAYOUT)
 
 
 def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(published: Published, tmp_path: Path) -> None:
@@ -128,28 +132,29 @@ def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(pu
 
     deep = verify_backup(published.store, published.manifest, published.key, deep=True)
     assert deep.failures == [f"chunk 1 of backup {published.ref}: stored size or checksum mismatch (corrupt in the repository)"]
-    assert deep.chunks_checked == 9
+    assert deep.chunks_checked == CHUNKS - 1
     quick = verify_backup(published.store, published.manifest, None, deep=False)
-    assert quick.failures == [f"pack of chunks 0-{K - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
+    assert quick.failures == [f"pack of chunks 0-{FIRST - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
     with pytest.raises(IntegrityError, match=f"^chunk 1 of backup {published.ref}: failed authentication"):
         restore(published, tmp_path)
     assert not (tmp_path / "restored").exists()
 
 
 def test_a_missing_pack_stops_a_restore_naming_its_first_chunk(published: Published, tmp_path: Path) -> None:
-    published.store.delete([chunk_key(published.ref, K)])  # the second pack
-    with pytest.raises(IntegrityError, match=rf"^chunk {K} of backup {published.ref} is missing from the repository \(its pack {chunk_key(published.ref, K)} is gone\)$"):
+    published.store.delete([chunk_key(published.ref, FIRST)])  # the second pack
+    with pytest.raises(IntegrityError, match=rf"^chunk {FIRST} of backup {published.ref} is missing from the repository \(its pack {chunk_key(published.ref, FIRST)} is gone\)$"):
         restore(published, tmp_path)
     assert not (tmp_path / "restored").exists()
     quick = verify_backup(published.store, published.manifest, None, deep=False)
-    assert quick.failures == [f"pack of chunks {K}-{2 * K - 1} of backup {published.ref} is missing from the repository ({chunk_key(published.ref, K)})"]
+    second = LAYOUT[1]
+    assert quick.failures == [f"pack of chunks {FIRST}-{FIRST + second - 1} of backup {published.ref} is missing from the repository ({chunk_key(published.ref, FIRST)})"]
 
 
 def test_a_truncated_pack_is_caught_by_size(published: Published, tmp_path: Path) -> None:
-    pack = chunk_key(published.ref, 8)
+    pack = chunk_key(published.ref, SEGMENT_PARTS)  # the second segment's first pack, of 2 chunks
     raw = published.store.get(pack)
     rewrite(published, pack, raw[:-1])
-    expected = f"pack of chunks 8-9 of backup {published.ref} is {len(raw) - 1} bytes"
+    expected = f"pack of chunks {SEGMENT_PARTS}-{SEGMENT_PARTS + 1} of backup {published.ref} is {len(raw) - 1} bytes"
     quick = verify_backup(published.store, published.manifest, None, deep=False)
     assert quick.failures == [f"{expected}, manifest says {len(raw)}"]
     with pytest.raises(IntegrityError, match=f"^{expected} in the repository, the manifest says {len(raw)}; nothing was restored"):
@@ -172,10 +177,10 @@ def unspent(read: Callable[[ChunkTask], bytes]) -> Callable[[ChunkTask], tuple[b
 def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(published: Published) -> None:
     pack = chunk_key(published.ref, 0)
     original = published.store.get(pack)
-    recorded = [c for c in published.manifest.chunks() if c.index < K]
+    recorded = [c for c in published.manifest.chunks() if c.index < FIRST]
     codec = ChunkCodec(published.key)
 
-    again = store_pack(codec, published.store, published.ref, tasks(0, K), unspent(plaintext))
+    again = store_pack(codec, published.store, published.ref, tasks(0, FIRST), unspent(plaintext))
     assert again == recorded  # the stored frames' own checksums and offsets, though this encoding's nonces differ
     assert published.store.get(pack) == original
 
@@ -183,10 +188,10 @@ def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(publi
         data = plaintext(task)
         return data[:-1] + b"!" if task.index == 1 else data  # compresses to another length
 
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
-        store_pack(codec, published.store, published.ref, tasks(0, K), unspent(longer))
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{K - 2}\) already exists with different content: {len(original)} bytes"):
-        store_pack(codec, published.store, published.ref, tasks(0, K - 1), unspent(plaintext))  # grouped otherwise: never accepted
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{FIRST - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
+        store_pack(codec, published.store, published.ref, tasks(0, FIRST), unspent(longer))
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{FIRST - 2}\) already exists with different content: {len(original)} bytes"):
+        store_pack(codec, published.store, published.ref, tasks(0, FIRST - 1), unspent(plaintext))  # grouped otherwise: never accepted
     assert published.store.get(pack) == original
 
 

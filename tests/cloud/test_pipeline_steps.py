@@ -14,7 +14,7 @@ import pytest
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import check_worker_chunk_size, max_worker_chunk_size
+from braid.agent.limits import WORKER_BASE_MB, check_worker_chunk_size, max_worker_chunk_size
 from braid.errors import IntegrityError, StorageError, UsageError
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
@@ -39,9 +39,10 @@ from braid.ops.chunk_reader import ChunkReader
 from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
 from braid.pipeline.execution_input import ExecutionInput, ExecutionMismatchError
 from braid.pipeline.finalize import finalize_step
+from braid.pipeline.item_flow import ENCODERS
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
-from braid.pipeline.worker import ChunkLanes, process_item
+from braid.pipeline.worker import ChunkLanes, pack_sizes, process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from support.staged_stream import stage_stream
 
@@ -157,27 +158,25 @@ def test_a_failing_worker_leaves_its_error_and_cleanup_reports_it(staged: Staged
     assert [info.key for info in staged.store.list(data_prefix(staged.ref))] == []
 
 
-def test_a_lane_reads_each_part_of_a_pack_into_its_own_buffer_and_stores_the_frames_from_them(staged: Staged) -> None:
-    """No fresh chunk-sized allocation per chunk: each ranged GET fills one of the lane's buffers, the codec writes
-    that chunk's frame over it, and the pack is sent from those buffers, which the next pack reuses."""
+def test_each_part_of_a_pack_is_read_into_its_own_pooled_buffer_and_the_frames_are_sent_from_them(staged: Staged) -> None:
+    """No fresh chunk-sized allocation per chunk: each ranged GET fills a pooled buffer, the codec writes that
+    chunk's frame over it, and the pack is sent from those buffers, which the next item takes again."""
     prepare_backup(staged.store, staged.keys, staged.ref)
     key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
     assert plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60).status == "ready"
     items = StagingArea(staged.store, staged.ref).read_rounds()[0].items
-    assert [item.count for item in items][:2] == [2, 2]  # two-chunk items: one pack each
+    assert [item.count for item in items][:2] == [2, 2]  # two-chunk items: two packs of one each (pack_sizes)
     lanes = ChunkLanes(1)
 
-    def lane_buffers() -> list[Any]:
-        return lanes.map(lambda _: lanes.buffers(2, 0), [0])[0]
-
     first = process_item(staged.store, staged.ref, items[0], key=key, level=3, lanes=lanes).result.entries
-    buffers = lane_buffers()
-    assert all(len(buffer) >= CHUNK for buffer in buffers) and buffers[0] is not buffers[1]
+    before = lanes.pooled
+    assert 1 <= len(before) <= 2 and all(len(buffer) >= CHUNK for buffer in before)  # the second part may reuse the first's
     second = process_item(staged.store, staged.ref, items[1], key=key, level=3, lanes=lanes).result.entries
-    assert all(a is b for a, b in zip(lane_buffers(), buffers, strict=True))  # the same pages for every pack
-    pack = staged.store.get(chunk_key(staged.ref, second[0].index))
-    frames = b"".join(bytes(memoryview(buffer)[: e.stored_length]) for buffer, e in zip(buffers, second, strict=True))
-    assert [e.compression for e in second] == ["zstd", "zstd"] and pack == frames  # the pack was sent from the lane's buffers
+    buffers = lanes.pooled
+    assert {id(b) for b in before} <= {id(b) for b in buffers} and len(buffers) <= 2  # the same pages for every item
+    for entry in second:  # each pack was sent from the buffer its part was read into (its frame at the start)
+        pack = staged.store.get(chunk_key(staged.ref, entry.pack))
+        assert entry.compression == "zstd" and any(bytes(memoryview(b)[: entry.stored_length]) == pack for b in buffers)
     entries = [*first, *second] + [e for item in items[2:] for e in process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes).result.entries]
     codec = ChunkCodec(key)
     plaintext = [
@@ -235,12 +234,14 @@ MiB = 1024**2
 
 def test_chunk_sizes_beyond_the_workers_memory_are_refused_naming_the_largest() -> None:
     largest = max_worker_chunk_size()
-    # Each of the worker's lanes holds a buffer per chunk of its pack, the payload and an incompressible chunk's stored form.
-    assert contract.DEFAULT_WORKER_LANES * (contract.CHUNKS_PER_PACK + 2) * largest < contract.WORKER_MEMORY_MB * MiB
-    assert largest == 75 * MiB
+    # The worker reads ahead into a buffer per lane, keeps two packs' frames in theirs, and each encoder has a payload
+    # and an incompressible chunk's stored form: all within its memory, beside what the runtime takes.
+    buffers = contract.DEFAULT_WORKER_LANES + 2 * contract.CHUNKS_PER_PACK + 2 * ENCODERS
+    assert buffers * largest <= (contract.WORKER_MEMORY_MB - WORKER_BASE_MB) * MiB
+    assert largest == 84 * MiB
     check_worker_chunk_size(64 * MiB)  # the default
     check_worker_chunk_size(largest)
-    with pytest.raises(UsageError, match="the largest allowed is 75 MiB: use --chunk-size 75MiB or less") as refused:
+    with pytest.raises(UsageError, match="the largest allowed is 84 MiB: use --chunk-size 84MiB or less") as refused:
         check_worker_chunk_size(128 * MiB)
     assert refused.value.exit_code == 2
     assert max_worker_chunk_size(lanes=2) > largest  # fewer lanes, larger chunks
@@ -339,7 +340,8 @@ def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagree
     stored = staged.store.get(chunk)
     staged.store.delete([chunk])
     # The item's first chunk begins its first pack: the pack (keyed by that chunk) is what went missing.
-    first_pack = f"pack of chunks {first_items[0].first_index}-{first_items[0].first_index + min(first_items[0].count, contract.CHUNKS_PER_PACK) - 1}"
+    start, size = first_items[0].first_index, pack_sizes(first_items[0].count, contract.CHUNKS_PER_PACK)[0]
+    first_pack = f"pack of chunks {start}-{start + size - 1}" if size > 1 else f"chunk {start}"
     with pytest.raises(IntegrityError, match=f"{first_pack} of backup {staged.ref} is missing from the repository"):
         finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
     staged.store.put(chunk, stored)

@@ -39,9 +39,11 @@ from bench_lib.scale_sim import (  # noqa: E402
     simulate_end_phases,
 )
 from braid import contract  # noqa: E402
+from braid.pipeline import item_flow  # noqa: E402
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM  # noqa: E402
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND  # noqa: E402
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, WATCH_SECONDS  # noqa: E402
+from braid.pipeline.worker import pack_sizes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +56,21 @@ def ten_tib(request: pytest.FixtureRequest, calibration: WorkerRequests) -> Simu
     return simulate(10, request.param, 500, calibration=calibration)
 
 
-def test_the_worker_makes_one_get_per_chunk_one_put_per_pack_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
-    # Counted from the real process_item on items of 1, k and 2k chunks (k = CHUNKS_PER_PACK).
-    k = contract.CHUNKS_PER_PACK
-    assert calibration.chunks_per_pack == k >= 2
-    assert dict(calibration.per_chunk) == {"GET": 1}
-    assert dict(calibration.per_pack) == {"PUT": 1}
-    assert dict(calibration.per_item) == {"PUT": 1}
-    # An item of 16 chunks (the default while streaming): 16 ranged GETs, a PUT per pack and its result record's PUT.
-    assert dict(calibration.of(16)) == {"GET": 16, "PUT": -(-16 // k) + 1}
-    assert dict(calibration.of(k + 1)) == {"GET": k + 1, "PUT": 3}
+def test_the_worker_makes_a_get_per_chunk_range_a_put_per_pack_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
+    # Counted from the real process_item on an item of every size, its ranges scaled to 64 MiB chunks.
+    ranged, ranges = item_flow.FIRST_RANGED_CHUNKS, len(item_flow.ranges_of(64 * 2**20))
+    assert ranges == item_flow.CHUNK_RANGES > 1
+    for chunks in range(1, contract_max_chunks() + 1):
+        gets = chunks + min(chunks, ranged) * (ranges - 1)  # the first chunks in ranges, the rest one GET each
+        puts = len(pack_sizes(chunks, contract.CHUNKS_PER_PACK)) + 1  # a PUT per pack and the result record's
+        assert dict(calibration.of(chunks)) == {"GET": gets, "PUT": puts}, chunks
+    # An item of 16 chunks (the default while streaming): 25 GETs, 5 packs (5, 5, 3, 2, 1) and the result.
+    assert dict(calibration.of(16)) == {"GET": 25, "PUT": 6}
 
 
 def test_the_simulated_ledger_stores_one_object_per_pack(ten_tib: Simulation) -> None:
-    # Every chunk PUT the simulation stores is a pack of up to CHUNKS_PER_PACK chunks (items never span segments, so some are shorter).
-    assert ten_tib.chunks / contract.CHUNKS_PER_PACK <= ten_tib.packs < ten_tib.chunks / 2
+    # Every chunk PUT the simulation stores is a pack of up to CHUNKS_PER_PACK chunks (smaller at each item's end).
+    assert ten_tib.chunks / contract.CHUNKS_PER_PACK <= ten_tib.packs < ten_tib.chunks / 3
 
 
 def test_ten_tib_is_a_real_ledger_and_is_published(ten_tib: Simulation) -> None:

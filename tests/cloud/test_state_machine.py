@@ -329,32 +329,32 @@ def invoke_worker(cloud: Cloud, ref: BackupRef, item: dict[str, Any]) -> dict[st
 
 def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
-    inputs = [pattern(CHUNK * 2, 5)]
-    cloud.stage_backup(ref, inputs, segment_parts=2)
+    inputs = [pattern(CHUNK * 3, 5)]
+    cloud.stage_backup(ref, inputs, segment_parts=3)
     assert cloud.wait(cloud.start(ref))["status"] == "SUCCEEDED"
-    published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)}
+    published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(3)}
     manifest = cloud.repository.load(ref).manifest
-    # The items as the planner made them: two chunks after stream end spread over the workers, one each
+    # The items as the planner made them: three chunks after stream end spread over the workers, one each
     # (a retried worker forms the same packs as the first attempt: the round file fixes the items).
-    assert {c.pack for c in manifest.chunks()} == {0, 1}
+    assert {c.pack for c in manifest.chunks()} == {0, 1, 2}
 
     def items_for(data: bytes) -> list[dict[str, object]]:
         crcs = [s3_checksum_value(stored_checksum(data[i : i + CHUNK])) for i in range(0, len(data), CHUNK)]
-        return [{"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 2,
-                 "chunk_size": CHUNK, "first_part": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]]} for n in range(2)]
+        return [{"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 3,
+                 "chunk_size": CHUNK, "first_part": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]]} for n in range(3)]
 
     StagingArea(cloud.store, ref).write_wrapped_key(manifest.key)
 
     # A retried worker with the same bytes: accepted, the stored chunks untouched.
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])
-    assert [invoke_worker(cloud, ref, item)["error"] for item in items_for(inputs[0])] == [None, None]
-    # Grouped otherwise (both chunks in one pack), even of the same bytes: never accepted over the stored chunk.
-    regrouped = {**items_for(inputs[0])[0], "count": 2, "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(2)]}
+    assert [invoke_worker(cloud, ref, item)["error"] for item in items_for(inputs[0])] == [None, None, None]
+    # Grouped otherwise (an item of all three: packs of 2 and 1), even of the same bytes: never accepted over the stored chunk.
+    regrouped = {**items_for(inputs[0])[0], "count": 3, "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(3)]}
     refused = invoke_worker(cloud, ref, regrouped)
     assert refused["error"] and refused["payload"]["errorType"] == "IntegrityError"
     assert "(chunks 0-1) already exists with different content" in refused["payload"]["errorMessage"]
     # Staged bytes that changed under a planned item: refused before encoding.
-    other = pattern(CHUNK * 2, 6)
+    other = pattern(CHUNK * 3, 6)
     cloud.stage_segment(ref, 0, 0, 0, other)
     changed = invoke_worker(cloud, ref, items_for(inputs[0])[0])
     assert changed["error"] and "does not match the checksum the agent recorded" in changed["payload"]["errorMessage"]
@@ -363,7 +363,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
 
     assert late["error"] and late["payload"]["errorType"] == "IntegrityError"
     assert "already exists with different content" in late["payload"]["errorMessage"]
-    assert {i: cloud.store.get(chunk_key(ref, i)) for i in range(2)} == published
+    assert {i: cloud.store.get(chunk_key(ref, i)) for i in range(3)} == published
     key = cloud.keys.unwrap(manifest.key)
     assert verify_backup(cloud.store, cloud.repository.load(ref).authenticate(key), key, deep=True).ok
 

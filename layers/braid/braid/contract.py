@@ -29,21 +29,20 @@ OUTPUT_PRUNE_STATE_MACHINE = "PruneStateMachineArn"
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
 ENV_KMS_KEY_ID = "BRAID_KMS_KEY_ID"  # the customer-managed key (ARN) wrapping data keys
 ENV_EVENT_BUS = "BRAID_EVENT_BUS"  # EventBridge bus for outcome events
-ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # chunks a worker processes at once
+ENV_WORKER_LANES = "BRAID_WORKER_LANES"  # ranged GETs a worker reads ahead with at once
 ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved concurrency: the most a map may run at once
 # MODE:DAYS of the stack's Object Lock (the same value as OUTPUT_OBJECT_LOCK); absent without one.
 ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
 ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenance starts the prune there
 DEFAULT_EVENT_BUS = "default"
-# The cost model's pick (scripts/bench cloud-model): the I/O of three chunks
-# overlaps one chunk's compression on one vCPU.
+# Ranged GETs a worker keeps in flight reading ahead of its codec (braid.pipeline.item_flow): S3 carries
+# ~90 MB/s per stream and the codec takes ~150 MB/s, with the packs' PUTs on the same NIC.
 DEFAULT_WORKER_LANES = 4
-# Chunks per stored object (a pack, docs/format.md): the worker stores each run of this many
-# consecutive chunks of its item as one create-only PUT, so chunk PUTs cost 1/k. Bounded by memory:
-# a lane holds its pack's frames until the PUT. Measured (scripts/bench pack-memory, 4 lanes, an item of
-# 16 x 64 MiB incompressible chunks, the worst case): peak RSS 875 MB at k=1, 1,131 at 2, 1,515 at 3,
-# 1,770 at 4 (over the worker's 1,769 MB); compressible data (ratio 0.53) 1,140 MB at 3.
-CHUNKS_PER_PACK = 3
+# Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
+# chunks of its item as one create-only PUT (smaller runs at the item's end: braid.pipeline.worker.pack_sizes),
+# so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
+# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 16 chunks is 5 packs (5, 5, 3, 2, 1).
+CHUNKS_PER_PACK = 5
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769

@@ -15,7 +15,7 @@ Measured here (in a child process, the real worker code):
 - `braid.pipeline.worker.process_item` on map items of up to
   `max_chunks_per_item` chunks of the bench data: ranged GETs of a staging
   segment, `store_chunk` (ChunkCodec: Poly1305 + zstd + AES-256-GCM, then the
-  CRC64NVME and create-only PUT of S3Store) on the worker's lanes, and the
+  CRC64NVME and create-only PUT of S3Store) through its item pipeline, and the
   result record; against s3proxy on loopback (moto with --s3-server moto).
   Its process CPU per chunk is the Lambda's billed work, less network waits.
   Measured twice: over HTTPS (s3proxy's TLS endpoint, a certificate made at
@@ -47,6 +47,7 @@ from bench_lib.scale_sim import FUNCTIONS, TIB, Simulation
 from braid import contract
 from braid.format.prices import DEFAULT as PRICE_TABLE
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
+from braid.pipeline.worker import pack_sizes
 
 NAME = "cloud-model"
 HELP = "cloud model: $ per TiB and seconds after stream end at 1 and 10 TiB, 100/500/1000 workers, 50/300/1000 MB/s (scale simulation + measured worker CPU)"
@@ -385,10 +386,12 @@ def run(ctx: Context) -> Section:
         " by --arm-speed), the coordinators' Python CPU; assumed: request latency, map start, S3 throughput in Lambda, prices, logs"
     )
     part_chunks = scale_sim.default_part_chunks(chunk, 1, scale_sim.DEFAULT_CONCURRENCY)
+    packs = len(pack_sizes(DEFAULT_MAX_CHUNKS_PER_ITEM, contract.CHUNKS_PER_PACK))
     notes.append(
         f"per-chunk PUT-class requests: the agent's UploadPart, one per {part_chunks} chunks (one input at the default --concurrency), "
-        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's pack PUT, one per {contract.CHUNKS_PER_PACK} chunks"
-        f" (braid.contract.CHUNKS_PER_PACK), ${(TIB // chunk) / contract.CHUNKS_PER_PACK * PRICES['s3_put_class']:.3f}/TiB, at {chunk // 2**20} MiB chunks"
+        f"${(TIB // chunk) / part_chunks * PRICES['s3_put_class']:.3f}/TiB, and the worker's pack PUT, {packs} per item of"
+        f" {DEFAULT_MAX_CHUNKS_PER_ITEM} chunks (up to braid.contract.CHUNKS_PER_PACK each, pack_sizes), ${(TIB // chunk) * packs / DEFAULT_MAX_CHUNKS_PER_ITEM * PRICES['s3_put_class']:.3f}/TiB,"
+        f" at {chunk // 2**20} MiB chunks"
     )
     if measured.transport == "https":
         others = ", ".join(f"{run.cpu_per_chunk:.3f} s over {run.transport}" for run in runs[1:])

@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from braid import contract
 from braid.errors import UsageError
+from braid.pipeline.item_flow import chunk_buffers
 
 MiB = 1024**2
-# The worker (contract.WORKER_MEMORY_MB, contract.DEFAULT_WORKER_LANES lanes)
-# holds, per lane, one buffer per chunk of a pack (contract.CHUNKS_PER_PACK:
-# the plaintext from the GET, then its stored frame, kept until the pack's
-# PUT), the compressed payload, and for an incompressible chunk the codec's
-# stored form: measured with scripts/bench pack-memory, 1,295 MB for one
-# item of incompressible 64 MiB chunks in packs of 3 on 4 lanes, 5.06 chunk
-# sizes per lane. Budgeted after what the runtime, libraries and clients
-# take before any chunk.
-WORKER_BUFFERS_PER_LANE = contract.CHUNKS_PER_PACK + 2
+# The worker (contract.WORKER_MEMORY_MB) holds at most
+# braid.pipeline.item_flow.chunk_buffers chunk-sized buffers: those it reads
+# ahead into, two packs' (each part read into its own buffer, then its stored
+# frame written over it and kept until the pack's PUT), and each encoder's
+# compressed payload and, for an incompressible chunk, stored form. Budgeted
+# after what the runtime, libraries and clients take before any chunk.
+WORKER_CHUNK_BUFFERS = chunk_buffers(contract.DEFAULT_WORKER_LANES, contract.CHUNKS_PER_PACK)
 WORKER_BASE_MB = 256
 
 MAX_PARTS = 10_000  # S3's limit per multipart upload
@@ -114,8 +113,8 @@ def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PA
 
 
 def max_worker_chunk_size(memory_mb: int = contract.WORKER_MEMORY_MB, lanes: int = contract.DEFAULT_WORKER_LANES) -> int:
-    """The largest chunk size (whole MiB) the worker's lanes hold in its memory: 75 MiB for the stack's worker."""
-    per_chunk = (memory_mb - WORKER_BASE_MB) * MiB // (lanes * WORKER_BUFFERS_PER_LANE)
+    """The largest chunk size (whole MiB) whose buffers the worker holds in its memory: 84 MiB for the stack's worker."""
+    per_chunk = (memory_mb - WORKER_BASE_MB) * MiB // chunk_buffers(lanes, contract.CHUNKS_PER_PACK)
     return per_chunk // MiB * MiB
 
 
@@ -125,6 +124,6 @@ def check_worker_chunk_size(chunk_size: int) -> None:
     if chunk_size > largest:
         raise UsageError(
             f"--chunk-size {chunk_size / MiB:g} MiB is more than the cloud pipeline's worker can hold"
-            f" ({contract.DEFAULT_WORKER_LANES} chunks at once, each needing ~{WORKER_BUFFERS_PER_LANE}x its size,"
+            f" (up to {WORKER_CHUNK_BUFFERS} chunk-sized buffers at once: read-ahead, two packs, the encoders),"
             f" in {contract.WORKER_MEMORY_MB} MB); the largest allowed is {largest // MiB} MiB: use --chunk-size {largest // MiB}MiB or less"
         )

@@ -116,8 +116,33 @@ def store_pack(
     then gives each chunk of the pack its own buffer), else None. A frame
     left in the codec's reused buffer (no such buffer, or a chunk stored
     uncompressed) is copied out unless it is the last, since the next encode
-    overwrites it. The object is sent from the frames' own buffers without
-    joining them (braid.ports.store.put_pieces). The pack's key is its first chunk's.
+    overwrites it. See `put_pack` for the object and a retried pack.
+    """
+    frames = []
+    for position, task in enumerate(tasks):
+        plaintext, spent = read(task)
+        frames.append(encode_frame(codec, ref, task, plaintext, spent, keep=position < len(tasks) - 1))
+    return put_pack(lambda: codec, store, ref, frames)
+
+
+def encode_frame(
+    codec: ChunkCodec, ref: BackupRef, task: ChunkTask, plaintext: Buffer, spent: WritableBuffer | None, *, keep: bool = True
+) -> tuple[ChunkEntry, Buffer]:
+    """One chunk of a pack, encoded: its entry (placed in its pack by `put_pack`) and its frame.
+
+    The frame is written over `spent` where it fits (the caller's buffer,
+    which then holds it until the pack's PUT); `keep`: a frame left in the
+    codec's own buffer is copied out, since the codec's next encode reuses it.
+    """
+    encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
+    return _entry(task, len(plaintext), encoded), _kept(encoded.stored, spent, last=not keep)
+
+
+def put_pack(codec: Callable[[], ChunkCodec], store: ObjectStore, ref: BackupRef, frames: Sequence[tuple[ChunkEntry, Buffer]]) -> list[ChunkEntry]:
+    """Store encoded consecutive chunks (`encode_frame`) back to back as one object, create-only; their entries, placed.
+
+    The object is sent from the frames' own buffers without joining them
+    (braid.ports.store.put_pieces). The pack's key is its first chunk's.
 
     If the pack already exists (a retried or late worker), it is accepted
     only if it is exactly these chunks: frames of the same lengths (zstd at
@@ -125,28 +150,23 @@ def store_pack(
     length whatever the nonce), each authenticating under this backup's key
     as the same plaintext. Then the existing frames' sizes and checksums are
     reported. Anything else is an IntegrityError, and the object is left as
-    it is.
+    it is. `codec` gives the codec that check decodes with (only then).
     """
-    if not tasks:
+    if not frames:
         return []
-    first = tasks[0].index
-    frames: list[Buffer] = []
+    first = frames[0][0].index
     entries: list[ChunkEntry] = []
     offset = 0
-    for position, task in enumerate(tasks):
-        plaintext, spent = read(task)
-        encoded = codec.encode(str(ref), task.index, task.input_index, plaintext, spent=spent)
-        last = position == len(tasks) - 1
-        frames.append(_kept(encoded.stored, spent, last))
-        entries.append(_entry(task, len(plaintext), encoded, pack=first, pack_offset=offset))
-        offset += encoded.stored_length
+    for entry, _ in frames:
+        entries.append(replace(entry, pack=first, pack_offset=offset))
+        offset += entry.stored_length
     key = chunk_key(ref, first)
     checksum = pack_checksum((e.checksum, e.stored_length) for e in entries)
     try:
-        put_pieces(store, key, frames, checksum=checksum, create_only=True)
+        put_pieces(store, key, [frame for _, frame in frames], checksum=checksum, create_only=True)
         return entries
     except AlreadyExistsError:
-        return _existing_pack(codec, store, ref, key, entries)
+        return _existing_pack(codec(), store, ref, key, entries)
 
 
 def _kept(frame: memoryview, spent: WritableBuffer | None, last: bool) -> Buffer:

@@ -2,19 +2,20 @@
 
 Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
 input's last, so the range follows from the part number). The item's chunks
-are stored in packs of up to CHUNKS_PER_PACK consecutive chunks, one
-create-only PUT each (`braid.engine.chunk_worker.store_pack`: the same frames
+are stored in packs of up to CHUNKS_PER_PACK consecutive chunks (smaller
+towards the item's end, see pack_sizes), one create-only PUT each (`braid.engine.chunk_worker.put_pack`: the same frames
 the local engine writes), so a retried or late worker can never replace a
 published pack. Packs follow from the item alone, and round files fix the
 items, so a retry forms the same packs.
 The item's result goes to staging (an ItemResult record, see
 braid.format.staging); the Lambda returns almost nothing.
 
-Chunks of an item run on a few *lanes* (threads, each with its own codec and
-a reusable chunk buffer that the ranged GET fills and the codec then writes
-the stored chunk over): while one lane compresses, another downloads or
-uploads. zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the
-worker bills about the CPU time instead of CPU + I/O (see item_sizing).
+The item's chunks flow through braid.pipeline.item_flow: ranged GETs read
+ahead of the codec (the first chunks in several ranges at once, since the
+codec waits for them), encoders write each frame over the buffer its part was
+read into, and each pack's PUT starts as soon as its last chunk is encoded.
+zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the worker
+bills about the CPU time instead of CPU + I/O (see item_sizing).
 
 A worker that fails writes its error to staging (an ItemFailure record)
 before it re-raises, so Cleanup can tell a person the worker's real error;
@@ -29,28 +30,24 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
-from braid.engine.chunk_worker import ChunkTask, store_pack
 from braid.errors import IntegrityError, NotFoundError, UsageError
-from braid.format.buffers import WritableBuffer, new_buffer
 from braid.format.checksum import crc64nvme, encode_crc64nvme
-from braid.format.chunk import Buffer, ChunkCodec, stored_size
+from braid.format.chunk import Buffer, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
-from braid.format.manifest import ChunkEntry
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
+from braid.pipeline.item_flow import ChunkLanes, store_item_chunks
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore, read_range
-from braid.ports.usage import InvocationMeter, in_context
+from braid.ports.usage import InvocationMeter
 
-T = TypeVar("T")
-R = TypeVar("R")
+__all__ = ["ChunkLanes", "DataKeyCache", "WorkerEvent", "process_item", "packs_of"]
 
 RESULT_PUT = "s3:PutObject"  # the request that writes the result record
 
@@ -100,45 +97,6 @@ class DataKeyCache:
             return found
 
 
-class ChunkLanes:
-    """A few threads, each with a codec per data key and a chunk buffer; kept for the
-    container's lifetime so the large buffers are allocated once, not per chunk or invocation."""
-
-    def __init__(self, lanes: int = 2) -> None:
-        self.lanes = max(1, lanes)
-        self._pool = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="braid-lane")
-        self._local = threading.local()
-
-    def codec(self, key: DataKey, level: int) -> ChunkCodec:
-        slot = (key.fingerprint, level)
-        if getattr(self._local, "slot", None) != slot:
-            self._local.codec = ChunkCodec(key, level)
-            self._local.slot = slot
-        codec: ChunkCodec = self._local.codec
-        return codec
-
-    def buffers(self, count: int, size: int) -> list[WritableBuffer]:
-        """This lane's first `count` chunk buffers, each at least `size` bytes: one per chunk of a pack,
-        a part read into it and its stored frame written over it.
-
-        Only the lane's own thread uses them, one pack at a time, so they are
-        free again when that pack's PUT returned."""
-        current: list[WritableBuffer] = getattr(self._local, "buffers", [])
-        while len(current) < count:
-            current.append(new_buffer(size))
-        for i in range(count):
-            if len(current[i]) < size:
-                current[i] = new_buffer(size)
-        self._local.buffers = current
-        return current[:count]
-
-    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
-        """`fn` over `items` on the lanes, results in item order (the first error is raised).
-
-        Each runs in the caller's context, so its requests count for the invocation (braid.ports.usage)."""
-        return list(self._pool.map(in_context(fn), items))
-
-
 @dataclass(frozen=True)
 class ItemOutcome:
     result: ItemResult
@@ -161,27 +119,69 @@ def check_item(ref: BackupRef, item: MapItem) -> None:
         raise IntegrityError(f"map item names {item.segment}, which is not a staging segment of {ref}")
 
 
-def fetch_part(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice, buffer: WritableBuffer) -> Buffer:
-    """The part's staged bytes, read into `buffer` (where the store can), checked against the agent's CRC64NVME."""
+def read_part_range(store: ObjectStore, ref: BackupRef, item: MapItem, piece: ChunkSlice, start: int, length: int, view: memoryview) -> Buffer:
+    """`length` staged bytes of a part from `start` within it, read into `view` where the store can."""
     try:
-        data = read_range(store, item.segment, piece.start, piece.length, buffer)
+        data = read_range(store, item.segment, piece.start + start, length, view)
     except NotFoundError:
         raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
-    if len(data) != piece.length:
-        raise IntegrityError(f"part {piece.part} of {item.segment} is {len(data)} bytes, the segment record implies {piece.length}")
+    if len(data) != length:
+        raise IntegrityError(
+            f"part {piece.part} of {item.segment} is {start + len(data)} bytes or shorter, the segment record implies {piece.length}"
+        )
+    return data
+
+
+def check_part(ref: BackupRef, item: MapItem, piece: ChunkSlice, data: Buffer) -> None:
+    """The part as read must be the part the agent staged: its CRC64NVME, from the segment record."""
     if encode_crc64nvme(crc64nvme(data)) != piece.checksum:
         raise IntegrityError(
             f"part {piece.part} of {item.segment} (chunk {piece.index} of {ref}) does not match the checksum the agent"
             " recorded: the staged bytes changed between the host and the worker"
         )
-    return data
+
+
+# Chunks in an item's last packs, the very last first: see pack_sizes.
+PACK_TAPER = (1, 2, 3)
+
+
+def pack_sizes(count: int, chunks_per_pack: int, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
+    """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
+
+    A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
+    so only the last packs' PUTs are not overlapped by the codec, and the item
+    (a worker billed by the second) ends with the PUT that ends last. A pack
+    ending j chunks before the item's last ends its PUT at about the codec's
+    end - j x (codec s per chunk) + its size x (PUT s per chunk); at the usual
+    stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
+    encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
+    chunks at the end all finish with the last one-chunk PUT, where one pack of
+    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
+    as even as possible, larger first. A pure function of the item, so a
+    retried worker forms the same packs.
+    """
+    limit = max(1, chunks_per_pack)
+    tail: list[int] = []
+    left = count
+    for size in taper:
+        if left <= 0:
+            break
+        tail.append(min(size, limit, left))
+        left -= tail[-1]
+    packs = -(-left // limit) if left > 0 else 0
+    head = [left // packs + (1 if n < left % packs else 0) for n in range(packs)] if packs else []
+    return head + tail[::-1]
 
 
 def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int) -> list[list[ChunkSlice]]:
-    """The item's chunks in runs of `chunks_per_pack` from its first (the last run may be shorter)."""
+    """The item's chunks as packs of consecutive chunks, sized by pack_sizes."""
     ordered = list(pieces)
-    size = max(1, chunks_per_pack)
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    packs = []
+    first = 0
+    for size in pack_sizes(len(ordered), chunks_per_pack):
+        packs.append(ordered[first : first + size])
+        first += size
+    return packs
 
 
 def process_item(
@@ -224,22 +224,15 @@ def _process_item(
 ) -> ItemOutcome:
     check_item(ref, item)
     started = time.monotonic()
-
-    def one(pack: list[ChunkSlice]) -> list[ChunkEntry]:
-        # One buffer per chunk of the pack, with room for the stored form too: each part is read
-        # into its own and the codec writes its frame over it, so the frames wait for the pack's
-        # PUT in the pages their plaintext came in.
-        buffers = lanes.buffers(len(pack), stored_size(str(ref), max(piece.length for piece in pack)))
-        slots = {piece.index: (piece, buffer) for piece, buffer in zip(pack, buffers, strict=False)}
-        tasks = [ChunkTask(index=piece.index, input_index=item.input_index, offset=piece.offset) for piece in pack]
-
-        def read(task: ChunkTask) -> tuple[Buffer, WritableBuffer]:
-            piece, buffer = slots[task.index]
-            return fetch_part(store, ref, item, piece, buffer), buffer
-
-        return store_pack(lanes.codec(key, level), store, ref, tasks, read)
-
-    entries = tuple(entry for stored in lanes.map(one, packs_of(item.chunks(), chunks_per_pack)) for entry in stored)
+    pieces = item.chunks()
+    entries = tuple(
+        store_item_chunks(
+            lanes, store, ref, packs_of(pieces, chunks_per_pack), chunks_per_pack=chunks_per_pack, input_index=item.input_index,
+            buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
+            fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
+            check=lambda piece, data: check_part(ref, item, piece, data),
+        )
+    )
     # The usage so far and the record's own PUT, which is counted before it is made.
     usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
     result = ItemResult(item.first_index, entries, usage)
