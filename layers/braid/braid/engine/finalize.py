@@ -19,7 +19,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest, open_manifest
-from braid.format.stored import stored_objects
+from braid.format.stored import StoredObject, stored_objects
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
 from braid.ops.catalog import write_summary
@@ -95,8 +95,11 @@ def finalize_backup(
     # checked it in `put` from the very buffer it wrote, and the entry
     # records that same checksum; reading it back here would add a request
     # per chunk (S3) or only measure the page cache (local).
-    check_chunks_listed(store, ref, manifest, when="before publishing")
-    store.sync(stored.key for stored in stored_objects(manifest))
+    # Computed once for the checks before and after publishing and the sync:
+    # only the usage changes below, and it names no chunk.
+    objects = stored_objects(manifest)
+    check_chunks_listed(store, ref, objects, when="before publishing")
+    store.sync(stored.key for stored in objects)
     if usage is not None:
         manifest = replace(manifest, usage=usage(manifest))
     sealed = manifest.seal(key)
@@ -119,7 +122,7 @@ def finalize_backup(
         if reread != sealed:
             raise IntegrityError(f"manifest of {ref} read back differently from what was written")
         open_manifest(reread, target).authenticate(key)
-        check_chunks_still_listed(store, ref, manifest)
+        check_chunks_still_listed(store, ref, objects)
     except BaseException:
         # Not verified, so not a backup: withdraw it before anyone lists it,
         # and before the caller removes the chunks it names.
@@ -128,10 +131,11 @@ def finalize_backup(
     return manifest
 
 
-def check_chunks_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest, *, when: str) -> None:
-    """Every object (pack) the manifest names is stored with its recorded size (one LIST per 1,000 objects)."""
+def check_chunks_listed(store: ObjectStore, ref: BackupRef, objects: Iterable[StoredObject], *, when: str) -> None:
+    """Every object (pack) the manifest names (`objects`: its `stored_objects`) is stored with its recorded size
+    (one LIST per 1,000 objects)."""
     listed = {info.key: info.size for info in store.list(data_prefix(ref))}
-    for stored in stored_objects(manifest):
+    for stored in objects:
         size = listed.get(stored.key)
         if size is None:
             raise IntegrityError(f"{stored.label} of backup {ref} is missing from the repository ({stored.key}) {when}")
@@ -139,8 +143,8 @@ def check_chunks_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest, 
             raise IntegrityError(f"{stored.label} of backup {ref} is {size} bytes, manifest says {stored.size} ({when})")
 
 
-def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Manifest) -> None:
-    """After publishing: every chunk is still there (one LIST per 1,000 chunks).
+def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, objects: Iterable[StoredObject]) -> None:
+    """After publishing: every chunk is still there (one LIST per 1,000 chunks); `objects`: the manifest's `stored_objects`.
 
     A prune that took this backup's data for an abandoned backup's (it
     looked before the manifest existed) may have deleted chunks after the
@@ -150,7 +154,7 @@ def check_chunks_still_listed(store: ObjectStore, ref: BackupRef, manifest: Mani
     collision is avoided or reported, never silent.
     """
     listed = {info.key for info in store.list(data_prefix(ref))}
-    for stored in stored_objects(manifest):
+    for stored in objects:
         if stored.key not in listed:
             raise IntegrityError(
                 f"{stored.label} of backup {ref} disappeared while the backup was being published"
