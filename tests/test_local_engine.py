@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import DATA, MANIFESTS
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
+from braid.format.usage import Usage
 from braid.ops.restore import OutputTarget, restore_backup
 from braid.ports.store import Buffer
 
@@ -70,6 +72,18 @@ def test_backup_restore_round_trip(tmp_path: Path, sizes: list[int]) -> None:
     manifest = repo.load(BackupRef.parse(backup_id)).manifest
     assert [i.length for i in manifest.inputs] == sizes
     assert manifest.chunk_count == sum(-(-s // 4096) for s in sizes)
+
+
+def test_the_published_manifest_opens_to_exactly_the_one_finalize_sealed(tmp_path: Path) -> None:
+    """Finalize verifies its manifest by comparing the bytes read back with the sealed ones, not by re-opening
+    them: that rests on what it seals opening, authenticated, to the manifest it built, with every field a
+    real backup fills in (stats, timings, usage: whose JSON form rounds its CPU seconds)."""
+    repo, keys = make_repo(tmp_path)
+    engine = LocalEngine(repo, keys)
+    manifest = engine.run(BackupRequest(BackupRef.new("db"), write_inputs(tmp_path, [10000, 0, 1]), 4096, 3, 3), lambda e: None)
+    assert manifest.usage is not None and manifest.stats and manifest.timings
+    sealed = repo.load(BackupRef.parse(manifest.backup))
+    assert sealed.authenticate(keys.unwrap(sealed.manifest.key)) == replace(manifest, usage=Usage.from_json(manifest.usage.to_json()))
 
 
 def test_memory_is_bounded_to_inputs_plus_workers_plus_one_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ the same steps through moto's Step Functions)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from braid.errors import IntegrityError, StorageError, UsageError
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
-from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
+from braid.format.layout import CATALOG, chunk_key, data_prefix, manifest_key, staging_prefix
 from braid.format.manifest import open_manifest
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import (
@@ -330,6 +330,49 @@ def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(sta
     manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
     reader = ChunkReader(staged.store, manifest, key)
     assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+
+
+class ManifestReadsBack(LocalStore):
+    """Serves other bytes than were written for the backup's manifest (`change` makes them from the stored ones)."""
+
+    def __init__(self, root: Path, ref: BackupRef, change: Callable[[bytes], bytes]) -> None:
+        super().__init__(root)
+        self.target = manifest_key(ref)
+        self.change = change
+
+    def get(self, key: str) -> bytes:
+        data = super().get(key)
+        return self.change(data) if key == self.target else data
+
+
+def flip_last_body_byte(raw: bytes) -> bytes:
+    """Corrupt: the self-checksum no longer matches."""
+    at = raw.rindex(b',"sha256":') - 1
+    return raw[:at] + bytes([raw[at] ^ 1]) + raw[at + 1 :]
+
+
+@pytest.mark.parametrize("sealed_again", [False, True], ids=["corrupt", "authentic-but-other"])
+def test_finalize_withdraws_a_manifest_that_reads_back_other_than_written(staged: Staged, tmp_path: Path, sealed_again: bool) -> None:
+    """The read-back compares the stored bytes with the sealed ones: a corrupt copy, and even one that opens and
+    authenticates under the backup's key but is not what was written, fails Finalize and is withdrawn; a rerun publishes."""
+    run_workers(staged)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+
+    def other(raw: bytes) -> bytes:
+        if not sealed_again:
+            return flip_last_body_byte(raw)
+        manifest = open_manifest(raw, "m").authenticate(key)
+        return replace(manifest, stats={**manifest.stats, "rounds": 99}).seal(key)
+
+    store = ManifestReadsBack(tmp_path / "repo", staged.ref, other)
+    with pytest.raises(IntegrityError, match=rf"^manifest of {staged.ref} read back differently from what was written$"):
+        finalize_step(store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+    assert staged.store.head(manifest_key(staged.ref)) is None and list(staged.store.list(CATALOG)) == []
+    assert StagingArea(staged.store, staged.ref).read_session().backup == str(staged.ref)
+
+    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+    published = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
+    assert (published.chunk_count, published.plaintext_bytes, summary.chunks) == (5, len(DATA), 5)
 
 
 def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagrees_with_the_plan(staged: Staged) -> None:

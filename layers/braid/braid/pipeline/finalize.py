@@ -10,8 +10,8 @@ input through its stream-end length and a result for every planned chunk
 that matches its place in the plan, and `finalize_backup` then checks every
 stored chunk's presence and size by LIST (1,000 per request; S3 verified
 each chunk's CRC64NVME on its PUT) before it writes the manifest last,
-create-only, and reads it back authenticated. Only then is staging deleted
-and "Backup Completed" emitted. Its requests are O(items / 32) deep, so a
+create-only, and reads it back to compare with the bytes it sealed. Only
+then is staging deleted and "Backup Completed" emitted. Its requests are O(items / 32) deep, so a
 10 TiB backup finalizes in about a minute (tests/cloud/test_scale_simulation.py).
 
 The event is best-effort: once the manifest is published the backup exists,
