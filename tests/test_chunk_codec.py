@@ -3,6 +3,7 @@ loudly, and the stored checksum's two spellings (docs/format.md, Checksums)."""
 
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -167,6 +168,34 @@ def test_a_checksum_of_parts_combines_to_the_whole() -> None:
 def test_only_a_tagged_crc64nvme_goes_to_s3(text: str) -> None:
     with pytest.raises(ValueError):
         s3_checksum_value(text)
+
+
+def spelled_as_encoded(header: str) -> bool:
+    """The header form's definition: base64 of 8 bytes that encodes back to exactly `header`."""
+    try:
+        raw = base64.b64decode(header, validate=True)
+    except ValueError:
+        return False
+    return len(raw) == 8 and encode_crc64nvme(int.from_bytes(raw, "big")) == header
+
+
+def test_a_header_form_checksum_is_accepted_exactly_when_it_is_the_spelling_encode_writes() -> None:
+    """decode_crc64nvme matches a pattern instead of decoding and encoding again: every one-character change
+    of valid headers (each position, every character up to U+00FF, deleted or inserted too) is judged the same."""
+    values = [0, 1, 0xFF, 2**64 - 1, 0xAE8B14860A799888, *(int.from_bytes(os.urandom(8), "big") for _ in range(20))]
+    for value in values:
+        header = encode_crc64nvme(value)
+        assert decode_crc64nvme(header) == value
+        variants = {header[:i] + header[i + 1 :] for i in range(len(header))} | {header + "\n", " " + header, header + "=", header[:-1]}
+        for i in range(len(header) + 1):
+            for c in map(chr, range(256)):
+                variants |= {header[:i] + c + header[i + 1 :], header[:i] + c + header[i:]}
+        for text in variants:
+            if spelled_as_encoded(text):
+                assert encode_crc64nvme(decode_crc64nvme(text)) == text
+            else:
+                with pytest.raises(ValueError, match="is not a base64 CRC64NVME value"):
+                    decode_crc64nvme(text)
 
 
 def test_an_encoded_chunk_reports_the_checksum_of_its_stored_bytes() -> None:
