@@ -17,6 +17,7 @@ from braid.format.checksum import (
     crc64nvme,
     decode_crc64nvme,
     encode_crc64nvme,
+    is_tagged_checksum,
     s3_checksum_value,
     stored_checksum,
     tagged_checksum,
@@ -180,8 +181,9 @@ def spelled_as_encoded(header: str) -> bool:
 
 
 def test_a_header_form_checksum_is_accepted_exactly_when_it_is_the_spelling_encode_writes() -> None:
-    """decode_crc64nvme matches a pattern instead of decoding and encoding again: every one-character change
-    of valid headers (each position, every character up to U+00FF, deleted or inserted too) is judged the same."""
+    """decode_crc64nvme and is_tagged_checksum match a pattern instead of decoding and encoding again: every
+    one-character change of valid headers (each position, every character up to U+00FF, deleted or inserted
+    too) is judged the same."""
     values = [0, 1, 0xFF, 2**64 - 1, 0xAE8B14860A799888, *(int.from_bytes(os.urandom(8), "big") for _ in range(20))]
     for value in values:
         header = encode_crc64nvme(value)
@@ -191,6 +193,7 @@ def test_a_header_form_checksum_is_accepted_exactly_when_it_is_the_spelling_enco
             for c in map(chr, range(256)):
                 variants |= {header[:i] + c + header[i + 1 :], header[:i] + c + header[i:]}
         for text in variants:
+            assert is_tagged_checksum(f"crc64nvme:{text}") is spelled_as_encoded(text) and not is_tagged_checksum(f"md5:{text}")
             if spelled_as_encoded(text):
                 assert encode_crc64nvme(decode_crc64nvme(text)) == text
             else:

@@ -29,7 +29,9 @@ _VALUE_BYTES = 8
 # The one base64 spelling of 8 bytes, the one `encode_crc64nvme` writes: 10 digits, an 11th whose two
 # low bits are zero (it carries the last 4 bits), then one "=". Matched rather than decoded and
 # encoded again: a manifest's every chunk checksum is checked when it is sealed (16,384 at 1 TiB).
-_HEADER = re.compile(r"[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=")
+_HEADER_PATTERN = r"[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]="
+_HEADER = re.compile(_HEADER_PATTERN)
+_TAGGED = re.compile(re.escape(_PREFIX) + _HEADER_PATTERN)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -118,6 +120,11 @@ def parse_tagged_checksum(checksum: str) -> int:
     if not sep or algorithm != ALGORITHM:
         raise ValueError(f"unsupported stored checksum {checksum!r}: expected {_PREFIX}<base64>")
     return decode_crc64nvme(value)
+
+
+def is_tagged_checksum(checksum: str) -> bool:
+    """Whether `parse_tagged_checksum` accepts `checksum`, without decoding it (sealing checks every chunk's)."""
+    return isinstance(checksum, str) and _TAGGED.fullmatch(checksum) is not None
 
 
 def s3_checksum_value(checksum: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
-from braid.format.checksum import parse_tagged_checksum
+from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.sealed import reject_constant, unique_keys
@@ -222,10 +222,8 @@ class Manifest:
             except ValueError:
                 raise IntegrityError(f"manifest of {self.backup}: {name} {text!r} is not a Braid timestamp (YYYY-MM-DDTHH:MM:SS.ffffffZ)") from None
         for chunk in self.chunks():
-            try:
-                parse_tagged_checksum(chunk.checksum)
-            except ValueError:
-                raise IntegrityError(f"manifest of {self.backup}: chunk {chunk.index} checksum {chunk.checksum!r} is not crc64nvme:<base64>") from None
+            if not is_tagged_checksum(chunk.checksum):
+                raise IntegrityError(f"manifest of {self.backup}: chunk {chunk.index} checksum {chunk.checksum!r} is not crc64nvme:<base64>")
 
     def check_structure(self) -> None:
         """Invariants a sealed manifest must hold; violated only by a bug or forgery."""
