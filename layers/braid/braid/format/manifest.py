@@ -26,6 +26,8 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import attrgetter
 from typing import Any
 
 from braid.errors import IntegrityError
@@ -166,9 +168,10 @@ class Manifest:
     def plaintext_bytes(self) -> int:
         return sum(i.length for i in self.inputs)
 
-    @property
+    @cached_property
     def stored_bytes(self) -> int:
-        return sum(c.stored_length for c in self.chunks())
+        """Summed over every chunk once per manifest (it is frozen): sealing, the usage and the summary each ask."""
+        return sum([c.stored_length for c in self.chunks()])
 
     @property
     def chunk_count(self) -> int:
@@ -250,7 +253,7 @@ class Manifest:
 
     def _check_packs(self, where: str) -> None:
         """Each pack is a run of consecutive chunks from the one it is named by, their frames back to back from offset 0."""
-        ordered = sorted(self.chunks(), key=lambda c: c.index)
+        ordered = sorted(self.chunks(), key=attrgetter("index"))
         previous: ChunkEntry | None = None
         for chunk in ordered:
             if chunk.pack == chunk.index:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 
 from braid.format.checksum import combine_crc64nvme, parse_tagged_checksum, tagged_checksum
 from braid.format.ids import BackupRef
@@ -63,7 +64,7 @@ def pack_checksum(frame_checksums: Iterable[tuple[str, int]]) -> str:
 def group_packs(entries: Iterable[ChunkEntry]) -> list[list[ChunkEntry]]:
     """The given chunks grouped by pack, each group in frame order, groups in chunk order."""
     packs: dict[int, list[ChunkEntry]] = {}
-    for entry in sorted(entries, key=lambda c: c.index):
+    for entry in sorted(entries, key=attrgetter("index")):
         packs.setdefault(entry.pack, []).append(entry)
     return list(packs.values())
 
@@ -72,9 +73,9 @@ def stored_object(ref: BackupRef, frames: list[ChunkEntry]) -> StoredObject:
     """The object holding exactly these frames (one whole pack, in frame order)."""
     return StoredObject(
         chunk_key(ref, frames[0].pack),
-        sum(f.stored_length for f in frames),
-        tuple(f.index for f in frames),
-        tuple((f.checksum, f.stored_length) for f in frames),
+        sum([f.stored_length for f in frames]),
+        tuple([f.index for f in frames]),
+        tuple([(f.checksum, f.stored_length) for f in frames]),
     )
 
 
