@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
@@ -45,8 +46,8 @@ def assemble_inputs(key: DataKey, inputs: Sequence[InputRecord], entries: Iterab
         by_input[entry.input_index].append(entry)
     assembled = []
     for record in sorted(inputs, key=lambda r: r.index):
-        chunks = sorted(by_input[record.index], key=lambda c: c.offset)
-        covered = sum(c.length for c in chunks)
+        chunks = sorted(by_input[record.index], key=attrgetter("offset"))
+        covered = sum([c.length for c in chunks])
         if covered != record.length:
             raise IntegrityError(
                 f"{backup}: input {record.index} ({record.source}) is {record.length} bytes but its stored chunks cover {covered};"
