@@ -28,13 +28,19 @@ Measured here (in a child process, the real worker code):
 - the same chunks through `store_chunk` into a store that keeps nothing:
   the codec's share, for attribution.
 
-The x86 CPU figure is scaled to Graviton2 by a stated factor (--arm-speed);
-the worker's memory and lanes are the stack's (braid.contract).
+The CPU figure is scaled to Graviton2 by how fast `zstd -3 -T1` compresses
+one chunk of the bench data here against an assumed Graviton2 core
+(ASSUME["graviton_zstd3_mb_s"]), measured in the same run: bench machines
+differ by 2x in speed, and the worker's CPU is mostly zstd, so the model's
+CPU per chunk on arm64 does not depend on which machine ran it (--arm-speed
+sets the factor instead). The worker's memory and lanes are the stack's
+(braid.contract).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +50,7 @@ from bench_lib import s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import FUNCTIONS, TIB, Simulation
+from bench_lib.timing import run_command
 from braid import contract
 from braid.format.prices import DEFAULT as PRICE_TABLE
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
@@ -79,7 +86,10 @@ PRICES = {
 
 # Assumptions (stated in the output); the simulation's own are in bench_lib.scale_sim.
 ASSUME = {
-    "arm_speed": 0.8,  # Graviton2 per-core speed vs this machine for zstd+AES+CRC (CPU s on arm = x86 s / 0.8)
+    # Graviton2, one core, `zstd -3 -T1` on the bench data set (seed 1, 30% random): 0.8 x the 290 MB/s of the x86 core
+    # the model was first calibrated on. The worker's CPU here is scaled by (zstd here) / (zstd on Graviton2).
+    "graviton_zstd3_mb_s": 232.0,
+    "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine
     "cold_start_s": 1.0,  # per worker container: init (billed) of Python + layer
     "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
     "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],  # S3 Standard, staging held from its segment's completion until Finalize removes it
@@ -164,12 +174,26 @@ def add_arguments(parser) -> None:
         parser, "--s3-server", choices=("s3proxy", "moto"), default="s3proxy",
         help="cloud: the local S3-compatible server (default s3proxy, falling back to moto if it cannot start)",
     )
-    add_option_once(parser, "--arm-speed", type=float, default=ASSUME["arm_speed"],
-                    help="cloud-model: Graviton2 per-core speed relative to this machine (default 0.8)")
+    add_option_once(parser, "--arm-speed", type=float, default=None,
+                    help="cloud-model: Graviton2 per-core speed relative to this machine (default: zstd -3 -T1 measured here against"
+                         f" {ASSUME['graviton_zstd3_mb_s']:g} MB/s on Graviton2)")
     add_option_once(parser, "--agent-rate", type=float, default=300.0,
                     help="cloud-model: unused (the table covers 50, 300 and 1000 MB/s); kept for old command lines")
     add_option_once(parser, "--worker-cpu", type=float, nargs=2, metavar=("SECONDS", "RATIO"), default=None,
                     help="cloud-model: skip the measurement; x86 CPU seconds per chunk and stored/plaintext ratio")
+
+
+def zstd_seconds(ctx: Context, chunk: int) -> float | None:
+    """CPU seconds of `zstd -3 -T1` on the bench data's first chunk here (best of 3), None without zstd."""
+    if shutil.which("zstd") is None:
+        return None
+    source = ctx.scratch("cloud-model") / "zstd-chunk.bin"
+    with open(ctx.dataset().path, "rb") as handle:
+        source.write_bytes(handle.read(chunk))
+    try:
+        return min(run_command(["zstd", f"-{ctx.args.level}", "-T1", "-q", "-c", str(source)]).cpu for _ in range(3))
+    finally:
+        source.unlink(missing_ok=True)
 
 
 def worker_spec(root: Path) -> tuple[int, int]:
@@ -320,7 +344,8 @@ def run(ctx: Context) -> Section:
     else:
         runs, server = measure(ctx, (memory, lanes), notes)
     measured = runs[0]  # HTTPS where measured: what the worker in Lambda pays
-    arm = args.arm_speed
+    zstd_here = None if args.arm_speed else zstd_seconds(ctx, chunk)
+    arm = args.arm_speed or (zstd_here / (chunk / 1e6 / ASSUME["graviton_zstd3_mb_s"]) if zstd_here else ASSUME["arm_speed"])
     cpu_arm = measured.cpu_per_chunk / arm
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log)
     columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
@@ -361,7 +386,11 @@ def run(ctx: Context) -> Section:
         "worker CPU per chunk the model uses": f"{measured.cpu_per_chunk:.3f} s (over {measured.transport})",
         "of which codec (store_chunk into a null store)": round(measured.codec_per_chunk, 3),
         "x-amz-content-sha256 of the worker's PUTs": ", ".join(sorted({h for run in runs for h in run.put_payload_hashes})) or "not recorded",
-        "CPU per chunk assumed on arm64": f"{cpu_arm:.3f} s (x86 / {arm})",
+        "CPU per chunk assumed on arm64": f"{cpu_arm:.3f} s (x86 / {arm:.3f})",
+        "zstd -3 -T1 on one chunk here (CPU s, best of 3)": round(zstd_here, 3) if zstd_here else "not measured (--arm-speed)",
+        "arm64 speed vs this machine": (
+            f"{arm:.3f} (zstd here / zstd on Graviton2 at {ASSUME['graviton_zstd3_mb_s']:g} MB/s)" if zstd_here else f"{arm:.3f} (given)"
+        ),
         "stored / plaintext": round(measured.ratio, 4),
         "chunks measured": measured.chunks_measured,
         "worker measured against": server,
