@@ -39,7 +39,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
@@ -210,7 +210,7 @@ class _ItemFlow:
         self.started.append(future)
         return future
 
-    def _read_ahead(self, reads: deque[tuple[ChunkSlice, WritableBuffer, Future[Buffer]]], upcoming: Any, position: int) -> None:
+    def _read_ahead(self, reads: deque[tuple[ChunkSlice, WritableBuffer, Future[Buffer]]], upcoming: Iterator[tuple[int, ChunkSlice]], position: int) -> None:
         """Start reads up to `lanes` chunks past `position`; the chunk at `position` itself waits for a free buffer.
 
         Chunks before FIRST_RANGED_CHUNKS are read in ranges, and nothing else
