@@ -121,6 +121,7 @@ class Invocation:
     seconds: float = 0.0  # modelled duration
     count: int = 1  # identical invocations this record stands for (workers)
     peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
+    speed: float = ARM_SPEED  # Graviton2 per-core speed vs this machine, the CPU figure's divisor (simulate(cpu_speed=...))
 
     @property
     def timeout(self) -> int:
@@ -137,7 +138,7 @@ class Invocation:
         waves = math.ceil(sum(self.parallel.values()) / READ_THREADS)
         per_request = REQUEST_SECONDS + REQUEST_CPU_SECONDS / vcpu
         self.seconds = self.watched + (sequential + waves) * per_request + sum(self.parallel.values()) * REQUEST_CPU_SECONDS / vcpu
-        self.seconds += self.cpu / ARM_SPEED / vcpu
+        self.seconds += self.cpu / self.speed / vcpu
         return self.seconds
 
 
@@ -494,11 +495,13 @@ def simulate(
     lanes: int = contract.DEFAULT_WORKER_LANES,
     calibration: WorkerRequests | None = None,
     trace_memory: bool = False,
+    cpu_speed: float = ARM_SPEED,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
     `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc, which slows the calls it traces;
-    their CPU figures then overstate)."""
+    their CPU figures then overstate). `cpu_speed`: Graviton2's per-core speed relative to this machine, which the
+    coordinators' measured CPU is divided by (scripts/bench cloud-model passes the factor it measured with zstd, as for the worker)."""
     calibration = calibration or calibrate_worker()
     clock = _Clock()
     store = CountingStore(clock)
@@ -519,7 +522,7 @@ def simulate(
         clock.agent = agent
 
         def invoke(function: str, call: Any) -> Any:
-            invocation = Invocation(function)
+            invocation = Invocation(function, speed=cpu_speed)
             store.current = invocation
             clock.watched = 0.0
             if trace_memory:

@@ -302,15 +302,17 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
     for item in first_items:
         process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
     for name, body in later.items():
-        staged.store.put(name, body)
-    status = plan(first.to_json()["cursor"])  # checks round 1's map and folds it, then plans the rest
+        if name != stream_end_key(staged.ref):
+            staged.store.put(name, body)
+    status = plan(first.to_json()["cursor"])  # checks round 1's map and folds it (the stream still arrives), then plans the rest
     assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]
+    staged.store.put(stream_end_key(staged.ref), later[stream_end_key(staged.ref)])
     while status.status != "done":
         assert status.status == "ready", status
         for item in area.read_items(status.items_key, status.round):
             process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
         status = plan(status.to_json()["cursor"])
-    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]  # the last map: not folded
+    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]  # after stream end: not folded
     return key, first_items
 
 

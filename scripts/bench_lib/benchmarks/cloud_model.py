@@ -33,8 +33,11 @@ one chunk of the bench data here against an assumed Graviton2 core
 (ASSUME["graviton_zstd3_mb_s"]), measured in the same run: bench machines
 differ by 2x in speed, and the worker's CPU is mostly zstd, so the model's
 CPU per chunk on arm64 does not depend on which machine ran it (--arm-speed
-sets the factor instead). The worker's memory and lanes are the stack's
-(braid.contract).
+sets the factor instead). The coordinators' CPU (Prepare, Plan, Finalize,
+measured by running them in the scale simulation) is scaled by the same
+factor: one figure for how this machine compares with Graviton2, rather than
+a fixed one that charged a slow bench machine's slowness to the tail. The
+worker's memory and lanes are the stack's (braid.contract).
 """
 
 from __future__ import annotations
@@ -294,8 +297,12 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     }
 
 
-def rows_for(cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None) -> list[dict[str, Any]]:
-    """Every (size, workers, stream rate) through the simulation, priced; the JSON rows."""
+def rows_for(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
+) -> list[dict[str, Any]]:
+    """Every (size, workers, stream rate) through the simulation, priced; the JSON rows.
+
+    `cpu_speed`: Graviton2 vs this machine, for the coordinators' measured CPU (the worker's is `cpu_arm`, already scaled)."""
     calibration = scale_sim.calibrate_worker()
     rows = []
     for tib in SIZES_TIB:
@@ -303,7 +310,9 @@ def rows_for(cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, 
             for rate in STREAM_MB_S:
                 if log:
                     log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers ...")
-                options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": calibration}
+                options = {
+                    "chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": calibration, "cpu_speed": cpu_speed,
+                }
                 phases = PHASED_SIZES.get(tib, 1)
                 sims = scale_sim.simulate_end_phases(tib, rate, workers, phases, **options)
                 sim = sims[0]  # exactly `tib`: priced
@@ -347,7 +356,7 @@ def run(ctx: Context) -> Section:
     zstd_here = None if args.arm_speed else zstd_seconds(ctx, chunk)
     arm = args.arm_speed or (zstd_here / (chunk / 1e6 / ASSUME["graviton_zstd3_mb_s"]) if zstd_here else ASSUME["arm_speed"])
     cpu_arm = measured.cpu_per_chunk / arm
-    rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log)
+    rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
                "segments", "chunks", "items", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
@@ -387,6 +396,7 @@ def run(ctx: Context) -> Section:
         "of which codec (store_chunk into a null store)": round(measured.codec_per_chunk, 3),
         "x-amz-content-sha256 of the worker's PUTs": ", ".join(sorted({h for run in runs for h in run.put_payload_hashes})) or "not recorded",
         "CPU per chunk assumed on arm64": f"{cpu_arm:.3f} s (x86 / {arm:.3f})",
+        "coordinators' CPU on arm64": f"measured here / {arm:.3f}, the same factor as the worker's",
         "zstd -3 -T1 on one chunk here (CPU s, best of 3)": round(zstd_here, 3) if zstd_here else "not measured (--arm-speed)",
         "arm64 speed vs this machine": (
             f"{arm:.3f} (zstd here / zstd on Graviton2 at {ASSUME['graviton_zstd3_mb_s']:g} MB/s)" if zstd_here else f"{arm:.3f} (given)"
@@ -399,7 +409,7 @@ def run(ctx: Context) -> Section:
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
         "simulation assumptions": ", ".join(
-            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "ARM_SPEED", "MAP_START_SECONDS",
+            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS",
                                                      "INVOKE_OVERHEAD_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
@@ -411,8 +421,8 @@ def run(ctx: Context) -> Section:
     )
     notes.append(
         "counted (scale simulation, the real code): every S3 request of Prepare, Plan and Finalize, the worker's requests per item"
-        " (process_item), history events and state transitions, rounds, items; measured: worker CPU per chunk (this machine, scaled"
-        " by --arm-speed), the coordinators' Python CPU; assumed: request latency, map start, S3 throughput in Lambda, prices, logs"
+        " (process_item), history events and state transitions, rounds, items; measured: worker CPU per chunk and the coordinators'"
+        " Python CPU (this machine, both scaled to Graviton2 by one factor: zstd -3 -T1 here, or --arm-speed); assumed: request latency, map start, S3 throughput in Lambda, prices, logs"
     )
     part_chunks = scale_sim.default_part_chunks(chunk, 1, scale_sim.DEFAULT_CONCURRENCY)
     packs = len(pack_sizes(DEFAULT_MAX_CHUNKS_PER_ITEM, contract.CHUNKS_PER_PACK))

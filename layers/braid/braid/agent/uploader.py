@@ -451,8 +451,12 @@ class StagingUpload:
                         "that was uploaded before the interruption; --resume needs the same stream: start a new backup"
                     )
         end = StreamEnd(lengths=lengths, segments=counts, usage=self._usage())
-        if self.stream_end is not None and self.stream_end != end:
-            raise InputError(f"the re-read inputs of {self.ref} ({lengths} bytes) differ from the completed upload ({self.stream_end.lengths})")
+        if self.stream_end is not None:
+            if self.stream_end.lengths != end.lengths or self.stream_end.segments != end.segments:
+                raise InputError(f"the re-read inputs of {self.ref} ({lengths} bytes) differ from the completed upload ({self.stream_end.lengths})")
+            # Resumed after the upload had finished: the record is there already. Writing it again could
+            # land after the pipeline published the backup and removed staging, leaving a stray record.
+            return self.stream_end
         self.area.write_stream_end(end)
         self.stream_end = end
         return end

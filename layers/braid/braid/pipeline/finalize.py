@@ -4,8 +4,10 @@ Correctness never rests on the map's own bookkeeping (on moto a failed
 DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
 reads the plan rounds and the workers' results itself (in parallel:
 StagingArea reads many records at once; the planner folded each map's
-results into one fold as the stream arrived, so these are a few folds and
-the last map's records, not one record per item), requires the rounds to tile every
+results into one fold and compacted every few dozen rounds with their
+results into one record as the stream arrived, so these are a few
+compactions, the last rounds and folds and the last map's records, not
+one record per item), requires the rounds to tile every
 input through its stream-end length and a result for every planned chunk
 that matches its place in the plan, and `finalize_backup` then checks every
 stored chunk's presence and size by LIST (1,000 per request; S3 verified
@@ -132,10 +134,11 @@ def finalize_step(
         if end is None:
             raise IntegrityError(f"backup {ref} reached Finalize before every staged segment was recorded")
         check_not_abandoned(ref, end)
-        rounds = area.read_rounds()
+        compacted_rounds, compacted = area.read_compactions()
+        rounds = area.read_rounds(compacted_rounds)
         rounds_cover_stream(ref, rounds, end, session)
         items: list[Usage] = []
-        entries = area.read_results(rounds, items)
+        entries = area.read_results(rounds, items, compacted=compacted)
 
         def usage(manifest: Manifest) -> Usage:
             assert end is not None

@@ -36,7 +36,7 @@ from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
-from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
+from braid.pipeline.replan import check_last_map, check_of, compact_idle, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -169,7 +169,9 @@ def plan_next_round(
     else:
         state = PlanCursor.from_json(cursor, len(session.inputs))
     deadline = now + max(0.0, watch_seconds)
-    state, again = check_last_map(area, state, now, fold=state.check is not None and not _all_planned(ref, area, state, session))
+    # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
+    # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
+    state, again = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None)
     if again:
         return _map_again(state, again)
     ready: list[SegmentRecord] = []
@@ -216,6 +218,10 @@ def plan_next_round(
                 "waiting", round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
                 cursor=state,
             )
+        compacted = compact_idle(area, state) if end is None else None
+        if compacted is not None:  # idle time put to use: poll again at once
+            state = compacted
+            continue
         sleep(pause)
 
 
@@ -234,12 +240,6 @@ def hold_step_failure(
     name, message = describe_error(error)
     state = hold_after_failure(area, state, now, step, name, message)
     return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
-
-
-def _all_planned(ref: BackupRef, area: StagingArea, state: PlanCursor, session: SessionRecord) -> bool:
-    """True when the stream has ended and every segment is planned: the last map is done, Finalize comes next."""
-    end = area.read_stream_end()
-    return end is not None and end.abandoned is None and stream_complete(ref, state, end, session)
 
 
 def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:

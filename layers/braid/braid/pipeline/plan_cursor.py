@@ -43,6 +43,7 @@ class PlanCursor:
     check: Mapping[str, Any] | None = None
     # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (braid.format.staging.hold).
     held: Mapping[str, Any] | None = None
+    compacted: int = 0  # rounds 1..compacted are in the planner's compactions (braid.pipeline.replan.compact_idle)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class PlanCursor:
             "lease": self.lease,
             "check": dict(self.check) if self.check is not None else None,
             "held": dict(self.held) if self.held is not None else None,
+            "compacted": self.compacted,
         }
 
     @classmethod
@@ -73,10 +75,11 @@ class PlanCursor:
                 lease=str(doc.get("lease", "")),
                 check=_mapping_or_none(doc.get("check"), ("key", "round", "attempt", "limit")),
                 held=_mapping_or_none(doc.get("held"), ("until", "released_by")),
+                compacted=int(doc.get("compacted", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid planner cursor in the execution state: {exc}") from None
-        if len(cursor.segments) != inputs or len(cursor.offsets) != inputs or cursor.rounds < 0 or cursor.chunks < 0:
+        if len(cursor.segments) != inputs or len(cursor.offsets) != inputs or cursor.rounds < 0 or cursor.chunks < 0 or cursor.compacted < 0:
             raise UsageError(f"invalid planner cursor in the execution state: {dict(doc)!r} for {inputs} inputs")
         return cursor
 
@@ -119,7 +122,7 @@ def recover_cursor(area: StagingArea, session: SessionRecord, now: float, idle_s
     cursor = replace(fresh_cursor(session, now), progress=now - idle_seconds)
     for found in area.read_rounds():
         cursor = replace(cursor.with_round(found, now), progress=now - idle_seconds, last_round=None)
-    return cursor
+    return replace(cursor, compacted=area.compacted_through())
 
 
 def lease_digest(raw: bytes | None) -> str:

@@ -19,6 +19,9 @@ nothing from the host but these objects:
     folds/round-RRRRR-AA.json    the results of one map's finished items, merged by
                                  the planner after that map (RoundFold): what
                                  Finalize reads instead of one record per item
+    compacted/rounds-FFFFF-LLLLL.json  rounds FFFFF..LLLLL and a result per item,
+                                 merged by the idle planner (RoundsCompaction):
+                                 what Finalize reads instead of their rounds and folds
     failures/NNNNNNNNNN.json     the error a worker raised for one map item
                                  (ItemFailure); Cleanup reports the first
     plans/retry-RRRRR-AA.json    items of round R without a result after its
