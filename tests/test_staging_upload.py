@@ -549,6 +549,22 @@ def test_the_uploader_needs_only_ports_a_directory_and_the_fake_will_do(tmp_path
     assert list(uploads.list_uploads("")) == []
 
 
+def test_resuming_a_finished_upload_does_not_write_the_stream_end_again(tmp_path: Any) -> None:
+    """The pipeline may publish the backup and remove its staging while a resumed agent re-reads the stream:
+    the agent must not then write the stream-end record again (a stray object in staging)."""
+    store = LocalStore(tmp_path / "repo")
+    data = stream(CHUNK * 8 + 77)
+    _, first_end = run(store, [data])
+    upload = resume(store, inputs=["/pipe0"])
+    with upload:
+        Feeder().feed(upload, [data])
+        area = StagingArea(store, REF)
+        store.delete([info.key for info in store.list(area.prefix)])  # Finalize removed staging meanwhile
+        end = upload.finish()
+    assert end == first_end
+    assert list(store.list(area.prefix)) == []
+
+
 # -- staging parts of several chunks ------------------------------------------------
 
 
