@@ -248,8 +248,16 @@ def test_an_idle_planner_compacts_finished_rounds_and_not_once_the_stream_has_en
         finish(store, ref, status)
         cursor = status.to_json()["cursor"]
     total = rounds + COMPACTION_ROUNDS
-    store.put(stream_end_key(ref), StreamEnd([total * 400], [total]).to_bytes())
-    done = watch(store, ref, clock, cursor, seconds=10)
+    # The stream-end record is there, its last segment's record not yet: the planner waits, idle, and still
+    # does not compact (Finalize is next; the time after stream end is not spent on it).
+    store.put(stream_end_key(ref), StreamEnd([total * 400 + 100], [total + 1]).to_bytes())
+    waiting = watch(store, ref, clock, cursor, seconds=10)
+    assert waiting.status == "waiting" and area.compacted_through() == COMPACTION_ROUNDS
+    store.put(segment_record_key(ref, 0, total), record(ref, 0, total, total * 400, 100).to_bytes())
+    last = watch(store, ref, clock, waiting.to_json()["cursor"], seconds=10)
+    assert last.status == "ready"
+    finish(store, ref, last)
+    done = watch(store, ref, clock, last.to_json()["cursor"], seconds=10)
     assert done.status == "done" and area.compacted_through() == COMPACTION_ROUNDS
 
 
