@@ -2,8 +2,8 @@
 
 One builder per kind of object, so the agent, the pipeline and the cleanup
 all name the same objects the same way; the parsers are the inverse of the
-builders for the two kinds that are found by listing (segment objects, whose
-multipart uploads are listed too, and plan rounds). docs/format.md lists the
+builders for the kinds that are found by listing (segment objects, whose
+multipart uploads are listed too, plan rounds, folds and compactions). docs/format.md lists the
 layout.
 """
 
@@ -54,10 +54,7 @@ def parse_segment_key(ref: BackupRef, key: str) -> tuple[int, int] | None:
     Takes repository-relative keys; a caller listing raw S3 keys strips the
     store's own prefix first (S3Store.object_key is the inverse).
     """
-    prefix = staging_prefix(ref)
-    if not key.startswith(prefix):
-        return None
-    match = _SEGMENT.fullmatch(key[len(prefix) :])
+    match = _relative_match(ref, key, _SEGMENT)
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
@@ -98,10 +95,7 @@ def round_key(ref: BackupRef, number: int) -> str:
 
 def parse_round_key(ref: BackupRef, key: str) -> int | None:
     """The round number of a round file's key, or None for any other key."""
-    prefix = staging_prefix(ref)
-    if not key.startswith(prefix):
-        return None
-    match = _ROUND.fullmatch(key[len(prefix) :])
+    match = _relative_match(ref, key, _ROUND)
     return int(match.group(1)) if match else None
 
 
@@ -160,6 +154,7 @@ def parse_compaction_key(ref: BackupRef, key: str) -> tuple[int, int] | None:
 
 
 def _relative_match(ref: BackupRef, key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """`pattern` matched against the part of `key` after the backup's staging prefix (None for a key outside it)."""
     prefix = staging_prefix(ref)
     return pattern.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
 
