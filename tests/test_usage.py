@@ -98,6 +98,17 @@ def test_the_billed_quantities_sum_by_price_class() -> None:
     assert cost_totals(billed, DEFAULT) == price(USAGE, DEFAULT).to_json(lines=False)
 
 
+def test_the_billed_figures_are_the_same_from_the_counted_use_and_from_its_record() -> None:
+    """`show` bills the manifest's record and `list` the summary Finalize wrote from the counted use:
+    each function's GB-seconds is rounded in the record, so the sum must round the same way in both."""
+    counted = Usage(functions={
+        "worker": FunctionUse(3, 1.0, 0.3125004), "plan": FunctionUse(2, 1.0, 0.2500004), "finalize": FunctionUse(1, 1.0, 0.1250004),
+    })
+    recorded = Usage.from_json(json.loads(json.dumps(counted.to_json())))
+    assert counted.billed() == recorded.billed()
+    assert counted.billed()["lambda_gb_seconds"] == 0.6875  # each rounded, then summed (not 0.687501)
+
+
 def test_lambda_bills_the_millisecond_and_express_the_100_ms_at_64_mb() -> None:
     assert billed_invocation(0.0101, 1024) == FunctionUse(1, 0.011, 0.011)
     assert billed_invocation(1.0, 1769).gb_seconds == pytest.approx(1769 / 1024)

@@ -214,7 +214,9 @@ class Usage:
 
     @property
     def lambda_gb_seconds(self) -> float:
-        return sum(f.gb_seconds for f in self.functions.values())
+        """The sum of what each function's record says (rounded first, exactly summed): the same figure
+        whether it comes from the counted use or from the record written of it, in any order."""
+        return math.fsum(_rounded(f.gb_seconds) for f in self.functions.values())
 
     def billed(self) -> Billed:
         """The quantities a bill is made of (BILLED_FIELDS), flat."""
