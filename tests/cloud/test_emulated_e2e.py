@@ -37,7 +37,7 @@ BRAID = ROOT / ".venv" / "bin" / "braid"
 MiB = 1024**2
 CHUNK = "5MiB"  # S3's minimum part size: the smallest chunk of a multi-part segment
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
+pytestmark = [pytest.mark.e2e, pytest.mark.cloud, pytest.mark.long]
 
 
 # -- the emulator -------------------------------------------------------------------

@@ -45,6 +45,8 @@ from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND  # noqa: E402
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, WATCH_SECONDS  # noqa: E402
 from braid.pipeline.worker import pack_sizes  # noqa: E402
 
+pytestmark = pytest.mark.long  # minutes of simulated 10 TiB backups: after the main suite (scripts/test-long)
+
 
 @pytest.fixture(scope="module")
 def calibration() -> WorkerRequests:
