@@ -83,7 +83,9 @@ EXPRESS_CHILD_SECONDS = contract.EXPRESS_CHILD_SECONDS
 LAMBDA_MAX_SECONDS = 900
 
 # History events AWS records per state visited (Standard execution).
-EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2}
+EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "inline_map": 4}
+# An inline Map's iteration in the execution's history: IterationStarted, the Worker Task's five, IterationSucceeded.
+INLINE_ITERATION_EVENTS = 7
 
 # Assumptions (every one is printed by scripts/bench cloud-model).
 REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
@@ -91,6 +93,7 @@ REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU
 FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
 ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
+INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions
 INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 LAMBDA_S3_MB_S = 90.0  # one Lambda's S3 throughput per stream
 LAMBDA_NIC_MB_S = 300.0  # one Lambda's total network
@@ -397,6 +400,13 @@ class Simulation:
     transitions: int  # Standard state transitions of the backup execution (billed)
     staged_byte_seconds: float  # raw bytes in staging x how long they stayed (until Finalize removed them)
     packs: int = 0  # stored objects of chunks: one worker PUT each (braid.contract.CHUNKS_PER_PACK chunks at most)
+    inline_items: int = 0  # of `items`, those the final round's inline Map ran (Task states of the execution, no Express child)
+    inline_seconds: float = 0.0  # of `worker_seconds`, theirs
+
+    @property
+    def express_items(self) -> int:
+        """Items run as Express children (billed per child and its duration)."""
+        return self.items - self.inline_items
 
     @property
     def seconds_after_stream_end(self) -> float:
@@ -545,6 +555,8 @@ def simulate(
         key, _ = load_data_key(store, keys, ref, repository.config.id)
         previous: dict[str, Any] | None = None
         items_total = 0
+        inline_total = 0
+        inline_seconds = 0.0
         worker_seconds = 0.0
         map_seconds = 0.0
         worker_invocations: Counter[int] = Counter()
@@ -570,11 +582,21 @@ def simulate(
                 clock.advance(status.wait_seconds)
                 continue
             turns["map"] += 1
-            events += EVENTS["map"]
             found = _round_items(store, status.items_key, status.round)
-            duration, billed = _run_items(store, ref, found, key, calibration, workers, worker_cpu, ratio, lanes, worker_invocations)
+            if status.inline_items:  # ProcessFinalRound: the items are in the state, each a Task state of the execution
+                assert list(status.inline_items) == found
+                turns["inline"] += 1
+                events += EVENTS["inline_map"] + INLINE_ITERATION_EVENTS * len(found)
+                inline_total += len(found)
+            else:
+                events += EVENTS["map"]
+            duration, billed = _run_items(
+                store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
+                worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
+            )
             items_total += len(found)
             worker_seconds += billed
+            inline_seconds += billed if status.inline_items else 0.0
             map_seconds += duration
             clock.advance(duration)
         publisher = NullPublisher()
@@ -585,7 +607,8 @@ def simulate(
             worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
-        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2  # Identify, Prepare; Plan + Choice; Wait | Map; Finalize, Succeed
+        # Identify, Prepare; Plan + Choice; Wait | Map; an inline map's Worker states; Finalize, Succeed
+        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
@@ -595,6 +618,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
+            inline_items=inline_total, inline_seconds=inline_seconds,
         )
 
 
@@ -635,9 +659,11 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
-    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int],
+    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int], *, start: float = MAP_START_SECONDS,
 ) -> tuple[float, float]:
-    """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds."""
+    """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds.
+
+    `start`: from the map state's start to its first items running (a Distributed Map run, or an inline Map)."""
     area = StagingArea(store, ref)
     saved, store.current = store.current, None  # counted through the calibration instead
     try:
@@ -662,4 +688,4 @@ def _run_items(
     for seconds in durations:  # longest first onto the least busy worker
         lanes_free.sort()
         lanes_free[0] += seconds
-    return MAP_START_SECONDS + max(lanes_free), sum(durations)
+    return start + max(lanes_free), sum(durations)

@@ -558,6 +558,30 @@ def test_the_worker_has_reserved_concurrency_and_the_map_is_clamped_to_it(templa
     assert _state(template, "ProcessChunks")["ToleratedFailureCount"] == 10_000  # failed items are planned again, not fatal
 
 
+def test_a_small_final_round_runs_as_an_inline_map_of_the_same_worker_with_the_same_retries(template: Template) -> None:
+    from braid import contract
+
+    final, chunks = _state(template, "ProcessFinalRound"), _state(template, "ProcessChunks")
+    assert final["ItemsPath"] == "$.plan.inline_items" and final["MaxConcurrency"] == contract.INLINE_MAP_MAX_ITEMS
+    assert final["ItemProcessor"]["ProcessorConfig"] == {"Mode": "INLINE"} and final["Next"] == "PlanSegments"
+    assert final["ResultPath"] is None  # nothing of the workers in the state
+    # The worker gets what a Distributed Map child gives it, and "inline" (its usage then bills its Task state).
+    assert final["ItemSelector"] == {**chunks["ItemSelector"], "inline": True}
+    worker, inline_worker = _state(template, "Worker"), _state(template, "StoreFinalItem")
+    assert {k: v for k, v in inline_worker.items() if k not in ("Catch", "End")} == {k: v for k, v in worker.items() if k != "End"}, (inline_worker, worker)
+    # A failed item fails only its iteration (the worker has recorded its error); the next PlanSegments plans it again.
+    assert inline_worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "FinalItemFailed"}]
+    assert _state(template, "FinalItemFailed") == {"Type": "Pass", "End": True}
+    assert final["Catch"] == chunks["Catch"][:1] + [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ProcessFinalRoundFailed"}]
+    # SegmentsReady? sends a ready round there only when PlanSegments says inline, before the Distributed Map's branch.
+    choices = _state(template, "SegmentsReady?")["Choices"]
+    assert choices[0] == {
+        "And": [{"Variable": "$.plan.status", "StringEquals": "ready"}, {"Variable": "$.plan.inline", "BooleanEquals": True}],
+        "Next": "ProcessFinalRound",
+    }
+    assert choices[1] == {"Variable": "$.plan.status", "StringEquals": "ready", "Next": "ProcessChunks"}
+
+
 def _prune_definition(template: Template) -> dict[str, Any]:
     (machine,) = [r for lid, r in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine").items() if lid.startswith("PrunePipeline")]
     assert machine["Properties"]["StateMachineType"] == "STANDARD"

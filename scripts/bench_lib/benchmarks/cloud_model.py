@@ -277,7 +277,7 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     p = PRICES
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
-    requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
+    requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
     put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
     coordinators = sum(i.seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
@@ -289,7 +289,8 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
         "lambda coordinators": coordinators * p["lambda_arm_gb_s"],
         "s3 PUT/LIST": put_class * p["s3_put_class"],
         "s3 GET": get_class * p["s3_get_class"],
-        "step functions children": sim.items * p["sfn_express_request"] + sim.worker_seconds * ASSUME["express_memory_gb"] * p["sfn_express_gb_s"],
+        "step functions children": sim.express_items * p["sfn_express_request"]
+        + (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"] * p["sfn_express_gb_s"],
         "step functions parent": sim.transitions * p["sfn_standard_transition"],
         "kms": (1 + workers_started + 1) * p["kms_request"],  # GenerateDataKey, Decrypt per worker container, Finalize
         "staging storage": held_gb_months * ASSUME["staging_gb_month"],

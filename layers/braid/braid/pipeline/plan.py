@@ -28,12 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from braid import contract
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
 from braid.pipeline.failure import describe_error
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
 from braid.pipeline.replan import check_last_map, check_of, compact_idle, hold_after_failure, watch_hold
@@ -53,6 +54,8 @@ class PlanStatus:
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
     cursor: PlanCursor | None = field(default=None, compare=False)
+    # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
+    inline_items: tuple[MapItem, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,6 +67,8 @@ class PlanStatus:
             "planned_chunks": self.planned_chunks,
             "idle_seconds": self.idle_seconds,
             "wait_seconds": self.wait_seconds,
+            "inline": bool(self.inline_items),
+            "inline_items": [item.to_json() for item in self.inline_items],
             **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
         }
 
@@ -302,13 +307,25 @@ def _plan_round(
     max_chunks_per_item: int,
     max_items: int,
 ) -> PlanStatus:
-    per_item = chunks_per_item(sum(r.parts for r in ready), max_concurrency, max_chunks_per_item, streaming=end is None)
-    chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-    found = area.write_round(state.rounds + 1, items_for_segments(chosen, session.chunk_size, state.chunks, per_item))
+    ready_chunks = sum(r.parts for r in ready)
+    per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
+    # After stream end, a round small enough runs as an inline Map: its items start at once, with no
+    # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
+    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None else None
+    items = items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item) if inline_per_item is not None else []
+    inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
+    if inline:
+        chosen = ready
+    else:
+        chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
+        items = items_for_segments(chosen, session.chunk_size, state.chunks, per_item)
+    found = area.write_round(state.rounds + 1, items)
+    inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
     if found.items and found.items[0].first_index != state.chunks:
         raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {found.items[0].first_index}, expected {state.chunks}")
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
+        inline_items=found.items if inline else (),
     )
 

@@ -18,6 +18,11 @@ Who counts what (docs/format.md, Usage):
   request the execution's role makes); at the end Finalize and
   BackupSucceeded (2). Express duration is each child's Worker duration,
   billed in 100 ms steps at 64 MB (braid.format.usage.express_gb_seconds).
+  A final round run inline (ProcessFinalRound) is the Map state's own
+  transition, no Express child and no ItemReader; each of its Workers is a
+  state of the execution, and its result record carries that transition
+  (INLINE_WORKER_TRANSITIONS), which is how its duration is known not to be
+  an Express child's.
   Task retries (each one another transition) and failed workers' attempts
   are not seen by any step, so these are lower bounds when a step retried.
 """
@@ -35,6 +40,7 @@ PLAN_TRANSITIONS = 2  # PlanSegments, SegmentsReady?
 FINISH_TRANSITIONS = 2  # Finalize, BackupSucceeded
 WORKER = "worker"
 ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
+INLINE_WORKER_TRANSITIONS = 1  # a Worker in the inline map: its Task state, in the execution's own bill
 
 
 def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
@@ -47,10 +53,12 @@ def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
         raise IntegrityError(f"the execution's state holds a malformed usage: {exc}") from None
 
 
-def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int) -> Usage:
+def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int, *, inline: bool = False) -> Usage:
     """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
     usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
-    if status == "ready":
+    if status == "ready" and inline:  # ProcessFinalRound; each Worker state counts itself
+        usage = usage + Usage(transitions=1)
+    elif status == "ready":
         usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
     elif status != "done":  # waiting, or held: WaitForSegments
         usage = usage + Usage(transitions=1)
@@ -58,11 +66,11 @@ def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int)
 
 
 def workers_usage(items: Iterable[Usage]) -> Usage:
-    """The workers' usage records added up, with each one's Express child duration."""
+    """The workers' usage records added up, with each one's Express child duration (none for a Worker run inline)."""
     total = Usage()
     for item in items:
         worker = item.functions.get(WORKER)
-        child = express_gb_seconds(worker.seconds) if worker is not None else 0.0
+        child = express_gb_seconds(worker.seconds) if worker is not None and not item.transitions else 0.0
         total = total + item + Usage(express_gb_seconds=child)
     return total
 
