@@ -95,6 +95,11 @@ ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the c
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
 INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions
 INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
+# A worker container's init (Python, the layer, the clients), billed since AWS bills the INIT phase. Containers are
+# reused: a round's items run first on the containers earlier rounds started (rounds are seconds to minutes apart,
+# well within the minutes Lambda keeps an idle container; AWS does not document how long), and only the rest start
+# cold, so the count is the run's peak concurrency, and the items beyond the warm ones start this much later.
+COLD_START_SECONDS = 1.0
 LAMBDA_S3_MB_S = 90.0  # one Lambda's S3 throughput per stream
 LAMBDA_NIC_MB_S = 300.0  # one Lambda's total network
 WORKER_CPU_SECONDS = 0.45  # per 64 MiB chunk on arm64 (zstd-3 + AES-GCM + CRCs): scripts/bench cloud-model measures it
@@ -402,6 +407,7 @@ class Simulation:
     packs: int = 0  # stored objects of chunks: one worker PUT each (braid.contract.CHUNKS_PER_PACK chunks at most)
     inline_items: int = 0  # of `items`, those the final round's inline Map ran (Task states of the execution, no Express child)
     inline_seconds: float = 0.0  # of `worker_seconds`, theirs
+    containers: int = 0  # worker containers started (cold starts): the peak of items running at once
 
     @property
     def express_items(self) -> int:
@@ -557,6 +563,7 @@ def simulate(
         items_total = 0
         inline_total = 0
         inline_seconds = 0.0
+        containers = 0
         worker_seconds = 0.0
         map_seconds = 0.0
         worker_invocations: Counter[int] = Counter()
@@ -590,9 +597,10 @@ def simulate(
                 inline_total += len(found)
             else:
                 events += EVENTS["map"]
-            duration, billed = _run_items(
+            duration, billed, containers = _run_items(
                 store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
                 worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
+                warm=containers,
             )
             items_total += len(found)
             worker_seconds += billed
@@ -618,7 +626,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
-            inline_items=inline_total, inline_seconds=inline_seconds,
+            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers,
         )
 
 
@@ -659,11 +667,13 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
-    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int], *, start: float = MAP_START_SECONDS,
-) -> tuple[float, float]:
-    """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds.
+    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int], *, start: float = MAP_START_SECONDS, warm: int = 0,
+) -> tuple[float, float, int]:
+    """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
+    the worker containers started so far.
 
-    `start`: from the map state's start to its first items running (a Distributed Map run, or an inline Map)."""
+    `start`: from the map state's start to its first items running (a Distributed Map run, or an inline Map).
+    `warm`: containers earlier rounds started; the round's other concurrent items first start one (COLD_START_SECONDS)."""
     area = StagingArea(store, ref)
     saved, store.current = store.current, None  # counted through the calibration instead
     try:
@@ -683,9 +693,17 @@ def _run_items(
             invocations[item.count] += 1
     finally:
         store.current = saved
-    durations = sorted((item_seconds(i.count, worker_cpu, i.chunk_size, ratio, lanes) for i in items), reverse=True)
-    lanes_free = [0.0] * max(1, min(workers, len(durations)))
-    for seconds in durations:  # longest first onto the least busy worker
+    durations = [item_seconds(i.count, worker_cpu, i.chunk_size, ratio, lanes) for i in items]
+    wall, containers = round_wall(durations, workers, warm, start)
+    return wall, sum(durations), containers
+
+
+def round_wall(durations: list[float], workers: int, warm: int, start: float) -> tuple[float, int]:
+    """A map round's wall time, its items (`durations`) run longest first on the least busy of up to `workers` containers,
+    `warm` of them already started and the others first paying COLD_START_SECONDS; and the containers started by its end."""
+    running = max(1, min(workers, len(durations)))
+    lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)
+    for seconds in sorted(durations, reverse=True):
         lanes_free.sort()
         lanes_free[0] += seconds
-    return start + max(lanes_free), sum(durations)
+    return start + max(lanes_free), max(warm, running if durations else 0)

@@ -24,6 +24,7 @@ if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_lib.scale_sim import (  # noqa: E402
+    COLD_START_SECONDS,
     EXPRESS_CHILD_SECONDS,
     FUNCTIONS,
     HISTORY_QUOTA,
@@ -35,6 +36,7 @@ from bench_lib.scale_sim import (  # noqa: E402
     WorkerRequests,
     calibrate_worker,
     item_seconds,
+    round_wall,
     simulate,
     simulate_end_phases,
 )
@@ -68,6 +70,18 @@ def test_the_worker_makes_a_get_per_chunk_range_a_put_per_pack_and_one_result_pu
         assert dict(calibration.of(chunks)) == {"GET": gets, "PUT": puts}, chunks
     # An item of 16 chunks (the default while streaming): 25 GETs, 5 packs (5, 5, 3, 2, 1) and the result.
     assert dict(calibration.of(16)) == {"GET": 25, "PUT": 6}
+
+
+def test_a_round_runs_its_items_on_warm_containers_first_and_starts_only_the_rest() -> None:
+    assert round_wall([8.0, 8.0], 500, warm=2, start=2.0) == (10.0, 2)
+    assert round_wall([8.0, 8.0], 500, warm=0, start=2.0) == (10.0 + COLD_START_SECONDS, 2)
+    assert round_wall([8.0, 8.0, 1.0], 2, warm=1, start=0.0) == (8.0 + COLD_START_SECONDS, 2)  # the short item waits for the warm one
+    assert round_wall([1.0] * 40, 500, warm=11, start=0.1) == (0.1 + COLD_START_SECONDS + 1.0, 40)
+    assert round_wall([3.0], 500, warm=40, start=0.0) == (3.0, 40)  # containers stay started
+
+
+def test_ten_tib_starts_containers_for_its_busiest_round_not_for_every_item(ten_tib: Simulation) -> None:
+    assert 0 < ten_tib.containers <= ten_tib.workers < ten_tib.items
 
 
 def test_the_simulated_ledger_stores_one_object_per_pack(ten_tib: Simulation) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 from bench_lib import s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
-from bench_lib.scale_sim import FUNCTIONS, TIB, Simulation
+from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
 from bench_lib.timing import run_command
 from braid import contract
 from braid.format.prices import DEFAULT as PRICE_TABLE
@@ -93,7 +93,6 @@ ASSUME = {
     # the model was first calibrated on. The worker's CPU here is scaled by (zstd here) / (zstd on Graviton2).
     "graviton_zstd3_mb_s": 232.0,
     "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine
-    "cold_start_s": 1.0,  # per worker container: init (billed) of Python + layer
     "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
     "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],  # S3 Standard, staging held from its segment's completion until Finalize removes it
     "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation
@@ -281,10 +280,10 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
     coordinators = sum(i.seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
-    workers_started = min(sim.workers, sim.items)
+    workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
     held_gb_months = sim.staged_byte_seconds / 1e9 / (30 * 86400)
     return {
-        "lambda compute (worker)": (sim.worker_seconds * gb + workers_started * ASSUME["cold_start_s"] * gb) * p["lambda_arm_gb_s"],
+        "lambda compute (worker)": (sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb) * p["lambda_arm_gb_s"],
         "lambda requests": (sim.items + len([i for i in sim.invocations if i.function != "worker"])) * p["lambda_request"],
         "lambda coordinators": coordinators * p["lambda_arm_gb_s"],
         "s3 PUT/LIST": put_class * p["s3_put_class"],
@@ -333,6 +332,8 @@ def rows_for(
                     "segments": sim.segments,
                     "chunks": sim.chunks,
                     "items": sim.items,
+                    "inline_items": sim.inline_items,  # the final round's, run as an inline Map
+                    "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
                     "rounds": sim.turns["map"],
                     "plan_calls": len(sim.by_function("plan")),
                     "s3_requests": sum((sim.requests() + sim.agent_requests).values()),
@@ -360,7 +361,7 @@ def run(ctx: Context) -> Section:
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
-               "segments", "chunks", "items", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
+               "segments", "chunks", "items", "inline_items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
         "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest (worst and best of"
         " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
@@ -410,8 +411,8 @@ def run(ctx: Context) -> Section:
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
         "simulation assumptions": ", ".join(
-            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS",
-                                                     "INVOKE_OVERHEAD_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
+            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS", "INLINE_MAP_START_SECONDS",
+                                                     "INVOKE_OVERHEAD_SECONDS", "COLD_START_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
     }
