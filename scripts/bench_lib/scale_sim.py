@@ -130,6 +130,13 @@ class Invocation:
     count: int = 1  # identical invocations this record stands for (workers)
     peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
     speed: float = ARM_SPEED  # Graviton2 per-core speed vs this machine, the CPU figure's divisor (simulate(cpu_speed=...))
+    cold: bool = False  # the function's container starts first (COLD_START_SECONDS, billed): a step run once per backup
+    warmed: bool = False  # its container was started ahead by an asynchronous warm-up (WarmFinalize): billed, not waited for
+
+    @property
+    def billed_seconds(self) -> float:
+        """What Lambda bills: the modelled duration, and a container start a warm-up made ahead."""
+        return self.seconds + (COLD_START_SECONDS if self.warmed else 0.0)
 
     @property
     def timeout(self) -> int:
@@ -147,6 +154,7 @@ class Invocation:
         per_request = REQUEST_SECONDS + REQUEST_CPU_SECONDS / vcpu
         self.seconds = self.watched + (sequential + waves) * per_request + sum(self.parallel.values()) * REQUEST_CPU_SECONDS / vcpu
         self.seconds += self.cpu / self.speed / vcpu
+        self.seconds += COLD_START_SECONDS if self.cold else 0.0
         return self.seconds
 
 
@@ -537,8 +545,8 @@ def simulate(
         agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
         clock.agent = agent
 
-        def invoke(function: str, call: Any) -> Any:
-            invocation = Invocation(function, speed=cpu_speed)
+        def invoke(function: str, call: Any, *, cold: bool = False, warmed: bool = False) -> Any:
+            invocation = Invocation(function, speed=cpu_speed, cold=cold and not warmed, warmed=warmed)
             store.current = invocation
             clock.watched = 0.0
             if trace_memory:
@@ -556,7 +564,10 @@ def simulate(
                 invocations.append(invocation)
                 clock.advance(invocation.model() - invocation.watched)
 
-        invoke("prepare", lambda: prepare_backup(store, keys, ref))
+        # Prepare, the first Plan call and Finalize each start a container, once per backup; Finalize's is started
+        # ahead (WarmFinalize) when a round is planned after stream end, else it is in the time after stream end.
+        invoke("prepare", lambda: prepare_backup(store, keys, ref), cold=True)
+        warmed = False
         events += EVENTS["task"]
         key, _ = load_data_key(store, keys, ref, repository.config.id)
         previous: dict[str, Any] | None = None
@@ -576,6 +587,7 @@ def simulate(
                     poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
                     watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep,
                 ),
+                cold=previous is None,
             )
             previous = status.to_json()
             events += EVENTS["task"] + EVENTS["choice"]
@@ -589,6 +601,10 @@ def simulate(
                 clock.advance(status.wait_seconds)
                 continue
             turns["map"] += 1
+            if status.final:  # WarmFinalize (an asynchronous invoke: nothing waits for it) and FinalRoundInline?
+                events += EVENTS["task"] + EVENTS["choice"]
+                turns["warm"] += 1
+                warmed = True
             found = _round_items(store, status.items_key, status.round)
             if status.inline_items:  # ProcessFinalRound: the items are in the state, each a Task state of the execution
                 assert list(status.inline_items) == found
@@ -608,15 +624,15 @@ def simulate(
             map_seconds += duration
             clock.advance(duration)
         publisher = NullPublisher()
-        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref))
+        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True, warmed=warmed)
         events += EVENTS["task"] + EVENTS["succeed"]
         for chunks, n in worker_invocations.items():
             worker = Invocation("worker", requests=calibration.of(chunks), count=n)
             worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
-        # Identify, Prepare; Plan + Choice; Wait | Map; an inline map's Worker states; Finalize, Succeed
-        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + inline_total + 2
+        # Identify, Prepare; Plan + Choice; Wait | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker states; Finalize, Succeed
+        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)

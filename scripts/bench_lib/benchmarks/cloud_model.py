@@ -279,12 +279,12 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
     put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
-    coordinators = sum(i.seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
+    coordinators = sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
     workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
     held_gb_months = sim.staged_byte_seconds / 1e9 / (30 * 86400)
     return {
         "lambda compute (worker)": (sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb) * p["lambda_arm_gb_s"],
-        "lambda requests": (sim.items + len([i for i in sim.invocations if i.function != "worker"])) * p["lambda_request"],
+        "lambda requests": (sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"]) * p["lambda_request"],
         "lambda coordinators": coordinators * p["lambda_arm_gb_s"],
         "s3 PUT/LIST": put_class * p["s3_put_class"],
         "s3 GET": get_class * p["s3_get_class"],

@@ -56,6 +56,7 @@ class PlanStatus:
     cursor: PlanCursor | None = field(default=None, compare=False)
     # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
     inline_items: tuple[MapItem, ...] = ()
+    final: bool = False  # a round planned after stream end (the state machine warms Finalize's container for it)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class PlanStatus:
             "idle_seconds": self.idle_seconds,
             "wait_seconds": self.wait_seconds,
             "inline": bool(self.inline_items),
+            "final": self.final,
             "inline_items": [item.to_json() for item in self.inline_items],
             **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
         }
@@ -326,6 +328,6 @@ def _plan_round(
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (),
+        inline_items=found.items if inline else (), final=end is not None,
     )
 
