@@ -73,6 +73,14 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.stderr.write(f"{BRAID} is missing: run scripts/setup first\n")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The CLI end to end on the emulated cloud (marked both `e2e` and `cloud`: an emulator per module, seconds per
+    backup) is `long`: it runs after the main suite (scripts/test-long), which stays under its 10 minutes."""
+    for item in items:
+        if item.get_closest_marker("e2e") and item.get_closest_marker("cloud"):
+            item.add_marker(pytest.mark.long)
+
+
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The emulated cloud (scripts/emulated-aws) a test module shares, stopped after it.

@@ -49,7 +49,7 @@ from braid.format.manifest import open_manifest
 
 MiB = 1024**2
 CHUNK = "5MiB"
-pytestmark = [pytest.mark.e2e, pytest.mark.cloud, pytest.mark.long]
+pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
 # What a backup and its restore do to S3, agent and pipeline together: each must have failed at least once.
 REQUEST_KINDS = {

@@ -38,7 +38,7 @@ BRAID = ROOT / ".venv" / "bin" / "braid"
 MiB = 1024**2
 CHUNK = "5MiB"  # S3's minimum part size: the smallest chunk of a multi-part segment
 
-pytestmark = [pytest.mark.e2e, pytest.mark.cloud, pytest.mark.long]
+pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
 
 # -- the emulator -------------------------------------------------------------------
