@@ -55,6 +55,14 @@ __all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKE
 
 # Errors after which the backup can never finish: Cleanup, not a hold.
 FINAL_ERRORS = list(contract.FINAL_PIPELINE_ERRORS)
+# What each map gives a Worker (braid.pipeline.worker.WorkerEvent): the backup, its repository and level, one item.
+WORKER_EVENT = {
+    "backup.$": "$.backup",
+    "prefix.$": "$.prefix",
+    "repository.$": "$.prepared.repository",
+    "level.$": "$.prepared.level",
+    "item.$": "$$.Map.Item.Value",
+}
 
 
 class BackupPipeline(Construct):
@@ -87,13 +95,7 @@ class BackupPipeline(Construct):
             item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
             # The input's --fan-out clamped by PlanSegments to the worker's reserved concurrency.
             max_concurrency_path="$.plan.max_concurrency",
-            item_selector={
-                "backup.$": "$.backup",
-                "prefix.$": "$.prefix",
-                "repository.$": "$.prepared.repository",
-                "level.$": "$.prepared.level",
-                "item.$": "$$.Map.Item.Value",
-            },
+            item_selector=WORKER_EVENT,
             result_path=sfn.JsonPath.DISCARD,
             label="chunks",
             map_execution_type=sfn.StateMachineType.EXPRESS,
@@ -122,14 +124,7 @@ class BackupPipeline(Construct):
             items_path="$.plan.inline_items",
             # PlanSegments plans an inline round only within the input's --fan-out as well.
             max_concurrency=contract.INLINE_MAP_MAX_ITEMS,
-            item_selector={
-                "backup.$": "$.backup",
-                "prefix.$": "$.prefix",
-                "repository.$": "$.prepared.repository",
-                "level.$": "$.prepared.level",
-                "item.$": "$$.Map.Item.Value",
-                "inline": True,
-            },
+            item_selector={**WORKER_EVENT, "inline": True},  # its usage then bills its own Task state
             result_path=sfn.JsonPath.DISCARD,
         )
         process_final.item_processor(final_worker)
