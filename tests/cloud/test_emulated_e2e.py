@@ -605,12 +605,15 @@ def test_a_worker_failing_past_every_retry_holds_the_backup_and_resume_finishes_
     sfn = emulator.client("stepfunctions")
     (execution,) = [e for e in sfn.list_executions(stateMachineArn=machine)["executions"] if e["name"] == ref]
     # The stream's one round ran inline (ProcessFinalRound: its failed worker caught in its iteration),
-    # then each re-plan as a Distributed Map run, which tolerated its failed item.
+    # then each re-plan as a Distributed Map run, which tolerated its failed item. The first round is
+    # a map run as well when a Plan poll fell between the segment's record and the stream-end record
+    # (the agent writes them milliseconds apart): then it was planned before the end, as a streaming round.
     history = [e for page in sfn.get_paginator("get_execution_history").paginate(executionArn=execution["executionArn"]) for e in page["events"]]
     entered = Counter(e["stateEnteredEventDetails"]["name"] for e in history if e["type"].endswith("StateEntered"))
-    assert (entered["ProcessFinalRound"], entered["StoreFinalItem"], entered["FinalItemFailed"], entered["ProcessChunks"]) == (1, 1, 1, 2), entered
+    inline = entered["ProcessFinalRound"]
+    assert (inline, entered["StoreFinalItem"], entered["FinalItemFailed"], entered["ProcessChunks"]) in ((1, 1, 1, 2), (0, 0, 0, 3)), entered
     runs = [sfn.describe_map_run(mapRunArn=r["mapRunArn"]) for r in sfn.list_map_runs(executionArn=execution["executionArn"])["mapRuns"]]
-    assert len(runs) == 2 and all(r["status"] == "SUCCEEDED" and r["itemCounts"]["failed"] == 1 for r in runs), runs
+    assert len(runs) == 3 - inline and all(r["status"] == "SUCCEEDED" and r["itemCounts"]["failed"] == 1 for r in runs), runs
     assert emulator.keys("manifests/") == [] and any(k.endswith("held.json") for k in emulator.keys("staging/"))
     held_at = time.time()
 

@@ -93,7 +93,9 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     history = execution_history(cloud, ref)
     entered = Counter(e["stateEnteredEventDetails"]["name"] for e in history if e["type"].endswith("StateEntered"))
     inline, warmed = entered["StoreFinalItem"], entered["WarmFinalize"]
-    assert inline == items and warmed == 1  # this stream ends before a streaming round: its one round runs inline
+    # This stream's one segment is recorded milliseconds before its end: its one round runs inline, warmed, unless a
+    # Plan poll fell between the two records and planned it as a streaming round (a map run, no warm-up).
+    assert (inline, warmed) in ((items, 1), (0, 0)), entered
     assert (functions["prepare"]["invocations"], functions["worker"]["invocations"], functions["finalize"]["invocations"]) == (1, items, 1 + warmed)
     assert plans >= rounds + 1  # every round, then "done"
     worker = functions["worker"]
