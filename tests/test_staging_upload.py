@@ -21,7 +21,7 @@ from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import buffers_needed, check_part_chunks, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_segment_parts
 from braid.agent.resume import part_matches
 from braid.agent.throttle import TokenBucket
 from braid.agent.uploader import StagingUpload
@@ -569,20 +569,22 @@ def test_resuming_a_finished_upload_does_not_write_the_stream_end_again(tmp_path
 
 
 def test_part_chunks_follow_the_agents_buffers() -> None:
-    """Parts of up to 256 MiB, shrunk until every input's unfinished part and 3 parts being sent fit in
+    """Parts of up to 256 MiB, shrunk until every input's unfinished part and 2 parts being sent fit in
     (inputs + concurrency + 1) buffers; a resumed upload with too little --concurrency is refused."""
     mib = 1024**2
-    assert default_part_chunks(64 * mib, 1, 8) == 2  # the defaults: 128 MiB parts, 4 of them in flight
-    assert default_part_chunks(64 * mib, 2, 8) == 2
-    assert default_part_chunks(64 * mib, 4, 8) == 1
+    assert DEFAULT_CONCURRENCY == 11
+    assert default_part_chunks(64 * mib, 1, DEFAULT_CONCURRENCY) == 4  # the defaults: 256 MiB parts, 2 in flight, 13 buffers
+    assert (1 + DEFAULT_CONCURRENCY + 1) * 64 * mib < 1024**3  # under 1 GiB of chunk buffers at the defaults
+    assert default_part_chunks(64 * mib, 2, DEFAULT_CONCURRENCY) == 3
+    assert default_part_chunks(64 * mib, 4, DEFAULT_CONCURRENCY) == 2
     assert default_part_chunks(64 * mib, 1, 1) == 1
-    assert [default_part_chunks(64 * mib, 1, c) for c in (9, 10, 13, 14, 64)] == [2, 3, 3, 4, 4]  # 256 MiB at most
-    assert default_part_chunks(8 * mib, 1, 38) == 10  # (1 + 3) x 10 = 40 buffers = 1 + 38 + 1
+    assert [default_part_chunks(64 * mib, 1, c) for c in (5, 8, 9, 10, 64)] == [2, 3, 3, 4, 4]  # 256 MiB at most
+    assert default_part_chunks(8 * mib, 1, 38) == 13  # (1 + 2) x 13 = 39 buffers <= 1 + 38 + 1
     assert default_part_chunks(2 * 1024 * mib, 1, 64) == 1  # no part beyond 5 GiB
     for inputs in (1, 2, 3, 8):
         for concurrency in (1, 2, 5, 8, 16, 64):
             chunks = default_part_chunks(64 * mib, inputs, concurrency)
-            assert (inputs + 3) * chunks <= inputs + concurrency + 1 or chunks == 1
+            assert (inputs + 2) * chunks <= inputs + concurrency + 1 or chunks == 1
             check_part_chunks(chunks, inputs, concurrency)
     with pytest.raises(UsageError, match="use --concurrency 6 or more"):
         check_part_chunks(4, 1, 5)

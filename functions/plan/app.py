@@ -1,15 +1,18 @@
 """Plan Lambda: turn newly completed staging segments into the next map round.
 
 Event: the state ({execution input..., "plan": previous result or absent}).
-Returns (state $.plan): {"status": "ready"|"waiting"|"done", "round", "items_key",
+Returns (state $.plan): {"status": "ready"|"waiting"|"sleeping"|"done", "round", "items_key",
 "items_object" (full S3 key for the ItemReader), "items", "chunks", "inline" and
 "inline_items" (a small final round the inline Map runs, its items in the state),
 "final" (planned after stream end: the state machine warms Finalize first),
-"planned_chunks", "idle_seconds", "wait_seconds", "cursor", "max_concurrency"
+"planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
+"wake_object" (full S3 key of the wake record: braid.format.staging.wake), "cursor", "max_concurrency"
 (the input's, clamped to the worker's reserved concurrency), "usage" (every call's
 so far, with the states they ran: braid.pipeline.usage)}. The cursor is
 what the next call continues from (braid.pipeline.plan_cursor); each call
-watches staging for up to braid.pipeline.pacing.WATCH_SECONDS.
+watches staging for up to braid.pipeline.pacing.WATCH_SECONDS, or says
+"sleeping" at once when the next round is far off (SleepUntilWoken then
+waits for the agent's wake: braid.format.staging.wake).
 
 As the Hold state (the event has a new "failed" and the caught "error"): a step
 after Prepare failed; the backup is held for `braid backup --resume`
@@ -22,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from braid.adapters.aws.lambda_env import repository_store, worker_concurrency
+from braid.format.staging import wake_key
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, memory_mb, pipeline_handler
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, watch_seconds
@@ -53,6 +57,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 cursor=carried_cursor(event.get("plan")),
                 watch_seconds=watch_seconds(context.get_remaining_time_in_millis() / 1000 if context is not None else None),
                 min_round_seconds=MIN_ROUND_SECONDS,
+                may_sleep=True,  # SleepUntilWoken waits for the agent's wake (braid.format.staging.wake)
             )
     carried = carried_usage(event.get("plan"), "$.plan")
     if failure is not None:
@@ -67,6 +72,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return {
         **status.to_json(),
         "items_object": store.object_key(status.items_key) if status.items_key else "",
+        # Where SleepUntilWoken writes the task token for the agent, by its full S3 key.
+        "wake_object": store.object_key(wake_key(request.ref)),
         "max_concurrency": max_concurrency,  # what the map runs at once ($.plan.max_concurrency)
         "usage": usage.to_json(),
         "hold_id": str((event.get("plan") or {}).get("hold_id", "")),  # carried: $.failed stays in the state

@@ -116,6 +116,11 @@ class HostAccess(Construct):
                 ),
                 iam.PolicyStatement(sid="StartBackups", actions=["states:StartExecution"], resources=[state_machine.state_machine_arn]),
                 iam.PolicyStatement(sid="FollowBackups", actions=["states:DescribeExecution"], resources=[executions]),
+                # The agent wakes its sleeping backup pipeline with the task token the pipeline left in the backup's
+                # staging (braid.format.staging.wake). A callback names no resource, only its token, so AWS allows
+                # no narrower Resource; the token is a secret the host reads from its own staging alone, and the
+                # state discards what is sent, so a wake can only make the planner look sooner.
+                iam.PolicyStatement(sid="WakeBackups", actions=["states:SendTaskSuccess"], resources=["*"]),
                 *verifying,
             ],
         )

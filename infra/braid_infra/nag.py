@@ -28,6 +28,7 @@ from braid_infra.storage import (
     SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
+    WAKE_OBJECTS,
 )
 from braid_infra.verify_pipeline import MAP_LABEL as VERIFY_MAP_LABEL
 
@@ -104,6 +105,9 @@ def suppress_findings(stack: BraidStack) -> None:
     machine_policy = machine.role.node.find_child("DefaultPolicy")
     _machine(stack, machine, backup_steps, "chunks", bucket)
     acknowledge(machine_policy, wildcard(f"{bucket}/{STAGING_OBJECTS}"), "The map's ItemReader reads plan rounds under staging/.")
+    acknowledge(
+        machine_policy, wildcard(f"{bucket}/{WAKE_OBJECTS}"), "SleepUntilWoken writes each backup's wake record (staging/NAME/ID/wake), named per backup.",
+    )
     prune = stack.prune.state_machine
     _machine(stack, prune, prune_steps, "sweep", bucket)
     acknowledge(prune.role.node.find_child("DefaultPolicy"), wildcard(f"{bucket}/{PRUNE_OBJECTS}"), "The map's ItemReader reads the run's items under prune/.")
@@ -136,6 +140,10 @@ def suppress_findings(stack: BraidStack) -> None:
             agent, wildcard(f"{bucket}/{record}"), "braid list --incomplete reads this small record (no database bytes) of every backup in staging."
         )
     acknowledge(agent, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "The agent reads manifests to confirm a backup was published.")
+    acknowledge(
+        agent, wildcard("*"),
+        "states:SendTaskSuccess only: a callback is authorized by its task token, not a resource; the agent reads its own backup's token.",
+    )
     acknowledge(agent, wildcard(f"{bucket}/{CATALOG_OBJECTS}"), OBJECTS[CATALOG_OBJECTS] + " The agent only reads them (braid list).")
     acknowledge(
         agent,

@@ -3,7 +3,7 @@
     Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─────────► ProcessChunks ─────┐
                               ▲   ▲           │        └─ready, final─► WarmFinalize ─► FinalRoundInline?
                               │   │           │            ProcessChunks ◄─┘  └─inline─► ProcessFinalRound ─┤
-                              │   │           │ waiting                                      │
+                              │   │           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
                               │   └─ WaitForSegments                                         │
                               └──────────────────────────────────────────────────────────────┘
                                               │ done
@@ -18,7 +18,10 @@ refuses a backup other than the one the execution is named after, and
 Cleanup then deletes nothing (braid.pipeline.execution_input.check_execution).
 
 The wait loop lets the fan-out of finished segments start while later
-segments still upload. ProcessChunks is a Distributed Map reading a plan
+segments still upload. When the next round is far off, PlanSegments says
+"sleeping" and SleepUntilWoken waits for the agent to send back the task
+token it writes to the backup's staging (braid.format.staging.wake), or for
+its timeout, rather than a Plan function billed while it watches. ProcessChunks is a Distributed Map reading a plan
 round from S3 (ItemReader), MaxConcurrency from the execution input, with
 EXPRESS child workflows (billed per child, not per state transition; see
 braid.pipeline.item_sizing) running the Worker with retries on Lambda
@@ -40,6 +43,7 @@ container after the last round.
 
 from __future__ import annotations
 
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
@@ -49,7 +53,7 @@ from braid import contract
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
 from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
-from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, Storage
+from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, WAKE_OBJECTS, Storage
 
 __all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
 
@@ -130,6 +134,35 @@ class BackupPipeline(Construct):
         process_final.item_processor(final_worker)
 
         wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path("$.plan.wait_seconds"))
+        # PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): rather than
+        # a Plan function billed while it watches, this state writes its task token to the backup's staging (the wake
+        # record, braid.format.staging.wake: "CHUNKS AFTER TOKEN") and waits for the agent to send it back
+        # (SendTaskSuccess) once the round's chunks are recorded or the stream has ended; its timeout (the planner's
+        # wait_seconds) wakes it in any case. Whatever the agent sends is discarded: a wake can only make the
+        # planner look sooner. A failure to write the record waits in WaitForSegments instead.
+        sleep = tasks.CallAwsService(
+            self,
+            "SleepUntilWoken",
+            state_name="SleepUntilWoken",
+            service="s3",
+            action="putObject",
+            iam_action="s3:PutObject",
+            iam_resources=[storage.arn(WAKE_OBJECTS)],
+            parameters={
+                "Bucket": storage.bucket.bucket_name,
+                "Key": sfn.JsonPath.string_at("$.plan.wake_object"),
+                "Body": sfn.JsonPath.format(
+                    "{} {} {}", sfn.JsonPath.string_at("$.plan.wake_chunks"), sfn.JsonPath.string_at("$.plan.wake_after_seconds"),
+                    sfn.JsonPath.task_token,
+                ),
+            },
+            integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
+            task_timeout=sfn.Timeout.at("$.plan.wait_seconds"),
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        sleep.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(1), max_attempts=2, backoff_rate=2.0)
+        sleep.add_catch(plan, errors=["States.Timeout"], result_path=sfn.JsonPath.DISCARD)
+        sleep.add_catch(wait, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
         succeeded = sfn.Succeed(self, "BackupSucceeded", state_name="BackupSucceeded")
         failed = sfn.Fail(self, "BackupFailed", state_name="BackupFailed", error_path="$.failure.error", cause_path="$.failure.cause")
         cleanup_failed = sfn.Fail(
@@ -204,6 +237,7 @@ class BackupPipeline(Construct):
         )
         choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
         choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
+        choice.when(sfn.Condition.string_equals("$.plan.status", "sleeping"), sleep.next(plan))
         choice.otherwise(wait.next(plan))
 
         identify = sfn.Pass(

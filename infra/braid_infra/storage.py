@@ -62,11 +62,13 @@ from constructs import Construct
 from braid.errors import UsageError
 from braid.format import layout
 from braid.format.lock import ObjectLock
+from braid.format.staging import keys as staging_keys
 
 # Repository-relative key patterns for IAM resources and conditions, from the
 # package's one repository layout (braid.format.layout), never retyped here.
 CONFIG = layout.CONFIG
 STAGING_OBJECTS = f"{layout.STAGING}*"
+WAKE_OBJECTS = f"{layout.STAGING}*/{staging_keys.WAKE}"  # the sleeping pipeline's wake records (braid.format.staging.wake)
 DATA_OBJECTS = f"{layout.DATA}*"
 MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune

@@ -55,6 +55,7 @@ from typing import Any
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
 from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.agent.wake import POKE_INTERVAL_SECONDS
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import AlreadyExistsError, NotFoundError
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
@@ -66,11 +67,12 @@ from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.staging.area import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.keys import agent_lease_key
+from braid.format.staging.wake import ONLY_AT_END
 from braid.format.timestamps import utc_now
 from braid.pipeline import item_flow
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
 from braid.pipeline.finalize import finalize_step
-from braid.pipeline.pacing import MIN_ROUND_SECONDS, WATCH_SECONDS, round_interval
+from braid.pipeline.pacing import MIN_ROUND_SECONDS, ROUND_TARGET_CHUNKS, WATCH_SECONDS, round_interval
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, pack_sizes, packs_of, process_item
@@ -83,7 +85,7 @@ EXPRESS_CHILD_SECONDS = contract.EXPRESS_CHILD_SECONDS
 LAMBDA_MAX_SECONDS = 900
 
 # History events AWS records per state visited (Standard execution).
-EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "inline_map": 4}
+EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "inline_map": 4, "callback": 6}
 # An inline Map's iteration in the execution's history: IterationStarted, the Worker Task's five, IterationSucceeded.
 INLINE_ITERATION_EVENTS = 7
 
@@ -100,6 +102,9 @@ INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 # well within the minutes Lambda keeps an idle container; AWS does not document how long), and only the rest start
 # cold, so the count is the run's peak concurrency, and the items beyond the warm ones start this much later.
 COLD_START_SECONDS = 1.0
+# From the agent's segment (or stream-end) record to the sleeping planner's next call: the agent's GET of the wake
+# record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake).
+WAKE_SECONDS = 0.2
 LAMBDA_S3_MB_S = 90.0  # one Lambda's S3 throughput per stream
 LAMBDA_NIC_MB_S = 300.0  # one Lambda's total network
 WORKER_CPU_SECONDS = 0.45  # per 64 MiB chunk on arm64 (zstd-3 + AES-GCM + CRCs): scripts/bench cloud-model measures it
@@ -473,6 +478,7 @@ class _Agent:
             if not self.ended and now >= self.end_at and self.next_segment == self.segments:
                 self.area.write_stream_end(StreamEnd([self.total], [self.segments]))
                 self.requests["PUT"] += 1
+                self.requests["GET"] += 1  # the wake record, read at the end
                 self.ended = True
         finally:
             self.store.current = saved
@@ -485,8 +491,28 @@ class _Agent:
         self.store.put_sized(record.key, length)  # the completed multipart object (by size)
         self.completed.append(((offset + length) / self.rate, length, record.key))
         self.area.write_segment_record(record)
-        # CreateMultipartUpload, UploadPart per part (of part_chunks chunks), CompleteMultipartUpload, the record's PUT.
+        # CreateMultipartUpload, UploadPart per part (of part_chunks chunks), CompleteMultipartUpload, the record's PUT;
+        # then the GET of the wake record (braid.agent.wake: after every segment record, and at the end).
         self.requests["PUT"] += 1 + math.ceil(chunks / self.session.part_chunks) + 1 + 1
+        self.requests["GET"] += 1
+
+    def wake_time(self, now: float, chunks: int, after: float, timeout: float) -> tuple[float, bool]:
+        """When the agent wakes a planner that went to sleep at `now` (braid.agent.wake), or the sleep's timeout:
+        (the moment, woken). The agent reads the wake record at each segment record it writes (the first of them starts
+        its `after` clock) and at the stream's end; one that has ended already pokes while it waits for the pipeline."""
+        limit = now + timeout
+        if self.ended:
+            return now + POKE_INTERVAL_SECONDS + WAKE_SECONDS, True
+        first_read: float | None = None
+        for number in range(self.next_segment, self.segments):
+            end_byte = min(self.total, (number + 1) * self.seg_bytes)
+            when = end_byte / self.rate
+            if when > limit:
+                return limit, False
+            first_read = when if first_read is None else first_read
+            if chunks != ONLY_AT_END and math.ceil(end_byte / self.session.chunk_size) >= chunks and when - first_read >= after:
+                return when + WAKE_SECONDS, True
+        return (max(now, self.end_at) + WAKE_SECONDS, True) if self.end_at <= limit else (limit, False)
 
 
 class _Clock:
@@ -585,7 +611,7 @@ def simulate(
                 lambda cursor=cursor: plan_next_round(
                     store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
                     poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
-                    watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep,
+                    watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
                 ),
                 cold=previous is None,
             )
@@ -599,6 +625,13 @@ def simulate(
                 events += EVENTS["wait"]
                 turns["wait"] += 1
                 clock.advance(status.wait_seconds)
+                continue
+            if status.status == "sleeping":  # SleepUntilWoken: the state machine's PUT of the wake record, then the agent's wake
+                events += EVENTS["callback"]
+                turns["sleep"] += 1
+                wake_at, woken = agent.wake_time(clock.now, status.wake_chunks, status.wake_after_seconds, status.wait_seconds)
+                turns["woken" if woken else "slept_out"] += 1
+                clock.advance(max(0.0, wake_at - clock.now))
                 continue
             turns["map"] += 1
             if status.final:  # WarmFinalize (an asynchronous invoke: nothing waits for it) and FinalRoundInline?
@@ -631,8 +664,9 @@ def simulate(
             worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
-        # Identify, Prepare; Plan + Choice; Wait | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker states; Finalize, Succeed
-        transitions = 2 + 2 * plans + turns["wait"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
+        # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker
+        # states; Finalize, Succeed
+        transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
@@ -649,27 +683,29 @@ def simulate(
 END_PHASES = 6  # stream ends sampled across one round period (end_phase_sizes)
 
 
-def end_phase_sizes(tib: float, stream_mb_s: float, phases: int = END_PHASES) -> list[float]:
+def end_phase_sizes(tib: float, stream_mb_s: float, phases: int = END_PHASES, chunk_size: int = 64 * MiB) -> list[float]:
     """Backup sizes (TiB) whose streams end at `phases` evenly spread points of one round period.
 
     The time after stream end depends on where in the planner's round
     cycle the stream happens to end: just after a round started, the last
     segment waits for that whole round (its map start and its longest item)
     before the final round can begin; just before, it joins the next one at
-    once. Rounds are `round_interval(age)` apart (pacing), so taking
+    once. Rounds are `round_interval(age)` apart and carry at least
+    ROUND_TARGET_CHUNKS (pacing.round_due), so taking
     `phases` sizes that shorten the stream by 0, 1/phases, ... of one round
     period's worth of data samples every end phase at the same rate, the
     same fan-out and within ~1% of the size. A guarantee ("within 15 s of
     stream end") is judged on the worst of them, never on a lucky phase.
     """
     total = tib * TIB
-    period_bytes = round_interval(total / (stream_mb_s * 1e6)) * stream_mb_s * 1e6
+    period_bytes = max(round_interval(total / (stream_mb_s * 1e6)) * stream_mb_s * 1e6, ROUND_TARGET_CHUNKS * chunk_size)
     return [(total - k * period_bytes / phases) / TIB for k in range(phases)]
 
 
 def simulate_end_phases(tib: float, stream_mb_s: float, workers: int, phases: int = END_PHASES, **options: Any) -> list[Simulation]:
     """`simulate` at every size of end_phase_sizes: the first is the backup of exactly `tib` TiB."""
-    return [simulate(size, stream_mb_s, workers, **options) for size in end_phase_sizes(tib, stream_mb_s, phases)]
+    sizes = end_phase_sizes(tib, stream_mb_s, phases, options.get("chunk_size", 64 * MiB))
+    return [simulate(size, stream_mb_s, workers, **options) for size in sizes]
 
 
 def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:

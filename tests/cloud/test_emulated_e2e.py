@@ -347,6 +347,8 @@ def request_permission(record: dict[str, Any], bucket: str, key_arn: str) -> tup
         return S3_ACTIONS[op], resource, {"s3:prefix": record["prefix"]} if "prefix" in record else {}
     if service == "states" and op in ("StartExecution", "DescribeExecution"):
         return f"states:{op}", record.get("stateMachineArn") or record["executionArn"], {}
+    if service == "states" and op == "SendTaskSuccess":  # the wake (braid.agent.wake): authorized by its token, on no resource
+        return "states:SendTaskSuccess", "*", {}
     if service == "kms" and op == "Decrypt":
         context = {f"kms:EncryptionContext:{k}": "present" for k in record.get("context", [])}
         return "kms:Decrypt", record.get("KeyId") or key_arn, context
@@ -463,12 +465,13 @@ def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emu
 
 def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(cloud: Emulator, tmp_path: Path) -> None:
     inputs = [stream_bytes(27 * MiB + 99, 4), stream_bytes(8 * MiB, 5)]
-    # Parts of 2 chunks (two inputs at the default --concurrency). Each writer stops after whole chunks,
+    # Parts of 2 chunks (two inputs at --concurrency 8). Each writer stops after whole chunks,
     # so exactly those parts can be uploaded before the kill: input 0's first (chunks 1-2; chunk 3 waits
     # for chunk 4); input 1's first chunk waits for the rest of its part, which only the resumed run reads.
-    assert default_part_chunks(5 * MiB, 2, DEFAULT_CONCURRENCY) == 2
+    # The resumed run, at the default --concurrency, keeps the session's parts.
+    assert default_part_chunks(5 * MiB, 2, 8) == 2
     first = [PipeWriter(tmp_path / "in0", inputs[0], pause_after=15 * MiB), PipeWriter(tmp_path / "in1", inputs[1], pause_after=5 * MiB)]
-    args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--input", str(first[0].path), "--input", str(first[1].path)]
+    args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--concurrency", "8", "--input", str(first[0].path), "--input", str(first[1].path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     while len(staged_parts(cloud, "staging/resumed/")) < 1:
@@ -517,7 +520,7 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert run.summary["backup"] == ref
     after = staged_parts(cloud, ref_prefix(ref), since=killed_at)
     assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
-    assert len(before) + len(after) == parts_of(list(map(len, inputs)))
+    assert len(before) + len(after) == parts_of(list(map(len, inputs)), concurrency=8)
     (end,) = run.events("stream-end")
     assert (end["parts_skipped"], end["parts_uploaded"]) == (1, len(after)) == (1, 3)  # input 0's last two parts, input 1's only one
     assert restore_two(cloud, tmp_path, "restore-resume", ref) == inputs
@@ -525,7 +528,8 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
 
 
 def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path) -> None:
-    writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 13), pause_after=10 * MiB)  # one whole part of 2 chunks
+    writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 13), pause_after=20 * MiB)  # one whole part of 4 chunks (the default)
+    assert default_part_chunks(5 * MiB, 1, DEFAULT_CONCURRENCY) == 4
     args = ["backup", "--name", "interrupted", "--chunk-size", CHUNK, "--input", str(writer.path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

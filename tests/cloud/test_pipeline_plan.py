@@ -30,6 +30,7 @@ from braid.format.staging import (
     stream_end_key,
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
+from braid.pipeline import pacing
 from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
 from braid.pipeline.replan import COMPACTION_ROUNDS, HOLD_SECONDS, BackupHeldError
@@ -314,25 +315,49 @@ def test_an_idle_planner_compacts_finished_rounds_and_not_once_the_stream_has_en
     assert done.status == "done" and area.compacted_through() == COMPACTION_ROUNDS
 
 
-def test_rounds_are_paced_while_streaming_and_planned_at_once_when_the_stream_ends(tmp_path: Path) -> None:
+def test_rounds_are_paced_while_streaming_and_planned_at_once_when_the_stream_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the stream arrives a round waits for the round interval and ROUND_TARGET_CHUNKS ready chunks, or
+    ROUND_MAX_SECONDS since the last; the stream's end is planned at the next poll, whatever is ready."""
+    monkeypatch.setattr(pacing, "ROUND_TARGET_CHUNKS", 8)  # two of these 4-chunk segments
     store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
     store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
     store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
     first = watch(store, ref, clock)
-    assert first.status == "ready"
+    assert first.status == "ready"  # the first round at once
     finish(store, ref, first)
     store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 400).to_bytes())
     started = clock.now
-    second = watch(store, ref, clock, first.to_json()["cursor"], seconds=60, rounds=10)
-    assert second.status == "ready" and 10 <= clock.now - started <= 12  # waited for the round interval, not the watch
-    finish(store, ref, second)
+    waiting = watch(store, ref, clock, first.to_json()["cursor"], seconds=60, rounds=10)
+    assert waiting.status == "waiting" and clock.now - started >= 58  # 4 chunks ready: fewer than the target
     store.put(segment_record_key(ref, 0, 2), record(ref, 0, 2, 800, 400).to_bytes())
-    clock.at(3, lambda: store.put(stream_end_key(ref), StreamEnd([1200], [3]).to_bytes()))
     started = clock.now
-    third = watch(store, ref, clock, second.to_json()["cursor"], seconds=60, rounds=10)
-    assert third.status == "ready" and clock.now - started <= 4  # the stream's end is noticed at the next poll
-    finish(store, ref, third)
-    assert watch(store, ref, clock, third.to_json()["cursor"]).status == "done"
+    second = watch(store, ref, clock, waiting.to_json()["cursor"], seconds=60, rounds=10)
+    assert second.status == "ready" and second.chunks == 8 and clock.now - started <= 2  # the target reached
+    finish(store, ref, second)
+    store.put(segment_record_key(ref, 0, 3), record(ref, 0, 3, 1200, 400).to_bytes())
+    started = clock.now
+    slow = watch(store, ref, clock, second.to_json()["cursor"], seconds=400, rounds=10)
+    assert slow.status == "ready" and slow.chunks == 4 and pacing.ROUND_MAX_SECONDS <= clock.now - started <= pacing.ROUND_MAX_SECONDS + 3
+    finish(store, ref, slow)
+    store.put(segment_record_key(ref, 0, 4), record(ref, 0, 4, 1600, 400).to_bytes())
+    clock.at(3, lambda: store.put(stream_end_key(ref), StreamEnd([2000], [5]).to_bytes()))
+    started = clock.now
+    last = watch(store, ref, clock, slow.to_json()["cursor"], seconds=60, rounds=10)
+    assert last.status == "ready" and clock.now - started <= 4  # the stream's end is noticed at the next poll
+    finish(store, ref, last)
+    assert watch(store, ref, clock, last.to_json()["cursor"]).status == "done"
+
+
+def test_round_due_needs_the_interval_then_the_volume_or_the_longest_wait() -> None:
+    target, longest = pacing.ROUND_TARGET_CHUNKS, pacing.ROUND_MAX_SECONDS
+    assert not pacing.round_due(9.9, 0, target)  # the interval first (10 s at the start)
+    assert pacing.round_due(10, 0, target) and not pacing.round_due(10, 0, target - 1)
+    assert not pacing.round_due(longest - 1, 0, 1) and pacing.round_due(longest, 0, 1)
+    assert not pacing.round_due(50, 10_000, target)  # an execution 10,000 s old: rounds 100 s apart
+    assert pacing.round_due(100, 10_000, target)
+    assert pacing.round_due(100, 10_000, 0, min_round_seconds=0)  # unpaced (a direct call): the interval alone
+    # One inline final round still carries what a round leaves plus a 2 GiB segment of 64 MiB chunks.
+    assert target + 32 <= contract.INLINE_MAP_MAX_ITEMS * INLINE_MAX_CHUNKS_PER_ITEM
 
 
 def test_a_watch_with_nothing_new_ends_at_its_limit(tmp_path: Path) -> None:
@@ -462,3 +487,34 @@ def test_a_hold_after_a_failed_step_ends_like_any_hold(tmp_path: Path) -> None:
     clock.now += HOLD_SECONDS
     with pytest.raises(BackupHeldError, match="after a pipeline step failed \\(PlanSegments failed: KeyAccessError: kms:Decrypt denied\\)"):
         watch(store, ref, clock, held.to_json()["cursor"])
+
+
+def test_a_planner_that_may_sleep_sleeps_rather_than_watch_until_the_next_round_is_due(tmp_path: Path) -> None:
+    """The Plan function's calls (may_sleep): with the next round far off, "sleeping" at once, no watch billed; the wake
+    record the state machine then writes asks for the round's chunks. After the stream's end it never sleeps."""
+    store, ref, clock = LocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
+    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
+
+    def call(cursor=None):  # type: ignore[no-untyped-def]
+        return plan_next_round(
+            store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
+            watch_seconds=400, min_round_seconds=10, clock=clock, sleep=clock.sleep, may_sleep=True,
+        )
+
+    started = clock.now
+    before = call()
+    assert (before.status, before.wake_chunks, clock.now - started) == ("sleeping", 1, 0)  # the first recorded chunk wakes it
+    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
+    clock.now += 60  # a slow stream: 4 chunks in a minute
+    first = call(before.to_json()["cursor"])
+    assert first.status == "ready"
+    finish(store, ref, first)
+    started = clock.now
+    asleep = call(first.to_json()["cursor"])
+    shown = asleep.to_json()
+    assert (shown["status"], shown["wake_chunks"], clock.now - started) == ("sleeping", 4 + pacing.ROUND_TARGET_CHUNKS, 0)
+    assert 0 < shown["wait_seconds"] <= 900 and shown["wake_after_seconds"] >= 0
+    store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 100).to_bytes())
+    store.put(stream_end_key(ref), StreamEnd([500], [2]).to_bytes())
+    last = call(asleep.to_json()["cursor"])
+    assert last.status == "ready" and last.final  # woken by the end: planned at once

@@ -141,6 +141,17 @@ def test_planning_reads_only_what_is_new(ten_tib: Simulation) -> None:
     assert total["DELETE"] <= ten_tib.turns["map"]  # finished segments leave staging round by round
 
 
+def test_a_slow_stream_puts_the_planner_to_sleep_and_the_agent_wakes_it(ten_tib: Simulation) -> None:
+    """At 50 MB/s the planner sleeps between rounds (SleepUntilWoken, braid.agent.wake) instead of a Plan function
+    billed while it watches: the watch, once the whole 61 hours of stream, is now minutes; at 1 GB/s rounds are
+    seconds apart and it watches, sleeping only where the execution's age spaces rounds further than that."""
+    plan_seconds = sum(i.seconds for i in ten_tib.by_function("plan"))
+    assert ten_tib.turns["woken"] > 0 and ten_tib.turns["sleep"] == ten_tib.turns["woken"] + ten_tib.turns["slept_out"]
+    if ten_tib.stream_mb_s <= 50:
+        assert ten_tib.turns["woken"] >= ten_tib.turns["map"] // 3, dict(ten_tib.turns)
+        assert plan_seconds < 0.02 * ten_tib.stream_seconds, (plan_seconds, ten_tib.stream_seconds)
+
+
 def test_finalize_reads_the_planners_folds_not_a_record_per_item_and_checks_presence_by_list(ten_tib: Simulation) -> None:
     (finalize,) = ten_tib.by_function("finalize")
     assert finalize.requests["HEAD"] == 0  # no per-chunk HEAD

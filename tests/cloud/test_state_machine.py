@@ -22,16 +22,19 @@ from moto import mock_aws
 
 from braid.adapters.aws.kms import KmsKeyService
 from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.stepfunctions import StepFunctionsExecutions
+from braid.agent.wake import PipelineWaker
 from braid.errors import StorageError
 from braid.format.checksum import s3_checksum_value, stored_checksum
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, data_prefix, manifest_key, staging_prefix
 from braid.format.repository import Repository, RepositoryConfig
-from braid.format.staging import HoldRecord, ResumeRequest, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
+from braid.format.staging import HoldRecord, ResumeRequest, SegmentRecord, SessionRecord, StagingArea, StreamEnd, WakeRecord, segment_key
 from braid.format.timestamps import utc_now
 from braid.ops.verify import verify_backup
 from braid.pipeline.execution_input import ExecutionInput, execution_name
+from braid.pipeline.pacing import ROUND_TARGET_CHUNKS
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import DeployedStack, SynthesizedStack, deploy, synthesize
 from support.s3_lock_semantics import AwsObjectLock
@@ -66,13 +69,26 @@ class Cloud:
         self.repository = Repository.create(
             self.store, RepositoryConfig.new(key={"type": "kms", "key_id": deployed.key_arn}, created=utc_now())
         )
+        # Like the agent, the harness wakes a sleeping pipeline (braid.agent.wake) after each record it stages and while it waits.
+        self.executions = StepFunctionsExecutions(self.sfn, deployed.state_machine_arn)
+        self.recorded: dict[str, int] = {}
+        self.ended: set[str] = set()
+        self.started: dict[str, BackupRef] = {}
+        self.wakers: dict[str, PipelineWaker] = {}
+
+    def waker(self, ref: BackupRef) -> PipelineWaker:
+        name = str(ref)
+        if name not in self.wakers:
+            area = StagingArea(self.store, ref)
+            self.wakers[name] = PipelineWaker(area, self.executions, lambda: self.recorded.get(name, 0), lambda: name in self.ended)
+        return self.wakers[name]
 
     # -- the agent's side of the staging contract, written directly -----------------
     def stage_session(self, ref: BackupRef, inputs: int, segment_parts: int) -> None:
         session = SessionRecord(str(ref), self.repository.config.id, CHUNK, segment_parts, 3, [f"pipe{i}" for i in range(inputs)], utc_now())
         StagingArea(self.store, ref).write_session(session)
 
-    def stage_segment(self, ref: BackupRef, input_index: int, segment: int, offset: int, data: bytes) -> None:
+    def stage_segment(self, ref: BackupRef, input_index: int, segment: int, offset: int, data: bytes, *, wake: bool = True) -> None:
         key = segment_key(ref, input_index, segment)
         upload = self.s3.create_multipart_upload(Bucket=self.deployed.bucket, Key=key)["UploadId"]
         parts = []
@@ -85,6 +101,9 @@ class Cloud:
         part_checksums = [s3_checksum_value(stored_checksum(data[start : start + CHUNK])) for start in range(0, len(data), CHUNK)]
         record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data), part_checksums)
         StagingArea(self.store, ref).write_segment_record(record)
+        self.recorded[str(ref)] = self.recorded.get(str(ref), 0) + record.parts
+        if wake:
+            self.waker(ref).poke()
 
     def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_parts: int, first_segment: int = 0) -> int:
         size = CHUNK * segment_parts
@@ -95,9 +114,12 @@ class Cloud:
             segments += 1
         return segments
 
-    def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
+    def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_parts: int, *, wake: bool = True) -> None:
         counts = [-(-len(d) // (CHUNK * segment_parts)) for d in inputs]
         StagingArea(self.store, ref).write_stream_end(StreamEnd([len(d) for d in inputs], counts))
+        self.ended.add(str(ref))
+        if wake:
+            self.waker(ref).poke()
 
     def stage_backup(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
         self.stage_session(ref, len(inputs), segment_parts)
@@ -108,16 +130,20 @@ class Cloud:
     # -- the pipeline --------------------------------------------------------------
     def start(self, ref: BackupRef, **options: Any) -> str:
         request = ExecutionInput(backup=str(ref), poll_seconds=1, stall_seconds=30, **options)
-        return self.sfn.start_execution(
+        arn = self.sfn.start_execution(
             stateMachineArn=self.deployed.state_machine_arn, name=execution_name(ref), input=json.dumps(request.to_json())
         )["executionArn"]
+        self.started[arn] = ref
+        return str(arn)
 
-    def wait(self, arn: str, timeout: float = 90) -> dict[str, Any]:
+    def wait(self, arn: str, timeout: float = 90, *, wake: bool = True) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             described = self.sfn.describe_execution(executionArn=arn)
             if described["status"] != "RUNNING":
                 return described
+            if arn in self.started and wake:
+                self.waker(self.started[arn]).poke()
             time.sleep(0.2)
         raise AssertionError(f"execution {arn} still running after {timeout} s")
 
@@ -233,6 +259,71 @@ def rounds(cloud: Cloud, arn: str) -> int:
     history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
     entered = [e["stateEnteredEventDetails"]["name"] for e in history if e["type"] == "MapStateEntered"]
     return sum(1 for name in entered if name in ("ProcessChunks", "ProcessFinalRound"))
+
+
+def sleeping(cloud: Cloud, ref: BackupRef, arn: str) -> WakeRecord:
+    """Wait until the pipeline sleeps (its wake record is in staging); the record."""
+    deadline = time.monotonic() + 60
+    while (record := StagingArea(cloud.store, ref).read_wake()) is None:
+        assert time.monotonic() < deadline, f"the pipeline never slept: {cloud.failures(arn)}"
+        time.sleep(0.1)
+    return record
+
+
+def sleep_outcomes(cloud: Cloud, arn: str) -> list[str]:
+    """How each SleepUntilWoken ended: TaskSucceeded (woken) or TaskTimedOut (its timeout)."""
+    history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
+    found, inside = [], False
+    for event in history:
+        if event["type"] == "TaskStateEntered":
+            inside = event["stateEnteredEventDetails"]["name"] == "SleepUntilWoken"
+        elif inside and event["type"] in ("TaskSucceeded", "TaskTimedOut", "TaskFailed"):
+            found.append(event["type"])
+            inside = False
+    return found
+
+
+def test_a_sleeping_pipeline_is_woken_by_the_agent_once_the_stream_ends(cloud: Cloud) -> None:
+    """While the stream arrives slowly the planner sleeps (no Lambda billed): SleepUntilWoken leaves its task token in
+    staging, and the agent's wake at the stream's end continues the backup at once."""
+    ref = BackupRef.new("db")
+    data = pattern(CHUNK * 4, 5)
+    cloud.stage_session(ref, 1, 2)
+    cloud.stage_segment(ref, 0, 0, 0, data[: CHUNK * 2])
+    arn = cloud.start(ref)
+    record = sleeping(cloud, ref, arn)
+    # The first round took the 2 recorded chunks; the next is due at ROUND_TARGET_CHUNKS more (or at the end).
+    assert record.chunks == 2 + ROUND_TARGET_CHUNKS and record.token
+    cloud.stage_segment(ref, 0, 1, CHUNK * 2, data[CHUNK * 2 :])
+    assert cloud.waker(ref).wakes == 0  # 2 more chunks: not what it sleeps for
+    cloud.stage_end(ref, [data], 2)
+    assert cloud.waker(ref).wakes == 1  # the end always wakes it
+
+    result = cloud.wait(arn, wake=False)
+
+    assert result["status"] == "SUCCEEDED", cloud.failures(arn)
+    assert sleep_outcomes(cloud, arn)[0] == "TaskSucceeded"
+    assert cloud.restore(ref) == [data]
+    assert cloud.keys_under(staging_prefix(ref)) == []  # the wake record goes with staging
+
+
+def test_a_pipeline_nobody_wakes_looks_again_at_its_sleeps_timeout(cloud: Cloud) -> None:
+    """A wake is never needed for correctness: with an agent that never sends the token, the sleep times out
+    (within a quarter of the stall window) and the planner finds the stream's end itself."""
+    ref = BackupRef.new("db")
+    data = pattern(CHUNK * 4, 6)
+    cloud.stage_session(ref, 1, 2)
+    cloud.stage_segment(ref, 0, 0, 0, data[: CHUNK * 2])
+    arn = cloud.start(ref)
+    sleeping(cloud, ref, arn)
+    cloud.stage_segment(ref, 0, 1, CHUNK * 2, data[CHUNK * 2 :], wake=False)
+    cloud.stage_end(ref, [data], 2, wake=False)
+
+    result = cloud.wait(arn, wake=False)
+
+    assert result["status"] == "SUCCEEDED", cloud.failures(arn)
+    assert sleep_outcomes(cloud, arn)[0] == "TaskTimedOut"
+    assert cloud.restore(ref) == [data]
 
 
 def map_runs(cloud: Cloud, arn: str) -> int:

@@ -73,8 +73,11 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     assert chunks == math.ceil(size / (5 * MiB)) and part_chunks > 1
     assert requests["s3:UploadPart"] == log["UploadPart"] == math.ceil(chunks / part_chunks)
     assert requests["s3:CreateMultipartUpload"] == log["CreateMultipartUpload"] == requests["s3:CompleteMultipartUpload"] >= 1
-    # Every PUT of the backup's objects, the agent's and the pipeline's, but the three written after sealing.
-    assert requests["s3:PutObject"] == log["PutObject"] - WRITTEN_AFTER_SEALING
+    # Every PUT of the backup's objects, the agent's and the pipeline's, but the three written after sealing; the wake
+    # records SleepUntilWoken wrote (braid.format.staging.wake) are made inside the emulator, as the ItemReader's GETs.
+    history = execution_history(cloud, ref)
+    entered = Counter(e["stateEnteredEventDetails"]["name"] for e in history if e["type"].endswith("StateEntered"))
+    assert requests["s3:PutObject"] == log["PutObject"] - WRITTEN_AFTER_SEALING + entered["SleepUntilWoken"]
     assert requests["s3:PutObject"] >= chunks + items + rounds + 1  # chunks, result records, rounds, key.json
     # Nothing is counted that the server did not see (the log holds the listings and reads of other keys too).
     everything = Counter(r["op"] for r in cloud.requests(service="s3"))
@@ -90,8 +93,6 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     functions = usage["lambda"]
     plans = functions["plan"]["invocations"]
     # The execution's history: which rounds ran inline, and how often Finalize was warmed (an invocation of its own).
-    history = execution_history(cloud, ref)
-    entered = Counter(e["stateEnteredEventDetails"]["name"] for e in history if e["type"].endswith("StateEntered"))
     inline, warmed = entered["StoreFinalItem"], entered["WarmFinalize"]
     # This stream's one segment is recorded milliseconds before its end: its one round runs inline, warmed, unless a
     # Plan poll fell between the two records and planned it as a streaming round (a map run, no warm-up).
@@ -101,7 +102,7 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     worker = functions["worker"]
     assert worker["seconds"] > 0
     assert worker["gb_seconds"] == pytest.approx(worker["seconds"] * contract.WORKER_MEMORY_MB / 1024, rel=1e-4)
-    # Step Functions: Identify, Prepare; per Plan call PlanSegments, SegmentsReady? and a Wait or a Map but the last; Finalize,
+    # Step Functions: Identify, Prepare; per Plan call PlanSegments, SegmentsReady? and a Wait, a sleep or a Map but the last; Finalize,
     # Succeeded; per round after stream end WarmFinalize and FinalRoundInline?; a Worker state per item of an inline round,
     # the others Express children.
     assert usage["sfn_transitions"] == 2 + 3 * plans - 1 + 2 + 2 * warmed + inline

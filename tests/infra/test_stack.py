@@ -65,8 +65,11 @@ def test_agent_may_stage_and_run_backups_but_holds_no_kms_permission(template: T
     assert not any(a.startswith("kms:") for a in granted)
     assert granted == {
         "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:GetObject",
-        "s3:ListBucket", "s3:ListBucketMultipartUploads", "states:StartExecution", "states:DescribeExecution",
+        "s3:ListBucket", "s3:ListBucketMultipartUploads", "states:StartExecution", "states:DescribeExecution", "states:SendTaskSuccess",
     }
+    # The wake (braid.format.staging.wake): a callback names no resource, so SendTaskSuccess alone is granted on "*".
+    wake = [s for s in agent if s["Resource"] == "*"]
+    assert [s["Action"] for s in wake] == ["states:SendTaskSuccess"]
     writes = [s for s in agent if "s3:PutObject" in s["Action"]]
     # Only under the staging of the backup name the host is tagged with.
     assert json.dumps(writes).count("/staging/${aws:PrincipalTag/braid-name}/*") == 1 and "/data/" not in json.dumps(writes)
@@ -130,7 +133,8 @@ LEAST_PRIVILEGE = {
     "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
     # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
-    "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*")},
+    # SleepUntilWoken writes only each backup's wake record (braid.format.staging.wake).
+    "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*"), ("s3:PutObject", "staging/*/wake")},
     # The verify state machine (braid_infra.verify_pipeline): the planner reads manifests, chunks' metadata and
     # earlier records, and writes only the run's plan; the worker only reads; the recorder writes only records.
     "FunctionsVerifyplanRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "verify/*")}
@@ -641,3 +645,25 @@ def test_the_maintenance_may_start_the_prune_and_nothing_else(template: Template
     for lid in resources_of(template.to_json(), "AWS::IAM::Role"):
         if lid.startswith("Functions") and not lid.startswith("FunctionsVerifyRole"):
             assert not [s for s in statements_of(template, lid) if "states:StartExecution" in actions([s])], lid
+
+
+def test_a_sleeping_planner_waits_for_the_agents_wake_or_its_timeout(template: Template) -> None:
+    """PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): no Lambda watches.
+    SleepUntilWoken writes the wake record (braid.format.staging.wake) with its task token and waits for the agent."""
+    choices = _state(template, "SegmentsReady?")["Choices"]
+    assert {"Variable": "$.plan.status", "StringEquals": "sleeping", "Next": "SleepUntilWoken"} in choices
+    sleep = _state(template, "SleepUntilWoken")
+    assert sleep["Resource"].endswith(":states:::aws-sdk:s3:putObject.waitForTaskToken")
+    parameters = sleep["Parameters"]
+    assert parameters["Key.$"] == "$.plan.wake_object"  # the Plan function's full S3 key of this backup's record
+    assert parameters["Body.$"] == "States.Format('{} {} {}', $.plan.wake_chunks, $.plan.wake_after_seconds, $$.Task.Token)"
+    assert sleep["TimeoutSecondsPath"] == "$.plan.wait_seconds" and sleep["ResultPath"] is None and sleep["Next"] == "PlanSegments"
+    # Its timeout is the planner's next look (a wake is never needed for correctness); a failed PUT waits instead.
+    assert sleep["Catch"] == [
+        {"ErrorEquals": ["States.Timeout"], "ResultPath": None, "Next": "PlanSegments"},
+        {"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "WaitForSegments"},
+    ]
+    assert sleep["Retry"][0]["ErrorEquals"] == ["States.TaskFailed"]
+    from braid.format.staging import WakeRecord  # the agent reads what the state writes
+
+    assert WakeRecord.from_bytes(b"130 20 AAAAKgAAAAIAAAAA+token/==", "k") == WakeRecord(130, 20, "AAAAKgAAAAIAAAAA+token/==")

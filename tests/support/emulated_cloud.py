@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
 
     s3_semantics.install()
     AwsS3().install()
-    lambdas = InProcessLambdas(Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-")), time_scale=args.time_scale)
+    code_dir = Path(tempfile.mkdtemp(prefix="braid-emulated-lambdas-"))  # the handlers' code, removed when the emulator stops
+    lambdas = InProcessLambdas(code_dir, time_scale=args.time_scale)
     lambdas.install()
 
     session = boto3.session.Session(region_name=REGION)
@@ -486,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.stop()
     finally:
+        shutil.rmtree(code_dir, ignore_errors=True)
         sys.stderr.flush()
         # Executions may still be running in moto's threads; they end with us.
         os._exit(0)

@@ -69,6 +69,8 @@ PLAN_TIMEOUT_SECONDS = 900
 # the stream ends, and at 128 MB the modelled time after stream end reaches the 15 s target
 # (scripts/bench cloud-model), so it stays at 256 until that time has room.
 PLAN_MEMORY_MB = 256
+# The agent's chunks in flight (`braid backup --concurrency`, braid.agent.limits: memory and part size follow).
+DEFAULT_AGENT_CONCURRENCY = 11
 # The execution input's stall window (`braid backup --stall-timeout`): no upload progress
 # for this long and the planner gives the backup up; at least the planner's Wait.
 DEFAULT_POLL_SECONDS = 15

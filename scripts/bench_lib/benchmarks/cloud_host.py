@@ -36,6 +36,7 @@ from bench_lib import s3proxy
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import MB, Comparison, Section, Table
 from bench_lib.timing import CommandFailed, Series, drop_dirty_pages, run_command, warm_page_cache
+from braid.agent.limits import DEFAULT_CONCURRENCY
 
 NAME = "cloud"
 HELP = "cloud agent (braid backup to s3://, staging upload) vs zstd -3 -T1 (host CPU) and boto3 multipart (throughput)"
@@ -88,7 +89,10 @@ print(arn)
 
 def add_arguments(parser) -> None:
     add_engine_options(parser)
-    add_option_once(parser, "--concurrency", type=int, default=8, help="cloud: agent --concurrency and boto3 max_concurrency (default 8)")
+    add_option_once(
+        parser, "--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+        help=f"cloud: agent --concurrency and boto3 max_concurrency (default {DEFAULT_CONCURRENCY}, the agent's)",
+    )
     add_option_once(
         parser, "--s3-server", choices=("s3proxy", "moto"), default="s3proxy",
         help="cloud: the local S3-compatible server (default s3proxy, falling back to moto if it cannot start)",

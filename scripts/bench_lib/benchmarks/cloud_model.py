@@ -277,6 +277,7 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
     requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
+    requests["PUT"] += sim.turns["sleep"]  # SleepUntilWoken writes the wake record (braid.format.staging.wake)
     put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
     get_class = requests["GET"] + requests["HEAD"]
     coordinators = sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")

@@ -22,6 +22,7 @@ from typing import Any
 from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
+from braid.agent.wake import PipelineWaker
 from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
@@ -154,6 +155,9 @@ class CloudEngine:
             backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out, stall_seconds=self.options.stall_seconds
         ).to_json()
         self.pipeline.start(ref, document)
+        # The pipeline sleeps while the stream arrives slowly; the agent wakes it when what it waits for is recorded.
+        waker = PipelineWaker(area, self.pipeline, upload.recorded_chunks, lambda: upload.end_written)
+        upload.on_recorded = waker.poke
         if request.resume:
             # A held backup (workers kept failing) waits for this: the pipeline plans
             # its unfinished items again, and only those (braid.pipeline.replan).
@@ -193,7 +197,7 @@ class CloudEngine:
                 raise
             # The gate refused the stream, or it cannot be read again: there is
             # nothing to resume, so the pipeline must not wait for more.
-            self._abandon(upload, ref, exc, report)
+            self._abandon(upload, ref, exc, report, waker)
             raise
         stream_end = stream.outcome
         progress(
@@ -210,10 +214,11 @@ class CloudEngine:
             }
         )
         if not self.options.wait:
+            waker.linger()  # a sleep the planner began as the stream ended: its token is written a moment later
             return None
-        return self.wait(ref, progress, expected=stream_end, total_chunks=stream.chunks)
+        return self.wait(ref, progress, expected=stream_end, total_chunks=stream.chunks, waker=waker)
 
-    def _abandon(self, upload: StagingUpload, ref: BackupRef, exc: BaseException, progress: ProgressFn) -> None:
+    def _abandon(self, upload: StagingUpload, ref: BackupRef, exc: BaseException, progress: ProgressFn, waker: PipelineWaker) -> None:
         """Tell the pipeline the stream will never end (it fails at its next poll and removes the staging).
 
         Unless interrupted, or told not to wait, wait for that, so that when
@@ -238,12 +243,17 @@ class CloudEngine:
                     return
             except BackupError:
                 return  # only waiting for tidiness: the backup has failed either way
+            waker.poke()  # a sleeping planner learns of the abandon when it runs
             time.sleep(self.options.poll_seconds)
 
     # -- following an execution ------------------------------------------------
 
-    def wait(self, ref: BackupRef, progress: ProgressFn, *, expected: StreamEnd | None = None, total_chunks: int | None = None) -> Manifest:
-        """Follow the execution to its end; `total_chunks` (when known) makes the processing phase a percentage."""
+    def wait(
+        self, ref: BackupRef, progress: ProgressFn, *, expected: StreamEnd | None = None, total_chunks: int | None = None,
+        waker: PipelineWaker | None = None,
+    ) -> Manifest:
+        """Follow the execution to its end; `total_chunks` (when known) makes the processing phase a percentage.
+        `waker`: this upload's (braid.agent.wake), poked at every poll in case the planner slept as the stream ended."""
         self._report_retries(ref, progress)
         report = PhaseReporter(progress, str(ref))
         report.phase("processing", total_bytes=None if expected is None else sum(expected.lengths), total_chunks=total_chunks)
@@ -253,6 +263,8 @@ class CloudEngine:
             status = self.pipeline.describe(ref)
             if status.done:
                 break
+            if waker is not None:
+                waker.poke()
             self.check_not_held(ref)
             count = self.chunks_processed(ref)
             if count is not None and count != last_count:

@@ -28,25 +28,29 @@ MIN_PART_SIZE = 5 * 1024**2  # S3's minimum for every part but the last
 MAX_PART_SIZE = 5 * 1024**3
 MAX_OBJECT_SIZE = 5 * 1024**4
 SEGMENT_TARGET_BYTES = 2 * 1024**3
-DEFAULT_CONCURRENCY = 8  # --concurrency: chunks in flight
+# --concurrency: chunks in flight. The agent holds (inputs + concurrency + 1) chunk buffers: at 64 MiB
+# chunks and one input 13 buffers, 832 MiB (~915 MiB resident with the interpreter and clients), under
+# 1 GiB; room for 256 MiB parts (PART_TARGET_BYTES) with 2 in flight beside the one being filled.
+DEFAULT_CONCURRENCY = contract.DEFAULT_AGENT_CONCURRENCY
 # A staging part of up to this many bytes holds several chunks: S3 bills each
-# UploadPart, so k chunks per part cut the agent's request cost by k (2 at the
-# default --concurrency, 4 with more buffers); the worker still reads one chunk
-# per ranged GET (by byte offset).
+# UploadPart, so k chunks per part cut the agent's request cost by k (4 at the
+# default --concurrency: 4,096 parts per TiB, $0.020 where one chunk per part
+# costs $0.082); the worker still reads one chunk per ranged GET (by byte offset).
 PART_TARGET_BYTES = 256 * MiB
 # Parts that must fit in flight beside every input's part being filled: fewer
 # (bigger parts in the same buffers) starve the upload. Measured, scripts/bench
-# cloud at 2 GiB, --concurrency 8: 4-chunk parts (1-2 in flight) uploaded at
-# 0.65x boto3's 64 MiB multipart, 2-chunk parts (3-4 in flight) at 0.91x
-# (one chunk per part: 0.93x). That count is the ceiling: at --concurrency 8
-# with one input the 10 buffers hold at most 5 parts of 2 chunks, against
-# boto3's 8 requests, and each connection carried about the same 40-60 MB/s
-# on the loaded bench machine (traced per UploadPart). Starting a part's
-# UploadPart at its first chunk would not raise it (the part keeps both
-# buffers until S3 answers, for botocore's retries), and cannot keep S3's
-# check of the part: its CRC64NVME header needs every byte before the first
-# is sent.
-MIN_PARTS_IN_FLIGHT = 3
+# cloud at 2 GiB against boto3's 64 MiB multipart at the same --concurrency
+# (same server, s3proxy on loopback): at --concurrency 8 (10 buffers), 4-chunk
+# parts with 1-2 in flight reached 0.65x, 2-chunk parts (3-4 in flight) 0.91x;
+# at --concurrency 11 (13 buffers), 4-chunk parts with 2 in flight 1.18x best
+# (1.11x median) where 3-chunk parts with 3 in flight reached 0.84x, and at
+# --concurrency 14, 4-chunk parts with 3 in flight 1.01x; at 4 GiB, 5 repetitions, the defaults
+# (--concurrency 11, 4-chunk parts) 1.02x best, 1.11x median, 916 MiB resident. Two whole parts in
+# flight keep the connection busy while the next part fills; one does not.
+# Over the internet each connection carries a bounded rate (~90 MB/s to S3 from
+# one stream is the cost model's figure): a stream much faster than ~200 MB/s
+# wants a larger --concurrency, which keeps the part size and adds parts in flight.
+MIN_PARTS_IN_FLIGHT = 2
 
 
 def default_segment_parts(chunk_size: int) -> int:
@@ -77,8 +81,8 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
     its chunks are read, from their own buffers. The part shrinks (down to
     one chunk, as before) until every input's part being filled and
     MIN_PARTS_IN_FLIGHT parts being sent fit in that bound: at the default
-    --concurrency 8, 2 chunks (128 MiB parts) with one or two inputs, 1 with
-    four; with one input, 3 from --concurrency 10 and 4 from 14.
+    --concurrency 11, 4 chunks (256 MiB parts) with one input, 3 with two,
+    2 with three or four; with one input, 3 at --concurrency 8 or 9, 4 from 10.
     """
     buffers = inputs + concurrency + 1
     chunks = max(1, min(PART_TARGET_BYTES // chunk_size, MAX_PART_SIZE // chunk_size))

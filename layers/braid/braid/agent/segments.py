@@ -147,7 +147,10 @@ def complete_segment_upload(uploads: MultipartStore, store: ObjectStore, segment
     if stored is None:
         info = store.head(segment.key)
         if info is None:
-            raise StorageError(f"{where} is missing after its upload completed; run --resume")
+            # Neither the upload nor the object: something removed the backup's staging under the agent (the
+            # pipeline gave the backup up, and Cleanup aborted and deleted it), which the caller reports with
+            # the pipeline's own cause (braid.agent.cloud_engine).
+            raise UploadGoneError(f"{where} is gone: its upload or object was removed while the agent completed it")
         if info.size != built.length:
             raise StorageError(f"{where} holds {info.size} bytes, {built.length} were uploaded; run --resume")
         stored = info.checksum or built.checksum  # a store that keeps no checksum: nothing more to compare

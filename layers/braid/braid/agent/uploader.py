@@ -84,11 +84,14 @@ class StagingUpload:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         requests: Callable[[], Mapping[str, int]] | None = None,
+        recorded: Callable[[], object] | None = None,
     ) -> None:
         """Prefer `start` or `resume`; this wires an already-read session.
 
         `requests`: what the agent's process has sent to AWS so far (`service:Operation` -> attempts),
-        recorded in the stream-end record as the agent's usage (braid.format.usage)."""
+        recorded in the stream-end record as the agent's usage (braid.format.usage). `recorded`: called
+        after each segment record and the stream-end (or abandon) record is written (the agent's
+        PipelineWaker looks whether the sleeping pipeline waits for it, braid.agent.wake)."""
         if concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         check_sizes(session.chunk_size, session.segment_parts, min_part_size, session.part_chunks)
@@ -104,6 +107,8 @@ class StagingUpload:
         self.concurrency = concurrency
         self.max_in_flight = concurrency + 2
         self._requests = requests
+        self.on_recorded = recorded
+        self.end_written = False  # the stream-end (or abandon) record is in staging
         self._limiter = TokenBucket(rate_limit, clock=clock, sleep=sleep) if rate_limit else None
         self._progress = progress
         self._inputs = [InputState() for _ in session.inputs]
@@ -423,6 +428,15 @@ class StagingUpload:
         # another part failed meanwhile: the pipeline may start on it, and a
         # resume then skips it.
         self.area.write_segment_record(built)
+        with self._lock:
+            segment.record = built
+        if self.on_recorded is not None:
+            self.on_recorded()
+
+    def recorded_chunks(self) -> int:
+        """Chunks in the segment records written so far, this run's and those before an interruption."""
+        with self._lock:
+            return sum(seg.record.parts for state in self._inputs for seg in state.segments.values() if seg.record is not None)
 
     # ------------------------------------------------------------------ ending
 
@@ -456,9 +470,13 @@ class StagingUpload:
                 raise InputError(f"the re-read inputs of {self.ref} ({lengths} bytes) differ from the completed upload ({self.stream_end.lengths})")
             # Resumed after the upload had finished: the record is there already. Writing it again could
             # land after the pipeline published the backup and removed staging, leaving a stray record.
+            self.end_written = True
             return self.stream_end
         self.area.write_stream_end(end)
         self.stream_end = end
+        self.end_written = True
+        if self.on_recorded is not None:
+            self.on_recorded()
         return end
 
     def _usage(self) -> Usage | None:
@@ -483,6 +501,9 @@ class StagingUpload:
             lengths = [state.length for state in self._inputs]
             counts = [-(-state.next_number // self.segment_parts) for state in self._inputs]
         self.area.write_stream_end(StreamEnd(lengths=lengths, segments=counts, abandoned=reason))
+        self.end_written = True
+        if self.on_recorded is not None:
+            self.on_recorded()
 
     def __enter__(self) -> StagingUpload:
         return self

@@ -339,7 +339,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     backup.add_argument("--engine", choices=("local", "stepfunctions"),
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
-    cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help="chunks in flight (default 8), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
+    cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")

@@ -33,9 +33,10 @@ from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
+from braid.format.staging.wake import ONLY_AT_END
 from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
-from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_interval
+from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
 from braid.pipeline.replan import check_last_map, check_of, compact_idle, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
@@ -45,7 +46,7 @@ from braid.ports.store import ObjectStore
 class PlanStatus:
     """What the planner tells the state machine: map a round, wait, or finish."""
 
-    status: str  # "ready" | "waiting" | "held" | "done"
+    status: str  # "ready" | "waiting" | "sleeping" | "held" | "done"
     round: int = 0
     items_key: str = ""  # repository-relative key of the round file
     items: int = 0
@@ -57,6 +58,9 @@ class PlanStatus:
     # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
     inline_items: tuple[MapItem, ...] = ()
     final: bool = False  # a round planned after stream end (the state machine warms Finalize's container for it)
+    # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
+    wake_chunks: int = ONLY_AT_END
+    wake_after_seconds: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +75,8 @@ class PlanStatus:
             "inline": bool(self.inline_items),
             "final": self.final,
             "inline_items": [item.to_json() for item in self.inline_items],
+            "wake_chunks": self.wake_chunks,
+            "wake_after_seconds": self.wake_after_seconds,
             **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
         }
 
@@ -160,6 +166,7 @@ def plan_next_round(
     min_round_seconds: float = 0.0,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    may_sleep: bool = False,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -167,6 +174,8 @@ def plan_next_round(
     files, once). `min_round_seconds`: pacing (0 plans whatever is ready at
     once, as a direct call expects). `clock`/`sleep`: epoch seconds and the
     pause between polls (the scale simulation runs them on a virtual clock).
+    `may_sleep`: return "sleeping" rather than watch when the next round is far
+    off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     """
     area = StagingArea(store, ref)
     session = area.read_session()
@@ -202,7 +211,10 @@ def plan_next_round(
         end = area.read_stream_end()
         check_not_abandoned(ref, end)  # before planning more work for a stream that will never end
         ready, state = _skip_empty(ready, state)
-        due = end is not None or state.last_round is None or now - state.last_round >= round_interval(now - state.started, min_round_seconds)
+        due = (
+            end is not None or state.last_round is None
+            or round_due(now - state.last_round, now - state.started, sum(r.parts for r in ready), min_round_seconds)
+        )
         if ready and due:
             return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items)
         if end is not None and not ready and stream_complete(ref, state, end, session):
@@ -218,6 +230,21 @@ def plan_next_round(
                 f"backup {ref}: no new staged segment and no lease renewal from the agent for {idle:.0f} s and the stream"
                 " has not ended; the agent stopped uploading. Run the backup again (or resume it sooner with --resume)"
             )
+        if may_sleep and end is None:
+            asleep = sleep_plan(
+                planned_chunks=state.chunks, ready_chunks=sum(r.parts for r in ready),
+                since_last_seconds=None if state.last_round is None else now - state.last_round, age_seconds=now - state.started,
+                stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
+            )
+            if asleep is not None:
+                compacted = compact_idle(area, state)  # what the watch would have done with the time
+                if compacted is not None:
+                    state = compacted
+                    continue
+                return PlanStatus(
+                    "sleeping", round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle), wait_seconds=asleep.timeout_seconds,
+                    cursor=state, wake_chunks=asleep.wake_chunks, wake_after_seconds=asleep.wake_after_seconds,
+                )
         pause = min(POLL_INTERVAL_SECONDS, float(poll_seconds))
         if now + pause > deadline:
             wait = next_wait(int(idle), poll_seconds) if watch_seconds <= 0 else 1

@@ -25,6 +25,8 @@ Who counts what (docs/format.md, Usage):
   an Express child's. A round planned after stream end first passes
   WarmFinalize and FinalRoundInline? (2), the former an asynchronous
   invoke of Finalize (one invocation; its few milliseconds are not seen).
+  A call that says "sleeping" leads to SleepUntilWoken (1), whose S3 PUT
+  of the wake record the execution's role makes (braid.format.staging.wake).
   Task retries (each one another transition) and failed workers' attempts
   are not seen by any step, so these are lower bounds when a step retried.
 """
@@ -42,6 +44,7 @@ PLAN_TRANSITIONS = 2  # PlanSegments, SegmentsReady?
 FINISH_TRANSITIONS = 2  # Finalize, BackupSucceeded
 WORKER = "worker"
 ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
+WAKE_WRITER = {"s3:PutObject": 1}  # SleepUntilWoken writes the wake record once
 INLINE_WORKER_TRANSITIONS = 1  # a Worker in the inline map: its Task state, in the execution's own bill
 WARM_TRANSITIONS = 2  # a round after stream end: WarmFinalize, FinalRoundInline?
 FINALIZE = "finalize"
@@ -66,6 +69,8 @@ def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int,
         usage = usage + Usage(transitions=1)
     elif status == "ready":
         usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
+    elif status == "sleeping":  # SleepUntilWoken
+        usage = usage + Usage(requests=dict(WAKE_WRITER), transitions=1)
     elif status != "done":  # waiting, or held: WaitForSegments
         usage = usage + Usage(transitions=1)
     return usage

@@ -50,3 +50,7 @@ class Executions(Protocol):
     def describe(self, ref: BackupRef) -> ExecutionStatus:
         """The backup's execution as it stands; NotFoundError if none was started."""
         ...
+
+    def wake(self, token: str) -> bool:
+        """Send a sleeping execution's task token back (braid.format.staging.wake); False if it is no longer waiting for it."""
+        ...

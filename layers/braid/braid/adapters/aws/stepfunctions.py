@@ -1,8 +1,10 @@
 """Executions over AWS Step Functions: one execution per backup.
 
-The agent only starts and watches executions: StartExecution (named by the
-backup, so starting twice finds the same one) and DescribeExecution. These
-are the only Step Functions permissions its IAM policy grants.
+The agent starts and watches executions: StartExecution (named by the
+backup, so starting twice finds the same one) and DescribeExecution; and it
+wakes its sleeping execution with the task token the pipeline left in the
+backup's staging (SendTaskSuccess, braid.format.staging.wake). These are the
+only Step Functions permissions its IAM policy grants.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from braid.ports.executions import ExecutionStatus
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
     from types_boto3_stepfunctions.client import SFNClient
+
+
+# SendTaskSuccess for a token whose task no longer waits (already woken, timed out, or its execution ended).
+STALE_TOKEN_ERRORS = frozenset({"TaskTimedOut", "TaskDoesNotExist", "InvalidToken"})
 
 
 class StepFunctionsExecutions:
@@ -68,6 +74,18 @@ class StepFunctionsExecutions:
         except (ClientError, BotoCoreError) as exc:
             raise aws_error(exc, self._call(f"reading the pipeline execution of {ref}", "states:DescribeExecution"), ExecutionError, specific) from None
         return ExecutionStatus(arn, str(response["status"]), response.get("error"), response.get("cause"))
+
+    def wake(self, token: str) -> bool:
+        # The state discards whatever is sent: a wake can only make the planner look sooner.
+        try:
+            self.client.send_task_success(taskToken=token, output="{}")
+            return True
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in STALE_TOKEN_ERRORS:
+                return False  # woken already, or timed out: the execution moved on
+            raise aws_error(exc, self._call("waking the backup pipeline", "states:SendTaskSuccess"), ExecutionError) from None
+        except BotoCoreError as exc:
+            raise aws_error(exc, self._call("waking the backup pipeline", "states:SendTaskSuccess"), ExecutionError) from None
 
     def _call(self, doing: str, permission: str) -> AwsCall:
         return AwsCall("Step Functions", doing, permission)

@@ -30,6 +30,9 @@ nothing from the host but these objects:
                                  waits for --resume (HoldRecord)
     resume.json                  written by --resume (ResumeRequest): releases
                                  a hold
+    wake                         written by the sleeping state machine: its task
+                                 token, which the agent sends back once what the
+                                 planner waits for has arrived (WakeRecord)
 
 No plaintext outlives the backup: the planner deletes each segment once its
 chunks are all stored, Finalize and Cleanup delete the rest,
@@ -58,10 +61,12 @@ from braid.format.staging.keys import (
     segments_prefix,
     session_key,
     stream_end_key,
+    wake_key,
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.rounds import ChunkSlice, ItemFailure, ItemResult, MapItem, Round, RoundFold
+from braid.format.staging.wake import WakeRecord
 
 __all__ = [
     "ChunkSlice",
@@ -74,6 +79,7 @@ __all__ = [
     "SessionRecord",
     "StagingArea",
     "StreamEnd",
+    "WakeRecord",
     "HoldRecord",
     "ResumeRequest",
     "failure_key",
@@ -90,5 +96,6 @@ __all__ = [
     "segments_prefix",
     "session_key",
     "stream_end_key",
+    "wake_key",
     "wrapped_key_key",
 ]

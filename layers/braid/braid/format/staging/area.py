@@ -50,10 +50,12 @@ from braid.format.staging.keys import (
     segments_prefix,
     session_key,
     stream_end_key,
+    wake_key,
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round, RoundFold, RoundsCompaction
+from braid.format.staging.wake import WakeRecord
 from braid.format.usage import Usage
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore
@@ -171,6 +173,13 @@ class StagingArea:
     def read_agent_lease(self) -> bytes | None:
         """The agent's heartbeat as stored (None if it keeps none): a change is progress."""
         return self._get(agent_lease_key(self.ref))
+
+    # -- the sleeping pipeline's wake record ----------------------------------
+    def read_wake(self) -> WakeRecord | None:
+        """The token the sleeping pipeline left for the agent (None: it is not sleeping, or never slept)."""
+        key = wake_key(self.ref)
+        raw = self._get(key)
+        return None if raw is None else WakeRecord.from_bytes(raw, key)
 
     # -- data key ------------------------------------------------------------
     def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:

@@ -27,6 +27,7 @@ FOLDS = "folds/"
 COMPACTIONS = "compacted/"
 HELD = "held.json"
 RESUME = "resume.json"
+WAKE = "wake"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
 _SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})", re.ASCII)
@@ -83,6 +84,14 @@ def agent_lease_key(ref: BackupRef) -> str:
     goes with the rest of staging when Finalize or Cleanup removes it.
     """
     return f"{staging_prefix(ref)}{AGENT_LEASE}"
+
+
+def wake_key(ref: BackupRef) -> str:
+    """Where the sleeping pipeline leaves its task token for the agent (WakeRecord, braid.agent.wake).
+
+    Written by the state machine itself (SleepUntilWoken, an S3 PutObject that waits for its token), read by the
+    agent after each segment record and at the stream's end; it goes with the rest of staging."""
+    return f"{staging_prefix(ref)}{WAKE}"
 
 
 def rounds_prefix(ref: BackupRef) -> str:
