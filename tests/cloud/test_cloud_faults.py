@@ -240,10 +240,13 @@ def wait_for_execution(emulator: Emulator, caller: str) -> str:
 
 
 def kill_point_reached(emulator: Emulator, caller: str, name: str, kind: str, when: int | str) -> bool:
-    """("parts", k): k parts of the backup stored; ("waiting", _): the agent polls its execution."""
+    """("parts", k): k parts of the backup stored; ("waiting", _): the stream is staged whole (its stream-end
+    record written) and the agent polls its execution. Its watch polls while it uploads too, so a poll alone
+    could land the kill mid-upload."""
     if kind == "parts":
         return len(staged_parts(emulator, f"staging/{name}/")) >= int(when)
-    return bool(emulator.requests(caller=caller, op="DescribeExecution"))
+    ended = any(r["key"].endswith("/stream-end.json") and r.get("status") == 200 for r in emulator.requests(caller=caller, op="PutObject"))
+    return ended and bool(emulator.requests(caller=caller, op="DescribeExecution"))
 
 
 def kill_and_resume(emulator: Emulator, tmp: Path, caller: str, name: str, inputs: list[bytes], kind: str, when: int | str) -> bool:
@@ -286,6 +289,10 @@ def kill_and_resume(emulator: Emulator, tmp: Path, caller: str, name: str, input
     assert len(before | set(after)) == total
     if kind == "waiting":
         assert after == [] and len(before) == total
+        # Its stream was staged whole: the resumed agent writes nothing to staging (a lease or a resume request
+        # written after Finalize removed the staging would stay there), it follows the pipeline.
+        late = [r["key"] for r in emulator.requests(caller=caller, op="PutObject") if r["t"] >= resumed_at and r["key"].startswith(ref_prefix(ref))]
+        assert late == [], late
     restore, restored = restore_files(emulator, f"restore-{caller}", ref, tmp, len(inputs))
     assert restore.code == 0 and restored == inputs, restore.stderr
     nothing_staged(emulator, ref)

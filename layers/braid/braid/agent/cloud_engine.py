@@ -13,6 +13,7 @@ Step Functions.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -158,7 +159,10 @@ class CloudEngine:
         # The pipeline sleeps while the stream arrives slowly; the agent wakes it when what it waits for is recorded.
         waker = PipelineWaker(area, self.pipeline, upload.recorded_chunks, lambda: upload.end_written)
         upload.on_recorded = waker.poke
-        if request.resume:
+        # Staged completely before the interruption and not held: the pipeline needs nothing more from this
+        # agent, and anything it wrote now could land after Finalize removed the staging, and stay there.
+        finished_upload = upload.stream_end is not None and area.read_hold() is None
+        if request.resume and not finished_upload:
             # A held backup (workers kept failing) waits for this: the pipeline plans
             # its unfinished items again, and only those (braid.pipeline.replan).
             nonce = secrets.token_hex(8)
@@ -170,7 +174,7 @@ class CloudEngine:
             watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
             # Renewed several times per stall window: it is the upload's progress to the planner.
             lease = BackupLease(self.store, ref, heartbeat_seconds(self.options.stall_seconds), key=agent_lease_key(ref), remove_on_exit=False)
-            with lease, watch:
+            with contextlib.nullcontext() if finished_upload else lease, watch:
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
                     request.sources,
