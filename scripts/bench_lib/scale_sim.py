@@ -67,7 +67,7 @@ from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.staging.area import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.keys import agent_lease_key
-from braid.format.staging.wake import ONLY_AT_END
+from braid.format.staging.wake import WakeRecord
 from braid.format.timestamps import utc_now
 from braid.pipeline import item_flow
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
@@ -501,6 +501,7 @@ class _Agent:
         (the moment, woken). The agent reads the wake record at each segment record it writes (the first of them starts
         its `after` clock) and at the stream's end; one that has ended already pokes while it waits for the pipeline."""
         limit = now + timeout
+        record = WakeRecord(chunks, int(after), "simulated")
         if self.ended:
             return now + POKE_INTERVAL_SECONDS + WAKE_SECONDS, True
         first_read: float | None = None
@@ -510,7 +511,7 @@ class _Agent:
             if when > limit:
                 return limit, False
             first_read = when if first_read is None else first_read
-            if chunks != ONLY_AT_END and math.ceil(end_byte / self.session.chunk_size) >= chunks and when - first_read >= after:
+            if record.due(math.ceil(end_byte / self.session.chunk_size), when - first_read, ended=False):  # the agent's own test
                 return when + WAKE_SECONDS, True
         return (max(now, self.end_at) + WAKE_SECONDS, True) if self.end_at <= limit else (limit, False)
 
