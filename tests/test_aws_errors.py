@@ -161,3 +161,18 @@ def test_cloudformation_errors(aws_env: None) -> None:
             stack_outputs("Nope", client)
         with pytest.raises(RepositoryError, match="access denied while reading stack 'Braid': the role needs cloudformation:DescribeStacks"):
             stack_outputs("Braid", client)
+
+
+def test_waking_a_pipeline_drops_a_stale_token_and_names_a_refused_wake(aws_env: None) -> None:
+    """SendTaskSuccess (braid.agent.wake): a token the execution no longer waits for is not an error; anything else is an
+    ExecutionError naming the permission (the waker logs it and leaves the pipeline to its sleep's timeout)."""
+    executions = StepFunctionsExecutions(stepfunctions_client(region="us-east-1"), MACHINE)
+    with Stubber(executions.client) as stub:
+        stub.add_response("send_task_success", {}, {"taskToken": "t1", "output": "{}"})
+        for code in ("TaskTimedOut", "TaskDoesNotExist", "InvalidToken"):
+            stub.add_client_error("send_task_success", code, "gone", http_status_code=400)
+        stub.add_client_error("send_task_success", "AccessDeniedException", "no", http_status_code=400)
+        assert executions.wake("t1") is True
+        assert [executions.wake("old") for _ in range(3)] == [False, False, False]
+        with pytest.raises(ExecutionError, match=r"waking the backup pipeline.*states:SendTaskSuccess"):
+            executions.wake("t2")

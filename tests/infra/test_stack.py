@@ -664,6 +664,16 @@ def test_a_sleeping_planner_waits_for_the_agents_wake_or_its_timeout(template: T
         {"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "WaitForSegments"},
     ]
     assert sleep["Retry"][0]["ErrorEquals"] == ["States.TaskFailed"]
-    from braid.format.staging import WakeRecord  # the agent reads what the state writes
+    from fnmatch import fnmatchcase
+
+    from braid.format.ids import BackupRef
+    from braid.format.staging import WakeRecord, session_key, stream_end_key, wake_key  # the agent reads what the state writes
+
+    # The role's one S3 write (the least-privilege table: s3:PutObject on staging/*/wake) covers the key the Plan function
+    # names, and no other staging record: the state machine cannot overwrite what the agent staged.
+    (granted,) = [p for a, p in LEAST_PRIVILEGE["PipelineBackupRole"] if a == "s3:PutObject"]
+    ref = BackupRef.new("db")
+    assert fnmatchcase(wake_key(ref), granted)
+    assert not any(fnmatchcase(key, granted) for key in (session_key(ref), stream_end_key(ref), f"{wake_key(ref)}.json"))
 
     assert WakeRecord.from_bytes(b"130 20 AAAAKgAAAAIAAAAA+token/==", "k") == WakeRecord(130, 20, "AAAAKgAAAAIAAAAA+token/==")
