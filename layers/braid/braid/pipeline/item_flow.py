@@ -150,14 +150,17 @@ def store_item_chunks(
     level: int,
     fetch_range: FetchRange,
     check: Check,
+    stop: Callable[[], bool] | None = None,
 ) -> list[ChunkEntry]:
     """Read, encode and store the chunks of `packs` (consecutive runs, in order); their entries, in order.
 
     `fetch_range` reads part of a chunk into the view it is given (or returns
     the bytes, which are then copied there) and raises if it gets fewer;
-    `check` raises if a whole chunk is not what the agent staged. See the
-    module docstring for the flow."""
-    flow = _ItemFlow(lanes, store, ref, input_index, buffer_size, key, level, fetch_range, check, chunks_per_pack)
+    `check` raises if a whole chunk is not what the agent staged. `stop`
+    (a cut item's, braid.format.staging.MapItem.cut) is asked before each
+    pack after the first is encoded: True stores no further pack, and the
+    entries are those of the packs before it. See the module docstring for the flow."""
+    flow = _ItemFlow(lanes, store, ref, input_index, buffer_size, key, level, fetch_range, check, chunks_per_pack, stop)
     try:
         return flow.run([piece for pack in packs for piece in pack], packs)
     finally:
@@ -169,9 +172,10 @@ class _ItemFlow:
 
     def __init__(
         self, lanes: ChunkLanes, store: ObjectStore, ref: BackupRef, input_index: int, buffer_size: int, key: DataKey, level: int,
-        fetch_range: FetchRange, check: Check, pack_chunks: int,
+        fetch_range: FetchRange, check: Check, pack_chunks: int, stop: Callable[[], bool] | None = None,
     ) -> None:
         self.lanes, self.store, self.ref, self.input_index = lanes, store, ref, input_index
+        self.stop = stop
         self.buffer_size, self.key, self.level = buffer_size, key, level
         self.fetch_range, self.check = fetch_range, check
         self.tokens = threading.Semaphore(buffers_per_item(lanes.lanes, pack_chunks))
@@ -188,12 +192,14 @@ class _ItemFlow:
         pack_of = {piece.index: n for n, pack in enumerate(packs) for piece in pack}
         buffers_of: dict[int, list[WritableBuffer]] = {n: [] for n in range(len(packs))}
         for position, piece in enumerate(pieces):
+            n = pack_of[piece.index]
+            if n and piece is packs[n][0] and self.stop is not None and self.stop():
+                break  # reads already started for this pack are waited for (settle) and dropped
             self._read_ahead(reads, upcoming, position)
             read_piece, buffer, read = reads.popleft()
             assert read_piece is piece
             plaintext = read.result()
             encoded[piece.index] = self._start(self.lanes.encode, self._encode, piece, plaintext, buffer)
-            n = pack_of[piece.index]
             buffers_of[n].append(buffer)
             if piece is packs[n][-1]:
                 frames = [encoded.pop(p.index) for p in packs[n]]

@@ -41,6 +41,7 @@ from braid.format.chunk import Buffer, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
+from braid.format.staging.rounds import PACK_TAPER, pack_sizes
 from braid.format.usage import Usage
 from braid.pipeline.item_flow import ChunkLanes, store_item_chunks
 from braid.pipeline.prepare import load_data_key
@@ -48,7 +49,7 @@ from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore, read_range
 from braid.ports.usage import InvocationMeter
 
-__all__ = ["ChunkLanes", "DataKeyCache", "WorkerEvent", "process_item", "packs_of"]
+__all__ = ["PACK_TAPER", "ChunkLanes", "DataKeyCache", "WorkerEvent", "pack_sizes", "packs_of", "process_item"]
 
 RESULT_PUT = "s3:PutObject"  # the request that writes the result record
 
@@ -146,47 +147,31 @@ def check_part(ref: BackupRef, item: MapItem, piece: ChunkSlice, data: Buffer) -
         )
 
 
-# Chunks in an item's last packs, the very last first: see pack_sizes.
-PACK_TAPER = (1, 2, 3)
-
-
-def pack_sizes(count: int, chunks_per_pack: int, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
-    """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
-
-    A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
-    so only the last packs' PUTs are not overlapped by the codec, and the item
-    (a worker billed by the second) ends with the PUT that ends last. A pack
-    ending j chunks before the item's last ends its PUT at about the codec's
-    end - j x (codec s per chunk) + its size x (PUT s per chunk); at the usual
-    stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
-    encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
-    chunks at the end all finish with the last one-chunk PUT, where one pack of
-    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
-    as even as possible, larger first. A pure function of the item, so a
-    retried worker forms the same packs.
-    """
-    limit = max(1, chunks_per_pack)
-    tail: list[int] = []
-    left = count
-    for size in taper:
-        if left <= 0:
-            break
-        tail.append(min(size, limit, left))
-        left -= tail[-1]
-    packs = -(-left // limit) if left > 0 else 0
-    head = [left // packs + (1 if n < left % packs else 0) for n in range(packs)] if packs else []
-    return head + tail[::-1]
-
-
-def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int) -> list[list[ChunkSlice]]:
-    """The item's chunks as packs of consecutive chunks, sized by pack_sizes."""
+def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int, sizes: Iterable[int] | None = None) -> list[list[ChunkSlice]]:
+    """The item's chunks as packs of consecutive chunks: `sizes` (MapItem.packs), else sized by pack_sizes."""
     ordered = list(pieces)
     packs = []
     first = 0
-    for size in pack_sizes(len(ordered), chunks_per_pack):
+    for size in sizes if sizes is not None else pack_sizes(len(ordered), chunks_per_pack):
         packs.append(ordered[first : first + size])
         first += size
     return packs
+
+
+class StreamEnded:
+    """Whether the backup's stream has ended, read from staging until it has (then remembered): a cut item's stop test.
+
+    One GET of the stream-end record per pack boundary (~$0.0004 per 1,000): it is what lets a streaming
+    item be long without holding back the time after stream end (MapItem.cut)."""
+
+    def __init__(self, area: StagingArea) -> None:
+        self._area = area
+        self._ended = False
+
+    def __call__(self) -> bool:
+        if not self._ended:
+            self._ended = self._area.read_stream_end() is not None
+        return self._ended
 
 
 def process_item(
@@ -237,7 +222,8 @@ def _process_item(
     pieces = item.chunks()
     entries = tuple(
         store_item_chunks(
-            lanes, store, ref, packs_of(pieces, chunks_per_pack), chunks_per_pack=chunks_per_pack, input_index=item.input_index,
+            lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs(chunks_per_pack)), chunks_per_pack=chunks_per_pack,
+            input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
             buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
             fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
             check=lambda piece, data: check_part(ref, item, piece, data),

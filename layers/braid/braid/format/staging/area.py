@@ -383,17 +383,14 @@ class StagingArea:
                 usages.append(result.usage)
         return entries
 
-    def fold_results(self, round_number: int, attempt: int, finished: Iterable[MapItem]) -> str | None:
-        """Merge the result records of a map's finished items into one fold; returns its key (None: nothing to fold).
+    def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
+        """The result records of `items` that exist, read back and match their item, by first chunk index.
 
-        Only records that read back and match their item go in: anything else
-        is left to Finalize, which reads that item's record itself and refuses
-        it there. Overwrites are fine: a retried planner folds the same
-        records, and a late worker's record describes the same stored chunks."""
-        finished = list(finished)
-        keys = [result_key(self.ref, item.first_index) for item in finished]
-        results: list[ItemResult] = []
-        for item, key, raw in zip(finished, keys, self._get_many(keys), strict=True):
+        Anything else is left out: Finalize reads that item's record itself and refuses it there."""
+        items = list(items)
+        keys = [result_key(self.ref, item.first_index) for item in items]
+        found: dict[int, ItemResult] = {}
+        for item, key, raw in zip(items, keys, self._get_many(keys), strict=True):
             if raw is None:
                 continue
             try:
@@ -401,7 +398,20 @@ class StagingArea:
                 result.check(item, str(self.ref))
             except IntegrityError:
                 continue
-            results.append(result)
+            found[item.first_index] = result
+        return found
+
+    def fold_results(self, round_number: int, attempt: int, finished: Iterable[MapItem], read: dict[int, ItemResult] | None = None) -> str | None:
+        """Merge the result records of a map's finished items into one fold; returns its key (None: nothing to fold).
+
+        Only records that read back and match their item go in (read_item_results;
+        `read`: those already read). Overwrites are fine: a retried planner folds
+        the same records, and a late worker's record describes the same stored
+        chunks, or, for a cut item, a prefix of them: the fold keeps the one the
+        planner planned the rest after (braid.pipeline.replan)."""
+        finished = list(finished)
+        read = read if read is not None else self.read_item_results(finished)
+        results = [read[item.first_index] for item in finished if item.first_index in read]
         if not results:
             return None
         key = fold_key(self.ref, round_number, attempt)

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from braid.contract import CHUNKS_PER_PACK
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.manifest import ChunkEntry
@@ -38,9 +39,57 @@ class ChunkSlice:
     checksum: str  # CRC64NVME (base64) of the part as the agent read it
 
 
+# Chunks in an item's last packs, the very last first: see pack_sizes.
+PACK_TAPER = (1, 2, 3)
+
+
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
+    """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
+
+    A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
+    so only the last packs' PUTs are not overlapped by the codec, and the item
+    (a worker billed by the second) ends with the PUT that ends last. A pack
+    ending j chunks before the item's last ends its PUT at about the codec's
+    end - j x (codec s per chunk) + its size x (PUT s per chunk); at the usual
+    stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
+    encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
+    chunks at the end all finish with the last one-chunk PUT, where one pack of
+    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
+    as even as possible, larger first. A pure function of the item's layout
+    (MapItem.layout), so a retried worker, and the items that finish a cut
+    one, form the same packs: the same stored objects.
+    """
+    limit = max(1, chunks_per_pack)
+    tail: list[int] = []
+    left = count
+    for size in taper:
+        if left <= 0:
+            break
+        tail.append(min(size, limit, left))
+        left -= tail[-1]
+    packs = -(-left // limit) if left > 0 else 0
+    head = [left // packs + (1 if n < left % packs else 0) for n in range(packs)] if packs else []
+    return head + tail[::-1]
+
+
 @dataclass(frozen=True)
 class MapItem:
-    """One Distributed Map item: `count` consecutive parts of one segment."""
+    """One Distributed Map item: `count` consecutive parts of one segment.
+
+    `layout`: the (first part, count) of the item whose pack layout these
+    chunks follow, when it is not this item's own: an item that finishes the
+    chunks a cut item left (see `cut`) stores them in exactly the packs the
+    cut item would have, so a late attempt of the cut item and the items
+    that finish it can only ever meet identical objects (create-only PUTs,
+    braid.engine.chunk_worker.put_pack). Such an item starts and ends on the
+    layout's pack boundaries.
+
+    `cut`: the item is planned while the stream still arrives, and its worker
+    stops at a pack boundary once the stream has ended, writing a result for
+    the packs it stored (ItemResult.is_cut): the planner gives the rest to
+    the final round, spread over many workers, so a long streaming item never
+    holds back the time after stream end.
+    """
 
     segment: str  # repository-relative key of the segment object
     input_index: int
@@ -52,10 +101,68 @@ class MapItem:
     count: int
     first_index: int  # global index of the item's first chunk
     checksums: tuple[str, ...]  # per part, from the segment record
+    layout: tuple[int, int] | None = None  # (first part, count) whose packs these chunks follow; None: this item's own
+    cut: bool = False  # may stop at a pack boundary once the stream has ended
 
     @property
     def end_index(self) -> int:
         return self.first_index + self.count
+
+    @property
+    def layout_range(self) -> tuple[int, int]:
+        """(first part, count) of the pack layout: this item's own unless it finishes a cut item."""
+        return self.layout if self.layout is not None else (self.first_part, self.count)
+
+    @property
+    def finishes_cut(self) -> bool:
+        """Whether the item stores chunks of another item's layout (what a cut item left), not chunks of its own plan."""
+        return self.layout is not None and self.layout != (self.first_part, self.count)
+
+    def packs(self, chunks_per_pack: int = CHUNKS_PER_PACK) -> list[int]:
+        """Chunks per pack of this item, in order: its layout's packs that fall in its range (which must align)."""
+        layout_first, layout_count = self.layout_range
+        sizes: list[int] = []
+        part = layout_first
+        for size in pack_sizes(layout_count, chunks_per_pack):
+            if self.first_part <= part and part + size <= self.first_part + self.count:
+                sizes.append(size)
+            elif part < self.first_part + self.count and self.first_part < part + size:
+                raise IntegrityError(
+                    f"map item for parts {self.first_part}..{self.first_part + self.count - 1} of {self.segment} splits the pack of parts"
+                    f" {part}..{part + size - 1} of its layout"
+                )
+            part += size
+        return sizes
+
+    def remainder(self, done: int) -> MapItem:
+        """The item's chunks after its first `done` (a cut result), in this item's pack layout, never cut again."""
+        if not 0 < done < self.count:
+            raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no remainder after {done} chunks")
+        return MapItem(
+            self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
+            self.first_part + done, self.count - done, self.first_index + done, self.checksums[done:], self.layout_range, False,
+        )
+
+    def split(self, chunks: int) -> list[MapItem]:
+        """The item as consecutive items of whole packs, each of about `chunks` chunks at most (one pack at least), same layout."""
+        pieces: list[MapItem] = []
+        start = 0
+        taken = 0
+        for size in self.packs():
+            if taken and taken + size > max(1, chunks):
+                pieces.append(self._sub(start, taken))
+                start, taken = start + taken, 0
+            taken += size
+        if taken:
+            pieces.append(self._sub(start, taken))
+        return pieces
+
+    def _sub(self, start: int, count: int) -> MapItem:
+        return MapItem(
+            self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
+            self.first_part + start, count, self.first_index + start, self.checksums[start : start + count],
+            None if (start, count) == (0, self.count) and self.layout is None else self.layout_range, self.cut,
+        )
 
     def chunks(self) -> list[ChunkSlice]:
         slices = []
@@ -80,12 +187,18 @@ class MapItem:
             "count": self.count,
             "first_index": self.first_index,
             "crc": list(self.checksums),
+            **({"layout": list(self.layout)} if self.layout is not None else {}),
+            **({"cut": True} if self.cut else {}),
         }
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> MapItem:
         """One validation for every reader: the round file, and the worker's event."""
         try:
+            layout = doc.get("layout")
+            cut = doc.get("cut", False)
+            if not isinstance(cut, bool):
+                raise ValueError(f"cut must be true or false, not {cut!r}")
             item = cls(
                 segment=str(doc["segment"]),
                 input_index=int(doc["input"]),
@@ -97,11 +210,20 @@ class MapItem:
                 count=int(doc["count"]),
                 first_index=int(doc["first_index"]),
                 checksums=tuple(str(c) for c in doc["crc"]),
+                layout=None if layout is None else (int(layout[0]), int(layout[1])),
+                cut=cut,
             )
-        except (KeyError, TypeError, ValueError) as exc:
+            if layout is not None and len(layout) != 2:
+                raise ValueError(f"layout is [first part, count], not {layout!r}")
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise IntegrityError(f"malformed map item {dict(doc) if isinstance(doc, Mapping) else doc!r}: {exc}") from None
-        if item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0 or len(item.checksums) != item.count:
+        layout_first, layout_count = item.layout_range
+        if (
+            item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0 or len(item.checksums) != item.count
+            or layout_first < 1 or item.first_part < layout_first or item.first_part + item.count > layout_first + layout_count
+        ):
             raise IntegrityError(f"impossible map item {dict(doc)!r}")
+        item.packs()  # its range must fall on its layout's pack boundaries
         return item
 
 
@@ -186,17 +308,31 @@ class ItemResult:
             raise IntegrityError(f"result record {where} is truncated")
         return result
 
+    def is_cut(self, item: MapItem) -> bool:
+        """Whether this result stores only the item's first packs (a cut item's worker stopped at stream end)."""
+        return len(self.entries) < item.count
+
     def check(self, item: MapItem, backup: str) -> None:
-        """The record must describe exactly the chunks the plan gave the item."""
+        """The record must describe exactly the chunks the plan gave the item, or, for a cut item, its first whole packs."""
         expected = item.chunks()
-        if len(self.entries) != len(expected):
+        if len(self.entries) != len(expected) and not (item.cut and 0 < len(self.entries) < len(expected) and _at_pack_boundary(item, len(self.entries))):
             raise IntegrityError(f"result for chunks {item.first_index}.. of {backup} lists {len(self.entries)} chunks, the plan {len(expected)}")
-        for planned, entry in zip(expected, self.entries, strict=True):
+        for planned, entry in zip(expected, self.entries, strict=False):
             if (entry.index, entry.input_index, entry.offset, entry.length) != (planned.index, item.input_index, planned.offset, planned.length):
                 raise IntegrityError(
                     f"result for chunk {planned.index} of {backup} describes chunk {entry.index} of input {entry.input_index}"
                     f" at {entry.offset}+{entry.length}; the plan says input {item.input_index} at {planned.offset}+{planned.length}"
                 )
+
+
+def _at_pack_boundary(item: MapItem, done: int) -> bool:
+    """Whether the item's first `done` chunks are whole packs."""
+    total = 0
+    for size in item.packs():
+        total += size
+        if total == done:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
