@@ -66,7 +66,7 @@ from braid.format.manifest import ChunkEntry
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.staging.area import READ_THREAD_NAME, READ_THREADS
-from braid.format.staging.keys import agent_lease_key
+from braid.format.staging.keys import agent_lease_key, stream_end_key
 from braid.format.staging.wake import WakeRecord
 from braid.format.timestamps import utc_now
 from braid.pipeline import item_flow
@@ -297,63 +297,119 @@ class NullPublisher:
 
 
 @dataclass(frozen=True)
+class ItemShape:
+    """What a worker's requests depend on: its chunks within their pack layout, and where a cut item stopped.
+
+    `layout`: chunks of the item whose packs these are (MapItem.layout); `start`: this item's first chunk within
+    it; `count`: its chunks; `cut`: whether it asks for the stream end at each pack boundary; `packs`: the packs it
+    stored (fewer than its own when it was cut)."""
+
+    layout: int
+    start: int
+    count: int
+    cut: bool
+    packs: int
+
+    @classmethod
+    def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
+        layout_first, layout_count = item.layout_range
+        return cls(layout_count, item.first_part - layout_first, item.count, item.cut, len(item.packs()) if packs is None else packs)
+
+
+@dataclass(frozen=True)
 class WorkerRequests:
     """Requests of one map item by its number of chunks, by kind, counted from the real process_item.
 
     Not a per-chunk rate: the worker reads an item's first chunks in several
     ranges (braid.pipeline.item_flow) and stores its chunks in packs that
-    shrink towards the item's end (braid.pipeline.worker.pack_sizes), so
-    each item size is counted as it is.
+    shrink towards the item's end (braid.format.staging.rounds.pack_sizes), so
+    each item size is counted as it is. Other shapes (a cut item that
+    stopped after some packs, an item finishing one: ItemShape) are counted
+    the same way, from the real worker, the first time the simulation meets one.
     """
 
     by_chunks: dict[int, Counter[str]]
     chunks_per_pack: int = CHUNKS_PER_PACK
+    chunk_size: int = 64 * 2**20
+    shapes: dict[ItemShape, Counter[str]] = field(default_factory=dict)
 
     def of(self, chunks: int) -> Counter[str]:
         if chunks not in self.by_chunks:
             raise ValueError(f"no calibration for an item of {chunks} chunks (counted: 1..{max(self.by_chunks)})")
         return Counter(self.by_chunks[chunks])
 
+    def of_shape(self, shape: ItemShape) -> Counter[str]:
+        if (shape.layout, shape.start, shape.cut, shape.packs) == (shape.count, 0, False, len(pack_sizes(shape.count, self.chunks_per_pack))):
+            if shape.count in self.by_chunks:
+                return self.of(shape.count)
+        if shape not in self.shapes:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.shapes[shape] = _count_item(LocalKeyFile.create(Path(tmp) / "master.key"), shape.count, self.chunk_size, shape)
+        return Counter(self.shapes[shape])
 
-def _count_item(keys: LocalKeyFile, chunks: int, chunk_size: int) -> Counter[str]:
+
+def _count_item(keys: LocalKeyFile, chunks: int, chunk_size: int, shape: ItemShape | None = None) -> Counter[str]:
     """The requests of the real worker storing one item of `chunks` small chunks, as it would at `chunk_size`.
 
     The chunks are 4 KiB (the requests do not depend on the bytes), and the
     smallest range the worker reads a chunk in is scaled by the same factor,
     so its chunks are cut into as many ranged GETs as `chunk_size` ones are.
+    `shape`: the item's place in its pack layout and where a cut item stops (default: a whole item of its own).
     """
     chunk = 4096
     saved = item_flow.MIN_RANGE_BYTES
     item_flow.MIN_RANGE_BYTES = max(1, saved * chunk // chunk_size)
     try:
-        return _run_count(keys, chunks, chunk)
+        return _run_count(keys, chunk, shape or ItemShape(chunks, 0, chunks, False, len(pack_sizes(chunks, CHUNKS_PER_PACK))))
     finally:
         item_flow.MIN_RANGE_BYTES = saved
 
 
-def _run_count(keys: LocalKeyFile, chunks: int, chunk: int) -> Counter[str]:
+def _run_count(keys: LocalKeyFile, chunk: int, shape: ItemShape) -> Counter[str]:
     store = CountingStore(time.time)
     _repository(store, keys)
     ref = BackupRef.new("calibrate")
-    data = bytes(range(256)) * (chunk * chunks // 256)
+    data = bytes(range(256)) * (chunk * shape.layout // 256)
     area = StagingArea(store, ref)
     repo_id = Repository.open(store).config.id
-    area.write_session(SessionRecord(str(ref), repo_id, chunk, chunks, 3, ["in"], utc_now()))
+    area.write_session(SessionRecord(str(ref), repo_id, chunk, shape.layout, 3, ["in"], utc_now()))
     store.put(segment_key(ref, 0, 0), data)
     crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repo_id)
-    item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, chunks, 0, crcs)
+    whole = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, shape.layout, 0, crcs, cut=shape.cut)
+    item = whole.piece(shape.start, shape.count) if (shape.start, shape.count) != (0, shape.layout) else whole
+    if shape.cut:  # the stream ends just before the boundary after `packs` packs (its check finds the record)
+        _end_at_check(store, ref, shape.packs)
     store.current = Invocation("worker")
     process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
     return store.current.requests
+
+
+def _end_at_check(store: CountingStore, ref: BackupRef, stored: int) -> None:
+    """Make the stream-end record appear when a cut worker checks for it the `stored`-th time (never if it stores all)."""
+    end = stream_end_key(ref)
+    get = store.get
+    seen = 0
+
+    def get_with_end(key: str) -> bytes:
+        nonlocal seen
+        if key == end:
+            seen += 1
+            if seen == stored:
+                saved, store.current = store.current, None
+                StagingArea(store, ref).write_stream_end(StreamEnd([1], [1]))
+                store.current = saved
+        return get(key)
+
+    store.get = get_with_end  # type: ignore[method-assign]
 
 
 def calibrate_worker(chunk_size: int = 64 * 2**20, max_chunks: int = DEFAULT_MAX_CHUNKS_PER_ITEM) -> WorkerRequests:
     """Run the real worker on an item of every size from 1 to `max_chunks` chunks and count its requests."""
     with tempfile.TemporaryDirectory() as tmp:
         keys = LocalKeyFile.create(Path(tmp) / "master.key")
-        return WorkerRequests({n: _count_item(keys, n, chunk_size) for n in range(1, max_chunks + 1)})
+        return WorkerRequests({n: _count_item(keys, n, chunk_size) for n in range(1, max_chunks + 1)}, chunk_size=chunk_size)
 
 
 def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
@@ -361,37 +417,73 @@ def _repository(store: CountingStore, keys: LocalKeyFile) -> Repository:
     return Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
 
 
-def item_seconds(chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int) -> float:
+def item_seconds(chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None) -> float:
     """One map item of `chunks` chunks through the worker's pipeline (braid.pipeline.item_flow), in seconds.
 
     Reads: the first FIRST_RANGED_CHUNKS chunks one after the other, each in
     ranges over the whole NIC; then up to `lanes` GETs at once, one S3
     stream each, sharing the NIC. The codec (one vCPU) takes the chunks in
     order, each once it has arrived; a pack's PUT (one stream) starts when
-    its last chunk is encoded (braid.pipeline.worker.pack_sizes). The item
-    ends with the last PUT, or with its bytes over the NIC if that is longer,
-    plus the invocation's overhead.
+    its last chunk is encoded (`packs`: the item's, MapItem.packs; default
+    pack_sizes). The item ends with the last PUT, or with its bytes over
+    the NIC if that is longer, plus the invocation's overhead.
     """
-    mb = 1e6
-    size = chunk / mb
-    ranged = size / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
-    arrivals = [ranged * (i + 1) for i in range(min(chunks, item_flow.FIRST_RANGED_CHUNKS))]
-    rest = chunks - len(arrivals)
-    if rest:
-        start = arrivals[-1]
-        rate = min(lanes * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)  # MB/s of the read-ahead
-        batch = min(lanes, rest)
-        arrivals += [start + max(batch, j + 1) * size / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
-    encoded, done = [], 0.0
-    for arrival in arrivals:
-        done = max(done, arrival) + cpu_chunk
-        encoded.append(done)
-    end, first = 0.0, 0
-    for pack in pack_sizes(chunks, CHUNKS_PER_PACK):
-        first += pack
-        end = max(end, encoded[first - 1] + pack * size * ratio / LAMBDA_S3_MB_S)
-    io_total = chunks * size * (1 + ratio) / LAMBDA_NIC_MB_S
-    return max(end, io_total) + INVOKE_OVERHEAD_SECONDS
+    timeline = ItemTimeline.of(chunks, cpu_chunk, chunk, ratio, lanes, packs)
+    return timeline.seconds(len(timeline.packs))
+
+
+@dataclass(frozen=True)
+class ItemTimeline:
+    """When an item's chunks arrive and its packs' PUTs end, from its start (see item_seconds)."""
+
+    packs: list[int]
+    arrivals: list[float]  # per chunk
+    encoded: list[float]  # per chunk: when the codec is done with it
+    pack_ends: list[float]  # per pack: its PUT's end
+    io_per_chunk: float  # NIC seconds per chunk, both ways
+
+    @classmethod
+    def of(cls, chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None) -> ItemTimeline:
+        mb = 1e6
+        size = chunk / mb
+        ranged = size / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
+        arrivals = [ranged * (i + 1) for i in range(min(chunks, item_flow.FIRST_RANGED_CHUNKS))]
+        rest = chunks - len(arrivals)
+        if rest:
+            start = arrivals[-1]
+            rate = min(lanes * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)  # MB/s of the read-ahead
+            batch = min(lanes, rest)
+            arrivals += [start + max(batch, j + 1) * size / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
+        encoded, done = [], 0.0
+        for arrival in arrivals:
+            done = max(done, arrival) + cpu_chunk
+            encoded.append(done)
+        sizes = list(packs) if packs is not None else pack_sizes(chunks, CHUNKS_PER_PACK)
+        ends, first, end = [], 0, 0.0
+        for pack in sizes:
+            first += pack
+            end = max(end, encoded[first - 1] + pack * size * ratio / LAMBDA_S3_MB_S)
+            ends.append(end)
+        return cls(sizes, arrivals, encoded, ends, size * (1 + ratio) / LAMBDA_NIC_MB_S)
+
+    def seconds(self, packs: int) -> float:
+        """The item's duration if it stores its first `packs` packs (all of them, unless it is cut)."""
+        chunks = sum(self.packs[:packs])
+        return max(self.pack_ends[packs - 1], chunks * self.io_per_chunk) + INVOKE_OVERHEAD_SECONDS
+
+    def stored_packs(self, started: float, ended_at: float | None) -> int:
+        """Packs a cut item started at `started` stores when the stream ends at `ended_at` (None: not before it ends).
+
+        Its worker asks for the stream end as the codec reaches each pack after the first, once it is done with
+        the previous pack's last chunk (braid.pipeline.item_flow): the first answer "ended" stops it there."""
+        if ended_at is None:
+            return len(self.packs)
+        first = 0
+        for n, pack in enumerate(self.packs[:-1], start=1):
+            first += pack
+            if started + self.encoded[first - 1] >= ended_at:
+                return n
+        return len(self.packs)
 
 
 # -- the simulation ------------------------------------------------------------------
@@ -604,7 +696,7 @@ def simulate(
         containers = 0
         worker_seconds = 0.0
         map_seconds = 0.0
-        worker_invocations: Counter[int] = Counter()
+        worker_invocations: Counter[tuple[ItemShape, float]] = Counter()
         while True:
             cursor = previous.get("cursor") if previous else None
             status = invoke(
@@ -650,7 +742,7 @@ def simulate(
             duration, billed, containers = _run_items(
                 store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
                 worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
-                warm=containers,
+                warm=containers, now=clock.now, ended_at=agent.end_at,
             )
             items_total += len(found)
             worker_seconds += billed
@@ -660,9 +752,9 @@ def simulate(
         publisher = NullPublisher()
         invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True, warmed=warmed)
         events += EVENTS["task"] + EVENTS["succeed"]
-        for chunks, n in worker_invocations.items():
-            worker = Invocation("worker", requests=calibration.of(chunks), count=n)
-            worker.seconds = item_seconds(chunks, worker_cpu, chunk_size, ratio, lanes)
+        for (shape, seconds), n in worker_invocations.items():
+            worker = Invocation("worker", requests=calibration.of_shape(shape), count=n)
+            worker.seconds = seconds
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
         # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker
@@ -720,35 +812,50 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
-    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[int], *, start: float = MAP_START_SECONDS, warm: int = 0,
+    worker_cpu: float, ratio: float, lanes: int, invocations: Counter[tuple[ItemShape, float]], *, start: float = MAP_START_SECONDS,
+    warm: int = 0, now: float = 0.0, ended_at: float | None = None,
 ) -> tuple[float, float, int]:
     """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
     the worker containers started so far.
 
     `start`: from the map state's start to its first items running (a Distributed Map run, or an inline Map).
-    `warm`: containers earlier rounds started; the round's other concurrent items first start one (COLD_START_SECONDS)."""
+    `warm`: containers earlier rounds started; the round's other concurrent items first start one (COLD_START_SECONDS).
+    `now`, `ended_at`: when the round starts and when the agent writes the stream-end record: a cut item (MapItem.cut)
+    running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.
+    Items run longest first on the least busy container, as round_wall."""
     area = StagingArea(store, ref)
+    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs(CHUNKS_PER_PACK)) for i in items]
+    order = sorted(range(len(items)), key=lambda n: -timelines[n].seconds(len(timelines[n].packs)))
+    running = max(1, min(workers, len(items)))
+    lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)
+    billed = 0.0
     saved, store.current = store.current, None  # counted through the calibration instead
     try:
-        for item in items:
+        for n in order:
+            item, timeline = items[n], timelines[n]
+            lanes_free.sort()
+            began = lanes_free[0]
+            stored = timeline.stored_packs(now + start + began, ended_at) if item.cut else len(timeline.packs)
+            seconds = timeline.seconds(stored)
+            lanes_free[0] += seconds
+            billed += seconds
             entries = []
-            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK):  # one object per pack, as the worker stores them (pack_sizes)
+            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK, timeline.packs)[:stored]:  # one object per pack, as the worker stores them
                 offset = 0
                 for piece in pack:
-                    stored = max(1, int(piece.length * ratio))
+                    size = max(1, int(piece.length * ratio))
                     mac = hashlib.blake2b(piece.index.to_bytes(8, "big"), digest_size=32).digest()
                     entries.append(
-                        ChunkEntry(piece.index, item.input_index, piece.offset, piece.length, stored, stored_checksum(b""), mac, "zstd", pack[0].index, offset)
+                        ChunkEntry(piece.index, item.input_index, piece.offset, piece.length, size, stored_checksum(b""), mac, "zstd", pack[0].index, offset)
                     )
-                    offset += stored
+                    offset += size
                 store.put_sized(chunk_key(ref, pack[0].index), offset)
             area.write_result(ItemResult(item.first_index, tuple(entries)))
-            invocations[item.count] += 1
+            invocations[(ItemShape.of(item, stored), seconds)] += 1
     finally:
         store.current = saved
-    durations = [item_seconds(i.count, worker_cpu, i.chunk_size, ratio, lanes) for i in items]
-    wall, containers = round_wall(durations, workers, warm, start)
-    return wall, sum(durations), containers
+    wall = start + max(lanes_free) if items else start
+    return wall, billed, max(warm, running if items else 0)
 
 
 def round_wall(durations: list[float], workers: int, warm: int, start: float) -> tuple[float, int]:

@@ -306,13 +306,24 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
             staged.store.put(name, body)
     status = plan(first.to_json()["cursor"])  # checks round 1's map and folds it (the stream still arrives), then plans the rest
     assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]
+    # The stream ends before round 2's workers run: round 2 was planned while it arrived, so its items are cut
+    # items, and each worker stops after its first pack; the planner gives their last packs to round 3.
     staged.store.put(stream_end_key(staged.ref), later[stream_end_key(staged.ref)])
+    second = area.read_items(status.items_key, status.round)
+    assert status.round == 2 and all(item.cut for item in [*first_items, *second])
     while status.status != "done":
         assert status.status == "ready", status
         for item in area.read_items(status.items_key, status.round):
             process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
         status = plan(status.to_json()["cursor"])
-    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]  # after stream end: not folded
+    # After stream end only the cut results are folded: the prefixes the planner planned the rest after.
+    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0), fold_key(staged.ref, 2, 0)]
+    folded = RoundFold.from_bytes(staged.store.get(fold_key(staged.ref, 2, 0)), "fold")
+    two_chunk = [item for item in second if item.count > 1]
+    assert two_chunk and [(r.first_index, len(r.entries)) for r in folded.results] == [(item.first_index, 1) for item in two_chunk]
+    third = area.read_rounds()[2].items
+    finishing = [item for item in third if item.finishes_cut]
+    assert [(i.first_index, i.count, i.layout) for i in finishing] == [(item.first_index + 1, 1, (item.first_part, 2)) for item in two_chunk]
     return key, first_items
 
 
@@ -332,6 +343,38 @@ def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(sta
     manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
     reader = ChunkReader(staged.store, manifest, key)
     assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+
+
+def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(staged: Staged) -> None:
+    """The planner planned a cut item's last packs after the prefix it read; a late attempt that stores the whole item
+    (it never saw the stream end) rewrites the record, and meets the very packs the finishing items stored."""
+    key, _ = stream_in_two_rounds(staged)
+    area = StagingArea(staged.store, staged.ref)
+    cut = [item for item in area.read_rounds()[1].items if item.count > 1][0]
+    prefix = ItemResult.from_bytes(staged.store.get(result_key(staged.ref, cut.first_index)), "cut")
+    rest = ItemResult.from_bytes(staged.store.get(result_key(staged.ref, cut.first_index + len(prefix.entries))), "rest")
+    # What a late attempt that stored the whole item writes (put_pack reports the packs already there).
+    area.write_result(ItemResult(cut.first_index, prefix.entries + rest.entries))
+
+    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+
+    assert (summary.chunks, summary.plaintext_bytes) == (5, len(DATA))
+    manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
+    reader = ChunkReader(staged.store, manifest, key)
+    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+
+
+def test_finalize_refuses_a_cut_item_whose_last_packs_were_never_stored(staged: Staged) -> None:
+    stream_in_two_rounds(staged)
+    area = StagingArea(staged.store, staged.ref)
+    finishing = [item for item in area.read_rounds()[2].items if item.finishes_cut]
+    staged.store.delete([result_key(staged.ref, finishing[0].first_index)])
+    fold = fold_key(staged.ref, 3, 0)
+    assert not list(staged.store.list(fold))  # the final round is not folded: its records are all there is
+
+    with pytest.raises(IntegrityError, match=rf"chunks {finishing[0].first_index}\.\.{finishing[0].end_index - 1} of backup .* were never stored"):
+        finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+    assert not list(staged.store.list(manifest_key(staged.ref)))  # nothing published
 
 
 class ManifestReadsBack(LocalStore):

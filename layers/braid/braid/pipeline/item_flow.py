@@ -157,9 +157,12 @@ def store_item_chunks(
     `fetch_range` reads part of a chunk into the view it is given (or returns
     the bytes, which are then copied there) and raises if it gets fewer;
     `check` raises if a whole chunk is not what the agent staged. `stop`
-    (a cut item's, braid.format.staging.MapItem.cut) is asked before each
-    pack after the first is encoded: True stores no further pack, and the
-    entries are those of the packs before it. See the module docstring for the flow."""
+    (a cut item's, braid.format.staging.MapItem.cut) is asked when the codec
+    reaches each pack after the first: True stores that pack and none after
+    it, and the entries are those of the packs before it (a pack a racing
+    encoder stored past the cut is left for the items that finish the cut
+    one: they store the same pack, create-only, and accept it). See the
+    module docstring for the flow."""
     flow = _ItemFlow(lanes, store, ref, input_index, buffer_size, key, level, fetch_range, check, chunks_per_pack, stop)
     try:
         return flow.run([piece for pack in packs for piece in pack], packs)
@@ -176,6 +179,8 @@ class _ItemFlow:
     ) -> None:
         self.lanes, self.store, self.ref, self.input_index = lanes, store, ref, input_index
         self.stop = stop
+        self.stopped_at: int | None = None  # the first pack a cut item does not store (set by the encoder that asked)
+        self.stop_lock = threading.Lock()
         self.buffer_size, self.key, self.level = buffer_size, key, level
         self.fetch_range, self.check = fetch_range, check
         self.tokens = threading.Semaphore(buffers_per_item(lanes.lanes, pack_chunks))
@@ -187,25 +192,26 @@ class _ItemFlow:
     def run(self, pieces: Sequence[ChunkSlice], packs: Sequence[Sequence[ChunkSlice]]) -> list[ChunkEntry]:
         reads: deque[tuple[ChunkSlice, WritableBuffer, Future[Buffer]]] = deque()
         upcoming = iter(enumerate(pieces))
-        encoded: dict[int, Future[tuple[ChunkEntry, Buffer]]] = {}
-        puts: list[Future[list[ChunkEntry]]] = []
+        encoded: dict[int, Future[tuple[ChunkEntry, Buffer] | None]] = {}
+        puts: list[tuple[int, Future[list[ChunkEntry]]]] = []
         pack_of = {piece.index: n for n, pack in enumerate(packs) for piece in pack}
         buffers_of: dict[int, list[WritableBuffer]] = {n: [] for n in range(len(packs))}
         for position, piece in enumerate(pieces):
-            n = pack_of[piece.index]
-            if n and piece is packs[n][0] and self.stop is not None and self.stop():
-                break  # reads already started for this pack are waited for (settle) and dropped
+            if self.stopped_at is not None:
+                break  # a cut item: the reads already started are waited for (settle) and dropped
             self._read_ahead(reads, upcoming, position)
             read_piece, buffer, read = reads.popleft()
             assert read_piece is piece
             plaintext = read.result()
-            encoded[piece.index] = self._start(self.lanes.encode, self._encode, piece, plaintext, buffer)
+            n = pack_of[piece.index]
+            boundary = n > 0 and piece is packs[n][0]
+            encoded[piece.index] = self._start(self.lanes.encode, self._encode, piece, plaintext, buffer, n, boundary)
             buffers_of[n].append(buffer)
             if piece is packs[n][-1]:
                 frames = [encoded.pop(p.index) for p in packs[n]]
-                puts.append(self._start(self.lanes.io, self._put, frames, buffers_of.pop(n)))
-        return [entry for put in puts for entry in put.result()]
-
+                puts.append((n, self._start(self.lanes.io, self._put, frames, buffers_of.pop(n), n)))
+        stored = [(n, put.result()) for n, put in puts]
+        return [entry for n, entries in stored if self.stopped_at is None or n < self.stopped_at for entry in entries]
     def settle(self) -> None:
         """Wait for every started task (a failure must not leave one writing into a pooled buffer), then pool the buffers."""
         wait(self.started)
@@ -265,13 +271,24 @@ class _ItemFlow:
         self.check(piece, view)
         return view
 
-    def _encode(self, piece: ChunkSlice, plaintext: Buffer, buffer: WritableBuffer) -> tuple[ChunkEntry, Buffer]:
+    def _encode(self, piece: ChunkSlice, plaintext: Buffer, buffer: WritableBuffer, pack: int, boundary: bool) -> tuple[ChunkEntry, Buffer] | None:
+        """The chunk's frame; None when a cut item stops before its pack (asked here, as the codec reaches each
+        pack after the first, so a cut stores as little as possible after the stream ended)."""
+        if self.stop is not None:
+            if boundary and (self.stopped_at is None or pack < self.stopped_at) and self.stop():  # an earlier boundary may answer last
+                with self.stop_lock:
+                    self.stopped_at = pack if self.stopped_at is None else min(self.stopped_at, pack)
+            if self.stopped_at is not None and pack >= self.stopped_at:
+                return None
         task = ChunkTask(index=piece.index, input_index=self.input_index, offset=piece.offset)
         return encode_frame(self.lanes.codec(self.key, self.level), self.ref, task, plaintext, buffer)
 
-    def _put(self, frames: list[Future[tuple[ChunkEntry, Buffer]]], buffers: list[WritableBuffer]) -> list[ChunkEntry]:
+    def _put(self, frames: list[Future[tuple[ChunkEntry, Buffer] | None]], buffers: list[WritableBuffer], pack: int) -> list[ChunkEntry]:
         try:
-            return put_pack(lambda: self.lanes.codec(self.key, self.level), self.store, self.ref, [f.result() for f in frames])
+            encoded = [f.result() for f in frames]
+            if any(frame is None for frame in encoded) or (self.stopped_at is not None and pack >= self.stopped_at):
+                return []  # not stored: a cut item stopped before this pack
+            return put_pack(lambda: self.lanes.codec(self.key, self.level), self.store, self.ref, [f for f in encoded if f is not None])
         finally:
             with self.spare_lock:
                 self.spare.extend(buffers)

@@ -98,10 +98,11 @@ def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
         raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
 
 
-def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int) -> list[MapItem]:
+def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False) -> list[MapItem]:
     """Cut segments into items of `per_item` consecutive parts; indexes follow record order.
 
     Takes records StagingArea.read_segment_records checked (one part checksum per part).
+    `cut`: the items may stop at a pack boundary once the stream has ended (MapItem.cut): a streaming round's.
     """
     items = []
     index = first_index
@@ -111,7 +112,7 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
             count = min(per_item, record.parts - part + 1)
             checksums = tuple(record.part_checksums[part - 1 : part - 1 + count])
             items.append(
-                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums)
+                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums, cut=cut)
             )
             part += count
             index += count
@@ -187,9 +188,10 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    state, again = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None)
-    if again:
-        return _map_again(state, again)
+    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None)
+    state, carry = checked.state, list(checked.remainders)
+    if checked.again:
+        return _map_again(state, checked.again)
     ready: list[SegmentRecord] = []
     lease_read_at = float("-inf")
     while True:
@@ -215,8 +217,8 @@ def plan_next_round(
             end is not None or state.last_round is None
             or round_due(now - state.last_round, now - state.started, sum(r.parts for r in ready), min_round_seconds)
         )
-        if ready and due:
-            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items)
+        if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
+            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry)
         if end is not None and not ready and stream_complete(ref, state, end, session):
             return PlanStatus("done", round=state.rounds, planned_chunks=state.chunks, cursor=state)
         if now - lease_read_at >= heartbeat_seconds(stall_seconds):
@@ -335,26 +337,34 @@ def _plan_round(
     max_concurrency: int,
     max_chunks_per_item: int,
     max_items: int,
+    carry: list[MapItem] | None = None,
 ) -> PlanStatus:
-    ready_chunks = sum(r.parts for r in ready)
+    """The next round: `carry` (what cut items left, split into items of whole packs) and the ready segments' items.
+
+    A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
+    every worker, and runs inline when small enough."""
+    carry = carry or []
+    ready_chunks = sum(r.parts for r in ready) + sum(item.count for item in carry)
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
     # After stream end, a round small enough runs as an inline Map: its items start at once, with no
     # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
     inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None else None
-    items = items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item) if inline_per_item is not None else []
+    items = []
+    if inline_per_item is not None:
+        items = [piece for item in carry for piece in item.split(inline_per_item)]
+        items += items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item)
     inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
-    if inline:
-        chosen = ready
-    else:
+    if not inline:
         chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        items = items_for_segments(chosen, session.chunk_size, state.chunks, per_item)
+        items = [piece for item in carry for piece in item.split(per_item)]
+        items += items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=end is None)
     found = area.write_round(state.rounds + 1, items)
     inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
-    if found.items and found.items[0].first_index != state.chunks:
-        raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {found.items[0].first_index}, expected {state.chunks}")
+    planned = [item for item in found.items if not item.finishes_cut]
+    if planned and planned[0].first_index != state.chunks:
+        raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {planned[0].first_index}, expected {state.chunks}")
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
         inline_items=found.items if inline else (), final=end is not None,
     )
-

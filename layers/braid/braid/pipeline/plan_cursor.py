@@ -163,6 +163,8 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
     spans: dict[tuple[int, int], tuple[int, int]] = {}
     for found in rounds:
         for item in found.items:
+            if item.finishes_cut:
+                continue  # a cut item's last packs, planned again: the cut item covers them (StagingArea.read_results)
             slot = (item.input_index, item.segment_index)
             parts.setdefault(slot, []).append((item.first_part, item.count))
             spans[slot] = (item.segment_offset, item.segment_length)

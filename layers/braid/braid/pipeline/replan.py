@@ -31,7 +31,7 @@ over the 24-hour hold.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,35 +60,60 @@ def check_of(key: str, round_number: int, attempt: int = 0, limit: int = MAX_REP
     return {"key": key, "round": round_number, "attempt": attempt, "limit": limit}
 
 
-def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bool = True) -> tuple[PlanCursor, list[MapItem] | None]:
-    """Check the last map's items; returns the cursor and the items to map again now (None: nothing to re-plan).
+@dataclass(frozen=True)
+class MapChecked:
+    """What checking the last map found: the cursor after it, and what is left to map."""
 
-    Folds the finished items' results (unless `fold` is False); holds the
-    backup (writes the HoldRecord) when the re-plans are spent.
+    state: PlanCursor
+    again: list[MapItem] | None = None  # to map again now (a retry file of the same round); None: nothing
+    remainders: tuple[MapItem, ...] = ()  # what cut items left: for the next round, which the same call plans
+
+
+def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bool = True) -> MapChecked:
+    """Check the last map's items: fold the finished items' results (unless `fold` is False), find what cut items
+    left, re-plan unfinished items, and hold the backup (write the HoldRecord) when the re-plans are spent.
+
+    A cut item (MapItem.cut) whose worker stopped at stream end left its
+    last packs: they come back as `remainders`, items in the cut item's
+    pack layout, for the round the same Plan call plans next (the stream has
+    ended, so that is the final round, spread over many workers). The cut
+    results the remainders follow are folded even after stream end, so
+    Finalize reads exactly the prefix the planner planned after, whatever a
+    late attempt of the cut item writes over its record later. With
+    unfinished items as well, the remainders go into their retry file.
     """
     check = state.check
     if check is None or state.held is not None:  # held: watch_hold decides
-        return state, None
+        return MapChecked(state)
     items = area.read_items(str(check["key"]), int(check["round"]))
     finished, unfinished = area.finished_items(items)
-    pending = {item.segment for item in unfinished}
-    if fold:
-        area.fold_results(int(check["round"]), int(check["attempt"]), finished)
+    may_be_cut = [item for item in finished if item.cut]
+    read = area.read_item_results(finished if fold else may_be_cut)
+    cut = [item for item in may_be_cut if (result := read.get(item.first_index)) is not None and result.is_cut(item)]
+    remainders = tuple(item.remainder(len(read[item.first_index].entries)) for item in cut)
+    pending = {item.segment for item in [*unfinished, *remainders]}
+    if fold or cut:
+        area.fold_results(int(check["round"]), int(check["attempt"]), finished if fold else cut, read)
     area.remove_segments(item.segment for item in finished if item.segment not in pending)
     if not unfinished:
-        return replace(state, check=None), None
+        return MapChecked(replace(state, check=None), None, remainders)
     attempt, limit = int(check["attempt"]), int(check["limit"])
+    again = [*unfinished, *remainders]
     if attempt < limit:
-        retry = area.write_retry(int(check["round"]), attempt + 1, unfinished)
-        return replace(state, check=check_of(retry.key, int(check["round"]), attempt + 1, limit)), unfinished
+        retry = area.write_retry(int(check["round"]), attempt + 1, again)
+        return MapChecked(replace(state, check=check_of(retry.key, int(check["round"]), attempt + 1, limit)), again)
     request = area.read_resume_request()
     released_by = request.nonce if request is not None else ""
     failure = area.first_failure()
     first = min(unfinished, key=lambda i: i.first_index)
     cause = failure.describe() if failure is not None else f"chunks {first.first_index}..{first.end_index - 1}: no result after every retry"
     until = now + HOLD_SECONDS
+    if remainders:
+        # A resume maps the unfinished items of the checked file again, so the remainders join that file: held, the
+        # re-plans are spent (attempt = limit >= 1), so it is this round's retry file of `attempt`, never its round file.
+        area.write_retry(int(check["round"]), attempt, [*items, *remainders])
     area.write_hold(HoldRecord(cause, _when(now), _when(until), released_by, len(unfinished)))
-    return replace(state, held={"until": until, "released_by": released_by}), None
+    return MapChecked(replace(state, held={"until": until, "released_by": released_by}))
 
 
 def compact_idle(area: StagingArea, state: PlanCursor) -> PlanCursor | None:

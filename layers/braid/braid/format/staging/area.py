@@ -232,6 +232,8 @@ class StagingArea:
             if found.number != expected:
                 raise IntegrityError(f"plan rounds of {self.ref} skip from {expected - 1} to {found.number}")
             for item in found.items:
+                if item.finishes_cut:
+                    continue  # a cut item's last packs, planned again (MapItem.layout): no new indexes
                 if item.first_index != next_index:
                     raise IntegrityError(f"plan round {found.key} of {self.ref} starts chunk indexes at {item.first_index}, expected {next_index}")
                 next_index = item.end_index
@@ -361,9 +363,8 @@ class StagingArea:
             if found.number != through + 1 or any(item.first_index not in compacted for item in found.items):
                 break
             through = found.number
-        folded = {**self._read_folds(after_round=through), **compacted}
-        missing = [item for item in items if item.first_index not in folded]
-        direct: dict[int, ItemResult] = {}
+        known = {**self._read_folds(after_round=through), **compacted}
+        missing = [item for item in items if item.first_index not in known]
         if missing:
             present = self._result_keys()
             keys = [result_key(self.ref, item.first_index) for item in missing]
@@ -373,15 +374,47 @@ class StagingArea:
             for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
                 if raw is None:
                     raise self._never_stored(item)
-                direct[item.first_index] = ItemResult.from_bytes(raw, key)
+                known[item.first_index] = ItemResult.from_bytes(raw, key)
         entries: list[ChunkEntry] = []
         for item in items:
-            result = folded.get(item.first_index) or direct[item.first_index]
-            result.check(item, str(self.ref))
-            entries.extend(result.entries)
-            if usages is not None and result.usage is not None:
-                usages.append(result.usage)
+            if item.finishes_cut:
+                continue  # its chunks are the cut item's, followed from that item below
+            for result in self._item_results(item, known):
+                entries.extend(result.entries)
+                if usages is not None and result.usage is not None:
+                    usages.append(result.usage)
         return entries
+
+    def _item_results(self, item: MapItem, known: dict[int, ItemResult]) -> list[ItemResult]:
+        """The results that store `item`'s chunks, in order: its own, and, after a cut one, the results of the items
+        that finished it, each checked against its chunks of the item (whole packs of the item's layout).
+
+        Those are followed by first chunk index, wherever they were planned (a later round, or a retry file), and
+        read directly when no fold holds them: the cut result is the one the planner folded, so the rest start
+        exactly where the planner planned them."""
+        found: list[ItemResult] = []
+        done = 0
+        while done < item.count:
+            index = item.first_index + done
+            result = known.get(index)
+            if result is None:
+                raw = self._get(result_key(self.ref, index))
+                if raw is None:
+                    raise self._never_stored(item.piece(done, item.count - done))
+                result = known[index] = ItemResult.from_bytes(raw, result_key(self.ref, index))
+            if done == 0:
+                result.check(item, str(self.ref))
+            else:
+                if not 0 < len(result.entries) <= item.count - done:
+                    raise IntegrityError(
+                        f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
+                    )
+                rest = item.piece(done, len(result.entries))
+                rest.packs()  # whole packs of the cut item's layout
+                result.check(rest, str(self.ref))
+            found.append(result)
+            done += len(result.entries)
+        return found
 
     def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
         """The result records of `items` that exist, read back and match their item, by first chunk index.
@@ -436,9 +469,15 @@ class StagingArea:
         )
 
     def processed_chunks(self, rounds: Iterable[Round]) -> int:
-        """Chunks with a result so far (the agent's progress): one LIST, no GET."""
+        """Chunks with a result so far (the agent's progress): one LIST, no GET.
+
+        A cut item (MapItem.cut) counts whole once its worker wrote its result, and the items that finish it
+        are not counted again: progress may run a pack or two ahead at the very end, never past the plan."""
         present = self._result_keys()
-        return sum(item.count for found in rounds for item in found.items if result_key(self.ref, item.first_index) in present)
+        return sum(
+            item.count for found in rounds for item in found.items
+            if not item.finishes_cut and result_key(self.ref, item.first_index) in present
+        )
 
     def _result_keys(self) -> set[str]:
         return {info.key for info in self.store.list(results_prefix(self.ref))}

@@ -157,6 +157,12 @@ class MapItem:
             pieces.append(self._sub(start, taken))
         return pieces
 
+    def piece(self, start: int, count: int) -> MapItem:
+        """Chunks `start`..`start + count - 1` of this item as an item of its own, in this item's pack layout."""
+        if start < 0 or count < 1 or start + count > self.count:
+            raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no chunks {self.first_index + start}+{count}")
+        return self._sub(start, count)
+
     def _sub(self, start: int, count: int) -> MapItem:
         return MapItem(
             self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
