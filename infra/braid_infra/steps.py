@@ -36,7 +36,7 @@ class RetryPolicy:
 
 
 # Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
-# at most WORKER_TIMEOUT_SECONDS (60 s; a 16-chunk item takes ~10 s) plus
+# at most WORKER_TIMEOUT_SECONDS (60 s; a 32-chunk item takes ~18 s) plus
 # backoffs of at most 2 + 4 + 8 s is 254 s < 300 s, so even a worker that
 # times out every time fails its item inside the child instead of the child
 # timing out (tests/infra checks the sum). Each attempt's AWS requests are

@@ -310,6 +310,11 @@ class ItemShape:
     cut: bool
     packs: int
 
+    @property
+    def stopped(self) -> bool:
+        """A cut item that stopped before its last pack (cut items are planned whole: their layout is their own)."""
+        return self.cut and self.packs < len(pack_sizes(self.layout, CHUNKS_PER_PACK))
+
     @classmethod
     def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
         layout_first, layout_count = item.layout_range
@@ -752,6 +757,7 @@ def simulate(
         publisher = NullPublisher()
         invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True, warmed=warmed)
         events += EVENTS["task"] + EVENTS["succeed"]
+        turns["cut"] = sum(n for (shape, _), n in worker_invocations.items() if shape.stopped)
         for (shape, seconds), n in worker_invocations.items():
             worker = Invocation("worker", requests=calibration.of_shape(shape), count=n)
             worker.seconds = seconds

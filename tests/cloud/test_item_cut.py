@@ -4,20 +4,35 @@ and the items that finish it store the rest in exactly the packs the cut item wo
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from test_item_flow import CHUNK, DATA, PARTS, Item, plaintext_of, staged  # noqa: F401  (the fixture)
 
 from braid import contract
+from braid.adapters.local.keys import LocalKeyFile
+from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError, NotFoundError
+from braid.format.ids import BackupRef
+from braid.format.keys import DataKey
+from braid.format.layout import manifest_key
+from braid.format.manifest import open_manifest
+from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, StagingArea
-from braid.format.staging.keys import stream_end_key
+from braid.format.staging.keys import fold_key, result_key, stream_end_key
 from braid.format.staging.rounds import pack_sizes
+from braid.format.timestamps import utc_now
+from braid.ops.chunk_reader import ChunkReader
+from braid.pipeline.finalize import finalize_step
 from braid.pipeline.item_flow import ChunkLanes
+from braid.pipeline.plan import plan_next_round
+from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import process_item
+from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
+from support.staged_stream import stage_stream
 
-LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [5, 5, 3, 2, 1]
+LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [1, 5, 4, 3, 2, 1]
 
 
 class EndAfter:
@@ -119,8 +134,9 @@ def test_map_items_carry_their_layout_and_cut_flag_and_refuse_one_that_splits_a_
     assert rest.packs() == LAYOUT[1:]
 
     doc = rest.to_json()
-    with pytest.raises(IntegrityError, match=r"splits the pack of parts 6\.\.10 of its layout"):
-        MapItem.from_json({**doc, "first_part": 7, "first_index": rest.first_index + 1, "count": rest.count - 1, "crc": doc["crc"][1:]})
+    second = (1 + LAYOUT[0], LAYOUT[0] + LAYOUT[1])  # the parts of the layout's second pack
+    with pytest.raises(IntegrityError, match=rf"splits the pack of parts {second[0]}\.\.{second[1]} of its layout"):
+        MapItem.from_json({**doc, "first_part": second[0] + 1, "first_index": rest.first_index + 1, "count": rest.count - 1, "crc": doc["crc"][1:]})
     with pytest.raises(IntegrityError, match="impossible map item"):
         MapItem.from_json({**doc, "layout": [7, 4]})  # the layout must hold the item
     with pytest.raises(IntegrityError, match="cut must be true or false"):
@@ -135,10 +151,115 @@ def test_a_result_may_stop_short_only_for_a_cut_item_and_only_at_a_pack_boundary
     cut_item = replace(staged.item, cut=True)
     prefix = ItemResult(full.first_index, full.entries[: LAYOUT[0]])
     prefix.check(cut_item, backup)
-    with pytest.raises(IntegrityError, match=r"lists 5 chunks, the plan 16"):
+    with pytest.raises(IntegrityError, match=rf"lists {LAYOUT[0]} chunks, the plan {PARTS}"):
         prefix.check(staged.item, backup)  # an item that may not be cut must be stored whole
-    with pytest.raises(IntegrityError, match=r"lists 6 chunks, the plan 16"):
+    with pytest.raises(IntegrityError, match=rf"lists {LAYOUT[0] + 1} chunks, the plan {PARTS}"):
         ItemResult(full.first_index, full.entries[: LAYOUT[0] + 1]).check(cut_item, backup)  # not a pack boundary
     with pytest.raises(IntegrityError, match=r"lists 0 chunks"):
         ItemResult(full.first_index, ()).check(cut_item, backup)
     assert not full.is_cut(cut_item) and prefix.is_cut(cut_item)
+
+
+# -- the planner and Finalize around cut items ------------------------------------------------------------------------
+
+
+def streaming_round(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, BackupRef, DataKey, list[MapItem]]:
+    """Two segments of PARTS chunks planned while the stream still arrives (items of PARTS: cut items), then the stream ends."""
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    (tmp_path / "repo").mkdir()
+    store = LocalStore(tmp_path / "repo")
+    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    ref = BackupRef.new("db")
+    stage_stream(store, ref, repository.config.id, TWO, chunk=CHUNK, segment_parts=PARTS)
+    end = store.get(stream_end_key(ref))
+    store.delete([stream_end_key(ref)])
+    prepare_backup(store, keys, ref)
+    key, _ = load_data_key(store, keys, ref, repository.config.id)
+    status = plan(store, ref, None)
+    assert status.status == "ready" and not status.final
+    items = StagingArea(store, ref).read_items(status.items_key, status.round)
+    assert [(i.count, i.cut) for i in items] == [(PARTS, True), (PARTS - 1, True)]
+    store.put(stream_end_key(ref), end)
+    store.cursor = status.to_json()["cursor"]  # type: ignore[attr-defined]
+    return store, keys, ref, key, items
+
+
+TWO = DATA + bytes(reversed(DATA))[: len(DATA) - CHUNK]  # two segments, the second a chunk short of full
+
+
+def plan(store: LocalStore, ref: BackupRef, cursor: Any) -> Any:
+    return plan_next_round(store, ref, max_concurrency=8, max_chunks_per_item=PARTS, poll_seconds=1, stall_seconds=60, cursor=cursor)
+
+
+def test_a_round_with_a_cut_item_and_a_failed_one_maps_both_again_and_the_backup_restores_whole(tmp_path: Path) -> None:
+    store, keys, ref, key, items = streaming_round(tmp_path)
+    area = StagingArea(store, ref)
+    cut = process_item(store, ref, items[0], key=key, level=3, lanes=ChunkLanes(2)).result  # the stream has ended: one pack
+    assert len(cut.entries) == LAYOUT[0]
+    # items[1]'s worker failed: no result.
+
+    status = plan(store, ref, store.cursor)  # type: ignore[attr-defined]
+    assert status.status == "ready" and "retry" in status.items_key
+    again = area.read_items(status.items_key, status.round)
+    assert again == [items[1], items[0].remainder(LAYOUT[0])]  # the failed item, and the cut item's last packs
+    assert list(store.list(fold_key(ref, 1, 0)))  # the cut result the planner planned after is folded
+    for item in again:
+        process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+    while (status := plan(store, ref, status.to_json()["cursor"])).status != "done":
+        assert status.status == "ready", status
+        for item in area.read_items(status.items_key, status.round):
+            process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+
+    summary = finalize_step(store, keys, PlainStoreJanitor(), RecordingPublisher(), ref)
+
+    assert (summary.chunks, summary.plaintext_bytes) == (2 * PARTS - 1, len(TWO))
+    manifest = open_manifest(store.get(manifest_key(ref)), "m").authenticate(key)
+    reader = ChunkReader(store, manifest, key)
+    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == TWO
+    assert {chunk.pack for chunk in manifest.chunks()} == {items[0].first_index + sum(LAYOUT[:n]) for n in range(len(LAYOUT))} | {
+        items[1].first_index + sum(pack_sizes(items[1].count)[:n]) for n in range(len(pack_sizes(items[1].count)))
+    }  # the cut item's chunks are in the packs it would have stored whole
+
+
+def test_cut_items_left_after_stream_end_are_planned_in_the_final_round_not_a_retry(tmp_path: Path) -> None:
+    store, keys, ref, key, items = streaming_round(tmp_path)
+    area = StagingArea(store, ref)
+    for item in items:
+        process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+
+    status = plan(store, ref, store.cursor)  # type: ignore[attr-defined]
+    assert status.status == "ready" and status.final and "round-00002" in status.items_key
+    final = area.read_items(status.items_key, status.round)
+    assert all(item.finishes_cut and not item.cut for item in final)
+    assert sum(i.count for i in final) == sum(i.count - pack_sizes(i.count)[0] for i in items)  # every chunk the cut items left
+    assert all(i.packs() for i in final)  # whole packs of their cut item's layout (packs() refuses a split one)
+    assert status.inline_items == tuple(final)  # small enough to run inline, like any final round
+    for item in final:
+        process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+    assert plan(store, ref, status.to_json()["cursor"]).status == "done"
+    summary = finalize_step(store, keys, PlainStoreJanitor(), RecordingPublisher(), ref)
+    assert summary.plaintext_bytes == len(TWO)
+    assert area.read_rounds() == []  # staging is gone once published
+
+
+def test_finalize_takes_a_cut_items_longer_record_where_the_items_after_the_planners_prefix_left_a_gap(tmp_path: Path) -> None:
+    """A planner call retried after a late attempt rewrote a cut record can fold a longer prefix than the one it
+    planned the rest after; Finalize then finds no record where the fold ends, and reads on from the cut item's own."""
+    store, keys, ref, key, items = streaming_round(tmp_path)
+    area = StagingArea(store, ref)
+    for item in items:
+        process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+    status = plan(store, ref, store.cursor)  # type: ignore[attr-defined]
+    final = area.read_items(status.items_key, status.round)
+    for item in final:
+        process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
+    assert plan(store, ref, status.to_json()["cursor"]).status == "done"
+    first = items[0]
+    prefix = ItemResult.from_bytes(store.get(result_key(ref, first.first_index)), "prefix")
+    following = [i for i in final if i.layout == (first.first_part, first.count)]
+    after = ItemResult.from_bytes(store.get(result_key(ref, following[0].first_index)), "after")
+    area.write_result(ItemResult(first.first_index, prefix.entries + after.entries))  # a late attempt stored further
+    store.delete([result_key(ref, following[0].first_index)])  # and the record where the planner's prefix ends is gone
+
+    summary = finalize_step(store, keys, PlainStoreJanitor(), RecordingPublisher(), ref)
+    assert summary.plaintext_bytes == len(TWO)

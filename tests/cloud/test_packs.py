@@ -40,12 +40,13 @@ from support.staged_stream import stage_stream
 CHUNK = 4096
 K = contract.CHUNKS_PER_PACK
 SEGMENT_PARTS = 16
-# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 5, 5, 3, 2, 1) and one of 3 (packs of 2 and 1);
+# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 1, 5, 4, 3, 2, 1) and one of 3 (packs of 2 and 1);
 # compressible, each chunk its own.
 DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(3200))[: 18 * CHUNK + 1234]
 CHUNKS = 19
 LAYOUT = pack_sizes(SEGMENT_PARTS, K) + pack_sizes(CHUNKS - SEGMENT_PARTS, K)
 FIRST = LAYOUT[0]  # chunks in the first pack (0..FIRST-1); the second starts at FIRST
+WIDE = LAYOUT[1]  # chunks in the second pack (FIRST..FIRST+WIDE-1): the first of several frames
 
 
 class CountingStore(LocalStore):
@@ -103,7 +104,7 @@ def rewrite(p: Published, key: str, change: bytes) -> None:
 
 def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
     objects = stored_objects(published.manifest)
-    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [5, 5, 3, 2, 1, 2, 1]
+    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [1, 5, 4, 3, 2, 1, 2, 1]
     firsts = [sum(LAYOUT[:n]) for n in range(len(LAYOUT))]
     assert [o.chunks for o in objects] == [tuple(range(first, first + size)) for first, size in zip(firsts, LAYOUT, strict=True)]
     assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]
@@ -124,18 +125,18 @@ def test_quick_verify_checks_each_pack_once(published: Published) -> None:
 
 
 def test_a_flipped_byte_in_a_packs_second_frame_is_caught_and_the_chunk_named(published: Published, tmp_path: Path) -> None:
-    pack = chunk_key(published.ref, 0)
-    second = next(c for c in published.manifest.chunks() if c.index == 1)
+    pack = chunk_key(published.ref, FIRST)
+    second = next(c for c in published.manifest.chunks() if c.index == FIRST + 1)
     raw = bytearray(published.store.get(pack))
     raw[second.pack_offset + second.stored_length // 2] ^= 0x01
     rewrite(published, pack, bytes(raw))
 
     deep = verify_backup(published.store, published.manifest, published.key, deep=True)
-    assert deep.failures == [f"chunk 1 of backup {published.ref}: stored size or checksum mismatch (corrupt in the repository)"]
+    assert deep.failures == [f"chunk {FIRST + 1} of backup {published.ref}: stored size or checksum mismatch (corrupt in the repository)"]
     assert deep.chunks_checked == CHUNKS - 1
     quick = verify_backup(published.store, published.manifest, None, deep=False)
-    assert quick.failures == [f"pack of chunks 0-{FIRST - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
-    with pytest.raises(IntegrityError, match=f"^chunk 1 of backup {published.ref}: failed authentication"):
+    assert quick.failures == [f"pack of chunks {FIRST}-{FIRST + WIDE - 1} of backup {published.ref}: stored checksum mismatch (corrupt in the repository)"]
+    with pytest.raises(IntegrityError, match=f"^chunk {FIRST + 1} of backup {published.ref}: failed authentication"):
         restore(published, tmp_path)
     assert not (tmp_path / "restored").exists()
 
@@ -175,23 +176,24 @@ def unspent(read: Callable[[ChunkTask], bytes]) -> Callable[[ChunkTask], tuple[b
 
 
 def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(published: Published) -> None:
-    pack = chunk_key(published.ref, 0)
+    pack = chunk_key(published.ref, FIRST)
     original = published.store.get(pack)
-    recorded = [c for c in published.manifest.chunks() if c.index < FIRST]
+    recorded = [c for c in published.manifest.chunks() if FIRST <= c.index < FIRST + WIDE]
     codec = ChunkCodec(published.key)
 
-    again = store_pack(codec, published.store, published.ref, tasks(0, FIRST), unspent(plaintext))
+    again = store_pack(codec, published.store, published.ref, tasks(FIRST, WIDE), unspent(plaintext))
     assert again == recorded  # the stored frames' own checksums and offsets, though this encoding's nonces differ
     assert published.store.get(pack) == original
 
     def longer(task: ChunkTask) -> bytes:
         data = plaintext(task)
-        return data[:-1] + b"!" if task.index == 1 else data  # compresses to another length
+        return data[:-1] + b"!" if task.index == FIRST + 1 else data  # compresses to another length
 
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{FIRST - 1}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
-        store_pack(codec, published.store, published.ref, tasks(0, FIRST), unspent(longer))
-    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks 0-{FIRST - 2}\) already exists with different content: {len(original)} bytes"):
-        store_pack(codec, published.store, published.ref, tasks(0, FIRST - 1), unspent(plaintext))  # grouped otherwise: never accepted
+    last = FIRST + WIDE - 1
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks {FIRST}-{last}\) already exists with different content: {len(original)} bytes, these chunks encode to"):
+        store_pack(codec, published.store, published.ref, tasks(FIRST, WIDE), unspent(longer))
+    with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks {FIRST}-{last - 1}\) already exists with different content: {len(original)} bytes"):
+        store_pack(codec, published.store, published.ref, tasks(FIRST, WIDE - 1), unspent(plaintext))  # grouped otherwise: never accepted
     assert published.store.get(pack) == original
 
 

@@ -6,7 +6,7 @@ backup's staging prefix (see braid.format.staging), so the input stays tiny
 and the same execution can be followed, or found again, from any host.
 
     {"backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
-     "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600}
+     "max_chunks_per_item": 32, "poll_seconds": 15, "stall_seconds": 3600}
 
 `prefix` is the repository's key prefix inside the stack's bucket ("" for
 the bucket root), so one stack can serve several repositories in a bucket.
@@ -30,7 +30,7 @@ from braid.errors import UsageError
 from braid.format.ids import BackupRef
 
 DEFAULT_MAX_CONCURRENCY = 100
-DEFAULT_MAX_CHUNKS_PER_ITEM = 16  # the cost model's pick (scripts/bench cloud-model, item_sizing)
+DEFAULT_MAX_CHUNKS_PER_ITEM = 32  # the cost model's pick (scripts/bench cloud-model, item_sizing): a 2 GiB segment per item
 DEFAULT_POLL_SECONDS = contract.DEFAULT_POLL_SECONDS
 DEFAULT_STALL_SECONDS = contract.DEFAULT_STALL_SECONDS
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.

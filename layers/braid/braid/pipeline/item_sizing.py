@@ -23,20 +23,20 @@ previous chunk's upload with the current chunk's compression
 chunk, ~$0.13/TiB).
 
 So an item is *a few* chunks: while the stream arrives, `max_chunks_per_item`
-(default 16); after stream end, as many as keep every allowed worker busy, up
-to that. scripts/bench cloud-model measures the worker and prices 1 TiB at 500
-workers (EXPRESS children, 90 MB/s per S3 stream in Lambda): k=1 ≈ $1.01,
-k=8 ≈ $0.54 (2 lanes) / $0.47 (4 lanes), k=16 with 4 lanes ≈ $0.43, its
-pick. k=32 (a whole 2 GiB segment) is ~$0.03 cheaper again, since each
-item's unoverlapped first download and last upload are paid half as
-often, but a streaming item then takes ~17 s, and the round still running
-when the stream ends holds the last one back by up to that whole round.
-That wait is the spread of the time after stream end: at k=16 a stream
-that ends just before a round starts is published ~8 s after its end, one
-that ends just after ~8.5 s later (scripts/bench cloud-model samples the
-end phase; see scale_sim.end_phase_sizes), and k=32 would add another ~8 s
-to the worst phase. Grouping never crosses a
-segment, so an item's parts are one contiguous range of one staging object.
+(default 32: a whole 2 GiB segment at 64 MiB chunks); after stream end, as
+many as keep every allowed worker busy, up to that. Each item pays its
+unoverlapped first download and last upload once, so longer items cost less:
+scripts/bench cloud-model priced 1 TiB at 500 workers at k=16 ≈ $0.307 and
+k=32 ≈ $0.29 at 50 MB/s. A long item used to be paid for in the time after
+stream end: the round still running when the stream ended held the last one
+back by up to that whole round (~17 s at k=32). So a streaming round's items
+are *cut* items (braid.format.staging.MapItem.cut): each worker asks for the
+stream end as its codec reaches each pack, stops there once it has ended,
+and the planner gives the rest, in the same packs, to the final round, spread
+over every worker. The round in flight then ends within about a pack of the
+stream's end, whatever k is (scale_sim.end_phase_sizes samples the end phase).
+Grouping never crosses a segment, so an item's parts are one contiguous range
+of one staging object.
 
 The round cap keeps every map's state output (a null per item) far below the
 256 KiB payload limit without a ResultWriter.

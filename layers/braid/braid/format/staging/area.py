@@ -367,12 +367,16 @@ class StagingArea:
         missing = [item for item in items if item.first_index not in known]
         if missing:
             present = self._result_keys()
-            keys = [result_key(self.ref, item.first_index) for item in missing]
-            for item, key in zip(missing, keys, strict=True):
-                if key not in present:
+            for item in missing:
+                if result_key(self.ref, item.first_index) not in present and not item.finishes_cut:
                     raise self._never_stored(item)
+            # An item finishing a cut one without a record is for the cut item's chain to judge (_item_results).
+            missing = [item for item in missing if result_key(self.ref, item.first_index) in present]
+            keys = [result_key(self.ref, item.first_index) for item in missing]
             for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
                 if raw is None:
+                    if item.finishes_cut:
+                        continue
                     raise self._never_stored(item)
                 known[item.first_index] = ItemResult.from_bytes(raw, key)
         entries: list[ChunkEntry] = []
@@ -400,7 +404,12 @@ class StagingArea:
             if result is None:
                 raw = self._get(result_key(self.ref, index))
                 if raw is None:
-                    raise self._never_stored(item.piece(done, item.count - done))
+                    longer = self._longer_prefix(item, done)
+                    if longer is None:
+                        raise self._never_stored(item.piece(done, item.count - done))
+                    found.append(longer)
+                    done += len(longer.entries)
+                    continue
                 result = known[index] = ItemResult.from_bytes(raw, result_key(self.ref, index))
             if done == 0:
                 result.check(item, str(self.ref))
@@ -415,6 +424,20 @@ class StagingArea:
             found.append(result)
             done += len(result.entries)
         return found
+
+    def _longer_prefix(self, item: MapItem, done: int) -> ItemResult | None:
+        """The chunks of a cut item from `done` on, from its own record when that lists more than `done` (a later attempt
+        that stored further than the prefix the planner read: a planner call retried after a late attempt), else None.
+
+        Its entries before `done` are the same stored packs (create-only, identical layout), so only the rest is used."""
+        raw = self._get(result_key(self.ref, item.first_index))
+        if raw is None:
+            return None
+        own = ItemResult.from_bytes(raw, result_key(self.ref, item.first_index))
+        if len(own.entries) <= done:
+            return None
+        own.check(item, str(self.ref))
+        return ItemResult(item.first_index + done, own.entries[done:], None)
 
     def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
         """The result records of `items` that exist, read back and match their item, by first chunk index.

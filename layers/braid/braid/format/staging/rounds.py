@@ -54,12 +54,22 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
     encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
     chunks at the end all finish with the last one-chunk PUT, where one pack of
-    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
+    `chunks_per_pack` would keep the worker ~1 s longer. An item of at
+    least two full packs also starts with a pack of one chunk: a cut item
+    (MapItem.cut) whose map starts just after the stream ended stores one
+    chunk rather than a whole pack before it stops, and its pack PUT is
+    overlapped by the codec like any but the last. The rest are packs
     as even as possible, larger first. A pure function of the item's layout
     (MapItem.layout), so a retried worker, and the items that finish a cut
     one, form the same packs: the same stored objects.
     """
     limit = max(1, chunks_per_pack)
+    head = [1] if limit > 1 and count >= 2 * limit else []
+    return head + _tapered(count - len(head), limit, taper)
+
+
+def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
+    """Packs of at most `limit`, as even as possible, larger first, ending in `taper` (smallest last)."""
     tail: list[int] = []
     left = count
     for size in taper:
