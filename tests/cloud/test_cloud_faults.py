@@ -338,13 +338,18 @@ def test_nonces_never_repeat_within_a_cloud_backup(emulator: Emulator, faulted: 
     name, _, backup_id = faulted.ref.partition("@")
     s3 = emulator.client("s3")
     keys = emulator.keys(f"data/{name}/{backup_id}/")
+    # Every frame of every pack (where they are: the manifest's entries; the nonces, not the MAC, are under test).
+    raw = s3.get_object(Bucket=emulator.bucket, Key=f"manifests/{name}/{backup_id}.json")["Body"].read()
+    entries = list(open_manifest(raw, "manifest").manifest.chunks())
+    packs = {key: s3.get_object(Bucket=emulator.bucket, Key=key)["Body"].read() for key in keys}
     nonces = {}
-    for key in keys:
-        stored = s3.get_object(Bucket=emulator.bucket, Key=key)["Body"].read()
-        header, _ = ChunkHeader.unpack(stored, key)
-        assert (header.backup, header.index) == (faulted.ref, int(key.rsplit("/", 1)[1]))
-        nonces[header.nonce] = key
-    assert len(keys) == chunks_of(list(map(len, faulted.inputs))) == len(nonces)
+    for entry in entries:
+        key = f"data/{name}/{backup_id}/{entry.pack:010d}"
+        header, _ = ChunkHeader.unpack(packs[key][entry.pack_offset : entry.pack_offset + entry.stored_length], key)
+        assert (header.backup, header.index) == (faulted.ref, entry.index)
+        nonces[header.nonce] = entry.index
+    assert len(entries) == chunks_of(list(map(len, faulted.inputs))) == len(nonces)
+    assert sorted({f"data/{name}/{backup_id}/{e.pack:010d}" for e in entries}) == sorted(keys)  # every object is a pack of them
 
 
 def json_documents(blob: bytes) -> list[dict[str, Any]]:
