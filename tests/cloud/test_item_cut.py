@@ -18,11 +18,9 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import manifest_key
 from braid.format.manifest import open_manifest
-from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, StagingArea
 from braid.format.staging.keys import fold_key, result_key, stream_end_key
 from braid.format.staging.rounds import pack_sizes
-from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.item_flow import ChunkLanes
@@ -30,7 +28,7 @@ from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
-from support.staged_stream import stage_stream
+from support.staged_stream import kms_repository, stage_stream
 
 LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [1, 5, 4, 3, 2, 1]
 
@@ -165,16 +163,13 @@ def test_a_result_may_stop_short_only_for_a_cut_item_and_only_at_a_pack_boundary
 
 def streaming_round(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, BackupRef, DataKey, list[MapItem]]:
     """Two segments of PARTS chunks planned while the stream still arrives (items of PARTS: cut items), then the stream ends."""
-    keys = LocalKeyFile.create(tmp_path / "master.key")
-    (tmp_path / "repo").mkdir()
-    store = LocalStore(tmp_path / "repo")
-    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    store, keys, repository_id = kms_repository(tmp_path)
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository.config.id, TWO, chunk=CHUNK, segment_parts=PARTS)
+    stage_stream(store, ref, repository_id, TWO, chunk=CHUNK, segment_parts=PARTS)
     end = store.get(stream_end_key(ref))
     store.delete([stream_end_key(ref)])
     prepare_backup(store, keys, ref)
-    key, _ = load_data_key(store, keys, ref, repository.config.id)
+    key, _ = load_data_key(store, keys, ref, repository_id)
     status = plan(store, ref, None)
     assert status.status == "ready" and not status.final
     items = StagingArea(store, ref).read_items(status.items_key, status.round)

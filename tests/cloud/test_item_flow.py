@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from braid import contract
-from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError, StorageError
 from braid.format.buffers import WritableBuffer
@@ -20,15 +19,13 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import chunk_key
 from braid.format.manifest import ChunkEntry
-from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import MapItem, StagingArea
-from braid.format.timestamps import utc_now
 from braid.pipeline import item_flow
 from braid.pipeline.item_flow import ChunkLanes, buffers_per_item, chunk_buffers, ranges_of
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import pack_sizes, process_item
-from support.staged_stream import stage_stream
+from support.staged_stream import kms_repository, stage_stream
 
 CHUNK = 64 * 1024
 PARTS = 16
@@ -46,14 +43,11 @@ class Item:
 @pytest.fixture
 def staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Item:
     monkeypatch.setattr(item_flow, "MIN_RANGE_BYTES", 16 * 1024)  # 64 KiB chunks read in four ranges, as 64 MiB ones are
-    keys = LocalKeyFile.create(tmp_path / "master.key")
-    (tmp_path / "repo").mkdir()
-    store = LocalStore(tmp_path / "repo")
-    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    store, keys, repository_id = kms_repository(tmp_path)
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=PARTS)
+    stage_stream(store, ref, repository_id, DATA, chunk=CHUNK, segment_parts=PARTS)
     prepare_backup(store, keys, ref)
-    key, _ = load_data_key(store, keys, ref, repository.config.id)
+    key, _ = load_data_key(store, keys, ref, repository_id)
     assert plan_next_round(store, ref, max_concurrency=1, max_chunks_per_item=PARTS, poll_seconds=1, stall_seconds=60).status == "ready"
     (item,) = StagingArea(store, ref).read_rounds()[0].items
     assert item.count == PARTS

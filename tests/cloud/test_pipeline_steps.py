@@ -327,6 +327,16 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
     return key, first_items
 
 
+def publishes_the_stream(staged: Staged, key: DataKey) -> None:
+    """Finalize publishes every chunk of DATA, and the manifest reads back as DATA."""
+    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
+
+    assert (summary.chunks, summary.plaintext_bytes) == (5, len(DATA))
+    manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
+    reader = ChunkReader(staged.store, manifest, key)
+    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+
+
 def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(staged: Staged) -> None:
     key, first_items = stream_in_two_rounds(staged)
     area = StagingArea(staged.store, staged.ref)
@@ -337,12 +347,7 @@ def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(sta
     area.write_result(ItemResult(late.first_index, tuple(replace(e, mac=bytes(32)) for e in late.entries)))
     staged.store.delete([result_key(staged.ref, item.first_index) for item in first_items[1:]])
 
-    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
-
-    assert (summary.chunks, summary.plaintext_bytes) == (5, len(DATA))
-    manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
-    reader = ChunkReader(staged.store, manifest, key)
-    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+    publishes_the_stream(staged, key)
 
 
 def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(staged: Staged) -> None:
@@ -356,12 +361,7 @@ def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(stag
     # What a late attempt that stored the whole item writes (put_pack reports the packs already there).
     area.write_result(ItemResult(cut.first_index, prefix.entries + rest.entries))
 
-    summary = finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)
-
-    assert (summary.chunks, summary.plaintext_bytes) == (5, len(DATA))
-    manifest = open_manifest(staged.store.get(manifest_key(staged.ref)), "m").authenticate(key)
-    reader = ChunkReader(staged.store, manifest, key)
-    assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
+    publishes_the_stream(staged, key)
 
 
 def test_finalize_refuses_a_cut_item_whose_last_packs_were_never_stored(staged: Staged) -> None:

@@ -6,11 +6,25 @@ store without an agent; one input, `segment_parts` chunks per segment.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from braid.adapters.local.keys import LocalKeyFile
+from braid.adapters.local.store import LocalStore
 from braid.format.checksum import crc64nvme, encode_crc64nvme, stored_checksum
 from braid.format.ids import BackupRef
+from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.timestamps import utc_now
 from braid.ports.store import ObjectStore
+
+
+def kms_repository(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, str]:
+    """A local repository of the kind the pipeline requires (KMS; the local key file stands in for KMS): store, keys, id."""
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    (tmp_path / "repo").mkdir()
+    store = LocalStore(tmp_path / "repo")
+    repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
+    return store, keys, repository.config.id
 
 
 def stage_stream(store: ObjectStore, ref: BackupRef, repository_id: str, data: bytes, *, chunk: int, segment_parts: int) -> None:
