@@ -42,9 +42,10 @@ from braid.pipeline.plan_cursor import PlanCursor
 
 MAX_REPLANS = 2
 # Finished rounds per compaction (StagingArea.compact_rounds): Finalize reads one record per this many
-# rounds, or per this many chunks where rounds are large (it bounds what the planner holds: ~1 KiB a chunk).
+# rounds, or per this many chunks where rounds are large (it bounds what the planner holds: ~2 KiB a chunk, which
+# tests/cloud/test_scale_simulation.py holds to the Plan function's memory at 10 TiB).
 COMPACTION_ROUNDS = 32
-COMPACTION_CHUNKS = 8192
+COMPACTION_CHUNKS = 2048
 HOLD_SECONDS = 24 * 3600.0
 
 
