@@ -327,6 +327,11 @@ def _skip_empty(ready: list[SegmentRecord], state: PlanCursor) -> tuple[list[Seg
             ready = [r for r in ready if r is not record]
 
 
+def _finishing(carry: list[MapItem], per_item: int) -> list[MapItem]:
+    """What cut items left, as items of whole packs of about `per_item` chunks (MapItem.split)."""
+    return [piece for item in carry for piece in item.split(per_item)]
+
+
 def _plan_round(
     area: StagingArea,
     session: SessionRecord,
@@ -351,13 +356,11 @@ def _plan_round(
     inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None else None
     items = []
     if inline_per_item is not None:
-        items = [piece for item in carry for piece in item.split(inline_per_item)]
-        items += items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item)
+        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item)
     inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
     if not inline:
         chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        items = [piece for item in carry for piece in item.split(per_item)]
-        items += items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=end is None)
+        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=end is None)
     found = area.write_round(state.rounds + 1, items)
     inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
     planned = [item for item in found.items if not item.finishes_cut]

@@ -16,7 +16,7 @@ few folds instead of one record per item.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
@@ -148,10 +148,7 @@ class MapItem:
         """The item's chunks after its first `done` (a cut result), in this item's pack layout, never cut again."""
         if not 0 < done < self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no remainder after {done} chunks")
-        return MapItem(
-            self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
-            self.first_part + done, self.count - done, self.first_index + done, self.checksums[done:], self.layout_range, False,
-        )
+        return replace(self._sub(done, self.count - done), cut=False)
 
     def split(self, chunks: int) -> list[MapItem]:
         """The item as consecutive items of whole packs, each of about `chunks` chunks at most (one pack at least), same layout."""
