@@ -379,4 +379,4 @@ def test_a_version_1_manifest_is_refused_naming_both_versions(repo: Path, tmp_pa
     stored.write_bytes(seal_body(body, key.manifest_mac(body)))
     result = run_braid("restore", "--repo", str(repo), ref, "--output", str(tmp_path / "out"))
     assert result.code == 6 and not (tmp_path / "out").exists()
-    assert "unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 only (earlier versions are not read)" in result.stderr, result.stderr
+    assert "unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 and v3 only (earlier versions are not read)" in result.stderr, result.stderr

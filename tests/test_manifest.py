@@ -182,7 +182,7 @@ def test_a_version_1_manifest_is_refused_with_both_versions_named() -> None:
     """docs/format.md: no earlier repository is read; the refusal says which version this is and which Braid reads."""
     body = version_1_of(canonical_json(make_manifest([[10, 20]]).body()))
     raw = seal_body(body, KEY.manifest_mac(body))  # intact and authentic: refused for its version alone
-    with pytest.raises(IntegrityError, match=r"^manifests/x: unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 only"):
+    with pytest.raises(IntegrityError, match=r"^manifests/x: unsupported manifest format braid-manifest v1; this Braid reads braid-manifest v2 and v3 only"):
         open_manifest(raw, "manifests/x")
 
 

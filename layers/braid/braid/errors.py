@@ -107,6 +107,16 @@ class RetentionLockError(BackupError):
     exit_code = 12
 
 
+class DependentsError(BackupError):
+    """A backup other backups restore on top of (an incremental chain's parent): not removed without its children.
+
+    Its own exit code: nothing is wrong with the backup or the store; the
+    person asked for a removal that would leave incrementals unrestorable.
+    """
+
+    exit_code = 13
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "unexpected error (run with --debug for the traceback)",
@@ -121,6 +131,7 @@ EXIT_CODES: dict[int, str] = {
     10: "format limit exceeded",
     11: "the producer (backup) or consumer (restore) command failed",
     12: "a backup is under Object Lock retention: not removed before the date given",
+    13: "a backup has incremental children: not removed without --with-children",
     130: "interrupted",
 }
 

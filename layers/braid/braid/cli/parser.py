@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from braid import __version__, contract
+from braid.cli import chain_options
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
@@ -346,6 +347,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
                        help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
+    chain_options.add_backup_options(backup)
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
 
@@ -457,6 +459,7 @@ def _declare_verify(sub: Subparsers, shared: _Shared) -> None:
     target.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     target.add_argument("--all", action="store_true", help="every backup in the repository")
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
+    chain_options.add_verify_options(verify)
     chunks = verify.add_mutually_exclusive_group()
     chunks.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
     chunks.add_argument("--rotate", type=_positive_int, metavar="N",
@@ -505,6 +508,7 @@ def _declare_forget(sub: Subparsers, shared: _Shared) -> None:
     ))
     forget.add_argument("backup", metavar="NAME@ID", help="the exact backup (not NAME@latest); its manifest may be unreadable")
     forget.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    chain_options.add_forget_options(forget)
     forget.set_defaults(handler=_command("forget:cmd_forget"))
 
 

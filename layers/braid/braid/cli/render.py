@@ -84,6 +84,7 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
         "plaintext_bytes": summary.plaintext_bytes,
         "stored_bytes": summary.stored_bytes,
         "ratio": round(summary.ratio, 4),
+        **summary.lineage.to_json(),
     }
 
 
@@ -150,9 +151,14 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         print(
             f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
             f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
-            f"  {verified_column(row.get('verified'), now)}"
+            f"  {verified_column(row.get('verified'), now)}{_chain_column(row)}"
         )
     print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
+
+
+def _chain_column(row: Mapping[str, Any]) -> str:
+    """After VERIFIED, for an incremental only: the parent it restores on top of."""
+    return f"  incremental of {row['parent']}" if row.get("kind") == "incremental" else ""
 
 
 def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -266,6 +272,8 @@ def print_manifest(
     print(f"created     {manifest.created}")
     print(f"completed   {manifest.completed}")
     print(f"engine      {manifest.engine}")
+    if manifest.lineage.is_incremental:
+        print(f"kind        incremental of {manifest.lineage.parent} (chain from the full {manifest.lineage.chain_full})")
     print(f"size        {format_size(manifest.plaintext_bytes)} ({manifest.plaintext_bytes} bytes)")
     print(
         f"stored      {format_size(manifest.stored_bytes)} ({manifest.stored_bytes} bytes), ratio {manifest.ratio:.3f} (stored/size),"
@@ -380,6 +388,8 @@ def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
         print_json({"dry_run": dry_run, **plan.to_json()})
         return
     verb = "would remove" if dry_run else "removed"
+    for child in plan.children:
+        print(f"{verb} {child.ref} (an incremental built on {plan.ref}: manifest {child.manifest} and {len(child.objects)} data object(s))")
     print(f"{verb} {plan.ref} (manifest {plan.manifest} and {len(plan.objects)} data object(s))")
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
 from braid.format.algorithms import algorithms
+from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key
@@ -74,6 +75,7 @@ def finalize_backup(
     engine: str,
     stats: dict[str, Any] | None = None,
     usage: Callable[[Manifest], Usage] | None = None,
+    lineage: Lineage | None = None,
 ) -> Manifest:
     """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
     chunk is checked (the finalizer's own requests so far included), sealed into the manifest."""
@@ -89,6 +91,7 @@ def finalize_backup(
         timings=timings,
         engine=engine,
         stats=stats or {},
+        lineage=lineage or Lineage(),
     )
     manifest.check_structure()
     # Presence and size of every object (pack), by LIST (one request per 1,000

@@ -9,12 +9,13 @@ this one interface.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.engine.gate import StreamGate
 from braid.engine.stream import InputSource
+from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.manifest import Manifest
 from braid.ports.progress import ProgressFn
@@ -39,6 +40,8 @@ class BackupRequest:
     resumable: bool = True
     # Seconds a named-pipe input may wait for its writer to open it (--open-timeout).
     open_timeout: float = DEFAULT_OPEN_TIMEOUT
+    # The backup's place in a chain (braid.format.chain): an incremental names its parent, sealed into its manifest.
+    lineage: Lineage = field(default_factory=Lineage)
 
 
 class BackupEngine(Protocol):

@@ -32,6 +32,7 @@ from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
+from braid.format.chain import Lineage
 from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
 from braid.format.keys import DataKey, WrappedKey
@@ -44,7 +45,12 @@ __all__ = ["FORMAT", "VERSION", "ChunkEntry", "InputEntry", "Manifest", "SealedM
 FORMAT = "braid-manifest"
 # Version 2: a chunk entry says which stored object (pack) holds its frame and where (docs/format.md, Packs).
 # A version-1 manifest (one object per chunk, no pack fields) is refused, not read: no repository of it needs reading.
-VERSION = 2
+# Version 3: an incremental backup's chain fields (`kind`, `parent`, `chain_full`; braid.format.chain). Written only
+# for incrementals, so a Braid that knows no chains refuses them rather than restore or prune them as if they stood
+# alone; full backups are still written as version 2, which reads as a full backup.
+VERSION = 3
+FULL_VERSION = 2
+READABLE_VERSIONS = (2, 3)
 
 # The sealed layout: HEAD, 64 hex (mac), MIDDLE, BODY, TAIL, 64 hex (sha256), END.
 _HEAD = b'{"mac":"'
@@ -155,6 +161,8 @@ class Manifest:
     # Optional (docs/format.md, Usage): what making the backup used, counted where it ran
     # (braid.format.usage). Absent from manifests written before it existed.
     usage: Usage | None = None
+    # Its place in an incremental chain (docs/format.md, Chains); a full backup by default and in version-2 manifests.
+    lineage: Lineage = field(default_factory=Lineage)
 
     @property
     def name(self) -> str:
@@ -187,9 +195,11 @@ class Manifest:
             yield from entry.chunks
 
     def body(self) -> dict[str, Any]:
+        chain = self.lineage.to_json() if self.lineage.is_incremental else {}
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION if chain else FULL_VERSION,
+            **chain,
             "repository": self.repository,
             "backup": self.backup,
             "created": self.created,
@@ -304,6 +314,19 @@ def _rekeyed(doc: Any) -> dict[str, str] | None:
     return dict(doc)
 
 
+def _lineage(doc: dict[str, Any], version: int) -> Lineage:
+    """Version 2 knows no chains (a full backup); version 3 is an incremental's and names its chain."""
+    fields = {"kind", "parent", "chain_full"} & set(doc)
+    if version == FULL_VERSION:
+        if fields:
+            raise ValueError(f"a version-{FULL_VERSION} manifest has no {sorted(fields)[0]}")
+        return Lineage()
+    lineage = Lineage.from_json(doc, str(doc["backup"]))
+    if not lineage.is_incremental:
+        raise ValueError(f"a version-{VERSION} manifest is an incremental's")
+    return lineage
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
     """Slice, self-check and parse a stored manifest; needs no key."""
     end = len(raw) - _AFTER_BODY
@@ -322,10 +345,11 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
     except (ValueError, RecursionError):
         raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)") from None
     try:
-        if body_doc.get("format") != FORMAT or int(body_doc.get("version", 0)) != VERSION:
+        version = int(body_doc.get("version", 0))
+        if body_doc.get("format") != FORMAT or version not in READABLE_VERSIONS:
             raise IntegrityError(
                 f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')};"
-                f" this Braid reads {FORMAT} v{VERSION} only (earlier versions are not read)"
+                f" this Braid reads {FORMAT} v{READABLE_VERSIONS[0]} and v{VERSION} only (earlier versions are not read)"
             )
         manifest = Manifest(
             repository=str(body_doc["repository"]),
@@ -341,6 +365,7 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             stats=dict(body_doc.get("stats", {})),
             rekeyed=_rekeyed(body_doc.get("rekeyed")),
             usage=Usage.from_json(body_doc["usage"]) if "usage" in body_doc else None,
+            lineage=_lineage(body_doc, version),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None

@@ -17,12 +17,13 @@ reads the manifest instead (braid.ops.catalog). It names no key id, so
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
+from braid.format.chain import Lineage
 from braid.format.keys import DataKey
 from braid.format.manifest import Manifest
 from braid.format.sealed import seal, unseal
@@ -56,6 +57,8 @@ class BackupSummary:
     # The billed quantities of the manifest's usage (braid.format.usage.Usage.billed), when it has one:
     # `list --json` prices them without reading the manifest; a dozen numbers, not the request map.
     usage: Billed | None = None
+    # The manifest's chain fields (braid.format.chain): `list` and the cloud prune see chains without manifests.
+    lineage: Lineage = field(default_factory=Lineage)
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -70,6 +73,7 @@ class BackupSummary:
             plaintext_bytes=manifest.plaintext_bytes,
             stored_bytes=manifest.stored_bytes,
             usage=manifest.usage.billed() if manifest.usage is not None else None,
+            lineage=manifest.lineage,
         )
 
     def body(self) -> dict[str, Any]:
@@ -86,6 +90,7 @@ class BackupSummary:
             "plaintext_bytes": self.plaintext_bytes,
             "stored_bytes": self.stored_bytes,
             **({"usage": self.usage} if self.usage is not None else {}),
+            **(self.lineage.to_json() if self.lineage.is_incremental else {}),
         }
 
     @classmethod
@@ -104,6 +109,7 @@ class BackupSummary:
                 engine=_text(doc, "engine"),
                 **numbers,
                 usage=check_billed(doc["usage"]) if "usage" in doc else None,
+                lineage=Lineage.from_json(doc, _text(doc, "backup")) if "kind" in doc else Lineage(),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None

@@ -19,15 +19,17 @@ backup publishes, and a forget cannot be undone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from braid.errors import NotFoundError, RetentionLockError, UsageError
+from braid.errors import BackupError, DependentsError, NotFoundError, RetentionLockError, UsageError
+from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix, verification_prefix
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import record_removal
+from braid.ops.chain import descendants
 from braid.ports.store import ObjectStore
 
 
@@ -36,9 +38,14 @@ class ForgetPlan:
     ref: BackupRef
     manifest: str  # its key
     objects: list[str]  # its chunks (and any staging), as listed when planned
+    # With --with-children: the plans of every incremental built on it, newest first (removed before it).
+    children: list[ForgetPlan] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
-        return {"backup": str(self.ref), "manifest": self.manifest, "objects": len(self.objects)}
+        doc: dict[str, object] = {"backup": str(self.ref), "manifest": self.manifest, "objects": len(self.objects)}
+        if self.children:
+            doc["children"] = [child.to_json() for child in self.children]
+        return doc
 
 
 def _objects(store: ObjectStore, ref: BackupRef) -> list[str]:
@@ -55,8 +62,36 @@ def exact_ref(ref: BackupRef) -> BackupRef:
     return ref
 
 
-def plan_forget(repository: Repository, ref: BackupRef, now: datetime | None = None) -> ForgetPlan:
-    """What forgetting `ref` removes; NotFoundError when it has no manifest, RetentionLockError while it is locked."""
+def plan_forget(repository: Repository, ref: BackupRef, now: datetime | None = None, *, with_children: bool = False) -> ForgetPlan:
+    """What forgetting `ref` removes; NotFoundError when it has no manifest, RetentionLockError while it (or, with
+    `with_children`, a child) is locked, DependentsError when incrementals are built on it and `with_children` is not set."""
+    plan = _plan_one(repository, ref, now)
+    children = children_of(repository, ref)
+    if children and not with_children:
+        raise DependentsError(
+            f"backup {ref} has {len(children)} incremental backup(s) built on it (first: {children[0]}), which restore only"
+            f" on top of it: nothing was removed; remove them with it by 'braid forget {ref} --with-children'"
+        )
+    plan.children = [_plan_one(repository, child, now) for child in reversed(children)]
+    return plan
+
+
+def children_of(repository: Repository, ref: BackupRef) -> list[BackupRef]:
+    """Every backup whose chain goes through `ref`, by the manifests of its name (checksummed, no key needed); oldest first.
+
+    A manifest that does not read is skipped: its parent cannot be known (forget it first, by its exact id).
+    """
+    lineages: dict[BackupRef, Lineage] = {}
+    for other in repository.backups(ref.name):
+        if other != ref:
+            try:
+                lineages[other] = repository.load(other).manifest.lineage
+            except BackupError:
+                continue
+    return descendants(ref, lineages)
+
+
+def _plan_one(repository: Repository, ref: BackupRef, now: datetime | None) -> ForgetPlan:
     exact_ref(ref)
     store = repository.store
     key = manifest_key(ref)
@@ -97,5 +132,7 @@ def remove_manifest(store: ObjectStore, ref: BackupRef) -> None:
 def execute_forget(repository: Repository, plan: ForgetPlan) -> None:
     """Catalog summary, manifest, then everything under the backup's data and staging prefixes (listed again now)."""
     store = repository.store
+    for child in plan.children:  # newest first: a crash in between leaves every remaining backup's chain whole
+        execute_forget(repository, child)
     remove_manifest(store, plan.ref)
     store.delete(_objects(store, plan.ref))

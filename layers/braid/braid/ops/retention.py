@@ -43,14 +43,17 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
+from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.layout import POLICIES, data_prefix, name_from_policy_key, name_prefixes, policy_key, staging_prefix
 from braid.format.lock import ObjectLock
+from braid.format.manifest import Manifest
 from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
 from braid.ops.catalog import Unreadable as CatalogUnreadable
+from braid.ops.chain_retention import keep_ancestors, lineages_of_unreadable
 from braid.ops.forget import remove_manifest
 from braid.ops.leftovers import MIN_ORPHAN_GRACE_HOURS, collect_leftover, collect_temporary, find_leftovers, find_temporary, leftover_candidates
 from braid.ops.open import open_backup
@@ -158,10 +161,10 @@ class PrunePlan:
         }
 
 
-def _authenticate(repository: Repository, keys: KeyService, ref: BackupRef) -> str | BackupError | None:
-    """The backup's start time from its authenticated manifest, the error that stopped it, or None (no manifest now)."""
+def _authenticate(repository: Repository, keys: KeyService, ref: BackupRef) -> Manifest | BackupError | None:
+    """The backup's authenticated manifest, the error that stopped it, or None (no manifest now)."""
     try:
-        return open_backup(repository, ref, keys).manifest.created
+        return open_backup(repository, ref, keys).manifest
     except NotFoundError:
         return None  # removed since the listing (another prune, a forget): nothing to keep or count
     except BackupError as exc:
@@ -183,6 +186,12 @@ class _Candidates:
     unreadable: list[Unreadable]
     published: set[BackupRef]
     chunks: dict[BackupRef, int] = field(default_factory=dict)
+    lineages: dict[BackupRef, Lineage] = field(default_factory=dict)  # chains (braid.ops.chain_retention)
+
+    def counted(self, ref: BackupRef, manifest: Manifest) -> None:
+        self.created[ref] = manifest.created
+        self.lineages[ref] = manifest.lineage
+        self.authenticated.add(ref)
 
 
 def _authenticate_all(repository: Repository, keys: KeyService, distrusted: Mapping[BackupRef, str]) -> _Candidates:
@@ -194,9 +203,8 @@ def _authenticate_all(repository: Repository, keys: KeyService, distrusted: Mapp
             found.unreadable.append(Unreadable(ref, IntegrityError(distrusted[ref])))
             continue
         outcome = _authenticate(repository, keys, ref)
-        if isinstance(outcome, str):
-            found.created[ref] = outcome
-            found.authenticated.add(ref)
+        if isinstance(outcome, Manifest):
+            found.counted(ref, outcome)
         elif outcome is not None:
             found.unreadable.append(Unreadable(ref, outcome))
     return found
@@ -217,6 +225,7 @@ def _from_catalog(repository: Repository, distrusted: Mapping[BackupRef, str]) -
         else:
             found.created[ref] = entry.created
             found.chunks[ref] = entry.chunks
+            found.lineages[ref] = entry.lineage
     return found
 
 
@@ -295,15 +304,16 @@ def plan_prune(
         if not unchecked:
             break
         for ref, outcome in zip(unchecked, parallel(unchecked, lambda r: _authenticate(repository, keys, r)), strict=True):
-            if isinstance(outcome, str):
-                found.created[ref] = outcome
-                found.authenticated.add(ref)
+            if isinstance(outcome, Manifest):
+                found.counted(ref, outcome)
                 continue
             del found.created[ref]
             if outcome is not None:
                 found.unreadable.append(Unreadable(ref, outcome))
     plan.unreadable = [u for u in found.unreadable if name is None or u.ref.name == name]
     plan.forget, plan.locked = split_locked(repository.object_lock, plan.forget, now)
+    held = [entry.ref for entry in plan.locked] + [u.ref for u in found.unreadable]
+    plan.keep, plan.forget = keep_ancestors(plan.keep, plan.forget, held, lineages_of_unreadable(repository, found.unreadable, found.lineages))
     plan.chunks = {ref: found.chunks[ref] for ref in plan.forget if ref in found.chunks}
     if from_catalog:
         plan.orphans = [ref for ref in leftover_candidates(repository.store, found.published, now, policy.grace) if name is None or ref.name == name]

@@ -21,6 +21,7 @@ from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
 from braid.errors import ExecutionError, NotFoundError, UsageError
+from braid.format.chain import Lineage
 from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
@@ -116,6 +117,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     engine = _engine_for(repository, args)
+    lineage = _lineage(repository, args, ref, cloud)
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
     with producer if producer is not None else contextlib.nullcontext():
@@ -129,6 +131,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             gate=stream_gate(verdict=producer.verdict if producer is not None else None, allow_empty=args.allow_empty),
             resumable=producer is None,
             open_timeout=args.open_timeout,
+            lineage=lineage,
         )
         manifest = engine.run(request, progress)
     if manifest is None:
@@ -140,6 +143,21 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         return 0
     _published(manifest, args, progress)
     return 0
+
+
+def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> Lineage:
+    """A full backup, or with --incremental the link on top of its parent, whose chain is checked readable first (exit 6)."""
+    given = getattr(args, "incremental", None)
+    if given is None:
+        return Lineage()
+    if cloud:
+        raise UsageError("--incremental runs on this host only for now: add --engine local (the cloud pipeline does not seal chains yet)")
+    if args.resume:
+        raise UsageError("--incremental and --resume exclude each other: the resumed backup keeps the parent it started with")
+    from braid.ops.chain import resolve_parent
+
+    parent = resolve_parent(repository, ref.name, given or None, open_key_service(repository, args.key_file))
+    return Lineage.incremental(BackupRef.parse(parent.manifest.backup), parent.manifest.lineage)
 
 
 def _newest(repository: Repository, ref: BackupRef) -> BackupRef:

@@ -16,7 +16,7 @@ from braid.ops.forget import exact_ref, execute_forget, plan_forget
 def cmd_forget(args: argparse.Namespace) -> int:
     ref = exact_ref(BackupRef.parse(args.backup))
     repository = open_repository(repo_url(args.repo))
-    plan = plan_forget(repository, ref)
+    plan = plan_forget(repository, ref, with_children=args.with_children)
     if not args.dry_run:
         execute_forget(repository, plan)
     if args.json or not args.quiet:

@@ -47,7 +47,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace, consumer: Consumer | None, progress: Progress) -> int:
     repository = open_repository(repo_url(args.repo))
     ref = BackupRef.parse(args.backup)
-    manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file))
+    keys = key_service_on_demand(repository, args.key_file)
+    manifest, key = open_backup(repository, ref, keys)
+    if manifest.lineage.is_incremental:  # every ancestor present and authentic before a byte is written (exit 6)
+        from braid.ops.chain import open_chain
+
+        open_chain(repository, BackupRef.parse(manifest.backup), keys, purpose="the incremental")
     targets = targets_from_args(args.output, manifest) if consumer is None else []
     if consumer is not None:
         consumer.check(manifest)

@@ -31,6 +31,7 @@ from braid.format.layout import manifest_key
 from braid.format.repository import Repository
 from braid.format.summary import catalog_stamp
 from braid.format.verification import Selection
+from braid.ops.chain import check_chain
 from braid.ops.verification import new_record, next_rotation, record_of_report, write_record
 from braid.ops.verify import verify_published
 
@@ -63,9 +64,12 @@ def _local_reports(args: argparse.Namespace, repository: Repository) -> tuple[li
     keys = open_key_service(repository, args.key_file, unwrap_only=True) if args.deep else None
     reports: list[dict[str, Any]] = []
     errors: list[BackupError] = []  # what stopped each failed backup's check, most serious first below
+    if getattr(args, "chain", False) and not args.all:  # --deep --chain: every ancestor as deeply as the backup
+        refs = [*check_chain(repository, refs[0], keys), *refs]
     for ref in refs:
         selection = _selection(args, repository, ref)
         try:
+            check_chain(repository, ref, keys)  # an incremental is only as good as its chain (exit 6 otherwise)
             report = verify_published(repository, ref, keys, workers=args.workers, selection=selection)
         except BackupError as exc:
             if not args.all:
@@ -107,7 +111,8 @@ def _cloud_reports(args: argparse.Namespace, repository: Repository, verifier: A
         ref = repository.resolve(BackupRef.parse(args.backup))
         if repository.store.head(manifest_key(ref)) is None:
             repository.load(ref)  # raises NotFoundError, saying which backups the name has
-        backups = [str(ref)]
+        ancestors = check_chain(repository, ref, None)  # present and checksummed here; the cloud checks the chunks
+        backups = [*(str(a) for a in ancestors if getattr(args, "chain", False)), str(ref)]
     document: dict[str, Any] = {
         "backups": backups,
         "prefix": getattr(repository.store, "prefix", ""),
