@@ -25,6 +25,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.keys import DataKey
 from braid.format.manifest import Manifest
+from braid.format.pg_backup import WalInfo
 from braid.format.sealed import seal, unseal
 from braid.format.usage import Billed, check_billed
 
@@ -56,6 +57,8 @@ class BackupSummary:
     # The billed quantities of the manifest's usage (braid.format.usage.Usage.billed), when it has one:
     # `list --json` prices them without reading the manifest; a dozen numbers, not the request map.
     usage: Billed | None = None
+    # The manifest's `wal` (braid.format.pg_backup), when it has one: `list` shows a base backup's WAL range.
+    wal: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -70,6 +73,7 @@ class BackupSummary:
             plaintext_bytes=manifest.plaintext_bytes,
             stored_bytes=manifest.stored_bytes,
             usage=manifest.usage.billed() if manifest.usage is not None else None,
+            wal=manifest.wal.to_json() if manifest.wal is not None else None,
         )
 
     def body(self) -> dict[str, Any]:
@@ -86,6 +90,7 @@ class BackupSummary:
             "plaintext_bytes": self.plaintext_bytes,
             "stored_bytes": self.stored_bytes,
             **({"usage": self.usage} if self.usage is not None else {}),
+            **({"wal": self.wal} if self.wal is not None else {}),
         }
 
     @classmethod
@@ -104,6 +109,7 @@ class BackupSummary:
                 engine=_text(doc, "engine"),
                 **numbers,
                 usage=check_billed(doc["usage"]) if "usage" in doc else None,
+                wal=WalInfo.from_json(doc["wal"]).to_json() if "wal" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None
