@@ -337,6 +337,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
     backup.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                         help=f"fail (exit 5) if no process opens a named-pipe --input for writing within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
+    backup.add_argument("--wal-wait", type=float, default=60.0, metavar="SECONDS",
+                        help="a pg_basebackup -X none backup is published only once its WAL range is archived: wait up to SECONDS (else exit 11)")
     backup.add_argument("--engine", choices=("local", "stepfunctions"),
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")

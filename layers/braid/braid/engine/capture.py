@@ -19,6 +19,7 @@ MariaDB's xbstream (`xtrabackup_checkpoints`) is not read here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ __all__ = ["CAPTURED", "MAX_CAPTURED", "Captured", "StreamCapture", "merge_captu
 # member name -> bytes kept (a prefix for pg_control: only its first fields are read)
 CAPTURED: dict[str, int] = {"backup_label": 1 << 16, "backup_manifest": 64 << 20, "PG_VERSION": 64, "global/pg_control": 64}
 MAX_CAPTURED = sum(CAPTURED.values())
+_SEGMENT = re.compile(r"^pg_wal/[0-9A-F]{24}$")
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Captured:
 
     members: dict[str, bytes] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    wal_segments: int = 0  # WAL segments the base backup carries in pg_wal/ (-X fetch); 0 with -X none
 
     @property
     def wal(self) -> WalInfo | None:
@@ -71,6 +74,7 @@ class StreamCapture:
         self.label = label
         self.members: dict[str, bytes] = {}
         self.note: str | None = None
+        self.wal_segments = 0
         self._start = bytearray()
         self._parser: TarStream | None = None
         self._open: dict[str, _Keep] = {}
@@ -109,6 +113,8 @@ class StreamCapture:
 
     def _member(self, member: TarMember) -> MemberConsumer | None:
         name = member.name[2:] if member.name.startswith("./") else member.name
+        if _SEGMENT.match(name):
+            self.wal_segments += 1
         limit = CAPTURED.get(name)
         if limit is None or member.kind != "0":
             return None
@@ -138,5 +144,6 @@ def merge_captures(captures: Mapping[int, StreamCapture]) -> Captured:
     for index in sorted(captures):
         if "backup_label" in captures[index].members:
             result.members = dict(captures[index].members)
+            result.wal_segments = captures[index].wal_segments
             break
     return result

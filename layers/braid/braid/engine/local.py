@@ -97,6 +97,8 @@ class LocalEngine:
                     open_timeout=request.open_timeout,
                     progress=report,
                 )
+                if request.wal_gate is not None:
+                    request.wal_gate(stream.captured)
                 report.phase("finalizing", total_bytes=sum(stream.input_lengths.values()), total_chunks=stream.chunks)
                 return finalize_backup(
                     store,

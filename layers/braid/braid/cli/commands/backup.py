@@ -24,6 +24,7 @@ from braid.errors import ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
+from braid.ops.wal_wait import wal_gate
 
 if TYPE_CHECKING:
     from braid.engine.producer import Producer
@@ -129,6 +130,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             gate=stream_gate(verdict=producer.verdict if producer is not None else None, allow_empty=args.allow_empty),
             resumable=producer is None,
             open_timeout=args.open_timeout,
+            wal_gate=wal_gate(repository.store, ref.name, max(0.0, args.wal_wait)),
         )
         manifest = engine.run(request, progress)
     if manifest is None:
