@@ -101,7 +101,7 @@ def backup_before(repository: Repository, name: str, target: datetime) -> Backup
         raise NotFoundError(f"no backups named {name!r} in {repository.url}{repository.suggest_name(name)}")
     for ref in reversed(found):
         manifest = repository.load(ref).manifest
-        if parse_timestamp(manifest.completed) < target.astimezone(UTC):
+        if parse_timestamp(manifest.completed) <= target.astimezone(UTC):
             return ref
     oldest = repository.load(found[0]).manifest.completed
     raise NotFoundError(f"no backup of {name} ended before {target.isoformat()} (the oldest ended {oldest}); choose a later --target-time")
