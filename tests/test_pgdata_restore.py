@@ -21,8 +21,8 @@ import pytest
 
 from braid.cli.compose import open_key_service, open_repository
 from braid.errors import IntegrityError
-from braid.format.layout import metadata_key
 from braid.format.ids import BackupRef
+from braid.format.layout import metadata_key
 from braid.ops.metadata import read_backup_metadata
 from conftest import run_braid
 from test_tar_stream import CONTROL, LABEL, LONG, PG_MANIFEST
