@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from braid import __version__, contract
 from braid.cli import chain_options
+from braid.cli.pgdata_options import add_pgdata_options
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
@@ -337,6 +338,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
     backup.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                         help=f"fail (exit 5) if no process opens a named-pipe --input for writing within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
+    backup.add_argument("--wal-wait", type=float, default=60.0, metavar="SECONDS",
+                        help="a pg_basebackup -X none backup is published only once its WAL range is archived: wait up to SECONDS (else exit 11)")
     backup.add_argument("--engine", choices=("local", "stepfunctions"),
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
@@ -370,6 +373,7 @@ def _declare_restore(sub: Subparsers, shared: _Shared) -> None:
         "braid restore pg@latest -- tar -x -C /var/lib/postgresql/15/main   # a pg_basebackup -Ft tar",
         "braid restore db2@latest --pipes -- db2 restore db SAMPLE from {pipes}",
         "braid restore dump@latest > dump.sql",
+        "braid restore pg@latest --pgdata /var/lib/postgresql/15/restored --target-time '2026-11-28 14:03:00+00'",
         description="Write a backup's original bytes to stdout, to one --output per input, or to the command after --;"
                     " every chunk is authenticated before a byte of it is written.",
     ))
@@ -383,6 +387,7 @@ def _declare_restore(sub: Subparsers, shared: _Shared) -> None:
                          help="run COMMAND with the backup on its stdin (or --pipes); succeeds only if it reads every byte and exits 0 (else exit 11)")
     restore.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                          help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
+    add_pgdata_options(restore)
     restore.set_defaults(handler=_command("restore:cmd_restore"))
 
 

@@ -85,6 +85,7 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
         "stored_bytes": summary.stored_bytes,
         "ratio": round(summary.ratio, 4),
         **summary.lineage.to_json(),
+        "wal": summary.wal,
     }
 
 
@@ -143,15 +144,19 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         return
     width = _width(rows, "backup", "BACKUP")
     now = datetime.now(UTC)
-    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  VERIFIED")
-    for row in rows:
+    wal = any(row.get("wal") for row in rows)  # a PostgreSQL base backup's WAL range, when any row has one
+    marks = [verified_column(row.get("verified"), now) if "error" not in row else "" for row in rows]
+    marks_width = max([len("VERIFIED"), *map(len, marks)]) if wal else 0
+    last = f"{'VERIFIED':<{marks_width}}  WAL (TIMELINE START..STOP)" if wal else "VERIFIED"
+    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  {last}")
+    for row, mark in zip(rows, marks, strict=True):
         if "error" in row:
             print(f"{row['backup']:<{width}}  UNREADABLE: {row['error']}")
             continue
         print(
             f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
             f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
-            f"  {verified_column(row.get('verified'), now)}{_chain_column(row)}"
+            f"  {mark:<{marks_width}}{wal_column(row.get('wal')) if wal else ''}{_chain_column(row)}"
         )
     print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
 
@@ -159,6 +164,22 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
 def _chain_column(row: Mapping[str, Any]) -> str:
     """After VERIFIED, for an incremental only: the parent it restores on top of."""
     return f"  incremental of {row['parent']}" if row.get("kind") == "incremental" else ""
+def wal_column(wal: Mapping[str, Any] | None) -> str:
+    """`list`'s WAL column: "  1 0/2000028..0/2000100", or "  -" for a backup without WAL information."""
+    if not wal:
+        return "  -"
+    return f"  {wal.get('timeline', '?')} {wal.get('start_lsn', '?')}..{wal.get('stop_lsn', '?')}"
+
+
+def print_wal(manifest: Manifest) -> None:
+    """`show`'s lines for a PostgreSQL base backup: its WAL range, system and the metadata kept beside it."""
+    if manifest.wal is not None:
+        w = manifest.wal.fields
+        segments = f" ({w.get('start_wal', '?')} .. {w.get('stop_wal', '?')})" if "start_wal" in w else ""
+        print(f"wal         timeline {w.get('timeline', '?')}, {w.get('start_lsn', '?')} .. {w.get('stop_lsn', '?')}{segments}")
+        print(f"postgresql  version {w.get('pg_version', '?')}, system identifier {w.get('system_identifier', '?')}, label {w.get('label', '?')!r}")
+    for kind, entry in sorted(manifest.metadata.items()):
+        print(f"metadata    {kind}: {entry.length} bytes, stored encrypted ({entry.stored_length} bytes)")
 
 
 def print_incomplete_list(rows: list[dict[str, Any]], as_json: bool) -> None:
@@ -221,6 +242,7 @@ def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: Obje
         "object_lock": retention_detail(manifest, lock),
         "timings": manifest.timings,
         "stats": manifest.stats,
+        "metadata": {kind: entry.to_json() for kind, entry in sorted(manifest.metadata.items())},
         "input_details": [
             {"index": i.index, "source": i.source, "bytes": i.length, "chunks": len(i.chunks), "stored_bytes": sum(c.stored_length for c in i.chunks)}
             for i in manifest.inputs
@@ -288,6 +310,7 @@ def print_manifest(
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
     for entry in detail["input_details"]:
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
+    print_wal(manifest)
     print(f"verified    {verification_line(verification)}")
     print_usage(manifest.usage, prices)
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from braid.engine.capture import Captured, StreamCapture, merge_captures
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.engine.gate import StreamGate
 from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter, expected_chunks, pool_size
@@ -75,6 +76,7 @@ class StreamResult(Generic[R]):
     chunks: int
     ended_at: float  # time.monotonic() when the last input ended, before the sink drained
     max_buffers_in_flight: int
+    captured: Captured = field(default_factory=Captured)  # small members of a tar stream (braid.engine.capture)
 
 
 def drive(
@@ -89,6 +91,10 @@ def drive(
     progress: ProgressFn | None = None,
 ) -> StreamResult[R]:
     """Read every source to its end through `sink`.
+
+    Each input's pieces are shown to a StreamCapture (braid.engine.capture)
+    as they pass: `StreamResult.captured` holds a PostgreSQL base backup's
+    backup_label, backup_manifest, PG_VERSION and pg_control head.
 
     `gate` (braid.engine.gate) judges the whole stream once every input
     ended and before `sink.finish()`, which is what publishes (the local
@@ -111,17 +117,20 @@ def drive(
     cancelled = threading.Event()
     cutter = StreamCutter(list(sources), pool, cancelled, open_timeout=open_timeout, waiting=_waiting_note(progress, backup, open_timeout))
     lengths: dict[int, int] = {}
+    captures = {source.index: StreamCapture(source.label) for source in sources}
     count = 0
     try:
         for event in cutter:
             if isinstance(event, InputEnd):
                 lengths[event.input_index] = event.length
+                captures[event.input_index].end()
                 sink.end_input(event.input_index, event.length)
                 continue
             release = _releaser(pool, event.buffer)
             if count >= MAX_CHUNKS_PER_KEY:
                 release()
                 raise LimitError(f"backup {backup} would exceed 2^32 chunks under one data key; use a larger --chunk-size")
+            captures[event.input_index].feed(event.data)  # before the sink owns the buffer
             sink.accept(count, event, release)
             count += 1
         if gate is not None:
@@ -133,7 +142,7 @@ def drive(
         sink.abort(exc)
         cutter.join()
         raise
-    return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use)
+    return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use, merge_captures(captures))
 
 
 def _releaser(pool: BufferPool, buffer: WritableBuffer) -> Release:

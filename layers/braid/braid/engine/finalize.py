@@ -10,7 +10,7 @@ backup complete; until then it does not exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
@@ -20,8 +20,10 @@ from braid.format.algorithms import algorithms
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
-from braid.format.layout import chunk_key, data_prefix, manifest_key
+from braid.format.layout import chunk_key, data_prefix, manifest_key, metadata_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
+from braid.format.metadata import MetadataEntry, seal_metadata
+from braid.format.pg_backup import WalInfo
 from braid.format.stored import StoredObject, stored_objects
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
@@ -76,9 +78,18 @@ def finalize_backup(
     stats: dict[str, Any] | None = None,
     usage: Callable[[Manifest], Usage] | None = None,
     lineage: Lineage | None = None,
+    wal: WalInfo | None = None,
+    metadata: Mapping[str, bytes] | None = None,
 ) -> Manifest:
     """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
-    chunk is checked (the finalizer's own requests so far included), sealed into the manifest."""
+    chunk is checked (the finalizer's own requests so far included), sealed into the manifest.
+
+    `wal` is recorded as it is; each of `metadata` (kind -> bytes) is stored encrypted beside the chunks
+    (braid.format.metadata) before the manifest that names it, and removed with them on failure."""
+    entries_by_kind: dict[str, MetadataEntry] = {}
+    for kind, plaintext in sorted((metadata or {}).items()):
+        stored_meta, entries_by_kind[kind] = seal_metadata(key, str(ref), kind, plaintext)
+        store.put(metadata_key(ref, kind), stored_meta)
     manifest = Manifest(
         repository=repository_id,
         backup=str(ref),
@@ -92,6 +103,8 @@ def finalize_backup(
         engine=engine,
         stats=stats or {},
         lineage=lineage or Lineage(),
+        wal=wal,
+        metadata=entries_by_kind,
     )
     manifest.check_structure()
     # Presence and size of every object (pack), by LIST (one request per 1,000
@@ -104,7 +117,7 @@ def finalize_backup(
     # only the usage changes below, and it names no chunk.
     objects = stored_objects(manifest)
     check_chunks_listed(store, ref, objects, when="before publishing")
-    store.sync(stored.key for stored in objects)
+    store.sync([*(stored.key for stored in objects), *(metadata_key(ref, kind) for kind in entries_by_kind)])
     if usage is not None:
         manifest = replace(manifest, usage=usage(manifest))
     sealed = manifest.seal(key)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from braid.contract import ENGINE_LOCAL
+from braid.engine.capture import Captured
 from braid.engine.driver import drive, pool_size
 from braid.engine.finalize import InputRecord, discard_backup_data, finalize_backup
 from braid.engine.lease import BackupLease
@@ -29,11 +30,18 @@ from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
+from braid.format.metadata import BACKUP_MANIFEST
 from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
 from braid.ports.keys import KeyService
 from braid.ports.progress import PhaseReporter, ProgressFn
+
+
+def _metadata(captured: Captured) -> dict[str, bytes]:
+    """What a stream carried that is kept beside its chunks: a PostgreSQL base backup's backup_manifest."""
+    manifest = captured.backup_manifest
+    return {BACKUP_MANIFEST: manifest} if manifest is not None else {}
 
 
 class LocalEngine:
@@ -89,6 +97,8 @@ class LocalEngine:
                     open_timeout=request.open_timeout,
                     progress=report,
                 )
+                if request.wal_gate is not None:
+                    request.wal_gate(stream.captured)
                 report.phase("finalizing", total_bytes=sum(stream.input_lengths.values()), total_chunks=stream.chunks)
                 return finalize_backup(
                     store,
@@ -109,6 +119,8 @@ class LocalEngine:
                     stats={"workers": request.workers, "max_buffers_in_flight": stream.max_buffers_in_flight},
                     usage=usage,
                     lineage=request.lineage,
+                    wal=stream.captured.wal,
+                    metadata=_metadata(stream.captured),
                 )
             except BaseException:
                 # The driver has stopped the readers and every worker, so

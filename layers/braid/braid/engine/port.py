@@ -9,9 +9,11 @@ this one interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from braid.engine.capture import Captured
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.engine.gate import StreamGate
 from braid.engine.stream import InputSource
@@ -42,6 +44,9 @@ class BackupRequest:
     open_timeout: float = DEFAULT_OPEN_TIMEOUT
     # The backup's place in a chain (braid.format.chain): an incremental names its parent, sealed into its manifest.
     lineage: Lineage = field(default_factory=Lineage)
+    # Judges what the stream carried once the producer succeeded, before anything is published: a
+    # PostgreSQL base backup without its WAL (-X none) waits for its WAL range in the archive (braid.ops.wal_wait).
+    wal_gate: Callable[[Captured], None] | None = None
 
 
 class BackupEngine(Protocol):

@@ -10,7 +10,8 @@ purpose, so no key is used for two jobs:
 - plaintext checksums (a keyed MAC per chunk, so the manifest never carries an
   unkeyed hash that would let someone confirm a guess about the content),
 - the manifest MAC,
-- the catalog summary MAC (braid.format.summary).
+- the catalog summary MAC (braid.format.summary),
+- backup metadata encryption (braid.format.metadata: AES-256-GCM, random nonces).
 
 The key service itself is a port (braid.ports.keys.KeyService): KMS in the
 cloud, the local master-key file (braid.adapters.local.keys) on a host.
@@ -80,7 +81,7 @@ class DataKey:
     Never logged, never written: `repr` shows only a fingerprint.
     """
 
-    __slots__ = ("_encryption", "_chunk_mac", "_manifest_mac", "_input_mac", "_summary_mac", "fingerprint")
+    __slots__ = ("_encryption", "_chunk_mac", "_manifest_mac", "_input_mac", "_summary_mac", "_metadata", "fingerprint")
 
     def __init__(self, material: bytes) -> None:
         if len(material) != DATA_KEY_BYTES:
@@ -90,6 +91,7 @@ class DataKey:
         self._manifest_mac = _hkdf(material, b"manifest-mac")
         self._input_mac = _hkdf(material, b"input-mac")
         self._summary_mac = _hkdf(material, b"summary-mac")
+        self._metadata = _hkdf(material, b"metadata-encryption")
         self.fingerprint = sha256(b"braid/v1/fingerprint", material).hex()[:16]
 
     def __repr__(self) -> str:
@@ -98,6 +100,11 @@ class DataKey:
     @property
     def encryption_key(self) -> bytes:
         return self._encryption
+
+    @property
+    def metadata_key(self) -> bytes:
+        """AES-256-GCM key of the backup's metadata objects (braid.format.metadata), never of a chunk."""
+        return self._metadata
 
     def chunk_mac(self, index: int, plaintext: bytes | bytearray | memoryview) -> bytes:
         """Keyed checksum of one chunk's plaintext.

@@ -4,6 +4,7 @@
     manifests/NAME/ID.json               one per complete backup, written last
     data/NAME/ID/NNNNNNNNNN              stored chunks, by global chunk index
     data/NAME/ID/lease                   a running local backup's heartbeat (braid.format.lease)
+    data/NAME/ID/metadata/KIND           encrypted metadata a stream carried, e.g. backup_manifest (braid.format.metadata)
     staging/NAME/ID/...                  cloud path only: raw parts, plan, results
     policies/NAME.json                   a name's stored retention policy (braid.format.policy)
     prices.json                          the repository's price table, if it has its own (braid.format.prices)
@@ -99,6 +100,11 @@ def lease_key(ref: BackupRef) -> str:
     chunks lists the prefix expecting only chunks.
     """
     return f"{data_prefix(ref)}{LEASE}"
+
+
+def metadata_key(ref: BackupRef, kind: str) -> str:
+    """A backup metadata object (braid.format.metadata): under the data prefix, so removal and Object Lock treat it as the backup's data."""
+    return f"{data_prefix(ref)}metadata/{kind}"
 
 
 def staging_prefix(ref: BackupRef) -> str:

@@ -36,6 +36,8 @@ from braid.format.chain import Lineage
 from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.metadata import MetadataEntry
+from braid.format.pg_backup import WalInfo
 from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
 from braid.format.usage import Usage
@@ -163,6 +165,11 @@ class Manifest:
     usage: Usage | None = None
     # Its place in an incremental chain (docs/format.md, Chains); a full backup by default and in version-2 manifests.
     lineage: Lineage = field(default_factory=Lineage)
+    # Optional (braid.format.pg_backup): a PostgreSQL base backup's WAL position, timeline, system and version,
+    # read from its tar stream. Readers that ignore it restore the backup exactly as before.
+    wal: WalInfo | None = None
+    # Optional (braid.format.metadata): the encrypted metadata objects beside the chunks, by kind.
+    metadata: dict[str, MetadataEntry] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -219,6 +226,8 @@ class Manifest:
             "stats": self.stats,
             **({"rekeyed": self.rekeyed} if self.rekeyed is not None else {}),
             **({"usage": self.usage.to_json()} if self.usage is not None else {}),
+            **({"wal": self.wal.to_json()} if self.wal is not None else {}),
+            **({"metadata": {kind: entry.to_json() for kind, entry in sorted(self.metadata.items())}} if self.metadata else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -366,6 +375,8 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             rekeyed=_rekeyed(body_doc.get("rekeyed")),
             usage=Usage.from_json(body_doc["usage"]) if "usage" in body_doc else None,
             lineage=_lineage(body_doc, version),
+            wal=WalInfo.from_json(body_doc["wal"]) if "wal" in body_doc else None,
+            metadata={str(k): MetadataEntry.from_json(v) for k, v in dict(body_doc.get("metadata", {})).items()},
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None

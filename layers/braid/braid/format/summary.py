@@ -26,6 +26,7 @@ from braid.format.canonical import canonical_json
 from braid.format.chain import Lineage
 from braid.format.keys import DataKey
 from braid.format.manifest import Manifest
+from braid.format.pg_backup import WalInfo
 from braid.format.sealed import seal, unseal
 from braid.format.usage import Billed, check_billed
 
@@ -59,6 +60,8 @@ class BackupSummary:
     usage: Billed | None = None
     # The manifest's chain fields (braid.format.chain): `list` and the cloud prune see chains without manifests.
     lineage: Lineage = field(default_factory=Lineage)
+    # The manifest's `wal` (braid.format.pg_backup), when it has one: `list` shows a base backup's WAL range.
+    wal: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -74,6 +77,7 @@ class BackupSummary:
             stored_bytes=manifest.stored_bytes,
             usage=manifest.usage.billed() if manifest.usage is not None else None,
             lineage=manifest.lineage,
+            wal=manifest.wal.to_json() if manifest.wal is not None else None,
         )
 
     def body(self) -> dict[str, Any]:
@@ -91,6 +95,7 @@ class BackupSummary:
             "stored_bytes": self.stored_bytes,
             **({"usage": self.usage} if self.usage is not None else {}),
             **(self.lineage.to_json() if self.lineage.is_incremental else {}),
+            **({"wal": self.wal} if self.wal is not None else {}),
         }
 
     @classmethod
@@ -110,6 +115,7 @@ class BackupSummary:
                 **numbers,
                 usage=check_billed(doc["usage"]) if "usage" in doc else None,
                 lineage=Lineage.from_json(doc, _text(doc, "backup")) if "kind" in doc else Lineage(),
+                wal=WalInfo.from_json(doc["wal"]).to_json() if "wal" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None

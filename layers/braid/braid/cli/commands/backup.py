@@ -25,6 +25,7 @@ from braid.format.chain import Lineage
 from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
+from braid.ops.wal_wait import wal_gate
 
 if TYPE_CHECKING:
     from braid.engine.producer import Producer
@@ -132,6 +133,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             resumable=producer is None,
             open_timeout=args.open_timeout,
             lineage=lineage,
+            wal_gate=wal_gate(repository.store, ref.name, max(0.0, args.wal_wait)),
         )
         manifest = engine.run(request, progress)
     if manifest is None:

@@ -38,6 +38,15 @@ def _consumer(args: argparse.Namespace) -> Consumer | None:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
+    if args.pgdata is not None:
+        from braid.cli.commands.restore_pgdata import check_pgdata_args, cmd_restore_pgdata
+
+        check_pgdata_args(args)
+        with Progress.for_command(args) as progress:
+            progress.backup = args.backup
+            return cmd_restore_pgdata(args, progress)
+    if any(getattr(args, f"target_{k}") is not None for k in ("time", "lsn", "xid", "name", "action", "timeline")):
+        raise UsageError("--target-* options need --pgdata DIR: they are written into the restored data directory's recovery settings")
     consumer = _consumer(args)
     with Progress.for_command(args) as progress:  # from here on, a failure is in the --log-file too
         progress.backup = args.backup

@@ -1,0 +1,149 @@
+"""Capture a few small members of a backup's tar stream as it passes, in the engine's one read.
+
+The driver loop (braid.engine.driver) shows each input's pieces, in order,
+to one `StreamCapture` before handing them to the sink. If the input starts
+with a tar header (pg_basebackup -Ft -D -), a push parser
+(braid.format.tar_stream) follows its members and buffers only those named
+in `CAPTURED` (`backup_label`, `backup_manifest`, `PG_VERSION`, the first
+bytes of `global/pg_control`), each up to `MAX_CAPTURED` bytes: memory stays
+bounded whatever the stream. Anything else, a stream that is not a tar, or
+a tar the parser cannot follow, only ends the capture: a backup never fails
+because of what it carries.
+
+The stdlib's tarfile reads from a file object at its own pace; here the
+bytes arrive as chunk buffers the sink owns once handed over, so the parser
+is pushed each piece and keeps no reference to it (braid.format.tar_stream).
+
+MariaDB's xbstream (`xtrabackup_checkpoints`) is not read here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from braid.format.pg_backup import WalInfo, wal_info_from_members
+from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
+
+__all__ = ["CAPTURED", "MAX_CAPTURED", "Captured", "StreamCapture", "merge_captures"]
+
+# member name -> bytes kept (a prefix for pg_control: only its first fields are read)
+CAPTURED: dict[str, int] = {"backup_label": 1 << 16, "backup_manifest": 64 << 20, "PG_VERSION": 64, "global/pg_control": 64}
+MAX_CAPTURED = sum(CAPTURED.values())
+_SEGMENT = re.compile(r"^pg_wal/[0-9A-F]{24}$")
+
+
+@dataclass
+class Captured:
+    """What one backup's inputs revealed: the captured members (by name) and a note per input whose capture stopped."""
+
+    members: dict[str, bytes] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    wal_segments: int = 0  # WAL segments the base backup carries in pg_wal/ (-X fetch); 0 with -X none
+
+    @property
+    def wal(self) -> WalInfo | None:
+        return wal_info_from_members(self.members)
+
+    @property
+    def backup_manifest(self) -> bytes | None:
+        """PostgreSQL's backup_manifest, only when the stream also had a backup_label (a base backup, not any tar)."""
+        return self.members.get("backup_manifest") if "backup_label" in self.members else None
+
+
+class _Keep:
+    def __init__(self, limit: int, size: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.complete = size <= limit
+
+    def write(self, data: memoryview) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += data[:room]
+
+    def close(self) -> None:
+        pass
+
+
+class StreamCapture:
+    """Follows one input; `feed` its pieces in order, `end()` once it ended, then read `members`."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.members: dict[str, bytes] = {}
+        self.note: str | None = None
+        self.wal_segments = 0
+        self._start = bytearray()
+        self._parser: TarStream | None = None
+        self._open: dict[str, _Keep] = {}
+        self._done = False
+
+    def feed(self, data: memoryview) -> None:
+        if self._done:
+            return
+        try:
+            if self._parser is None:
+                used = BLOCK - len(self._start)
+                self._start += data[:used]
+                if len(self._start) < BLOCK:
+                    return
+                if not looks_like_tar(bytes(self._start)):
+                    self._done = True
+                    return
+                self._parser = TarStream(self._member)
+                self._parser.feed(bytes(self._start))  # the first block, which may have come in several pieces
+                data = data[used:]
+            self._parser.feed(data)
+            if self._parser.ended:
+                self._finish()
+        except TarFormatError as exc:
+            self._stop(f"input {self.label}: stopped reading its tar ({exc}); no WAL information recorded from it")
+
+    def end(self) -> None:
+        if self._parser is not None and not self._done:
+            try:
+                self._parser.end()
+            except TarFormatError as exc:
+                self._stop(f"input {self.label}: {exc}")
+                return
+            self._finish()
+        self._done = True
+
+    def _member(self, member: TarMember) -> MemberConsumer | None:
+        name = member.name[2:] if member.name.startswith("./") else member.name
+        if _SEGMENT.match(name):
+            self.wal_segments += 1
+        limit = CAPTURED.get(name)
+        if limit is None or member.kind != "0":
+            return None
+        keep = _Keep(limit, member.size)
+        self._open[name] = keep
+        return keep
+
+    def _finish(self) -> None:
+        self._done = True
+        for name, keep in self._open.items():
+            if keep.complete or name == "global/pg_control":
+                self.members[name] = bytes(keep.data)
+            else:
+                self.note = f"input {self.label}: {name} is larger than {CAPTURED[name]} bytes; it was not captured"
+        self._open.clear()
+
+    def _stop(self, note: str) -> None:
+        self._done = True
+        self._open.clear()
+        self.members.clear()
+        self.note = note
+
+
+def merge_captures(captures: Mapping[int, StreamCapture]) -> Captured:
+    """One result for the backup: the members of the input that had a backup_label (the first such), else of none."""
+    result = Captured(notes=[c.note for c in captures.values() if c.note])
+    for index in sorted(captures):
+        if "backup_label" in captures[index].members:
+            result.members = dict(captures[index].members)
+            result.wal_segments = captures[index].wal_segments
+            break
+    return result
