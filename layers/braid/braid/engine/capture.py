@@ -14,7 +14,8 @@ The stdlib's tarfile reads from a file object at its own pace; here the
 bytes arrive as chunk buffers the sink owns once handed over, so the parser
 is pushed each piece and keeps no reference to it (braid.format.tar_stream).
 
-MariaDB's xbstream (`xtrabackup_checkpoints`) is not read here.
+An input that starts as a MariaDB xbstream is followed by
+braid.engine.xbstream instead, which keeps its `xtrabackup_checkpoints`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from braid.engine.xbstream import CHECKPOINTS, XbstreamCapture
+from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
 from braid.format.pg_backup import WalInfo, wal_info_from_members
 from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
 
@@ -79,9 +82,13 @@ class StreamCapture:
         self._parser: TarStream | None = None
         self._open: dict[str, _Keep] = {}
         self._done = False
+        self._xbstream: XbstreamCapture | None = None  # a MariaDB xbstream instead (braid.engine.xbstream)
 
     def feed(self, data: memoryview) -> None:
         if self._done:
+            return
+        if self._xbstream is not None:
+            self._xbstream.feed(data)
             return
         try:
             if self._parser is None:
@@ -90,6 +97,11 @@ class StreamCapture:
                 if len(self._start) < BLOCK:
                     return
                 if not looks_like_tar(bytes(self._start)):
+                    if self._start.startswith(XBSTREAM_MAGIC):
+                        self._xbstream = XbstreamCapture()
+                        self._xbstream.feed(memoryview(bytes(self._start)))
+                        self._xbstream.feed(data[used:])
+                        return
                     self._done = True
                     return
                 self._parser = TarStream(self._member)
@@ -102,6 +114,11 @@ class StreamCapture:
             self._stop(f"input {self.label}: stopped reading its tar ({exc}); no WAL information recorded from it")
 
     def end(self) -> None:
+        if self._xbstream is not None and not self._done:
+            if self._xbstream.checkpoints is not None:
+                self.members[CHECKPOINTS] = self._xbstream.checkpoints
+            elif self._xbstream.note is not None:
+                self.note = f"input {self.label}: stopped reading its xbstream ({self._xbstream.note})"
         if self._parser is not None and not self._done:
             try:
                 self._parser.end()
@@ -145,5 +162,9 @@ def merge_captures(captures: Mapping[int, StreamCapture]) -> Captured:
         if "backup_label" in captures[index].members:
             result.members = dict(captures[index].members)
             result.wal_segments = captures[index].wal_segments
+            break
+    for index in sorted(captures):  # MariaDB's, for an incremental's {parent_lsn} (braid.engine.xbstream)
+        if CHECKPOINTS in captures[index].members:
+            result.members.setdefault(CHECKPOINTS, captures[index].members[CHECKPOINTS])
             break
     return result

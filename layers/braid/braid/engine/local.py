@@ -27,6 +27,7 @@ from braid.engine.lease import BackupLease
 from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
+from braid.engine.xbstream import CHECKPOINTS
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
@@ -39,9 +40,12 @@ from braid.ports.progress import PhaseReporter, ProgressFn
 
 
 def _metadata(captured: Captured) -> dict[str, bytes]:
-    """What a stream carried that is kept beside its chunks: a PostgreSQL base backup's backup_manifest."""
+    """What a stream carried that is kept beside its chunks: a PostgreSQL base backup's backup_manifest, an xbstream's checkpoints."""
     manifest = captured.backup_manifest
-    return {BACKUP_MANIFEST: manifest} if manifest is not None else {}
+    kept = {BACKUP_MANIFEST: manifest} if manifest is not None else {}
+    if CHECKPOINTS in captured.members:  # MariaDB's xtrabackup_checkpoints: an incremental's {parent_lsn}
+        kept[CHECKPOINTS] = captured.members[CHECKPOINTS]
+    return kept
 
 
 class LocalEngine:

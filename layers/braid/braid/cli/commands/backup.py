@@ -29,6 +29,7 @@ from braid.ops.wal_wait import wal_gate
 
 if TYPE_CHECKING:
     from braid.engine.producer import Producer
+    from braid.ops.open import OpenedBackup
 
 _CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "stall_timeout", "resume")
 
@@ -118,10 +119,16 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
     engine = _engine_for(repository, args)
-    lineage = _lineage(repository, args, ref, cloud)
+    lineage, parent = _lineage(repository, args, ref, cloud)
+    # The parent's values for {parent_manifest} / {parent_lsn}, or the refusal of one it lacks (exit 2), before the producer runs.
+    from braid.ops.chain_placeholders import ParentValues  # reads metadata: only for a backup that runs
+
+    values = ParentValues(repository.store, parent, producer.argv if producer is not None else [])
+    if producer is not None:
+        producer.argv = values.substitute(producer.argv)
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
-    with producer if producer is not None else contextlib.nullcontext():
+    with values, producer if producer is not None else contextlib.nullcontext():
         request = BackupRequest(
             ref,
             producer.sources if producer is not None else sources,
@@ -147,11 +154,12 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     return 0
 
 
-def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> Lineage:
-    """A full backup, or with --incremental the link on top of its parent, whose chain is checked readable first (exit 6)."""
+def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> tuple[Lineage, OpenedBackup | None]:
+    """A full backup, or with --incremental the link on top of its parent (returned, opened), whose chain is checked
+    readable first (exit 6)."""
     given = getattr(args, "incremental", None)
     if given is None:
-        return Lineage()
+        return Lineage(), None
     if cloud:
         raise UsageError("--incremental runs on this host only for now: add --engine local (the cloud pipeline does not seal chains yet)")
     if args.resume:
@@ -159,7 +167,7 @@ def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, c
     from braid.ops.chain import resolve_parent
 
     parent = resolve_parent(repository, ref.name, given or None, open_key_service(repository, args.key_file))
-    return Lineage.incremental(BackupRef.parse(parent.manifest.backup), parent.manifest.lineage)
+    return Lineage.incremental(BackupRef.parse(parent.manifest.backup), parent.manifest.lineage), parent
 
 
 def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
