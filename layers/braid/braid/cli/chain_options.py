@@ -26,3 +26,20 @@ def add_verify_options(verify: argparse.ArgumentParser) -> None:
         "--chain", action="store_true",
         help="an incremental: verify every ancestor down to its full too, as deeply (an incremental's ancestors are always checked present and readable)",
     )
+
+
+def add_restore_options(restore: argparse.ArgumentParser) -> None:
+    group = restore.add_argument_group(
+        "incremental chains",
+        "an incremental restores with every ancestor down to its full. With --pgdata DIR, each link is extracted into a private"
+        " work directory beside DIR and pg_combinebackup writes DIR. Disk needed: the sum of the links' sizes (list's SIZE) in the"
+        " work directory, and as much again for DIR (on one file system, twice the sum); checked first, exit 3 if short."
+        " A missing or unreadable link stops it before a byte is written (exit 6)",
+    )
+    group.add_argument("--work-dir", metavar="DIR", help="where the links are restored (a new directory; default: beside --pgdata); removed afterwards with --pgdata, kept with --chain")
+    group.add_argument("--pg-bin", metavar="DIR", help="the directory holding pg_combinebackup (default: PATH)")
+    group.add_argument(
+        "--chain", action="store_true",
+        help="restore every link, oldest first, through the command after --, run once per link with {link} (0: the full),"
+        " {link_id} (NAME@ID) and {dir} (WORK-DIR/NN, empty, kept for the database's prepare step)",
+    )

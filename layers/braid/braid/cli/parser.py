@@ -388,6 +388,7 @@ def _declare_restore(sub: Subparsers, shared: _Shared) -> None:
     restore.add_argument("--open-timeout", type=_open_timeout, default=DEFAULT_OPEN_TIMEOUT, metavar="SECONDS",
                          help=f"fail (exit 5) if no process opens a named-pipe --output for reading within SECONDS (default {DEFAULT_OPEN_TIMEOUT:g})")
     add_pgdata_options(restore)
+    chain_options.add_restore_options(restore)
     restore.set_defaults(handler=_command("restore:cmd_restore"))
 
 

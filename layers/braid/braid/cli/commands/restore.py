@@ -45,6 +45,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
         with Progress.for_command(args) as progress:
             progress.backup = args.backup
             return cmd_restore_pgdata(args, progress)
+    if getattr(args, "chain", False):  # each link through the command (braid.cli.commands.restore_chain)
+        from braid.cli.commands.restore_chain import restore_chain_generic
+
+        with Progress.for_command(args) as progress:
+            progress.backup = args.backup
+            return restore_chain_generic(args, progress)
     if any(getattr(args, f"target_{k}") is not None for k in ("time", "lsn", "xid", "name", "action", "timeline")):
         raise UsageError("--target-* options need --pgdata DIR: they are written into the restored data directory's recovery settings")
     consumer = _consumer(args)

@@ -22,7 +22,8 @@ from braid.cli.render import operation_summary, print_json
 from braid.contract import ENV_KEY_FILE
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
-from braid.ops.open import open_backup
+from braid.format.repository import Repository
+from braid.ops.open import OpenedBackup, open_backup
 from braid.ops.pgdata import PgDataTarget, check_pgdata
 from braid.ops.recovery import RecoveryTarget, backup_before, parse_target_time, restore_command, write_recovery
 from braid.ops.restore import restore_backup
@@ -70,16 +71,12 @@ def cmd_restore_pgdata(args: argparse.Namespace, progress: Progress) -> int:
         ref = backup_before(repository, ref.name, parse_target_time(target.value))
     manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file))
     progress.backup = manifest.backup
-    if len(manifest.inputs) != 1:
-        raise UsageError(
-            f"backup {manifest.backup} has {len(manifest.inputs)} inputs; --pgdata restores one pg_basebackup -Ft -D - stream"
-            " (one tar: tablespaces cannot be written to stdout)"
-        )
-    check_restore_memory(manifest, args.workers)
-    label = f"--pgdata {directory}"
-    restore_backup(
-        repository.store, manifest, key, [PgDataTarget(label, directory, max(2, args.workers))], workers=args.workers, progress=progress
-    )
+    if manifest.lineage.is_incremental:  # every link, then pg_combinebackup into DIR (braid.ops.chain_restore)
+        from braid.cli.commands.restore_chain import restore_chain_pgdata
+
+        restore_chain_pgdata(args, progress, repository, OpenedBackup(manifest, key), directory)
+    else:
+        _restore_full(args, progress, repository, OpenedBackup(manifest, key), directory)
     repo = url if is_s3_url(url) else os.path.abspath(os.path.expanduser(url))
     command = restore_command(braid_executable(), repo, manifest.name, _explicit_key_file(args))
     write_recovery(directory, command, target, manifest.backup)
@@ -93,3 +90,18 @@ def cmd_restore_pgdata(args: argparse.Namespace, progress: Progress) -> int:
     if args.json:
         print_json({**summary, "elapsed": round(elapsed, 3)}, indent=None)
     return 0
+
+
+def _restore_full(args: argparse.Namespace, progress: Progress, repository: Repository, opened: OpenedBackup, directory: str) -> None:
+    """One full backup's tar, extracted into DIR."""
+    manifest, key = opened
+    if len(manifest.inputs) != 1:
+        raise UsageError(
+            f"backup {manifest.backup} has {len(manifest.inputs)} inputs; --pgdata restores one pg_basebackup -Ft -D - stream"
+            " (one tar: tablespaces cannot be written to stdout)"
+        )
+    check_restore_memory(manifest, args.workers)
+    label = f"--pgdata {directory}"
+    restore_backup(
+        repository.store, manifest, key, [PgDataTarget(label, directory, max(2, args.workers))], workers=args.workers, progress=progress
+    )

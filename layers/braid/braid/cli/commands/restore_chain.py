@@ -1,0 +1,113 @@
+"""`braid restore` of an incremental chain: `--pgdata DIR` (pg_combinebackup) and `--chain -- COMMAND` (any engine).
+
+Both open and authenticate every link first (exit 6 for a missing or
+unreadable one) and check the disk (exit 3), so nothing is written for a
+chain that cannot be restored; then braid.ops.chain_restore does the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+
+from braid.cli.budget import check_restore_memory
+from braid.cli.compose import key_service_on_demand, open_repository, repo_url
+from braid.cli.progress import Progress
+from braid.cli.render import operation_summary, print_json
+from braid.errors import UsageError
+from braid.format.ids import BackupRef
+from braid.format.repository import Repository
+from braid.ops.chain import open_chain
+from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, link_command, work_dir_for
+from braid.ops.open import OpenedBackup
+from braid.ops.pgdata import PgDataTarget
+from braid.ops.restore import restore_backup
+
+__all__ = ["restore_chain_generic", "restore_chain_pgdata"]
+
+
+def _links(repository: Repository, head: OpenedBackup, args: argparse.Namespace) -> list[OpenedBackup]:
+    links = open_chain(repository, BackupRef.parse(head.manifest.backup), key_service_on_demand(repository, args.key_file), opened=head)
+    for link in links:
+        check_restore_memory(link.manifest, args.workers)
+    return links
+
+
+def restore_chain_pgdata(args: argparse.Namespace, progress: Progress, repository: Repository, head: OpenedBackup, directory: str) -> OpenedBackup:
+    """Rebuild DIR from the chain ending at `head`; returns `head` (DIR then holds its state) for the recovery settings."""
+    links = _links(repository, head, args)
+    for link in links:
+        if len(link.manifest.inputs) != 1:
+            raise UsageError(f"backup {link.manifest.backup} of the chain has {len(link.manifest.inputs)} inputs; --pgdata restores one pg_basebackup tar per link")
+    tool = find_tool("pg_combinebackup", getattr(args, "pg_bin", None))
+    work_path = work_dir_for(directory, getattr(args, "work_dir", None))
+    check_disk(links, work_path, directory)
+    created = not os.path.exists(directory)
+    work = ChainWork(work_path)
+    try:
+        paths = []
+        for position, link in enumerate(links):
+            path = work.link(position)
+            progress.backup = link.manifest.backup
+            target = PgDataTarget(f"link {position} ({link.manifest.backup})", path, max(2, args.workers))
+            restore_backup(repository.store, link.manifest, link.key, [target], workers=args.workers, progress=progress)
+            paths.append(path)
+        progress.backup = head.manifest.backup
+        try:
+            combine(tool, paths, directory)
+        except BaseException:
+            _empty(directory, remove=created)
+            raise
+    finally:
+        work.close()
+    return head
+
+
+def _empty(directory: str, *, remove: bool) -> None:
+    """Leave DIR as found: removed if Braid's tool created it, else emptied (it was empty)."""
+    if remove:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for entry in os.listdir(directory) if os.path.isdir(directory) else []:
+        path = os.path.join(directory, entry)
+        shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+
+
+def restore_chain_generic(args: argparse.Namespace, progress: Progress) -> int:
+    """`--chain -- COMMAND`: each link, oldest first, through COMMAND ({link}, {link_id}, {dir}); the link directories are kept."""
+    from braid.ops.consumer import Consumer
+
+    if not args.run:
+        raise UsageError("--chain restores each link through a command: give it after --, e.g. -- mbstream -x -C {dir}")
+    if args.output:
+        raise UsageError("--chain restores through the command after --, not to --output")
+    repository = open_repository(repo_url(args.repo))
+    keys = key_service_on_demand(repository, args.key_file)
+    ref = BackupRef.parse(args.backup)
+    from braid.ops.open import open_backup
+
+    head = open_backup(repository, ref, keys)
+    links = _links(repository, head, args)
+    work_path = os.path.abspath(args.work_dir) if getattr(args, "work_dir", None) else None
+    if work_path is None:
+        raise UsageError("--chain needs --work-dir DIR: each link gets DIR/NN ({dir}) for the database's own prepare step afterwards")
+    check_disk(links, work_path, None)
+    work = ChainWork(work_path)
+    for position, link in enumerate(links):
+        path = work.link(position)
+        os.mkdir(path, 0o700)
+        consumer = Consumer(link_command(args.run, position, link.manifest.backup, path), pipes=args.pipes)
+        consumer.check(link.manifest)
+        progress.backup = link.manifest.backup
+
+        def run(targets: list, progress_fn: object, link: OpenedBackup = link) -> None:  # type: ignore[type-arg]
+            restore_backup(repository.store, link.manifest, link.key, targets, workers=args.workers, progress=progress_fn, open_timeout=args.open_timeout)  # type: ignore[arg-type]
+
+        consumer.restore(link.manifest, run, progress)
+    elapsed = progress.elapsed()
+    summary = {**operation_summary(head.manifest, "restore", elapsed), "links": [link.manifest.backup for link in links], "work_dir": work_path}
+    progress({"event": "done", **summary})
+    if args.json:
+        print_json({**summary, "elapsed": round(elapsed, 3)}, indent=None)
+    return 0
