@@ -7,7 +7,10 @@ DIR` writes the data directory, and WORK is removed, whatever happened.
 Generic (`restore NAME@ID --chain -- COMMAND`): the command runs once per
 link, oldest first, with that link's stream on its stdin and `{link}`,
 `{link_id}` and `{dir}` (an empty private WORK/NN, kept for the database's
-own prepare step) in its arguments.
+own prepare step) in its arguments. Where WORK and DIR share a file system
+and pg_combinebackup has `--link` (PostgreSQL 18), unchanged files are
+hard-linked into DIR instead of copied: the rebuild then writes little more
+than the links themselves.
 
 Before anything is written, every link's manifest is opened and authenticated
 (braid.ops.chain.open_chain: a missing or unreadable link is exit 6) and the
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from braid.errors import BackupError, InputError, ProducerError, UsageError
 from braid.ops.open import OpenedBackup
 
-__all__ = ["ChainWork", "DiskSpaceError", "check_disk", "combine", "find_tool", "link_command", "work_dir_for"]
+__all__ = ["ChainWork", "DiskSpaceError", "check_disk", "combine", "find_tool", "link_command", "links_files", "work_dir_for"]
 
 _LINK_PLACEHOLDER = re.compile(r"\{(link|link_id|dir)\}")
 
@@ -47,11 +50,13 @@ def work_dir_for(target: str, given: str | None) -> str:
     return os.path.join(parent, f".{base}.braid-chain-{secrets.token_hex(4)}")
 
 
-def check_disk(links: Sequence[OpenedBackup], work: str, target: str | None) -> None:
-    """Free space for every link in `work`, and for the combined directory in `target` (DiskSpaceError, exit 3)."""
+def check_disk(links: Sequence[OpenedBackup], work: str, target: str | None, *, linked: bool = False) -> None:
+    """Free space for every link in `work`, and for the combined directory in `target` (DiskSpaceError, exit 3):
+    at most every link's size again, or only the incrementals' when `linked` (pg_combinebackup --link on one file system)."""
     sizes = [link.manifest.plaintext_bytes for link in links]
+    combined = sum(sizes[1:]) if linked else sum(sizes)
     needs: dict[int, list[tuple[str, int]]] = {}
-    for path, size in ((work, sum(sizes)), *(((target, sum(sizes)),) if target is not None else ())):
+    for path, size in ((work, sum(sizes)), *(((target, combined),) if target is not None else ())):
         probe = _existing(path)
         needs.setdefault(os.stat(probe).st_dev, []).append((probe, size))
     for wants in needs.values():
@@ -103,9 +108,20 @@ class ChainWork:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def combine(tool: str, links: Sequence[str], target: str) -> None:
-    """pg_combinebackup LINKS.. -o TARGET; ProducerError (exit 11) with its last words if it fails."""
-    result = subprocess.run([tool, *links, "-o", target], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+def links_files(tool: str) -> bool:
+    """Whether this pg_combinebackup can hard-link unchanged files (`--link`, PostgreSQL 18+) instead of copying them."""
+    try:
+        shown = subprocess.run([tool, "--help"], stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "--link" in shown
+
+
+def combine(tool: str, links: Sequence[str], target: str, *, link: bool) -> None:
+    """pg_combinebackup LINKS.. -o TARGET (`link`: with --link; the links are on TARGET's file system and removed after,
+    so DIR keeps the only name of each linked file); ProducerError (exit 11) with its last words if it fails."""
+    argv = [tool, *links, "-o", target, *(["--link"] if link else [])]
+    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         said = " ".join(result.stderr.strip().splitlines()[-2:]) or f"exit status {result.returncode}"
         raise ProducerError(f"pg_combinebackup failed: {said}; nothing was left in {target}")

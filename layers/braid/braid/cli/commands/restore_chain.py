@@ -19,18 +19,19 @@ from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.format.repository import Repository
 from braid.ops.chain import open_chain
-from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, link_command, work_dir_for
+from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, link_command, links_files, work_dir_for
 from braid.ops.open import OpenedBackup
 from braid.ops.pgdata import PgDataTarget
-from braid.ops.restore import restore_backup
+from braid.ops.restore import check_chunks_present, restore_backup
 
 __all__ = ["restore_chain_generic", "restore_chain_pgdata"]
 
 
 def _links(repository: Repository, head: OpenedBackup, args: argparse.Namespace) -> list[OpenedBackup]:
     links = open_chain(repository, BackupRef.parse(head.manifest.backup), key_service_on_demand(repository, args.key_file), opened=head)
-    for link in links:
+    for link in links:  # every link's chunks listed before the first is written anywhere (exit 6 for one missing)
         check_restore_memory(link.manifest, args.workers)
+        check_chunks_present(repository.store, link.manifest, link.key)
     return links
 
 
@@ -42,7 +43,8 @@ def restore_chain_pgdata(args: argparse.Namespace, progress: Progress, repositor
             raise UsageError(f"backup {link.manifest.backup} of the chain has {len(link.manifest.inputs)} inputs; --pgdata restores one pg_basebackup tar per link")
     tool = find_tool("pg_combinebackup", getattr(args, "pg_bin", None))
     work_path = work_dir_for(directory, getattr(args, "work_dir", None))
-    check_disk(links, work_path, directory)
+    linked = links_files(tool) and _same_file_system(work_path, directory)
+    check_disk(links, work_path, directory, linked=linked)
     created = not os.path.exists(directory)
     work = ChainWork(work_path)
     try:
@@ -55,13 +57,22 @@ def restore_chain_pgdata(args: argparse.Namespace, progress: Progress, repositor
             paths.append(path)
         progress.backup = head.manifest.backup
         try:
-            combine(tool, paths, directory)
+            combine(tool, paths, directory, link=linked)
         except BaseException:
             _empty(directory, remove=created)
             raise
     finally:
         work.close()
     return head
+
+
+def _same_file_system(work: str, directory: str) -> bool:
+    def device(path: str) -> int:
+        while not os.path.exists(path):
+            path = os.path.dirname(path)
+        return os.stat(path).st_dev
+
+    return device(os.path.dirname(work)) == device(directory)
 
 
 def _empty(directory: str, *, remove: bool) -> None:
