@@ -156,3 +156,58 @@ def test_lineage_fields_are_checked() -> None:
     ):
         with pytest.raises(ValueError):
             Lineage.from_json(doc, backup)
+
+
+def test_rekey_keeps_the_chain_and_it_restores_under_the_new_key(repo: Path, tmp_path: Path) -> None:
+    full, first, second = _chain(repo)
+    new_file = tmp_path / "new.key"
+    result = run_braid("rekey", "--repo", str(repo), "--new-key-file", str(new_file), "--json")
+    assert result.code == 0, result.stderr
+    assert sorted(json.loads(result.out)["rewrapped"]) == sorted([full, first, second])
+    shown = json.loads(run_braid("show", "--repo", str(repo), "--json", second, "--key-file", str(new_file)).out)
+    assert (shown["parent"], shown["chain_full"], shown["rekeyed"] is not None) == (first, full, True)
+    assert b'"version":3' in (repo / "manifests" / "db" / (second.split("@")[1] + ".json")).read_bytes()
+    result = run_braid("verify", "--repo", str(repo), second, "--deep", "--chain", "--key-file", str(new_file))
+    assert result.code == 0, result.stderr
+
+
+def test_the_catalog_planner_keeps_chains_too(repo: Path) -> None:
+    """The cloud's scheduled prune plans from the catalog (plan_prune(from_catalog=True)): the same chains are kept."""
+    from braid.cli.compose import open_key_service, open_repository
+    from braid.format.ids import BackupRef
+    from braid.ops.retention import RetentionPolicy, plan_prune
+
+    old = _backup(repo, text="old full")
+    chain = _chain(repo)
+    repository = open_repository(str(repo))
+    keys = open_key_service(repository, None)
+    plan = plan_prune(repository, RetentionPolicy.of(keep_last=1), keys, from_catalog=True)
+    assert sorted(plan.keep) == sorted(BackupRef.parse(r) for r in chain) and plan.forget == [BackupRef.parse(old)]
+
+
+def test_incremental_is_refused_on_the_cloud_pipeline() -> None:
+    import argparse
+
+    import pytest
+
+    from braid.cli.commands.backup import _lineage
+    from braid.errors import UsageError
+    from braid.format.ids import BackupRef
+
+    args = argparse.Namespace(incremental="", resume=None, key_file=None)
+    with pytest.raises(UsageError, match=r"--incremental runs on this host only for now: add --engine local"):
+        _lineage(None, args, BackupRef.new("db"), True)  # type: ignore[arg-type]
+
+
+def test_a_chain_restore_short_of_disk_is_refused(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    from braid.ops.chain_restore import DiskSpaceError, check_disk
+
+    links = [SimpleNamespace(manifest=SimpleNamespace(plaintext_bytes=1 << 60)), SimpleNamespace(manifest=SimpleNamespace(plaintext_bytes=1 << 20))]
+    with pytest.raises(DiskSpaceError, match=r"needs \d+ bytes free on the file system of .* nothing was written") as caught:
+        check_disk(links, str(tmp_path / "work"), str(tmp_path / "data"))  # type: ignore[arg-type]
+    assert caught.value.exit_code == 3
+    check_disk(links[1:], str(tmp_path / "work"), str(tmp_path / "data"))  # a MiB fits
