@@ -23,6 +23,8 @@ from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, l
 from braid.ops.open import OpenedBackup
 from braid.ops.pgdata import PgDataTarget
 from braid.ops.restore import check_chunks_present, restore_backup
+from braid.ops.restore_output import OutputTarget
+from braid.ports.progress import ProgressFn
 
 __all__ = ["restore_chain_generic", "restore_chain_pgdata"]
 
@@ -112,8 +114,8 @@ def restore_chain_generic(args: argparse.Namespace, progress: Progress) -> int:
         consumer.check(link.manifest)
         progress.backup = link.manifest.backup
 
-        def run(targets: list, progress_fn: object, link: OpenedBackup = link) -> None:  # type: ignore[type-arg]
-            restore_backup(repository.store, link.manifest, link.key, targets, workers=args.workers, progress=progress_fn, open_timeout=args.open_timeout)  # type: ignore[arg-type]
+        def run(targets: list[OutputTarget], progress_fn: ProgressFn, link: OpenedBackup = link) -> None:
+            restore_backup(repository.store, link.manifest, link.key, targets, workers=args.workers, progress=progress_fn, open_timeout=args.open_timeout)
 
         consumer.restore(link.manifest, run, progress)
     elapsed = progress.elapsed()
