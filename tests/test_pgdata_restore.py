@@ -201,3 +201,33 @@ def test_a_backup_without_its_wal_is_published_only_once_the_range_is_archived(r
     assert run_braid("list", "--repo", str(repo), "--json").out.strip() == "[]"
     assert not any((repo / "data").rglob("*")) if (repo / "data").exists() else True
     assert os.path.exists(repo)
+
+
+def test_links_are_made_and_a_path_through_an_archived_symlink_is_refused(repo: Path, tmp_path: Path) -> None:
+    def archive(*extra: tarfile.TarInfo) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            info = tarfile.TarInfo("a")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
+            for member in extra:
+                tar.addfile(member)
+        return out.getvalue()
+
+    def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        return info
+
+    ok = run_braid("backup", "--repo", str(repo), "--name", "links", "--quiet", stdin=archive(link("b", "a", tarfile.LNKTYPE), link("s", "a", tarfile.SYMTYPE)))
+    assert ok.code == 0, ok.stderr
+    result = run_braid("restore", "--repo", str(repo), "links@latest", "--pgdata", str(tmp_path / "d"))
+    assert result.code == 0, result.stderr
+    assert (tmp_path / "d" / "b").read_bytes() == b"hello" and os.readlink(tmp_path / "d" / "s") == "a"
+    through = tarfile.TarInfo("out/evil")
+    through.size = 0
+    bad = run_braid("backup", "--repo", str(repo), "--name", "through", "--quiet", stdin=archive(link("out", str(tmp_path), tarfile.SYMTYPE), through))
+    assert bad.code == 0, bad.stderr
+    result = run_braid("restore", "--repo", str(repo), "through@latest", "--pgdata", str(tmp_path / "e"))
+    assert result.code == 6 and "leads through a symlink it made" in result.stderr
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "e").exists()

@@ -62,7 +62,7 @@ def check_pgdata(directory: str) -> None:
     if pid is not None:
         raise UsageError(f"--pgdata {directory} holds the postmaster.pid of a running server (pid {pid}); stop it and give an empty directory")
     try:
-        info = os.lstat(directory)
+        info = os.stat(directory)
     except FileNotFoundError:
         parent = os.path.dirname(os.path.abspath(directory))
         if not os.path.isdir(parent):
@@ -175,6 +175,7 @@ class TarExtract(Output):
             self.symlinks.add(relative)
             return None
         if member.kind == HARDLINK:
+            self._flush()  # its target may be a file whose creation is still queued for the writers
             os.link(self._path(member.linkname), path, follow_symlinks=False)
             return None
         if member.kind != REGULAR:
