@@ -110,6 +110,8 @@ def test_the_captured_backup_manifest_is_encrypted_and_authenticated(repo: Path)
     stored.write_bytes(bytes(raw))
     with pytest.raises(IntegrityError, match="does not match its manifest entry"):
         read_backup_metadata(repository, ref, "backup_manifest", keys)
+    deep = run_braid("verify", "--repo", str(repo), ref, "--deep")
+    assert deep.code == 6 and "backup_manifest of backup " in deep.stdout.decode() + deep.stderr
 
 
 def test_latest_with_a_target_time_picks_the_newest_backup_that_ended_before_it(repo: Path, tmp_path: Path) -> None:
