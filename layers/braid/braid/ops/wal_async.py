@@ -1,4 +1,4 @@
-"""`wal-push --async`: archive_command answered by a resident pusher (braid.ops.wal_pusher).
+"""`wal-push --async`: archive_command answered by a resident pusher (braid.cli.wal_pusher).
 
 PostgreSQL runs archive_command once per segment, one at a time; a busy
 cluster writes segments faster than one process start plus a synchronous
@@ -58,7 +58,7 @@ def start_pusher(args: argparse.Namespace, name: str, wal_directory: Path, spool
     import subprocess  # only when a pusher must be started: most calls find their file stored already
 
     command = [
-        sys.executable, "-m", "braid.ops.wal_pusher", "--repo", repo, "--name", name, "--wal-dir", str(wal_directory),
+        sys.executable, "-m", "braid.cli.wal_pusher", "--repo", repo, "--name", name, "--wal-dir", str(wal_directory),
         "--spool", str(spool), "--workers", str(args.workers), "--level", str(args.level),
     ]
     if args.key_file:

@@ -41,10 +41,41 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
 
 def cmd_wal_fetch(args: argparse.Namespace) -> int:
+    """Serve from the prefetch spool when it has the segment; else fetch, with the prefetcher started for the next ones."""
+    import os
+    import sys
+
+    from braid.contract import ENV_REPO
+    from braid.errors import BackupError, WalNotArchivedError
+    from braid.format.wal import SEGMENT, WalFile
+
     name = _name(args, "wal-fetch")
+    file = WalFile.parse(args.walfile)
+    dest = Path(args.dest)
+    repo = args.repo or os.environ.get(ENV_REPO) or ""
+    spool = None
+    if args.prefetch and file.kind == SEGMENT and repo:
+        from braid.ops import wal_prefetch
+        from braid.ops.spool import spool_for
+
+        try:
+            spool = spool_for(args.spool, "fetch", repo, name, dest.absolute().parent)
+            wal_prefetch.note_position(spool, file.name)
+            if wal_prefetch.serve_from_spool(spool, file.name, dest):
+                wal_prefetch.start_prefetcher(spool, repo, name, args.prefetch, args.key_file)
+                return 0
+            wal_prefetch.start_prefetcher(spool, repo, name, args.prefetch, args.key_file)
+        except (BackupError, OSError) as exc:  # the prefetch only saves time: the fetch goes on without it
+            print(f"braid: warning: no prefetch: {exc}", file=sys.stderr)
+            spool = None
     from braid.cli.compose import key_service_on_demand, open_repository, repo_url
     from braid.ops.wal_fetch import fetch_wal
 
     repository = open_repository(repo_url(args.repo))
-    fetch_wal(repository, key_service_on_demand(repository, args.key_file), name, args.walfile, Path(args.dest))
+    try:
+        fetch_wal(repository, key_service_on_demand(repository, args.key_file), name, file.name, dest)
+    except WalNotArchivedError:
+        if spool is not None:
+            wal_prefetch.forget_spool(spool)
+        raise
     return 0

@@ -151,7 +151,7 @@ def _lock(spool: Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="braid.ops.wal_pusher")
+    parser = argparse.ArgumentParser(prog="braid.cli.wal_pusher")
     for option in ("--repo", "--name", "--wal-dir", "--spool", "--key-file"):
         parser.add_argument(option)
     parser.add_argument("--workers", type=int, default=4)
