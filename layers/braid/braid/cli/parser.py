@@ -44,6 +44,8 @@ SUMMARIES = {
     "verify": "check backups: quick (presence, size, checksum) or --deep",
     "prune": "forget backups a retention policy lets go, and collect leftovers",
     "forget": "remove one backup (manifest first, then chunks), e.g. one known to be bad",
+    "wal-push": "archive one PostgreSQL WAL file (archive_command)",
+    "wal-fetch": "fetch one archived WAL file (restore_command)",
     "completion": "print a shell completion script for bash or zsh",
     "manpage": "print the braid(1) manual page (roff)",
 }
@@ -534,6 +536,8 @@ def _declare_manpage(sub: Subparsers, shared: _Shared) -> None:
     manpage.set_defaults(handler=_command("reference:cmd_manpage"))
 
 
+from braid.cli.parser_wal import declare_wal_fetch, declare_wal_push  # noqa: E402 (it builds on the helpers above)
+
 _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "init": _declare_init,
     "backup": _declare_backup,
@@ -546,6 +550,8 @@ _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "verify": _declare_verify,
     "prune": _declare_prune,
     "forget": _declare_forget,
+    "wal-push": declare_wal_push,
+    "wal-fetch": declare_wal_fetch,
     "completion": _declare_completion,
     "manpage": _declare_manpage,
 }
