@@ -26,6 +26,7 @@ from braid.format.layout import metadata_key
 from braid.ops.metadata import read_backup_metadata
 from conftest import run_braid
 from test_tar_stream import CONTROL, LABEL, LONG, PG_MANIFEST
+from wal_segments import write_segment
 
 pytestmark = pytest.mark.e2e
 
@@ -196,13 +197,18 @@ def test_a_tar_escaping_the_data_directory_is_refused(repo: Path, tmp_path: Path
     assert not (tmp_path / "escape").exists() and not (tmp_path / "d").exists()
 
 
-def test_a_backup_without_its_wal_is_published_only_once_the_range_is_archived(repo: Path) -> None:
+def test_a_backup_without_its_wal_is_published_only_once_the_range_is_archived(repo: Path, tmp_path: Path) -> None:
     result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--wal-wait", "0", "--quiet", stdin=base_backup(wal=False))
     assert result.code == 11, result.stderr
     assert "carries no WAL (pg_basebackup -X none)" in result.stderr and "missing 000000010000000000000009; nothing was published" in result.stderr
     assert run_braid("list", "--repo", str(repo), "--json").out.strip() == "[]"
-    assert not any((repo / "data").rglob("*")) if (repo / "data").exists() else True
-    assert os.path.exists(repo)
+    assert not [p for p in (repo / "data").rglob("*") if p.is_file()]
+    segment = write_segment(tmp_path, "000000010000000000000009", size=16 << 20)
+    pushed = run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(segment))
+    assert pushed.code == 0, pushed.stderr
+    result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--wal-wait", "0", "--quiet", stdin=base_backup(wal=False))
+    assert result.code == 0, result.stderr
+    assert len(json.loads(run_braid("list", "--repo", str(repo), "--json").out)) == 1
 
 
 def test_links_are_made_and_a_path_through_an_archived_symlink_is_refused(repo: Path, tmp_path: Path) -> None:
