@@ -239,3 +239,19 @@ def test_links_are_made_and_a_path_through_an_archived_symlink_is_refused(repo: 
     result = run_braid("restore", "--repo", str(repo), "through@latest", "--pgdata", str(tmp_path / "e"))
     assert result.code == 6 and "leads through a symlink it made" in result.stderr
     assert not (tmp_path / "evil").exists() and not (tmp_path / "e").exists()
+
+
+def test_a_chunk_found_corrupt_mid_extraction_leaves_the_directory_as_found(repo: Path, tmp_path: Path) -> None:
+    ref = backup(repo, base_backup(extra=600_000))
+    chunks = sorted(p for p in (repo / "data" / "pg").rglob("*") if p.is_file() and p.name.isdigit())
+    assert len(chunks) >= 4
+    raw = bytearray(chunks[-2].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside its ciphertext: it fails authentication when decoded, after earlier chunks were written
+    chunks[-2].write_bytes(bytes(raw))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(empty), "--workers", "1")
+    assert result.code == 6 and "failed authentication" in result.stderr, result.stderr
+    assert list(empty.iterdir()) == []
+    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(tmp_path / "new"), "--workers", "1")
+    assert result.code == 6 and not (tmp_path / "new").exists()

@@ -94,6 +94,10 @@ class PgDataTarget(OutputTarget):
     def partial_path(self) -> str | None:
         return None
 
+    @property
+    def ends_soon(self) -> bool:
+        return True  # a failed restore waits for the writer to remove what it extracted
+
     def open(self, *, timeout: float = 0.0, note: Callable[[], None] | None = None, cancelled: threading.Event | None = None) -> Output | None:
         assert self.path is not None
         return TarExtract(self.label, self.path, self.writers)
