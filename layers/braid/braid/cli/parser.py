@@ -463,6 +463,9 @@ def _declare_verify(sub: Subparsers, shared: _Shared) -> None:
     target = verify.add_mutually_exclusive_group(required=True)
     target.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     target.add_argument("--all", action="store_true", help="every backup in the repository")
+    target.add_argument("--wal", action="store_true",
+                        help="the WAL archive of --name: continuous from each backup's start to the newest segment? names every gap")
+    verify.add_argument("--name", type=_backup_name, metavar="NAME", help="with --wal: the archive's name")
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
     chunks = verify.add_mutually_exclusive_group()
     chunks.add_argument("--sample", type=_percent, metavar="PCT", help="check a random PCT%% of chunks")
