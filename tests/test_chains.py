@@ -107,7 +107,7 @@ def test_prune_keep_last_one_keeps_the_whole_chain(repo: Path) -> None:
 def test_forget_refuses_a_parent_unless_with_children(repo: Path) -> None:
     full, first, second = _chain(repo)
     result = run_braid("forget", "--repo", str(repo), first)
-    assert result.code == 13, result.stderr
+    assert result.code == 14, result.stderr
     assert f"backup {first} has 1 incremental backup(s) built on it (first: {second})" in result.stderr
     assert "nothing was removed" in result.stderr
     assert len(json.loads(run_braid("list", "--repo", str(repo), "--json").out)) == 3
@@ -119,8 +119,8 @@ def test_forget_refuses_a_parent_unless_with_children(repo: Path) -> None:
     assert not any((repo / "data" / "db").iterdir()) if (repo / "data" / "db").exists() else True
 
 
-def test_exit_code_13_is_documented() -> None:
-    assert "13  a backup has incremental children: not removed without --with-children" in run_braid("--help").out
+def test_exit_code_14_is_documented() -> None:
+    assert "14  a backup has incremental children: not removed without --with-children" in run_braid("--help").out
 
 
 def test_a_locked_or_kept_backup_keeps_its_ancestors() -> None:

@@ -26,6 +26,7 @@ from braid.format.layout import metadata_key
 from braid.ops.metadata import read_backup_metadata
 from conftest import run_braid
 from test_tar_stream import CONTROL, LABEL, LONG, PG_MANIFEST
+from wal_segments import write_segment
 
 pytestmark = pytest.mark.e2e
 
@@ -110,6 +111,8 @@ def test_the_captured_backup_manifest_is_encrypted_and_authenticated(repo: Path)
     stored.write_bytes(bytes(raw))
     with pytest.raises(IntegrityError, match="does not match its manifest entry"):
         read_backup_metadata(repository, ref, "backup_manifest", keys)
+    deep = run_braid("verify", "--repo", str(repo), ref, "--deep")
+    assert deep.code == 6 and "backup_manifest of backup " in deep.stdout.decode() + deep.stderr
 
 
 def test_latest_with_a_target_time_picks_the_newest_backup_that_ended_before_it(repo: Path, tmp_path: Path) -> None:
@@ -194,10 +197,61 @@ def test_a_tar_escaping_the_data_directory_is_refused(repo: Path, tmp_path: Path
     assert not (tmp_path / "escape").exists() and not (tmp_path / "d").exists()
 
 
-def test_a_backup_without_its_wal_is_published_only_once_the_range_is_archived(repo: Path) -> None:
+def test_a_backup_without_its_wal_is_published_only_once_the_range_is_archived(repo: Path, tmp_path: Path) -> None:
     result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--wal-wait", "0", "--quiet", stdin=base_backup(wal=False))
     assert result.code == 11, result.stderr
     assert "carries no WAL (pg_basebackup -X none)" in result.stderr and "missing 000000010000000000000009; nothing was published" in result.stderr
     assert run_braid("list", "--repo", str(repo), "--json").out.strip() == "[]"
-    assert not any((repo / "data").rglob("*")) if (repo / "data").exists() else True
-    assert os.path.exists(repo)
+    assert not [p for p in (repo / "data").rglob("*") if p.is_file()]
+    segment = write_segment(tmp_path, "000000010000000000000009", size=16 << 20)
+    pushed = run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(segment))
+    assert pushed.code == 0, pushed.stderr
+    result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--wal-wait", "0", "--quiet", stdin=base_backup(wal=False))
+    assert result.code == 0, result.stderr
+    assert len(json.loads(run_braid("list", "--repo", str(repo), "--json").out)) == 1
+
+
+def test_links_are_made_and_a_path_through_an_archived_symlink_is_refused(repo: Path, tmp_path: Path) -> None:
+    def archive(*extra: tarfile.TarInfo) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            info = tarfile.TarInfo("a")
+            info.size = 5
+            tar.addfile(info, io.BytesIO(b"hello"))
+            for member in extra:
+                tar.addfile(member)
+        return out.getvalue()
+
+    def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, target
+        return info
+
+    ok = run_braid("backup", "--repo", str(repo), "--name", "links", "--quiet", stdin=archive(link("b", "a", tarfile.LNKTYPE), link("s", "a", tarfile.SYMTYPE)))
+    assert ok.code == 0, ok.stderr
+    result = run_braid("restore", "--repo", str(repo), "links@latest", "--pgdata", str(tmp_path / "d"))
+    assert result.code == 0, result.stderr
+    assert (tmp_path / "d" / "b").read_bytes() == b"hello" and os.readlink(tmp_path / "d" / "s") == "a"
+    through = tarfile.TarInfo("out/evil")
+    through.size = 0
+    bad = run_braid("backup", "--repo", str(repo), "--name", "through", "--quiet", stdin=archive(link("out", str(tmp_path), tarfile.SYMTYPE), through))
+    assert bad.code == 0, bad.stderr
+    result = run_braid("restore", "--repo", str(repo), "through@latest", "--pgdata", str(tmp_path / "e"))
+    assert result.code == 6 and "leads through a symlink it made" in result.stderr
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "e").exists()
+
+
+def test_a_chunk_found_corrupt_mid_extraction_leaves_the_directory_as_found(repo: Path, tmp_path: Path) -> None:
+    ref = backup(repo, base_backup(extra=600_000))
+    chunks = sorted(p for p in (repo / "data" / "pg").rglob("*") if p.is_file() and p.name.isdigit())
+    assert len(chunks) >= 4
+    raw = bytearray(chunks[-2].read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # inside its ciphertext: it fails authentication when decoded, after earlier chunks were written
+    chunks[-2].write_bytes(bytes(raw))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(empty), "--workers", "1")
+    assert result.code == 6 and "failed authentication" in result.stderr, result.stderr
+    assert list(empty.iterdir()) == []
+    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(tmp_path / "new"), "--workers", "1")
+    assert result.code == 6 and not (tmp_path / "new").exists()

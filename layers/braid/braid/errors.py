@@ -114,12 +114,25 @@ class DependentsError(BackupError):
     person asked for a removal that would leave incrementals unrestorable.
     """
 
-    exit_code = 13
+    exit_code = 14
+
+
+class WalConflictError(AlreadyExistsError):
+    """A WAL file of the same name, with different content, is already archived: nothing is overwritten."""
+
+
+class WalNotArchivedError(NotFoundError):
+    """`wal-fetch`: the file is not in the archive. Exit 1, which PostgreSQL's restore_command takes as the archive's end."""
+
+    exit_code = 1
+
+
+WAL_FETCH_UNEXPECTED = 13
 
 
 EXIT_CODES: dict[int, str] = {
     0: "success",
-    1: "unexpected error (run with --debug for the traceback)",
+    1: "unexpected error (run with --debug for the traceback); for wal-fetch: the file is not in the archive",
     2: "usage error: bad arguments or options",
     3: "repository missing, not initialised or unreadable",
     4: "key error: key file missing or wrong key for this repository/backup",
@@ -131,7 +144,8 @@ EXIT_CODES: dict[int, str] = {
     10: "format limit exceeded",
     11: "the producer (backup) or consumer (restore) command failed",
     12: "a backup is under Object Lock retention: not removed before the date given",
-    13: "a backup has incremental children: not removed without --with-children",
+    13: "wal-fetch: an unexpected error (run with --debug for the traceback); exit 1 is kept for a file not in the archive",
+    14: "a backup has incremental children: not removed without --with-children",
     130: "interrupted",
 }
 

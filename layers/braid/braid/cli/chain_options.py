@@ -17,7 +17,7 @@ def add_backup_options(backup: argparse.ArgumentParser) -> None:
 def add_forget_options(forget: argparse.ArgumentParser) -> None:
     forget.add_argument(
         "--with-children", action="store_true",
-        help="also remove every incremental built on the backup (newest first); without it, a backup with children is refused (exit 13)",
+        help="also remove every incremental built on the backup (newest first); without it, a backup with children is refused (exit 14)",
     )
 
 

@@ -27,7 +27,7 @@ from types import FrameType
 
 from braid.cli.parser import SUMMARIES, build_parser
 from braid.cli.settings import Settings
-from braid.errors import BackupError, UsageError
+from braid.errors import WAL_FETCH_UNEXPECTED, BackupError, UsageError
 
 _STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             _print_traceback()
         print(f"braid: error: unexpected {type(exc).__name__}: {exc} (run with --debug for the traceback)", file=sys.stderr)
-        return 1
+        # restore_command's exit 1 means "not in the archive": a bug in wal-fetch must never end a recovery as if it did.
+        return WAL_FETCH_UNEXPECTED if "wal-fetch" in words else 1
 
 
 def _print_traceback() -> None:

@@ -45,6 +45,8 @@ SUMMARIES = {
     "verify": "check backups: quick (presence, size, checksum) or --deep",
     "prune": "forget backups a retention policy lets go, and collect leftovers",
     "forget": "remove one backup (manifest first, then chunks), e.g. one known to be bad",
+    "wal-push": "archive one PostgreSQL WAL file (archive_command)",
+    "wal-fetch": "fetch one archived WAL file (restore_command)",
     "completion": "print a shell completion script for bash or zsh",
     "manpage": "print the braid(1) manual page (roff)",
 }
@@ -464,6 +466,9 @@ def _declare_verify(sub: Subparsers, shared: _Shared) -> None:
     target = verify.add_mutually_exclusive_group(required=True)
     target.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
     target.add_argument("--all", action="store_true", help="every backup in the repository")
+    target.add_argument("--wal", action="store_true",
+                        help="the WAL archive of --name: continuous from each backup's start to the newest segment? names every gap")
+    verify.add_argument("--name", type=_backup_name, metavar="NAME", help="with --wal: the archive's name")
     verify.add_argument("--deep", action="store_true", help="decrypt, decompress and check every chunk's plaintext")
     chain_options.add_verify_options(verify)
     chunks = verify.add_mutually_exclusive_group()
@@ -539,6 +544,8 @@ def _declare_manpage(sub: Subparsers, shared: _Shared) -> None:
     manpage.set_defaults(handler=_command("reference:cmd_manpage"))
 
 
+from braid.cli.parser_wal import declare_wal_fetch, declare_wal_push  # noqa: E402 (it builds on the helpers above)
+
 _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "init": _declare_init,
     "backup": _declare_backup,
@@ -551,6 +558,8 @@ _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "verify": _declare_verify,
     "prune": _declare_prune,
     "forget": _declare_forget,
+    "wal-push": declare_wal_push,
+    "wal-fetch": declare_wal_fetch,
     "completion": _declare_completion,
     "manpage": _declare_manpage,
 }

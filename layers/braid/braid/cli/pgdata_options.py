@@ -9,8 +9,9 @@ def add_pgdata_options(restore: argparse.ArgumentParser) -> None:
     """--pgdata, one --target-* (mutually exclusive), --target-action and --target-timeline."""
     group = restore.add_argument_group(
         "PostgreSQL point-in-time restore",
-        "extract a pg_basebackup -Ft backup into an empty DIR (mode 0700), write recovery.signal and, in postgresql.auto.conf,"
-        " restore_command = 'braid wal-fetch ...' plus the target; pg_ctl start then recovers (to the end of the archive without a target)",
+        "extract a pg_basebackup -Ft backup into an empty DIR (mode 0700), as the database's user (files take its ownership);\n"
+        "write recovery.signal and, in postgresql.auto.conf, restore_command = 'braid wal-fetch ...' and the target;\n"
+        "pg_ctl start then recovers to it (to the end of the archive without a target)",
     )
     group.add_argument("--pgdata", metavar="DIR", help="the data directory to create: absent or empty (exit 2 otherwise, nothing written)")
     targets = group.add_mutually_exclusive_group()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # annotations only: `braid backup` need not import prune's an
     from braid.ops.init import LocalInit
     from braid.ops.rekey import RekeyReport
     from braid.ops.retention import PrunePlan
+    from braid.ops.wal_retention import WalPrunePlan
 
 
 def document(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -368,11 +369,13 @@ def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
             print(f"  {failure}")
 
 
-def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
+def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool, wal: Sequence[WalPrunePlan] = ()) -> None:
     if as_json:
-        print_json({"dry_run": dry_run, **plan.to_json()})
+        print_json({"dry_run": dry_run, **plan.to_json(), **({"wal": [w.to_json() for w in wal]} if wal else {})})
         return
     verb = "would remove" if dry_run else "removed"
+    for archive in wal:
+        print(f"{verb} {archive.describe()}" if archive.remove else f"kept every WAL file of {archive.name} ({archive.reason})")
     for ref in plan.forget:
         print(f"{verb} {ref}")
     for ref in plan.orphans:
@@ -406,14 +409,16 @@ def print_policies(policies: Mapping[str, KeepRules], as_json: bool, saved: str 
         print(f"saved as {saved}", file=sys.stderr)
 
 
-def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool) -> None:
+def print_forget(plan: ForgetPlan, dry_run: bool, as_json: bool, wal: WalPrunePlan | None = None) -> None:
     if as_json:
-        print_json({"dry_run": dry_run, **plan.to_json()})
+        print_json({"dry_run": dry_run, **plan.to_json(), **({"wal": wal.to_json()} if wal is not None else {})})
         return
     verb = "would remove" if dry_run else "removed"
     for child in plan.children:
         print(f"{verb} {child.ref} (an incremental built on {plan.ref}: manifest {child.manifest} and {len(child.objects)} data object(s))")
     print(f"{verb} {plan.ref} (manifest {plan.manifest} and {len(plan.objects)} data object(s))")
+    if wal is not None:  # forget leaves the archive alone: prune removes what no backup needs
+        print(f"then 'braid prune' removes {wal.describe()}" if wal.remove else f"WAL: {wal.describe()}")
 
 
 def print_execution_status(doc: dict[str, object], as_json: bool) -> None:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, RepositoryError, UsageError, did_you_mean
 from braid.format.ids import BackupRef
 from braid.format.layout import CONFIG, manifest_key, manifest_prefix, ref_from_manifest_key
 from braid.format.lock import ObjectLock
-from braid.format.manifest import SealedManifest, open_manifest
 from braid.ports.store import ObjectStore, RetainingStore
+
+if TYPE_CHECKING:
+    from braid.format.manifest import SealedManifest
 
 FORMAT = "braid-repository"
 # Version 2: backups' chunks may share stored objects (packs; docs/format.md). A v1 repository is refused
@@ -143,6 +145,9 @@ class Repository:
             others = self.backups(resolved.name)
             hint = f"; {resolved.name} has {len(others)} other backup(s): see 'braid list --name {resolved.name}'" if others else self.suggest_name(resolved.name)
             raise NotFoundError(f"backup {resolved} not found in {self.url}{hint}") from None
+        # Imported here: wal-push and wal-fetch, run once per WAL segment, open a repository but read no manifest.
+        from braid.format.manifest import open_manifest
+
         sealed = open_manifest(raw, f"backup {resolved}")
         if sealed.manifest.backup != str(resolved) or sealed.manifest.repository != self.config.id:
             raise IntegrityError(

@@ -79,7 +79,9 @@ def parse_target_time(text: str) -> datetime:
 
     Without an offset it is this host's local time. UsageError for anything else.
     """
-    value = text.strip().replace("T", " ", 1)
+    value = text.strip()
+    if len(value) > 10 and value[10] in "Tt":  # ISO 8601's date-time separator, not a T elsewhere (UTC)
+        value = value[:10] + " " + value[11:]
     if value.endswith(("Z", "z")) or value.endswith(" UTC"):
         value = value.removesuffix(" UTC").rstrip("Zz") + "+00:00"
     match = _OFFSET.search(value)

@@ -338,5 +338,5 @@ def _join(writers: list[tuple[OutputTarget, threading.Thread]], cancelled: threa
             writer.join(0.1)
         if cancelled.is_set():
             for target, writer in writers:
-                writer.join(None if target.partial_path is not None else 1.0)
+                writer.join(None if target.ends_soon else 1.0)
             return

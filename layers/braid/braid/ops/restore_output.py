@@ -54,6 +54,11 @@ class OutputTarget:
             raise InputError(f"output {self.path} already exists; remove it or pass --force to overwrite")
 
     @property
+    def ends_soon(self) -> bool:
+        """Whether its writer always ends soon once the restore is cancelled (it writes here, not to a reader), so a failed restore waits for it."""
+        return self.partial_path is not None
+
+    @property
     def partial_path(self) -> str | None:
         """Where a regular-file output is written until the restore succeeded; None for stdout, pipes, devices."""
         if self.path is None:

@@ -33,6 +33,7 @@ from braid.format.repository import Repository
 from braid.format.stored import StoredObject, group_packs, stored_object
 from braid.format.verification import Selection
 from braid.ops.chunk_reader import ChunkReader
+from braid.ops.metadata import read_metadata
 from braid.ops.open import open_backup, read_manifest
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectInfo, ObjectStore
@@ -147,7 +148,20 @@ def verify_backup(
     report = check_entries(store, manifest, key, chunks, deep=deep, workers=workers)
     if deep and key is not None and len(chunks) == manifest.chunk_count and report.ok:
         report.failures.extend(input_checksum_failures(manifest, key))
+    if deep and key is not None:
+        report.failures.extend(metadata_failures(store, manifest, key))
     return report
+
+
+def metadata_failures(store: ObjectStore, manifest: Manifest, key: DataKey) -> list[str]:
+    """Each metadata object the manifest names (a captured backup_manifest) read, authenticated and checked against its entry."""
+    failures = []
+    for kind in sorted(manifest.metadata):
+        try:
+            read_metadata(store, manifest, key, kind)
+        except IntegrityError as exc:
+            failures.append(str(exc))
+    return failures
 
 
 def input_checksum_failures(manifest: Manifest, key: DataKey) -> list[str]:

@@ -96,6 +96,7 @@ class LocalStore:
             raise StorageError(f"checksum mismatch writing {path}: data changed in memory before it was stored")
         tmp_name: str | None = None
         try:
+            created = not path.parent.is_dir()
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=path.parent)
             with os.fdopen(fd, "wb") as handle:
@@ -125,6 +126,11 @@ class LocalStore:
                 tmp_name = None
             if durable:
                 _fsync_directory(path.parent)
+                if created:  # the new directories' own names are durable only once their parents are synced
+                    for directory in path.parent.parents:
+                        _fsync_directory(directory)
+                        if directory == self.root:
+                            break
         except OSError as exc:
             raise _storage_error("writing", path, exc) from None
         finally:

@@ -20,7 +20,8 @@ from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.render import print_json, print_policies, print_prune_plan
 from braid.errors import UsageError
 from braid.format.policy import KeepRules
-from braid.ops.retention import RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
+from braid.ops.retention import PrunePlan, RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
+from braid.ops.wal_retention import WalPrunePlan, archive_names, execute_wal_prune, plan_wal_prune
 
 
 def _rules(args: argparse.Namespace) -> dict[str, Any]:
@@ -30,6 +31,13 @@ def _rules(args: argparse.Namespace) -> dict[str, Any]:
 
 def _policy(args: argparse.Namespace, stored: bool) -> RetentionPolicy:
     return RetentionPolicy.of(orphan_grace_hours=args.orphan_grace_hours, stored=stored, **_rules(args))
+
+
+def _wal_plans(repository: Any, plan: PrunePlan, name: str | None) -> list[WalPrunePlan]:
+    """Per name with a WAL archive (and a policy this prune applied): the WAL no backup it keeps needs."""
+    kept = [*plan.keep, *(locked.ref for locked in plan.locked)]
+    names = [n for n in archive_names(repository.store) if name in (None, n) and n not in plan.unmanaged]
+    return [plan_wal_prune(repository, n, kept, [u.ref for u in plan.unreadable if u.ref.name == n]) for n in names]
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -65,11 +73,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     assert policy is not None
     keys = open_key_service(repository, args.key_file, unwrap_only=True)
     plan = plan_prune(repository, policy, keys, name=args.name)
+    wal = _wal_plans(repository, plan, args.name)
     if not args.dry_run:
         execute_prune(repository, plan)
+        execute_wal_prune(repository, wal)
     error = unreadable_error(plan)
     if args.json or not args.quiet or error is not None:
-        print_prune_plan(plan, args.dry_run, args.json)
+        print_prune_plan(plan, args.dry_run, args.json, wal)
     if error is not None:
         raise error
     return 0

@@ -38,6 +38,8 @@ from braid.ops.verify import verify_published
 
 def cmd_verify(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
+    if args.wal:
+        return _verify_wal(args, repository)
     engine = getattr(args, "engine", None)
     if engine != ENGINE_LOCAL:
         from braid.adapters.aws.wiring import cloud_verifier
@@ -51,6 +53,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 " 'braid init --repo s3://... --stack NAME', or verify on this host with --engine local"
             )
     return _finish(args, *_local_reports(args, repository))
+
+
+def _verify_wal(args: argparse.Namespace, repository: Repository) -> int:
+    """`verify --wal --name NAME`: exit 6 naming the first gap, after printing every one."""
+    from braid.cli.compose import key_service_on_demand
+    from braid.cli.render import print_json
+    from braid.ops.wal_verify import describe, verify_wal
+
+    if not args.name:
+        raise UsageError("verify --wal needs --name NAME: the WAL archive to check")
+    report = verify_wal(repository, key_service_on_demand(repository, args.key_file), args.name)
+    if args.json:
+        print_json(report.to_json())
+    elif not args.quiet or report.gaps:
+        print("\n".join(describe(report)))
+    if report.gaps:
+        backup, (first, last, missing) = report.gaps[0]
+        raise IntegrityError(
+            f"the WAL archive of {args.name} has {len(report.gaps)} gap(s); first: {first} .. {last} ({missing} segment(s) missing), needed by {backup}"
+        )
+    return 0
 
 
 def _selection(args: argparse.Namespace, repository: Repository, ref: BackupRef) -> Selection:

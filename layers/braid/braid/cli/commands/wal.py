@@ -1,0 +1,81 @@
+"""`braid wal-push` and `braid wal-fetch`: PostgreSQL's archive_command and restore_command.
+
+Both print nothing on success (PostgreSQL logs their output) and one line
+on failure. wal-fetch's exit 1 is reserved for "not in the archive"
+(braid.errors.WalNotArchivedError); braid.cli.main keeps every other
+failure of it at 2 or more.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from braid.errors import UsageError
+
+
+def _name(args: argparse.Namespace, command: str) -> str:
+    if not args.name:
+        raise UsageError(f"'braid {command}' needs --name NAME: the WAL archive's name (the cluster's backup name)")
+    return str(args.name)
+
+
+def cmd_wal_push(args: argparse.Namespace) -> int:
+    name = _name(args, "wal-push")
+    path = Path(args.path)
+    if args.async_push:
+        from braid.ops.wal_async import push_async
+
+        push_async(args, name, path)
+        return 0
+    from braid.cli.compose import open_key_service, open_repository, repo_url
+    from braid.ops.wal_push import push_wal
+
+    repository = open_repository(repo_url(args.repo))
+    result = push_wal(repository, open_key_service(repository, args.key_file), name, path, level=args.level)
+    if args.json:
+        from braid.cli.render import print_json
+
+        print_json({"file": result.file, "outcome": result.outcome, "size": result.size, "stored_size": result.stored_size}, indent=None)
+    return 0
+
+
+def cmd_wal_fetch(args: argparse.Namespace) -> int:
+    """Serve from the prefetch spool when it has the segment; else fetch, with the prefetcher started for the next ones."""
+    import os
+    import sys
+
+    from braid.contract import ENV_REPO
+    from braid.errors import BackupError, WalNotArchivedError
+    from braid.format.wal import SEGMENT, WalFile
+
+    name = _name(args, "wal-fetch")
+    file = WalFile.parse(args.walfile)
+    dest = Path(args.dest)
+    repo = args.repo or os.environ.get(ENV_REPO) or ""
+    spool = None
+    if args.prefetch and file.kind == SEGMENT and repo:
+        from braid.ops import wal_prefetch
+        from braid.ops.spool import spool_for
+
+        try:
+            spool = spool_for(args.spool, "fetch", repo, name, dest.absolute().parent)
+            wal_prefetch.note_position(spool, file.name)
+            if wal_prefetch.serve_from_spool(spool, file.name, dest):
+                wal_prefetch.start_prefetcher(spool, repo, name, args.prefetch, args.key_file)
+                return 0
+            wal_prefetch.start_prefetcher(spool, repo, name, args.prefetch, args.key_file)
+        except (BackupError, OSError) as exc:  # the prefetch only saves time: the fetch goes on without it
+            print(f"braid: warning: no prefetch: {exc}", file=sys.stderr)
+            spool = None
+    from braid.cli.compose import key_service_on_demand, open_repository, repo_url
+    from braid.ops.wal_fetch import fetch_wal
+
+    repository = open_repository(repo_url(args.repo))
+    try:
+        fetch_wal(repository, key_service_on_demand(repository, args.key_file), name, file.name, dest)
+    except WalNotArchivedError:
+        if spool is not None:
+            wal_prefetch.forget_spool(spool)
+        raise
+    return 0

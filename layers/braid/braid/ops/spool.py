@@ -1,0 +1,57 @@
+"""Private local directories for the WAL archive's helpers: the async pusher's state, wal-fetch's prefetch.
+
+A spool holds state (and, for the prefetch, verified WAL bytes) of one user:
+it is created mode 0700 and refused when another user owns it or others may
+read or write it, so nothing in it was put there by someone else.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from pathlib import Path
+
+from braid.errors import InputError
+
+
+def default_spool_root() -> Path:
+    """$XDG_RUNTIME_DIR/braid (a per-user tmpfs), else /tmp/braid-UID."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(runtime) / "braid" if runtime else Path(f"/tmp/braid-{os.geteuid()}")
+
+
+def private_directory(path: Path) -> Path:
+    """`path` (and its missing parents), mode 0700, owned by this user; InputError for one that is not private."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = path.lstat()
+    except OSError as exc:
+        raise InputError(f"cannot make the spool directory {path}: {exc.strerror or exc}") from None
+    if not path.is_dir() or path.is_symlink():
+        raise InputError(f"spool {path} is not a directory")
+    if status.st_uid != os.geteuid() or status.st_mode & 0o077:
+        raise InputError(
+            f"spool {path} is not private (owner uid {status.st_uid}, mode {status.st_mode & 0o777:o}): it must be this user's, mode 0700;"
+            " give another --spool"
+        )
+    return path
+
+
+def spool_for(root: str | None, kind: str, repository: str, name: str, wal_directory: Path) -> Path:
+    """The private spool of one kind (push, fetch) for one repository, archive name and pg_wal directory."""
+    base = Path(root).expanduser() if root else default_spool_root()
+    private_directory(base)
+    identity = f"{kind}\n{repository}\n{name}\n{wal_directory.resolve()}\n"
+    spool = private_directory(base / f"{kind}-{name}-{zlib.crc32(identity.encode()):08x}")
+    # The short name could collide: the spool says whose it is, and another's is refused, never shared.
+    marker = spool / "identity"
+    try:
+        found = marker.read_text()
+    except FileNotFoundError:
+        marker.write_text(identity)
+        found = identity
+    except OSError as exc:
+        raise InputError(f"cannot read {marker}: {exc.strerror or exc}") from None
+    if found != identity:
+        raise InputError(f"spool {spool} belongs to another repository, name or pg_wal ({found.splitlines()}); give another --spool")
+    return spool

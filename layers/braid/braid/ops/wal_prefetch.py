@@ -1,0 +1,144 @@
+"""wal-fetch's prefetch: while PostgreSQL replays segment N, the next ones are fetched into a private spool.
+
+Each `wal-fetch` of a segment writes its name to the spool's `position`,
+serves the segment from the spool when the prefetcher already has it (moved
+or copied to DEST atomically), removes every spooled segment before it (
+PostgreSQL never asks for an earlier one again; a request on a later
+timeline ends the old timeline's too), and starts the prefetcher when none
+holds the spool's lock. The prefetcher keeps the `--prefetch` segments after
+`position` in the spool, each one authenticated, decrypted and checked
+before it is written there (atomically), so the spool only ever holds
+verified bytes. It exits once it has had nothing to do for IDLE_EXIT
+seconds; a request for a segment that is not archived (the end of
+recovery's archive) empties the spool.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import time
+from pathlib import Path
+
+from braid.errors import BackupError, WalNotArchivedError
+from braid.format.repository import Repository
+from braid.format.wal import SEGMENT, WalFile, segment_name
+from braid.ops.wal import segment_size_of
+from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
+from braid.ports.keys import KeyService
+
+LOCK = "prefetch.lock"
+POSITION = "position"
+LOG = "prefetch.log"
+IDLE_EXIT = 10.0
+
+
+def spooled_segments(spool: Path) -> list[str]:
+    return sorted(entry.name for entry in os.scandir(spool) if len(entry.name) == 24 and not entry.name.startswith("."))
+
+
+def serve_from_spool(spool: Path, file_name: str, dest: Path) -> bool:
+    """Move the spooled `file_name` to `dest` (atomically) and drop older ones; False when it is not spooled."""
+    for older in spooled_segments(spool):
+        if older < file_name:
+            _unlink(spool / older)
+    source = spool / file_name
+    try:
+        os.replace(source, dest)  # the same file system: a rename, nothing copied
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass  # another file system: copy, then remove
+    try:
+        with open(source, "rb") as handle:
+            write_atomically(dest, handle.read())
+    except FileNotFoundError:
+        return False
+    _unlink(source)
+    return True
+
+
+def note_position(spool: Path, file_name: str) -> None:
+    tmp = spool / f".{POSITION}.{os.getpid()}"
+    tmp.write_text(file_name)
+    os.replace(tmp, spool / POSITION)
+
+
+def forget_spool(spool: Path) -> None:
+    """The archive ended at a segment PostgreSQL asked for: nothing spooled will be asked for."""
+    for name in spooled_segments(spool):
+        _unlink(spool / name)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def locked(spool: Path) -> int | None:
+    """The spool's prefetch lock, if no prefetcher holds it (closing the descriptor releases it)."""
+    fd = os.open(spool / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def start_prefetcher(spool: Path, repo: str, name: str, count: int, key_file: str | None) -> None:
+    """Start the prefetcher, detached, unless one serves the spool already."""
+    fd = locked(spool)
+    if fd is None:
+        return
+    os.close(fd)
+    import subprocess  # only when a prefetcher starts
+
+    command = [sys.executable, "-m", "braid.cli.wal_prefetcher", "--repo", repo, "--name", name, "--spool", str(spool), "--count", str(count)]
+    if key_file:
+        command += ["--key-file", key_file]
+    with open(spool / LOG, "ab") as log:
+        subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, close_fds=True)
+
+
+def _position(spool: Path) -> WalFile | None:
+    try:
+        return WalFile.parse((spool / POSITION).read_text().strip())
+    except (FileNotFoundError, BackupError):
+        return None
+
+
+def _wanted(spool: Path, count: int, segment_size: int) -> list[str]:
+    position = _position(spool)
+    if position is None or position.kind != SEGMENT:
+        return []
+    segno = position.segno(segment_size)
+    present = set(spooled_segments(spool))
+    ahead = [segment_name(position.timeline, segno + k, segment_size) for k in range(1, count + 1)]
+    return [n for n in ahead if n not in present]
+
+
+def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, count: int) -> None:
+    """Keep the `count` segments after the spool's position spooled, verified, until IDLE_EXIT seconds pass without a new position."""
+    size = segment_size_of(repository.store, name)
+    last, idle_since = None, time.monotonic()
+    while time.monotonic() - idle_since < IDLE_EXIT:
+        position = _position(spool)
+        if position != last:
+            last, idle_since = position, time.monotonic()
+        wanted = _wanted(spool, count, size)
+        if not wanted:
+            time.sleep(0.05)
+            continue
+        try:
+            data = fetch_wal_bytes(repository, keys, name, wanted[0])
+        except WalNotArchivedError:
+            time.sleep(0.2)  # not archived (yet): the archive's end, for now
+            continue
+        if wanted[0] in _wanted(spool, count, size):  # still ahead of PostgreSQL (it may have asked past it meanwhile)
+            write_atomically(spool / wanted[0], data)
+    forget_spool(spool)  # no wal-fetch for a while: recovery ended or stopped; nothing spooled stays behind

@@ -1,0 +1,76 @@
+"""`wal-fetch`'s prefetch: the next segments wait, verified, in a private spool; the spool is emptied at the archive's end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from braid.format.wal import WalFile, wal_key
+from conftest import run_braid
+from wal_segments import write_segment
+
+SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "spool"
+    yield path
+    for lock in path.glob("*/prefetch.lock"):
+        text = lock.read_text().strip()
+        if text:
+            try:
+                os.kill(int(text), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def fetch(repo: Path, name: str, dest: Path, spool: Path) -> tuple[int, str]:
+    result = run_braid("wal-fetch", "--repo", str(repo), "--name", "pg", "--prefetch", "3", "--spool", str(spool), name, str(dest))
+    return result.code, result.stderr
+
+
+def test_the_next_segments_are_prefetched_verified_and_served_from_the_spool(tmp_path: Path, repo: Path, spool: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in SEGMENTS:
+        assert run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(source, name))).code == 0
+    pg_wal = tmp_path / "pg_wal"
+    pg_wal.mkdir()
+    dest = pg_wal / "RECOVERYXLOG"
+    assert fetch(repo, SEGMENTS[0], dest, spool) == (0, "")
+    assert dest.read_bytes() == (source / SEGMENTS[0]).read_bytes()
+    box = next(spool.glob("fetch-*"))
+    assert stat.S_IMODE(spool.stat().st_mode) == 0o700 and stat.S_IMODE(box.stat().st_mode) == 0o700
+    while not all((box / name).exists() for name in SEGMENTS[1:4]):  # three ahead, and no more
+        time.sleep(0.05)
+    assert not (box / SEGMENTS[4]).exists()
+    assert all(stat.S_IMODE((box / name).stat().st_mode) == 0o600 for name in SEGMENTS[1:4])
+    # Served from the spool: the archive no longer has it, the fetch still succeeds with the right bytes.
+    (repo / wal_key("pg", WalFile.parse(SEGMENTS[1]))).unlink()
+    assert fetch(repo, SEGMENTS[1], dest, spool) == (0, "")
+    assert dest.read_bytes() == (source / SEGMENTS[1]).read_bytes()
+    assert not (box / SEGMENTS[1]).exists()
+    # Asking for a later segment drops the ones before it; the end of the archive empties the spool.
+    while not (box / SEGMENTS[4]).exists():
+        time.sleep(0.05)
+    assert fetch(repo, "0000000100000000000000FE", dest, spool)[0] == 1
+    assert [p.name for p in box.iterdir() if len(p.name) == 24] == []
+    assert dest.read_bytes() == (source / SEGMENTS[1]).read_bytes()  # a failed fetch leaves DEST as it was
+
+
+def test_a_spool_others_can_read_is_not_used_and_the_fetch_goes_on(tmp_path: Path, repo: Path, spool: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    assert run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(source, SEGMENTS[0]))).code == 0
+    spool.mkdir(mode=0o777)
+    spool.chmod(0o777)
+    code, err = fetch(repo, SEGMENTS[0], tmp_path / "out", spool)
+    assert code == 0 and "warning: no prefetch" in err and "is not private" in err
+    assert (tmp_path / "out").read_bytes() == (source / SEGMENTS[0]).read_bytes()
