@@ -85,7 +85,6 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
         "plaintext_bytes": summary.plaintext_bytes,
         "stored_bytes": summary.stored_bytes,
         "ratio": round(summary.ratio, 4),
-        **summary.lineage.to_json(),
         "wal": summary.wal,
     }
 
@@ -231,10 +230,16 @@ def billed_fields(billed: Billed | None, prices: PriceTable) -> dict[str, Any]:
     return {"usage": billed, "cost": cost_totals(billed, prices)}
 
 
+def list_row(summary: BackupSummary) -> dict[str, Any]:
+    """`list --json`'s row: the summary's fields and the backup's place in its chain (kind, parent, chain_full)."""
+    return {**summary_row(summary), **summary.lineage.to_json()}
+
+
 def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
     """`show --json`: the summary plus how the backup was made, what each input holds, and what it used and cost."""
     return {
         **manifest_summary(manifest),
+        **manifest.lineage.to_json(),
         **usage_fields(manifest.usage, prices),
         "chunk_size": manifest.chunk_size,
         "algorithms": manifest.algorithms,

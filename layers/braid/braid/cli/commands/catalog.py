@@ -16,7 +16,7 @@ import argparse
 from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
-from braid.cli.render import billed_fields, print_backup_list, print_incomplete_list, print_manifest, summary_row
+from braid.cli.render import billed_fields, list_row, print_backup_list, print_incomplete_list, print_manifest
 from braid.format.ids import BackupRef, validate_name
 from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
@@ -42,7 +42,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             if args.name is None or entry.ref.name == args.name:
                 rows.append({"backup": str(entry.ref), "error": str(entry.error), "created": ""})
         elif args.name is None or entry.backup.partition("@")[0] == args.name:
-            row = summary_row(entry)
+            row = list_row(entry)
             if prices is not None:
                 row.update(billed_fields(entry.usage, prices))
             rows.append(row)
