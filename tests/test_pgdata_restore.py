@@ -24,6 +24,7 @@ from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.layout import metadata_key
 from braid.ops.metadata import read_backup_metadata
+from braid.ports.progress import event_problems
 from conftest import run_braid
 from test_tar_stream import CONTROL, LABEL, LONG, PG_MANIFEST
 from wal_segments import write_segment
@@ -79,8 +80,12 @@ def test_base_backup_records_its_wal_and_restores_into_a_data_directory(repo: Pa
     assert "1 0/9000028..0/A000000" in run_braid("list", "--repo", str(repo)).out
 
     target = tmp_path / "restored"
-    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(target), "--target-name", "before-delete", "--target-action", "promote", "--workers", "3")
+    result = run_braid("restore", "--repo", str(repo), ref, "--pgdata", str(target), "--target-name", "before-delete", "--target-action", "promote", "--workers", "3", "--json")
     assert result.code == 0, result.stderr
+    events = [json.loads(line) for line in result.stderr.splitlines()]
+    assert [p for e in events for p in event_problems(e)] == [] and events[-1]["event"] == "done"
+    document = json.loads(result.out)
+    assert document["pgdata"] == str(target) and document["target"] == {"name": "before-delete"} and document["wal"]["timeline"] == 1
     assert stat.S_IMODE(target.stat().st_mode) == 0o700
     expected = tmp_path / "expected"
     expected.mkdir()

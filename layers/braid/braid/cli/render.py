@@ -49,12 +49,14 @@ def print_json(value: Mapping[str, Any] | list[dict[str, Any]], indent: int | No
 
 def operation_summary(manifest: Manifest, operation: str, elapsed: float) -> dict[str, Any]:
     """What a backup or restore did: the `done` event's fields and `backup --json`'s document."""
-    return {
+    summary = {
         "operation": operation,
         "bytes": manifest.plaintext_bytes,
         "rate": round(manifest.plaintext_bytes / elapsed, 1) if elapsed > 0 else 0.0,
         **manifest_summary(manifest),
     }
+    summary.pop("wal", None)  # not in the progress vocabulary's `done` (braid.ports.progress): `show` and `list` give it
+    return summary
 
 
 def print_backup_result(summary: dict[str, Any], elapsed: float, as_json: bool, quiet: bool) -> None:

@@ -81,14 +81,13 @@ def cmd_restore_pgdata(args: argparse.Namespace, progress: Progress) -> int:
     command = restore_command(braid_executable(), repo, manifest.name, _explicit_key_file(args))
     write_recovery(directory, command, target, manifest.backup)
     elapsed = progress.elapsed()
-    summary = {**operation_summary(manifest, "restore", elapsed), "pgdata": directory, "restore_command": command}
-    if target.kind is not None:
-        summary["target"] = {target.kind: target.value}
-    if manifest.wal is not None:
-        summary["wal"] = manifest.wal.to_json()
+    summary = operation_summary(manifest, "restore", elapsed)
     progress({"event": "done", **summary})
-    if args.json:
-        print_json({**summary, "elapsed": round(elapsed, 3)}, indent=None)
+    if args.json:  # the progress vocabulary's `done` has the figures; this document also says what was written
+        extra: dict[str, object] = {"pgdata": directory, "restore_command": command, "target": {target.kind: target.value} if target.kind else None}
+        if manifest.wal is not None:
+            extra["wal"] = manifest.wal.to_json()
+        print_json({**summary, **extra, "elapsed": round(elapsed, 3)}, indent=None)
     return 0
 
 
