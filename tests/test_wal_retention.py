@@ -117,3 +117,11 @@ def test_verify_wal_names_every_gap_across_a_timeline_switch(tmp_path: Path, rep
     LocalStore(repo).delete([wal_key("pg", WalFile.parse(seg(1, 2)))])  # its start segment gone
     gone = run_braid("verify", "--repo", str(repo), "--wal", "--name", "pg")
     assert gone.code == 6 and f"first: {seg(1, 2)} .. {seg(1, 2)}" in gone.stderr
+
+
+def test_verify_wal_of_an_empty_archive_names_each_backups_start_as_a_gap(tmp_path: Path, repo: Path) -> None:
+    push(repo, tmp_path, seg(1, 3))
+    ref = base_backup(repo, 1, 3)
+    LocalStore(repo).delete([wal_key("pg", WalFile.parse(seg(1, 3)))])  # the archive loses its only segment
+    result = run_braid("verify", "--repo", str(repo), "--wal", "--name", "pg")
+    assert result.code == 6 and f"first: {seg(1, 3)} .. {seg(1, 3)} (1 segment(s) missing), needed by {ref}" in result.stderr

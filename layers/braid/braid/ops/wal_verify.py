@@ -88,7 +88,7 @@ def verify_wal(repository: Repository, keys: KeyService, name: str) -> WalReport
             histories.append(file)
     timelines = sorted(set(segments) | {h.timeline for h in histories})
     if not segments:
-        return WalReport(name, None, timelines, [BackupWal(str(ref), None, note="the archive holds no segment") for ref in repository.backups(name)])
+        return WalReport(name, None, timelines, [_nothing_archived(repository, ref, size) for ref in repository.backups(name)])
     newest_timeline = max(segments)
     newest = max(segments[newest_timeline])
     # The path to the newest timeline: (timeline, first segment on it or None, switch LSN out of it or None).
@@ -103,6 +103,18 @@ def verify_wal(repository: Repository, keys: KeyService, name: str) -> WalReport
     for ref in repository.backups(name):
         report.backups.append(_check(repository, ref, path, on_path, segments, size))
     return report
+
+
+def _nothing_archived(repository: Repository, ref: BackupRef, size: int) -> BackupWal:
+    """A backup of an archive that holds no segment: its start segment is the gap (if its manifest says where it starts)."""
+    try:
+        start = wal_start(read_manifest(repository, ref))
+    except BackupError as exc:
+        return BackupWal(str(ref), None, note=f"not checked: {exc}")
+    if start is None:
+        return BackupWal(str(ref), None, note="not checked: its manifest records no WAL start")
+    first = segment_name(start[0], segment_of(start[1], size), size)
+    return BackupWal(str(ref), first, gaps=[(first, first, 1)], note="the archive holds no segment")
 
 
 def _check(
