@@ -17,6 +17,11 @@ Two forms:
   and ends each input when the command exits; the command's stdout goes to
   our stderr, so stdout stays the NAME@ID contract.
 
+In both forms the stream must end with the producer: a stdout or pipe that
+a process the command started still holds open 5 s after the command
+exited fails the backup (exit 11), as Braid cannot judge that process's
+output or its end.
+
 A producer's stream cannot be read again, so such a backup is not
 resumable: a failed cloud upload is abandoned at once (braid.agent).
 """
@@ -28,13 +33,14 @@ import os
 import select
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from io import FileIO
 from types import TracebackType
 
 from braid.engine.child import Child, program_name
-from braid.engine.fifos import PipeDir, check_placeholders, substitute
+from braid.engine.fifos import HeldFifo, PipeDir, check_placeholders, substitute
 from braid.engine.open_watch import OpenWatch
 from braid.engine.stream import InputSource
 from braid.errors import ProducerError, UsageError
@@ -114,6 +120,25 @@ class _StdoutSource(InputSource):
         return _GuardedStdout(os.dup(self.fd), self.wake, self.why)
 
 
+def _still_written(fifos: Sequence[HeldFifo], grace: float) -> list[int]:
+    """Indexes of the pipes that still have a writer `grace` seconds from now (POLLHUP: none left)."""
+    poller = select.poll()
+    fds = {fifo.reader: i for i, fifo in enumerate(fifos)}
+    for fd in fds:
+        poller.register(fd, 0)  # POLLHUP and POLLERR are always reported
+    ended: set[int] = set()
+    until = time.monotonic() + grace
+    while len(ended) < len(fds):
+        left = until - time.monotonic()
+        if left <= 0:
+            break
+        for fd, events in poller.poll(left * 1000):
+            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                ended.add(fd)
+                poller.unregister(fd)
+    return sorted(i for fd, i in fds.items() if fd not in ended)
+
+
 class Producer:
     """The command whose output is the backup; use as a context manager around the engine's run.
 
@@ -133,7 +158,8 @@ class Producer:
         self._child: Child | None = None
         self._dir: PipeDir | None = None
         self._watch: OpenWatch | None = None
-        self._wake: tuple[int, int] | None = None  # a pipe: written to fail a read of a stdout held open too long
+        self._wake: tuple[int, int] | None = None  # a pipe: written to fail a read of a stdout (or pipe) held open too long
+        self._held: list[int] = []  # the pipes still held open after the producer exited
 
     def __enter__(self) -> Producer:
         try:
@@ -149,21 +175,35 @@ class Producer:
                 self._watch = OpenWatch(self._dir.paths)  # after Braid's own opens: every open it sees is the producer's
                 # Its stdout goes to our stderr: our stdout carries only NAME@ID.
                 self._child = Child("producer", substitute(self.argv, self._dir.paths), stdout=2)
+                self._wake = os.pipe()
                 self.sources = [
-                    DescriptorSource(i, f"pipe{i + 1} of {self.name}", fifo.path, fd=fifo.reader) for i, fifo in enumerate(self._dir.fifos)
+                    _StdoutSource(i, f"pipe{i + 1} of {self.name}", fifo.path, fd=fifo.reader, wake=self._wake[0], why=self._held_pipes)
+                    for i, fifo in enumerate(self._dir.fifos)
                 ]
-                threading.Thread(target=self._end_pipes_at_exit, args=(self._child, self._dir), name="braid-producer-exit", daemon=True).start()
+                threading.Thread(
+                    target=self._end_pipes_at_exit, args=(self._child, self._dir, self._wake[1]), name="braid-producer-exit", daemon=True
+                ).start()
         except BaseException:
             self._close()
             raise
         return self
 
-    @staticmethod
-    def _end_pipes_at_exit(child: Child, pipes: PipeDir) -> None:
-        """The producer ended: let go of our writers, so each pipe ends once the producer's side closed."""
+    def _end_pipes_at_exit(self, child: Child, pipes: PipeDir, wake: int) -> None:
+        """The producer ended: let go of our writers, so each pipe ends once the producer's side closed.
+
+        A pipe some other process still holds open for writing
+        HELD_STDOUT_GRACE_SECONDS later fails the backup, as for stdout.
+        """
         child.await_end()
         for fifo in pipes.fifos:
             fifo.release_writer()
+        try:
+            held = _still_written(pipes.fifos, HELD_STDOUT_GRACE_SECONDS)
+            if held:
+                self._held = held
+                os.write(wake, b"!")
+        except (OSError, AssertionError):
+            return  # closed under us (the backup failed or ended): the backup is over either way
 
     @staticmethod
     def _watch_stdout(child: Child, stdout: int, wake: int) -> None:
@@ -184,12 +224,18 @@ class Producer:
             return  # closed under us: the backup is over either way
 
     def _held_stdout(self) -> ProducerError:
+        return self._held_open("its stdout")
+
+    def _held_pipes(self) -> ProducerError:
+        return self._held_open(", ".join(f"pipe{i + 1}" for i in self._held))
+
+    def _held_open(self, what: str) -> ProducerError:
         assert self._child is not None
         code = self._child.proc.wait()  # it ended (the watcher saw it): the status, without waiting on its stderr
         return self._child.failure(
             self._child.describe(
                 code,
-                f", but a process it started still held its stdout open {HELD_STDOUT_GRACE_SECONDS:g} s later"
+                f", but a process it started still held {what} open {HELD_STDOUT_GRACE_SECONDS:g} s later"
                 " (the stream must end with the producer: run the tool in the foreground)",
             ),
             "nothing was published",
