@@ -36,37 +36,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from io import FileIO
 from types import TracebackType
 
 from braid.engine.child import Child, program_name
-from braid.engine.fifos import HeldFifo, PipeDir, check_placeholders, substitute
+from braid.engine.fifos import PipeDir, check_placeholders, substitute
 from braid.engine.open_watch import OpenWatch
 from braid.engine.stream import InputSource
 from braid.errors import ProducerError, UsageError
 from braid.format.buffers import WritableBuffer
 
-__all__ = ["DescriptorSource", "Producer"]
+__all__ = ["Producer"]
 
 # How long the producer's stdout may stay open after the producer exited.
 # Its last bytes sit in the pipe whatever Braid is busy with; an open write
 # end is another process, one the producer started and left running, whose
 # output and exit status Braid cannot judge.
 HELD_STDOUT_GRACE_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class DescriptorSource(InputSource):
-    """An input Braid already holds open: a producer's stdout, or a pipe Braid made."""
-
-    fd: int = -1
-
-    def check(self) -> None:
-        """Nothing to check: Braid made it, and it is open."""
-
-    def open(self, **_: object) -> FileIO:
-        """A duplicate, so the reader's close never closes ours (already open: no writer to wait for)."""
-        return os.fdopen(os.dup(self.fd), "rb", buffering=0)
 
 
 class _GuardedStdout(io.RawIOBase):
@@ -120,23 +105,16 @@ class _StdoutSource(InputSource):
         return _GuardedStdout(os.dup(self.fd), self.wake, self.why)
 
 
-def _still_written(fifos: Sequence[HeldFifo], grace: float) -> list[int]:
-    """Indexes of the pipes that still have a writer `grace` seconds from now (POLLHUP: none left)."""
+_HELD_POLL_SECONDS = 0.1
+
+
+def _written(readers: Sequence[int]) -> list[int]:
+    """Indexes of the pipes some process holds open for writing now (a reader polls POLLHUP once none does)."""
     poller = select.poll()
-    fds = {fifo.reader: i for i, fifo in enumerate(fifos)}
-    for fd in fds:
+    for fd in readers:
         poller.register(fd, 0)  # POLLHUP and POLLERR are always reported
-    ended: set[int] = set()
-    until = time.monotonic() + grace
-    while len(ended) < len(fds):
-        left = until - time.monotonic()
-        if left <= 0:
-            break
-        for fd, events in poller.poll(left * 1000):
-            if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
-                ended.add(fd)
-                poller.unregister(fd)
-    return sorted(i for fd, i in fds.items() if fd not in ended)
+    ended = {fd for fd, events in poller.poll(0) if events & (select.POLLHUP | select.POLLERR | select.POLLNVAL)}
+    return [i for i, fd in enumerate(readers) if fd not in ended]
 
 
 class Producer:
@@ -160,6 +138,9 @@ class Producer:
         self._watch: OpenWatch | None = None
         self._wake: tuple[int, int] | None = None  # a pipe: written to fail a read of a stdout (or pipe) held open too long
         self._held: list[int] = []  # the pipes still held open after the producer exited
+        self._closing = threading.Event()
+        self._exit_seen = threading.Event()
+        self._opens_at_exit: list[int] | None = None  # opens of each pipe by the time the producer exited
 
     def __enter__(self) -> Producer:
         try:
@@ -191,17 +172,31 @@ class Producer:
     def _end_pipes_at_exit(self, child: Child, pipes: PipeDir, wake: int) -> None:
         """The producer ended: let go of our writers, so each pipe ends once the producer's side closed.
 
-        A pipe some other process still holds open for writing
-        HELD_STDOUT_GRACE_SECONDS later fails the backup, as for stdout.
+        A pipe some other process holds open for writing for
+        HELD_STDOUT_GRACE_SECONDS on end, from the producer's exit until the
+        backup ends, fails the backup, as for stdout.
         """
-        child.await_end()
-        for fifo in pipes.fifos:
-            fifo.release_writer()
         try:
-            held = _still_written(pipes.fifos, HELD_STDOUT_GRACE_SECONDS)
-            if held:
-                self._held = held
-                os.write(wake, b"!")
+            child.await_end()
+            self._opens_at_exit = self._watch.counts() if self._watch is not None else None
+        finally:
+            self._exit_seen.set()
+        try:
+            readers = [fifo.reader for fifo in pipes.fifos]
+            for fifo in pipes.fifos:
+                fifo.release_writer()
+            since: dict[int, float] = {}
+            while not self._closing.wait(_HELD_POLL_SECONDS):
+                now = time.monotonic()
+                for i in _written(readers):
+                    since.setdefault(i, now)
+                for i in [i for i in since if i not in _written(readers)]:
+                    del since[i]
+                held = sorted(i for i, start in since.items() if now - start >= HELD_STDOUT_GRACE_SECONDS)
+                if held:
+                    self._held = held
+                    os.write(wake, b"!")
+                    return
         except (OSError, AssertionError):
             return  # closed under us (the backup failed or ended): the backup is over either way
 
@@ -247,6 +242,8 @@ class Producer:
         code = self._child.wait()
         if code != 0:
             raise self._child.failure(self._child.describe(code), "nothing was published")
+        if self._dir is not None:
+            self._late_pipes()
         unopened = self._watch.unopened() if self._watch is not None else None
         if unopened:
             # Read as empty, a pipe never opened is not an empty stream but a missing one.
@@ -255,10 +252,29 @@ class Producer:
                 self._child.describe(code, f" without ever opening {names} of the {self.pipes} pipes"), "nothing was published"
             )
 
+    def _late_pipes(self) -> None:
+        """Every input ended: a pipe held or opened again since the producer exited would have its bytes lost."""
+        assert self._dir is not None and self._child is not None
+        self._exit_seen.wait()
+        readers = [fifo.reader for fifo in self._dir.fifos]
+        late = set(_written(readers))
+        counts = self._watch.counts() if self._watch is not None else None
+        if counts is not None and self._opens_at_exit is not None:
+            late |= {i for i, (now, then) in enumerate(zip(counts, self._opens_at_exit, strict=True)) if now > then}
+        if late:
+            names = ", ".join(f"pipe{i + 1}" for i in sorted(late))
+            raise self._child.failure(
+                self._child.describe(
+                    0, f", but a process it started opened {names} after it exited (the stream must end with the producer: run the tool in the foreground)"
+                ),
+                "nothing was published",
+            )
+
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
         self._close()
 
     def _close(self) -> None:
+        self._closing.set()
         try:
             if self._child is not None:
                 self._child.stop()
