@@ -167,7 +167,7 @@ def _duration(text: str) -> Duration:
     from braid.format.policy import Duration
 
     try:
-        return Duration.parse(text)
+        return Duration.parse(text, user=True)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--keep-within ")) from None
 
@@ -483,7 +483,7 @@ def _declare_prune(sub: Subparsers, shared: _Shared) -> None:
         prune.add_argument(f"--keep-{period}", type=_positive_int, metavar="N",
                            help=f"keep the newest backup of each of the last N {unit}s (UTC) that have one")
     prune.add_argument("--keep-within", type=_duration, metavar="DURATION",
-                       help="keep every backup started within DURATION (e.g. 2y5m7d3h) of the name's newest backup")
+                       help="keep every backup started within DURATION (e.g. 2y5mo7d3h) of the name's newest backup")
     prune.add_argument("--keep-days", type=_finite_range("days", MAX_KEEP_DAYS), metavar="D",
                        help="keep every backup started in the last D days (counted from now)")
     stored = prune.add_mutually_exclusive_group()
