@@ -120,6 +120,7 @@ class Setting:
         returns = getattr(convert, "__annotations__", {}).get("return") if convert is not None else "str"
         if self.action.nargs == 0 or isinstance(value, bool | dict | list):
             return  # switches and tables are judged by _convert
+        allowed: tuple[type, ...]
         if "_size." in getattr(convert, "__qualname__", ""):
             allowed, wanted = (str, int), "a size: a string such as \"64MiB\" or a whole number of bytes"
         elif returns in ("int", int):
