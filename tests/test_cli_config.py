@@ -155,7 +155,7 @@ def test_a_command_option_before_the_command_says_where_it_goes(capsys: pytest.C
     assert code == 2
     assert err == (
         "braid: error: --workers is an option of 'braid backup': give it after 'backup'"
-        " (before it go only --config, --debug, --json, --key-file, --repo)\n"
+        " (before it go only --config, --debug, --json, --key-file, --repo, --strict-permissions)\n"
     )
 
 

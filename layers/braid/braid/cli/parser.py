@@ -263,6 +263,8 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
     common.add_argument("--config", metavar="PATH", help="TOML config file (env BRAID_CONFIG; default ~/.config/braid/config.toml, then /etc/braid/config.toml)")
     common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
+    common.add_argument("--strict-permissions", action="store_true",
+                        help="refuse a master-key file its group or others may read (by default: a warning) (env BRAID_STRICT_PERMISSIONS)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
     reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)

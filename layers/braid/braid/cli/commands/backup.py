@@ -60,7 +60,7 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
         from braid.adapters.aws.clients import process_requests
 
         requests = process_requests
-    return LocalEngine(repository, open_key_service(repository, args.key_file), requests)
+    return LocalEngine(repository, open_key_service(repository, args.key_file, strict=args.strict_permissions), requests)
 
 
 def _backup_ref(args: argparse.Namespace) -> BackupRef:

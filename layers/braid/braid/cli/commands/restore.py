@@ -47,7 +47,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace, consumer: Consumer | None, progress: Progress) -> int:
     repository = open_repository(repo_url(args.repo))
     ref = BackupRef.parse(args.backup)
-    manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file))
+    manifest, key = open_backup(repository, ref, key_service_on_demand(repository, args.key_file, strict=args.strict_permissions))
     targets = targets_from_args(args.output, manifest) if consumer is None else []
     if consumer is not None:
         consumer.check(manifest)
