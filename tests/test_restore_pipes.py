@@ -206,3 +206,16 @@ def test_backup_pipes_fails_when_a_process_holds_a_pipe_open_after_the_command_e
     # A pipe whose writer closes within the grace, with bytes still to read, is no held pipe.
     ok = braid(repo, private_tmp, "backup", "--name", "ok", "--pipes", "2", "--", "sh", "-c", f"cat {source} > {{pipe1}} & cat {source} > {{pipe2}}; wait")
     assert ok.code == 0, ok.stderr
+
+
+def test_backup_pipes_fails_at_the_open_timeout_when_the_command_opens_a_pipe_for_reading(repo: Path, tmp_path: Path, private_tmp: Path) -> None:
+    source = tmp_path / "src"
+    source.write_bytes(b"rows\n" * 10_000)
+    result = braid(repo, private_tmp, "backup", "--name", "misread", "--pipes", "2", "--open-timeout", "4", "--", "sh", "-c", f"cat {source} > {{pipe1}}; cat {{pipe2}}")
+    assert result.code == 11, result.stderr
+    assert error_line(result) == (
+        "braid: error: the producer failed: sh opened pipe2 for reading, not writing, and no process wrote to it within 4 s (--open-timeout);"
+        " nothing was published"
+    )
+    assert "waiting for a writer on pipe2 of sh: it opened the pipe for reading, not writing (giving up after 4 s, --open-timeout)" in result.stderr
+    assert "misread@" not in braid(repo, private_tmp, "list").out
