@@ -176,3 +176,19 @@ def test_waking_a_pipeline_drops_a_stale_token_and_names_a_refused_wake(aws_env:
         assert [executions.wake("old") for _ in range(3)] == [False, False, False]
         with pytest.raises(ExecutionError, match=r"waking the backup pipeline.*states:SendTaskSuccess"):
             executions.wake("t2")
+
+
+def test_a_completion_whose_parts_another_agent_replaced_says_so(aws_env: None) -> None:
+    from braid.adapters.aws.s3_multipart import S3Multipart
+    from braid.ports.multipart import SentPart
+
+    uploads = S3Multipart(S3Store(s3_client(region="us-east-1"), "braid-b", "repo"))
+    with Stubber(uploads.client) as stub:
+        stub.add_client_error("complete_multipart_upload", "InvalidPart", "One or more of the specified parts could not be found.", http_status_code=400)
+        with pytest.raises(StorageError) as refused:
+            uploads.complete_upload("staging/db/x/seg00000", "u1", [SentPart(1, '"etag"', "AAAAAAAAAAA=")], "AAAAAAAAAAA=", 5)
+    assert str(refused.value) == (
+        "S3 refused completing s3://braid-b/repo/staging/db/x/seg00000: its parts were replaced meanwhile; another agent is resuming"
+        " this backup at the same time: let that one finish (see 'braid list --incomplete' and 'braid status')"
+    )
+    assert refused.value.exit_code == 7

@@ -314,7 +314,8 @@ def test_list_incomplete_shows_a_killed_local_backup(repo: Path) -> None:
     assert result.code == 0, result.stderr
     (found,) = json.loads(result.stdout)
     assert found["backup"] == f"slow@{ident}" and found["backup"] != done
-    assert found["where"] == ["data"] and found["state"] in ("running", "abandoned")
+    assert found["where"] == ["data"] and found["state"] == "abandoned"  # its pid is gone from this host
+    assert found["pid"] == agent.pid and f"its process (pid {agent.pid} on {os.uname().nodename}) is gone; " in found["hint"]
     assert found["started"].startswith(f"{ident[0:4]}-{ident[4:6]}-{ident[6:8]}T{ident[9:11]}:{ident[11:13]}:{ident[13:15]}")
     assert found["objects"] >= 3 and found["stored_bytes"] >= 3 * 4096 and found["last_activity"] is not None
     assert "'braid prune' collects it once inactive for longer than --orphan-grace-hours" in found["hint"]
@@ -348,6 +349,17 @@ def test_a_fresh_lease_is_a_running_backup_and_a_stale_one_abandoned(repo: Path)
     (stale,) = incomplete_backups(repository, now=datetime.now(UTC) + timedelta(hours=1))
     assert (stale.state, stale.host) == ("abandoned", "dbhost")
     assert stale.hint == "'braid prune' collects it once inactive for longer than --orphan-grace-hours (default 48)"
+
+
+def test_a_folder_of_only_temporary_files_is_listed_incomplete(repo: Path) -> None:
+    ref = BackupRef.new("db")
+    folder = repo / "data" / "db" / ref.id
+    folder.mkdir(parents=True)
+    (folder / ".tmp-abc123").write_bytes(b"half a chunk")
+    (found,) = incomplete_backups(Repository.open(LocalStore(repo)))
+    assert (found.backup, found.state, found.objects, found.stored_bytes) == (str(ref), "abandoned", 1, 12)
+    table = run_braid("list", "--repo", str(repo), "--incomplete")
+    assert table.code == 0 and str(ref) in table.out
 
 
 def test_list_incomplete_reads_cloud_staging_sessions(aws_env: None) -> None:

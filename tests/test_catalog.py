@@ -200,6 +200,33 @@ def test_an_unreadable_manifest_stays_listed_as_unreadable(repo: Repo) -> None:
         assert isinstance(unreadable[0].error, IntegrityError)
 
 
+def test_a_corrupt_manifest_with_an_intact_summary_is_unreadable_after_a_rebuild_and_stays_so(repo: Repo) -> None:
+    good, bad = repo.publish(), repo.publish()
+    read_catalog(repo.repository)  # a snapshot that lists both as healthy
+    ref = BackupRef.parse(bad.backup)
+    repo.store.put(manifest_key(ref), repo.store.get(manifest_key(ref))[:100])  # its summary is untouched
+    rebuilt = read_catalog(repo.repository, rebuild=True)
+    assert names(rebuilt.entries) == sorted([good.backup, f"UNREADABLE {bad.backup}"])
+    (unreadable,) = [e for e in rebuilt.entries if isinstance(e, Unreadable)]
+    assert isinstance(unreadable.error, IntegrityError)
+    warm = read_catalog(repo.repository)  # from the new snapshot: retried with its manifest, still unreadable
+    assert warm.source == "snapshot" and names(warm.entries) == sorted([good.backup, f"UNREADABLE {bad.backup}"])
+
+
+def test_the_cli_lists_a_corrupt_manifest_as_unreadable_after_rebuild_catalog(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    assert run_braid("init", "--repo", str(repo)).code == 0
+    first = run_braid("backup", "--repo", str(repo), "--name", "c", stdin=b"a" * 5000).out.strip()
+    second = run_braid("backup", "--repo", str(repo), "--name", "c", stdin=b"b" * 5000).out.strip()
+    path = repo / manifest_key(BackupRef.parse(second))
+    path.write_bytes(path.read_bytes()[:100])
+    listed = run_braid("list", "--repo", str(repo), "--name", "c", "--rebuild-catalog")
+    assert listed.code == 0, listed.stderr
+    (row,) = [line for line in listed.out.splitlines() if second.split("@")[1] in line]
+    assert "UNREADABLE" in row.upper()
+    assert "UNREADABLE" not in next(line for line in listed.out.splitlines() if first.split("@")[1] in line).upper()
+
+
 def test_a_corrupt_snapshot_is_skipped(repo: Repo) -> None:
     made = [repo.publish(), repo.publish()]
     written = read_catalog(repo.repository).snapshot_written

@@ -155,7 +155,7 @@ def test_a_command_option_before_the_command_says_where_it_goes(capsys: pytest.C
     assert code == 2
     assert err == (
         "braid: error: --workers is an option of 'braid backup': give it after 'backup'"
-        " (before it go only --config, --debug, --json, --key-file, --repo)\n"
+        " (before it go only --config, --debug, --json, --key-file, --repo, --strict-permissions)\n"
     )
 
 
@@ -181,6 +181,10 @@ def test_a_command_option_before_the_command_says_where_it_goes(capsys: pytest.C
         ("names = 3\n", "names: must hold one table per name, e.g. [names.pg]"),
         ("keep_daily = 7\n", "keep_daily: cannot be set in a config file; store retention per name in the repository:"
                               " braid prune --name NAME --keep-daily ... --save-policy"),
+        ("repo = 5\n", "repo = 5: --repo takes a string (in quotes)"),
+        ('workers = "4"\n', "workers = '4': --workers takes a whole number (a TOML integer such as 4, without quotes)"),
+        ('[commands.restore]\nopen_timeout = "5"\n', "[commands.restore] open_timeout = '5': --open-timeout takes a number (such as 5 or 2.5, without quotes)"),
+        ("[names.pg]\nworkers = 4.0\n", "[names.pg] workers = 4.0: --workers takes a whole number (a TOML integer such as 4, without quotes)"),
         ("pipes = 2\n", "pipes = 2: --pipes is a switch: use true or false (for 'braid restore'; put it under [commands.backup])"),
     ],
 )

@@ -34,3 +34,20 @@ def test_a_key_directory_that_cannot_be_made_names_key_file_and_writes_nothing(t
     # With --key-file, the same user's init works.
     made = run_braid("init", "--repo", str(repo), "--key-file", str(tmp_path / "pg.key"), env={"XDG_CONFIG_HOME": str(blocker / ".config")})
     assert made.code == 0 and (repo / "config.json").exists(), made.stderr
+
+
+@pytest.mark.parametrize("mode,who", [(0o644, "its group and others"), (0o640, "its group"), (0o604, "others")])
+def test_a_master_key_others_may_read_is_warned_about_and_refused_with_strict_permissions(tmp_path: Path, mode: int, who: str) -> None:
+    repo, key = tmp_path / "repo", tmp_path / "master.key"
+    assert run_braid("init", "--repo", str(repo), "--key-file", str(key)).code == 0
+    made = run_braid("backup", "--repo", str(repo), "--key-file", str(key), "--name", "k", stdin=b"secret rows\n")
+    assert made.code == 0 and "warning" not in made.stderr  # 0600 as init made it: not a word
+    key.chmod(mode)
+    problem = f"key file {key} is readable by {who} (mode {mode:04o}); make it private: chmod 600 {key}"
+    warned = run_braid("restore", made.out.strip(), "--repo", str(repo), "--key-file", str(key))
+    assert warned.code == 0 and warned.stdout == b"secret rows\n"
+    assert f"braid: warning: {problem}\n" in warned.stderr
+    refused = run_braid("restore", made.out.strip(), "--repo", str(repo), "--key-file", str(key), "--strict-permissions")
+    assert (refused.code, refused.stderr.splitlines()[-1]) == (4, f"braid: error: {problem} (refused: --strict-permissions)")
+    by_env = run_braid("backup", "--repo", str(repo), "--key-file", str(key), "--name", "k", stdin=b"x", env={"BRAID_STRICT_PERMISSIONS": "1"})
+    assert by_env.code == 4 and "refused: --strict-permissions" in by_env.stderr

@@ -190,5 +190,21 @@ def test_a_version_2_chunk_entry_without_its_pack_is_malformed() -> None:
     doc = json.loads(canonical_json(make_manifest([[10]]).body()))
     del doc["inputs"][0]["chunks"][0]["pack_offset"]
     body = canonical_json(doc)
-    with pytest.raises(IntegrityError, match=r"manifest is missing or has malformed fields \('pack_offset'\)"):
+    with pytest.raises(IntegrityError, match=r"manifest is missing or has malformed fields \(manifest chunk entry is malformed: missing pack_offset\)"):
         open_manifest(seal_body(body, KEY.manifest_mac(body)), "manifests/x")
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("index", True), ("offset", "0"), ("length", 4.9), ("stored_length", -1), ("pack", None), ("mac", "zz"), ("checksum", 5)],
+)
+def test_a_chunk_entry_is_read_strictly_integers_are_json_integers(field: str, value: object) -> None:
+    from braid.format.manifest import ChunkEntry
+
+    good = {
+        "index": 0, "offset": 0, "length": 4, "stored_length": 30, "checksum": "sha256:" + "0" * 64, "mac": "00" * 32,
+        "compression": "zstd", "pack": 0, "pack_offset": 0,
+    }  # fmt: skip
+    assert ChunkEntry.from_json(good, 0).length == 4
+    with pytest.raises(IntegrityError, match=f"manifest chunk entry is malformed: {field} must be"):
+        ChunkEntry.from_json({**good, field: value}, 0)

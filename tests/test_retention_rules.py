@@ -179,15 +179,38 @@ def test_each_period_rule_keeps_at_most_n_one_per_period(times: list[datetime], 
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.builds(Duration, st.integers(0, 99), st.integers(0, 99), st.integers(0, 999), st.integers(0, 999)).filter(lambda d: not d.is_zero))
+@given(
+    st.builds(Duration, st.integers(0, 99), st.integers(0, 99), st.integers(0, 999), st.integers(0, 999), st.integers(0, 999)).filter(
+        lambda d: not d.is_zero
+    )
+)
 def test_duration_text_round_trips(duration: Duration) -> None:
     assert Duration.parse(str(duration)) == duration
+    assert Duration.parse(str(duration), user=True) == duration
+
+
+def test_minutes_are_min_months_are_mo_and_a_bare_m_from_a_user_is_refused_with_both_spellings() -> None:
+    assert Duration.parse("30min", user=True) == Duration(minutes=30)
+    assert Duration.parse("1y2mo3d4h5min", user=True) == Duration(1, 2, 3, 4, 5)
+    with pytest.raises(UsageError) as refused:
+        Duration.parse("30m", user=True)
+    assert str(refused.value) == "--keep-within '30m': a bare m is ambiguous; write 30min for minutes or 30mo for months"
+    assert Duration.parse("30m") == Duration(months=30)  # a policy stored before `mo` keeps its meaning
+    newest = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
+    assert Duration(minutes=30).deadline(newest) == datetime(2026, 5, 1, 11, 30, tzinfo=UTC)
+
+
+def test_the_cli_refuses_keep_within_30m_with_exit_2_and_accepts_30min(repo: Path) -> None:
+    refused = run_braid("prune", "--repo", str(repo), "--keep-within", "30m", "--dry-run")
+    assert refused.code == 2
+    assert "a bare m is ambiguous; write 30min for minutes or 30mo for months" in refused.stderr
+    assert run_braid("prune", "--repo", str(repo), "--keep-within", "30min", "--dry-run").code == 0
 
 
 # --- policy values --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", ["", "7", "d", "7x", "1d1d", "-1d", "0d", "0y0m", "1.5d", "7d ", "2h1d0", "99999999y"])
+@pytest.mark.parametrize("text", ["", "7", "d", "7x", "1d1d", "-1d", "0d", "0y0m", "0min", "1m1mo", "1.5d", "7d ", "2h1d0", "99999999y"])
 def test_bad_durations_are_refused(text: str) -> None:
     with pytest.raises(UsageError, match="--keep-within"):
         Duration.parse(text)
@@ -266,7 +289,7 @@ def test_prune_keep_daily_on_a_calendar(repo: Path, calendar: dict[str, list[str
 
 
 def test_keep_within_keeps_from_the_newest_backup_not_from_now(repo: Path, calendar: dict[str, list[str]]) -> None:
-    result = run_braid("prune", "--repo", str(repo), "--name", "logs", "--keep-within", "1m", "--json")
+    result = run_braid("prune", "--repo", str(repo), "--name", "logs", "--keep-within", "1mo", "--json")
     assert result.code == 0, result.stderr
     # Mar 1st minus 1 month is Feb 1st 00:00: as in restic only backups strictly after it are within.
     assert sorted(json.loads(result.out)["forget"]) == calendar["logs"][:2]
@@ -281,7 +304,7 @@ def test_keep_within_keeps_from_the_newest_backup_not_from_now(repo: Path, calen
         ("--keep-monthly", "many", "'many' is not a whole number"),
         ("--keep-yearly", "1.5", "'1.5' is not a whole number"),
         ("--keep-hourly", "", "'' is not a whole number"),
-        ("--keep-within", "7", "must be a duration such as 2y5m7d3h"),
+        ("--keep-within", "7", "must be a duration such as 2y5mo7d3h"),
         ("--keep-within", "0d", "must be more than 0"),
         ("--keep-within", "3w", "must be a duration"),
         ("--name", "../etc", "invalid backup name"),
@@ -341,3 +364,13 @@ def test_a_corrupt_stored_policy_stops_the_prune(repo: Path, calendar: dict[str,
     result = run_braid("prune", "--repo", str(repo))
     assert result.code == 6 and "stored retention policy" in result.stderr and "policies/pg.json is not valid" in result.stderr
     assert len(listed(repo)) == 23
+
+
+def test_saved_rounds_towards_zero() -> None:
+    from braid.cli.render import saved
+
+    assert saved(977 * 1024, 977 * 1024 + 90) == "0%"  # incompressible: a few bytes of framing are not "-1%"
+    assert saved(1000, 1990) == "-99%"
+    assert saved(1000, 2) == "99%"
+    assert saved(1000, 310) == "69%"
+    assert saved(0, 0) == "-"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_emulated_e2e import BRAID, Emulator  # noqa: E402
 
+from support.round_robin import SCRIPT as ROUND_ROBIN  # noqa: E402
 from support.round_robin import run_beside, start_reader, start_writer  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
@@ -71,5 +73,36 @@ def test_more_pipes_written_in_turn_than_uploads_in_flight_back_up_and_restore(t
         assert reader.returncode == 0
         for source, target in zip(sources, restored, strict=True):
             assert target.read_bytes() == source.read_bytes(), target
+    finally:
+        emulator.stop()
+
+
+def test_restore_pipes_to_round_robin_and_sequential_readers_of_twelve_unequal_inputs(tmp_path: Path) -> None:
+    """`restore --pipes -- COMMAND` from the cloud: each pipe ends as soon as its own input is verified,
+    so a reader in turn and one pipe after another both get every input (0 and 1 byte among them)."""
+    emulator = Emulator(tmp_path / "emulator")
+    try:
+        sizes = [6 * MiB + 3, 0, 700 * KiB, 1, 2 * MiB, 0, 300 * KiB, 1, 1200 * KiB, 64 * KiB, 999, 5 * MiB]
+        inputs: list[str] = []
+        for i, size in enumerate(sizes):
+            source = tmp_path / f"src{i}"
+            source.write_bytes(payload(size, i))
+            inputs += ["--input", str(source)]
+        argv = [str(BRAID), "backup", "--name", "db2p", "--chunk-size", "5MiB", *inputs]
+        proc = subprocess.run(argv, capture_output=True, timeout=HANG, env=emulator.braid_env("agent"))
+        assert proc.returncode == 0, f"{proc.stderr.decode()}\n{emulator.tail()}"
+        ref = proc.stdout.decode().strip().splitlines()[-1]
+
+        rr = [tmp_path / f"rr{i}" for i in range(len(sizes))]
+        reader = [sys.executable, str(ROUND_ROBIN), "read", str(BLOCK), *[f"{{pipe{i + 1}}}={out}" for i, out in enumerate(rr)]]
+        proc = subprocess.run([str(BRAID), "restore", ref, "--pipes", "--", *reader], capture_output=True, timeout=HANG, env=emulator.braid_env("restorer"))
+        assert proc.returncode == 0, f"{proc.stderr.decode()}\n{emulator.tail()}"
+        assert [out.read_bytes() for out in rr] == [payload(size, i) for i, size in enumerate(sizes)]
+
+        seq = [tmp_path / f"seq{i}" for i in range(len(sizes))]
+        script = "; ".join(f"cat {{pipe{i + 1}}} > {out}" for i, out in enumerate(seq))
+        proc = subprocess.run([str(BRAID), "restore", ref, "--pipes", "--", "sh", "-c", script], capture_output=True, timeout=HANG, env=emulator.braid_env("restorer"))
+        assert proc.returncode == 0, f"{proc.stderr.decode()}\n{emulator.tail()}"
+        assert [out.read_bytes() for out in seq] == [payload(size, i) for i, size in enumerate(sizes)]
     finally:
         emulator.stop()

@@ -56,21 +56,27 @@ class Tally:
     kills: int = 0  # kill points that landed: the process died of SIGKILL
     faults: int = 0  # faults injected (store faults, S3 faults)
     losses: int = 0
+    hangs: int = 0  # a command that had to be killed after the harness's limit
     problems: list[str] = field(default_factory=list)
 
     def lose(self, problem: str) -> None:
         self.losses += 1
         self.problems.append(problem)
 
+    def hang(self, problem: str) -> None:
+        self.hangs += 1
+        self.problems.append(f"HANG: {problem}")
+
     def add(self, other: Tally) -> None:
         self.cases += other.cases
         self.kills += other.kills
         self.faults += other.faults
         self.losses += other.losses
+        self.hangs += other.hangs
         self.problems += other.problems
 
     def to_json(self) -> dict[str, Any]:
-        return {"cases": self.cases, "kills": self.kills, "faults": self.faults, "losses": self.losses, "problems": self.problems}
+        return {"cases": self.cases, "kills": self.kills, "faults": self.faults, "losses": self.losses, "hangs": self.hangs, "problems": self.problems}
 
 
 @dataclass

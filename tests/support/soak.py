@@ -13,6 +13,11 @@ M minutes passed:
   forget   the same, for one backup
   store    a backup or a restore over a store failing at random
            (support.faulty_store: kind, mode, rate and keys drawn at random)
+  pipes, consumer, linger
+           restore --pipes to round-robin and sequential readers, SIGKILL of
+           a restore into a command, a pipe held past the producer's exit
+           (support.soak_pipes); a command killed at the harness's limit is
+           counted as a hang
 
 After every case the repository is audited (support.kill_points.audit):
 only readable, deep-verifying backups are listed, every completed backup is
@@ -20,7 +25,7 @@ still there, leftovers are visible to `list --incomplete`. `--cloud` adds the
 emulated cloud (scripts/emulated-aws): agents killed at random points and
 resumed under 5% S3 faults, and (without --quick) the agent past its own
 retry budget, then resumed. Prints the counts as a table (or --json);
-exits 1 on any loss.
+exits 1 on any loss or hang.
 
 `--quick` is what CI runs after the suite: a dozen kill points and a few
 store-fault runs, under a minute on two cores.
@@ -46,6 +51,7 @@ for extra in (ROOT / "tests", ROOT / "tests" / "cloud"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from support import soak_pipes  # noqa: E402
 from support.kill_points import (  # noqa: E402
     CHUNK,
     Done,
@@ -190,6 +196,15 @@ class LocalSoak:
         self.tally.cases += 1
         self.check(repo, "after a race")
 
+    def consumer_kill(self) -> None:
+        """SIGKILL of `braid restore -- COMMAND` mid-stream: the consumer must die with it (support.soak_pipes)."""
+        repo = self.current()
+        if not self.good:
+            data = self.data()
+            self.good[repo.backup("db", data)] = data
+        ref = self.rng.choice(sorted(self.good))
+        soak_pipes.consumer_kill(repo, self.rng, self.tally, ref, len(self.good[ref]))
+
     def store_faults(self) -> None:
         repo = self.current()
         backing_up = self.rng.random() < 0.5
@@ -243,6 +258,9 @@ def run_local(workdir: Path, rng: random.Random, tally: Tally, by_case: Counter[
         "prune": lambda: soak.removal("prune"),
         "forget": lambda: soak.removal("forget"),
         "race": soak.race,
+        "pipes": lambda: soak_pipes.pipes_restore(soak.current(), rng, tally),
+        "consumer": soak.consumer_kill,
+        "linger": lambda: soak_pipes.linger(soak.current(), rng, tally),
     }
     stores = 0
     while (tally.kills < kills or stores < store_runs) and time.monotonic() < deadline:
@@ -251,7 +269,7 @@ def run_local(workdir: Path, rng: random.Random, tally: Tally, by_case: Counter[
             stores += 1
             by_case["store"] += 1
             continue
-        name = rng.choices(list(cases), weights=[5, 2, 2, 2, 1])[0]
+        name = rng.choices(list(cases), weights=[5, 2, 2, 2, 1, 1, 2, 0.3])[0]
         before = tally.kills
         try:
             cases[name]()
@@ -320,12 +338,13 @@ def run_cloud(workdir: Path, rng: random.Random, tally: Tally, by_case: Counter[
 
 def print_table(counts: dict[str, object], by_case: Counter[str]) -> None:
     rows = [("cases run", counts["cases"]), ("kill points (landed)", counts["kills"]), ("faults injected", counts["faults"]), ("losses", counts["losses"])]
+    rows += [("hangs", counts["hangs"])]
     rows += [(f"  {name}", n) for name, n in sorted(by_case.items())]
     rows += [("seconds", counts["seconds"]), ("seed", counts["seed"])]
     width = max(len(name) for name, _ in rows)
     print("\n".join(f"{name:<{width}}  {value:>8}" for name, value in rows))
     for problem in counts["problems"]:  # type: ignore[attr-defined]
-        print(f"LOSS: {problem}")
+        print(problem if problem.startswith("HANG: ") else f"LOSS: {problem}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     if tally.kills < min(args.kills, 1):
         print(f"soak: no kill point landed in {args.minutes} minutes", file=sys.stderr)
         return 1
-    return 1 if tally.losses else 0
+    return 1 if tally.losses or tally.hangs else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineSt
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
-from braid.engine.stream import expected_bytes, expected_chunks
+from braid.engine.stream import InputSource, expected_bytes, expected_chunks, input_lengths
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
@@ -132,7 +132,7 @@ class CloudEngine:
                     raise missing from None
                 if not status.done:
                     return self.wait(ref, progress)
-                return self.outcome(ref, status)
+                return _same_inputs(self.outcome(ref, status), request.sources)
         else:
             check_worker_chunk_size(request.chunk_size)
             upload = StagingUpload.start(
@@ -173,7 +173,12 @@ class CloudEngine:
             # completed segments (S3 lists nothing for parts in progress).
             watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
             # Renewed several times per stall window: it is the upload's progress to the planner.
-            lease = BackupLease(self.store, ref, heartbeat_seconds(self.options.stall_seconds), key=agent_lease_key(ref), remove_on_exit=False)
+            heartbeat = heartbeat_seconds(self.options.stall_seconds)
+
+            def lease_wanted(idle: float) -> bool:  # not once the execution failed; after a long gap (SIGSTOP), look first
+                return watch.stopped_with is None and (idle < 2 * heartbeat or watch.check() is None)
+
+            lease = BackupLease(self.store, ref, heartbeat, key=agent_lease_key(ref), remove_on_exit=False, wanted=lease_wanted)
             with contextlib.nullcontext() if finished_upload else lease, watch:
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
@@ -369,6 +374,24 @@ def check_covers_stream(manifest: Manifest, expected: StreamEnd) -> None:
     lengths = [entry.length for entry in manifest.inputs]
     if lengths != list(expected.lengths):
         raise IntegrityError(f"the published manifest of {manifest.backup} covers {lengths} bytes per input, but the agent sent {expected.lengths}")
+
+
+def _same_inputs(manifest: Manifest, sources: list[InputSource]) -> Manifest:
+    """A --resume of a backup published meanwhile succeeds only for the inputs it holds (their sizes, at least).
+
+    Nothing of the given inputs is read: a retry that passes another stream
+    (or one whose size cannot be told, a pipe) must not get exit 0 and a
+    NAME@ID that holds none of it.
+    """
+    published = [entry.length for entry in manifest.inputs]
+    given = input_lengths(sources)
+    if given != published:
+        what = "a stream whose size cannot be checked" if given is None else f"inputs of {given} bytes"
+        raise NotFoundError(
+            f"backup {manifest.backup} is already published ({len(published)} input(s) of {published} bytes); nothing to resume,"
+            f" and {what} were given: none of it was read. Start a new backup for new data"
+        )
+    return manifest
 
 
 def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:

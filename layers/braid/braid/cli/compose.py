@@ -8,6 +8,7 @@ ports, never adapters; the commands get live ones from here.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
@@ -128,8 +129,12 @@ def init_store_with_kms(url: str, key_arn: str, object_lock: ObjectLock | None =
     return init_kms_repository(open_store(url), key_arn, probe, object_lock=object_lock)
 
 
-def open_key_service(repository: Repository, key_file: str | None, *, unwrap_only: bool = False) -> KeyService:
-    """The key service the repository's config names, checked against it."""
+def open_key_service(repository: Repository, key_file: str | None, *, unwrap_only: bool = False, strict: bool = False) -> KeyService:
+    """The key service the repository's config names, checked against it.
+
+    `strict` (--strict-permissions): a master-key file group or others may
+    read is refused (exit 4) rather than warned about.
+    """
     kind = repository.config.key.get("type")
     if kind == "local":
         path = key_file_path(key_file, repository.config.id)
@@ -139,7 +144,7 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
                 f"key file {path} not found; repository {repository.url} needs master key {expected}: give its file with --key-file PATH,"
                 " BRAID_KEY_FILE or key_file in the config file (if it was lost, restore it from your copy)"
             )
-        keys = LocalKeyFile.open(path)
+        keys = LocalKeyFile.open(path, strict=strict, warn=warn_key_file)
         if keys.key_id != expected:
             raise KeyAccessError(
                 f"key file {keys.path} holds key {keys.key_id}, but repository {repository.url} uses {expected}: wrong key file"
@@ -181,6 +186,10 @@ class KeyServiceOnDemand:
         return self._service.unwrap(wrapped)
 
 
-def key_service_on_demand(repository: Repository, key_file: str | None) -> KeyService:
+def key_service_on_demand(repository: Repository, key_file: str | None, *, strict: bool = False) -> KeyService:
     """`open_key_service(..., unwrap_only=True)`, deferred to the first unwrap."""
-    return KeyServiceOnDemand(lambda: open_key_service(repository, key_file, unwrap_only=True))
+    return KeyServiceOnDemand(lambda: open_key_service(repository, key_file, unwrap_only=True, strict=strict))
+
+
+def warn_key_file(problem: str) -> None:
+    print(f"braid: warning: {problem}", file=sys.stderr)

@@ -171,7 +171,7 @@ def _duration(text: str) -> Duration:
     from braid.format.policy import Duration
 
     try:
-        return Duration.parse(text)
+        return Duration.parse(text, user=True)
     except UsageError as exc:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("--keep-within ")) from None
 
@@ -267,6 +267,8 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     common.add_argument("--repo", help="repository: a directory, or s3://BUCKET/PREFIX (env BRAID_REPO)")
     common.add_argument("--config", metavar="PATH", help="TOML config file (env BRAID_CONFIG; default ~/.config/braid/config.toml, then /etc/braid/config.toml)")
     common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
+    common.add_argument("--strict-permissions", action="store_true",
+                        help="refuse a master-key file its group or others may read (by default: a warning) (env BRAID_STRICT_PERMISSIONS)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
     reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
@@ -497,7 +499,7 @@ def _declare_prune(sub: Subparsers, shared: _Shared) -> None:
         prune.add_argument(f"--keep-{period}", type=_positive_int, metavar="N",
                            help=f"keep the newest backup of each of the last N {unit}s (UTC) that have one")
     prune.add_argument("--keep-within", type=_duration, metavar="DURATION",
-                       help="keep every backup started within DURATION (e.g. 2y5m7d3h) of the name's newest backup")
+                       help="keep every backup started within DURATION (e.g. 2y5mo7d3h) of the name's newest backup")
     prune.add_argument("--keep-days", type=_finite_range("days", MAX_KEEP_DAYS), metavar="D",
                        help="keep every backup started in the last D days (counted from now)")
     stored = prune.add_mutually_exclusive_group()

@@ -119,10 +119,10 @@ def print_store_init(url: str, config: RepositoryConfig, as_json: bool) -> None:
 
 
 def saved(plaintext_bytes: int, stored_bytes: int) -> str:
-    """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew)."""
+    """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew by at least 1%)."""
     if not plaintext_bytes:
         return "-"
-    return f"{math.floor(100 * (1 - stored_bytes / plaintext_bytes))}%"  # floored: 99.8% saved is not "100%"
+    return f"{math.trunc(100 * (1 - stored_bytes / plaintext_bytes))}%"  # towards zero: 99.8% saved is not "100%", 0.01% lost is not "-1%"
 
 
 def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:

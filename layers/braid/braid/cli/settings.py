@@ -86,6 +86,8 @@ class Setting:
 
     def from_file(self, value: Any, where: str) -> Any:
         try:
+            for item in value if isinstance(value, list) and isinstance(self.action, argparse._AppendAction) else [value]:
+                self._check_toml_type(item)
             return self._convert(value, from_text=False)
         except _Invalid as exc:
             raise UsageError(f"{where} = {_toml(value)}: {exc}") from None
@@ -111,6 +113,24 @@ class Setting:
                 items = value if isinstance(value, list) else [value]
             return [self._one(item) for item in items]
         return self._one(value)
+
+    def _check_toml_type(self, value: Any) -> None:
+        """A value in the file has the TOML type of what the option takes: `repo = 5` is no path, `workers = "4"` no count."""
+        convert = self.action.type
+        returns = getattr(convert, "__annotations__", {}).get("return") if convert is not None else "str"
+        if self.action.nargs == 0 or isinstance(value, bool | dict | list):
+            return  # switches and tables are judged by _convert
+        allowed: tuple[type, ...]
+        if "_size." in getattr(convert, "__qualname__", ""):
+            allowed, wanted = (str, int), "a size: a string such as \"64MiB\" or a whole number of bytes"
+        elif returns in ("int", int):
+            allowed, wanted = (int,), "a whole number (a TOML integer such as 4, without quotes)"
+        elif returns in ("float", float):
+            allowed, wanted = (int, float), "a number (such as 5 or 2.5, without quotes)"
+        else:
+            allowed, wanted = (str,), "a string (in quotes)"
+        if not isinstance(value, allowed):
+            raise _Invalid(f"{self.flag} takes {wanted}")
 
     def _one(self, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, str | int | float):

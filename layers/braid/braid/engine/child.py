@@ -13,7 +13,12 @@ module owns what both directions share:
   (then Braid's own handler runs: braid.cli.main turns them into a clean
   exit 130); a signal Braid ignores (nohup) is not passed on;
 - its end: the exit status or the signal that killed it, in words, and a
-  stop that asks (SIGTERM) before it insists (SIGKILL).
+  stop that asks (SIGTERM) before it insists (SIGKILL);
+- Braid's end: on Linux the command is started with PR_SET_PDEATHSIG
+  (SIGKILL), so a Braid killed with SIGKILL (or by the OOM killer) takes it
+  along instead of letting its pipes close: a consumer must never read a
+  cut stream's end as the end of the backup. Processes the command itself
+  starts are not covered: a consumer should be one process, or exec it.
 
 Only the command's own name goes into messages and manifests, never its
 arguments: command lines carry passwords (`mysqldump -pSECRET`).
@@ -25,8 +30,9 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO, Any
 
@@ -59,7 +65,7 @@ class Child:
         self._forwarded = False
         self._previous: dict[int, Any] = {}
         try:
-            self.proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=subprocess.PIPE)
+            self.proc = subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, preexec_fn=_die_with_parent())
         except FileNotFoundError:
             raise ProducerError(f"the {role} failed: cannot run {self.name}: command not found") from None
         except PermissionError:
@@ -196,6 +202,36 @@ class Child:
             if not self._pump.is_alive():  # else a grandchild holds it: closing under a read could hit a reused fd
                 self._stderr.close()
             self._restore_signals()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """What the command runs before exec: ask the kernel for SIGKILL when Braid dies (Linux); None elsewhere.
+
+    Resolved here, in the parent, so the child between fork and exec makes
+    one foreign call and no allocation or import. PDEATHSIG fires when the
+    thread that forked ends: commands are started from the main thread. If
+    Braid died before the call took effect, the command is not run at all.
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None  # a thread's end would kill it: only the main thread's commands are tied to Braid
+    import ctypes  # here: only a command Braid runs pays for it
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    sigkill = int(signal.SIGKILL)
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != parent:  # Braid was gone before the request took effect
+            os._exit(128 + sigkill)
+
+    return preexec
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -11,8 +11,9 @@ what makes the command's end, not the pipe's, decide the stream's end:
   command that dies before opening a pipe cannot leave Braid waiting in
   open() forever;
 - a reader sees end-of-file only when Braid lets go of its held writer
-  (after the producer exited; after a restore verified every byte), so a
-  consumer never takes a stream cut short by a failure for a complete one;
+  (after the producer exited; after a restore verified every byte of that
+  pipe's input), so a consumer never takes a stream cut short by a failure
+  for a complete one;
 - once a consumer is gone, the held reader takes (`drain`) and counts what
   it left in the pipe and whatever the restore still writes, so nothing
   blocks on a pipe nobody reads and no byte it did not take goes unnoticed.
@@ -105,6 +106,13 @@ class HeldFifo:
                 if not data:
                     return total
                 total += len(data)
+
+    def writer(self) -> int:
+        """A duplicate of the held write end (the caller closes it): writing through it opens nothing,
+        so an open of the path is always another process's (braid.engine.open_watch)."""
+        with self._lock:
+            assert self._writer is not None, "the held writer was let go of"
+            return os.dup(self._writer)
 
     def release_writer(self) -> None:
         """Let go of the held writer: readers see end-of-file once every other writer closed."""

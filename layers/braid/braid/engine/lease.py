@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from braid.errors import BackupError
@@ -37,15 +39,20 @@ class BackupLease:
         *,
         key: str | None = None,
         remove_on_exit: bool = True,
+        wanted: Callable[[float], bool] | None = None,
     ) -> None:
         """`key`: where the lease lives (default: beside the chunks, braid.format.layout.lease_key).
         `remove_on_exit=False` leaves it for whoever removes the rest (the cloud
-        agent's lease stays in staging, which the pipeline removes when done)."""
+        agent's lease stays in staging, which the pipeline removes when done).
+        `wanted(seconds since the last refresh)`, asked before each renewal:
+        False stops renewing for good (the cloud agent's execution failed, and
+        its staging may be gone: a renewal would write into removed staging)."""
         self._store = store
         self._ref = ref
         self._interval = interval
         self._key = key or lease_key(ref)
         self._remove_on_exit = remove_on_exit
+        self._wanted = wanted
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self.refreshes = 0  # how many times the lease was written (tests and diagnostics)
@@ -62,9 +69,13 @@ class BackupLease:
         self.refreshes += 1
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stopped.wait(self._interval):
             try:
+                if self._wanted is not None and not self._wanted(time.monotonic() - last):
+                    return
                 self.refresh()
+                last = time.monotonic()
             except BackupError:
                 continue  # see the module docstring
 

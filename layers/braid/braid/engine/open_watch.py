@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,7 +53,8 @@ class OpenWatch:
 
     def __init__(self, paths: Sequence[str]) -> None:
         self.paths = list(paths)
-        self._opened = [False] * len(self.paths)
+        self._opens = [0] * len(self.paths)
+        self._lock = threading.Lock()  # the events are read from any thread
         self._lost = False
         self._fd: int | None = None
         self._watches: dict[int, int] = {}  # watch descriptor -> index into paths
@@ -74,28 +76,33 @@ class OpenWatch:
     def available(self) -> bool:
         return self._fd is not None
 
+    def counts(self) -> list[int] | None:
+        """Opens of each path by others since the watch began; None if they could not be watched."""
+        with self._lock:
+            if self._fd is None:
+                return None
+            while True:
+                try:
+                    data = os.read(self._fd, 64 * 1024)
+                except BlockingIOError:
+                    break
+                offset = 0
+                while offset + _EVENT.size <= len(data):
+                    wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                    offset += _EVENT.size + length
+                    if mask & _IN_Q_OVERFLOW:
+                        self._lost = True
+                    elif mask & _IN_OPEN and wd in self._watches:
+                        self._opens[self._watches[wd]] += 1
+            return None if self._lost else list(self._opens)
+
     def unopened(self) -> list[int] | None:
         """Indexes of the paths nobody opened since the watch began; None if it could not be watched."""
-        if self._fd is None:
-            return None
-        while True:
-            try:
-                data = os.read(self._fd, 64 * 1024)
-            except BlockingIOError:
-                break
-            offset = 0
-            while offset + _EVENT.size <= len(data):
-                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
-                offset += _EVENT.size + length
-                if mask & _IN_Q_OVERFLOW:
-                    self._lost = True
-                elif mask & _IN_OPEN and wd in self._watches:
-                    self._opened[self._watches[wd]] = True
-        if self._lost:
-            return None
-        return [i for i, opened in enumerate(self._opened) if not opened]
+        counts = self.counts()
+        return None if counts is None else [i for i, n in enumerate(counts) if not n]
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
+        with self._lock:
+            fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)

@@ -183,6 +183,11 @@ def _remaining_lengths(sources: list[InputSource]) -> list[int] | None:
     return lengths
 
 
+def input_lengths(sources: list[InputSource]) -> list[int] | None:
+    """Each input's length if every input is a regular file; None if any is not (a pipe, a terminal)."""
+    return _remaining_lengths(sources)
+
+
 def expected_chunks(sources: list[InputSource], chunk_size: int) -> int | None:
     """How many chunks the inputs will make if they are regular files as long as they are now; None if any is not."""
     lengths = _remaining_lengths(sources)

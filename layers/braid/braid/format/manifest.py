@@ -35,6 +35,7 @@ from braid.format.canonical import canonical_json
 from braid.format.chain import Lineage
 from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
+from braid.format.fields import Fields
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.metadata import MetadataEntry
 from braid.format.pg_backup import WalInfo
@@ -101,18 +102,24 @@ class ChunkEntry:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], input_index: int) -> ChunkEntry:
+        """Strict (braid.format.fields): integers are JSON integers, every field is present, no other."""
+        f = Fields(doc, "manifest chunk entry", _CHUNK_FIELDS, optional=("input_index",))  # a staging result names its input
         return cls(
-            index=int(doc["index"]),
+            index=f.count("index"),
             input_index=input_index,
-            offset=int(doc["offset"]),
-            length=int(doc["length"]),
-            stored_length=int(doc["stored_length"]),
-            checksum=str(doc["checksum"]),
-            mac=bytes.fromhex(str(doc["mac"])),
-            compression=str(doc["compression"]),
-            pack=int(doc["pack"]),
-            pack_offset=int(doc["pack_offset"]),
+            offset=f.count("offset"),
+            length=f.count("length"),
+            stored_length=f.count("stored_length"),
+            checksum=f.text("checksum"),
+            mac=f.hex("mac"),
+            compression=f.text("compression"),
+            pack=f.count("pack"),
+            pack_offset=f.count("pack_offset"),
         )
+
+
+_CHUNK_FIELDS = ("index", "offset", "length", "stored_length", "checksum", "mac", "compression", "pack", "pack_offset")
+_INPUT_FIELDS = ("index", "source", "length", "mac", "chunks")
 
 
 @dataclass(frozen=True)
@@ -134,13 +141,17 @@ class InputEntry:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> InputEntry:
-        index = int(doc["index"])
+        f = Fields(doc, "manifest input entry", _INPUT_FIELDS)
+        index = f.count("index")
+        chunks = f.doc["chunks"]
+        if not isinstance(chunks, list):
+            raise IntegrityError(f"manifest input entry is malformed: chunks must be a list, not {chunks!r}")
         return cls(
             index=index,
-            source=str(doc["source"]),
-            length=int(doc["length"]),
-            mac=bytes.fromhex(str(doc["mac"])),
-            chunks=tuple(ChunkEntry.from_json(c, index) for c in doc["chunks"]),
+            source=f.text("source"),
+            length=f.count("length"),
+            mac=f.hex("mac"),
+            chunks=tuple(ChunkEntry.from_json(c, index) for c in chunks),
         )
 
 
@@ -336,6 +347,13 @@ def _lineage(doc: dict[str, Any], version: int) -> Lineage:
     return lineage
 
 
+def _integer(value: Any, name: str) -> int:
+    """A JSON integer (not a boolean, a string or a float): braid.format.fields."""
+    if type(value) is not int:
+        raise IntegrityError(f"{name} must be an integer, not {value!r}")
+    return value
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
     """Slice, self-check and parse a stored manifest; needs no key."""
     end = len(raw) - _AFTER_BODY
@@ -353,19 +371,19 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             raise ValueError("the manifest body is not a JSON object")
     except (ValueError, RecursionError):
         raise IntegrityError(f"{where}: manifest is not valid Braid manifest JSON (corrupt)") from None
+    version = body_doc.get("version", 0)
+    if body_doc.get("format") != FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
+        raise IntegrityError(
+            f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')};"
+            f" this Braid reads {FORMAT} v{READABLE_VERSIONS[0]} and v{VERSION} only (earlier versions are not read)"
+        )
     try:
-        version = int(body_doc.get("version", 0))
-        if body_doc.get("format") != FORMAT or version not in READABLE_VERSIONS:
-            raise IntegrityError(
-                f"{where}: unsupported manifest format {body_doc.get('format')} v{body_doc.get('version')};"
-                f" this Braid reads {FORMAT} v{READABLE_VERSIONS[0]} and v{VERSION} only (earlier versions are not read)"
-            )
         manifest = Manifest(
             repository=str(body_doc["repository"]),
             backup=str(body_doc["backup"]),
             created=str(body_doc["created"]),
             completed=str(body_doc["completed"]),
-            chunk_size=int(body_doc["chunk_size"]),
+            chunk_size=_integer(body_doc["chunk_size"], "chunk_size"),
             key=WrappedKey.from_json(body_doc["key"]),
             inputs=tuple(InputEntry.from_json(i) for i in body_doc["inputs"]),
             algorithms=dict(body_doc["algorithms"]),
@@ -378,6 +396,8 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             wal=WalInfo.from_json(body_doc["wal"]) if "wal" in body_doc else None,
             metadata={str(k): MetadataEntry.from_json(v) for k, v in dict(body_doc.get("metadata", {})).items()},
         )
+    except IntegrityError as exc:
+        raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc.message})") from None
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None
     manifest.check_structure()

@@ -6,7 +6,7 @@ them). A stored policy is plain JSON, not sealed: it is validated strictly
 on read (known fields only, each in range), and one that fails is an
 error, never read as "keep nothing".
 
-    {"version": 1, "name": "pg", "rules": {"keep_daily": 7, "keep_within": "1m"}}
+    {"version": 1, "name": "pg", "rules": {"keep_daily": 7, "keep_within": "1mo"}}
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ POLICY_VERSION = 1
 COUNT_RULES = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
 MAX_KEEP_DAYS = 1_000_000.0  # ~2,700 years: beyond it "keep" is forever, and timedelta overflows near 1e9 days
 MAX_DURATION_PART = 1_000_000
-_DURATION = re.compile(r"(\d+)([ymdh])", re.ASCII)
+_DURATION = re.compile(r"(\d+)(y|mo|min|m|d|h)", re.ASCII)
+_UNITS = {"y": "y", "mo": "mo", "m": "mo", "d": "d", "h": "h", "min": "min"}  # a bare m: months (restic), in stored documents only
 
 
 def _flag(field_name: str) -> str:
@@ -35,37 +36,53 @@ def _flag(field_name: str) -> str:
 
 @dataclass(frozen=True)
 class Duration:
-    """restic's DURATION: years, months, days and hours, e.g. `2y5m7d3h`."""
+    """restic's DURATION: years, months, days and hours, e.g. `2y5mo7d3h`, and minutes (`30min`).
+
+    restic writes months as a bare `m`, which reads as minutes to most
+    people: from a user (`--keep-within`) it is refused, with both
+    spellings; stored documents written before `mo` still read it as months.
+    """
 
     years: int = 0
     months: int = 0
     days: int = 0
     hours: int = 0
+    minutes: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> Duration:
+    def parse(cls, text: str, *, user: bool = False) -> Duration:
+        """`user`: typed by a user (a bare `m` is refused); otherwise from a stored document."""
         parts: dict[str, int] = {}
         position = 0
+        bare_m = False
         for match in _DURATION.finditer(text):
-            if match.start() != position or match.group(2) in parts:
+            unit = _UNITS[match.group(2)]
+            if match.start() != position or unit in parts:
                 break
-            parts[match.group(2)] = int(match.group(1))
+            bare_m = bare_m or match.group(2) == "m"
+            parts[unit] = int(match.group(1))
             position = match.end()
         if not text or position != len(text) or not parts:
-            raise UsageError(f"--keep-within must be a duration such as 2y5m7d3h (years, months, days, hours, each at most once), not {text!r}")
+            raise UsageError(
+                f"--keep-within must be a duration such as 2y5mo7d3h or 30min (years, months, days, hours, minutes, each at most once), not {text!r}"
+            )
+        if bare_m and user:
+            number = parts["mo"]
+            raise UsageError(f"--keep-within {text!r}: a bare m is ambiguous; write {number}min for minutes or {number}mo for months")
         if any(value > MAX_DURATION_PART for value in parts.values()):
             raise UsageError(f"--keep-within {text!r}: each part must be at most {MAX_DURATION_PART:,}")
-        duration = cls(parts.get("y", 0), parts.get("m", 0), parts.get("d", 0), parts.get("h", 0))
+        duration = cls(parts.get("y", 0), parts.get("mo", 0), parts.get("d", 0), parts.get("h", 0), parts.get("min", 0))
         if duration.is_zero:
             raise UsageError(f"--keep-within must be more than 0, not {text!r}")
         return duration
 
     @property
     def is_zero(self) -> bool:
-        return not (self.years or self.months or self.days or self.hours)
+        return not (self.years or self.months or self.days or self.hours or self.minutes)
 
     def __str__(self) -> str:
-        text = "".join(f"{value}{unit}" for value, unit in ((self.years, "y"), (self.months, "m"), (self.days, "d"), (self.hours, "h")) if value)
+        units = ((self.years, "y"), (self.months, "mo"), (self.days, "d"), (self.hours, "h"), (self.minutes, "min"))
+        text = "".join(f"{value}{unit}" for value, unit in units if value)
         return text or "0h"
 
     def deadline(self, newest: datetime) -> datetime | None:
@@ -80,7 +97,7 @@ class Duration:
         try:
             # Go normalizes an out-of-range day by rolling over into the next month.
             first = datetime(year, month + 1, 1, newest.hour, newest.minute, newest.second, newest.microsecond, tzinfo=newest.tzinfo or UTC)
-            return first + timedelta(days=newest.day - 1 - self.days, hours=-self.hours)
+            return first + timedelta(days=newest.day - 1 - self.days, hours=-self.hours, minutes=-self.minutes)
         except OverflowError:
             return None
 

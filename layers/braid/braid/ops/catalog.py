@@ -39,8 +39,10 @@ Why it stays right:
   does not read is listed as unreadable, as before.
 - No snapshot that checks (none yet, all corrupt, or older than
   `MAX_LOG_DAYS`), or `list --rebuild-catalog`: the catalog is rebuilt from
-  the manifests (listing them all, reading each summary or manifest, in
-  parallel) and a new snapshot written. That is also the repair path after
+  the manifests (listing them all, reading and checking each manifest and
+  its summary, in parallel) and a new snapshot written. A manifest that
+  fails its checksum is listed as unreadable even when its summary checks,
+  and stays so in the snapshot (retried, manifest included, on every list). That is also the repair path after
   anything went round Braid (a manifest deleted by hand).
 
 Trust is the same as `list`'s before: checksums, no key (a host in the cloud
@@ -138,9 +140,23 @@ class Unreadable:
 Entry = BackupSummary | Unreadable
 
 
-def _summary_of(repository: Repository, ref: BackupRef) -> Entry:
-    """The backup's summary if it checks and matches, else one derived from its manifest; NotFoundError if it has no manifest."""
+def _summary_of(repository: Repository, ref: BackupRef, *, check_manifest: bool = False) -> Entry:
+    """The backup's summary if it checks and matches, else one derived from its manifest; NotFoundError if it has no manifest.
+
+    `check_manifest`: the manifest is read and checked (checksum, no key)
+    even when the summary checks, and a manifest that does not is listed as
+    unreadable whatever its summary says (a rebuild, and each retry of a
+    backup once found unreadable).
+    """
     store = repository.store
+    manifest: Manifest | None = None
+    if check_manifest:
+        try:
+            manifest = repository.load(ref).manifest
+        except NotFoundError:
+            raise
+        except BackupError as exc:  # one bad manifest must not hide the others
+            return Unreadable(ref, exc)
     try:
         summary = open_summary(store.get(summary_key(ref)), f"summary of {ref}").summary
         if summary.backup == str(ref) and summary.repository == repository.config.id:
@@ -148,19 +164,19 @@ def _summary_of(repository: Repository, ref: BackupRef) -> Entry:
     except (NotFoundError, IntegrityError):
         pass
     try:
-        return BackupSummary.of(repository.load(ref).manifest)
+        return BackupSummary.of(manifest or repository.load(ref).manifest)
     except NotFoundError:
         raise
     except BackupError as exc:  # one bad manifest must not hide the others
         return Unreadable(ref, exc)
 
 
-def _confirmed(repository: Repository, ref: BackupRef) -> Entry | None:
+def _confirmed(repository: Repository, ref: BackupRef, *, check_manifest: bool = False) -> Entry | None:
     """For a `published` marker: the backup's entry if its manifest exists, else None."""
     if repository.store.head(manifest_key(ref)) is None:
         return None
     try:
-        return _summary_of(repository, ref)
+        return _summary_of(repository, ref, check_manifest=check_manifest)
     except NotFoundError:
         return None  # removed since the HEAD
 
@@ -233,12 +249,12 @@ def _write_snapshot(repository: Repository, entries: Iterable[Entry], through: d
 
 
 def rebuild_catalog(repository: Repository, *, write: bool = True, now: datetime | None = None) -> Catalog:
-    """From the manifests: list them all, read each summary (or manifest), in parallel; write a snapshot."""
+    """From the manifests: list them all, check each and read its summary, in parallel; write a snapshot."""
     moment = now or datetime.now(UTC)
 
     def entry(ref: BackupRef) -> Entry | None:
         try:
-            return _summary_of(repository, ref)
+            return _summary_of(repository, ref, check_manifest=True)
         except NotFoundError:
             return None  # removed since the listing
 
@@ -268,7 +284,7 @@ def read_catalog(repository: Repository, *, write: bool = True, rebuild: bool = 
     removed = {ref for _stamp, ref, event in markers if event == REMOVED}
     retry = {BackupRef.parse(text) for text in snapshot.unreadable}
     fresh = sorted((retry | {ref for _stamp, ref, event in markers if event == PUBLISHED and ref not in state}) - removed)
-    for ref, found in zip(fresh, parallel(fresh, lambda r: _confirmed(repository, r)), strict=True):
+    for ref, found in zip(fresh, parallel(fresh, lambda r: _confirmed(repository, r, check_manifest=r in retry)), strict=True):
         state[ref] = found
     for ref in removed:
         state.pop(ref, None)

@@ -12,9 +12,16 @@ every byte:
   of the backup (N from the manifest), named in the command as for backup.
 
 Braid holds both ends of every pipe (braid.engine.fifos), which gives the
-guarantees this needs. The consumer sees end-of-file only after the restore
-wrote and verified every byte: on a failure the consumer is stopped first,
-so it never takes a cut-short stream for a whole one. When the consumer
+guarantees this needs. The consumer sees a pipe's end-of-file only after
+the restore wrote and verified every byte of that pipe's input: on a
+failure the consumer is stopped first, so it never takes a cut-short stream
+for a whole one. Each pipe ends on its own, as soon as its input is done
+and the consumer has opened it: a reader that reads the pipes in turn
+(Db2) needs a short input's end while the long ones still flow, and one
+that reads them one after another (`cat {pipe1}; cat {pipe2}`) opens pipe 2
+only after pipe 1 ended. A pipe is written only once the consumer opened
+it (inotify, braid.engine.open_watch), and a consumer that has not opened
+one within --open-timeout fails the restore (exit 5). When the consumer
 ends, Braid counts what it left in the pipes and takes (and counts)
 whatever the restore still writes, so nothing blocks on a pipe nobody reads
 and no byte is silently lost; the restore then stops, and the consumer that
@@ -27,15 +34,22 @@ not be started for a backup that cannot be restored.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from io import FileIO
 from typing import Any
 
 from braid.engine.child import Child, program_name
-from braid.engine.fifos import PipeDir, check_placeholders, substitute
+from braid.engine.fifo_open import note_delay
+from braid.engine.fifos import HeldFifo, PipeDir, check_placeholders, substitute
+from braid.engine.open_watch import OpenWatch
 from braid.errors import InputError, ProducerError, UsageError
 from braid.format.manifest import Manifest
 from braid.ops.restore import OutputTarget
+from braid.ops.restore_output import Output
 from braid.ports.progress import ProgressFn
 
 __all__ = ["Consumer"]
@@ -77,22 +91,28 @@ class Consumer:
         """
         count = self.check(manifest)
         pipes = PipeDir(count, "restore")
+        opens = _Opens(pipes.paths) if self.pipes else None  # after Braid's own opens: every open it sees is the consumer's
         watch: _Watch | None = None
         child: Child | None = None
         try:
+            targets: list[OutputTarget]
             if self.pipes:
                 child = Child("consumer", substitute(self.argv, pipes.paths))
-                labels = [f"pipe{i} of {self.name}" for i in range(1, count + 1)]
+                watch = _Watch(child, pipes)
+                assert opens is not None
+                targets = [
+                    _ConsumerPipe(f"pipe{i} of {self.name}", fifo.path, fifo=fifo, index=i - 1, opens=opens, watch=watch)
+                    for i, fifo in enumerate(pipes.fifos, start=1)
+                ]
             else:
                 child = Child("consumer", self.argv, stdin=pipes.fifos[0].reader)
-                labels = [f"stdin of {self.name}"]
-            watch = _Watch(child, pipes)
-            targets = [OutputTarget(label, fifo.path) for label, fifo in zip(labels, pipes.fifos, strict=True)]
+                watch = _Watch(child, pipes)
+                targets = [OutputTarget(f"stdin of {self.name}", pipes.fifos[0].path)]
             try:
                 run(targets, watch.relay(progress))
             except (InputError, _ConsumerGone):
                 if watch.gone.is_set():  # it stopped reading: that is why the restore stopped
-                    raise self._early(child) from None
+                    raise self._early(child, opens) from None
                 raise
             # Every byte is written and verified: only now may the consumer see the end.
             for fifo in pipes.fifos:
@@ -109,13 +129,95 @@ class Consumer:
                 watch.finish(ended=False)
             if child is not None:
                 child.stop()  # a failed restore: stopped before its pipes end, so it cannot mistake the cut for the end
+            if opens is not None:
+                opens.close()
             pipes.close()
 
-    def _early(self, child: Child) -> ProducerError:
+    def _early(self, child: Child, opens: _Opens | None) -> ProducerError:
         """It ended while the restore was still writing: its status, or "before reading the whole backup"."""
         code = child.wait()
-        detail = "" if code != 0 else " before reading the whole backup"
+        detail = ""
+        if code == 0:
+            unopened = opens.unopened() if opens is not None else []
+            never = f" (it never opened {', '.join(f'pipe{i + 1}' for i in unopened)})" if unopened else ""
+            detail = f" before reading the whole backup{never}"
         return child.failure(child.describe(code, detail), _INCOMPLETE)
+
+
+class _Opens:
+    """Which pipes the consumer opened so far (inotify); shared by the restore's writer threads.
+
+    Where opens cannot be watched (not Linux, out of inotify instances, lost
+    events), every pipe counts as opened: pipes are then written at once, as
+    before, and a consumer that reads them one after another may wait for ever.
+    """
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self._watch = OpenWatch(paths)
+        self._lock = threading.Lock()
+
+    def unopened(self) -> list[int]:
+        with self._lock:
+            return self._watch.unopened() or []
+
+    def opened(self, index: int) -> bool:
+        return index not in self.unopened()
+
+    def close(self) -> None:
+        with self._lock:
+            self._watch.close()
+
+
+_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class _ConsumerPipe(OutputTarget):
+    """One `--pipes` pipe as a restore output: written once the consumer opened it, ended once its input is done."""
+
+    fifo: HeldFifo | None = None
+    index: int = 0
+    opens: _Opens | None = None
+    watch: _Watch | None = None
+
+    def open(self, *, timeout: float = 0.0, note: Callable[[], None] | None = None, cancelled: threading.Event | None = None) -> Output | None:
+        """Through Braid's held writer, once the consumer opened this pipe; None if `cancelled` first.
+
+        Raises InputError (exit 5) when the consumer did not open it within
+        `timeout` seconds, and stops the restore when the consumer ended first.
+        """
+        assert self.fifo is not None and self.opens is not None and self.watch is not None
+        started = time.monotonic()
+        noted = False
+        while not self.opens.opened(self.index):
+            if self.watch.gone.is_set():
+                raise _ConsumerGone(f"the consumer {self.watch.child.name} ended without opening {self.label}")
+            waited = time.monotonic() - started
+            if waited >= timeout:
+                raise InputError(
+                    f"{self.label}: the consumer did not open it for reading within {timeout:g} s (--open-timeout); the restore is incomplete"
+                )
+            if not noted and waited >= note_delay(timeout):
+                noted = True
+                if note is not None:
+                    note()
+            if cancelled is not None and cancelled.wait(_POLL_SECONDS):
+                return None
+            if cancelled is None:
+                time.sleep(_POLL_SECONDS)
+        return _PipeOutput(self.label, os.fdopen(self.fifo.writer(), "wb", buffering=0), self.fifo)
+
+
+class _PipeOutput(Output):
+    """Written through a duplicate of the held writer; `finish` (every byte written and verified) ends the pipe."""
+
+    def __init__(self, label: str, handle: FileIO, fifo: HeldFifo) -> None:
+        super().__init__(label, handle)
+        self._fifo = fifo
+
+    def finish(self) -> None:
+        super().finish()
+        self._fifo.release_writer()
 
 
 class _ConsumerGone(Exception):

@@ -12,9 +12,11 @@ most the session, the stream-end record and the lease.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 
 from braid.errors import BackupError
 from braid.format.ids import BackupRef
@@ -23,7 +25,7 @@ from braid.format.lease import LEASE_REFRESH_SECONDS, LeaseRecord
 from braid.format.repository import Repository
 from braid.format.staging import StagingArea, parse_segment_key
 from braid.format.timestamps import format_timestamp
-from braid.ports.store import ObjectInfo
+from braid.ports.store import ObjectInfo, TemporaryFiles
 
 # A lease refreshed within this long means the backup's process was alive then:
 # a few missed refreshes (a stalled disk) must not call a running backup abandoned.
@@ -85,7 +87,11 @@ class IncompleteBackup:
 
 
 def _scan(repository: Repository, root: str, name: str | None, found: dict[BackupRef, _Found]) -> None:
-    for info in repository.store.list(root):
+    store = repository.store
+    listed: Iterable[ObjectInfo] = store.list(root)
+    if root == DATA and isinstance(store, TemporaryFiles):  # a folder of only `.tmp-*` files is a backup that died too
+        listed = chain(listed, store.list_temporary(root))
+    for info in listed:
         ref = ref_under(root, info.key)
         if ref is None or (name is not None and ref.name != name):
             continue
@@ -106,6 +112,19 @@ def _lease(repository: Repository, ref: BackupRef) -> LeaseRecord | None:
     except (BackupError, ValueError):
         return None
     return record if record.backup == str(ref) else None
+
+
+def _gone_from_here(lease: LeaseRecord) -> bool:
+    """The lease names a process of this host that no longer exists (killed, or the host rebooted)."""
+    if lease.host != os.uname().nodename:
+        return False
+    try:
+        os.kill(lease.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, as another user
+    return False
 
 
 def _newest(*moments: datetime | None) -> datetime | None:
@@ -131,6 +150,8 @@ def _describe(repository: Repository, ref: BackupRef, entry: _Found, now: dateti
     if STAGING.rstrip("/") in entry.where and repository.config.cloud:  # only a pipeline's repository resumes
         return _cloud_session(repository, ref, entry, found)
     if lease is not None and now - lease.refreshed_at <= ACTIVE_WITHIN:
+        if _gone_from_here(lease):
+            return replace(found, hint=f"its process (pid {lease.pid} on {lease.host}) is gone; {PRUNE_HINT}")
         return replace(found, state="running", hint=f"running on {lease.host} (pid {lease.pid}); if that process is gone, {PRUNE_HINT}")
     return found
 

@@ -48,6 +48,13 @@ class S3Multipart:
                     f"the staging upload of s3://{self.bucket}/{self.store.object_key(key)} was aborted (by the pipeline's cleanup or "
                     f"the bucket lifecycle) while {action} it; start a new backup"
                 ) from None
+            if error_code(exc) == "InvalidPart" and action == "completing":
+                # A part this agent sent is no longer the one S3 holds: another agent re-sent it (a concurrent --resume).
+                raise StorageError(
+                    f"S3 refused completing s3://{self.bucket}/{self.store.object_key(key)}: its parts were replaced meanwhile;"
+                    " another agent is resuming this backup at the same time: let that one finish (see 'braid list --incomplete'"
+                    " and 'braid status')"
+                ) from None
             raise self.store.error(exc, action, key, permission) from None
         except BotoCoreError as exc:
             raise self.store.error(exc, action, key, permission) from None

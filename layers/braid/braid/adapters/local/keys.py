@@ -12,7 +12,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from cryptography.exceptions import InvalidTag
@@ -23,6 +24,10 @@ from braid.format.digests import sha256
 from braid.format.keys import DATA_KEY_BYTES, DataKey, WrappedKey, canonical_context
 
 KEY_FILE_FORMAT = "braid-master-key"
+
+
+def _who(mode: int) -> str:
+    return " and ".join(who for who, bit in (("its group", 0o040), ("others", 0o004)) if mode & bit)
 
 
 def _key_id(master: bytes) -> str:
@@ -66,9 +71,20 @@ class LocalKeyFile:
         return cls(path, master)
 
     @classmethod
-    def open(cls, path: Path) -> LocalKeyFile:
+    def open(cls, path: Path, *, strict: bool = False, warn: Callable[[str], None] | None = None) -> LocalKeyFile:
+        """The key in `path`. A file group or others may read is refused with `strict`
+        (--strict-permissions), else `warn`ed about (as ssh does for its keys)."""
         try:
-            doc = json.loads(path.read_text())
+            with open(path, "rb") as handle:
+                mode = stat.S_IMODE(os.fstat(handle.fileno()).st_mode)
+                text = handle.read().decode()
+            if mode & 0o044:
+                problem = f"key file {path} is readable by {_who(mode)} (mode {mode:04o}); make it private: chmod 600 {path}"
+                if strict:
+                    raise KeyAccessError(f"{problem} (refused: --strict-permissions)")
+                if warn is not None:
+                    warn(problem)
+            doc = json.loads(text)
             if doc.get("format") != KEY_FILE_FORMAT:
                 raise ValueError("not a Braid master key file")
             master = base64.b64decode(doc["key"], validate=True)
@@ -82,7 +98,7 @@ class LocalKeyFile:
             raise KeyAccessError(f"key file {path} is a directory; give the master-key file itself (--key-file or BRAID_KEY_FILE)") from None
         except OSError as exc:  # a FIFO's EOF, EIO, ELOOP...: any OS failure is "cannot use this key file"
             raise KeyAccessError(f"key file {path} cannot be read: {exc.strerror or exc}") from None
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
             raise KeyAccessError(f"key file {path} is not a valid Braid master key: {exc}") from None
         return cls(path, master)
 

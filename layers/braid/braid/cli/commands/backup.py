@@ -26,6 +26,7 @@ from braid.format.ids import BackupRef, validate_name
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.ops.wal_wait import wal_gate
+from braid.ports.progress import ProgressFn
 
 if TYPE_CHECKING:
     from braid.engine.producer import Producer
@@ -63,7 +64,7 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
         from braid.adapters.aws.clients import process_requests
 
         requests = process_requests
-    return LocalEngine(repository, open_key_service(repository, args.key_file), requests)
+    return LocalEngine(repository, open_key_service(repository, args.key_file, strict=args.strict_permissions), requests)
 
 
 def _backup_ref(args: argparse.Namespace) -> BackupRef:
@@ -78,7 +79,7 @@ def _backup_ref(args: argparse.Namespace) -> BackupRef:
     return BackupRef.new(validate_name(args.name))
 
 
-def _producer(args: argparse.Namespace) -> Producer | None:
+def _producer(args: argparse.Namespace, progress: ProgressFn | None = None) -> Producer | None:
     """The command after `--` (not started yet), or None for stdin / --input."""
     if args.run is None:
         if args.pipes is not None:
@@ -90,7 +91,7 @@ def _producer(args: argparse.Namespace) -> Producer | None:
         raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
     from braid.engine.producer import Producer  # with its subprocess and pipe machinery, only when there is a command to run
 
-    return Producer(args.run, pipes=args.pipes)
+    return Producer(args.run, pipes=args.pipes, open_timeout=args.open_timeout, progress=progress)
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -104,7 +105,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
-    producer = _producer(args)
+    producer = _producer(args, lambda event: progress({"backup": str(ref), **event}))
     sources = sources_from_args(args.input) if producer is None else []
     for source in sources:
         source.check()

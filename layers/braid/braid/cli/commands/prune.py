@@ -71,7 +71,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         print_policies({k: v for k, v in policies.items() if args.name in (None, k)}, args.json)
         return 0
     assert policy is not None
-    keys = open_key_service(repository, args.key_file, unwrap_only=True)
+    keys = open_key_service(repository, args.key_file, unwrap_only=True, strict=args.strict_permissions)
     plan = plan_prune(repository, policy, keys, name=args.name)
     wal = _wal_plans(repository, plan, args.name)
     if not args.dry_run:

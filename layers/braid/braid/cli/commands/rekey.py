@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from braid.cli.compose import key_file_path, open_key_service, open_repository, repo_url
+from braid.cli.compose import key_file_path, open_key_service, open_repository, repo_url, warn_key_file
 from braid.cli.render import print_rekey
 from braid.errors import BackupError, IntegrityError, KeyAccessError, UsageError
 from braid.ops.rekey import rekey_repository
@@ -29,18 +29,18 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         from braid.adapters.local.keys import LocalKeyFile
 
         current = repository.config.key.get("key_id")
-        new = open_key_service(repository, args.key_file) if not args.new_key_file else None
+        new = open_key_service(repository, args.key_file, strict=args.strict_permissions) if not args.new_key_file else None
         if args.new_key_file:
             path = Path(args.new_key_file).expanduser()
-            new = LocalKeyFile.open(path) if path.exists() else LocalKeyFile.create(path)
+            new = LocalKeyFile.open(path, strict=args.strict_permissions, warn=warn_key_file) if path.exists() else LocalKeyFile.create(path)
         assert isinstance(new, LocalKeyFile)
         if current != new.key_id:
-            old = open_key_service(repository, args.key_file)  # the key the repository names, checked against it
+            old = open_key_service(repository, args.key_file, strict=args.strict_permissions)  # the key the repository names, checked against it
         else:
             # The repository names the target already (a finished run, or stragglers published under the
             # old key while it ran): the key file of --key-file or the default path unwraps what is left.
             path = key_file_path(args.key_file, repository.config.id)
-            old = LocalKeyFile.open(path) if path.exists() else new
+            old = LocalKeyFile.open(path, strict=args.strict_permissions, warn=warn_key_file) if path.exists() else new
         assert isinstance(old, LocalKeyFile)
         report = rekey_repository(repository, old, new, old.rewrapper(new), {"type": "local", "key_id": new.key_id})
     else:

@@ -62,7 +62,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore(args: argparse.Namespace, consumer: Consumer | None, progress: Progress) -> int:
     repository = open_repository(repo_url(args.repo))
     ref = BackupRef.parse(args.backup)
-    keys = key_service_on_demand(repository, args.key_file)
+    keys = key_service_on_demand(repository, args.key_file, strict=args.strict_permissions)
     manifest, key = open_backup(repository, ref, keys)
     if manifest.lineage.is_incremental:  # every ancestor present and authentic before a byte is written (exit 6)
         from braid.ops.chain import open_chain

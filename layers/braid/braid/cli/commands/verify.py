@@ -84,7 +84,7 @@ def _selection(args: argparse.Namespace, repository: Repository, ref: BackupRef)
 
 def _local_reports(args: argparse.Namespace, repository: Repository) -> tuple[list[dict[str, Any]], list[BackupError]]:
     refs = repository.backups() if args.all else [repository.resolve(BackupRef.parse(args.backup))]
-    keys = open_key_service(repository, args.key_file, unwrap_only=True) if args.deep else None
+    keys = open_key_service(repository, args.key_file, unwrap_only=True, strict=args.strict_permissions) if args.deep else None
     reports: list[dict[str, Any]] = []
     errors: list[BackupError] = []  # what stopped each failed backup's check, most serious first below
     if getattr(args, "chain", False) and not args.all:  # --deep --chain: every ancestor as deeply as the backup

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
-from braid.format.staging.records import Fields, document
+from braid.format.fields import Fields
+from braid.format.staging.records import document
 
 
 @dataclass(frozen=True)
