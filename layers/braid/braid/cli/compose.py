@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
@@ -25,6 +25,7 @@ from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 if TYPE_CHECKING:
+    from braid.ops.copy import CopyTarget
     from braid.ops.init import LocalInit
 
 
@@ -184,3 +185,31 @@ class KeyServiceOnDemand:
 def key_service_on_demand(repository: Repository, key_file: str | None) -> KeyService:
     """`open_key_service(..., unwrap_only=True)`, deferred to the first unwrap."""
     return KeyServiceOnDemand(lambda: open_key_service(repository, key_file, unwrap_only=True))
+
+
+def open_copy_target(source: Repository, source_keys: KeyService, url: str, to_key_file: str | None) -> CopyTarget:
+    """`braid copy --to URL`: the second repository, its key service, and what re-wraps data keys for it.
+
+    A local target's master-key file is `--to-key-file`, else its default
+    path by repository id (never BRAID_KEY_FILE: that names the source's).
+    Between two KMS repositories the data key is re-encrypted inside KMS;
+    across a key file and KMS it is unwrapped on this host and wrapped again.
+    """
+    from braid.adapters.local.keys import KeyCopy, MaterialKeys  # noqa: F401 (MaterialKeys: the casts' type)
+    from braid.ops.copy import CopyTarget
+
+    target = open_repository(url)
+    kind = target.config.key.get("type")
+    if kind == "local":
+        target_keys: KeyService = open_key_service(target, str(Path(to_key_file).expanduser()) if to_key_file else str(default_key_file(target.config.id)))
+    elif to_key_file:
+        raise UsageError(f"--to-key-file is for a target with a master-key file; {target.url} uses KMS")
+    else:
+        target_keys = open_key_service(target, None)
+    if kind == "kms" and source.config.key.get("type") == "kms":
+        from braid.adapters.aws.clients import kms_client
+        from braid.adapters.aws.kms import KmsCopy
+
+        return CopyTarget(target, target_keys, KmsCopy(kms_client(), target.config.key["key_id"]))
+    # Both are a master-key file or KMS (open_key_service), which hand out and take a data key's bytes.
+    return CopyTarget(target, target_keys, KeyCopy(cast("MaterialKeys", source_keys), cast("MaterialKeys", target_keys)))

@@ -39,6 +39,7 @@ SUMMARIES = {
     "list": "list complete backups (or, with --incomplete, unfinished ones)",
     "show": "show one backup's manifest summary",
     "prices": "show or edit the price table that prices each backup's usage",
+    "copy": "copy backups to a second repository (chunks as stored; data keys re-wrapped for its key)",
     "rekey": "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
     "verify": "check backups: quick (presence, size, checksum) or --deep",
     "prune": "forget backups a retention policy lets go, and collect leftovers",
@@ -426,6 +427,25 @@ def _declare_prices(sub: Subparsers, shared: _Shared) -> None:
     prices.set_defaults(handler=_command("prices:cmd_prices"))
 
 
+def _declare_copy(sub: Subparsers, shared: _Shared) -> None:
+    copy = sub.add_parser("copy", parents=[shared.common, shared.quieting], **_help(
+        "copy",
+        "braid copy pg@latest --to /mnt/offsite/braid --to-key-file /etc/braid/offsite.key",
+        "braid copy --all --name pg --to s3://dr-bucket/prod            # a rerun copies only what is missing",
+        description="Copy backups to a second repository (a directory or s3://, another region or account): chunks are"
+                    " copied as stored, never decrypted; each data key is re-wrapped for the target's master key or KMS"
+                    " key; the copy's manifest is published last and verified. Idempotent and resumable; a chain's"
+                    " ancestors are copied first. Retention runs per repository.",
+    ))
+    copy.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
+    copy.add_argument("--all", action="store_true", help="every backup (of --name, if given)")
+    copy.add_argument("--name", type=_backup_name, metavar="NAME", help="with --all: only this name's backups")
+    copy.add_argument("--to", required=True, metavar="REPO2", help="the target repository (made with braid init)")
+    copy.add_argument("--to-key-file", metavar="PATH", help="the target's master-key file when it is not at its default path")
+    copy.add_argument("--workers", type=_positive_int, default=4, metavar="N", help="objects copied at once (default 4)")
+    copy.set_defaults(handler=_command("copy:cmd_copy"))
+
+
 def _declare_rekey(sub: Subparsers, shared: _Shared) -> None:
     rekey = sub.add_parser("rekey", parents=[shared.common, shared.quieting], **_help(
         "rekey",
@@ -537,6 +557,7 @@ _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "list": _declare_list,
     "show": _declare_show,
     "prices": _declare_prices,
+    "copy": _declare_copy,
     "rekey": _declare_rekey,
     "verify": _declare_verify,
     "prune": _declare_prune,

@@ -84,6 +84,7 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
         "plaintext_bytes": summary.plaintext_bytes,
         "stored_bytes": summary.stored_bytes,
         "ratio": round(summary.ratio, 4),
+        "labels": dict(summary.labels or {}),
     }
 
 
@@ -121,6 +122,11 @@ def saved(plaintext_bytes: int, stored_bytes: int) -> str:
     return f"{math.floor(100 * (1 - stored_bytes / plaintext_bytes))}%"  # floored: 99.8% saved is not "100%"
 
 
+def labels_text(labels: Mapping[str, str] | None) -> str:
+    """Labels as typed (`env=prod ticket=DBA-42`), or "-" for none."""
+    return " ".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "-"
+
+
 def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:
     """A column as wide as its longest value: names run to 48 characters, ids to 28."""
     return max([len(header), *(len(str(row[key])) for row in rows)])
@@ -142,7 +148,9 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         return
     width = _width(rows, "backup", "BACKUP")
     now = datetime.now(UTC)
-    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  VERIFIED")
+    labelled = any(row.get("labels") for row in rows)
+    verified = f"{'VERIFIED':<17}  LABELS" if labelled else "VERIFIED"
+    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  {verified}")
     for row in rows:
         if "error" in row:
             print(f"{row['backup']:<{width}}  UNREADABLE: {row['error']}")
@@ -150,7 +158,7 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         print(
             f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
             f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
-            f"  {verified_column(row.get('verified'), now)}"
+            + (f"  {verified_column(row.get('verified'), now):<17}  {labels_text(row.get('labels'))}" if labelled else f"  {verified_column(row.get('verified'), now)}")
         )
     print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
 
@@ -212,6 +220,7 @@ def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: Obje
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
         "rekeyed": manifest.rekeyed,
+        "copied": manifest.copied,
         "object_lock": retention_detail(manifest, lock),
         "timings": manifest.timings,
         "stats": manifest.stats,
@@ -275,6 +284,10 @@ def print_manifest(
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
     rekeyed = f" (re-wrapped {manifest.rekeyed['at']}, before under {manifest.rekeyed['from']})" if manifest.rekeyed else ""
     print(f"key         {manifest.key.key_id}{rekeyed}")
+    if manifest.copied:
+        print(f"copied      from repository {manifest.copied['from']} on {manifest.copied['at']} (braid copy)")
+    if manifest.labels:
+        print(f"labels      {labels_text(manifest.labels)}")
     if detail["object_lock"] is not None:
         print(f"retention   Object Lock {detail['object_lock']['mode']} until {detail['object_lock']['until']}")
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))

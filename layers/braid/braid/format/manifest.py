@@ -35,6 +35,7 @@ from braid.format.canonical import canonical_json
 from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.labels import check_labels
 from braid.format.sealed import reject_constant, unique_keys
 from braid.format.timestamps import parse_timestamp
 from braid.format.usage import Usage
@@ -155,6 +156,10 @@ class Manifest:
     # Optional (docs/format.md, Usage): what making the backup used, counted where it ran
     # (braid.format.usage). Absent from manifests written before it existed.
     usage: Usage | None = None
+    # Optional: `braid backup --label KEY=VALUE` (braid.format.labels); absent without labels.
+    labels: dict[str, str] | None = None
+    # Optional, written only by `braid copy` (braid.ops.copy): {"at": timestamp, "from": the source repository's id}.
+    copied: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -209,6 +214,8 @@ class Manifest:
             "stats": self.stats,
             **({"rekeyed": self.rekeyed} if self.rekeyed is not None else {}),
             **({"usage": self.usage.to_json()} if self.usage is not None else {}),
+            **({"labels": dict(self.labels)} if self.labels else {}),
+            **({"copied": self.copied} if self.copied is not None else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -304,6 +311,15 @@ def _rekeyed(doc: Any) -> dict[str, str] | None:
     return dict(doc)
 
 
+def _copied(doc: Any) -> dict[str, str] | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"at", "from"} or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError("copied must be {\"at\": timestamp, \"from\": repository id}")
+    parse_timestamp(doc["at"])
+    return dict(doc)
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
     """Slice, self-check and parse a stored manifest; needs no key."""
     end = len(raw) - _AFTER_BODY
@@ -341,6 +357,8 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             stats=dict(body_doc.get("stats", {})),
             rekeyed=_rekeyed(body_doc.get("rekeyed")),
             usage=Usage.from_json(body_doc["usage"]) if "usage" in body_doc else None,
+            labels=check_labels(body_doc["labels"]) if "labels" in body_doc else None,
+            copied=_copied(body_doc.get("copied")),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc})") from None

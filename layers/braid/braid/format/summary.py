@@ -24,6 +24,7 @@ from typing import Any
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.keys import DataKey
+from braid.format.labels import check_labels
 from braid.format.manifest import Manifest
 from braid.format.sealed import seal, unseal
 from braid.format.usage import Billed, check_billed
@@ -56,6 +57,7 @@ class BackupSummary:
     # The billed quantities of the manifest's usage (braid.format.usage.Usage.billed), when it has one:
     # `list --json` prices them without reading the manifest; a dozen numbers, not the request map.
     usage: Billed | None = None
+    labels: dict[str, str] | None = None  # the manifest's (braid.format.labels), when it has any
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -70,6 +72,7 @@ class BackupSummary:
             plaintext_bytes=manifest.plaintext_bytes,
             stored_bytes=manifest.stored_bytes,
             usage=manifest.usage.billed() if manifest.usage is not None else None,
+            labels=dict(manifest.labels) if manifest.labels else None,
         )
 
     def body(self) -> dict[str, Any]:
@@ -86,6 +89,7 @@ class BackupSummary:
             "plaintext_bytes": self.plaintext_bytes,
             "stored_bytes": self.stored_bytes,
             **({"usage": self.usage} if self.usage is not None else {}),
+            **({"labels": dict(self.labels)} if self.labels else {}),
         }
 
     @classmethod
@@ -104,6 +108,7 @@ class BackupSummary:
                 engine=_text(doc, "engine"),
                 **numbers,
                 usage=check_billed(doc["usage"]) if "usage" in doc else None,
+                labels=check_labels(doc["labels"]) if "labels" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None
