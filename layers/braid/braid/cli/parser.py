@@ -266,6 +266,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     common.add_argument("--key-file", metavar="PATH", help="master-key file of a local repository (env BRAID_KEY_FILE)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
+    common.add_argument("--allow-other-owner", action="store_true", help="run on a directory repository another user owns (refused by default)")
     reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
     reporting.add_argument("--quiet", action="store_true", help="no progress and no notes on success (for cron); errors still print, one line on stderr")
     reporting.add_argument("--log-file", metavar="PATH", help="append every progress event to PATH as JSON lines (whatever --quiet or --json say)")
@@ -332,6 +333,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     backup.add_argument("--level", type=_level, default=3, metavar=f"1-{MAX_LEVEL}", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
     backup.add_argument("--pipes", type=_positive_int, metavar="N",
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
+    backup.add_argument("--label", action="append", metavar="KEY=VALUE",
+                        help="a note kept with the backup (repeatable), shown by list and show, matched by list --label")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
     backup.add_argument("run", nargs="*", metavar="-- COMMAND",
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
@@ -395,6 +398,7 @@ def _declare_list(sub: Subparsers, shared: _Shared) -> None:
                     " RATIO is stored/original size (smaller is better); SAVED is the share compression saved.",
     ))
     lister.add_argument("--name", help="only backups with this name")
+    lister.add_argument("--label", action="append", metavar="KEY=VALUE", help="only backups with this label (repeat: all of them)")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
     lister.add_argument("--rebuild-catalog", action="store_true",

@@ -115,9 +115,12 @@ def print_store_init(url: str, config: RepositoryConfig, as_json: bool) -> None:
         print(f"initialised repository {url} (id {config.id}); data keys wrapped by {config.key['key_id']}", file=sys.stderr)
 
 
+TINY = 4096  # below this, SAVED shows "-"
+
+
 def saved(plaintext_bytes: int, stored_bytes: int) -> str:
     """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew)."""
-    if not plaintext_bytes:
+    if plaintext_bytes < TINY:  # a few bytes: the frame's fixed overhead, not compression, decides the figure (-1517%)
         return "-"
     return f"{math.floor(100 * (1 - stored_bytes / plaintext_bytes))}%"  # floored: 99.8% saved is not "100%"
 
@@ -190,12 +193,15 @@ def retention_detail(manifest: Manifest, lock: ObjectLock | None) -> dict[str, s
     return {"mode": lock.mode, "until": format_timestamp(lock.until(BackupRef.parse(manifest.backup)))}
 
 
-def usage_fields(usage: Usage | None, prices: PriceTable) -> dict[str, Any]:
+def usage_fields(usage: Usage | None, prices: PriceTable | None) -> dict[str, Any]:
     """`show --json`: the `list` row's `usage` and `cost` (billed_fields), and `usage_detail` (`requests` by
-    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage."""
+    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage.
+    `prices` None (a directory repository without `braid prices set`): `cost` and `cost_lines` null."""
     if usage is None:
         return {"usage": None, "cost": None, "usage_detail": None, "cost_lines": None}
     detail = usage.to_json()
+    if prices is None:
+        return {"usage": usage.billed(), "cost": None, "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]}, "cost_lines": None}
     cost = price(usage, prices).to_json()
     return {
         **billed_fields(usage.billed(), prices),
@@ -211,7 +217,7 @@ def billed_fields(billed: Billed | None, prices: PriceTable) -> dict[str, Any]:
     return {"usage": billed, "cost": cost_totals(billed, prices)}
 
 
-def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
+def manifest_detail(manifest: Manifest, prices: PriceTable | None = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
     """`show --json`: the summary plus how the backup was made, what each input holds, and what it used and cost."""
     return {
         **manifest_summary(manifest),
@@ -260,7 +266,7 @@ def verification_line(record: VerificationRecord | None) -> str:
 def print_manifest(
     manifest: Manifest,
     as_json: bool,
-    prices: PriceTable = DEFAULT,
+    prices: PriceTable | None = DEFAULT,
     lock: ObjectLock | None = None,
     verification: VerificationRecord | None = None,
 ) -> None:
@@ -302,13 +308,17 @@ def _amount(value: float) -> str:
     return f"{value:.6f}" if 0 < value < 0.01 else f"{value:.4f}"
 
 
-def print_usage(usage: Usage | None, prices: PriceTable) -> None:
-    """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with."""
+def print_usage(usage: Usage | None, prices: PriceTable | None) -> None:
+    """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with
+    (none for `prices` None: a directory repository without `braid prices set`)."""
     if usage is None:
         print("usage       not recorded (the backup was made before Braid recorded usage)")
         return
     staged = f"staged {format_size(usage.staged_bytes)}, " if usage.staged_bytes else ""
     cpu = f", {usage.cpu_seconds:.2f} CPU-seconds on this host" if usage.cpu_seconds else ""
+    if prices is None:
+        print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}")
+        return
     print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {usage.s3_requests('free')} S3 DELETE/abort requests (free)")
     cost = price(usage, prices)
     print(f"cost        priced with '{cost.table}' ({cost.date}, {cost.currency}; see 'braid prices show')")

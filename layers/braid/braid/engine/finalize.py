@@ -10,7 +10,7 @@ backup complete; until then it does not exist.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from operator import attrgetter
 from typing import Any
@@ -74,6 +74,7 @@ def finalize_backup(
     engine: str,
     stats: dict[str, Any] | None = None,
     usage: Callable[[Manifest], Usage] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Manifest:
     """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
     chunk is checked (the finalizer's own requests so far included), sealed into the manifest."""
@@ -89,6 +90,7 @@ def finalize_backup(
         timings=timings,
         engine=engine,
         stats=stats or {},
+        labels=dict(labels) if labels else None,
     )
     manifest.check_structure()
     # Presence and size of every object (pack), by LIST (one request per 1,000

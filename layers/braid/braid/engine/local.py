@@ -108,6 +108,7 @@ class LocalEngine:
                     engine=self.name,
                     stats={"workers": request.workers, "max_buffers_in_flight": stream.max_buffers_in_flight},
                     usage=usage,
+                    labels=request.labels,
                 )
             except BaseException:
                 # The driver has stopped the readers and every worker, so

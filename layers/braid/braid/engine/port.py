@@ -9,7 +9,8 @@ this one interface.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
@@ -39,6 +40,8 @@ class BackupRequest:
     resumable: bool = True
     # Seconds a named-pipe input may wait for its writer to open it (--open-timeout).
     open_timeout: float = DEFAULT_OPEN_TIMEOUT
+    # `--label KEY=VALUE` (braid.format.labels): sealed into the manifest and its summary.
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class BackupEngine(Protocol):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
+from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, PermissionDeniedError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import POLICIES, data_prefix, name_from_policy_key, name_prefixes, policy_key, staging_prefix
 from braid.format.lock import ObjectLock
@@ -426,10 +426,13 @@ def unreadable_error(plan: PrunePlan) -> BackupError | None:
     reason = str(first.error)
     if not reason.startswith(f"backup {first.ref}"):  # most errors name the backup already
         reason = f"{first.ref}: {reason}"
-    message = (
-        f"{count} backup(s) could not be read and were neither counted nor removed; first: {reason}"
-        f" (look at it with 'braid verify {first.ref} --deep'; remove it with 'braid forget {first.ref}')"
-    )
+    if isinstance(first.error, PermissionDeniedError):  # not damage: a run as another user left files this one cannot read
+        hint = f"fix permissions: chown -R the repository's files to its owner; nothing is wrong with {first.ref} itself"
+    else:
+        hint = f"look at it with 'braid verify {first.ref} --deep'; remove it with 'braid forget {first.ref}'"
+    message = f"{count} backup(s) could not be read and were neither counted nor removed; first: {reason} ({hint})"
+    if all(isinstance(u.error, PermissionDeniedError) for u in plan.unreadable):
+        return PermissionDeniedError(message)
     if all(isinstance(u.error, KeyAccessError) for u in plan.unreadable):
         return KeyAccessError(message)
     return IntegrityError(message)

@@ -22,6 +22,7 @@ from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
 from braid.errors import ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
+from braid.format.labels import labels_of
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 
@@ -115,6 +116,9 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
 
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
+    labels = labels_of(args.label or [])
+    if labels and cloud:
+        raise UsageError("--label is not carried through the cloud pipeline yet: give --engine local to label this backup")
     engine = _engine_for(repository, args)
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
@@ -129,6 +133,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             gate=stream_gate(verdict=producer.verdict if producer is not None else None, allow_empty=args.allow_empty),
             resumable=producer is None,
             open_timeout=args.open_timeout,
+            labels=labels,
         )
         manifest = engine.run(request, progress)
     if manifest is None:
