@@ -67,7 +67,9 @@ def open_repository(url: str) -> Repository:
     if not is_directory:
         if os.path.lexists(store.root):
             raise RepositoryError(f"repository {store.root} is not a directory")
-        raise RepositoryError(f"repository directory {store.root} does not exist; create it with 'braid init --repo {url}'")
+        raise RepositoryError(
+            f"repository directory {store.root} does not exist: check the path (a typo?); only a new repository is made with 'braid init --repo {url}'"
+        )
     try:
         if not (store.root / CONFIG).exists() and any(store.root.iterdir()):
             raise RepositoryError(
@@ -144,6 +146,7 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
         if keys.key_id != expected:
             raise KeyAccessError(
                 f"key file {keys.path} holds key {keys.key_id}, but repository {repository.url} uses {expected}: wrong key file"
+                + _rekeyed_from(repository, keys.key_id)
             )
         return keys
     if kind == "kms":
@@ -154,6 +157,21 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
             return KmsKeyService.for_unwrap(kms_client())
         return KmsKeyService(kms_client(), repository.config.key["key_id"])
     raise RepositoryError(f"repository {repository.url} names an unknown key service {kind!r}")
+
+
+def _rekeyed_from(repository: Repository, stale: str) -> str:
+    """"; it was re-keyed on DATE ..." when the newest backup says `braid rekey` moved it off the `stale` key (an error path: reads one manifest)."""
+    try:
+        refs = repository.backups()
+        rekeyed = repository.load(refs[-1]).manifest.rekeyed if refs else None
+    except Exception:  # only a better message is at stake
+        return ""
+    if not rekeyed or rekeyed.get("from") != stale:
+        return ""
+    return (
+        f"; the repository was re-keyed on {rekeyed['at'][:10]} ({rekeyed['at']}) from this key to {repository.config.key.get('key_id')}:"
+        " point key_file (config file), BRAID_KEY_FILE or --key-file at the new key file given to braid rekey --new-key-file"
+    )
 
 
 class KeyServiceOnDemand:

@@ -335,6 +335,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
     backup.add_argument("--label", action="append", metavar="KEY=VALUE",
                         help="a note kept with the backup (repeatable), shown by list and show, matched by list --label")
+    backup.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE",
+                        help="cap bytes per second (e.g. 200MiB): the upload to s3://, or the reading of the inputs for a directory repository")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
     backup.add_argument("run", nargs="*", metavar="-- COMMAND",
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
@@ -344,7 +346,6 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
     cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
-    cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",

@@ -98,17 +98,20 @@ class Child:
 
         Trailing hint lines are passed over: PostgreSQL's tools end a failure
         with `pg_basebackup: hint: Try "pg_basebackup --help" ...` after the
-        line that says what went wrong, and the user needs the latter.
+        line that says what went wrong, and the user needs the latter; so are
+        whitespace-indented continuation lines (libpq's), for the line they continue.
         """
         with self._tail_lock:
             text = bytes(self._tail).decode(errors="replace")
-        lines = [line.strip() for line in text.replace("\r", "\n").split("\n")]
-        lines = [line for line in lines if line]
-        while len(lines) > 1 and _HINT.match(lines[-1]):
+        lines = [line.rstrip() for line in text.replace("\r", "\n").split("\n")]
+        lines = [line for line in lines if line.strip()]
+        # A whitespace-indented line continues the one above it (libpq's "\tIs the server running locally
+        # ...?" under "connection to server on socket ... port 5999 failed"): the informative line is that one.
+        while len(lines) > 1 and (_HINT.match(lines[-1].strip()) or lines[-1][:1].isspace()):
             lines.pop()
         if not lines:
             return None
-        last = lines[-1]
+        last = lines[-1].strip()
         return last if len(last) <= _LAST_LINE_CHARS else last[: _LAST_LINE_CHARS - 3] + "..."
 
     # -- signals -----------------------------------------------------------------

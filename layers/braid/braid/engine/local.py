@@ -26,6 +26,7 @@ from braid.engine.lease import BackupLease
 from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
+from braid.engine.throttle import TokenBucket
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
@@ -88,6 +89,7 @@ class LocalEngine:
                     gate=request.gate,
                     open_timeout=request.open_timeout,
                     progress=report,
+                    throttle=TokenBucket(request.rate_limit, burst=request.chunk_size).take if request.rate_limit else None,
                 )
                 report.phase("finalizing", total_bytes=sum(stream.input_lengths.values()), total_chunks=stream.chunks)
                 return finalize_backup(

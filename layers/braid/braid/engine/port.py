@@ -42,6 +42,8 @@ class BackupRequest:
     open_timeout: float = DEFAULT_OPEN_TIMEOUT
     # `--label KEY=VALUE` (braid.format.labels): sealed into the manifest and its summary.
     labels: Mapping[str, str] = field(default_factory=dict)
+    # `--rate-limit` of the local engine: bytes per second read from the inputs (None: as fast as it goes).
+    rate_limit: int | None = None
 
 
 class BackupEngine(Protocol):

@@ -29,7 +29,7 @@ from braid.format.repository import Repository
 if TYPE_CHECKING:
     from braid.engine.producer import Producer
 
-_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "stall_timeout", "resume")
+_CLOUD_ONLY = ("concurrency", "fan_out", "no_wait", "stall_timeout", "resume")
 
 
 def _uses_pipeline(repository: Repository, args: argparse.Namespace) -> bool:
@@ -53,7 +53,7 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
     given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name) and name in typed]
     if given:
         where = "the cloud pipeline, not --engine local" if repository.url.startswith("s3://") else "s3:// repositories"
-        raise UsageError(f"{', '.join(given)} only apply to {where}")
+        raise UsageError(f"{given[0]} applies only to {where}" if len(given) == 1 else f"{', '.join(given)}: each applies only to {where}")
     from braid.engine.local import LocalEngine
 
     requests = None
@@ -134,6 +134,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             resumable=producer is None,
             open_timeout=args.open_timeout,
             labels=labels,
+            rate_limit=None if cloud or not args.rate_limit else parse_size(args.rate_limit),
         )
         manifest = engine.run(request, progress)
     if manifest is None:
@@ -172,7 +173,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     repository = open_repository(repo_url(args.repo))
     if not repository.config.cloud:
-        raise UsageError("status follows cloud pipeline executions; this is a local repository")
+        raise UsageError("status follows cloud pipeline executions; this is a local repository: use braid show NAME@ID / braid list")
     ref = _newest(repository, BackupRef.parse(args.backup))
     engine = cloud_engine(repository, args)
     status, processed = engine.status(ref)
