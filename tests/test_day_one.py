@@ -3,6 +3,7 @@ the messages after rekey, for status on a local repository and a tiny backup's S
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -56,3 +57,16 @@ def test_saved_is_a_dash_for_a_tiny_backup(repo: Path) -> None:
     assert run_braid("backup", "--repo", str(repo), "--name", "tiny", stdin=b"abcdef").code == 0
     row = run_braid("list", "--repo", str(repo)).out.splitlines()[1]
     assert "%" not in row and " - " in row
+
+
+def test_prune_dry_run_says_why_each_backup_is_kept(repo: Path) -> None:
+    refs = [run_braid("backup", "--repo", str(repo), "--name", "db", stdin=b"rows %d" % i).out.strip() for i in range(3)]
+    result = run_braid("prune", "--repo", str(repo), "--keep-last", "2", "--keep-daily", "1", "--dry-run")
+    assert result.code == 0, result.stderr
+    assert f"would remove {refs[0]}" in result.out
+    assert f"would keep {refs[1]}: keep-last 2: one of the newest 2\n" in result.out
+    assert f"would keep {refs[2]}: keep-last 2: one of the newest 2; keep-daily 1: newest of " in result.out
+    doc = json.loads(run_braid("prune", "--repo", str(repo), "--keep-within", "1d", "--dry-run", "--json").out)
+    assert doc["reasons"] == {ref: ["keep-within 1d: started within it of the newest"] for ref in refs}
+    newest = json.loads(run_braid("prune", "--repo", str(repo), "--keep-days", "0", "--dry-run", "--json").out)
+    assert newest["reasons"][refs[2]] in (["the newest of db (always kept)"], ["keep-days 0: started in the last 0 days"])

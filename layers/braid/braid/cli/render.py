@@ -379,6 +379,10 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool) -> None:
         print(f"kept {locked.ref}: under Object Lock retention until {format_timestamp(locked.until)}; a prune after that date removes it")
     for name in plan.unmanaged:
         print(f"left {name} alone: no stored policy (store one with 'braid prune --name {name} --keep-... --save-policy')")
+    if dry_run:  # why each is kept: the rules that matched, as restic says
+        for ref in plan.keep:
+            if ref in plan.reasons:
+                print(f"would keep {ref}: {'; '.join(plan.reasons[ref])}")
     print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
 
 
