@@ -335,6 +335,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
     backup.add_argument("--label", action="append", metavar="KEY=VALUE",
                         help="a note kept with the backup (repeatable), shown by list and show, matched by list --label")
+    backup.add_argument("--expected-size", type=_size("--expected-size", 1), metavar="SIZE",
+                        help="the stream's expected size, for % and ETA when it has none (a command); default: the previous backup's")
     backup.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE",
                         help="cap bytes per second (e.g. 200MiB): the upload to s3://, or the reading of the inputs for a directory repository")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")

@@ -94,6 +94,10 @@ class Progress:
         display: Display = "none" if getattr(args, "quiet", False) else "json" if args.json or not sys.stderr.isatty() else "bar"
         return cls(display, log=open_log(getattr(args, "log_file", None)))
 
+    def estimate(self, total_bytes: int | None) -> None:
+        """The expected size of a stream of unknown size (a command's): the live line shows `~%` and `~ETA` from it."""
+        self._view.estimate = total_bytes
+
     @property
     def quiet(self) -> bool:
         return self.display == "none"

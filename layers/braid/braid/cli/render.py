@@ -65,8 +65,10 @@ def print_backup_result(summary: dict[str, Any], elapsed: float, as_json: bool, 
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
-    """One backup in a line: a `list` row, and the final `done` progress event."""
-    return summary_row(BackupSummary.of(manifest))
+    """One backup in a line: a `list` row (`show --json` adds `labels`), and the final `done` progress event."""
+    row = summary_row(BackupSummary.of(manifest))
+    del row["labels"]  # not a field of the `done` event's vocabulary (README, JSON events)
+    return row
 
 
 def summary_row(summary: BackupSummary) -> dict[str, Any]:
@@ -227,6 +229,7 @@ def manifest_detail(manifest: Manifest, prices: PriceTable | None = DEFAULT, loc
         "key_id": manifest.key.key_id,
         "rekeyed": manifest.rekeyed,
         "copied": manifest.copied,
+        "labels": dict(manifest.labels or {}),
         "object_lock": retention_detail(manifest, lock),
         "timings": manifest.timings,
         "stats": manifest.stats,

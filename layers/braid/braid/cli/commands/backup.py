@@ -20,7 +20,7 @@ from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, default_chunk_size, format_siz
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
-from braid.errors import ExecutionError, NotFoundError, UsageError
+from braid.errors import BackupError, ExecutionError, NotFoundError, UsageError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.labels import labels_of
 from braid.format.manifest import Manifest
@@ -119,6 +119,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     labels = labels_of(args.label or [])
     if labels and cloud:
         raise UsageError("--label is not carried through the cloud pipeline yet: give --engine local to label this backup")
+    progress.estimate(_expected_size(args, repository, ref))
     engine = _engine_for(repository, args)
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
@@ -146,6 +147,22 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         return 0
     _published(manifest, args, progress)
     return 0
+
+
+def _expected_size(args: argparse.Namespace, repository: Repository, ref: BackupRef) -> int | None:
+    """--expected-size, else the size of the newest backup of the same name (its summary), else None."""
+    if args.expected_size:
+        return parse_size(args.expected_size)
+    from braid.format.layout import summary_key
+    from braid.format.summary import open_summary
+
+    try:
+        previous = repository.backups(ref.name)
+        if not previous:
+            return None
+        return open_summary(repository.store.get(summary_key(previous[-1])), "summary").summary.plaintext_bytes or None
+    except BackupError:
+        return None  # only the estimate is at stake
 
 
 def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
