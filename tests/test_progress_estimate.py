@@ -46,3 +46,34 @@ def test_expected_size_is_checked(repo: Path) -> None:
     assert ok.code == 0, ok.stderr
     again = run_braid("backup", "--repo", str(repo), "--name", "pg", "--", "echo", "rows")  # estimated from the first
     assert again.code == 0, again.stderr
+
+
+def test_a_producers_carriage_return_progress_gets_a_line_of_its_own() -> None:
+    """pg_basebackup -P's `\\r` updates under the live line: drawn on their own line, never over Braid's (F6)."""
+    import io
+
+    from braid.cli.progress import Progress
+
+    stream = io.StringIO()
+    with Progress("bar", stream=stream) as progress:
+        progress({"event": "phase", "backup": "pg@X", "phase": "reading", "total_bytes": None, "total_chunks": None})
+        progress.echo(b"197326/261308 kB (75%), 0/1 tablespace\r")
+        progress.echo(b"270887/270887 kB (100%), 0/1 ")
+        progress.echo(b"tablespace\r")
+        assert progress._producer_line == "270887/270887 kB (100%), 0/1 tablespace"
+        drawn = progress._renderable()
+        assert [str(part) for part in drawn.renderables][0] == "270887/270887 kB (100%), 0/1 tablespace"
+        assert str(drawn.renderables[1]).startswith("waiting for the producer's first byte")
+        progress.echo(b"\npg_basebackup: base backup completed\n")
+        assert progress._producer_line == ""
+    assert "pg_basebackup: base backup completed" in stream.getvalue()
+
+
+def test_without_a_live_line_the_producers_stderr_passes_through(capfd: object) -> None:
+    import io
+
+    from braid.cli.progress import Progress
+
+    with Progress("json", stream=io.StringIO()) as progress:
+        progress.echo(b"12/34 kB (35%)\r")
+    assert capfd.readouterr().err == "12/34 kB (35%)\r"  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import IO, Any
 
@@ -49,10 +49,14 @@ def program_name(argv: Sequence[str]) -> str:
 class Child:
     """One running command; see the module docstring. Start it from the main thread (signals)."""
 
-    def __init__(self, role: str, argv: Sequence[str], *, stdin: int | None = None, stdout: int | None = None) -> None:
+    def __init__(
+        self, role: str, argv: Sequence[str], *, stdin: int | None = None, stdout: int | None = None, echo: Callable[[bytes], None] | None = None
+    ) -> None:
         """`role` names it in messages ("producer", "consumer"); `stdin`/`stdout` are
-        file descriptors or subprocess.PIPE, None to share Braid's."""
+        file descriptors or subprocess.PIPE, None to share Braid's. `echo` shows the
+        command's stderr (a live progress line draws it beside its own); default: our stderr."""
         self.role = role
+        self._echo = echo
         self.name = program_name(argv)
         self._tail = bytearray()
         self._tail_lock = threading.Lock()
@@ -89,7 +93,10 @@ class Child:
                 del self._tail[:-_TAIL_BYTES]
             if passing:
                 try:
-                    _write_all(2, data)
+                    if self._echo is not None:
+                        self._echo(data)
+                    else:
+                        _write_all(2, data)
                 except OSError:
                     passing = False  # our stderr is gone: keep draining, or the command blocks on a full pipe
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from braid.cli.budget import check_backup_memory
@@ -76,7 +77,7 @@ def _backup_ref(args: argparse.Namespace) -> BackupRef:
     return BackupRef.new(validate_name(args.name))
 
 
-def _producer(args: argparse.Namespace) -> Producer | None:
+def _producer(args: argparse.Namespace, echo: Callable[[bytes], None] | None = None) -> Producer | None:
     """The command after `--` (not started yet), or None for stdin / --input."""
     if args.run is None:
         if args.pipes is not None:
@@ -88,7 +89,7 @@ def _producer(args: argparse.Namespace) -> Producer | None:
         raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
     from braid.engine.producer import Producer  # with its subprocess and pipe machinery, only when there is a command to run
 
-    return Producer(args.run, pipes=args.pipes)
+    return Producer(args.run, pipes=args.pipes, echo=echo)
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -102,7 +103,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
-    producer = _producer(args)
+    producer = _producer(args, echo=progress.echo)
     sources = sources_from_args(args.input) if producer is None else []
     for source in sources:
         source.check()
