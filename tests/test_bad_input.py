@@ -161,7 +161,7 @@ def test_an_unreadable_repository_is_exit_3(repo: Path, locked: list[Path]) -> N
     result = run_unprivileged("list", "--repo", str(repo))
     assert result.code == 3
     assert error_line(result.stderr) == (
-        f"braid: error: repository {repo} is unreadable: permission denied while reading {repo / 'config.json'}"
+        f"braid: error: repository {repo} is unreadable: permission denied while reading {repo / 'config.json'}: fix its owner or mode (a run as another user?)"
     )
     repo.chmod(0o000)
     locked.append(repo)
@@ -191,7 +191,7 @@ def test_an_unreadable_manifest_directory_is_a_storage_error_not_an_empty_list(r
     locked.append(repo / "manifests")
     result = run_unprivileged("list", "--repo", str(repo))
     assert result.code == 7
-    assert error_line(result.stderr) == f"braid: error: permission denied while listing {repo / 'manifests'}"
+    assert error_line(result.stderr) == f"braid: error: permission denied while listing {repo / 'manifests'}: fix its owner or mode (a run as another user?)"
 
 
 @pytest.mark.parametrize("mode", ["quick", "deep"])
@@ -203,9 +203,13 @@ def test_verify_of_an_unreadable_chunk_is_a_storage_error(repo: Path, locked: li
     result = run_unprivileged("verify", "--repo", str(repo), ref, *(["--deep"] if mode == "deep" else []))
     assert result.code == 7
     assert error_line(result.stderr) == (
-        f"braid: error: 1 of 1 backup(s) could not be verified; first: permission denied while reading {chunk}"
+        f"braid: error: 1 of 1 backup(s) could not be verified; first: permission denied while reading {chunk}:"
+        " fix its owner or mode (a run as another user?)"
     )
     assert f"{ref}: FAILED ({mode}, 2/3 chunks)" in result.out
+    # A permissions problem is not a failed check: nothing is recorded, so list never shows the backup as FAILED.
+    assert f"{ref} was not verified, and no result was recorded" in result.stderr
+    assert not (repo / "verify").exists()
 
 
 # -- chunk diagnosis and report order ---------------------------------------------------
@@ -220,7 +224,8 @@ def test_a_flipped_bit_in_a_chunk_headers_index_is_failed_authentication(repo: P
     result = run_braid("restore", "--repo", str(repo), ref)
     assert result.code == 6
     assert error_line(result.stderr) == (
-        f"braid: error: chunk 1 of backup {ref}: failed authentication (corrupt, tampered, or a different key)"
+        f"braid: error: chunk 1 of backup {ref}: failed authentication (corrupt, tampered, or a different key);"
+        f" check the backup with 'braid verify --deep {ref}', and restore an older one (braid list --name {ref.partition('@')[0]})"
     )
     assert "moved or swapped" not in result.stderr
 

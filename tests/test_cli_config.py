@@ -155,7 +155,7 @@ def test_a_command_option_before_the_command_says_where_it_goes(capsys: pytest.C
     assert code == 2
     assert err == (
         "braid: error: --workers is an option of 'braid backup': give it after 'backup'"
-        " (before it go only --config, --debug, --json, --key-file, --repo, --strict-permissions)\n"
+        " (before it go only --allow-other-owner, --config, --debug, --json, --key-file, --repo, --strict-permissions)\n"
     )
 
 
@@ -239,7 +239,7 @@ def test_cloud_settings_from_file_or_environment_do_not_stop_a_local_backup(repo
     made = run_braid("backup", "--repo", str(repo), "--name", "db", stdin=b"rows", env={"BRAID_CONFIG": str(config), "BRAID_NO_WAIT": "1"})
     assert made.code == 0, made.stderr
     typed = run_braid("backup", "--repo", str(repo), "--name", "db", "--concurrency", "4", stdin=b"rows", env={"BRAID_CONFIG": str(config)})
-    assert (typed.code, typed.stderr) == (2, "braid: error: --concurrency only apply to s3:// repositories\n")
+    assert (typed.code, typed.stderr) == (2, "braid: error: --concurrency applies only to s3:// repositories\n")
 
 
 def test_command_line_only_options_ignore_the_environment(repo: Path, tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def test_missing_pipe(repo: Path, tmp_path: Path) -> None:
 
 def test_nonexistent_repository(tmp_path: Path) -> None:
     result = run_braid("backup", "--repo", str(tmp_path / "nowhere"), "--name", "db", stdin=b"x")
-    assert result.code == 3 and "does not exist; create it with 'braid init" in error_line(result.stderr)
+    assert result.code == 3 and "does not exist: check the path (a typo?); only a new repository is made with 'braid init" in error_line(result.stderr)
     not_a_repo = tmp_path / "empty"
     not_a_repo.mkdir()
     result = run_braid("list", "--repo", str(not_a_repo))
@@ -172,7 +172,8 @@ def test_wrong_key_file(repo: Path, tmp_path: Path) -> None:
 
 def test_init_refuses_existing_repository_and_keeps_key(repo: Path, tmp_path: Path) -> None:
     result = run_braid("init", "--repo", str(repo))
-    assert result.code == 2 and "not an empty directory" in error_line(result.stderr)
+    repository_id = json.loads((repo / "config.json").read_text())["id"]
+    assert result.code == 2 and f"{repo} is already a Braid repository (id {repository_id})" in error_line(result.stderr)
     key = tmp_path / "shared.key"
     assert run_braid("init", "--repo", str(tmp_path / "r1"), "--key-file", str(key)).code == 0
     before = key.read_bytes()
@@ -330,17 +331,17 @@ def test_restore_to_a_terminal_is_refused(repo: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [["--concurrency", "4"], ["--rate-limit", "10MiB"], ["--fan-out", "10"], ["--no-wait"], ["--stall-timeout", "60"]],
+    [["--concurrency", "4"], ["--fan-out", "10"], ["--no-wait"], ["--stall-timeout", "60"]],
 )
 def test_cloud_options_on_a_local_repository_are_refused(repo: Path, args: list[str]) -> None:
     result = run_braid("backup", "--repo", str(repo), "--name", "db", *args, stdin=b"rows")
-    assert result.code == 2 and "only apply to s3:// repositories" in error_line(result.stderr)
+    assert result.code == 2 and f"{args[0]} applies only to s3:// repositories" in error_line(result.stderr)
     assert json.loads(run_braid("list", "--repo", str(repo), "--json").out) == []
 
 
 def test_resume_on_a_local_repository_is_refused(repo: Path) -> None:
     result = run_braid("backup", "--repo", str(repo), "--resume", "db@20261123T010203.456Z-1a2b3c4d", stdin=b"rows")
-    assert result.code == 2 and "--resume only apply to s3:// repositories" in error_line(result.stderr)
+    assert result.code == 2 and "--resume applies only to s3:// repositories" in error_line(result.stderr)
 
 
 # -- format version 2 (docs/format.md, Packs): an earlier repository or manifest is refused, never read --------------

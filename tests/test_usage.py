@@ -331,13 +331,22 @@ def test_show_and_list_report_a_local_backups_usage(repo: Path, tmp_path: Path) 
     usage = shown["usage"]
     assert shown["usage_detail"] == {"requests": {}, "lambda": {}} and usage["sfn_transitions"] == usage["s3_put_requests"] == 0  # nothing billed per request
     assert (usage["staged_bytes"], usage["stored_bytes"]) == (0, shown["stored_bytes"]) and usage["cpu_seconds"] > 0
+    # A directory repository has no AWS bill: no cost, and no price table in show, until `braid prices set` stores one.
+    assert shown["cost"] is None and shown["cost_lines"] is None
+    (row,) = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
+    assert (row["usage"], row["cost"]) == (usage, None)
+    text = run_braid("show", "--repo", str(repo), ref).out
+    assert "CPU-seconds on this host" in text and "priced with" not in text and "S3 DELETE" not in text and "storage, per month" not in text
+    assert run_braid("--repo", str(repo), "prices", "set", "s3_storage_gb_month=0.023").code == 0
+
+    shown = json.loads(run_braid("show", "--repo", str(repo), ref, "--json").out)
     assert shown["cost"]["total"] == 0 and shown["cost"]["storage_per_month"] == pytest.approx(shown["stored_bytes"] / 2**30 * 0.023, rel=1e-5)
     (row,) = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
     assert (row["usage"], row["cost"]) == (usage, shown["cost"]) and "lines" not in row["cost"]
     assert sum(line["cost"] for line in shown["cost_lines"]) == pytest.approx(shown["cost"]["total"], rel=1e-5)
 
     text = run_braid("show", "--repo", str(repo), ref).out
-    assert "CPU-seconds on this host" in text and "priced with 'aws us-east-1 list prices'" in text
+    assert "CPU-seconds on this host" in text and "priced with 'aws us-east-1 list prices'" in text  # the stored table keeps the defaults' name
     assert "storage, per month" in text and "lambda invocations" not in text  # unused items are left out of the table
 
 

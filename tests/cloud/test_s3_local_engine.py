@@ -138,7 +138,7 @@ def test_usage_errors_name_the_fix(s3: dict[str, str]) -> None:
     assert pipeline.code == 2 and "has no pipeline" in pipeline.stderr
 
     cloud_only = run_braid("backup", "--repo", repo, "--name", "x", "--no-wait", stdin=b"data", env=s3)
-    assert cloud_only.code == 2 and "--no-wait only apply to the cloud pipeline" in cloud_only.stderr
+    assert cloud_only.code == 2 and "--no-wait applies only to the cloud pipeline" in cloud_only.stderr
     assert run_braid("list", "--repo", repo, "--json", env=s3).out.strip() == "[]"
 
 

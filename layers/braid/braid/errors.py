@@ -59,6 +59,17 @@ class StorageError(BackupError):
     exit_code = 7
 
 
+class PermissionDeniedError(StorageError):
+    """The operating system refused access (EACCES/EPERM): a permissions problem, never evidence of damage.
+
+    Verify does not record it as a failed check, list skips what it cannot
+    read with a warning, and prune says to fix permissions rather than to
+    forget the backup.
+    """
+
+    exit_code = 7
+
+
 class NotFoundError(BackupError):
     """The named backup (or object) does not exist in the repository."""
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
@@ -26,6 +26,7 @@ from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 if TYPE_CHECKING:
+    from braid.ops.copy import CopyTarget
     from braid.ops.init import LocalInit
 
 
@@ -67,7 +68,9 @@ def open_repository(url: str) -> Repository:
     if not is_directory:
         if os.path.lexists(store.root):
             raise RepositoryError(f"repository {store.root} is not a directory")
-        raise RepositoryError(f"repository directory {store.root} does not exist; create it with 'braid init --repo {url}'")
+        raise RepositoryError(
+            f"repository directory {store.root} does not exist: check the path (a typo?); only a new repository is made with 'braid init --repo {url}'"
+        )
     try:
         if not (store.root / CONFIG).exists() and any(store.root.iterdir()):
             raise RepositoryError(
@@ -148,6 +151,7 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
         if keys.key_id != expected:
             raise KeyAccessError(
                 f"key file {keys.path} holds key {keys.key_id}, but repository {repository.url} uses {expected}: wrong key file"
+                + _rekeyed_from(repository, keys.key_id)
             )
         return keys
     if kind == "kms":
@@ -158,6 +162,21 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
             return KmsKeyService.for_unwrap(kms_client())
         return KmsKeyService(kms_client(), repository.config.key["key_id"])
     raise RepositoryError(f"repository {repository.url} names an unknown key service {kind!r}")
+
+
+def _rekeyed_from(repository: Repository, stale: str) -> str:
+    """"; it was re-keyed on DATE ..." when the newest backup says `braid rekey` moved it off the `stale` key (an error path: reads one manifest)."""
+    try:
+        refs = repository.backups()
+        rekeyed = repository.load(refs[-1]).manifest.rekeyed if refs else None
+    except Exception:  # only a better message is at stake
+        return ""
+    if not rekeyed or rekeyed.get("from") != stale:
+        return ""
+    return (
+        f"; the repository was re-keyed on {rekeyed['at'][:10]} ({rekeyed['at']}) from this key to {repository.config.key.get('key_id')}:"
+        " point key_file (config file), BRAID_KEY_FILE or --key-file at the new key file given to braid rekey --new-key-file"
+    )
 
 
 class KeyServiceOnDemand:
@@ -193,3 +212,31 @@ def key_service_on_demand(repository: Repository, key_file: str | None, *, stric
 
 def warn_key_file(problem: str) -> None:
     print(f"braid: warning: {problem}", file=sys.stderr)
+
+
+def open_copy_target(source: Repository, source_keys: KeyService, url: str, to_key_file: str | None) -> CopyTarget:
+    """`braid copy --to URL`: the second repository, its key service, and what re-wraps data keys for it.
+
+    A local target's master-key file is `--to-key-file`, else its default
+    path by repository id (never BRAID_KEY_FILE: that names the source's).
+    Between two KMS repositories the data key is re-encrypted inside KMS;
+    across a key file and KMS it is unwrapped on this host and wrapped again.
+    """
+    from braid.adapters.local.keys import KeyCopy, MaterialKeys  # noqa: F401 (MaterialKeys: the casts' type)
+    from braid.ops.copy import CopyTarget
+
+    target = open_repository(url)
+    kind = target.config.key.get("type")
+    if kind == "local":
+        target_keys: KeyService = open_key_service(target, str(Path(to_key_file).expanduser()) if to_key_file else str(default_key_file(target.config.id)))
+    elif to_key_file:
+        raise UsageError(f"--to-key-file is for a target with a master-key file; {target.url} uses KMS")
+    else:
+        target_keys = open_key_service(target, None)
+    if kind == "kms" and source.config.key.get("type") == "kms":
+        from braid.adapters.aws.clients import kms_client
+        from braid.adapters.aws.kms import KmsCopy
+
+        return CopyTarget(target, target_keys, KmsCopy(kms_client(), target.config.key["key_id"]))
+    # Both are a master-key file or KMS (open_key_service), which hand out and take a data key's bytes.
+    return CopyTarget(target, target_keys, KeyCopy(cast("MaterialKeys", source_keys), cast("MaterialKeys", target_keys)))

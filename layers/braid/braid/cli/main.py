@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 
+from braid.cli.owner import refuse_other_owner
 from braid.cli.parser import SUMMARIES, build_parser
 from braid.cli.settings import Settings
 from braid.errors import WAL_FETCH_UNEXPECTED, BackupError, UsageError
@@ -94,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             settings.resolve(args)
             debug = bool(getattr(args, "debug", False))
+            refuse_other_owner(args)
             _attach_command(args, command)
             return int(args.handler(args))
     except BackupError as exc:

@@ -41,6 +41,7 @@ SUMMARIES = {
     "list": "list complete backups (or, with --incomplete, unfinished ones)",
     "show": "show one backup's manifest summary",
     "prices": "show or edit the price table that prices each backup's usage",
+    "copy": "copy backups to a second repository (chunks as stored; data keys re-wrapped for its key)",
     "rekey": "re-wrap every backup's data key under the current or a new key (rewrites manifests only)",
     "verify": "check backups: quick (presence, size, checksum) or --deep",
     "prune": "forget backups a retention policy lets go, and collect leftovers",
@@ -271,6 +272,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
                         help="refuse a master-key file its group or others may read (by default: a warning) (env BRAID_STRICT_PERMISSIONS)")
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common.add_argument("--json", action="store_true", help="machine-readable output (and JSON-lines progress)")
+    common.add_argument("--allow-other-owner", action="store_true", help="run on a directory repository another user owns (refused by default)")
     reporting = _Parser(add_help=False)  # options of the commands that report progress (backup, restore, status)
     reporting.add_argument("--quiet", action="store_true", help="no progress and no notes on success (for cron); errors still print, one line on stderr")
     reporting.add_argument("--log-file", metavar="PATH", help="append every progress event to PATH as JSON lines (whatever --quiet or --json say)")
@@ -337,6 +339,12 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     backup.add_argument("--level", type=_level, default=3, metavar=f"1-{MAX_LEVEL}", help=f"zstd level, 1 (fastest) to {MAX_LEVEL} (smallest); default 3")
     backup.add_argument("--pipes", type=_positive_int, metavar="N",
                         help="make N named pipes for the command, named in it by {pipes} (joined by ', ') or {pipe1}..{pipeN}; read all at once")
+    backup.add_argument("--label", action="append", metavar="KEY=VALUE",
+                        help="a note kept with the backup (repeatable), shown by list and show, matched by list --label")
+    backup.add_argument("--expected-size", type=_size("--expected-size", 1), metavar="SIZE",
+                        help="the stream's expected size, for % and ETA when it has none (a command); default: the previous backup's")
+    backup.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE",
+                        help="cap bytes per second (e.g. 200MiB): the upload to s3://, or the reading of the inputs for a directory repository")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")
     backup.add_argument("run", nargs="*", metavar="-- COMMAND",
                         help="run COMMAND and back up its stdout (or its --pipes); published only if it exits 0 (else exit 11)")
@@ -348,7 +356,6 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
     cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
-    cloud.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE", help="cap upload bandwidth, bytes per second (e.g. 200MiB)")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
@@ -406,6 +413,7 @@ def _declare_list(sub: Subparsers, shared: _Shared) -> None:
                     " RATIO is stored/original size (smaller is better); SAVED is the share compression saved.",
     ))
     lister.add_argument("--name", help="only backups with this name")
+    lister.add_argument("--label", action="append", metavar="KEY=VALUE", help="only backups with this label (repeat: all of them)")
     lister.add_argument("--incomplete", action="store_true",
                         help="backups in progress or abandoned: local leftovers and cloud staging sessions, with how to resume or collect them")
     lister.add_argument("--rebuild-catalog", action="store_true",
@@ -436,6 +444,25 @@ def _declare_prices(sub: Subparsers, shared: _Shared) -> None:
     prices.add_argument("action", choices=("show", "set", "reset"), help="print the table; set KEY=VALUE prices (and name, date, currency); go back to the defaults")
     prices.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="with set: a price key and its price per unit, or name, date or currency")
     prices.set_defaults(handler=_command("prices:cmd_prices"))
+
+
+def _declare_copy(sub: Subparsers, shared: _Shared) -> None:
+    copy = sub.add_parser("copy", parents=[shared.common, shared.quieting], **_help(
+        "copy",
+        "braid copy pg@latest --to /mnt/offsite/braid --to-key-file /etc/braid/offsite.key",
+        "braid copy --all --name pg --to s3://dr-bucket/prod            # a rerun copies only what is missing",
+        description="Copy backups to a second repository (a directory or s3://, another region or account): chunks are"
+                    " copied as stored, never decrypted; each data key is re-wrapped for the target's master key or KMS"
+                    " key; the copy's manifest is published last and verified. Idempotent and resumable; a chain's"
+                    " ancestors are copied first. Retention runs per repository.",
+    ))
+    copy.add_argument("backup", nargs="?", metavar="NAME@ID", help="the backup, or NAME@latest for the newest")
+    copy.add_argument("--all", action="store_true", help="every backup (of --name, if given)")
+    copy.add_argument("--name", type=_backup_name, metavar="NAME", help="with --all: only this name's backups")
+    copy.add_argument("--to", required=True, metavar="REPO2", help="the target repository (made with braid init)")
+    copy.add_argument("--to-key-file", metavar="PATH", help="the target's master-key file when it is not at its default path")
+    copy.add_argument("--workers", type=_positive_int, default=4, metavar="N", help="objects copied at once (default 4)")
+    copy.set_defaults(handler=_command("copy:cmd_copy"))
 
 
 def _declare_rekey(sub: Subparsers, shared: _Shared) -> None:
@@ -556,6 +583,7 @@ _DECLARATIONS: dict[str, Callable[[Subparsers, _Shared], None]] = {
     "list": _declare_list,
     "show": _declare_show,
     "prices": _declare_prices,
+    "copy": _declare_copy,
     "rekey": _declare_rekey,
     "verify": _declare_verify,
     "prune": _declare_prune,

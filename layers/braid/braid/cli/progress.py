@@ -16,6 +16,7 @@ terminal: a scripted run pays no start-up time for it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -87,12 +88,42 @@ class Progress:
         self._live_ended = False
         self._console: Any = None  # rich.console.Console, for the line and the notices above it
         self.backup = ""  # the operation's NAME@ID once known (the log's `error` event names it)
+        self._echoed = ""  # the producer's stderr not yet ended by a newline or a carriage return
+        self._producer_line = ""  # its latest `\r` update (pg_basebackup -P), drawn above the live line
+        self._echo_lock = threading.Lock()
 
     @classmethod
     def for_command(cls, args: Any) -> Progress:
         """From the common options: --quiet, --json, --log-file; a bar only for a person watching a terminal."""
         display: Display = "none" if getattr(args, "quiet", False) else "json" if args.json or not sys.stderr.isatty() else "bar"
         return cls(display, log=open_log(getattr(args, "log_file", None)))
+
+    def estimate(self, total_bytes: int | None) -> None:
+        """The expected size of a stream of unknown size (a command's): the live line shows `~%` and `~ETA` from it."""
+        self._view.estimate = total_bytes
+
+    def echo(self, data: bytes) -> None:
+        """The producer's stderr (braid.engine.child): as it comes, except under a live line, where a finished
+        line is printed above it and a `\r` update (pg_basebackup -P) is drawn on a line of its own, so the two
+        never overwrite each other."""
+        if self.display != "bar" or self._live_ended:
+            os.write(2, data)
+            return
+        from rich.text import Text
+
+        with self._echo_lock:
+            text = self._echoed + data.decode(errors="replace")
+            *done, self._echoed = text.split("\n")
+            for line in done:
+                last = [part for part in line.split("\r") if part.strip()]
+                if last:
+                    self._producer_line = ""
+                    self._terminal().print(Text(last[-1]), soft_wrap=True)
+            if "\r" in self._echoed:
+                updates = [part for part in self._echoed.split("\r") if part.strip()]
+                self._echoed = ""
+                if updates:
+                    self._producer_line = updates[-1]
 
     @property
     def quiet(self) -> bool:
@@ -182,7 +213,13 @@ class Progress:
         from rich.text import Text
 
         line = self._view.line(time.monotonic())
-        return Text(line) if self._view.finished else Text(line, no_wrap=True, overflow="ellipsis")
+        if self._view.finished:
+            return Text(line)
+        if self._producer_line:
+            from rich.console import Group
+
+            return Group(Text(self._producer_line, no_wrap=True, overflow="ellipsis"), Text(line, no_wrap=True, overflow="ellipsis"))
+        return Text(line, no_wrap=True, overflow="ellipsis")
 
     def _stop_live(self) -> None:
         if self._live is not None:

@@ -55,6 +55,9 @@ class ProgressView:
         self._ratio: float | None = None
         self._status = ""
         self._summary: str | None = None
+        # A command's stream has no known size: the previous backup of the name (or --expected-size) estimates
+        # it, shown as `~45%` and `~ETA` (braid.cli.commands.backup).
+        self.estimate: int | None = None
 
     def update(self, event: dict[str, Any], now: float) -> None:
         with self._lock:
@@ -92,32 +95,45 @@ class ProgressView:
     def _fraction(self) -> float | None:
         if self._phase in _BYTE_PHASES and self._total_bytes:
             return min(1.0, self._bytes / self._total_bytes)
+        if self._estimated():
+            assert self.estimate is not None
+            return min(0.99, self._bytes / self.estimate)
         if self._total_chunks:
             return min(1.0, self._chunks / self._total_chunks)
         if self._phase in _BYTE_PHASES and self._total_bytes == 0:
             return 1.0
         return None
 
+    def _estimated(self) -> bool:
+        """Reading a stream of unknown size, with an estimate of it."""
+        return self._phase == "reading" and self._total_bytes is None and bool(self.estimate)
+
     def line(self, now: float) -> str:
         """Most important first, since a narrow terminal cuts the end off: phase, %, amount, rate, ETA, then the rest."""
         with self._lock:
             if self._summary is not None:
                 return self._summary
+            in_phase = now - self._phase_started
+            if self._phase == "reading" and self._total_bytes is None and not self._bytes and not self._chunks:
+                # The producer has written nothing yet (pg_basebackup waiting for its checkpoint): not "0 B 0 B/s".
+                return "  ".join([f"waiting for the producer's first byte ({format_duration(in_phase)})", format_duration(now - self._started), self._backup])
             parts = [self._phase or "starting"]
             fraction = self._fraction()
+            about = "~" if self._estimated() else ""
             if fraction is not None:
                 filled = round(fraction * _BAR)
-                parts.append(f"{100 * fraction:3.0f}% " + ("━" * filled + "╺" + "─" * (_BAR - filled - 1) if filled < _BAR else "━" * _BAR))
+                parts.append((f"~{100 * fraction:.0f}% " if about else f"{100 * fraction:3.0f}% ") + ("━" * filled + "╺" + "─" * (_BAR - filled - 1) if filled < _BAR else "━" * _BAR))
             moving = self._phase in _BYTE_PHASES
             if moving and self._total_bytes is not None:
                 parts.append(f"{format_size(self._bytes)}/{format_size(self._total_bytes)}")
+            elif about:
+                parts.append(f"{format_size(self._bytes)}/~{format_size(self.estimate or 0)}")
             else:
                 parts.append(format_size(self._bytes))
-            in_phase = now - self._phase_started
             if moving:
                 parts.append(f"{format_size((self._bytes - self._phase_bytes) / in_phase if in_phase > 0 else 0.0)}/s")
             if fraction is not None and 0 < fraction < 1 and in_phase > 0:
-                parts.append(f"ETA {format_duration(in_phase * (1 - fraction) / fraction)}")
+                parts.append(f"{about}ETA {format_duration(in_phase * (1 - fraction) / fraction)}")
             chunk_word = "processed" if self._phase == "processing" else "chunks"
             parts.append(f"{self._chunks}/{self._total_chunks} {chunk_word}" if self._total_chunks is not None else f"{self._chunks} {chunk_word}")
             if self._ratio is not None:

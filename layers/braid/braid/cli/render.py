@@ -68,8 +68,10 @@ def print_backup_result(summary: dict[str, Any], elapsed: float, as_json: bool, 
 
 
 def manifest_summary(manifest: Manifest) -> dict[str, Any]:
-    """One backup in a line: a `list` row, and the final `done` progress event."""
-    return summary_row(BackupSummary.of(manifest))
+    """One backup in a line: a `list` row (`show --json` adds `labels`), and the final `done` progress event."""
+    row = summary_row(BackupSummary.of(manifest))
+    del row["labels"]  # not a field of the `done` event's vocabulary (README, JSON events)
+    return row
 
 
 def summary_row(summary: BackupSummary) -> dict[str, Any]:
@@ -88,6 +90,7 @@ def summary_row(summary: BackupSummary) -> dict[str, Any]:
         "stored_bytes": summary.stored_bytes,
         "ratio": round(summary.ratio, 4),
         "wal": summary.wal,
+        "labels": dict(summary.labels or {}),
     }
 
 
@@ -118,11 +121,19 @@ def print_store_init(url: str, config: RepositoryConfig, as_json: bool) -> None:
         print(f"initialised repository {url} (id {config.id}); data keys wrapped by {config.key['key_id']}", file=sys.stderr)
 
 
+TINY = 4096  # below this, SAVED shows "-"
+
+
 def saved(plaintext_bytes: int, stored_bytes: int) -> str:
     """The share of the original size that compression saved, as other backup tools show it: "69%" (negative: it grew by at least 1%)."""
-    if not plaintext_bytes:
+    if plaintext_bytes < TINY:  # a few bytes: the frame's fixed overhead, not compression, decides the figure (-1517%)
         return "-"
     return f"{math.trunc(100 * (1 - stored_bytes / plaintext_bytes))}%"  # towards zero: 99.8% saved is not "100%", 0.01% lost is not "-1%"
+
+
+def labels_text(labels: Mapping[str, str] | None) -> str:
+    """Labels as typed (`env=prod ticket=DBA-42`), or "-" for none."""
+    return " ".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "-"
 
 
 def _width(rows: list[dict[str, Any]], key: str, header: str) -> int:
@@ -147,10 +158,11 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
     width = _width(rows, "backup", "BACKUP")
     now = datetime.now(UTC)
     wal = any(row.get("wal") for row in rows)  # a PostgreSQL base backup's WAL range, when any row has one
+    labelled = any(row.get("labels") for row in rows)
     marks = [verified_column(row.get("verified"), now) if "error" not in row else "" for row in rows]
-    marks_width = max([len("VERIFIED"), *map(len, marks)]) if wal else 0
-    last = f"{'VERIFIED':<{marks_width}}  WAL (TIMELINE START..STOP)" if wal else "VERIFIED"
-    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  {last}")
+    marks_width = max([len("VERIFIED"), *map(len, marks)]) if wal or labelled else 0
+    last = f"{'VERIFIED':<{marks_width}}" + ("  WAL (TIMELINE START..STOP)" if wal else "") + ("  LABELS" if labelled else "")
+    print(f"{'BACKUP':<{width}}  {'CREATED':<19}  {'SIZE':>10}  {'STORED':>10}  {'RATIO':>6}  {'SAVED':>5}  {'CHUNKS':>7}  {last.rstrip()}")
     for row, mark in zip(rows, marks, strict=True):
         if "error" in row:
             print(f"{row['backup']:<{width}}  UNREADABLE: {row['error']}")
@@ -158,7 +170,8 @@ def print_backup_list(rows: list[dict[str, Any]], as_json: bool, empty: str = "n
         print(
             f"{row['backup']:<{width}}  {row['created'][:19]:<19}  {format_size(row['plaintext_bytes']):>10}"
             f"  {format_size(row['stored_bytes']):>10}  {row['ratio']:>6.3f}  {saved(row['plaintext_bytes'], row['stored_bytes']):>5}  {row['chunks']:>7}"
-            f"  {mark:<{marks_width}}{wal_column(row.get('wal')) if wal else ''}{_chain_column(row)}"
+            f"  {mark:<{marks_width}}{wal_column(row.get('wal')) if wal else ''}"
+            f"{'  ' + labels_text(row.get('labels')) if labelled else ''}{_chain_column(row)}"
         )
     print("RATIO: stored size / original size (lower is better); SAVED: 1 - RATIO", file=sys.stderr)
 
@@ -211,12 +224,15 @@ def retention_detail(manifest: Manifest, lock: ObjectLock | None) -> dict[str, s
     return {"mode": lock.mode, "until": format_timestamp(lock.until(BackupRef.parse(manifest.backup)))}
 
 
-def usage_fields(usage: Usage | None, prices: PriceTable) -> dict[str, Any]:
+def usage_fields(usage: Usage | None, prices: PriceTable | None) -> dict[str, Any]:
     """`show --json`: the `list` row's `usage` and `cost` (billed_fields), and `usage_detail` (`requests` by
-    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage."""
+    operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage.
+    `prices` None (a directory repository without `braid prices set`): `cost` and `cost_lines` null."""
     if usage is None:
         return {"usage": None, "cost": None, "usage_detail": None, "cost_lines": None}
     detail = usage.to_json()
+    if prices is None:
+        return {"usage": usage.billed(), "cost": None, "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]}, "cost_lines": None}
     cost = price(usage, prices).to_json()
     return {
         **billed_fields(usage.billed(), prices),
@@ -237,7 +253,7 @@ def list_row(summary: BackupSummary) -> dict[str, Any]:
     return {**summary_row(summary), **summary.lineage.to_json()}
 
 
-def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
+def manifest_detail(manifest: Manifest, prices: PriceTable | None = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
     """`show --json`: the summary plus how the backup was made, what each input holds, and what it used and cost."""
     return {
         **manifest_summary(manifest),
@@ -247,6 +263,8 @@ def manifest_detail(manifest: Manifest, prices: PriceTable = DEFAULT, lock: Obje
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
         "rekeyed": manifest.rekeyed,
+        "copied": manifest.copied,
+        "labels": dict(manifest.labels or {}),
         "object_lock": retention_detail(manifest, lock),
         "timings": manifest.timings,
         "stats": manifest.stats,
@@ -287,7 +305,7 @@ def verification_line(record: VerificationRecord | None) -> str:
 def print_manifest(
     manifest: Manifest,
     as_json: bool,
-    prices: PriceTable = DEFAULT,
+    prices: PriceTable | None = DEFAULT,
     lock: ObjectLock | None = None,
     verification: VerificationRecord | None = None,
 ) -> None:
@@ -313,6 +331,10 @@ def print_manifest(
     print(f"algorithms  zstd level {manifest.algorithms.get('level')}, {manifest.algorithms.get('cipher')}")
     rekeyed = f" (re-wrapped {manifest.rekeyed['at']}, before under {manifest.rekeyed['from']})" if manifest.rekeyed else ""
     print(f"key         {manifest.key.key_id}{rekeyed}")
+    if manifest.copied:
+        print(f"copied      from repository {manifest.copied['from']} on {manifest.copied['at']} (braid copy)")
+    if manifest.labels:
+        print(f"labels      {labels_text(manifest.labels)}")
     if detail["object_lock"] is not None:
         print(f"retention   Object Lock {detail['object_lock']['mode']} until {detail['object_lock']['until']}")
     print("timings     " + ", ".join(f"{k} {v:.3f}s" for k, v in manifest.timings.items()))
@@ -328,13 +350,17 @@ def _amount(value: float) -> str:
     return f"{value:.6f}" if 0 < value < 0.01 else f"{value:.4f}"
 
 
-def print_usage(usage: Usage | None, prices: PriceTable) -> None:
-    """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with."""
+def print_usage(usage: Usage | None, prices: PriceTable | None) -> None:
+    """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with
+    (none for `prices` None: a directory repository without `braid prices set`)."""
     if usage is None:
         print("usage       not recorded (the backup was made before Braid recorded usage)")
         return
     staged = f"staged {format_size(usage.staged_bytes)}, " if usage.staged_bytes else ""
     cpu = f", {usage.cpu_seconds:.2f} CPU-seconds on this host" if usage.cpu_seconds else ""
+    if prices is None:
+        print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}")
+        return
     print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {usage.s3_requests('free')} S3 DELETE/abort requests (free)")
     cost = price(usage, prices)
     print(f"cost        priced with '{cost.table}' ({cost.date}, {cost.currency}; see 'braid prices show')")
@@ -397,6 +423,10 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool, wal: Sequenc
         print(f"kept {locked.ref}: under Object Lock retention until {format_timestamp(locked.until)}; a prune after that date removes it")
     for name in plan.unmanaged:
         print(f"left {name} alone: no stored policy (store one with 'braid prune --name {name} --keep-... --save-policy')")
+    if dry_run:  # why each is kept: the rules that matched, as restic says
+        for ref in plan.keep:
+            if ref in plan.reasons:
+                print(f"would keep {ref}: {'; '.join(plan.reasons[ref])}")
     print(f"kept {len(plan.keep)} backup(s)", file=sys.stderr)
 
 

@@ -54,10 +54,14 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: float) -> str:
-    """Format bytes with binary units, three significant figures."""
+    """Format bytes with binary units: three significant figures below 100 of a unit, whole units from 100.
+
+    Never in scientific notation: `.3g` would print 1000-1023.x of a unit
+    (and any TiB count from 1000) as `1.02e+03` (tests/test_sizes.py).
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        if abs(n) < (1024 if unit == "B" else 1023.5) or unit == "TiB":  # 1023.5 MiB would round to 1024 MiB: 1 GiB
+            return f"{n:.0f} {unit}" if unit == "B" or abs(n) >= 100 else f"{n:.3g} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
 

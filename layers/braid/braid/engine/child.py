@@ -55,10 +55,14 @@ def program_name(argv: Sequence[str]) -> str:
 class Child:
     """One running command; see the module docstring. Start it from the main thread (signals)."""
 
-    def __init__(self, role: str, argv: Sequence[str], *, stdin: int | None = None, stdout: int | None = None) -> None:
+    def __init__(
+        self, role: str, argv: Sequence[str], *, stdin: int | None = None, stdout: int | None = None, echo: Callable[[bytes], None] | None = None
+    ) -> None:
         """`role` names it in messages ("producer", "consumer"); `stdin`/`stdout` are
-        file descriptors or subprocess.PIPE, None to share Braid's."""
+        file descriptors or subprocess.PIPE, None to share Braid's. `echo` shows the
+        command's stderr (a live progress line draws it beside its own); default: our stderr."""
         self.role = role
+        self._echo = echo
         self.name = program_name(argv)
         self._tail = bytearray()
         self._tail_lock = threading.Lock()
@@ -95,7 +99,10 @@ class Child:
                 del self._tail[:-_TAIL_BYTES]
             if passing:
                 try:
-                    _write_all(2, data)
+                    if self._echo is not None:
+                        self._echo(data)
+                    else:
+                        _write_all(2, data)
                 except OSError:
                     passing = False  # our stderr is gone: keep draining, or the command blocks on a full pipe
 
@@ -104,17 +111,20 @@ class Child:
 
         Trailing hint lines are passed over: PostgreSQL's tools end a failure
         with `pg_basebackup: hint: Try "pg_basebackup --help" ...` after the
-        line that says what went wrong, and the user needs the latter.
+        line that says what went wrong, and the user needs the latter; so are
+        whitespace-indented continuation lines (libpq's), for the line they continue.
         """
         with self._tail_lock:
             text = bytes(self._tail).decode(errors="replace")
-        lines = [line.strip() for line in text.replace("\r", "\n").split("\n")]
-        lines = [line for line in lines if line]
-        while len(lines) > 1 and _HINT.match(lines[-1]):
+        lines = [line.rstrip() for line in text.replace("\r", "\n").split("\n")]
+        lines = [line for line in lines if line.strip()]
+        # A whitespace-indented line continues the one above it (libpq's "\tIs the server running locally
+        # ...?" under "connection to server on socket ... port 5999 failed"): the informative line is that one.
+        while len(lines) > 1 and (_HINT.match(lines[-1].strip()) or lines[-1][:1].isspace()):
             lines.pop()
         if not lines:
             return None
-        last = lines[-1]
+        last = lines[-1].strip()
         return last if len(last) <= _LAST_LINE_CHARS else last[: _LAST_LINE_CHARS - 3] + "..."
 
     # -- signals -----------------------------------------------------------------

@@ -89,6 +89,7 @@ def drive(
     gate: StreamGate | None = None,
     open_timeout: float = DEFAULT_OPEN_TIMEOUT,
     progress: ProgressFn | None = None,
+    throttle: Callable[[int], object] | None = None,
 ) -> StreamResult[R]:
     """Read every source to its end through `sink`.
 
@@ -108,7 +109,9 @@ def drive(
 
     A named pipe with no writer after a few seconds is reported to
     `progress` ("waiting for a writer on P"), and fails the backup with an
-    InputError after `open_timeout` seconds.
+    InputError after `open_timeout` seconds. `throttle(n)` (--rate-limit)
+    is called with each piece's length before it is handed on and may sleep:
+    the readers then wait for free buffers, and so does the producer.
     """
     pool = BufferPool(buffers, chunk_size)
     expected = expected_chunks(list(sources), chunk_size)
@@ -131,6 +134,8 @@ def drive(
                 release()
                 raise LimitError(f"backup {backup} would exceed 2^32 chunks under one data key; use a larger --chunk-size")
             captures[event.input_index].feed(event.data)  # before the sink owns the buffer
+            if throttle is not None:
+                throttle(event.length)
             sink.accept(count, event, release)
             count += 1
         if gate is not None:

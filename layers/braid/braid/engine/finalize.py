@@ -80,6 +80,7 @@ def finalize_backup(
     lineage: Lineage | None = None,
     wal: WalInfo | None = None,
     metadata: Mapping[str, bytes] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Manifest:
     """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
     chunk is checked (the finalizer's own requests so far included), sealed into the manifest.
@@ -105,6 +106,7 @@ def finalize_backup(
         lineage=lineage or Lineage(),
         wal=wal,
         metadata=entries_by_kind,
+        labels=dict(labels) if labels else None,
     )
     manifest.check_structure()
     # Presence and size of every object (pack), by LIST (one request per 1,000

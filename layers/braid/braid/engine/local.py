@@ -27,6 +27,7 @@ from braid.engine.lease import BackupLease
 from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
+from braid.engine.throttle import TokenBucket
 from braid.engine.xbstream import CHECKPOINTS
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
@@ -100,6 +101,7 @@ class LocalEngine:
                     gate=request.gate,
                     open_timeout=request.open_timeout,
                     progress=report,
+                    throttle=TokenBucket(request.rate_limit, burst=request.chunk_size).take if request.rate_limit else None,
                 )
                 if request.wal_gate is not None:
                     request.wal_gate(stream.captured)
@@ -125,6 +127,7 @@ class LocalEngine:
                     lineage=request.lineage,
                     wal=stream.captured.wal,
                     metadata=_metadata(stream.captured),
+                    labels=request.labels,
                 )
             except BaseException:
                 # The driver has stopped the readers and every worker, so

@@ -9,7 +9,7 @@ this one interface.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -47,6 +47,10 @@ class BackupRequest:
     # Judges what the stream carried once the producer succeeded, before anything is published: a
     # PostgreSQL base backup without its WAL (-X none) waits for its WAL range in the archive (braid.ops.wal_wait).
     wal_gate: Callable[[Captured], None] | None = None
+    # `--label KEY=VALUE` (braid.format.labels): sealed into the manifest and its summary.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    # `--rate-limit` of the local engine: bytes per second read from the inputs (None: as fast as it goes).
+    rate_limit: int | None = None
 
 
 class BackupEngine(Protocol):

@@ -164,13 +164,20 @@ class Producer:
     """
 
     def __init__(
-        self, argv: Sequence[str], *, pipes: int | None = None, open_timeout: float = DEFAULT_OPEN_TIMEOUT, progress: ProgressFn | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        pipes: int | None = None,
+        open_timeout: float = DEFAULT_OPEN_TIMEOUT,
+        progress: ProgressFn | None = None,
+        echo: Callable[[bytes], None] | None = None,
     ) -> None:
         if not argv:
             raise UsageError("give the command that writes the backup after --, e.g. braid backup --name pg -- pg_basebackup -Ft -D - -X fetch")
         check_placeholders(argv, pipes)
         self.argv = list(argv)
         self.pipes = pipes
+        self.echo = echo  # how the command's stderr is shown (braid.engine.child.Child)
         self.name = program_name(argv)
         self.sources: list[InputSource] = []
         self._child: Child | None = None
@@ -189,7 +196,7 @@ class Producer:
     def __enter__(self) -> Producer:
         try:
             if self.pipes is None:
-                self._child = Child("producer", self.argv, stdout=subprocess.PIPE)
+                self._child = Child("producer", self.argv, stdout=subprocess.PIPE, echo=self.echo)
                 assert self._child.proc.stdout is not None
                 stdout = self._child.proc.stdout.fileno()
                 self._wake = os.pipe()
@@ -199,7 +206,7 @@ class Producer:
                 self._dir = PipeDir(self.pipes, "backup")
                 self._watch = OpenWatch(self._dir.paths)  # after Braid's own opens: every open it sees is the producer's
                 # Its stdout goes to our stderr: our stdout carries only NAME@ID.
-                self._child = Child("producer", substitute(self.argv, self._dir.paths), stdout=2)
+                self._child = Child("producer", substitute(self.argv, self._dir.paths), stdout=2, echo=self.echo)
                 self._wake = os.pipe()
                 self.sources = [
                     _StdoutSource(i, f"pipe{i + 1} of {self.name}", fifo.path, fd=fifo.reader, wake=self._wake[0], why=self._held_pipes, got=self._got)

@@ -253,7 +253,10 @@ class ChunkCodec:
         try:
             self._aead.decrypt_into(header.nonce, memoryview(stored)[start:], memoryview(stored)[:start], payload)
         except InvalidTag:
-            raise IntegrityError(f"{where}: failed authentication (corrupt, tampered, or a different key)") from None
+            raise IntegrityError(
+                f"{where}: failed authentication (corrupt, tampered, or a different key); check the backup with"
+                f" 'braid verify --deep {backup}', and restore an older one (braid list --name {backup.partition('@')[0]})"
+            ) from None
         # The header authenticated: from here on its fields are what the writer meant.
         header.check_fields(where)
         if header.backup != backup or header.index != index or header.input_index != input_index:

@@ -37,6 +37,7 @@ from braid.format.checksum import is_tagged_checksum
 from braid.format.digests import sha256
 from braid.format.fields import Fields
 from braid.format.keys import DataKey, WrappedKey
+from braid.format.labels import check_labels
 from braid.format.metadata import MetadataEntry
 from braid.format.pg_backup import WalInfo
 from braid.format.sealed import reject_constant, unique_keys
@@ -181,6 +182,10 @@ class Manifest:
     wal: WalInfo | None = None
     # Optional (braid.format.metadata): the encrypted metadata objects beside the chunks, by kind.
     metadata: dict[str, MetadataEntry] = field(default_factory=dict)
+    # Optional: `braid backup --label KEY=VALUE` (braid.format.labels); absent without labels.
+    labels: dict[str, str] | None = None
+    # Optional, written only by `braid copy` (braid.ops.copy): {"at": timestamp, "from": the source repository's id}.
+    copied: dict[str, str] | None = None
 
     @property
     def name(self) -> str:
@@ -239,6 +244,8 @@ class Manifest:
             **({"usage": self.usage.to_json()} if self.usage is not None else {}),
             **({"wal": self.wal.to_json()} if self.wal is not None else {}),
             **({"metadata": {kind: entry.to_json() for kind, entry in sorted(self.metadata.items())}} if self.metadata else {}),
+            **({"labels": dict(self.labels)} if self.labels else {}),
+            **({"copied": self.copied} if self.copied is not None else {}),
         }
 
     def seal(self, key: DataKey) -> bytes:
@@ -354,6 +361,15 @@ def _integer(value: Any, name: str) -> int:
     return value
 
 
+def _copied(doc: Any) -> dict[str, str] | None:
+    if doc is None:
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"at", "from"} or not all(isinstance(v, str) for v in doc.values()):
+        raise ValueError("copied must be {\"at\": timestamp, \"from\": repository id}")
+    parse_timestamp(doc["at"])
+    return dict(doc)
+
+
 def open_manifest(raw: bytes, where: str) -> SealedManifest:
     """Slice, self-check and parse a stored manifest; needs no key."""
     end = len(raw) - _AFTER_BODY
@@ -395,6 +411,8 @@ def open_manifest(raw: bytes, where: str) -> SealedManifest:
             lineage=_lineage(body_doc, version),
             wal=WalInfo.from_json(body_doc["wal"]) if "wal" in body_doc else None,
             metadata={str(k): MetadataEntry.from_json(v) for k, v in dict(body_doc.get("metadata", {})).items()},
+            labels=check_labels(body_doc["labels"]) if "labels" in body_doc else None,
+            copied=_copied(body_doc.get("copied")),
         )
     except IntegrityError as exc:
         raise IntegrityError(f"{where}: manifest is missing or has malformed fields ({exc.message})") from None

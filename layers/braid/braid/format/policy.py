@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
 
-__all__ = ["COUNT_RULES", "Duration", "KeepRules", "parse_policy", "policy_bytes"]
+__all__ = ["COUNT_RULES", "Duration", "KeepRules", "keep_reasons", "parse_policy", "policy_bytes"]
 
 POLICY_VERSION = 1
 COUNT_RULES = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
@@ -202,3 +203,44 @@ def bucket(rule: str, moment: datetime) -> tuple[int, ...]:
     if rule == "keep_yearly":
         return (moment.year,)
     raise ValueError(rule)
+
+
+_BUCKET_TEXT = {"keep_hourly": "%Y-%m-%d %H:00", "keep_daily": "%Y-%m-%d", "keep_weekly": "%G-W%V", "keep_monthly": "%Y-%m", "keep_yearly": "%Y"}
+
+
+def keep_reasons(started_newest_first: Sequence[datetime], rules: KeepRules, now: datetime) -> list[list[str]]:
+    """Why the rules keep each of one name's backups (start times, newest first): the rules that matched, [] for none.
+
+    restic's `forget --keep-*`: each `keep_*ly` N keeps the first (newest)
+    backup met in each new bucket until N buckets are used (`keep-daily 7:
+    newest of 2026-11-28`); `keep_within` counts from the newest backup;
+    `keep_days` from `now`. The newest backup's guarantee is the caller's.
+    """
+    reasons: list[list[str]] = [[] for _ in started_newest_first]
+    if not started_newest_first:
+        return reasons
+    for rule in COUNT_RULES:
+        count = getattr(rules, rule)
+        if count is None:
+            continue
+        flag, total, last = rule.replace("_", "-"), count, None
+        for position, started in enumerate(started_newest_first):
+            if count == 0:
+                break
+            value: object = position if rule == "keep_last" else bucket(rule, started)
+            if value != last:
+                what = f"one of the newest {total}" if rule == "keep_last" else f"newest of {started.astimezone(UTC).strftime(_BUCKET_TEXT[rule])}"
+                reasons[position].append(f"{flag} {total}: {what}")
+                last = value
+                count -= 1
+    if rules.keep_within is not None:
+        deadline = rules.keep_within.deadline(started_newest_first[0])
+        for position, started in enumerate(started_newest_first):
+            if deadline is None or started > deadline:
+                reasons[position].append(f"keep-within {rules.keep_within}: started within it of the newest")
+    if rules.keep_days is not None:
+        window = timedelta(days=rules.keep_days)
+        for position, started in enumerate(started_newest_first):
+            if now - started <= window:
+                reasons[position].append(f"keep-days {rules.keep_days:g}: started in the last {rules.keep_days:g} days")
+    return reasons

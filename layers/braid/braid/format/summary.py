@@ -25,6 +25,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.chain import Lineage
 from braid.format.keys import DataKey
+from braid.format.labels import check_labels
 from braid.format.manifest import Manifest
 from braid.format.pg_backup import WalInfo
 from braid.format.sealed import seal, unseal
@@ -62,6 +63,7 @@ class BackupSummary:
     lineage: Lineage = field(default_factory=Lineage)
     # The manifest's `wal` (braid.format.pg_backup), when it has one: `list` shows a base backup's WAL range.
     wal: dict[str, Any] | None = None
+    labels: dict[str, str] | None = None  # the manifest's (braid.format.labels), when it has any
 
     @classmethod
     def of(cls, manifest: Manifest) -> BackupSummary:
@@ -78,6 +80,7 @@ class BackupSummary:
             usage=manifest.usage.billed() if manifest.usage is not None else None,
             lineage=manifest.lineage,
             wal=manifest.wal.to_json() if manifest.wal is not None else None,
+            labels=dict(manifest.labels) if manifest.labels else None,
         )
 
     def body(self) -> dict[str, Any]:
@@ -96,6 +99,7 @@ class BackupSummary:
             **({"usage": self.usage} if self.usage is not None else {}),
             **(self.lineage.to_json() if self.lineage.is_incremental else {}),
             **({"wal": self.wal} if self.wal is not None else {}),
+            **({"labels": dict(self.labels)} if self.labels else {}),
         }
 
     @classmethod
@@ -116,6 +120,7 @@ class BackupSummary:
                 usage=check_billed(doc["usage"]) if "usage" in doc else None,
                 lineage=Lineage.from_json(doc, _text(doc, "backup")) if "kind" in doc else Lineage(),
                 wal=WalInfo.from_json(doc["wal"]).to_json() if "wal" in doc else None,
+                labels=check_labels(doc["labels"]) if "labels" in doc else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{where}: not a valid Braid summary ({exc})") from None

@@ -59,7 +59,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import TYPE_CHECKING, TypeVar
 
-from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
+from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, PermissionDeniedError
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.layout import (
@@ -161,8 +161,8 @@ def _summary_of(repository: Repository, ref: BackupRef, *, check_manifest: bool 
         summary = open_summary(store.get(summary_key(ref)), f"summary of {ref}").summary
         if summary.backup == str(ref) and summary.repository == repository.config.id:
             return summary
-    except (NotFoundError, IntegrityError):
-        pass
+    except (NotFoundError, IntegrityError, PermissionDeniedError):
+        pass  # a summary this user may not read (another user's run left it): the manifest, else the backup is unreadable
     try:
         return BackupSummary.of(manifest or repository.load(ref).manifest)
     except NotFoundError:
@@ -188,8 +188,8 @@ def _snapshots_that_check(repository: Repository, keys: list[str]) -> Iterator[t
     for key in reversed(keys):
         try:
             snapshot = open_snapshot(repository.store.get(key), key)
-        except (NotFoundError, IntegrityError):
-            continue  # removed since the listing (a prune collected it), or corrupt: the next older one
+        except (NotFoundError, IntegrityError, PermissionDeniedError):
+            continue  # removed since the listing (a prune collected it), corrupt, or another user's: the next older one
         if snapshot.repository == repository.config.id:
             yield key, snapshot
 

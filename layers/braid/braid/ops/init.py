@@ -63,6 +63,8 @@ def init_local_repository(
     """
     root = root.absolute()
     _check_writable(root)
+    if (root / CONFIG).is_file():
+        raise UsageError(f"{root} is already a Braid repository{_repository_id(root / CONFIG)}; back up into it, or choose a new path for another")
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise UsageError(f"{root} exists and is not an empty directory; choose a new path for the repository")
     provisional = RepositoryConfig.new({"type": "local", "key_id": ""}, now or utc_now())
@@ -102,7 +104,7 @@ def _check_writable(root: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RepositoryError(
             f"cannot create repository directory {root}: {existing} is not writable by this user;"
-            f" have it made for this user first, e.g. 'install -d -o USER -m 0700 {root}'"
+            f" have it made for this user first, e.g. 'install -d -o {_user()} -m 0700 {root}'"
         )
 
 
@@ -145,3 +147,23 @@ def init_kms_repository(
     config = RepositoryConfig.new({"type": "kms", "key_id": key_arn}, now or utc_now(), object_lock=object_lock)
     probe(config)
     return Repository.create(store, config)
+
+
+def _user() -> str:
+    """This process's user name, for a command to paste (`install -d -o postgres ...`)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def _repository_id(config: Path) -> str:
+    """" (id ...)" of an existing repository's config, or "" if it does not read."""
+    import json
+
+    try:
+        return f" (id {json.loads(config.read_text())['id']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, UsageError
+from braid.errors import BackupError, IntegrityError, KeyAccessError, NotFoundError, PermissionDeniedError, UsageError
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
 from braid.format.layout import POLICIES, data_prefix, name_from_policy_key, name_prefixes, policy_key, staging_prefix
 from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
-from braid.format.policy import COUNT_RULES, KeepRules, bucket, parse_policy, policy_bytes
+from braid.format.policy import KeepRules, keep_reasons, parse_policy, policy_bytes
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
@@ -146,12 +146,14 @@ class PrunePlan:
     # The catalog's superseded snapshots and folded log days (braid.ops.catalog); whole-repository plans only.
     catalog: CatalogLeftovers = field(default_factory=lambda: CatalogLeftovers([], []))
     chunks: dict[BackupRef, int] = field(default_factory=dict)  # chunk counts the catalog recorded (from_catalog plans)
+    reasons: dict[BackupRef, list[str]] = field(default_factory=dict)  # why each kept backup is kept: the rules that matched
 
     def to_json(self) -> dict[str, Any]:
         return {
             "locked": [entry.to_json() for entry in self.locked],
             "unmanaged": list(self.unmanaged),
             "keep": [str(r) for r in self.keep],
+            "reasons": {str(r): list(self.reasons[r]) for r in self.keep if r in self.reasons},
             "forget": [str(r) for r in self.forget],
             "orphans": [str(r) for r in self.orphans],
             "unreadable": [u.to_json() for u in self.unreadable],
@@ -230,38 +232,9 @@ def _from_catalog(repository: Repository, distrusted: Mapping[BackupRef, str]) -
 
 
 def select_kept(started_newest_first: Sequence[datetime], rules: KeepRules, now: datetime) -> list[bool]:
-    """Which of one name's backups (start times, newest first) the rules keep, as restic's `forget --keep-*`.
-
-    Each `keep_*ly` N keeps the first (newest) backup met in each new
-    bucket until N buckets are used; `keep_within` counts from the newest
-    backup; `keep_days` from `now`. The guarantee that the newest is always
-    kept is the caller's (plan_prune), not a rule.
-    """
-    kept = [False] * len(started_newest_first)
-    if not started_newest_first:
-        return kept
-    for rule in COUNT_RULES:
-        count = getattr(rules, rule)
-        if count is None:
-            continue
-        last: object = None
-        for position, started in enumerate(started_newest_first):
-            if count == 0:
-                break
-            value = position if rule == "keep_last" else bucket(rule, started)
-            if value != last:
-                kept[position] = True
-                last = value
-                count -= 1
-    if rules.keep_within is not None:
-        deadline = rules.keep_within.deadline(started_newest_first[0])
-        for position, started in enumerate(started_newest_first):
-            kept[position] = kept[position] or deadline is None or started > deadline
-    if rules.keep_days is not None:
-        window = timedelta(days=rules.keep_days)
-        for position, started in enumerate(started_newest_first):
-            kept[position] = kept[position] or now - started <= window
-    return kept
+    """Which of one name's backups (start times, newest first) the rules keep, as restic's `forget --keep-*`
+    (braid.format.policy.keep_reasons says why). The guarantee that the newest is always kept is the caller's."""
+    return [bool(reasons) for reasons in keep_reasons(started_newest_first, rules, now)]
 
 
 def plan_prune(
@@ -299,7 +272,8 @@ def plan_prune(
     distrust = distrusted or {}
     found = _from_catalog(repository, distrust) if from_catalog else _authenticate_all(repository, keys, distrust)
     while True:
-        plan.keep, plan.forget, plan.unmanaged = _judge(found.created, stored if policy.stored else None, policy.rules, name, now)
+        plan.reasons = {}
+        plan.keep, plan.forget, plan.unmanaged = _judge(found.created, stored if policy.stored else None, policy.rules, name, now, plan.reasons)
         unchecked = [ref for ref in (*plan.keep, *plan.forget) if ref not in found.authenticated and ref.name not in plan.unmanaged]
         if not unchecked:
             break
@@ -344,9 +318,15 @@ def split_locked(lock: ObjectLock | None, refs: Sequence[BackupRef], now: dateti
     held = [Locked(ref, lock.until(ref)) for ref in refs if lock.holds(ref, now)]
     return free, sorted(held, key=lambda entry: entry.ref)
 def _judge(
-    created: Mapping[BackupRef, str], stored: Mapping[str, KeepRules] | None, rules: KeepRules, name: str | None, now: datetime
+    created: Mapping[BackupRef, str],
+    stored: Mapping[str, KeepRules] | None,
+    rules: KeepRules,
+    name: str | None,
+    now: datetime,
+    reasons: dict[BackupRef, list[str]] | None = None,
 ) -> tuple[list[BackupRef], list[BackupRef], list[str]]:
-    """(keep, forget, unmanaged names) for the counted backups: each name's rules, and its newest always kept."""
+    """(keep, forget, unmanaged names) for the counted backups: each name's rules, and its newest always kept;
+    `reasons` gets, for each backup a rule keeps, the rules that matched."""
     keep: list[BackupRef] = []
     forget: list[BackupRef] = []
     unmanaged: list[str] = []
@@ -362,10 +342,12 @@ def _judge(
             unmanaged.append(backup_name)
             keep.extend(newest_first)
             continue
-        kept = select_kept([ref.started for ref in newest_first], name_rules, now)
-        kept[0] = True  # the newest readable backup of a name, always
-        for ref, keep_it in zip(newest_first, kept, strict=True):
+        why = keep_reasons([ref.started for ref in newest_first], name_rules, now)
+        why[0] = why[0] or [f"the newest of {backup_name} (always kept)"]
+        for ref, keep_it in zip(newest_first, why, strict=True):
             (keep if keep_it else forget).append(ref)
+            if keep_it and reasons is not None:
+                reasons[ref] = keep_it
     return keep, forget, unmanaged
 
 
@@ -436,10 +418,13 @@ def unreadable_error(plan: PrunePlan) -> BackupError | None:
     reason = str(first.error)
     if not reason.startswith(f"backup {first.ref}"):  # most errors name the backup already
         reason = f"{first.ref}: {reason}"
-    message = (
-        f"{count} backup(s) could not be read and were neither counted nor removed; first: {reason}"
-        f" (look at it with 'braid verify {first.ref} --deep'; remove it with 'braid forget {first.ref}')"
-    )
+    if isinstance(first.error, PermissionDeniedError):  # not damage: a run as another user left files this one cannot read
+        hint = f"fix permissions: chown -R the repository's files to its owner; nothing is wrong with {first.ref} itself"
+    else:
+        hint = f"look at it with 'braid verify {first.ref} --deep'; remove it with 'braid forget {first.ref}'"
+    message = f"{count} backup(s) could not be read and were neither counted nor removed; first: {reason} ({hint})"
+    if all(isinstance(u.error, PermissionDeniedError) for u in plan.unreadable):
+        return PermissionDeniedError(message)
     if all(isinstance(u.error, KeyAccessError) for u in plan.unreadable):
         return KeyAccessError(message)
     return IntegrityError(message)

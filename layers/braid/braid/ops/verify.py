@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from braid.errors import IntegrityError, StorageError
+from braid.errors import IntegrityError, PermissionDeniedError, StorageError
 from braid.format.buffers import new_buffer
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
@@ -88,6 +88,7 @@ class VerifyReport:
     bytes_checked: int = 0
     failures: list[str] = field(default_factory=list)  # every problem, in chunk order
     unreadable: list[str] = field(default_factory=list)  # those where the store failed the read: unchecked, not known bad
+    denied: bool = False  # some read was refused by permissions (another user's files): not a result to record
 
     @property
     def ok(self) -> bool:
@@ -221,6 +222,7 @@ def check_entries(
         except StorageError as exc:  # the object could not be read: unchecked, not known bad
             with lock:
                 unreadable.append((first.index, str(exc)))
+                report.denied = report.denied or isinstance(exc, PermissionDeniedError)
             return
         with lock:
             report.chunks_checked += len(group)

@@ -38,3 +38,19 @@ class KeyRewrapper(Protocol):
     def target_key_id(self) -> str: ...
 
     def rewrap(self, wrapped: WrappedKey) -> WrappedKey: ...
+
+
+class DataKeyCopier(Protocol):
+    """Wraps a backup's data key, as another repository's key service wraps it, for `braid copy` (braid.ops.copy).
+
+    The source key service unwraps it and the target's (its master-key
+    file, or KMS Encrypt) wraps it for the target's encryption context: the
+    copy is bound to its own repository, as a backup made there would be.
+    The chunks are never decrypted: their keys derive from this data key,
+    which does not change.
+    """
+
+    @property
+    def target_key_id(self) -> str: ...
+
+    def copy_wrapped(self, wrapped: WrappedKey, context: Mapping[str, str]) -> WrappedKey: ...

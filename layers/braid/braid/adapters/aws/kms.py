@@ -64,6 +64,14 @@ class KmsKeyService:
         return DataKey(bytes(response["Plaintext"])), wrapped
 
     def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        try:
+            return DataKey(self.unwrap_material(wrapped))
+        except ValueError:
+            backup = wrapped.context.get("braid:backup", "this backup")
+            raise KeyAccessError(f"KMS returned a data key of the wrong size for {backup}: it was not made by Braid") from None
+
+    def unwrap_material(self, wrapped: WrappedKey) -> bytes:
+        """The data key's bytes (kms:Decrypt); `unwrap`, and braid copy's wrapping under another repository's key."""
         # A service bound to a key passes that key to Decrypt, so KMS refuses a
         # data key wrapped under another one (as the local key file does); an
         # unwrap-only service trusts the key id recorded with the backup.
@@ -75,10 +83,17 @@ class KmsKeyService:
             )
         except (ClientError, BotoCoreError) as exc:
             raise self._error(exc, "unwrap the data key of", backup, key_id, "kms:Decrypt", recorded=wrapped.key_id) from None
+        return bytes(response["Plaintext"])
+
+    def wrap_material(self, material: bytes, context: Mapping[str, str]) -> WrappedKey:
+        """Wrap an existing data key (a copied backup's) under this key for `context` (kms:Encrypt)."""
+        key_id = self.key_id
+        backup = context.get("braid:backup", "a backup")
         try:
-            return DataKey(bytes(response["Plaintext"]))
-        except ValueError:
-            raise KeyAccessError(f"KMS returned a data key of the wrong size for {backup}: it was not made by Braid") from None
+            response = self.client.encrypt(KeyId=key_id, Plaintext=material, EncryptionContext=dict(context))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "wrap the copied data key of", backup, key_id, "kms:Encrypt") from None
+        return WrappedKey(key_id=str(response["KeyId"]), ciphertext=bytes(response["CiphertextBlob"]), context=dict(context))
 
     def _error(
         self, exc: BaseException, action: str, backup: str, key_id: str, permission: str, recorded: str | None = None
@@ -154,3 +169,35 @@ class KmsRewrap:
             service = KmsKeyService(self.client, self._target)
             raise service._error(exc, "re-wrap the data key of", backup, self._target, "kms:ReEncryptFrom/kms:ReEncryptTo") from None
         return WrappedKey(key_id=str(response["KeyId"]), ciphertext=bytes(response["CiphertextBlob"]), context=dict(wrapped.context))
+
+
+class KmsCopy:
+    """DataKeyCopier between two KMS keys (braid copy): ReEncrypt to the target key and the copy's encryption context.
+
+    The data key never leaves KMS in plaintext; needs kms:ReEncryptFrom on
+    the source key and kms:ReEncryptTo on the target (another region's or
+    account's key, by ARN, if its policy grants it).
+    """
+
+    def __init__(self, client: KMSClient, target_key_id: str) -> None:
+        self.client = client
+        self._target = target_key_id
+
+    @property
+    def target_key_id(self) -> str:
+        return self._target
+
+    def copy_wrapped(self, wrapped: WrappedKey, context: Mapping[str, str]) -> WrappedKey:
+        backup = wrapped.context.get("braid:backup", "this backup")
+        try:
+            response = self.client.re_encrypt(
+                CiphertextBlob=wrapped.ciphertext,
+                SourceEncryptionContext=dict(wrapped.context),
+                SourceKeyId=wrapped.key_id,
+                DestinationKeyId=self._target,
+                DestinationEncryptionContext=dict(context),
+            )
+        except (ClientError, BotoCoreError) as exc:
+            service = KmsKeyService(self.client, self._target)
+            raise service._error(exc, "re-wrap for the copy the data key of", backup, self._target, "kms:ReEncryptFrom/kms:ReEncryptTo") from None
+        return WrappedKey(key_id=str(response["KeyId"]), ciphertext=bytes(response["CiphertextBlob"]), context=dict(context))

@@ -15,6 +15,7 @@ import os
 import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -129,6 +130,14 @@ class LocalKeyFile:
     def unwrap(self, wrapped: WrappedKey) -> DataKey:
         return DataKey(self._unwrap_material(wrapped))
 
+    def unwrap_material(self, wrapped: WrappedKey) -> bytes:
+        """The data key's bytes, for wrapping under another repository's key (braid copy, `KeyCopy`)."""
+        return self._unwrap_material(wrapped)
+
+    def wrap_material(self, material: bytes, context: Mapping[str, str]) -> WrappedKey:
+        """Wrap an existing data key (another repository's backup, copied here) for `context`."""
+        return self._wrap(material, context)
+
 
 class LocalRewrap:
     """KeyRewrapper between two master-key files: unwrap under the old one, wrap under the new (fresh nonce)."""
@@ -144,3 +153,33 @@ class LocalRewrap:
     def rewrap(self, wrapped: WrappedKey) -> WrappedKey:
         source = self._target if wrapped.key_id == self._target.key_id else self._source
         return self._target._wrap(source._unwrap_material(wrapped), wrapped.context)
+
+
+class MaterialKeys(Protocol):
+    """A key service that hands out and takes a data key's bytes: the master-key file, or KMS Decrypt/Encrypt."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def unwrap_material(self, wrapped: WrappedKey) -> bytes: ...
+
+    def wrap_material(self, material: bytes, context: Mapping[str, str]) -> WrappedKey: ...
+
+
+class KeyCopy:
+    """DataKeyCopier (braid.ports.keys) between two key services: unwrap under the source, wrap under the target.
+
+    Any pair of a master-key file and KMS; between two KMS keys
+    braid.adapters.aws.kms.KmsCopy re-encrypts inside KMS instead.
+    """
+
+    def __init__(self, source: MaterialKeys, target: MaterialKeys) -> None:
+        self._source = source
+        self._target = target
+
+    @property
+    def target_key_id(self) -> str:
+        return self._target.key_id
+
+    def copy_wrapped(self, wrapped: WrappedKey, context: Mapping[str, str]) -> WrappedKey:
+        return self._target.wrap_material(self._source.unwrap_material(wrapped), context)

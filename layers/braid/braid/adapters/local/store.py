@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, StorageError
+from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, PermissionDeniedError, StorageError
 from braid.format.buffers import WritableBuffer, new_buffer, read_full
 from braid.format.checksum import stored_checksum
 from braid.ports.store import Buffer, ObjectInfo
@@ -27,7 +27,9 @@ _PREFETCH_STEP = 128 * 1024
 def _storage_error(action: str, path: Path, exc: OSError) -> StorageError:
     if exc.errno == errno.ENOSPC:
         return StorageError(f"repository disk is full while {action} {path}; free space and run the backup again")
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDeniedError(f"permission denied while {action} {path}: fix its owner or mode (a run as another user?)")
+    if exc.errno == errno.EROFS:
         return StorageError(f"permission denied while {action} {path}")
     return StorageError(f"error while {action} {path}: {exc.strerror or exc}")
 

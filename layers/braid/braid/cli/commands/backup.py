@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from braid.cli.budget import check_backup_memory
@@ -20,9 +21,10 @@ from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, default_chunk_size, format_siz
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
 from braid.engine.stream import sources_from_args
-from braid.errors import ExecutionError, NotFoundError, UsageError
+from braid.errors import BackupError, ExecutionError, NotFoundError, UsageError
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef, validate_name
+from braid.format.labels import labels_of
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.ops.wal_wait import wal_gate
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from braid.engine.producer import Producer
     from braid.ops.open import OpenedBackup
 
-_CLOUD_ONLY = ("concurrency", "rate_limit", "fan_out", "no_wait", "stall_timeout", "resume")
+_CLOUD_ONLY = ("concurrency", "fan_out", "no_wait", "stall_timeout", "resume")
 
 
 def _uses_pipeline(repository: Repository, args: argparse.Namespace) -> bool:
@@ -56,7 +58,7 @@ def _engine_for(repository: Repository, args: argparse.Namespace) -> BackupEngin
     given = [f"--{name.replace('_', '-')}" for name in _CLOUD_ONLY if getattr(args, name) and name in typed]
     if given:
         where = "the cloud pipeline, not --engine local" if repository.url.startswith("s3://") else "s3:// repositories"
-        raise UsageError(f"{', '.join(given)} only apply to {where}")
+        raise UsageError(f"{given[0]} applies only to {where}" if len(given) == 1 else f"{', '.join(given)}: each applies only to {where}")
     from braid.engine.local import LocalEngine
 
     requests = None
@@ -79,7 +81,7 @@ def _backup_ref(args: argparse.Namespace) -> BackupRef:
     return BackupRef.new(validate_name(args.name))
 
 
-def _producer(args: argparse.Namespace, progress: ProgressFn | None = None) -> Producer | None:
+def _producer(args: argparse.Namespace, progress: ProgressFn | None = None, echo: Callable[[bytes], None] | None = None) -> Producer | None:
     """The command after `--` (not started yet), or None for stdin / --input."""
     if args.run is None:
         if args.pipes is not None:
@@ -91,7 +93,7 @@ def _producer(args: argparse.Namespace, progress: ProgressFn | None = None) -> P
         raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
     from braid.engine.producer import Producer  # with its subprocess and pipe machinery, only when there is a command to run
 
-    return Producer(args.run, pipes=args.pipes, open_timeout=args.open_timeout, progress=progress)
+    return Producer(args.run, pipes=args.pipes, open_timeout=args.open_timeout, progress=progress, echo=echo)
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
@@ -105,7 +107,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
-    producer = _producer(args, lambda event: progress({"backup": str(ref), **event}))
+    producer = _producer(args, lambda event: progress({"backup": str(ref), **event}), echo=progress.echo)
     sources = sources_from_args(args.input) if producer is None else []
     for source in sources:
         source.check()
@@ -119,6 +121,10 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
 
         check_worker_chunk_size(chunk_size)
     check_backup_memory(cloud=cloud, inputs=inputs, chunk_size=chunk_size, workers=args.workers, concurrency=args.concurrency)
+    labels = labels_of(args.label or [])
+    if labels and cloud:
+        raise UsageError("--label is not carried through the cloud pipeline yet: give --engine local to label this backup")
+    progress.estimate(_expected_size(args, repository, ref))
     engine = _engine_for(repository, args)
     lineage, parent = _lineage(repository, args, ref, cloud)
     # The parent's values for {parent_manifest} / {parent_lsn}, or the refusal of one it lacks (exit 2), before the producer runs.
@@ -142,6 +148,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             open_timeout=args.open_timeout,
             lineage=lineage,
             wal_gate=wal_gate(repository.store, ref.name, max(0.0, args.wal_wait)),
+            labels=labels,
+            rate_limit=None if cloud or not args.rate_limit else parse_size(args.rate_limit),
         )
         manifest = engine.run(request, progress)
     if manifest is None:
@@ -171,6 +179,22 @@ def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, c
     return Lineage.incremental(BackupRef.parse(parent.manifest.backup), parent.manifest.lineage), parent
 
 
+def _expected_size(args: argparse.Namespace, repository: Repository, ref: BackupRef) -> int | None:
+    """--expected-size, else the size of the newest backup of the same name (its summary), else None."""
+    if args.expected_size:
+        return parse_size(args.expected_size)
+    from braid.format.layout import summary_key
+    from braid.format.summary import open_summary
+
+    try:
+        previous = repository.backups(ref.name)
+        if not previous:
+            return None
+        return open_summary(repository.store.get(summary_key(previous[-1])), "summary").summary.plaintext_bytes or None
+    except BackupError:
+        return None  # only the estimate is at stake
+
+
 def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
     """NAME@latest for `status`: the newest backup of NAME, published or still staged (a --no-wait one has no manifest yet)."""
     if not ref.is_latest:
@@ -196,7 +220,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     repository = open_repository(repo_url(args.repo))
     if not repository.config.cloud:
-        raise UsageError("status follows cloud pipeline executions; this is a local repository")
+        raise UsageError("status follows cloud pipeline executions; this is a local repository: use braid show NAME@ID / braid list")
     ref = _newest(repository, BackupRef.parse(args.backup))
     engine = cloud_engine(repository, args)
     status, processed = engine.status(ref)

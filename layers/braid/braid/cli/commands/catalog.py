@@ -13,11 +13,16 @@ manifest it shows, and its newest verify record (braid.ops.verification).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
 from braid.cli.render import billed_fields, list_row, print_backup_list, print_incomplete_list, print_manifest
+from braid.errors import PermissionDeniedError
 from braid.format.ids import BackupRef, validate_name
+from braid.format.labels import labels_of, matches
+from braid.format.layout import PRICES
+from braid.format.repository import Repository
 from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
@@ -34,17 +39,21 @@ def cmd_list(args: argparse.Namespace) -> int:
         print_incomplete_list([found.to_json() for found in incomplete_backups(repository, args.name)], args.json)
         return 0
     rows: list[dict[str, Any]] = []
-    prices = load_prices(repository.store) if args.json else None
+    wanted = labels_of(args.label or [])  # list --label KEY=VALUE (repeatable): backups carrying every one
+    denied: list[Unreadable] = []
+    prices = load_prices(repository.store) if args.json and _priced(repository) else None
     # Hosts only read an s3:// repository's catalog (their roles may not write it): the stack's
     # scheduled maintenance keeps its snapshot fresh. A local repository's reader caches it.
     for entry in read_catalog(repository, rebuild=args.rebuild_catalog, write=not is_s3_url(url)).entries:
         if isinstance(entry, Unreadable):
-            if args.name is None or entry.ref.name == args.name:
+            if isinstance(entry.error, PermissionDeniedError):
+                denied.append(entry)  # not damage: skipped, with one warning below
+            elif (args.name is None or entry.ref.name == args.name) and not wanted:
                 rows.append({"backup": str(entry.ref), "error": str(entry.error), "created": ""})
-        elif args.name is None or entry.backup.partition("@")[0] == args.name:
+        elif (args.name is None or entry.backup.partition("@")[0] == args.name) and matches(entry.labels, wanted):
             row = list_row(entry)
-            if prices is not None:
-                row.update(billed_fields(entry.usage, prices))
+            if args.json:
+                row.update(billed_fields(entry.usage, prices) if prices is not None else {"usage": entry.usage, "cost": None})
             rows.append(row)
     # Each backup's newest verification, from the record keys alone: one LIST of verify/, no GET per backup.
     verified = {str(ref): mark.to_json() for ref, mark in latest_marks(repository.store).items()}
@@ -53,6 +62,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows.sort(key=lambda row: (row["created"], row["backup"]))
     empty = f"no backups named {args.name!r}{repository.suggest_name(args.name)}" if args.name and not rows else "no backups"
     print_backup_list(rows, args.json, empty=empty)
+    if denied:
+        print(
+            f"braid: warning: skipped {len(denied)} backup(s) this user may not read (first: {denied[0].ref}: {denied[0].error});"
+            " fix permissions (chown -R the repository to its owner)",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -60,5 +75,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
     manifest = read_manifest(repository, BackupRef.parse(args.backup))
     record = latest_verification(repository.store, BackupRef.parse(manifest.backup))
-    print_manifest(manifest, args.json, load_prices(repository.store), repository.object_lock, record)
+    print_manifest(manifest, args.json, load_prices(repository.store) if _priced(repository) else None, repository.object_lock, record)
     return 0
+
+
+def _priced(repository: Repository) -> bool:
+    """A directory repository runs up no AWS bill: no cost (show's table, list --json's `cost`) unless `braid prices set` stored a table."""
+    return is_s3_url(repository.url) or repository.store.head(PRICES) is not None

@@ -12,6 +12,7 @@ naming the first backup that could not be re-wrapped (the rest are done).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from braid.cli.compose import key_file_path, open_key_service, open_repository, repo_url, warn_key_file
@@ -55,6 +56,13 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         report = rekey_repository(repository, unwrap, unwrap, rewrap, {"type": "kms", "key_id": rewrap.target_key_id})
     if args.json or not args.quiet or report.failed:
         print_rekey(report, args.json)
+    if kind == "local" and args.new_key_file and report.config_switched and not args.json:
+        path = Path(args.new_key_file).expanduser().absolute()
+        print(
+            f"escrow the new key now: keep a copy of {path} somewhere safe (copies of the old key no longer open this repository);"
+            f" then point the config file at it: key_file = \"{path}\" (or BRAID_KEY_FILE={path})",
+            file=sys.stderr,
+        )
     if report.failed:
         backup, first = report.failed[0]
         message = f"{len(report.failed)} backup(s) could not be re-wrapped (the others were); first: {backup}: {first}"

@@ -25,7 +25,7 @@ from typing import Any
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.render import print_verify_reports
 from braid.contract import ENGINE_LOCAL, ENGINE_STEPFUNCTIONS
-from braid.errors import BackupError, IntegrityError, StorageError, UsageError
+from braid.errors import BackupError, IntegrityError, PermissionDeniedError, StorageError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import manifest_key
 from braid.format.repository import Repository
@@ -94,6 +94,13 @@ def _local_reports(args: argparse.Namespace, repository: Repository) -> tuple[li
         try:
             check_chain(repository, ref, keys)  # an incremental is only as good as its chain (exit 6 otherwise)
             report = verify_published(repository, ref, keys, workers=args.workers, selection=selection)
+        except PermissionDeniedError as exc:  # a permissions problem, never a failed check: nothing recorded
+            _not_recorded(ref, exc)
+            if not args.all:
+                raise
+            reports.append({"backup": str(ref), "ok": False, "failures": [str(exc)], "unreadable": [str(exc)]})
+            errors.append(exc)
+            continue
         except BackupError as exc:
             if not args.all:
                 _record(repository, _failed_record(ref, args, selection, exc))
@@ -104,12 +111,19 @@ def _local_reports(args: argparse.Namespace, repository: Repository) -> tuple[li
             _record(repository, _failed_record(ref, args, selection, exc))
             continue
         reports.append({**report.to_json(), "selection": selection.to_json()})
-        _record(repository, record_of_report(report, selection, ENGINE_LOCAL, datetime.now(UTC)))
+        if report.denied:
+            _not_recorded(ref, PermissionDeniedError(report.unreadable[0]))
+        else:
+            _record(repository, record_of_report(report, selection, ENGINE_LOCAL, datetime.now(UTC)))
         if report.corrupt:
             errors.append(IntegrityError(next(f for f in report.failures if f not in report.unreadable)))
         elif not report.ok:
             errors.append(StorageError(report.unreadable[0]))
     return reports, errors
+
+
+def _not_recorded(ref: BackupRef, exc: BackupError) -> None:
+    print(f"braid: warning: {ref} was not verified, and no result was recorded: {exc}", file=sys.stderr)
 
 
 def _failed_record(ref: BackupRef, args: argparse.Namespace, selection: Selection, exc: BackupError) -> Any:
