@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import threading
@@ -37,6 +38,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
+from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.ports.multipart import MultipartStore, StoredPart
 from braid.ports.store import ObjectStore
 from support.memory_multipart import MemoryMultipart
@@ -596,12 +598,19 @@ def test_part_chunks_follow_the_agents_buffers() -> None:
         StagingUpload(StagingArea(store, REF), S3Multipart(store), SessionRecord("db@x", "s3://b", 2 * 1024**3, 4, 3, ["-"], "now", part_chunks=3))
 
 
-def test_session_keeps_part_chunks_and_reads_old_sessions() -> None:
+def test_session_keeps_part_chunks_and_its_protocol_and_refuses_another_protocol() -> None:
     grouped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=4)
     assert SessionRecord.from_bytes(grouped.to_bytes()) == grouped
-    old = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now")
-    assert b"part_chunks" not in old.to_bytes()  # written as agents that sent one chunk per part wrote it
-    assert SessionRecord.from_bytes(old.to_bytes()).part_chunks == 1
+    doc = json.loads(grouped.to_bytes())
+    assert doc["protocol"] == PROTOCOL and type(doc["protocol"]) is int
+    older = {k: v for k, v in doc.items() if k not in ("protocol", "part_chunks")}  # as agents of protocol 1 wrote it
+    with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 1; this braid speaks protocol {PROTOCOL}"):
+        SessionRecord.from_bytes(json.dumps(older).encode())
+    with pytest.raises(ProtocolMismatchError, match=f"protocol {PROTOCOL + 1}; this braid speaks protocol {PROTOCOL}"):
+        SessionRecord.from_bytes(json.dumps({**doc, "protocol": PROTOCOL + 1}).encode())
+    for wrong in (True, str(PROTOCOL), float(PROTOCOL)):
+        with pytest.raises(IntegrityError, match="protocol must be an integer"):
+            SessionRecord.from_bytes(json.dumps({**doc, "protocol": wrong}).encode())
     with pytest.raises(IntegrityError, match="impossible settings"):
         SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=0).check(REF, "session.json")
 
@@ -736,7 +745,7 @@ def _wait_for(condition: Any, what: str) -> None:
         time.sleep(0.005)
 
 
-def test_a_segments_upload_opens_while_its_first_part_is_still_being_read(tmp_path: Any) -> None:
+def test_a_segments_upload_opens_while_its_first_chunk_is_still_being_read(tmp_path: Any) -> None:
     """With parts of 2 chunks, the first chunk of a segment opens its multipart upload, so the
     part is sent as soon as its second chunk is read; later chunks of the segment open nothing."""
     store = LocalStore(tmp_path / "repo")

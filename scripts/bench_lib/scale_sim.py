@@ -318,7 +318,7 @@ class ItemShape:
     @classmethod
     def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
         layout_first, layout_count = item.layout_range
-        return cls(layout_count, item.first_part - layout_first, item.count, item.cut, len(item.packs()) if packs is None else packs)
+        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs)
 
 
 @dataclass(frozen=True)
@@ -830,7 +830,7 @@ def _run_items(
     running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.
     Items run longest first on the least busy container, as round_wall."""
     area = StagingArea(store, ref)
-    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs(CHUNKS_PER_PACK)) for i in items]
+    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs) for i in items]
     order = sorted(range(len(items)), key=lambda n: -timelines[n].seconds(len(timelines[n].packs)))
     running = max(1, min(workers, len(items)))
     lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)

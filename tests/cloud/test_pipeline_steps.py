@@ -34,6 +34,7 @@ from braid.format.staging import (
     stream_end_key,
 )
 from braid.format.staging.keys import fold_key, folds_prefix
+from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader
 from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
@@ -204,12 +205,28 @@ def test_failure_records_round_trip_and_a_long_cause_is_cut(staged: Staged) -> N
 
 
 def test_steps_refuse_a_backup_other_than_the_executions(staged: Staged) -> None:
-    own = {"backup": str(staged.ref), "execution": {"name": str(staged.ref)}}
+    own = {"protocol": PROTOCOL, "backup": str(staged.ref), "execution": {"name": str(staged.ref)}}
     assert ExecutionInput.from_event(own).ref == staged.ref
-    assert ExecutionInput.from_event({"backup": str(staged.ref)}).ref == staged.ref  # invoked directly, not by the state machine
+    direct = {"protocol": PROTOCOL, "backup": str(staged.ref)}
+    assert ExecutionInput.from_event(direct).ref == staged.ref  # invoked directly, not by the state machine
     for execution in ({"name": "intruder@20261123T000000Z-abcdef"}, {"name": 7}, "db"):
         with pytest.raises(ExecutionMismatchError):
             ExecutionInput.from_event({**own, "execution": execution})
+
+
+def test_the_execution_input_carries_an_integer_protocol_and_the_pipeline_refuses_another(staged: Staged) -> None:
+    started = ExecutionInput(backup=str(staged.ref)).to_json()
+    assert started["protocol"] == PROTOCOL and type(started["protocol"]) is int
+    assert ExecutionInput.from_event(started) == ExecutionInput(backup=str(staged.ref))
+    older = {k: v for k, v in started.items() if k != "protocol"}  # as an agent of protocol 1 starts it
+    with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 1; this braid speaks protocol {PROTOCOL}") as refused:
+        ExecutionInput.from_event(older)
+    assert refused.value.exit_code == 2 and type(refused.value).__name__ in contract.FINAL_PIPELINE_ERRORS  # Cleanup, not a hold
+    with pytest.raises(ProtocolMismatchError, match=f"protocol {PROTOCOL + 1}; this braid speaks protocol {PROTOCOL}"):
+        ExecutionInput.from_event({**started, "protocol": PROTOCOL + 1})
+    for name, wrong in (("protocol", True), ("protocol", "2"), ("max_concurrency", True), ("max_concurrency", "0"), ("poll_seconds", 4.9)):
+        with pytest.raises((IntegrityError, UsageError), match=f"{name} must be a.*integer"):
+            ExecutionInput.from_event({**started, name: wrong})
 
 
 def test_cleanup_of_a_mismatched_execution_touches_nothing(staged: Staged) -> None:
@@ -323,7 +340,7 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
     assert two_chunk and [(r.first_index, len(r.entries)) for r in folded.results] == [(item.first_index, 1) for item in two_chunk]
     third = area.read_rounds()[2].items
     finishing = [item for item in third if item.finishes_cut]
-    assert [(i.first_index, i.count, i.layout) for i in finishing] == [(item.first_index + 1, 1, (item.first_part, 2)) for item in two_chunk]
+    assert [(i.first_index, i.count, i.layout) for i in finishing] == [(item.first_index + 1, 1, (item.first_chunk, 2)) for item in two_chunk]
     return key, first_items
 
 

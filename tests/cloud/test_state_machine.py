@@ -456,7 +456,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     def items_for(data: bytes) -> list[dict[str, object]]:
         crcs = [s3_checksum_value(stored_checksum(data[i : i + CHUNK])) for i in range(0, len(data), CHUNK)]
         return [{"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 3,
-                 "chunk_size": CHUNK, "first_part": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]]} for n in range(3)]
+                 "chunk_size": CHUNK, "first_chunk": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]], "packs": [1]} for n in range(3)]
 
     StagingArea(cloud.store, ref).write_wrapped_key(manifest.key)
 
@@ -464,7 +464,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])
     assert [invoke_worker(cloud, ref, item)["error"] for item in items_for(inputs[0])] == [None, None, None]
     # Grouped otherwise (an item of all three: packs of 2 and 1), even of the same bytes: never accepted over the stored chunk.
-    regrouped = {**items_for(inputs[0])[0], "count": 3, "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(3)]}
+    regrouped = {**items_for(inputs[0])[0], "count": 3, "packs": [2, 1], "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(3)]}
     refused = invoke_worker(cloud, ref, regrouped)
     assert refused["error"] and refused["payload"]["errorType"] == "IntegrityError"
     assert "(chunks 0-1) already exists with different content" in refused["payload"]["errorMessage"]

@@ -135,6 +135,7 @@ FINAL_PIPELINE_ERRORS = (
     "StreamAbandonedError",  # the agent gave the stream up
     "BackupHeldError",  # held, and nobody resumed it in time
     "StagingStalledError",  # the agent stopped uploading before the stream ended
+    "ProtocolMismatchError",  # the agent speaks another staging protocol than the deployed pipeline
 )
 
 WORKER_TRANSIENT_ERRORS = (*LAMBDA_TRANSIENT_ERRORS, "StorageError", "Sandbox.Timedout")

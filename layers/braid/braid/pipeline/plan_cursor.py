@@ -166,7 +166,7 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
             if item.finishes_cut:
                 continue  # a cut item's last packs, planned again: the cut item covers them (StagingArea.read_results)
             slot = (item.input_index, item.segment_index)
-            parts.setdefault(slot, []).append((item.first_part, item.count))
+            parts.setdefault(slot, []).append((item.first_chunk, item.count))
             spans[slot] = (item.segment_offset, item.segment_length)
     for index, (length, count) in enumerate(zip(end.lengths, end.segments, strict=True)):
         offset = 0

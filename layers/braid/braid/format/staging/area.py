@@ -419,7 +419,6 @@ class StagingArea:
                         f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
                     )
                 rest = item.piece(done, len(result.entries))
-                rest.packs()  # whole packs of the cut item's layout
                 result.check(rest, str(self.ref))
             found.append(result)
             done += len(result.entries)

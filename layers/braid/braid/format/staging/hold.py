@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
-from braid.format.staging.records import Fields, document
+from braid.format.staging.protocol import Fields, document
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ IntegrityError.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,61 +17,8 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.ids import BackupRef
 from braid.format.staging.keys import segment_key
+from braid.format.staging.protocol import PROTOCOL, Fields, check_protocol, document
 from braid.format.usage import Usage
-
-
-def document(raw: bytes, what: str) -> Any:
-    """The JSON in `raw`, or an IntegrityError naming `what` (a record and its key)."""
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise IntegrityError(f"{what} is malformed: not JSON") from None
-
-
-class Fields:
-    """Typed reads of one JSON object's fields, each failure an IntegrityError naming the record.
-
-    `bool` is refused where an int is wanted (JSON `true` is not a count).
-    """
-
-    def __init__(self, doc: Any, what: str, names: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
-        if not isinstance(doc, dict):
-            raise IntegrityError(f"{what} is malformed: not a JSON object")
-        missing = [n for n in names if n not in doc]
-        unknown = sorted(set(doc) - set(names) - set(optional))
-        if missing or unknown:
-            detail = "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "", f"unknown {', '.join(unknown)}" if unknown else "") if s)
-            raise IntegrityError(f"{what} is malformed: {detail}")
-        self.doc: dict[str, Any] = doc
-        self.what = what
-
-    def _fail(self, name: str, wanted: str) -> IntegrityError:
-        return IntegrityError(f"{self.what} is malformed: {name} must be {wanted}, not {self.doc.get(name)!r}")
-
-    def count(self, name: str) -> int:
-        """A non-negative integer."""
-        value = self.doc[name]
-        if type(value) is not int or value < 0:
-            raise self._fail(name, "a non-negative integer")
-        return value
-
-    def text(self, name: str) -> str:
-        value = self.doc[name]
-        if not isinstance(value, str):
-            raise self._fail(name, "a string")
-        return value
-
-    def texts(self, name: str, default: list[str] | None = None) -> list[str]:
-        value = self.doc.get(name, default)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._fail(name, "a list of strings")
-        return list(value)
-
-    def counts(self, name: str) -> list[int]:
-        value = self.doc[name]
-        if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
-            raise self._fail(name, "a list of non-negative integers")
-        return list(value)
 
 
 def _encode(record: Any) -> bytes:
@@ -94,21 +40,20 @@ class SessionRecord:
     # Only the agent reads it, to send a resumed upload's parts as before: the
     # pipeline reads chunks by byte offset, so `segment_parts` and a segment
     # record's `parts` and `part_checksums` count chunks whatever this is.
-    # Absent (1) in sessions of agents that sent one chunk per part.
     part_chunks: int = 1
 
     def to_bytes(self) -> bytes:
-        doc = asdict(self)
-        if self.part_chunks == 1:
-            del doc["part_chunks"]  # as written before parts held several chunks
-        return canonical_json(doc)
+        return canonical_json({**asdict(self), "protocol": PROTOCOL})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "session.json") -> SessionRecord:
         what = f"staged session {where}"
         names = ("backup", "repository", "chunk_size", "segment_parts", "level", "inputs", "created")
-        f = Fields(document(raw, what), what, names, optional=("part_chunks",))
-        part_chunks = f.count("part_chunks") if "part_chunks" in f.doc else 1
+        doc = document(raw, what)
+        Fields(doc, what, names, optional=("part_chunks", "protocol"))
+        check_protocol(doc, what)
+        f = Fields(doc, what, (*names, "part_chunks", "protocol"))
+        part_chunks = f.count("part_chunks")
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_parts"), f.count("level"), f.texts("inputs"),
             f.text("created"), part_chunks,
