@@ -280,7 +280,7 @@ class CountingJanitor:
         self.store._count("LIST")
         return 0
 
-    def purge_versions(self, prefix: str) -> int:
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
         self.store._count("LIST")
         return 0
 

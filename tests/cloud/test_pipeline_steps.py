@@ -31,6 +31,7 @@ from braid.format.staging import (
     failure_key,
     result_key,
     segment_record_key,
+    segments_prefix,
     stream_end_key,
 )
 from braid.format.staging.keys import fold_key, folds_prefix
@@ -227,6 +228,31 @@ def test_the_execution_input_carries_an_integer_protocol_and_the_pipeline_refuse
     for name, wrong in (("protocol", True), ("protocol", "2"), ("max_concurrency", True), ("max_concurrency", "0"), ("poll_seconds", 4.9)):
         with pytest.raises((IntegrityError, UsageError), match=f"{name} must be a.*integer"):
             ExecutionInput.from_event({**started, name: wrong})
+
+
+def test_the_planner_removes_each_finished_segment_through_purge_by_version(staged: Staged) -> None:
+    """Plan's early removal goes through `purge` (on S3: every version of exactly that key), never a plain delete."""
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    segments = sorted(info.key for info in staged.store.list(segments_prefix(staged.ref)))
+    purged: list[str] = []
+    deletes: list[list[str]] = []
+    plain_delete = staged.store.delete
+
+    def purge(segment: str) -> None:
+        purged.append(segment)
+        plain_delete([segment])
+
+    staged.store.delete = lambda keys: (deletes.append(list(keys)), plain_delete(keys))[1]  # type: ignore[method-assign]
+    cursor = None
+    while (status := plan_next_round(
+        staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60, cursor=cursor, purge=purge,
+    )).status != "done":
+        for item in StagingArea(staged.store, staged.ref).read_rounds()[-1].items:
+            process_item(staged.store, staged.ref, item, key=key, level=3, lanes=ChunkLanes(2))
+        cursor = status.to_json()["cursor"]  # as the state machine carries it: the next call checks this map
+    assert len(segments) > 1 and sorted(purged) == segments
+    assert not [batch for batch in deletes if set(batch) & set(segments)]  # never a plain delete (a delete marker on S3)
 
 
 def test_cleanup_of_a_mismatched_execution_touches_nothing(staged: Staged) -> None:

@@ -677,3 +677,33 @@ def test_a_sleeping_planner_waits_for_the_agents_wake_or_its_timeout(template: T
     assert not any(fnmatchcase(key, granted) for key in (session_key(ref), stream_end_key(ref), f"{wake_key(ref)}.json"))
 
     assert WakeRecord.from_bytes(b"130 20 AAAAKgAAAAIAAAAA+token/==", "k") == WakeRecord(130, 20, "AAAAKgAAAAIAAAAA+token/==")
+
+
+def _refs(node: Any) -> list[str]:
+    """Logical ids a CloudFormation value refers to (Ref and Fn::GetAtt)."""
+    if isinstance(node, dict):
+        found = []
+        for key, value in node.items():
+            if key == "Ref" and isinstance(value, str):
+                found.append(value)
+            elif key == "Fn::GetAtt":
+                found.append(value[0] if isinstance(value, list) else str(value).split(".")[0])
+            else:
+                found += _refs(value)
+        return found
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def test_state_machines_invoke_published_versions_that_a_deploy_keeps(template: Template) -> None:
+    """An execution keeps its definition, so naming versions (not $LATEST) pins a backup to the code it started with."""
+    resources = template.to_json()["Resources"]
+    machines = {lid: r for lid, r in resources.items() if r["Type"] == "AWS::StepFunctions::StateMachine"}
+    assert len(machines) == 3
+    for lid, machine in machines.items():
+        kinds = {ref: resources[ref]["Type"] for ref in _refs(machine["Properties"]["DefinitionString"]) if ref in resources}
+        assert "AWS::Lambda::Function" not in kinds.values(), (lid, kinds)
+        assert "AWS::Lambda::Version" in kinds.values(), lid
+    versions = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Version"]
+    assert versions and all(v.get("DeletionPolicy") == "Retain" and v.get("UpdateReplacePolicy") == "Retain" for v in versions)

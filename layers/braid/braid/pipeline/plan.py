@@ -168,6 +168,7 @@ def plan_next_round(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
+    purge: Callable[[str], object] | None = None,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -177,6 +178,7 @@ def plan_next_round(
     pause between polls (the scale simulation runs them on a virtual clock).
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
+    `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
     """
     area = StagingArea(store, ref)
     session = area.read_session()
@@ -188,7 +190,7 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None)
+    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:
         return _map_again(state, checked.again)
