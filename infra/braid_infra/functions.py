@@ -94,8 +94,10 @@ class PipelineFunctions(Construct):
         storage: Storage,
         keys: Keys,
         layer: lambda_.ILayerVersion,
-        worker_concurrency: int = contract.DEFAULT_WORKER_CONCURRENCY,
+        worker_concurrency: int | None = None,
     ) -> None:
+        """`worker_concurrency`: reserved for the worker, and every map clamped to it; None reserves
+        nothing and clamps maps to contract.DEFAULT_WORKER_CONCURRENCY."""
         super().__init__(scope, construct_id)
         self.storage = storage
         self.keys = keys
@@ -105,7 +107,7 @@ class PipelineFunctions(Construct):
             contract.ENV_KMS_KEY_ID: keys.key.key_arn,
             contract.ENV_EVENT_BUS: contract.DEFAULT_EVENT_BUS,
             contract.ENV_WORKER_LANES: str(WORKER_LANES),
-            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency),
+            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency or contract.DEFAULT_WORKER_CONCURRENCY),
             "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
