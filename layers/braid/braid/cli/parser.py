@@ -346,6 +346,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
                        help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
+    cloud.add_argument("--abandon", metavar="NAME@ID", help="give up a held backup now: its execution ends and its staging is removed")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
 

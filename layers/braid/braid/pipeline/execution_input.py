@@ -35,7 +35,10 @@ from braid.format.ids import BackupRef
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError, check_protocol
 
 DEFAULT_MAX_CONCURRENCY = 100
-DEFAULT_MAX_CHUNKS_PER_ITEM = 32  # the cost model's pick (scripts/bench cloud-model, item_sizing): a 2 GiB segment per item
+# Chunks per map item at most: 16 (1 GiB). At the published Lambda network rate (~76 MB/s per function,
+# scripts/bench_lib/scale_sim.LAMBDA_NIC_MB_S) the worker is network-bound, and a 32-chunk item took ~44 s
+# of its 60 s timeout (0.73); 16 chunks keep it near a third, with room for a slow S3 minute and every retry.
+DEFAULT_MAX_CHUNKS_PER_ITEM = 16
 DEFAULT_POLL_SECONDS = contract.DEFAULT_POLL_SECONDS
 DEFAULT_STALL_SECONDS = contract.DEFAULT_STALL_SECONDS
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
