@@ -9,7 +9,7 @@ invocation makes. What is synthetic, and said so:
 
 - the agent: segment records appear when a stream of `stream_mb_s` would
   have completed them (one 2 GiB segment of 32 × 64 MiB chunks at a time,
-  `braid.agent.limits.default_segment_parts`), its lease is rewritten every
+  `braid.agent.limits.default_segment_chunks`), its lease is rewritten every
   minute, the stream-end record is written at the end; UploadParts are
   counted per part, each of `default_part_chunks` chunks (one input at the
   default --concurrency: 2 × 64 MiB), as braid.agent.uploader sends them;
@@ -55,7 +55,7 @@ from typing import Any
 
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_chunks
 from braid.agent.wake import POKE_INTERVAL_SECONDS
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import AlreadyExistsError, NotFoundError
@@ -583,7 +583,7 @@ class _Agent:
     def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float) -> None:
         self.store, self.ref, self.session, self.rate = store, ref, session, rate
         self.area = StagingArea(store, ref)
-        self.seg_bytes = session.segment_parts * session.chunk_size
+        self.seg_bytes = session.segment_chunks * session.chunk_size
         self.total = total
         self.segments = max(1, math.ceil(total / self.seg_bytes))
         self.next_segment = 0
@@ -695,7 +695,7 @@ def simulate(
         ref = BackupRef.new("sim")
         total = int(tib * TIB)
         session = SessionRecord(
-            str(ref), repository.config.id, chunk_size, default_segment_parts(chunk_size), 3, ["stdin"], utc_now(),
+            str(ref), repository.config.id, chunk_size, default_segment_chunks(chunk_size), 3, ["stdin"], utc_now(),
             part_chunks=default_part_chunks(chunk_size, 1, DEFAULT_CONCURRENCY),
         )
         StagingArea(store, ref).write_session(session)
@@ -801,7 +801,7 @@ def simulate(
         transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
-        agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
+        agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)
         return Simulation(
             tib=tib, stream_mb_s=stream_mb_s, workers=workers, chunk_size=chunk_size, segments=agent.segments,
             chunks=math.ceil(total / chunk_size), stream_seconds=agent.end_at, invocations=invocations, history_events=events,

@@ -30,7 +30,7 @@ from typing import Any
 import boto3
 import pytest
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "scripts" / "emulated-aws"
@@ -270,7 +270,7 @@ def chunks_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
 
 def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int = DEFAULT_CONCURRENCY) -> int:
     """Staging parts the agent sends at its defaults: `default_part_chunks` chunks each (a segment's last may hold fewer)."""
-    per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_parts(chunk)
+    per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_chunks(chunk)
     parts = 0
     for size in sizes:
         chunks = -(-size // chunk)

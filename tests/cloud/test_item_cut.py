@@ -167,7 +167,7 @@ def streaming_round(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, BackupRef
     """Two segments of PARTS chunks planned while the stream still arrives (items of PARTS: cut items), then the stream ends."""
     store, keys, repository_id = kms_repository(tmp_path)
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository_id, TWO, chunk=CHUNK, segment_parts=PARTS)
+    stage_stream(store, ref, repository_id, TWO, chunk=CHUNK, segment_chunks=PARTS)
     end = store.get(stream_end_key(ref))
     store.delete([stream_end_key(ref)])
     prepare_backup(store, keys, ref)

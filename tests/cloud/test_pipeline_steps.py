@@ -68,7 +68,7 @@ def staged(tmp_path: Path) -> Staged:
     # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
     repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=2)
+    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_chunks=2)
     return Staged(store, keys, ref, repository.config.id)
 
 

@@ -108,9 +108,9 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
     index = first_index
     for record in records:
         part = 1
-        while part <= record.parts:
-            count = min(per_item, record.parts - part + 1)
-            checksums = tuple(record.part_checksums[part - 1 : part - 1 + count])
+        while part <= record.chunks:
+            count = min(per_item, record.chunks - part + 1)
+            checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
             items.append(
                 MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums, cut=cut)
             )
@@ -124,7 +124,7 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
     chosen: list[SegmentRecord] = []
     items = 0
     for record in ready:
-        needed = -(-record.parts // per_item)
+        needed = -(-record.chunks // per_item)
         if chosen and items + needed > max_items:
             break
         chosen.append(record)
@@ -217,7 +217,7 @@ def plan_next_round(
         ready, state = _skip_empty(ready, state)
         due = (
             end is not None or state.last_round is None
-            or round_due(now - state.last_round, now - state.started, sum(r.parts for r in ready), min_round_seconds)
+            or round_due(now - state.last_round, now - state.started, sum(r.chunks for r in ready), min_round_seconds)
         )
         if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
             return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry)
@@ -236,7 +236,7 @@ def plan_next_round(
             )
         if may_sleep and end is None:
             asleep = sleep_plan(
-                planned_chunks=state.chunks, ready_chunks=sum(r.parts for r in ready),
+                planned_chunks=state.chunks, ready_chunks=sum(r.chunks for r in ready),
                 since_last_seconds=None if state.last_round is None else now - state.last_round, age_seconds=now - state.started,
                 stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
             )
@@ -321,7 +321,7 @@ def _advanced(state: PlanCursor, ready: list[SegmentRecord], index: int) -> Plan
 def _skip_empty(ready: list[SegmentRecord], state: PlanCursor) -> tuple[list[SegmentRecord], PlanCursor]:
     """Records without parts (an empty input) need no item: move the cursor past them now."""
     while True:
-        empty = [r for r in ready if r.parts == 0 and r.segment == state.segments[r.input_index]]
+        empty = [r for r in ready if r.chunks == 0 and r.segment == state.segments[r.input_index]]
         if not empty:
             return ready, state
         for record in empty:
@@ -351,7 +351,7 @@ def _plan_round(
     A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
     every worker, and runs inline when small enough."""
     carry = carry or []
-    ready_chunks = sum(r.parts for r in ready) + sum(item.count for item in carry)
+    ready_chunks = sum(r.chunks for r in ready) + sum(item.count for item in carry)
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
     # After stream end, a round small enough runs as an inline Map: its items start at once, with no
     # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).

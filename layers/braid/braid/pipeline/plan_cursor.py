@@ -131,7 +131,7 @@ def lease_digest(raw: bytes | None) -> str:
 
 def check_continues(ref: BackupRef, cursor: PlanCursor, record: SegmentRecord, session: SessionRecord) -> None:
     """A new record must continue its input where the planned ones end (every earlier segment full)."""
-    expected = cursor.segments[record.input_index] * session.segment_parts * session.chunk_size
+    expected = cursor.segments[record.input_index] * session.segment_chunks * session.chunk_size
     if record.offset != cursor.offsets[record.input_index] or record.offset != expected:
         raise IntegrityError(
             f"segment {record.segment} of input {record.input_index} of {ref} starts at byte {record.offset};"
