@@ -218,3 +218,17 @@ def test_the_plan_function_holds_ten_tib_even_in_lambdas_smallest_memory(tmp_pat
     smallest = 128 * 2**20  # Lambda's "MB" are MiB
     assert contract.PLAN_MEMORY_MB >= 128
     assert footprint + peak <= 0.8 * smallest, (footprint / 2**20, peak / 2**20)
+
+
+def test_the_model_assumes_the_published_lambda_network_rate_and_can_vary_it() -> None:
+    """~76 MB/s per function below 2 GB (the worker's 1,769 MB), more only from 2 GB on, as AWS announced."""
+    from bench_lib import scale_sim
+    from bench_lib.benchmarks import cloud_model
+
+    assert scale_sim.LAMBDA_NIC_MB_S <= 80 and scale_sim.lambda_network_mb_s(contract.WORKER_MEMORY_MB) == scale_sim.LAMBDA_NIC_MB_S
+    assert scale_sim.lambda_network_mb_s(2048) == 78.1 and scale_sim.lambda_network_mb_s(10240) == 375.0
+    with scale_sim.network(300.0):
+        fast = scale_sim.ItemTimeline.of(16, 0.4, 64 * 2**20, 0.54, 4)
+    slow = scale_sim.ItemTimeline.of(16, 0.4, 64 * 2**20, 0.54, 4)
+    assert slow.pack_ends[-1] > 2 * fast.pack_ends[-1] and scale_sim.LAMBDA_NIC_MB_S <= 80  # network-bound at the published rate
+    assert 1769 in cloud_model.SENSITIVITY_MEMORY_MB and 300.0 in cloud_model.SENSITIVITY_NETWORK_MB_S
