@@ -94,7 +94,10 @@ ASSUME = {
     "graviton_zstd3_mb_s": 232.0,
     "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine
     "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
-    "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],  # S3 Standard, staging held from its segment's completion until Finalize removes it
+    # S3 Standard, every version billed ("Normal Amazon S3 rates apply for every version of an object stored", S3 User
+    # Guide, Versioning): a segment is billed from its upload until the planner deletes it by version id
+    # (StagingArea.remove_segments; a plain delete on the versioned bucket kept it 1-2 more days), the rest until Finalize.
+    "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],
     "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation
 }
 
