@@ -137,7 +137,7 @@ def test_a_session_of_another_backup_or_with_impossible_settings_is_refused(area
     area.store.put(session_key(area.ref), replace(session_of(area), backup=str(other)).to_bytes())
     with pytest.raises(IntegrityError, match=f"names {other}, not {area.ref}"):
         area.read_session()
-    for bad in (replace(session_of(area), chunk_size=0), replace(session_of(area), segment_parts=0), replace(session_of(area), inputs=[])):
+    for bad in (replace(session_of(area), chunk_size=0), replace(session_of(area), segment_chunks=0), replace(session_of(area), inputs=[])):
         area.store.put(session_key(area.ref), bad.to_bytes())
         with pytest.raises(IntegrityError, match="impossible settings"):
             area.read_session()
@@ -177,9 +177,9 @@ def test_a_malformed_segment_record_names_its_key(area: StagingArea) -> None:
     [
         ({"input_index": 2}, "names input 2; the session has 2"),
         ({"key": "data/db/elsewhere"}, "points at data/db/elsewhere, not its own staging object"),
-        ({"parts": 5, "length": 500, "part_checksums": ["c"] * 5}, r"impossible sizes \(5 parts, 500 bytes\)"),
-        ({"parts": 3}, "400 bytes make 4 parts of 100, record says 3"),
-        ({"part_checksums": ["crc-0"]}, "lists 1 part checksums for 4 parts"),
+        ({"chunks": 5, "length": 500, "chunk_checksums": ["c"] * 5}, r"impossible sizes \(5 chunks, 500 bytes\)"),
+        ({"chunks": 3}, "400 bytes make 4 chunks of 100, record says 3"),
+        ({"chunk_checksums": ["crc-0"]}, "lists 1 chunk checksums for 4 chunks"),
     ],
 )
 def test_a_segment_record_that_disagrees_with_the_session_is_refused(area: StagingArea, change: dict[str, object], complaint: str) -> None:
@@ -289,7 +289,7 @@ def test_rounds_that_do_not_chain_are_refused(area: StagingArea) -> None:
     [
         (b"nope", "malformed: not JSON"),
         (b"[]", "not a non-empty list of map items"),
-        (b'[{"segment": "s"}]', "malformed map item"),
+        (b'[{"segment": "s"}]', "map item .* is malformed: missing input"),
     ],
 )
 def test_a_malformed_round_names_its_key(area: StagingArea, body: bytes, complaint: str) -> None:

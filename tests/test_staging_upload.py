@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import random
 import threading
@@ -21,7 +22,7 @@ from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_segment_chunks
 from braid.agent.resume import part_matches
 from braid.agent.throttle import TokenBucket
 from braid.agent.uploader import StagingUpload
@@ -37,6 +38,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
+from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.ports.multipart import MultipartStore, StoredPart
 from braid.ports.pipeline import MultipartJanitor
 from braid.ports.store import ObjectStore
@@ -188,7 +190,7 @@ def run(
     store: ObjectStore,
     streams: list[bytes],
     *,
-    segment_parts: int = 4,
+    segment_chunks: int = 4,
     part_chunks: int = 1,
     feeder: Feeder | None = None,
     uploads: MultipartStore | None = None,
@@ -201,7 +203,7 @@ def run(
         inputs=[f"/pipe{i}" for i in range(len(streams))],
         chunk_size=CHUNK,
         level=3,
-        segment_parts=segment_parts,
+        segment_chunks=segment_chunks,
         part_chunks=part_chunks,
         **options(**{"concurrency": least_concurrency(len(streams), part_chunks), **overrides}),
     )
@@ -243,7 +245,7 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls], part_chunks: int)
     upload, end = run(store, [data], part_chunks=part_chunks, progress=progress.append)
     assert reassemble(store, 0) == data
     found = records(store)
-    assert [(r.segment, r.parts, r.offset, r.length) for r in found] == [
+    assert [(r.segment, r.chunks, r.offset, r.length) for r in found] == [
         (0, 4, 0, 4 * CHUNK),
         (1, 4, 4 * CHUNK, 4 * CHUNK),
         (2, 2, 8 * CHUNK, CHUNK + 1234),
@@ -252,7 +254,7 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls], part_chunks: int)
         segment = store.get(r.key)
         assert r.checksum == stored_checksum(segment)
         # Per-part checksums, which the worker checks its fetched bytes against.
-        assert [f"crc64nvme:{c}" for c in r.part_checksums] == [
+        assert [f"crc64nvme:{c}" for c in r.chunk_checksums] == [
             stored_checksum(segment[i : i + CHUNK]) for i in range(0, len(segment), CHUNK)
         ]
         info = store.head(r.key)
@@ -260,7 +262,7 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls], part_chunks: int)
     assert end == StreamEnd(lengths=[len(data)], segments=[3])
     assert StreamEnd.from_bytes(store.get(stream_end_key(REF))) == end
     session = SessionRecord.from_bytes(store.get(session_key(REF)))
-    assert (session.repository, session.chunk_size, session.segment_parts, session.inputs, session.level) == (REPOSITORY_ID, CHUNK, 4, ["/pipe0"], 3)
+    assert (session.repository, session.chunk_size, session.segment_chunks, session.inputs, session.level) == (REPOSITORY_ID, CHUNK, 4, ["/pipe0"], 3)
     assert session.part_chunks == part_chunks
     assert calls.uploads_ok == PARTS_OF_10_CHUNKS[part_chunks]
     assert progress[-1]["bytes_uploaded"] == len(data) and progress[-1]["parts_uploaded"] == PARTS_OF_10_CHUNKS[part_chunks]
@@ -276,7 +278,7 @@ def test_multi_segment_round_trip(s3: tuple[S3Store, S3Calls], part_chunks: int)
 def test_two_inputs_of_unequal_size_and_an_empty_one(s3: tuple[S3Store, S3Calls], part_chunks: int) -> None:
     store, _ = s3
     big, small = stream(CHUNK * 5 + 7, seed=2), stream(CHUNK - 1, seed=3)
-    _, end = run(store, [big, small, b""], segment_parts=4 if part_chunks > 1 else 2, part_chunks=part_chunks)
+    _, end = run(store, [big, small, b""], segment_chunks=4 if part_chunks > 1 else 2, part_chunks=part_chunks)
     assert reassemble(store, 0) == big
     assert reassemble(store, 1) == small
     assert reassemble(store, 2) == b""
@@ -286,7 +288,7 @@ def test_two_inputs_of_unequal_size_and_an_empty_one(s3: tuple[S3Store, S3Calls]
 def test_input_ending_on_a_segment_boundary(s3: tuple[S3Store, S3Calls]) -> None:
     store, _ = s3
     data = stream(CHUNK * 4)
-    _, end = run(store, [data], segment_parts=2)
+    _, end = run(store, [data], segment_chunks=2)
     assert end.segments == [2] and reassemble(store, 0) == data
 
 
@@ -379,7 +381,7 @@ def crash_then_resume(store: S3Store, calls: S3Calls, data: bytes, crash_after: 
     """Upload until `crash_after` parts were sent, then die; returns parts stored before the crash."""
     calls.crash_after = crash_after
     with pytest.raises(Crash):
-        run(store, [data], segment_parts=4, concurrency=1)  # one thread: the crash point is exact
+        run(store, [data], segment_chunks=4, concurrency=1)  # one thread: the crash point is exact
     stored = calls.uploads_ok
     calls.crash_after = None
     calls.uploads_sent = calls.uploads_ok = 0
@@ -401,7 +403,7 @@ def test_resume_sends_only_missing_parts(s3: tuple[S3Store, S3Calls]) -> None:
     assert upload.parts_skipped == stored
     assert end == StreamEnd(lengths=[len(data)], segments=[5])
     assert reassemble(store, 0) == data
-    assert [r.parts for r in records(store)] == [4, 4, 4, 4, 1]
+    assert [r.chunks for r in records(store)] == [4, 4, 4, 4, 1]
 
 
 def test_resume_resends_a_part_that_differs(s3: tuple[S3Store, S3Calls]) -> None:
@@ -436,7 +438,7 @@ def test_resume_after_a_crash_between_complete_and_record(s3: tuple[S3Store, S3C
     store.client.meta.events.register("before-parameter-build.s3.PutObject", die_on_record, unique_id=handler_id)
     data = stream(CHUNK * 6)
     with pytest.raises(Crash):
-        run(store, [data], segment_parts=4, concurrency=1)
+        run(store, [data], segment_chunks=4, concurrency=1)
     store.client.meta.events.unregister("before-parameter-build.s3.PutObject", unique_id=handler_id)
     assert records(store) == [] and store.head(f"staging/{REF.name}/{REF.id}/in0/seg00000") is not None
     calls.uploads_sent = calls.uploads_ok = 0
@@ -446,7 +448,7 @@ def test_resume_after_a_crash_between_complete_and_record(s3: tuple[S3Store, S3C
         Feeder().feed(upload, [data])
         upload.finish()
     assert calls.uploads_ok == 2  # only segment 1; segment 0 was checked against S3's checksum and recorded
-    assert [r.parts for r in records(store)] == [4, 2]
+    assert [r.chunks for r in records(store)] == [4, 2]
     assert reassemble(store, 0) == data
 
 
@@ -462,7 +464,7 @@ def test_a_part_changed_before_completion_is_not_recorded(s3: tuple[S3Store, S3C
 
     store.client.meta.events.register("before-parameter-build.s3.CompleteMultipartUpload", tamper)
     with pytest.raises(StorageError):
-        run(store, [stream(CHUNK * 3)], segment_parts=4)
+        run(store, [stream(CHUNK * 3)], segment_chunks=4)
     assert records(store) == [] and store.head(stream_end_key(REF)) is None
 
 
@@ -502,8 +504,8 @@ def test_existing_part_matching() -> None:
 
 
 def test_sizes_are_checked() -> None:
-    assert default_segment_parts(64 * 1024**2) == 32
-    assert default_segment_parts(1024) == 10_000
+    assert default_segment_chunks(64 * 1024**2) == 32
+    assert default_segment_chunks(1024) == 10_000
     store = S3Store(client=None, bucket="b")
     session = SessionRecord("db@x", "s3://b", 1024, 4, 3, ["-"], "now")
     with pytest.raises(UsageError, match="minimum part size"):
@@ -536,7 +538,7 @@ def test_the_uploader_needs_only_ports_a_directory_and_the_fake_will_do(tmp_path
     uploads = CrashingMultipart(store, crash_after=6)
     with pytest.raises(Crash):
         run(store, [data], uploads=uploads, concurrency=1)
-    assert [r.parts for r in records(store)] == [4] and len(list(uploads.list_uploads(""))) == 1
+    assert [r.chunks for r in records(store)] == [4] and len(list(uploads.list_uploads(""))) == 1
     uploads.crash_after = None
     uploads.calls.clear()
     upload = resume(store, uploads, inputs=["/pipe0"])
@@ -639,12 +641,19 @@ def test_part_chunks_follow_the_agents_buffers() -> None:
         StagingUpload(StagingArea(store, REF), S3Multipart(store), SessionRecord("db@x", "s3://b", 2 * 1024**3, 4, 3, ["-"], "now", part_chunks=3))
 
 
-def test_session_keeps_part_chunks_and_reads_old_sessions() -> None:
+def test_session_keeps_part_chunks_and_its_protocol_and_refuses_another_protocol() -> None:
     grouped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=4)
     assert SessionRecord.from_bytes(grouped.to_bytes()) == grouped
-    old = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now")
-    assert b"part_chunks" not in old.to_bytes()  # written as agents that sent one chunk per part wrote it
-    assert SessionRecord.from_bytes(old.to_bytes()).part_chunks == 1
+    doc = json.loads(grouped.to_bytes())
+    assert doc["protocol"] == PROTOCOL and type(doc["protocol"]) is int
+    older = {k: v for k, v in doc.items() if k not in ("protocol", "part_chunks")}  # as agents of protocol 1 wrote it
+    with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 1; this braid speaks protocol {PROTOCOL}"):
+        SessionRecord.from_bytes(json.dumps(older).encode())
+    with pytest.raises(ProtocolMismatchError, match=f"protocol {PROTOCOL + 1}; this braid speaks protocol {PROTOCOL}"):
+        SessionRecord.from_bytes(json.dumps({**doc, "protocol": PROTOCOL + 1}).encode())
+    for wrong in (True, str(PROTOCOL), float(PROTOCOL)):
+        with pytest.raises(IntegrityError, match="protocol must be an integer"):
+            SessionRecord.from_bytes(json.dumps({**doc, "protocol": wrong}).encode())
     with pytest.raises(IntegrityError, match="impossible settings"):
         SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=0).check(REF, "session.json")
 
@@ -666,7 +675,7 @@ def test_memory_bound_with_grouped_parts_in_the_agents_own_buffers(s3: tuple[S3S
     def go() -> None:
         upload = StagingUpload.start(
             StagingArea(store, REF), uploads_of(store), repository_id=REPOSITORY_ID, inputs=["/p0", "/p1"], chunk_size=CHUNK, level=3,
-            segment_parts=4, part_chunks=2, **options(concurrency=concurrency),
+            segment_chunks=4, part_chunks=2, **options(concurrency=concurrency),
         )
         with upload:
             feeder.feed(upload, streams, pool_size=2 + concurrency + 1)
@@ -694,7 +703,7 @@ def test_resume_of_grouped_parts_sends_only_missing_parts(s3: tuple[S3Store, S3C
     data = stream(CHUNK * 16 + 999)  # 17 chunks: segments of 4, 2-chunk parts: 2+2+2+2+1 = 9 parts
     calls.crash_after = crash_after
     with pytest.raises(Crash):
-        run(store, [data], segment_parts=4, part_chunks=2)
+        run(store, [data], segment_chunks=4, part_chunks=2)
     stored = calls.uploads_ok
     assert stored >= crash_after - 0 and store.head(stream_end_key(REF)) is None
     calls.crash_after = None
@@ -709,7 +718,7 @@ def test_resume_of_grouped_parts_sends_only_missing_parts(s3: tuple[S3Store, S3C
     assert calls.uploads_ok == 9 - stored and upload.parts_skipped == stored
     assert end == StreamEnd(lengths=[len(data)], segments=[5])
     assert reassemble(store, 0) == data
-    assert [r.parts for r in records(store)] == [4, 4, 4, 4, 1]
+    assert [r.chunks for r in records(store)] == [4, 4, 4, 4, 1]
     assert list(uploads_of(store).list_uploads("")) == []
 
 
@@ -779,7 +788,7 @@ def _wait_for(condition: Any, what: str) -> None:
         time.sleep(0.005)
 
 
-def test_a_segments_upload_opens_while_its_first_part_is_still_being_read(tmp_path: Any) -> None:
+def test_a_segments_upload_opens_while_its_first_chunk_is_still_being_read(tmp_path: Any) -> None:
     """With parts of 2 chunks, the first chunk of a segment opens its multipart upload, so the
     part is sent as soon as its second chunk is read; later chunks of the segment open nothing."""
     store = LocalStore(tmp_path / "repo")
@@ -789,7 +798,7 @@ def test_a_segments_upload_opens_while_its_first_part_is_still_being_read(tmp_pa
     released: list[int] = []
     upload = StagingUpload.start(
         StagingArea(store, REF), uploads, repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3,
-        segment_parts=4, part_chunks=2, **options(),
+        segment_chunks=4, part_chunks=2, **options(),
     )
     with upload:
         _submit(upload, 0, pieces[0], released)
@@ -819,7 +828,7 @@ def test_an_upload_that_cannot_be_opened_stops_the_reader_with_its_error(tmp_pat
     released: list[int] = []
     upload = StagingUpload.start(
         StagingArea(store, REF), Refusing(store, min_part_size=SMALL_PART), repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK,
-        level=3, segment_parts=4, part_chunks=2, **options(),
+        level=3, segment_chunks=4, part_chunks=2, **options(),
     )
     with pytest.raises(StorageError, match="access denied starting the upload of"):
         with upload:

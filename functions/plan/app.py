@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from braid.adapters.aws.lambda_env import repository_store, worker_concurrency
+from braid.adapters.aws.lambda_env import S3StagingJanitor, repository_store, worker_concurrency
 from braid.format.staging import wake_key
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, memory_mb, pipeline_handler
@@ -39,6 +39,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     with metering("plan", memory_mb(context)) as meter:
         request = ExecutionInput.from_event(event)
         store = repository_store(request.prefix)
+        janitor = S3StagingJanitor(store)
         # --fan-out never exceeds the worker's reserved concurrency: beyond it Lambda throttles.
         max_concurrency = min(request.max_concurrency, worker_concurrency())
         failure = new_failure(event)
@@ -58,6 +59,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 watch_seconds=watch_seconds(context.get_remaining_time_in_millis() / 1000 if context is not None else None),
                 min_round_seconds=MIN_ROUND_SECONDS,
                 may_sleep=True,  # SleepUntilWoken waits for the agent's wake (braid.format.staging.wake)
+                # Finished segments go by version id: a versioned bucket keeps no raw bytes of them.
+                purge=lambda key: janitor.purge_versions(key, exact=True),
             )
     carried = carried_usage(event.get("plan"), "$.plan")
     if failure is not None:

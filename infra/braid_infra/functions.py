@@ -94,8 +94,10 @@ class PipelineFunctions(Construct):
         storage: Storage,
         keys: Keys,
         layer: lambda_.ILayerVersion,
-        worker_concurrency: int = contract.DEFAULT_WORKER_CONCURRENCY,
+        worker_concurrency: int | None = None,
     ) -> None:
+        """`worker_concurrency`: reserved for the worker, and every map clamped to it; None reserves
+        nothing and clamps maps to contract.DEFAULT_WORKER_CONCURRENCY."""
         super().__init__(scope, construct_id)
         self.storage = storage
         self.keys = keys
@@ -105,7 +107,7 @@ class PipelineFunctions(Construct):
             contract.ENV_KMS_KEY_ID: keys.key.key_arn,
             contract.ENV_EVENT_BUS: contract.DEFAULT_EVENT_BUS,
             contract.ENV_WORKER_LANES: str(WORKER_LANES),
-            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency),
+            contract.ENV_WORKER_CONCURRENCY: str(worker_concurrency or contract.DEFAULT_WORKER_CONCURRENCY),
             "POWERTOOLS_SERVICE_NAME": contract.SERVICE_NAME,
             "POWERTOOLS_METRICS_NAMESPACE": contract.METRICS_NAMESPACE,
             "POWERTOOLS_LOG_LEVEL": "INFO",
@@ -121,6 +123,16 @@ class PipelineFunctions(Construct):
 
     def __getitem__(self, name: str) -> lambda_.Function:
         return self.functions[name]
+
+    def pinned(self, name: str) -> lambda_.IVersion:
+        """The function's version published with this deploy: what the state machines invoke.
+
+        An execution keeps the definition it started with, so naming a version (not
+        $LATEST, not an alias a deploy moves) makes a backup that runs for days finish on
+        the code it started with. Old versions are retained: executions still running
+        invoke them after the next deploy.
+        """
+        return self.functions[name].current_version
 
     def _add(self, spec: FunctionSpec, environment: dict[str, str], layer: lambda_.ILayerVersion) -> None:
         title = spec.name.capitalize()
@@ -147,6 +159,7 @@ class PipelineFunctions(Construct):
             tracing=lambda_.Tracing.ACTIVE,
             environment=environment,
             reserved_concurrent_executions=self.worker_concurrency if spec.name == "worker" else None,
+            current_version_options=lambda_.VersionOptions(removal_policy=RemovalPolicy.RETAIN),
         )
         self.functions[spec.name] = function
         self.roles[spec.name] = role
@@ -165,7 +178,7 @@ class PipelineFunctions(Construct):
         self.roles[name].add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.storage.bucket.bucket_arn]))
 
     def _list_versions(self, name: str) -> None:
-        """Finalize and Cleanup purge the old versions of staging objects (raw database bytes)."""
+        """Plan, Finalize and Cleanup purge the versions of staging objects (raw database bytes)."""
         self.roles[name].add_to_policy(
             iam.PolicyStatement(
                 actions=["s3:ListBucketVersions"],
@@ -200,6 +213,9 @@ class PipelineFunctions(Construct):
         self._s3("plan", ["s3:GetObject"], STAGING_OBJECTS)
         self._s3("plan", ["s3:PutObject", "s3:DeleteObject"], STAGING_OBJECTS)
         self._list("plan")
+        # ...by version id, so the versioned bucket keeps no noncurrent copy of raw bytes (StagingArea.remove_segments).
+        self._s3("plan", ["s3:DeleteObjectVersion"], STAGING_OBJECTS)
+        self._list_versions("plan")
         # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
         self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)
         self._s3("worker", ["s3:PutObject"], DATA_OBJECTS, STAGING_OBJECTS)

@@ -83,14 +83,14 @@ class BackupPipeline(Construct):
         super().__init__(scope, construct_id)
 
         def step(name: str, function: str, result_path: str) -> tasks.LambdaInvoke:
-            return lambda_step(self, name, functions[function], result_path, step_retry)
+            return lambda_step(self, name, functions.pinned(function), result_path, step_retry)
 
         prepare = step("Prepare", "prepare", "$.prepared")
         plan = step("PlanSegments", "plan", "$.plan")
         finalize = step("Finalize", "finalize", "$.summary")
         cleanup = step("Cleanup", "cleanup", "$.failure")
 
-        worker = worker_step(self, "Worker", functions["worker"], worker_retry)
+        worker = worker_step(self, "Worker", functions.pinned("worker"), worker_retry)
 
         process = sfn.DistributedMap(
             self,
@@ -117,7 +117,7 @@ class BackupPipeline(Construct):
         # Failed items are tolerated as in ProcessChunks: each Worker's error is caught in its own
         # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
         # items without a result again, then holds the backup.
-        final_worker = worker_step(self, "StoreFinalItem", functions["worker"], worker_retry)
+        final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
         final_worker.add_catch(
             sfn.Pass(self, "FinalItemFailed", state_name="FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD
         )
@@ -217,7 +217,7 @@ class BackupPipeline(Construct):
             self,
             "WarmFinalize",
             state_name="WarmFinalize",
-            lambda_function=functions["finalize"],
+            lambda_function=functions.pinned("finalize"),
             invocation_type=tasks.LambdaInvocationType.EVENT,
             payload=sfn.TaskInput.from_object({"warm": True, "backup": sfn.JsonPath.string_at("$.backup")}),
             result_path=sfn.JsonPath.DISCARD,

@@ -54,12 +54,12 @@ class PrunePipeline(Construct):
         step_retry: RetryPolicy = STEP_RETRY,
     ) -> None:
         super().__init__(scope, construct_id)
-        plan = lambda_step(self, "PlanPrune", functions["prune"], "$.plan", step_retry)
-        tally = lambda_step(self, "TallyPrune", functions["tally"], "$.report", step_retry)
+        plan = lambda_step(self, "PlanPrune", functions.pinned("prune"), "$.plan", step_retry)
+        tally = lambda_step(self, "TallyPrune", functions.pinned("tally"), "$.report", step_retry)
 
         sweep = retried(
             tasks.LambdaInvoke(
-                self, "SweepItem", state_name="SweepItem", lambda_function=functions["sweep"], payload_response_only=True, retry_on_service_exceptions=False
+                self, "SweepItem", state_name="SweepItem", lambda_function=functions.pinned("sweep"), payload_response_only=True, retry_on_service_exceptions=False
             ),
             SWEEP_TRANSIENT,
             sweep_retry,

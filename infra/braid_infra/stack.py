@@ -13,7 +13,6 @@ from typing import Any
 from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
-from braid import contract
 from braid.contract import (
     OUTPUT_AGENT_INSTANCE_PROFILE,
     OUTPUT_AGENT_POLICY,
@@ -43,6 +42,21 @@ from braid_infra.schedules import Schedules
 from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting
 from braid_infra.verify_pipeline import VerifyPipeline
 
+WORKER_CONCURRENCY_CONTEXT = "braid:worker-concurrency"
+
+
+def worker_reservation(value: Any) -> int | None:
+    """The worker's reserved concurrency from CDK context: opt-in (None, unset: no reservation, never a deploy blocker)."""
+    if value is None or value == "":
+        return None
+    try:
+        reserved = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{WORKER_CONCURRENCY_CONTEXT} must be a whole number of executions, not {value!r}") from None
+    if reserved < 1 or isinstance(value, bool):
+        raise ValueError(f"{WORKER_CONCURRENCY_CONTEXT} must be at least 1, not {value!r}")
+    return reserved
+
 
 class BraidStack(Stack):
     def __init__(
@@ -69,7 +83,7 @@ class BraidStack(Stack):
         self.keys = Keys(self, "Keys", alias=f"alias/braid/{construct_id}")
         self.layer = BraidLayer(self, "Layer", asset_dir=layer_dir)
         if worker_concurrency is None:
-            worker_concurrency = int(self.node.try_get_context("braid:worker-concurrency") or contract.DEFAULT_WORKER_CONCURRENCY)
+            worker_concurrency = worker_reservation(self.node.try_get_context(WORKER_CONCURRENCY_CONTEXT))
         self.functions = PipelineFunctions(
             self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer, worker_concurrency=worker_concurrency
         )

@@ -45,6 +45,12 @@ class RetryPolicy:
 # request was made.
 WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
 STEP_RETRY = RetryPolicy(max_attempts=3)
+# A throttled invoke ran nothing, so it costs only its backoff. Concurrent backups share the account's
+# concurrency; several maps finishing together throttle each other for seconds, and full jitter spreads
+# them out. The worker's backoffs stay inside its EXPRESS child's 5 minutes beside WORKER_RETRY's
+# attempts (1+2+4+8+8+8 = 31 s; tests/infra checks the sum); a coordinating step rides out minutes.
+WORKER_THROTTLE_RETRY = RetryPolicy(interval=Duration.seconds(1), max_attempts=6, max_delay=Duration.seconds(8))
+STEP_THROTTLE_RETRY = RetryPolicy(interval=Duration.seconds(2), max_attempts=10, max_delay=Duration.seconds(60))
 
 
 def retried(task: tasks.LambdaInvoke, errors: Sequence[str], policy: RetryPolicy) -> tasks.LambdaInvoke:
@@ -73,13 +79,15 @@ def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_pat
 
 
 def lambda_step(scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY) -> tasks.LambdaInvoke:
-    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client)."""
-    return retried(_invoke(scope, name, function, result_path), LAMBDA_TRANSIENT, retry)
+    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client), and throttling."""
+    throttled = retried(_invoke(scope, name, function, result_path), [contract.LAMBDA_THROTTLED], STEP_THROTTLE_RETRY)
+    return retried(throttled, LAMBDA_TRANSIENT, retry)
 
 
 def worker_step(scope: Construct, name: str, function: lambda_.IFunction, retry: RetryPolicy = WORKER_RETRY) -> tasks.LambdaInvoke:
     """A map's item processor: also retried on StorageError and a timed-out attempt, inside its EXPRESS child's 5 minutes."""
-    return retried(_invoke(scope, name, function, None), TRANSIENT, retry)
+    throttled = retried(_invoke(scope, name, function, None), [contract.LAMBDA_THROTTLED], WORKER_THROTTLE_RETRY)
+    return retried(throttled, TRANSIENT, retry)
 
 
 def logged_machine(scope: Construct, construct_id: str, definition: sfn.IChainable, *, comment: str, timeout: Duration) -> sfn.StateMachine:

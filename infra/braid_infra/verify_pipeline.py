@@ -98,9 +98,9 @@ class VerifyPipeline(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
 
-        plan = lambda_step(self, "PlanVerify", functions["verifyplan"], "$.plan", step_retry)
-        record = lambda_step(self, "RecordVerify", functions["verifyrecord"], "$.report", step_retry)
-        worker = worker_step(self, "VerifyWorker", functions["verifyworker"], worker_retry)
+        plan = lambda_step(self, "PlanVerify", functions.pinned("verifyplan"), "$.plan", step_retry)
+        record = lambda_step(self, "RecordVerify", functions.pinned("verifyrecord"), "$.report", step_retry)
+        worker = worker_step(self, "VerifyWorker", functions.pinned("verifyworker"), worker_retry)
         check = sfn.DistributedMap(
             self,
             "CheckChunks",

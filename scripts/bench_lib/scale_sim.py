@@ -9,7 +9,7 @@ invocation makes. What is synthetic, and said so:
 
 - the agent: segment records appear when a stream of `stream_mb_s` would
   have completed them (one 2 GiB segment of 32 × 64 MiB chunks at a time,
-  `braid.agent.limits.default_segment_parts`), its lease is rewritten every
+  `braid.agent.limits.default_segment_chunks`), its lease is rewritten every
   minute, the stream-end record is written at the end; UploadParts are
   counted per part, each of `default_part_chunks` chunks (one input at the
   default --concurrency: 2 × 64 MiB), as braid.agent.uploader sends them;
@@ -48,13 +48,14 @@ import time
 import tracemalloc
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from braid import contract
 from braid.adapters.local.keys import LocalKeyFile
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_chunks
 from braid.agent.wake import POKE_INTERVAL_SECONDS
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import AlreadyExistsError, NotFoundError
@@ -94,6 +95,7 @@ REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
 REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU
 FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
 ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
+# Not published by AWS; an assumption (the review found no measurement either), kept until a run on AWS measures it.
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
 INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions
 INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
@@ -101,12 +103,43 @@ INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 # reused: a round's items run first on the containers earlier rounds started (rounds are seconds to minutes apart,
 # well within the minutes Lambda keeps an idle container; AWS does not document how long), and only the rest start
 # cold, so the count is the run's peak concurrency, and the items beyond the warm ones start this much later.
+# Sources: AWS bills INIT since 2025-08 ("Lambda now bills the INIT phase", AWS compute blog); ~1 s for a
+# Python 3 function with a ~20 MB layer is the order AWS's Lambda Power Tuning runs report. An assumption.
 COLD_START_SECONDS = 1.0
 # From the agent's segment (or stream-end) record to the sleeping planner's next call: the agent's GET of the wake
 # record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake).
 WAKE_SECONDS = 0.2
-LAMBDA_S3_MB_S = 90.0  # one Lambda's S3 throughput per stream
-LAMBDA_NIC_MB_S = 300.0  # one Lambda's total network
+# One S3 stream (one GET or PUT connection): AWS's "Performance guidelines for Amazon S3" (S3 User Guide,
+# optimizing-performance-guidelines.html, "Scale storage connections horizontally") sizes one concurrent request
+# per 85-90 MB/s of desired throughput. Capped by the function's network below.
+LAMBDA_S3_MB_S = 90.0
+# One Lambda function's total network, both directions (the worker reads a chunk and writes ~0.54 of it).
+# Published: functions up to 2 GB measure a steady ~0.61 Gbit/s (~76 MB/s) at every memory size (public
+# measurements of Lambda network throughput, as collected by the project's AWS review 3, finding H2), and AWS's
+# August 2026 announcement gives more only to functions outside a VPC with 2 GB or more: "from 625 Mbps at
+# 2 GB up to 3,000 Mbps at 10 GB". The worker has 1,769 MB.
+# Was 300 MB/s (assumed) until 2026-11-28; lambda_network_mb_s() gives the rate at another memory size.
+LAMBDA_NIC_MB_S = 76.0
+
+
+def lambda_network_mb_s(memory_mb: int) -> float:
+    """The published network rate of a function of `memory_mb` (outside a VPC): ~76 MB/s up to 2 GB, then
+    AWS's announced line from 625 Mbit/s at 2,048 MB to 3,000 Mbit/s at 10,240 MB."""
+    if memory_mb < 2048:
+        return LAMBDA_NIC_MB_S
+    mbit = 625 + (3000 - 625) * (min(memory_mb, 10240) - 2048) / (10240 - 2048)
+    return round(max(LAMBDA_NIC_MB_S, mbit / 8), 1)
+
+
+@contextmanager
+def network(mb_s: float) -> Iterator[None]:
+    """Simulate with `mb_s` per function instead of LAMBDA_NIC_MB_S (the model's sensitivity table)."""
+    global LAMBDA_NIC_MB_S
+    saved, LAMBDA_NIC_MB_S = LAMBDA_NIC_MB_S, mb_s
+    try:
+        yield
+    finally:
+        LAMBDA_NIC_MB_S = saved
 WORKER_CPU_SECONDS = 0.45  # per 64 MiB chunk on arm64 (zstd-3 + AES-GCM + CRCs): scripts/bench cloud-model measures it
 STORED_RATIO = 0.54  # stored / plaintext
 
@@ -280,7 +313,7 @@ class CountingJanitor:
         self.store._count("LIST")
         return 0
 
-    def purge_versions(self, prefix: str) -> int:
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
         self.store._count("LIST")
         return 0
 
@@ -318,7 +351,7 @@ class ItemShape:
     @classmethod
     def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
         layout_first, layout_count = item.layout_range
-        return cls(layout_count, item.first_part - layout_first, item.count, item.cut, len(item.packs()) if packs is None else packs)
+        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs)
 
 
 @dataclass(frozen=True)
@@ -550,7 +583,7 @@ class _Agent:
     def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float) -> None:
         self.store, self.ref, self.session, self.rate = store, ref, session, rate
         self.area = StagingArea(store, ref)
-        self.seg_bytes = session.segment_parts * session.chunk_size
+        self.seg_bytes = session.segment_chunks * session.chunk_size
         self.total = total
         self.segments = max(1, math.ceil(total / self.seg_bytes))
         self.next_segment = 0
@@ -662,7 +695,7 @@ def simulate(
         ref = BackupRef.new("sim")
         total = int(tib * TIB)
         session = SessionRecord(
-            str(ref), repository.config.id, chunk_size, default_segment_parts(chunk_size), 3, ["stdin"], utc_now(),
+            str(ref), repository.config.id, chunk_size, default_segment_chunks(chunk_size), 3, ["stdin"], utc_now(),
             part_chunks=default_part_chunks(chunk_size, 1, DEFAULT_CONCURRENCY),
         )
         StagingArea(store, ref).write_session(session)
@@ -768,7 +801,7 @@ def simulate(
         transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
-        agent.requests["LIST"] += math.ceil(agent.segments * session.segment_parts / 1000)
+        agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)
         return Simulation(
             tib=tib, stream_mb_s=stream_mb_s, workers=workers, chunk_size=chunk_size, segments=agent.segments,
             chunks=math.ceil(total / chunk_size), stream_seconds=agent.end_at, invocations=invocations, history_events=events,
@@ -830,7 +863,7 @@ def _run_items(
     running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.
     Items run longest first on the least busy container, as round_wall."""
     area = StagingArea(store, ref)
-    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs(CHUNKS_PER_PACK)) for i in items]
+    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs) for i in items]
     order = sorted(range(len(items)), key=lambda n: -timelines[n].seconds(len(timelines[n].packs)))
     running = max(1, min(workers, len(items)))
     lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)

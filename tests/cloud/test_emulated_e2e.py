@@ -30,7 +30,7 @@ from typing import Any
 import boto3
 import pytest
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_chunks
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "scripts" / "emulated-aws"
@@ -270,7 +270,7 @@ def chunks_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
 
 def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int = DEFAULT_CONCURRENCY) -> int:
     """Staging parts the agent sends at its defaults: `default_part_chunks` chunks each (a segment's last may hold fewer)."""
-    per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_parts(chunk)
+    per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_chunks(chunk)
     parts = 0
     for size in sizes:
         chunks = -(-size // chunk)
@@ -550,6 +550,47 @@ def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path
     assert cloud.open_uploads(ref_prefix(ref)) != []  # kept for --resume
 
 
+def test_resume_of_a_commands_backup_finishes_it_from_staging_once_staged_whole(cloud: Emulator, tmp_path: Path) -> None:
+    """The command is not run again (it would make a new stream): a stream staged whole finishes from staging."""
+    data = stream_bytes(11 * MiB, 5)
+    (tmp_path / "dump.bin").write_bytes(data)
+    command = ["--", "cat", str(tmp_path / "dump.bin")]
+    staged = braid(cloud, "agent-cmdresume", "backup", "--name", "cmdresume", "--chunk-size", CHUNK, "--no-wait", *command)
+    assert staged.code == 0, staged.stderr
+    ref = staged.stdout.strip()
+    (tmp_path / "dump.bin").write_bytes(b"not what was staged")  # resuming must not read the command's output again
+
+    resumed = braid(cloud, "agent-cmdresume", "backup", "--resume", ref, *command)
+
+    assert resumed.code == 0, resumed.stderr
+    assert resumed.stdout.strip() == ref
+    restored = tmp_path / "restored.bin"
+    assert braid(cloud, "restore-cmdresume", "restore", ref, "--output", str(restored)).code == 0
+    assert restored.read_bytes() == data
+
+
+def test_resume_of_a_commands_backup_not_staged_whole_says_so_and_how_to_start_again(cloud: Emulator, tmp_path: Path) -> None:
+    writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 17), pause_after=20 * MiB)
+    args = ["backup", "--name", "cmdpartial", "--chunk-size", CHUNK, "--input", str(writer.path)]
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-cmdpartial"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not staged_parts(cloud, "staging/cmdpartial/"):
+        assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()
+        time.sleep(0.05)
+    agent.send_signal(signal.SIGINT)
+    agent.communicate(timeout=60)
+    writer.finish()
+    (session,) = [r["key"] for r in cloud.requests(caller="agent-cmdpartial", op="PutObject") if r["key"].endswith("/session.json")]
+    ref = "{1}@{2}".format(*session.split("/"))
+
+    refused = braid(cloud, "agent-cmdpartial", "backup", "--resume", ref, "--", "cat", "/dev/null")
+
+    assert (refused.code, refused.errors) == (2, [
+        f"braid: error: {ref} cannot be resumed: its command's stream was not staged whole (the stream ended before every byte was"
+        " uploaded), and a command makes a new stream each run; start a new backup: braid backup --name cmdpartial -- COMMAND"
+    ])
+
+
 def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
     emulator = start_emulator("--fail-worker", "once")
     inputs = [stream_bytes(12 * MiB, 6), stream_bytes(3 * MiB, 7)]
@@ -585,6 +626,28 @@ def test_a_worker_that_always_fails_holds_the_backup_for_resume_and_says_so(star
     assert status.code == 9 and status.errors == [message]
     assert json.loads(status.stdout)["status"] == "RUNNING"
     assert braid(emulator, "agent", "status", ref).errors == [message]
+
+
+def test_abandon_of_a_held_backup_ends_its_execution_and_leaves_no_staging_version(start_emulator: Callable[..., Emulator], tmp_path: Path) -> None:
+    emulator = start_emulator("--fail-worker", "always", "--fast-retries")
+    held = backup_pipes(emulator, tmp_path, "agent", "given-up", [stream_bytes(6 * MiB, 21)])
+    assert held.code == 9 and "is held" in held.stderr, held.stderr
+    ref = held.errors[0].removeprefix("braid: error: backup ").split(" ", 1)[0]
+    refused = braid(emulator, "agent", "backup", "--abandon", ref, "--name", "given-up")
+    assert (refused.code, refused.errors) == (2, ["braid: error: --abandon takes the exact NAME@ID of a held backup, and nothing else to back up"])
+
+    abandoned = braid(emulator, "agent", "backup", "--abandon", ref)
+
+    assert abandoned.code == 0, abandoned.stderr + emulator.tail()
+    assert f"{ref} abandoned" in abandoned.stderr
+    name, _, backup_id = ref.partition("@")
+    left = emulator.client("s3").list_object_versions(Bucket=emulator.bucket, Prefix=f"staging/{name}/{backup_id}/")
+    assert left.get("Versions", []) + left.get("DeleteMarkers", []) == [] and emulator.open_uploads("staging/") == []
+    assert emulator.keys("manifests/") == []
+    status = braid(emulator, "agent", "status", ref, "--once", "--json")
+    assert json.loads(status.stdout)["status"] == "FAILED" and "braid backup --abandon" in status.stderr, status.stdout + status.stderr
+    again = braid(emulator, "agent", "backup", "--abandon", ref)
+    assert again.code == 8, again.stderr  # nothing staged is left to abandon
 
 
 def test_a_worker_failing_past_every_retry_holds_the_backup_and_resume_finishes_it_once_healed(

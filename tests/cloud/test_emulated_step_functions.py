@@ -261,3 +261,56 @@ def test_a_result_writer_exports_each_status_to_its_own_file_with_a_manifest(mac
     (row,) = json.loads(body)
     assert failed["Size"] == len(body)
     assert (row["Status"], row["Error"], json.loads(row["Input"])) == ("FAILED", "RuntimeError", {"action": "fail", "n": 1})
+
+
+VERSIONED = '''
+import os
+import time
+
+CODE = {code!r}
+
+def handler(event, context):
+    if event.get("gate"):
+        open(os.path.join(event["gate"], "started"), "w").close()
+        while not os.path.exists(os.path.join(event["gate"], "go")):  # the test deploys B meanwhile
+            time.sleep(0.01)
+    return {{"code": CODE}}
+'''
+
+
+def _zipped(source: str) -> bytes:
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("app.py", source)
+    return archive.getvalue()
+
+
+def test_an_execution_started_on_version_a_finishes_on_a_while_b_is_deployed(machines: Machines, tmp_path: Any) -> None:
+    """As AWS does: an execution keeps the definition it started with, and a qualified ARN runs that version's code."""
+    client = machines.session.client("lambda")
+    client.create_function(FunctionName="pinned", Runtime="python3.11", Role=machines.role, Handler="app.handler", Code={"ZipFile": _zipped(VERSIONED.format(code="A"))}, Timeout=900)
+
+    def definition(arn: str) -> str:
+        first = {"Type": "Task", "Resource": arn, "ResultPath": "$.first", "Next": "Second"}
+        return json.dumps({"StartAt": "First", "States": {"First": first, "Second": {"Type": "Task", "Resource": arn, "Parameters": {}, "ResultPath": "$.second", "End": True}}})
+
+    version_a = client.publish_version(FunctionName="pinned")["FunctionArn"]
+    machine = machines.sfn.create_state_machine(name="pinned", definition=definition(version_a), roleArn=machines.role)["stateMachineArn"]
+    started = machines.sfn.start_execution(stateMachineArn=machine, name="on-a", input=json.dumps({"gate": str(tmp_path)}))["executionArn"]
+    while not (tmp_path / "started").exists():  # A's first step runs
+        time.sleep(0.01)
+    client.update_function_code(FunctionName="pinned", ZipFile=_zipped(VERSIONED.format(code="B")))  # the deploy of B
+    version_b = client.publish_version(FunctionName="pinned")["FunctionArn"]
+    machines.sfn.update_state_machine(stateMachineArn=machine, definition=definition(version_b))
+    (tmp_path / "go").touch()
+
+    def finished(arn: str) -> dict[str, Any]:
+        while (described := machines.sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+            time.sleep(0.05)
+        assert described["status"] == "SUCCEEDED", described
+        return json.loads(described["output"])
+
+    output = finished(started)
+    assert (output["first"], output["second"]) == ({"code": "A"}, {"code": "A"}) and version_a != version_b
+    later = finished(machines.sfn.start_execution(stateMachineArn=machine, name="on-b", input="{}")["executionArn"])
+    assert later["second"] == {"code": "B"}

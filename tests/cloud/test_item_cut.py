@@ -129,12 +129,14 @@ def test_map_items_carry_their_layout_and_cut_flag_and_refuse_one_that_splits_a_
     assert "cut" not in staged.item.to_json()  # an ordinary item's JSON is what it always was
     rest = item.remainder(LAYOUT[0])
     assert MapItem.from_json(rest.to_json()) == rest and rest.to_json()["layout"] == [1, PARTS]
-    assert rest.packs() == LAYOUT[1:]
+    assert list(rest.packs) == LAYOUT[1:]
 
     doc = rest.to_json()
-    second = (1 + LAYOUT[0], LAYOUT[0] + LAYOUT[1])  # the parts of the layout's second pack
-    with pytest.raises(IntegrityError, match=rf"splits the pack of parts {second[0]}\.\.{second[1]} of its layout"):
-        MapItem.from_json({**doc, "first_part": second[0] + 1, "first_index": rest.first_index + 1, "count": rest.count - 1, "crc": doc["crc"][1:]})
+    second = (LAYOUT[0], LAYOUT[0] + LAYOUT[1] - 1)  # the chunk indexes of the layout's second pack
+    with pytest.raises(IntegrityError, match=rf"splits the pack of chunks {second[0]}\.\.{second[1]}"):
+        rest.piece(1, rest.count - 1)
+    with pytest.raises(IntegrityError, match=rf"has packs {list(rest.packs)} for {rest.count - 1} chunks".replace("[", "\\[").replace("]", "\\]")):
+        MapItem.from_json({**doc, "first_chunk": doc["first_chunk"] + 1, "first_index": rest.first_index + 1, "count": rest.count - 1, "crc": doc["crc"][1:]})
     with pytest.raises(IntegrityError, match="impossible map item"):
         MapItem.from_json({**doc, "layout": [7, 4]})  # the layout must hold the item
     with pytest.raises(IntegrityError, match="cut must be true or false"):
@@ -165,7 +167,7 @@ def streaming_round(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, BackupRef
     """Two segments of PARTS chunks planned while the stream still arrives (items of PARTS: cut items), then the stream ends."""
     store, keys, repository_id = kms_repository(tmp_path)
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository_id, TWO, chunk=CHUNK, segment_parts=PARTS)
+    stage_stream(store, ref, repository_id, TWO, chunk=CHUNK, segment_chunks=PARTS)
     end = store.get(stream_end_key(ref))
     store.delete([stream_end_key(ref)])
     prepare_backup(store, keys, ref)
@@ -227,7 +229,7 @@ def test_cut_items_left_after_stream_end_are_planned_in_the_final_round_not_a_re
     final = area.read_items(status.items_key, status.round)
     assert all(item.finishes_cut and not item.cut for item in final)
     assert sum(i.count for i in final) == sum(i.count - pack_sizes(i.count)[0] for i in items)  # every chunk the cut items left
-    assert all(i.packs() for i in final)  # whole packs of their cut item's layout (packs() refuses a split one)
+    assert all(i.packs for i in final)  # whole packs of their cut item's packs (piece() refuses a split one)
     assert status.inline_items == tuple(final)  # small enough to run inline, like any final round
     for item in final:
         process_item(store, ref, item, key=key, level=3, lanes=ChunkLanes(2))
@@ -251,7 +253,7 @@ def test_finalize_takes_a_cut_items_longer_record_where_the_items_after_the_plan
     assert plan(store, ref, status.to_json()["cursor"]).status == "done"
     first = items[0]
     prefix = ItemResult.from_bytes(store.get(result_key(ref, first.first_index)), "prefix")
-    following = [i for i in final if i.layout == (first.first_part, first.count)]
+    following = [i for i in final if i.layout == (first.first_chunk, first.count)]
     after = ItemResult.from_bytes(store.get(result_key(ref, following[0].first_index)), "after")
     area.write_result(ItemResult(first.first_index, prefix.entries + after.entries))  # a late attempt stored further
     store.delete([result_key(ref, following[0].first_index)])  # and the record where the planner's prefix ends is gone

@@ -45,7 +45,7 @@ def staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Item:
     monkeypatch.setattr(item_flow, "MIN_RANGE_BYTES", 16 * 1024)  # 64 KiB chunks read in four ranges, as 64 MiB ones are
     store, keys, repository_id = kms_repository(tmp_path)
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository_id, DATA, chunk=CHUNK, segment_parts=PARTS)
+    stage_stream(store, ref, repository_id, DATA, chunk=CHUNK, segment_chunks=PARTS)
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repository_id)
     assert plan_next_round(store, ref, max_concurrency=1, max_chunks_per_item=PARTS, poll_seconds=1, stall_seconds=60).status == "ready"
@@ -151,9 +151,9 @@ def test_the_first_chunks_are_read_in_ranges_the_rest_whole_and_the_item_stores_
     assert sizes == pack_sizes(PARTS, contract.CHUNKS_PER_PACK)
 
 
-def test_a_short_range_fails_the_item_naming_the_part(staged: Item) -> None:
+def test_a_short_range_fails_the_item_naming_the_chunk(staged: Item) -> None:
     store = RecordingStore(staged.store, short_at=ranges_of(CHUNK)[1][0])
-    with pytest.raises(IntegrityError, match=r"part 1 of staging/.* is \d+ bytes or shorter, the segment record implies 65536"):
+    with pytest.raises(IntegrityError, match=r"chunk 1 of staging/.* is \d+ bytes or shorter, the segment record implies 65536"):
         process_item(store, staged.ref, staged.item, key=staged.key, level=3, lanes=ChunkLanes(2))  # type: ignore[arg-type]
     assert StagingArea(staged.store, staged.ref).first_failure() is not None  # the item's failure record, for Cleanup
 

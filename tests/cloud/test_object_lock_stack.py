@@ -69,7 +69,7 @@ def retention(cloud: Cloud, key: str) -> tuple[Any, Any]:
 
 def publish(cloud: Cloud, inputs: list[bytes]) -> BackupRef:
     ref = BackupRef.new("db")
-    cloud.stage_backup(ref, inputs, segment_parts=2)
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
     arn = cloud.start(ref, max_concurrency=2)
     assert cloud.wait(arn)["status"] == "SUCCEEDED", cloud.failures(arn)
     return ref

@@ -77,7 +77,7 @@ def published(tmp_path: Path) -> Published:
     # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
     repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=SEGMENT_PARTS)
+    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_chunks=SEGMENT_PARTS)
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repository.config.id)
     lanes = ChunkLanes(2)

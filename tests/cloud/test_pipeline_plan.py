@@ -155,16 +155,16 @@ def test_a_final_round_of_more_items_than_the_fan_out_or_of_long_items_is_a_dist
     assert (wide.status, wide.items, wide.inline_items) == ("ready", 200, ())  # 40 items of 5 would take longer than a map run's start
 
 
-def test_items_carry_their_parts_checksums_and_records_must_list_them(tmp_path: Path) -> None:
+def test_items_carry_their_chunks_checksums_and_records_must_list_them(tmp_path: Path) -> None:
     store, ref = LocalStore(tmp_path), BackupRef.new("db")
     items = items_for_segments([record(ref, 0, 0, 0, 400)], CHUNK, 0, 3)
     assert [c.checksum for item in items for c in item.chunks()] == ["part-0", "part-1", "part-2", "part-3"]
     assert MapItem.from_json(items[0].to_json()) == items[0]
     # The planner only sees records the staging area checked: one checksum per part.
     store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
-    broken = replace(record(ref, 0, 0, 0, 400), part_checksums=["part-0"])
+    broken = replace(record(ref, 0, 0, 0, 400), chunk_checksums=["part-0"])
     store.put(segment_record_key(ref, 0, 0), broken.to_bytes())
-    with pytest.raises(IntegrityError, match="lists 1 part checksums for 4 parts"):
+    with pytest.raises(IntegrityError, match="lists 1 chunk checksums for 4 chunks"):
         plan(store, ref)
 
 

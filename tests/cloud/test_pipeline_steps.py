@@ -31,9 +31,11 @@ from braid.format.staging import (
     failure_key,
     result_key,
     segment_record_key,
+    segments_prefix,
     stream_end_key,
 )
 from braid.format.staging.keys import fold_key, folds_prefix
+from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader
 from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
@@ -66,7 +68,7 @@ def staged(tmp_path: Path) -> Staged:
     # The pipeline requires a KMS repository; the local key file stands in for KMS (same KeyService port).
     repository = Repository.create(store, RepositoryConfig.new({"type": "kms", "key_id": keys.key_id}, utc_now()))
     ref = BackupRef.new("db")
-    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_parts=2)
+    stage_stream(store, ref, repository.config.id, DATA, chunk=CHUNK, segment_chunks=2)
     return Staged(store, keys, ref, repository.config.id)
 
 
@@ -204,12 +206,53 @@ def test_failure_records_round_trip_and_a_long_cause_is_cut(staged: Staged) -> N
 
 
 def test_steps_refuse_a_backup_other_than_the_executions(staged: Staged) -> None:
-    own = {"backup": str(staged.ref), "execution": {"name": str(staged.ref)}}
+    own = {"protocol": PROTOCOL, "backup": str(staged.ref), "execution": {"name": str(staged.ref)}}
     assert ExecutionInput.from_event(own).ref == staged.ref
-    assert ExecutionInput.from_event({"backup": str(staged.ref)}).ref == staged.ref  # invoked directly, not by the state machine
+    direct = {"protocol": PROTOCOL, "backup": str(staged.ref)}
+    assert ExecutionInput.from_event(direct).ref == staged.ref  # invoked directly, not by the state machine
     for execution in ({"name": "intruder@20261123T000000Z-abcdef"}, {"name": 7}, "db"):
         with pytest.raises(ExecutionMismatchError):
             ExecutionInput.from_event({**own, "execution": execution})
+
+
+def test_the_execution_input_carries_an_integer_protocol_and_the_pipeline_refuses_another(staged: Staged) -> None:
+    started = ExecutionInput(backup=str(staged.ref)).to_json()
+    assert started["protocol"] == PROTOCOL and type(started["protocol"]) is int
+    assert ExecutionInput.from_event(started) == ExecutionInput(backup=str(staged.ref))
+    older = {k: v for k, v in started.items() if k != "protocol"}  # as an agent of protocol 1 starts it
+    with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 1; this braid speaks protocol {PROTOCOL}") as refused:
+        ExecutionInput.from_event(older)
+    assert refused.value.exit_code == 2 and type(refused.value).__name__ in contract.FINAL_PIPELINE_ERRORS  # Cleanup, not a hold
+    with pytest.raises(ProtocolMismatchError, match=f"protocol {PROTOCOL + 1}; this braid speaks protocol {PROTOCOL}"):
+        ExecutionInput.from_event({**started, "protocol": PROTOCOL + 1})
+    for name, wrong in (("protocol", True), ("protocol", "2"), ("max_concurrency", True), ("max_concurrency", "0"), ("poll_seconds", 4.9)):
+        with pytest.raises((IntegrityError, UsageError), match=f"{name} must be a.*integer"):
+            ExecutionInput.from_event({**started, name: wrong})
+
+
+def test_the_planner_removes_each_finished_segment_through_purge_by_version(staged: Staged) -> None:
+    """Plan's early removal goes through `purge` (on S3: every version of exactly that key), never a plain delete."""
+    prepare_backup(staged.store, staged.keys, staged.ref)
+    key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
+    segments = sorted(info.key for info in staged.store.list(segments_prefix(staged.ref)))
+    purged: list[str] = []
+    deletes: list[list[str]] = []
+    plain_delete = staged.store.delete
+
+    def purge(segment: str) -> None:
+        purged.append(segment)
+        plain_delete([segment])
+
+    staged.store.delete = lambda keys: (deletes.append(list(keys)), plain_delete(keys))[1]  # type: ignore[method-assign]
+    cursor = None
+    while (status := plan_next_round(
+        staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60, cursor=cursor, purge=purge,
+    )).status != "done":
+        for item in StagingArea(staged.store, staged.ref).read_rounds()[-1].items:
+            process_item(staged.store, staged.ref, item, key=key, level=3, lanes=ChunkLanes(2))
+        cursor = status.to_json()["cursor"]  # as the state machine carries it: the next call checks this map
+    assert len(segments) > 1 and sorted(purged) == segments
+    assert not [batch for batch in deletes if set(batch) & set(segments)]  # never a plain delete (a delete marker on S3)
 
 
 def test_cleanup_of_a_mismatched_execution_touches_nothing(staged: Staged) -> None:
@@ -323,7 +366,7 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
     assert two_chunk and [(r.first_index, len(r.entries)) for r in folded.results] == [(item.first_index, 1) for item in two_chunk]
     third = area.read_rounds()[2].items
     finishing = [item for item in third if item.finishes_cut]
-    assert [(i.first_index, i.count, i.layout) for i in finishing] == [(item.first_index + 1, 1, (item.first_part, 2)) for item in two_chunk]
+    assert [(i.first_index, i.count, i.layout) for i in finishing] == [(item.first_index + 1, 1, (item.first_chunk, 2)) for item in two_chunk]
     return key, first_items
 
 

@@ -84,8 +84,8 @@ class Cloud:
         return self.wakers[name]
 
     # -- the agent's side of the staging contract, written directly -----------------
-    def stage_session(self, ref: BackupRef, inputs: int, segment_parts: int) -> None:
-        session = SessionRecord(str(ref), self.repository.config.id, CHUNK, segment_parts, 3, [f"pipe{i}" for i in range(inputs)], utc_now())
+    def stage_session(self, ref: BackupRef, inputs: int, segment_chunks: int) -> None:
+        session = SessionRecord(str(ref), self.repository.config.id, CHUNK, segment_chunks, 3, [f"pipe{i}" for i in range(inputs)], utc_now())
         StagingArea(self.store, ref).write_session(session)
 
     def stage_segment(self, ref: BackupRef, input_index: int, segment: int, offset: int, data: bytes, *, wake: bool = True) -> None:
@@ -98,15 +98,15 @@ class Cloud:
             )["ETag"]
             parts.append({"ETag": etag, "PartNumber": number})
         self.s3.complete_multipart_upload(Bucket=self.deployed.bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
-        part_checksums = [s3_checksum_value(stored_checksum(data[start : start + CHUNK])) for start in range(0, len(data), CHUNK)]
-        record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data), part_checksums)
+        chunk_checksums = [s3_checksum_value(stored_checksum(data[start : start + CHUNK])) for start in range(0, len(data), CHUNK)]
+        record = SegmentRecord(input_index, segment, key, offset, len(data), len(parts), stored_checksum(data), chunk_checksums)
         StagingArea(self.store, ref).write_segment_record(record)
-        self.recorded[str(ref)] = self.recorded.get(str(ref), 0) + record.parts
+        self.recorded[str(ref)] = self.recorded.get(str(ref), 0) + record.chunks
         if wake:
             self.waker(ref).poke()
 
-    def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_parts: int, first_segment: int = 0) -> int:
-        size = CHUNK * segment_parts
+    def stage_input(self, ref: BackupRef, input_index: int, data: bytes, segment_chunks: int, first_segment: int = 0) -> int:
+        size = CHUNK * segment_chunks
         segments = 0
         for segment, start in enumerate(range(0, len(data), size)):
             if segment >= first_segment:
@@ -114,18 +114,18 @@ class Cloud:
             segments += 1
         return segments
 
-    def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_parts: int, *, wake: bool = True) -> None:
-        counts = [-(-len(d) // (CHUNK * segment_parts)) for d in inputs]
+    def stage_end(self, ref: BackupRef, inputs: list[bytes], segment_chunks: int, *, wake: bool = True) -> None:
+        counts = [-(-len(d) // (CHUNK * segment_chunks)) for d in inputs]
         StagingArea(self.store, ref).write_stream_end(StreamEnd([len(d) for d in inputs], counts))
         self.ended.add(str(ref))
         if wake:
             self.waker(ref).poke()
 
-    def stage_backup(self, ref: BackupRef, inputs: list[bytes], segment_parts: int) -> None:
-        self.stage_session(ref, len(inputs), segment_parts)
+    def stage_backup(self, ref: BackupRef, inputs: list[bytes], segment_chunks: int) -> None:
+        self.stage_session(ref, len(inputs), segment_chunks)
         for index, data in enumerate(inputs):
-            self.stage_input(ref, index, data, segment_parts)
-        self.stage_end(ref, inputs, segment_parts)
+            self.stage_input(ref, index, data, segment_chunks)
+        self.stage_end(ref, inputs, segment_chunks)
 
     # -- the pipeline --------------------------------------------------------------
     def start(self, ref: BackupRef, **options: Any) -> str:
@@ -224,10 +224,10 @@ def pattern(size: int, seed: int) -> bytes:
 def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 5 + 123, 1), pattern(CHUNK * 2, 2)]
-    segment_parts = 2
+    segment_chunks = 2
     # The agent is still uploading when the pipeline starts: only input 1's
     # first segment is there, so the first round maps while the rest uploads.
-    cloud.stage_session(ref, 2, segment_parts)
+    cloud.stage_session(ref, 2, segment_chunks)
     cloud.stage_segment(ref, 1, 0, 0, inputs[1][: CHUNK * 2])
     arn = cloud.start(ref, max_concurrency=2)
     # Stage the rest only once the first round's map has started, however
@@ -236,8 +236,8 @@ def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Clo
     while not map_runs(cloud, arn):
         assert time.monotonic() < deadline, "the first segment was never fanned out"
         time.sleep(0.1)
-    cloud.stage_input(ref, 0, inputs[0], segment_parts)
-    cloud.stage_end(ref, inputs, segment_parts)
+    cloud.stage_input(ref, 0, inputs[0], segment_chunks)
+    cloud.stage_end(ref, inputs, segment_chunks)
 
     result = cloud.wait(arn)
 
@@ -334,7 +334,7 @@ def map_runs(cloud: Cloud, arn: str) -> int:
 def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 3, 3)]
-    cloud.stage_backup(ref, inputs, segment_parts=4)
+    cloud.stage_backup(ref, inputs, segment_chunks=4)
     worker = cloud.deployed.functions["worker"]
     cloud.lambdas.fail(worker, lambda: StorageError("S3 kept throttling (SlowDown) after retries"), times=1)
 
@@ -348,7 +348,7 @@ def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Clou
 def test_a_failed_warm_up_of_finalize_changes_nothing_but_that(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 3, 5)]
-    cloud.stage_backup(ref, inputs, segment_parts=4)
+    cloud.stage_backup(ref, inputs, segment_chunks=4)
     finalize = cloud.deployed.functions["finalize"]
     warm_ups: list[dict[str, Any]] = []
     cloud.lambdas.fail(finalize, lambda: StorageError("Lambda could not start the container"), times=None,
@@ -381,7 +381,7 @@ def items_seen(cloud: Cloud) -> list[int]:
 def test_a_worker_that_keeps_failing_holds_the_backup_and_resume_finishes_only_what_is_missing(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 4)]
-    cloud.stage_backup(ref, inputs, segment_parts=2)
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
     worker = cloud.deployed.functions["worker"]
     seen = items_seen(cloud)
     # Only the items of the second segment fail: the first segment's chunks get stored and stay.
@@ -412,7 +412,7 @@ def test_a_worker_that_keeps_failing_holds_the_backup_and_resume_finishes_only_w
 def test_an_abandoned_hold_fails_the_backup_cleanly(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 4)]
-    cloud.stage_backup(ref, inputs, segment_parts=2)
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
     # A stray upload the agent left behind must be aborted too.
     cloud.s3.create_multipart_upload(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 7))
     worker = cloud.deployed.functions["worker"]
@@ -445,7 +445,7 @@ def invoke_worker(cloud: Cloud, ref: BackupRef, item: dict[str, Any]) -> dict[st
 def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 3, 5)]
-    cloud.stage_backup(ref, inputs, segment_parts=3)
+    cloud.stage_backup(ref, inputs, segment_chunks=3)
     assert cloud.wait(cloud.start(ref))["status"] == "SUCCEEDED"
     published = {i: cloud.store.get(chunk_key(ref, i)) for i in range(3)}
     manifest = cloud.repository.load(ref).manifest
@@ -456,7 +456,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     def items_for(data: bytes) -> list[dict[str, object]]:
         crcs = [s3_checksum_value(stored_checksum(data[i : i + CHUNK])) for i in range(0, len(data), CHUNK)]
         return [{"segment": segment_key(ref, 0, 0), "input": 0, "seg": 0, "seg_offset": 0, "seg_length": CHUNK * 3,
-                 "chunk_size": CHUNK, "first_part": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]]} for n in range(3)]
+                 "chunk_size": CHUNK, "first_chunk": n + 1, "count": 1, "first_index": n, "crc": [crcs[n]], "packs": [1]} for n in range(3)]
 
     StagingArea(cloud.store, ref).write_wrapped_key(manifest.key)
 
@@ -464,7 +464,7 @@ def test_a_late_or_retried_worker_cannot_replace_a_published_chunk(cloud: Cloud)
     cloud.stage_segment(ref, 0, 0, 0, inputs[0])
     assert [invoke_worker(cloud, ref, item)["error"] for item in items_for(inputs[0])] == [None, None, None]
     # Grouped otherwise (an item of all three: packs of 2 and 1), even of the same bytes: never accepted over the stored chunk.
-    regrouped = {**items_for(inputs[0])[0], "count": 3, "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(3)]}
+    regrouped = {**items_for(inputs[0])[0], "count": 3, "packs": [2, 1], "crc": [items_for(inputs[0])[n]["crc"][0] for n in range(3)]}
     refused = invoke_worker(cloud, ref, regrouped)
     assert refused["error"] and refused["payload"]["errorType"] == "IntegrityError"
     assert "(chunks 0-1) already exists with different content" in refused["payload"]["errorMessage"]
@@ -487,7 +487,7 @@ def test_a_worker_error_reaches_the_failed_executions_cause(cloud: Cloud) -> Non
     """Not the map's generic error: the worker's own, from the failure record it left in staging."""
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 7)]
-    cloud.stage_backup(ref, inputs, segment_parts=2)
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
     # The second segment's bytes change after the agent recorded their checksums.
     cloud.s3.put_object(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 1), Body=pattern(CHUNK * 2, 8))
 
@@ -509,7 +509,7 @@ def test_an_execution_named_after_another_backup_touches_nothing_of_the_one_it_n
     its name in the input) cannot make the pipeline process it nor Cleanup delete it."""
     victim = BackupRef.new("db")
     inputs = [pattern(CHUNK * 3, 9)]
-    cloud.stage_backup(victim, inputs, segment_parts=2)
+    cloud.stage_backup(victim, inputs, segment_chunks=2)
     cloud.store.put(chunk_key(victim, 0), b"a chunk a worker of the victim already stored")
     before = {key: cloud.store.get(key) for key in cloud.keys_under("")}
     intruder = BackupRef.new("other")

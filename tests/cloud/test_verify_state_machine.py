@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cloud
 
 def publish(cloud: Cloud, name: str, chunks: int) -> BackupRef:  # noqa: F811
     ref = BackupRef.new(name)
-    cloud.stage_backup(ref, [pattern(CHUNK * chunks, chunks)], segment_parts=4)
+    cloud.stage_backup(ref, [pattern(CHUNK * chunks, chunks)], segment_chunks=4)
     result = cloud.wait(cloud.start(ref, max_concurrency=4))
     assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
     return ref

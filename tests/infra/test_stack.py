@@ -105,7 +105,8 @@ LEAST_PRIVILEGE = {
                           ("s3:GetObject", "verify/*"), ("s3:PutObject", "verify/*"), ("s3:ListBucket", "bucket")},
     "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
     # Plan deletes each segment's staging as soon as all its chunks are stored.
-    "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket")},
+    "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket"),
+                          ("s3:DeleteObjectVersion", "staging/*"), ("s3:ListBucketVersions", "bucket")},  # finished segments go by version id
     "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"), ("s3:PutObject", "staging/*"),
                             ("s3:ListBucket", "bucket")},
     "FunctionsFinalizeRole": {("s3:GetObject", p) for p in ("config.json", "staging/*", "data/*", "manifests/*")}
@@ -243,17 +244,17 @@ def test_pipeline_roles_write_only_where_their_step_must(template: Template) -> 
     assert "/manifests/*" not in writes("FunctionsCleanupRole")
 
 
-def test_only_finalize_and_cleanup_purge_old_versions_and_only_of_staging(template: Template) -> None:
-    """Versioning keeps deleted staging (raw database bytes); those two steps purge it, nothing else may."""
+def test_only_plan_finalize_and_cleanup_purge_versions_and_only_of_staging(template: Template) -> None:
+    """Versioning keeps deleted staging (raw database bytes); those three steps purge it, nothing else may."""
     everything = statements_of(template, "")
     purging = [s for s in everything if "s3:DeleteObjectVersion" in actions([s])]
     assert purging and all("/staging/*" in json.dumps(s["Resource"]) and "/data/" not in json.dumps(s["Resource"]) for s in purging)
-    for role in ("FunctionsFinalizeRole", "FunctionsCleanupRole"):
+    for role in ("FunctionsPlanRole", "FunctionsFinalizeRole", "FunctionsCleanupRole"):
         mine = statements_of(template, role)
         assert {"s3:DeleteObjectVersion", "s3:ListBucketVersions"} <= actions(mine)
         (listing,) = [s for s in mine if "s3:ListBucketVersions" in actions([s])]
         assert "staging/*" in json.dumps(listing["Condition"])
-    for role in ("FunctionsWorkerRole", "FunctionsPrepareRole", "FunctionsPlanRole", "AccessAgentPolicy"):
+    for role in ("FunctionsWorkerRole", "FunctionsPrepareRole", "AccessAgentPolicy"):
         theirs = statements_of(template, role)
         assert theirs and "s3:DeleteObjectVersion" not in actions(theirs)
 
@@ -391,9 +392,10 @@ def test_state_machine_definition(template: Template) -> None:
                                                     "Worker": Match.object_like(
                                                         {
                                                             "Retry": [
+                                                                Match.object_like({"ErrorEquals": ["Lambda.TooManyRequestsException"], "JitterStrategy": "FULL"}),
                                                                 Match.object_like(
                                                                     {
-                                                                        "ErrorEquals": Match.array_with(["Lambda.TooManyRequestsException", "StorageError"]),
+                                                                        "ErrorEquals": Match.array_with(["Lambda.ServiceException", "StorageError"]),
                                                                         "BackoffRate": 2,
                                                                         "JitterStrategy": "FULL",
                                                                     }
@@ -534,13 +536,20 @@ def _function(template: Template, description: str) -> dict[str, Any]:
 def test_every_worker_attempt_and_its_backoff_fit_the_express_child(template: Template) -> None:
     # An EXPRESS child ends at 5 minutes: a worker timing out on every attempt must still
     # fail its item inside the child (so the map sees the item's error), with >= 3 attempts.
-    (retry,) = _state(template, "Worker")["Retry"]
+    # A throttled invoke runs nothing: it adds only its backoffs.
+    throttled, retry = _state(template, "Worker")["Retry"]
     timeout = _function(template, "Braid Worker")["Timeout"]
     attempts = 1 + retry["MaxAttempts"]
-    backoff = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** n, retry["MaxDelaySeconds"]) for n in range(retry["MaxAttempts"]))
-    assert attempts >= 3
-    assert attempts * timeout + backoff < 300, (attempts, timeout, backoff)
-    assert "Sandbox.Timedout" in retry["ErrorEquals"]
+
+    def backoffs(r: dict[str, Any]) -> float:
+        return sum(min(r["IntervalSeconds"] * r["BackoffRate"] ** n, r["MaxDelaySeconds"]) for n in range(r["MaxAttempts"]))
+
+    assert attempts >= 3 and throttled["ErrorEquals"] == [contract.LAMBDA_THROTTLED] and throttled["MaxAttempts"] >= 6
+    assert attempts * timeout + backoffs(retry) + backoffs(throttled) < 300, (attempts, timeout, backoffs(retry), backoffs(throttled))
+    assert "Sandbox.Timedout" in retry["ErrorEquals"] and contract.LAMBDA_THROTTLED not in retry["ErrorEquals"]
+    # A coordinating step rides out a minute or more of throttling.
+    plan_throttled = _state(template, "PlanSegments")["Retry"][0]
+    assert plan_throttled["ErrorEquals"] == [contract.LAMBDA_THROTTLED] and backoffs(plan_throttled) >= 120
 
 
 def test_the_planners_watch_is_half_its_timeout(template: Template) -> None:
@@ -550,11 +559,16 @@ def test_the_planners_watch_is_half_its_timeout(template: Template) -> None:
     assert (WATCH_SECONDS + DEADLINE_MARGIN_SECONDS) * 2 <= timeout <= 900
 
 
-def test_the_worker_has_reserved_concurrency_and_the_map_is_clamped_to_it(template: Template) -> None:
+def test_reserved_concurrency_is_opt_in_and_the_map_is_clamped_to_the_budget(template: Template) -> None:
     from braid import contract
+    from braid_infra.stack import worker_reservation
 
     worker = _function(template, "Braid Worker")
-    assert worker["ReservedConcurrentExecutions"] == contract.DEFAULT_WORKER_CONCURRENCY
+    assert "ReservedConcurrentExecutions" not in worker  # never a deploy blocker on an account with a low quota
+    assert (worker_reservation(None), worker_reservation(""), worker_reservation("300"), worker_reservation(800)) == (None, None, 300, 800)
+    for wrong in ("many", 0, True):
+        with pytest.raises(ValueError, match="braid:worker-concurrency must be"):
+            worker_reservation(wrong)
     plan = _function(template, "Braid Plan")
     assert plan["Environment"]["Variables"][contract.ENV_WORKER_CONCURRENCY] == str(contract.DEFAULT_WORKER_CONCURRENCY)
     # The map runs what PlanSegments returns: the input's --fan-out, clamped to the reservation (functions/plan/app.py).
@@ -677,3 +691,33 @@ def test_a_sleeping_planner_waits_for_the_agents_wake_or_its_timeout(template: T
     assert not any(fnmatchcase(key, granted) for key in (session_key(ref), stream_end_key(ref), f"{wake_key(ref)}.json"))
 
     assert WakeRecord.from_bytes(b"130 20 AAAAKgAAAAIAAAAA+token/==", "k") == WakeRecord(130, 20, "AAAAKgAAAAIAAAAA+token/==")
+
+
+def _refs(node: Any) -> list[str]:
+    """Logical ids a CloudFormation value refers to (Ref and Fn::GetAtt)."""
+    if isinstance(node, dict):
+        found = []
+        for key, value in node.items():
+            if key == "Ref" and isinstance(value, str):
+                found.append(value)
+            elif key == "Fn::GetAtt":
+                found.append(value[0] if isinstance(value, list) else str(value).split(".")[0])
+            else:
+                found += _refs(value)
+        return found
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def test_state_machines_invoke_published_versions_that_a_deploy_keeps(template: Template) -> None:
+    """An execution keeps its definition, so naming versions (not $LATEST) pins a backup to the code it started with."""
+    resources = template.to_json()["Resources"]
+    machines = {lid: r for lid, r in resources.items() if r["Type"] == "AWS::StepFunctions::StateMachine"}
+    assert len(machines) == 3
+    for lid, machine in machines.items():
+        kinds = {ref: resources[ref]["Type"] for ref in _refs(machine["Properties"]["DefinitionString"]) if ref in resources}
+        assert "AWS::Lambda::Function" not in kinds.values(), (lid, kinds)
+        assert "AWS::Lambda::Version" in kinds.values(), lid
+    versions = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Version"]
+    assert versions and all(v.get("DeletionPolicy") == "Retain" and v.get("UpdateReplacePolicy") == "Retain" for v in versions)

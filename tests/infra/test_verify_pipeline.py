@@ -62,9 +62,11 @@ def test_deep_runs_fan_out_on_express_children_and_quick_runs_need_no_map(templa
 
 def test_every_worker_attempt_and_its_backoff_fit_the_express_child(template: dict[str, Any]) -> None:
     worker = definition(template)["States"]["CheckChunks"]["ItemProcessor"]["States"]["VerifyWorker"]
-    (retry,) = worker["Retry"]
+    throttled, retry = worker["Retry"]
+    assert throttled["ErrorEquals"] == [contract.LAMBDA_THROTTLED]
     attempts = retry["MaxAttempts"] + 1
     backoffs = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** i, retry["MaxDelaySeconds"]) for i in range(retry["MaxAttempts"]))
+    backoffs += sum(min(throttled["IntervalSeconds"] * throttled["BackoffRate"] ** i, throttled["MaxDelaySeconds"]) for i in range(throttled["MaxAttempts"]))
     assert attempts * contract.WORKER_TIMEOUT_SECONDS + backoffs < contract.EXPRESS_CHILD_SECONDS
     assert "StorageError" in retry["ErrorEquals"] and "Sandbox.Timedout" in retry["ErrorEquals"]
 

@@ -260,6 +260,8 @@ def stack_iam(stack: SynthesizedStack, deployed: Any) -> Any:
     for lid, name in functions.items():
         resolver.refs[lid] = name
         resolver.attributes[(lid, "Arn")] = f"arn:aws:lambda:{REGION}:{resolver.account}:function:{name}"
+    for version_id, arn in deployed.versions.items():
+        resolver.refs[version_id] = arn
     return StackIam.render(template, resolver, bucket=deployed.bucket, key_arn=deployed.key_arn, functions=functions)
 
 

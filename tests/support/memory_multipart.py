@@ -103,8 +103,8 @@ class MemoryMultipart:
             if upload is not None and upload.key == key:
                 del self._uploads[upload_id]
 
-    def purge_versions(self, prefix: str) -> int:
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
         """No versions are kept: what is under `prefix` is its only version."""
-        keys = [info.key for info in self.store.list(prefix)]
+        keys = [info.key for info in self.store.list(prefix) if not exact or info.key == prefix]
         self.store.delete(keys)
         return len(keys)

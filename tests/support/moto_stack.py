@@ -117,6 +117,7 @@ class DeployedStack:
     key_arn: str
     state_machine_arn: str  # the backup pipeline's
     functions: dict[str, str] = field(default_factory=dict)  # step ("worker") -> function name
+    versions: dict[str, str] = field(default_factory=dict)  # logical id of an AWS::Lambda::Version -> its (qualified) ARN
     definition: str = ""
     state_machines: dict[str, str] = field(default_factory=dict)  # logical id -> ARN, every state machine of the stack
     verify_state_machine_arn: str = ""
@@ -200,6 +201,7 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.refs[lid] = created["FunctionName"]
         resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
         deployed.functions[match.group(1).lower()] = created["FunctionName"]
+    publish_versions(lambda_, template, resolver, deployed)
 
     for machine_id, machine in machines.items():
         definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
@@ -216,6 +218,19 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         elif machine_kind(machine_id) == "Verify":
             deployed.verify_state_machine_arn = created_machine["stateMachineArn"]
     return deployed
+
+
+def publish_versions(lambda_: Any, template: dict[str, Any], resolver: Any, deployed: DeployedStack) -> None:
+    """Each AWS::Lambda::Version of the template published, as CloudFormation does: the state machines name them."""
+    for version_id, resource in resources_of(template, "AWS::Lambda::Version").items():
+        try:
+            function = resolver.render(resource["Properties"]["FunctionName"])
+        except KeyError:  # a version of a function not emulated
+            continue
+        published = lambda_.publish_version(FunctionName=function)
+        resolver.refs[version_id] = published["FunctionArn"]
+        resolver.attributes[(version_id, "Version")] = published["Version"]
+        deployed.versions[version_id] = published["FunctionArn"]
 
 
 def machine_kind(logical_id: str) -> str:

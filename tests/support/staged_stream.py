@@ -1,7 +1,7 @@
 """A stream staged as the cloud agent leaves it: the session, its segments with their part CRCs, and the stream end.
 
 For tests that run the pipeline's steps (plan, worker, Finalize) over a
-store without an agent; one input, `segment_parts` chunks per segment.
+store without an agent; one input, `segment_chunks` chunks per segment.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ def kms_repository(tmp_path: Path) -> tuple[LocalStore, LocalKeyFile, str]:
     return store, keys, repository.config.id
 
 
-def stage_stream(store: ObjectStore, ref: BackupRef, repository_id: str, data: bytes, *, chunk: int, segment_parts: int) -> None:
+def stage_stream(store: ObjectStore, ref: BackupRef, repository_id: str, data: bytes, *, chunk: int, segment_chunks: int) -> None:
     area = StagingArea(store, ref)
-    area.write_session(SessionRecord(str(ref), repository_id, chunk, segment_parts, 3, ["pipe0"], utc_now()))
-    size = chunk * segment_parts
+    area.write_session(SessionRecord(str(ref), repository_id, chunk, segment_chunks, 3, ["pipe0"], utc_now()))
+    size = chunk * segment_chunks
     offsets = range(0, len(data), size)
     for number, offset in enumerate(offsets):
         segment = data[offset : offset + size]

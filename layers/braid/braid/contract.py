@@ -51,10 +51,11 @@ INLINE_MAP_MAX_ITEMS = 40
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
-# Concurrent executions reserved for the worker (CDK context braid:worker-concurrency):
-# throttling at high fan-out would exhaust an item's retries, so every map's
-# MaxConcurrency (--fan-out) is clamped to it. The account must keep 100
-# unreserved (a new account with a low Lambda quota sets it lower).
+# The most worker invocations one map runs at once: every map's MaxConcurrency (--fan-out) is clamped to it.
+# Reserving it is opt-in (CDK context braid:worker-concurrency=N reserves N and clamps to N): a reservation
+# must leave the account 100 unreserved, so a default one would fail `cdk deploy` on accounts with a low
+# Lambda quota (new accounts often start low). Unreserved, concurrent backups share the account's pool and
+# a throttled invoke is retried with back-off (LAMBDA_THROTTLED).
 DEFAULT_WORKER_CONCURRENCY = 500
 # Seconds per worker attempt, and retries after the first: attempts x timeout
 # plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
@@ -123,8 +124,10 @@ LAMBDA_TRANSIENT_ERRORS = (
     "Lambda.AWSLambdaException",
     "Lambda.SdkClientException",
     "Lambda.ClientExecutionTimeoutException",
-    "Lambda.TooManyRequestsException",
 )
+# Lambda throttled the invoke (the account's or the function's concurrency is used up): nothing ran, so
+# it is retried on its own policy, longer than the transient errors' (braid_infra.steps).
+LAMBDA_THROTTLED = "Lambda.TooManyRequestsException"
 # Braid's typed error for S3 that kept failing past the client's retries
 # (braid.errors.StorageError), and a worker that ran out of time.
 # Pipeline errors after which a backup can never finish: the state machine sends them to Cleanup;
@@ -135,6 +138,7 @@ FINAL_PIPELINE_ERRORS = (
     "StreamAbandonedError",  # the agent gave the stream up
     "BackupHeldError",  # held, and nobody resumed it in time
     "StagingStalledError",  # the agent stopped uploading before the stream ended
+    "ProtocolMismatchError",  # the agent speaks another staging protocol than the deployed pipeline
 )
 
 WORKER_TRANSIENT_ERRORS = (*LAMBDA_TRANSIENT_ERRORS, "StorageError", "Sandbox.Timedout")

@@ -94,7 +94,10 @@ ASSUME = {
     "graviton_zstd3_mb_s": 232.0,
     "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine
     "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
-    "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],  # S3 Standard, staging held from its segment's completion until Finalize removes it
+    # S3 Standard, every version billed ("Normal Amazon S3 rates apply for every version of an object stored", S3 User
+    # Guide, Versioning): a segment is billed from its upload until the planner deletes it by version id
+    # (StagingArea.remove_segments; a plain delete on the versioned bucket kept it 1-2 more days), the rest until Finalize.
+    "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],
     "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation
 }
 
@@ -298,50 +301,74 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
     }
 
 
+# The sensitivity table: (worker memory MB, network MB/s) at 1 TiB x 500 workers x 300 MB/s. Memory sizes with the
+# published rate at that size (scale_sim.lambda_network_mb_s), then the deployed memory at other network rates.
+# Below ~1,200 MB the worker does not fit its buffers (scripts/bench pack-memory: ~1,130 MB at peak).
+SENSITIVITY_MEMORY_MB = (1280, 1769, 3008, 10240)
+SENSITIVITY_NETWORK_MB_S = (50.0, 150.0, 300.0)
+
+
+def simulated_row(
+    tib: float, workers: int, rate: float, memory: int, network: float, options: dict[str, Any], log: Any = None,
+) -> dict[str, Any]:
+    """One (size, workers, stream rate) through the simulation at `memory` MB and `network` MB/s per function, priced.
+
+    Below a full vCPU (scale_sim.FULL_VCPU_MB) the worker's CPU per chunk grows in proportion; above it the
+    single-threaded codec gains nothing."""
+    if log:
+        log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers, {memory} MB, {network:g} MB/s network ...")
+    scaled = {**options, "worker_cpu": options["worker_cpu"] * max(1.0, scale_sim.FULL_VCPU_MB / memory)}
+    with scale_sim.network(network):
+        sims = scale_sim.simulate_end_phases(tib, rate, workers, PHASED_SIZES.get(tib, 1), **scaled)
+    sim = sims[0]  # exactly `tib`: priced
+    costs = price(sim, memory)
+    tails = [s.seconds_after_stream_end for s in sims]
+    total = sum(costs.values())
+    return {
+        "tib": tib,
+        "workers": workers,
+        "stream_mb_s": rate,
+        "worker_memory_mb": memory,
+        "lambda_network_mb_s": network,
+        "cost_per_tib": round(total / tib, 4),
+        "seconds_after_stream_end": round(max(tails), 1),  # the worst end phase (scale_sim.end_phase_sizes)
+        "seconds_after_stream_end_best": round(min(tails), 1),
+        "end_phases": len(sims),
+        "max_history_events": max(s.history_events for s in sims),
+        "max_timeout_fraction": round(max(s.max_timeout_fraction for s in sims), 3),
+        "segments": sim.segments,
+        "chunks": sim.chunks,
+        "items": sim.items,
+        "inline_items": sim.inline_items,  # the final round's, run as an inline Map
+        "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
+        "rounds": sim.turns["map"],
+        "plan_calls": len(sim.by_function("plan")),
+        "s3_requests": sum((sim.requests() + sim.agent_requests).values()),
+        "finalize_seconds": round(sim.by_function("finalize")[0].seconds, 1),
+        "costs_per_tib": {k: round(v / tib, 5) for k, v in costs.items()},
+    }
+
+
 def rows_for(
     cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
 ) -> list[dict[str, Any]]:
-    """Every (size, workers, stream rate) through the simulation, priced; the JSON rows.
+    """Every (size, workers, stream rate) through the simulation at the published network rate, priced; the JSON rows.
 
     `cpu_speed`: Graviton2 vs this machine, for the coordinators' measured CPU (the worker's is `cpu_arm`, already scaled)."""
-    calibration = scale_sim.calibrate_worker()
-    rows = []
-    for tib in SIZES_TIB:
-        for workers in WORKERS:
-            for rate in STREAM_MB_S:
-                if log:
-                    log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers ...")
-                options = {
-                    "chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": calibration, "cpu_speed": cpu_speed,
-                }
-                phases = PHASED_SIZES.get(tib, 1)
-                sims = scale_sim.simulate_end_phases(tib, rate, workers, phases, **options)
-                sim = sims[0]  # exactly `tib`: priced
-                costs = price(sim, memory)
-                tails = [s.seconds_after_stream_end for s in sims]
-                total = sum(costs.values())
-                rows.append({
-                    "tib": tib,
-                    "workers": workers,
-                    "stream_mb_s": rate,
-                    "cost_per_tib": round(total / tib, 4),
-                    "seconds_after_stream_end": round(max(tails), 1),  # the worst end phase (scale_sim.end_phase_sizes)
-                    "seconds_after_stream_end_best": round(min(tails), 1),
-                    "end_phases": len(sims),
-                    "max_history_events": max(s.history_events for s in sims),
-                    "max_timeout_fraction": round(max(s.max_timeout_fraction for s in sims), 3),
-                    "segments": sim.segments,
-                    "chunks": sim.chunks,
-                    "items": sim.items,
-                    "inline_items": sim.inline_items,  # the final round's, run as an inline Map
-                    "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
-                    "rounds": sim.turns["map"],
-                    "plan_calls": len(sim.by_function("plan")),
-                    "s3_requests": sum((sim.requests() + sim.agent_requests).values()),
-                    "finalize_seconds": round(sim.by_function("finalize")[0].seconds, 1),
-                    "costs_per_tib": {k: round(v / tib, 5) for k, v in costs.items()},
-                })
-    return rows
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    network = scale_sim.lambda_network_mb_s(memory)
+    return [
+        simulated_row(tib, workers, rate, memory, network, options, log) for tib in SIZES_TIB for workers in WORKERS for rate in STREAM_MB_S
+    ]
+
+
+def sensitivity_rows(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
+) -> list[dict[str, Any]]:
+    """1 TiB x 500 workers x 300 MB/s over worker memory (at its published network rate) and over network rate (at `memory`)."""
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    cases = [(m, scale_sim.lambda_network_mb_s(m)) for m in SENSITIVITY_MEMORY_MB] + [(memory, n) for n in SENSITIVITY_NETWORK_MB_S]
+    return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
 
 
 def run(ctx: Context) -> Section:
@@ -360,7 +387,7 @@ def run(ctx: Context) -> Section:
     arm = args.arm_speed or (zstd_here / (chunk / 1e6 / ASSUME["graviton_zstd3_mb_s"]) if zstd_here else ASSUME["arm_speed"])
     cpu_arm = measured.cpu_per_chunk / arm
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
-    columns = ["tib", "workers", "stream_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
+    columns = ["tib", "workers", "stream_mb_s", "worker_memory_mb", "lambda_network_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
                "segments", "chunks", "items", "inline_items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
@@ -368,6 +395,13 @@ def run(ctx: Context) -> Section:
         " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
         columns,
         [[row[c] for c in columns] for row in rows],
+    ))
+    sensitivity = sensitivity_rows(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
+    section.tables.append(Table(
+        "sensitivity, 1 TiB at 500 workers, 300 MB/s: worker memory (at its published network rate) and network rate (at the"
+        " deployed memory); a network-bound worker is billed per GB-s for the seconds its bytes take",
+        columns,
+        [[row[c] for c in columns] for row in sensitivity],
     ))
     key = next(r for r in rows if (r["tib"], r["workers"], r["stream_mb_s"]) == (1, 500, 300))
     section.tables.append(Table(

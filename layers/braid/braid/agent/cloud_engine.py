@@ -29,7 +29,7 @@ from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
 from braid.engine.stream import InputSource, expected_bytes, expected_chunks, input_lengths
-from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError
+from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
 from braid.format.lease import heartbeat_seconds
@@ -285,6 +285,53 @@ class CloudEngine:
         if report.current != "finalizing" and status.status == "SUCCEEDED":
             report.phase("finalizing", total_chunks=total_chunks)  # the agent checks the published manifest against what it sent
         return self.outcome(ref, status, expected)
+
+    def resume_staged(self, ref: BackupRef, progress: ProgressFn) -> Manifest:
+        """`--resume` of a command's backup: the command cannot make the same stream again, so only a
+        stream staged whole (its stream-end record written) can finish; a held one is released for it.
+        Otherwise UsageError, saying so and how to start again."""
+        area = StagingArea(self.store, ref)
+        try:
+            area.read_session()
+        except NotFoundError as missing:
+            try:
+                status = self.pipeline.describe(ref)  # finished while the agent was gone: its outcome is the answer
+            except BackupError:
+                raise missing from None
+            return self.wait(ref, progress) if not status.done else self.outcome(ref, status)
+        end = area.read_stream_end()
+        if end is None or end.abandoned is not None:
+            raise UsageError(
+                f"{ref} cannot be resumed: its command's stream was not staged whole"
+                f" ({'it was abandoned' if end is not None else 'the stream ended before every byte was uploaded'}),"
+                f" and a command makes a new stream each run; start a new backup: braid backup --name {ref.name} -- COMMAND"
+            )
+        progress({"event": "started", "backup": str(ref), "resumed": True, "resumable": False})
+        if area.read_hold() is not None:  # the pipeline plans its unfinished items again (braid.pipeline.replan)
+            nonce = secrets.token_hex(8)
+            area.write_resume_request(ResumeRequest(nonce))
+            self._resumed[str(ref)] = nonce
+        self.pipeline.start(ref, ExecutionInput(
+            backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out, stall_seconds=self.options.stall_seconds
+        ).to_json())
+        return self.wait(ref, progress, expected=end)
+
+    def abandon_held(self, ref: BackupRef, progress: ProgressFn) -> None:
+        """`braid backup --abandon NAME@ID`: give a held backup up now. The abandoned stream-end record fails the
+        pipeline at its next look (StreamAbandonedError), and its Cleanup removes every staged object, version and
+        delete marker; waits for that end. UsageError when the backup is not held (resume or wait for it instead)."""
+        area = StagingArea(self.store, ref)
+        area.read_session()  # NotFoundError: nothing staged
+        if area.read_hold() is None:
+            raise UsageError(f"{ref} is not held: --abandon gives up a held backup; follow a running one with 'braid status {ref}'")
+        end = area.read_stream_end()
+        reason = f"abandoned with 'braid backup --abandon {ref}'"
+        area.write_stream_end(StreamEnd(end.lengths, end.segments, reason) if end is not None else StreamEnd([], [], reason))
+        progress({"event": "abandoned", "backup": str(ref), "reason": reason})
+        waker = PipelineWaker(area, self.pipeline, lambda: 0, lambda: True)
+        while not self.pipeline.describe(ref).done:
+            waker.poke()  # a sleeping planner learns of the abandon when it runs
+            time.sleep(self.options.poll_seconds)
 
     def check_not_held(self, ref: BackupRef) -> None:
         """Stop at once, with the worker's error and the way back in, when the pipeline holds the backup."""

@@ -53,7 +53,7 @@ PART_TARGET_BYTES = 256 * MiB
 MIN_PARTS_IN_FLIGHT = 2
 
 
-def default_segment_parts(chunk_size: int) -> int:
+def default_segment_chunks(chunk_size: int) -> int:
     """Parts per segment: about 2 GiB, so the pipeline starts after the first 2 GiB.
 
     Smaller segments start the fan-out sooner but cost more records and
@@ -102,18 +102,18 @@ def check_part_chunks(part_chunks: int, inputs: int, concurrency: int) -> None:
         )
 
 
-def check_sizes(chunk_size: int, segment_parts: int, min_part_size: int = MIN_PART_SIZE, part_chunks: int = 1) -> None:
+def check_sizes(chunk_size: int, segment_chunks: int, min_part_size: int = MIN_PART_SIZE, part_chunks: int = 1) -> None:
     """Refuse chunk, part and segment sizes S3's multipart uploads cannot hold."""
     if not 0 < chunk_size <= MAX_PART_SIZE:
         raise UsageError(f"chunk size {chunk_size} is outside S3's part sizes (up to 5 GiB)")
     if not 1 <= part_chunks or part_chunks * chunk_size > MAX_PART_SIZE:
         raise UsageError(f"staging parts of {part_chunks} x {chunk_size} bytes are outside S3's part sizes (up to 5 GiB)")
-    if segment_parts > 1 and chunk_size < min_part_size:
+    if segment_chunks > 1 and chunk_size < min_part_size:
         raise UsageError(f"chunk size {chunk_size} is below S3's minimum part size of {min_part_size} bytes; use --chunk-size 5MiB or more")
-    if not 1 <= segment_parts <= MAX_PARTS:
-        raise UsageError(f"{segment_parts} parts per segment: S3 allows 1 to {MAX_PARTS}")
-    if segment_parts * chunk_size > MAX_OBJECT_SIZE:
-        raise UsageError(f"segments of {segment_parts} x {chunk_size} bytes exceed S3's 5 TiB object limit")
+    if not 1 <= segment_chunks <= MAX_PARTS:
+        raise UsageError(f"{segment_chunks} parts per segment: S3 allows 1 to {MAX_PARTS}")
+    if segment_chunks * chunk_size > MAX_OBJECT_SIZE:
+        raise UsageError(f"segments of {segment_chunks} x {chunk_size} bytes exceed S3's 5 TiB object limit")
 
 
 def max_worker_chunk_size(memory_mb: int = contract.WORKER_MEMORY_MB, lanes: int = contract.DEFAULT_WORKER_LANES) -> int:

@@ -78,26 +78,26 @@ class Segment:
     def sent_parts(self) -> list[SentPart]:
         return [SentPart(n, part.etag or "", encode_crc64nvme(part.crc)) for n, part in self.ordered_parts()]
 
-    def record_of(self, chunk_size: int, segment_parts: int) -> SegmentRecord:
+    def record_of(self, chunk_size: int, segment_chunks: int) -> SegmentRecord:
         """The record of this segment as read now (per chunk): what the pipeline and a later resume trust."""
         chunks = [chunk for _, chunk in _in_order(self.chunks, "chunks", self.key)]
         return SegmentRecord(
             input_index=self.input_index,
             segment=self.number,
             key=self.key,
-            offset=self.number * segment_parts * chunk_size,
+            offset=self.number * segment_chunks * chunk_size,
             length=sum(c.size for c in chunks),
-            parts=len(chunks),
+            chunks=len(chunks),
             checksum=tagged_checksum(combined_crc(chunks)),
-            part_checksums=[encode_crc64nvme(c.crc) for c in chunks],
+            chunk_checksums=[encode_crc64nvme(c.crc) for c in chunks],
         )
 
     def check_same_stream(self, built: SegmentRecord, input_label: str) -> None:
         """A segment completed before an interruption must hold exactly the re-read bytes."""
         if self.record is not None:
             before = self.record
-            same = (before.length, before.parts, before.checksum, before.offset, before.part_checksums) == (
-                built.length, built.parts, built.checksum, built.offset, built.part_checksums
+            same = (before.length, before.chunks, before.checksum, before.offset, before.chunk_checksums) == (
+                built.length, built.chunks, built.checksum, built.offset, built.chunk_checksums
             )
         elif self.stored is not None:
             same = (self.stored.size, self.stored.checksum or built.checksum) == (built.length, built.checksum)

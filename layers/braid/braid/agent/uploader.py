@@ -2,7 +2,7 @@
 
 The host only moves bytes. The chunks the reader cuts go, `part_chunks` at a
 time, into the parts of a multipart upload (a "segment", see
-braid.format.staging); a new segment starts every `segment_parts` chunks, so
+braid.format.staging); a new segment starts every `segment_chunks` chunks, so
 a stream of any length fits S3's 10,000-part limit, and the pipeline can fan
 out a finished segment while later ones still upload. The agent holds no key
 and calls no KMS. Parts of several chunks (128-256 MiB of 64 MiB chunks) cut
@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, MIN_PART_SIZE, check_part_chunks, check_sizes, default_part_chunks, default_segment_parts
+from braid.agent.limits import DEFAULT_CONCURRENCY, MIN_PART_SIZE, check_part_chunks, check_sizes, default_part_chunks, default_segment_chunks
 from braid.agent.resume import load_staged, part_matches, session_to_resume
 from braid.agent.segments import Chunk, InputState, Part, Segment, combined_crc, complete_segment_upload
 from braid.agent.throttle import TokenBucket
@@ -94,7 +94,7 @@ class StagingUpload:
         PipelineWaker looks whether the sleeping pipeline waits for it, braid.agent.wake)."""
         if concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
-        check_sizes(session.chunk_size, session.segment_parts, min_part_size, session.part_chunks)
+        check_sizes(session.chunk_size, session.segment_chunks, min_part_size, session.part_chunks)
         check_part_chunks(session.part_chunks, len(session.inputs), concurrency)
         self.area = area
         self.store = area.store
@@ -102,7 +102,7 @@ class StagingUpload:
         self.ref = area.ref
         self.session = session
         self.chunk_size = session.chunk_size
-        self.segment_parts = session.segment_parts
+        self.segment_chunks = session.segment_chunks
         self.part_chunks = session.part_chunks
         self.concurrency = concurrency
         self.max_in_flight = concurrency + 2
@@ -144,7 +144,7 @@ class StagingUpload:
         inputs: list[str],
         chunk_size: int,
         level: int,
-        segment_parts: int | None = None,
+        segment_chunks: int | None = None,
         part_chunks: int | None = None,
         **options: Any,
     ) -> StagingUpload:
@@ -164,7 +164,7 @@ class StagingUpload:
             backup=str(area.ref),
             repository=repository_id,
             chunk_size=chunk_size,
-            segment_parts=segment_parts or default_segment_parts(chunk_size),
+            segment_chunks=segment_chunks or default_segment_chunks(chunk_size),
             level=level,
             inputs=list(inputs),
             created=utc_now(),
@@ -246,13 +246,13 @@ class StagingUpload:
         state.next_number = number + 1
         state.length += len(data)
         state.short_seen = len(data) < self.chunk_size
-        segment = self._segment(input_index, number // self.segment_parts)
+        segment = self._segment(input_index, number // self.segment_chunks)
         segment.submitted += 1
-        if segment.submitted == self.segment_parts:
-            segment.expected = self.segment_parts
+        if segment.submitted == self.segment_chunks:
+            segment.expected = self.segment_chunks
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        part_number = (number % self.segment_parts) // self.part_chunks + 1
+        part_number = (number % self.segment_chunks) // self.part_chunks + 1
         segment.pending.setdefault(part_number, []).append((data, release))
         if len(segment.pending[part_number]) == self.part_chunks or segment.submitted == segment.expected:
             self._pool.submit(self._part_task, segment, part_number, self._take_part(segment, part_number))
@@ -272,7 +272,7 @@ class StagingUpload:
             if length != state.length:
                 raise ValueError(f"input {input_index} ended at {length} bytes, but {state.length} were submitted")
             state.ended = True
-            last = state.segments.get((state.next_number - 1) // self.segment_parts) if state.next_number else None
+            last = state.segments.get((state.next_number - 1) // self.segment_chunks) if state.next_number else None
             if last is not None and last.expected is None:
                 last.expected = last.submitted
             # The input's last part, if it ended before filling it.
@@ -418,7 +418,7 @@ class StagingUpload:
             self._fail(exc)
 
     def _complete(self, segment: Segment) -> None:
-        built = segment.record_of(self.chunk_size, self.segment_parts)
+        built = segment.record_of(self.chunk_size, self.segment_chunks)
         segment.check_same_stream(built, self.session.inputs[segment.input_index])
         if segment.record is not None:
             return  # recorded before the interruption, and the re-read bytes match it
@@ -436,7 +436,7 @@ class StagingUpload:
     def recorded_chunks(self) -> int:
         """Chunks in the segment records written so far, this run's and those before an interruption."""
         with self._lock:
-            return sum(seg.record.parts for state in self._inputs for seg in state.segments.values() if seg.record is not None)
+            return sum(seg.record.chunks for state in self._inputs for seg in state.segments.values() if seg.record is not None)
 
     # ------------------------------------------------------------------ ending
 
@@ -456,7 +456,7 @@ class StagingUpload:
         self._shutdown()
         self._raise_if_failed()  # the first error, or "stopped" after abort()
         lengths = [state.length for state in self._inputs]
-        counts = [-(-state.next_number // self.segment_parts) for state in self._inputs]
+        counts = [-(-state.next_number // self.segment_chunks) for state in self._inputs]
         for index, state in enumerate(self._inputs):
             for number, segment in state.segments.items():
                 if number >= counts[index] or not segment.done:
@@ -499,7 +499,7 @@ class StagingUpload:
         a stream-end record saying why, which the planner turns into a failure now (braid.pipeline.plan)."""
         with self._lock:
             lengths = [state.length for state in self._inputs]
-            counts = [-(-state.next_number // self.segment_parts) for state in self._inputs]
+            counts = [-(-state.next_number // self.segment_chunks) for state in self._inputs]
         self.area.write_stream_end(StreamEnd(lengths=lengths, segments=counts, abandoned=reason))
         self.end_written = True
         if self.on_recorded is not None:

@@ -362,6 +362,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
                        help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")
     cloud.add_argument("--resume", metavar="NAME@ID", help="continue an interrupted upload: sends only the parts S3 lacks")
     chain_options.add_backup_options(backup)
+    cloud.add_argument("--abandon", metavar="NAME@ID", help="give up a held backup now: its execution ends and its staging is removed")
     backup.set_defaults(handler=_command("backup:cmd_backup"))
 
 

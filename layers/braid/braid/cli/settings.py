@@ -32,7 +32,7 @@ from braid.errors import UsageError, did_you_mean
 
 ENV_PREFIX = "BRAID_"
 NOT_SETTINGS = frozenset({"help", "version"})
-COMMAND_LINE_ONLY = frozenset({"allow_other_owner", "all", "force", "label", "allow_empty", "resume", "save_policy", "show_policy", "delete_policy"})
+COMMAND_LINE_ONLY = frozenset({"abandon", "all", "allow_empty", "allow_other_owner", "delete_policy", "force", "label", "resume", "save_policy", "show_policy"})
 RETENTION_RULES = "keep_"  # prefix: retention is stored per name in the repository (prune --save-policy), one policy for host and cloud
 ENVIRONMENT_ONLY = frozenset({"config"})  # the file cannot name itself
 _TRUE = frozenset({"1", "true", "yes", "on"})

@@ -42,6 +42,12 @@ class Fields:
             raise self._fail(name, "a non-negative integer")
         return value
 
+    def flag(self, name: str, default: bool = False) -> bool:
+        value = self.doc.get(name, default)
+        if not isinstance(value, bool):
+            raise self._fail(name, "true or false")
+        return value
+
     def text(self, name: str) -> str:
         value = self.doc[name]
         if not isinstance(value, str):
@@ -59,6 +65,12 @@ class Fields:
         if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
             raise self._fail(name, "a list of non-negative integers")
         return list(value)
+
+    def objects(self, name: str) -> list[Any]:
+        value = self.doc[name]
+        if not isinstance(value, list):
+            raise self._fail(name, "a list")
+        return value
 
     def hex(self, name: str) -> bytes:
         """Bytes written as a hex string."""

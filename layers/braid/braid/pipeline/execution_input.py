@@ -5,8 +5,12 @@ document as input. Everything else the pipeline needs is in S3 under the
 backup's staging prefix (see braid.format.staging), so the input stays tiny
 and the same execution can be followed, or found again, from any host.
 
-    {"backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
+    {"protocol": 2, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
      "max_chunks_per_item": 32, "poll_seconds": 15, "stall_seconds": 3600}
+
+`protocol` is the staging protocol the agent speaks
+(braid.format.staging.protocol): the pipeline refuses another
+(ProtocolMismatchError, naming both). Integers must be JSON integers.
 
 `prefix` is the repository's key prefix inside the stack's bucket ("" for
 the bucket root), so one stack can serve several repositories in a bucket.
@@ -28,9 +32,13 @@ from typing import Any
 from braid import contract
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
+from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError, check_protocol
 
 DEFAULT_MAX_CONCURRENCY = 100
-DEFAULT_MAX_CHUNKS_PER_ITEM = 32  # the cost model's pick (scripts/bench cloud-model, item_sizing): a 2 GiB segment per item
+# Chunks per map item at most: 16 (1 GiB). At the published Lambda network rate (~76 MB/s per function,
+# scripts/bench_lib/scale_sim.LAMBDA_NIC_MB_S) the worker is network-bound, and a 32-chunk item took ~44 s
+# of its 60 s timeout (0.73); 16 chunks keep it near a third, with room for a slow S3 minute and every retry.
+DEFAULT_MAX_CHUNKS_PER_ITEM = 16
 DEFAULT_POLL_SECONDS = contract.DEFAULT_POLL_SECONDS
 DEFAULT_STALL_SECONDS = contract.DEFAULT_STALL_SECONDS
 # Step Functions caps a Distributed Map at 10,000 concurrent child executions.
@@ -82,9 +90,12 @@ class ExecutionInput:
     max_chunks_per_item: int = DEFAULT_MAX_CHUNKS_PER_ITEM
     poll_seconds: int = DEFAULT_POLL_SECONDS
     stall_seconds: int = DEFAULT_STALL_SECONDS
+    protocol: int = PROTOCOL
 
     def __post_init__(self) -> None:
         BackupRef.parse(self.backup)
+        if self.protocol != PROTOCOL:
+            raise ProtocolMismatchError(f"execution input of {self.backup} speaks staging protocol {self.protocol}; this braid speaks protocol {PROTOCOL}")
         if not 1 <= self.max_concurrency <= MAX_CONCURRENCY_LIMIT:
             raise UsageError(f"max_concurrency must be 1..{MAX_CONCURRENCY_LIMIT}, not {self.max_concurrency}")
         if not 1 <= self.max_chunks_per_item <= 64:
@@ -105,16 +116,30 @@ class ExecutionInput:
     def from_event(cls, event: Mapping[str, Any]) -> ExecutionInput:
         """Read the fields the pipeline defined; ignore what steps added to the state.
         Refuses (ExecutionMismatchError) a backup other than the running execution's."""
+        what = f"pipeline input of {event.get('backup')!r}" if isinstance(event, Mapping) else "pipeline input"
+        check_protocol(dict(event), what)
         try:
             request = cls(
-                backup=str(event["backup"]),
-                prefix=str(event.get("prefix", "")),
-                max_concurrency=int(event.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)),
-                max_chunks_per_item=int(event.get("max_chunks_per_item", DEFAULT_MAX_CHUNKS_PER_ITEM)),
-                poll_seconds=int(event.get("poll_seconds", DEFAULT_POLL_SECONDS)),
-                stall_seconds=int(event.get("stall_seconds", DEFAULT_STALL_SECONDS)),
+                backup=_typed(event, "backup", str, None),
+                prefix=_typed(event, "prefix", str, ""),
+                max_concurrency=_typed(event, "max_concurrency", int, DEFAULT_MAX_CONCURRENCY),
+                max_chunks_per_item=_typed(event, "max_chunks_per_item", int, DEFAULT_MAX_CHUNKS_PER_ITEM),
+                poll_seconds=_typed(event, "poll_seconds", int, DEFAULT_POLL_SECONDS),
+                stall_seconds=_typed(event, "stall_seconds", int, DEFAULT_STALL_SECONDS),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid pipeline input: {exc}") from None
         check_execution(event, request.ref)
         return request
+
+
+def _typed(event: Mapping[str, Any], name: str, kind: type, default: Any) -> Any:
+    """`event[name]`, which must be of `kind` exactly (a JSON integer is no bool, string or float); `default` when absent (None: required)."""
+    if name not in event:
+        if default is None:
+            raise KeyError(name)
+        return default
+    value = event[name]
+    if type(value) is not kind:
+        raise TypeError(f"{name} must be a JSON {'integer' if kind is int else 'string'}, not {value!r}")
+    return value

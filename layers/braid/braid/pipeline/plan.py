@@ -108,9 +108,9 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
     index = first_index
     for record in records:
         part = 1
-        while part <= record.parts:
-            count = min(per_item, record.parts - part + 1)
-            checksums = tuple(record.part_checksums[part - 1 : part - 1 + count])
+        while part <= record.chunks:
+            count = min(per_item, record.chunks - part + 1)
+            checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
             items.append(
                 MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums, cut=cut)
             )
@@ -124,7 +124,7 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
     chosen: list[SegmentRecord] = []
     items = 0
     for record in ready:
-        needed = -(-record.parts // per_item)
+        needed = -(-record.chunks // per_item)
         if chosen and items + needed > max_items:
             break
         chosen.append(record)
@@ -168,6 +168,7 @@ def plan_next_round(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
+    purge: Callable[[str], object] | None = None,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -177,6 +178,7 @@ def plan_next_round(
     pause between polls (the scale simulation runs them on a virtual clock).
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
+    `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
     """
     area = StagingArea(store, ref)
     session = area.read_session()
@@ -188,7 +190,7 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None)
+    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:
         return _map_again(state, checked.again)
@@ -215,7 +217,7 @@ def plan_next_round(
         ready, state = _skip_empty(ready, state)
         due = (
             end is not None or state.last_round is None
-            or round_due(now - state.last_round, now - state.started, sum(r.parts for r in ready), min_round_seconds)
+            or round_due(now - state.last_round, now - state.started, sum(r.chunks for r in ready), min_round_seconds)
         )
         if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
             return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry)
@@ -234,7 +236,7 @@ def plan_next_round(
             )
         if may_sleep and end is None:
             asleep = sleep_plan(
-                planned_chunks=state.chunks, ready_chunks=sum(r.parts for r in ready),
+                planned_chunks=state.chunks, ready_chunks=sum(r.chunks for r in ready),
                 since_last_seconds=None if state.last_round is None else now - state.last_round, age_seconds=now - state.started,
                 stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
             )
@@ -319,7 +321,7 @@ def _advanced(state: PlanCursor, ready: list[SegmentRecord], index: int) -> Plan
 def _skip_empty(ready: list[SegmentRecord], state: PlanCursor) -> tuple[list[SegmentRecord], PlanCursor]:
     """Records without parts (an empty input) need no item: move the cursor past them now."""
     while True:
-        empty = [r for r in ready if r.parts == 0 and r.segment == state.segments[r.input_index]]
+        empty = [r for r in ready if r.chunks == 0 and r.segment == state.segments[r.input_index]]
         if not empty:
             return ready, state
         for record in empty:
@@ -349,7 +351,7 @@ def _plan_round(
     A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
     every worker, and runs inline when small enough."""
     carry = carry or []
-    ready_chunks = sum(r.parts for r in ready) + sum(item.count for item in carry)
+    ready_chunks = sum(r.chunks for r in ready) + sum(item.count for item in carry)
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
     # After stream end, a round small enough runs as an inline Map: its items start at once, with no
     # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).

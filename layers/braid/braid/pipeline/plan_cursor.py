@@ -131,7 +131,7 @@ def lease_digest(raw: bytes | None) -> str:
 
 def check_continues(ref: BackupRef, cursor: PlanCursor, record: SegmentRecord, session: SessionRecord) -> None:
     """A new record must continue its input where the planned ones end (every earlier segment full)."""
-    expected = cursor.segments[record.input_index] * session.segment_parts * session.chunk_size
+    expected = cursor.segments[record.input_index] * session.segment_chunks * session.chunk_size
     if record.offset != cursor.offsets[record.input_index] or record.offset != expected:
         raise IntegrityError(
             f"segment {record.segment} of input {record.input_index} of {ref} starts at byte {record.offset};"
@@ -166,7 +166,7 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
             if item.finishes_cut:
                 continue  # a cut item's last packs, planned again: the cut item covers them (StagingArea.read_results)
             slot = (item.input_index, item.segment_index)
-            parts.setdefault(slot, []).append((item.first_part, item.count))
+            parts.setdefault(slot, []).append((item.first_chunk, item.count))
             spans[slot] = (item.segment_offset, item.segment_length)
     for index, (length, count) in enumerate(zip(end.lengths, end.segments, strict=True)):
         offset = 0

@@ -31,6 +31,7 @@ over the 24-hour hold.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -70,7 +71,7 @@ class MapChecked:
     remainders: tuple[MapItem, ...] = ()  # what cut items left: for the next round, which the same call plans
 
 
-def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bool = True) -> MapChecked:
+def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bool = True, purge: Callable[[str], object] | None = None) -> MapChecked:
     """Check the last map's items: fold the finished items' results (unless `fold` is False), find what cut items
     left, re-plan unfinished items, and hold the backup (write the HoldRecord) when the re-plans are spent.
 
@@ -95,7 +96,7 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bo
     pending = {item.segment for item in [*unfinished, *remainders]}
     if fold or cut:
         area.fold_results(int(check["round"]), int(check["attempt"]), finished if fold else cut, read)
-    area.remove_segments(item.segment for item in finished if item.segment not in pending)
+    area.remove_segments((item.segment for item in finished if item.segment not in pending), purge)
     if not unfinished:
         return MapChecked(replace(state, check=None), None, remainders)
     attempt, limit = int(check["attempt"]), int(check["limit"])

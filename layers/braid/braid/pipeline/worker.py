@@ -133,7 +133,7 @@ def read_part_range(store: ObjectStore, ref: BackupRef, item: MapItem, piece: Ch
         raise IntegrityError(f"staging segment {item.segment} of {ref} is gone: the backup was cleaned up or expired") from None
     if len(data) != length:
         raise IntegrityError(
-            f"part {piece.part} of {item.segment} is {start + len(data)} bytes or shorter, the segment record implies {piece.length}"
+            f"chunk {piece.position} of {item.segment} is {start + len(data)} bytes or shorter, the segment record implies {piece.length}"
         )
     return data
 
@@ -142,7 +142,7 @@ def check_part(ref: BackupRef, item: MapItem, piece: ChunkSlice, data: Buffer) -
     """The part as read must be the part the agent staged: its CRC64NVME, from the segment record."""
     if encode_crc64nvme(crc64nvme(data)) != piece.checksum:
         raise IntegrityError(
-            f"part {piece.part} of {item.segment} (chunk {piece.index} of {ref}) does not match the checksum the agent"
+            f"chunk {piece.position} of {item.segment} (chunk {piece.index} of {ref}) does not match the checksum the agent"
             " recorded: the staged bytes changed between the host and the worker"
         )
 
@@ -218,11 +218,13 @@ def _process_item(
     transitions: int = 0,
 ) -> ItemOutcome:
     check_item(ref, item)
+    if max(item.packs) > chunks_per_pack:
+        raise IntegrityError(f"map item for chunks {item.first_index}.. of {ref} has a pack of {max(item.packs)} chunks; this worker holds {chunks_per_pack}")
     started = time.monotonic()
     pieces = item.chunks()
     entries = tuple(
         store_item_chunks(
-            lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs(chunks_per_pack)), chunks_per_pack=chunks_per_pack,
+            lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
             input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
             buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
             fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),

@@ -95,7 +95,8 @@ class MultipartStore(Protocol):
         """Drop an open upload and its parts; one already gone is not an error."""
         ...
 
-    def purge_versions(self, prefix: str) -> int:
-        """Delete every version and delete marker under `prefix`, current objects
-        included; returns how many. A store that keeps no versions deletes the objects."""
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
+        """Delete every version and delete marker under `prefix` (`exact`: of the object
+        named `prefix` only), current objects included; returns how many. A store that
+        keeps no versions deletes the objects."""
         ...

@@ -25,8 +25,8 @@ class StagingJanitor(Protocol):
         """Abort every incomplete upload under the repository-relative `prefix`; returns how many."""
         ...
 
-    def purge_versions(self, prefix: str) -> int:
-        """Delete every remaining version and delete marker under `prefix`; returns how many."""
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
+        """Delete every remaining version and delete marker under `prefix` (`exact`: of that object only); returns how many."""
         ...
 
 
@@ -57,8 +57,8 @@ class MultipartJanitor:
             aborted += 1
         return aborted
 
-    def purge_versions(self, prefix: str) -> int:
-        return self.uploads.purge_versions(prefix)
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
+        return self.uploads.purge_versions(prefix, exact)
 
 
 class PlainStoreJanitor:
@@ -67,7 +67,7 @@ class PlainStoreJanitor:
     def abort_uploads(self, prefix: str) -> int:
         return 0
 
-    def purge_versions(self, prefix: str) -> int:
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
         return 0
 
 

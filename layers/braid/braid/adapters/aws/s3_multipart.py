@@ -134,14 +134,19 @@ class S3Multipart:
         except UploadGoneError:
             pass  # aborted (or completed) meanwhile: nothing left to drop
 
-    def purge_versions(self, prefix: str) -> int:
+    def purge_versions(self, prefix: str, exact: bool = False) -> int:
         purged = 0
+        only = self.store.object_key(prefix) if exact else None
         pages = self._pages(
             "list_object_versions", "purging old versions under", prefix, "s3:ListBucketVersions and s3:DeleteObjectVersion",
             Prefix=self.store.object_key(prefix),
         )
         for page in pages:
-            doomed: list[ObjectIdentifierTypeDef] = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])]
+            doomed: list[ObjectIdentifierTypeDef] = [
+                {"Key": v["Key"], "VersionId": v["VersionId"]}
+                for v in (page.get("Versions") or []) + (page.get("DeleteMarkers") or [])
+                if only is None or v["Key"] == only
+            ]
             for batch in batches(doomed, DELETE_BATCH):
                 self._delete_versions(prefix, batch)
                 purged += len(batch)

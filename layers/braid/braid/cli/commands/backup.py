@@ -89,14 +89,14 @@ def _producer(args: argparse.Namespace, progress: ProgressFn | None = None, echo
         return None
     if args.input:
         raise UsageError("--input and a command after -- exclude each other: the command's output is the backup")
-    if args.resume:
-        raise UsageError("--resume re-reads the same inputs, but a command makes a new stream each run: start a new backup")
     from braid.engine.producer import Producer  # with its subprocess and pipe machinery, only when there is a command to run
 
     return Producer(args.run, pipes=args.pipes, open_timeout=args.open_timeout, progress=progress, echo=echo)
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
+    if getattr(args, "abandon", None):
+        return _abandon(args)
     ref = _backup_ref(args)
     with Progress.for_command(args) as progress:  # from here on, a failure is in the --log-file too
         progress.backup = str(ref)
@@ -107,6 +107,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
+    if args.resume and args.run is not None:
+        return _resume_command_backup(args, ref, progress)
     producer = _producer(args, lambda event: progress({"backup": str(ref), **event}), echo=progress.echo)
     sources = sources_from_args(args.input) if producer is None else []
     for source in sources:
@@ -193,6 +195,38 @@ def _expected_size(args: argparse.Namespace, repository: Repository, ref: Backup
         return open_summary(repository.store.get(summary_key(previous[-1])), "summary").summary.plaintext_bytes or None
     except BackupError:
         return None  # only the estimate is at stake
+
+
+def _abandon(args: argparse.Namespace) -> int:
+    """`--abandon NAME@ID`: a held backup's execution ends now and its staging goes (CloudEngine.abandon_held)."""
+    from braid.agent.cloud_engine import CloudEngine
+
+    ref = BackupRef.parse(args.abandon)
+    if ref.is_latest or args.resume or args.run or args.input or args.name:
+        raise UsageError("--abandon takes the exact NAME@ID of a held backup, and nothing else to back up")
+    engine = _engine_for(open_repository(repo_url(args.repo)), args)
+    if not isinstance(engine, CloudEngine):
+        raise UsageError("--abandon gives up a held cloud backup; this is a local repository")
+    with Progress.for_command(args) as progress:
+        progress.backup = str(ref)
+        engine.abandon_held(ref, progress)
+    print(f"{ref} abandoned: its execution ended and its staging is removed", file=sys.stderr)
+    return 0
+
+
+def _resume_command_backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int:
+    """`--resume NAME@ID -- COMMAND`: the command is not run again (it would make a new stream); a backup whose
+    stream was staged whole finishes from staging, any other is refused with how to start again."""
+    if args.input:
+        raise UsageError("--input and a command after -- exclude each other: the command's output is the backup")
+    from braid.agent.cloud_engine import CloudEngine
+
+    engine = _engine_for(open_repository(repo_url(args.repo)), args)
+    if not isinstance(engine, CloudEngine):
+        raise UsageError("--resume continues a cloud backup; a local backup of a command cannot be resumed: run it again")
+    manifest = engine.resume_staged(ref, progress)
+    _published(manifest, args, progress)
+    return 0
 
 
 def _newest(repository: Repository, ref: BackupRef) -> BackupRef:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError
@@ -419,7 +419,6 @@ class StagingArea:
                         f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
                     )
                 rest = item.piece(done, len(result.entries))
-                rest.packs()  # whole packs of the cut item's layout
                 result.check(rest, str(self.ref))
             found.append(result)
             done += len(result.entries)
@@ -532,9 +531,18 @@ class StagingArea:
             (finished if key in present else unfinished).append(item)
         return finished, unfinished
 
-    def remove_segments(self, keys: Iterable[str]) -> None:
-        """Staged segments whose every chunk is stored: their raw bytes need not wait for Finalize."""
-        self.store.delete(sorted(set(keys)))
+    def remove_segments(self, keys: Iterable[str], purge: Callable[[str], object] | None = None) -> None:
+        """Staged segments whose every chunk is stored: their raw bytes need not wait for Finalize.
+
+        `purge(key)` removes every version of exactly that object (S3: deletes by version id, so
+        a versioned bucket keeps neither a noncurrent copy nor a delete marker); without it, a
+        plain delete (a store that keeps no versions)."""
+        doomed = sorted(set(keys))
+        if purge is None:
+            self.store.delete(doomed)
+            return
+        for key in doomed:
+            purge(key)
 
     # -- hold and resume -----------------------------------------------------
     def write_hold(self, hold: HoldRecord) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
-from braid.format.staging.records import document
+from braid.format.staging.protocol import document
 
 
 @dataclass(frozen=True)

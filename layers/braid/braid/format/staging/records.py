@@ -10,7 +10,6 @@ IntegrityError.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,15 +18,8 @@ from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.staging.keys import segment_key
+from braid.format.staging.protocol import PROTOCOL, check_protocol, document
 from braid.format.usage import Usage
-
-
-def document(raw: bytes, what: str) -> Any:
-    """The JSON in `raw`, or an IntegrityError naming `what` (a record and its key)."""
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise IntegrityError(f"{what} is malformed: not JSON") from None
 
 
 def _encode(record: Any) -> bytes:
@@ -41,31 +33,30 @@ class SessionRecord:
     backup: str
     repository: str
     chunk_size: int
-    segment_parts: int  # chunks per segment (the name is from when each chunk was one part)
+    segment_chunks: int  # chunks per segment
     level: int
     inputs: list[str]  # sources as the user named them
     created: str
     # Chunks per multipart part of a segment (its last part may hold fewer).
     # Only the agent reads it, to send a resumed upload's parts as before: the
-    # pipeline reads chunks by byte offset, so `segment_parts` and a segment
-    # record's `parts` and `part_checksums` count chunks whatever this is.
-    # Absent (1) in sessions of agents that sent one chunk per part.
+    # pipeline reads chunks by byte offset, so `segment_chunks` and a segment
+    # record's `chunks` and `chunk_checksums` count chunks whatever this is.
     part_chunks: int = 1
 
     def to_bytes(self) -> bytes:
-        doc = asdict(self)
-        if self.part_chunks == 1:
-            del doc["part_chunks"]  # as written before parts held several chunks
-        return canonical_json(doc)
+        return canonical_json({**asdict(self), "protocol": PROTOCOL})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "session.json") -> SessionRecord:
         what = f"staged session {where}"
-        names = ("backup", "repository", "chunk_size", "segment_parts", "level", "inputs", "created")
-        f = Fields(document(raw, what), what, names, optional=("part_chunks",))
-        part_chunks = f.count("part_chunks") if "part_chunks" in f.doc else 1
+        names = ("backup", "repository", "chunk_size", "segment_chunks", "level", "inputs", "created")
+        doc = document(raw, what)
+        Fields(doc, what, names, optional=("part_chunks", "protocol"))
+        check_protocol(doc, what)
+        f = Fields(doc, what, (*names, "part_chunks", "protocol"))
+        part_chunks = f.count("part_chunks")
         return cls(
-            f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_parts"), f.count("level"), f.texts("inputs"),
+            f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_chunks"), f.count("level"), f.texts("inputs"),
             f.text("created"), part_chunks,
         )
 
@@ -73,10 +64,10 @@ class SessionRecord:
         """The session is this backup's and its settings can describe a stream."""
         if self.backup != str(ref):
             raise IntegrityError(f"staged session at {where} names {self.backup}, not {ref}")
-        if self.chunk_size < 1 or self.segment_parts < 1 or self.part_chunks < 1 or not self.inputs:
+        if self.chunk_size < 1 or self.segment_chunks < 1 or self.part_chunks < 1 or not self.inputs:
             raise IntegrityError(
                 f"staged session of {ref} has impossible settings"
-                f" (chunk size {self.chunk_size}, {self.segment_parts} chunks per segment, {self.part_chunks} per part,"
+                f" (chunk size {self.chunk_size}, {self.segment_chunks} chunks per segment, {self.part_chunks} per part,"
                 f" {len(self.inputs)} inputs)"
             )
 
@@ -90,12 +81,12 @@ class SegmentRecord:
     key: str
     offset: int  # of the segment's first byte within its input
     length: int
-    parts: int
+    chunks: int
     checksum: str  # crc64nvme full-object checksum S3 verified on completion
-    # CRC64NVME (base64) of each part as the agent read it, in part order: the
+    # CRC64NVME (base64) of each chunk as the agent read it, in chunk order: the
     # worker checks the bytes it fetched against them before encoding, so
     # what gets encrypted is exactly what left the database host.
-    part_checksums: list[str] = field(default_factory=list)
+    chunk_checksums: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
         return _encode(self)
@@ -103,17 +94,17 @@ class SegmentRecord:
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "segment record") -> SegmentRecord:
         what = f"segment record {where}"
-        names = ("input_index", "segment", "key", "offset", "length", "parts", "checksum")
-        f = Fields(document(raw, what), what, names, optional=("part_checksums",))
+        names = ("input_index", "segment", "key", "offset", "length", "chunks", "checksum")
+        f = Fields(document(raw, what), what, names, optional=("chunk_checksums",))
         return cls(
             f.count("input_index"),
             f.count("segment"),
             f.text("key"),
             f.count("offset"),
             f.count("length"),
-            f.count("parts"),
+            f.count("chunks"),
             f.text("checksum"),
-            f.texts("part_checksums", []),
+            f.texts("chunk_checksums", []),
         )
 
     def check(self, ref: BackupRef, session: SessionRecord) -> None:
@@ -123,13 +114,13 @@ class SegmentRecord:
             raise IntegrityError(f"{where} names input {self.input_index}; the session has {len(session.inputs)}")
         if self.key != segment_key(ref, self.input_index, self.segment):
             raise IntegrityError(f"{where} points at {self.key}, not its own staging object")
-        if self.parts > session.segment_parts or self.length < 0 or self.offset < 0:
-            raise IntegrityError(f"{where} has impossible sizes ({self.parts} parts, {self.length} bytes)")
-        expected_parts = -(-self.length // session.chunk_size)
-        if self.parts != expected_parts:
-            raise IntegrityError(f"{where}: {self.length} bytes make {expected_parts} parts of {session.chunk_size}, record says {self.parts}")
-        if len(self.part_checksums) != self.parts:
-            raise IntegrityError(f"segment record {self.key} lists {len(self.part_checksums)} part checksums for {self.parts} parts")
+        if self.chunks > session.segment_chunks or self.length < 0 or self.offset < 0:
+            raise IntegrityError(f"{where} has impossible sizes ({self.chunks} chunks, {self.length} bytes)")
+        expected = -(-self.length // session.chunk_size)
+        if self.chunks != expected:
+            raise IntegrityError(f"{where}: {self.length} bytes make {expected} chunks of {session.chunk_size}, record says {self.chunks}")
+        if len(self.chunk_checksums) != self.chunks:
+            raise IntegrityError(f"segment record {self.key} lists {len(self.chunk_checksums)} chunk checksums for {self.chunks} chunks")
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,16 @@ few folds instead of one record per item.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
+from braid.format.fields import Fields
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.records import document
+from braid.format.staging.protocol import document
 from braid.format.usage import Usage
 
 
@@ -32,11 +33,11 @@ class ChunkSlice:
     """One chunk of an item: where its bytes are in the segment and in the input."""
 
     index: int
-    part: int
+    position: int  # 1-based, within the segment
     start: int  # within the segment object
     length: int
     offset: int  # within the input
-    checksum: str  # CRC64NVME (base64) of the part as the agent read it
+    checksum: str  # CRC64NVME (base64) of the chunk as the agent read it
 
 
 # Chunks in an item's last packs, the very last first: see pack_sizes.
@@ -84,15 +85,19 @@ def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
 
 @dataclass(frozen=True)
 class MapItem:
-    """One Distributed Map item: `count` consecutive parts of one segment.
+    """One Distributed Map item: `count` consecutive chunks of one segment, stored as `packs`.
 
-    `layout`: the (first part, count) of the item whose pack layout these
-    chunks follow, when it is not this item's own: an item that finishes the
-    chunks a cut item left (see `cut`) stores them in exactly the packs the
-    cut item would have, so a late attempt of the cut item and the items
-    that finish it can only ever meet identical objects (create-only PUTs,
-    braid.engine.chunk_worker.put_pack). Such an item starts and ends on the
-    layout's pack boundaries.
+    `packs`: chunks per stored pack, in order, decided by the planner when it
+    plans the item (pack_sizes is its policy) and written into the round file:
+    the worker and Finalize read them and never recompute them, so a retried
+    worker and a finishing item form the same objects whatever code they run.
+
+    `layout`: the (first chunk, count) of the item whose packs these chunks
+    are, when it is not this item's own: an item that finishes the chunks a
+    cut item left (see `cut`) stores them in exactly the packs the cut item
+    would have, so a late attempt of the cut item and the items that finish
+    it can only ever meet identical objects (create-only PUTs,
+    braid.engine.chunk_worker.put_pack).
 
     `cut`: the item is planned while the stream still arrives, and its worker
     stops at a pack boundary once the stream has ended, writing a result for
@@ -107,12 +112,19 @@ class MapItem:
     segment_offset: int
     segment_length: int
     chunk_size: int
-    first_part: int  # 1-based, as S3 numbers parts
+    first_chunk: int  # 1-based position of the item's first chunk in its segment
     count: int
     first_index: int  # global index of the item's first chunk
-    checksums: tuple[str, ...]  # per part, from the segment record
-    layout: tuple[int, int] | None = None  # (first part, count) whose packs these chunks follow; None: this item's own
+    checksums: tuple[str, ...]  # per chunk, from the segment record
+    layout: tuple[int, int] | None = None  # (first chunk, count) whose packs these chunks are; None: this item's own
     cut: bool = False  # may stop at a pack boundary once the stream has ended
+    packs: tuple[int, ...] = ()  # chunks per pack; () when the planner constructs it: pack_sizes(count)
+
+    def __post_init__(self) -> None:
+        if not self.packs:
+            object.__setattr__(self, "packs", tuple(pack_sizes(self.count)))
+        if sum(self.packs) != self.count or min(self.packs, default=0) < 1:
+            raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has packs {list(self.packs)} for {self.count} chunks")
 
     @property
     def end_index(self) -> int:
@@ -120,32 +132,16 @@ class MapItem:
 
     @property
     def layout_range(self) -> tuple[int, int]:
-        """(first part, count) of the pack layout: this item's own unless it finishes a cut item."""
-        return self.layout if self.layout is not None else (self.first_part, self.count)
+        """(first chunk, count) of the pack layout: this item's own unless it finishes a cut item."""
+        return self.layout if self.layout is not None else (self.first_chunk, self.count)
 
     @property
     def finishes_cut(self) -> bool:
         """Whether the item stores chunks of another item's layout (what a cut item left), not chunks of its own plan."""
-        return self.layout is not None and self.layout != (self.first_part, self.count)
-
-    def packs(self, chunks_per_pack: int = CHUNKS_PER_PACK) -> list[int]:
-        """Chunks per pack of this item, in order: its layout's packs that fall in its range (which must align)."""
-        layout_first, layout_count = self.layout_range
-        sizes: list[int] = []
-        part = layout_first
-        for size in pack_sizes(layout_count, chunks_per_pack):
-            if self.first_part <= part and part + size <= self.first_part + self.count:
-                sizes.append(size)
-            elif part < self.first_part + self.count and self.first_part < part + size:
-                raise IntegrityError(
-                    f"map item for parts {self.first_part}..{self.first_part + self.count - 1} of {self.segment} splits the pack of parts"
-                    f" {part}..{part + size - 1} of its layout"
-                )
-            part += size
-        return sizes
+        return self.layout is not None and self.layout != (self.first_chunk, self.count)
 
     def remainder(self, done: int) -> MapItem:
-        """The item's chunks after its first `done` (a cut result), in this item's pack layout, never cut again."""
+        """The item's chunks after its first `done` (a cut result), in this item's packs, never cut again."""
         if not 0 < done < self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no remainder after {done} chunks")
         return replace(self._sub(done, self.count - done), cut=False)
@@ -155,7 +151,7 @@ class MapItem:
         pieces: list[MapItem] = []
         start = 0
         taken = 0
-        for size in self.packs():
+        for size in self.packs:
             if taken and taken + size > max(1, chunks):
                 pieces.append(self._sub(start, taken))
                 start, taken = start + taken, 0
@@ -165,7 +161,7 @@ class MapItem:
         return pieces
 
     def piece(self, start: int, count: int) -> MapItem:
-        """Chunks `start`..`start + count - 1` of this item as an item of its own, in this item's pack layout."""
+        """Chunks `start`..`start + count - 1` of this item as an item of its own, in this item's packs (which it must not split)."""
         if start < 0 or count < 1 or start + count > self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no chunks {self.first_index + start}+{count}")
         return self._sub(start, count)
@@ -173,19 +169,35 @@ class MapItem:
     def _sub(self, start: int, count: int) -> MapItem:
         return MapItem(
             self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
-            self.first_part + start, count, self.first_index + start, self.checksums[start : start + count],
+            self.first_chunk + start, count, self.first_index + start, self.checksums[start : start + count],
             None if (start, count) == (0, self.count) and self.layout is None else self.layout_range, self.cut,
+            self._packs_within(start, count),
         )
+
+    def _packs_within(self, start: int, count: int) -> tuple[int, ...]:
+        """The packs of chunks `start`..`start + count - 1`, which must begin and end on pack boundaries."""
+        sizes: list[int] = []
+        at = 0
+        for size in self.packs:
+            if start <= at and at + size <= start + count:
+                sizes.append(size)
+            elif at < start + count and start < at + size:
+                raise IntegrityError(
+                    f"map item for chunks {self.first_index + start}..{self.first_index + start + count - 1} of {self.segment} splits the pack of"
+                    f" chunks {self.first_index + at}..{self.first_index + at + size - 1}"
+                )
+            at += size
+        return tuple(sizes)
 
     def chunks(self) -> list[ChunkSlice]:
         slices = []
         for j in range(self.count):
-            part = self.first_part + j
-            start = (part - 1) * self.chunk_size
+            position = self.first_chunk + j
+            start = (position - 1) * self.chunk_size
             length = min(self.chunk_size, self.segment_length - start)
             if length <= 0:
-                raise IntegrityError(f"map item for {self.segment} names part {part}, beyond the segment's {self.segment_length} bytes")
-            slices.append(ChunkSlice(self.first_index + j, part, start, length, self.segment_offset + start, self.checksums[j]))
+                raise IntegrityError(f"map item for {self.segment} names chunk {position}, beyond the segment's {self.segment_length} bytes")
+            slices.append(ChunkSlice(self.first_index + j, position, start, length, self.segment_offset + start, self.checksums[j]))
         return slices
 
     def to_json(self) -> dict[str, Any]:
@@ -196,47 +208,35 @@ class MapItem:
             "seg_offset": self.segment_offset,
             "seg_length": self.segment_length,
             "chunk_size": self.chunk_size,
-            "first_part": self.first_part,
+            "first_chunk": self.first_chunk,
             "count": self.count,
             "first_index": self.first_index,
             "crc": list(self.checksums),
+            "packs": list(self.packs),
             **({"layout": list(self.layout)} if self.layout is not None else {}),
             **({"cut": True} if self.cut else {}),
         }
 
     @classmethod
-    def from_json(cls, doc: Mapping[str, Any]) -> MapItem:
-        """One validation for every reader: the round file, and the worker's event."""
-        try:
-            layout = doc.get("layout")
-            cut = doc.get("cut", False)
-            if not isinstance(cut, bool):
-                raise ValueError(f"cut must be true or false, not {cut!r}")
-            item = cls(
-                segment=str(doc["segment"]),
-                input_index=int(doc["input"]),
-                segment_index=int(doc["seg"]),
-                segment_offset=int(doc["seg_offset"]),
-                segment_length=int(doc["seg_length"]),
-                chunk_size=int(doc["chunk_size"]),
-                first_part=int(doc["first_part"]),
-                count=int(doc["count"]),
-                first_index=int(doc["first_index"]),
-                checksums=tuple(str(c) for c in doc["crc"]),
-                layout=None if layout is None else (int(layout[0]), int(layout[1])),
-                cut=cut,
-            )
-            if layout is not None and len(layout) != 2:
-                raise ValueError(f"layout is [first part, count], not {layout!r}")
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise IntegrityError(f"malformed map item {dict(doc) if isinstance(doc, Mapping) else doc!r}: {exc}") from None
+    def from_json(cls, doc: Any) -> MapItem:
+        """One strict validation for every reader: the round file, and the worker's event."""
+        what = f"map item {doc!r}"[:300]
+        names = ("segment", "input", "seg", "seg_offset", "seg_length", "chunk_size", "first_chunk", "count", "first_index", "crc", "packs")
+        f = Fields(doc, what, names, optional=("layout", "cut"))
+        layout = f.counts("layout") if "layout" in f.doc else None
+        if layout is not None and len(layout) != 2:
+            raise IntegrityError(f"{what} is malformed: layout is [first chunk, count], not {layout!r}")
+        item = cls(
+            f.text("segment"), f.count("input"), f.count("seg"), f.count("seg_offset"), f.count("seg_length"), f.count("chunk_size"),
+            f.count("first_chunk"), f.count("count"), f.count("first_index"), tuple(f.texts("crc")),
+            None if layout is None else (layout[0], layout[1]), f.flag("cut"), tuple(f.counts("packs")),
+        )
         layout_first, layout_count = item.layout_range
         if (
-            item.count < 1 or item.first_part < 1 or item.chunk_size < 1 or item.first_index < 0 or len(item.checksums) != item.count
-            or layout_first < 1 or item.first_part < layout_first or item.first_part + item.count > layout_first + layout_count
+            item.count < 1 or item.first_chunk < 1 or item.chunk_size < 1 or len(item.checksums) != item.count
+            or layout_first < 1 or item.first_chunk < layout_first or item.first_chunk + item.count > layout_first + layout_count
         ):
-            raise IntegrityError(f"impossible map item {dict(doc)!r}")
-        item.packs()  # its range must fall on its layout's pack boundaries
+            raise IntegrityError(f"impossible {what}")
         return item
 
 
@@ -278,8 +278,20 @@ def entry_to_json(entry: ChunkEntry) -> dict[str, Any]:
     return {**entry.to_json(), "input_index": entry.input_index}
 
 
-def entry_from_json(doc: Mapping[str, Any]) -> ChunkEntry:
-    return ChunkEntry.from_json(doc, int(doc["input_index"]))
+_ENTRY_COUNTS = ("index", "input_index", "offset", "length", "stored_length", "pack", "pack_offset")
+
+
+def entry_from_json(doc: Any, what: str) -> ChunkEntry:
+    """A chunk's entry in a result record, strictly: its integers are JSON integers."""
+    f = Fields(doc, what, (*_ENTRY_COUNTS, "checksum", "mac", "compression"))
+    for name in _ENTRY_COUNTS:
+        f.count(name)
+    for name in ("checksum", "mac", "compression"):
+        f.text(name)
+    try:
+        return ChunkEntry.from_json(f.doc, f.doc["input_index"])
+    except ValueError as exc:
+        raise IntegrityError(f"{what} is malformed: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -309,17 +321,17 @@ class ItemResult:
         return doc
 
     @classmethod
-    def from_json(cls, doc: Any, where: str) -> ItemResult:
+    def from_json(cls, doc: Any, where: str, kind: str = "result record") -> ItemResult:
+        what = f"{kind} {where}"
+        f = Fields(doc, what, ("first_index", "count", "chunks"), optional=("usage",))
+        entries = tuple(entry_from_json(c, f"{what} chunk {n}") for n, c in enumerate(f.objects("chunks")))
         try:
-            entries = tuple(entry_from_json(c) for c in doc["chunks"])
-            usage = Usage.from_json(doc["usage"], f"result record {where}: usage") if "usage" in doc else None
-            result = cls(int(doc["first_index"]), entries, usage)
-            count = int(doc.get("count", -1))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"result record {where} is malformed: {exc}") from None
-        if count != len(entries):
-            raise IntegrityError(f"result record {where} is truncated")
-        return result
+            usage = Usage.from_json(doc["usage"], f"{what}: usage") if "usage" in doc else None
+        except ValueError as exc:
+            raise IntegrityError(f"{what} is malformed: {exc}") from None
+        if f.count("count") != len(entries):
+            raise IntegrityError(f"{what} is truncated")
+        return cls(f.count("first_index"), entries, usage)
 
     def is_cut(self, item: MapItem) -> bool:
         """Whether this result stores only the item's first packs (a cut item's worker stopped at stream end)."""
@@ -341,7 +353,7 @@ class ItemResult:
 def _at_pack_boundary(item: MapItem, done: int) -> bool:
     """Whether the item's first `done` chunks are whole packs."""
     total = 0
-    for size in item.packs():
+    for size in item.packs:
         total += size
         if total == done:
             return True
@@ -371,17 +383,10 @@ class RoundFold:
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> RoundFold:
-        doc = document(raw, f"result fold {where}")
-        try:
-            docs = doc["items"]
-            if not isinstance(docs, list):
-                raise TypeError("items is not a list")
-            fold = cls(int(doc["round"]), int(doc["attempt"]), tuple(ItemResult.from_json(d, f"{where} item {n}") for n, d in enumerate(docs)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"result fold {where} is malformed: {exc}") from None
-        except IntegrityError as exc:
-            raise IntegrityError(f"result fold {where}: {exc.message}") from None
-        return fold
+        what = f"result fold {where}"
+        f = Fields(document(raw, what), what, ("round", "attempt", "items"))
+        results = tuple(ItemResult.from_json(d, f"{where} item {n}", "result fold") for n, d in enumerate(f.objects("items")))
+        return cls(f.count("round"), f.count("attempt"), results)
 
 
 @dataclass(frozen=True)
@@ -414,21 +419,16 @@ class RoundsCompaction:
     @classmethod
     def from_bytes(cls, raw: bytes, where: str, round_key_of: Callable[[int], str]) -> RoundsCompaction:
         """`round_key_of`: each round's own key (what messages about it name)."""
-        doc = document(raw, f"rounds compaction {where}")
+        what = f"rounds compaction {where}"
+        f = Fields(document(raw, what), what, ("first", "last", "rounds", "items"))
+        first, last, docs = f.count("first"), f.count("last"), f.objects("rounds")
+        if len(docs) != last - first + 1 or first < 1:
+            raise IntegrityError(f"{what} is malformed: rounds is not a list of the {last - first + 1} rounds {first}..{last}")
         try:
-            first, last, docs = int(doc["first"]), int(doc["last"]), doc["rounds"]
-            if not isinstance(docs, list) or len(docs) != last - first + 1 or first < 1:
-                raise TypeError(f"rounds is not a list of the {last - first + 1} rounds {first}..{last}")
             rounds = tuple(Round.from_json(items, number, round_key_of(number)) for number, items in enumerate(docs, start=first))
-            results = doc["items"]
-            if not isinstance(results, list):
-                raise TypeError("items is not a list")
-            found = cls(first, last, rounds, tuple(ItemResult.from_json(d, f"{where} item {n}") for n, d in enumerate(results)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IntegrityError(f"rounds compaction {where} is malformed: {exc}") from None
         except IntegrityError as exc:
-            raise IntegrityError(f"rounds compaction {where}: {exc.message}") from None
-        return found
+            raise IntegrityError(f"{what}: {exc.message}") from None
+        return cls(first, last, rounds, tuple(ItemResult.from_json(d, f"{where} item {n}", "rounds compaction") for n, d in enumerate(f.objects("items"))))
 
 
 # A failure record is for a person to read; a traceback-sized message is cut.
@@ -450,11 +450,9 @@ class ItemFailure:
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> ItemFailure:
-        doc = document(raw, f"failure record {where}")
-        try:
-            return cls(int(doc["first_index"]), int(doc["count"]), str(doc["error"]), str(doc["cause"])[:MAX_FAILURE_CAUSE])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise IntegrityError(f"failure record {where} is malformed: {exc}") from None
+        what = f"failure record {where}"
+        f = Fields(document(raw, what), what, ("first_index", "count", "error", "cause"))
+        return cls(f.count("first_index"), f.count("count"), f.text("error"), f.text("cause")[:MAX_FAILURE_CAUSE])
 
     def describe(self) -> str:
         return f"chunks {self.first_index}..{self.first_index + self.count - 1}: {self.error}: {self.cause}"
