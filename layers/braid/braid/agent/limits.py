@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from braid import contract
 from braid.errors import UsageError
-from braid.pipeline.item_flow import chunk_buffers
+from braid.pipeline.worker_buffers import chunk_buffers
 
 MiB = 1024**2
 # The worker (contract.WORKER_MEMORY_MB) holds at most
-# braid.pipeline.item_flow.chunk_buffers chunk-sized buffers: those it reads
+# braid.pipeline.worker_buffers.chunk_buffers chunk-sized buffers: those it reads
 # ahead into, two packs' (each part read into its own buffer, then its stored
 # frame written over it and kept until the pack's PUT), and each encoder's
 # compressed payload and, for an incompressible chunk, stored form. Budgeted

@@ -31,6 +31,9 @@ from braid.format.canonical import canonical_json
 from braid.format.digests import hmac_sha256, hmac_sha256_matches, sha256
 
 DATA_KEY_BYTES = 32
+# Random 96-bit nonces: NIST SP 800-38D limit of chunks sealed under one data key (braid.format.chunk);
+# defined here so the engines' driver checks it without loading the codec and zstandard.
+MAX_CHUNKS_PER_KEY = 2**32
 
 
 def _hkdf(key: bytes, label: bytes, length: int = 32) -> bytes:
