@@ -91,6 +91,22 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
     return chunks
 
 
+def default_ramp_parts(part_chunks: int, concurrency: int, segment_parts: int) -> int:
+    """One-chunk parts that start each input's first segment: as many as --concurrency sends at once.
+
+    Parts of `part_chunks` chunks leave only MIN_PARTS_IN_FLIGHT of them in
+    flight in the same buffers (two of 256 MiB at the defaults): a stream of
+    512 MiB would go out as two parts, over two connections. Its first
+    `concurrency` chunks go as one-chunk parts instead, all in flight at
+    once, so a short stream fills the pipe; a long one then sends the larger
+    parts (a TiB: 4,096 + 11 UploadParts rather than 4,096). Same buffers:
+    a one-chunk part never needs more than the larger parts do.
+    """
+    if part_chunks <= 1:
+        return 0
+    return min(concurrency, segment_parts)
+
+
 def check_part_chunks(part_chunks: int, inputs: int, concurrency: int) -> None:
     """A resumed upload keeps its session's parts: refuse a --concurrency too small to fill them."""
     buffers = inputs + concurrency + 1

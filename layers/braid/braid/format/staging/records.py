@@ -96,29 +96,37 @@ class SessionRecord:
     # record's `parts` and `part_checksums` count chunks whatever this is.
     # Absent (1) in sessions of agents that sent one chunk per part.
     part_chunks: int = 1
+    # One-chunk parts that start each input's first segment, before parts of
+    # `part_chunks` (braid.agent.segments.PartLayout): a short stream still
+    # has many parts in flight. Agent-only, like part_chunks; absent (0) in
+    # sessions of agents without the ramp.
+    ramp_parts: int = 0
 
     def to_bytes(self) -> bytes:
         doc = asdict(self)
         if self.part_chunks == 1:
             del doc["part_chunks"]  # as written before parts held several chunks
+        if self.ramp_parts == 0:
+            del doc["ramp_parts"]  # as written before the ramp
         return canonical_json(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "session.json") -> SessionRecord:
         what = f"staged session {where}"
         names = ("backup", "repository", "chunk_size", "segment_parts", "level", "inputs", "created")
-        f = Fields(document(raw, what), what, names, optional=("part_chunks",))
+        f = Fields(document(raw, what), what, names, optional=("part_chunks", "ramp_parts"))
         part_chunks = f.count("part_chunks") if "part_chunks" in f.doc else 1
+        ramp_parts = f.count("ramp_parts") if "ramp_parts" in f.doc else 0
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_parts"), f.count("level"), f.texts("inputs"),
-            f.text("created"), part_chunks,
+            f.text("created"), part_chunks, ramp_parts,
         )
 
     def check(self, ref: BackupRef, where: str) -> None:
         """The session is this backup's and its settings can describe a stream."""
         if self.backup != str(ref):
             raise IntegrityError(f"staged session at {where} names {self.backup}, not {ref}")
-        if self.chunk_size < 1 or self.segment_parts < 1 or self.part_chunks < 1 or not self.inputs:
+        if self.chunk_size < 1 or self.segment_parts < 1 or self.part_chunks < 1 or self.ramp_parts < 0 or not self.inputs:
             raise IntegrityError(
                 f"staged session of {ref} has impossible settings"
                 f" (chunk size {self.chunk_size}, {self.segment_parts} chunks per segment, {self.part_chunks} per part,"
