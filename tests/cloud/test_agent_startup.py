@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.cloud]
 
 BUCKET = "startup"
 
-# Never on a cloud backup's path: the agent holds no key and compresses nothing, and builds its clients on botocore.
-NOT_FOR_THE_AGENT = ("boto3", "s3transfer", "zstandard", "braid.engine.local", "braid.ops", "aws_lambda_powertools", "rich")
+# Never on a cloud backup's path: the agent holds no key, computes no digest and compresses nothing, and builds its
+# clients on botocore.
+NOT_FOR_THE_AGENT = ("boto3", "s3transfer", "zstandard", "cryptography", "braid.engine.local", "braid.ops", "aws_lambda_powertools", "rich")
 
 
 @pytest.fixture
