@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -69,6 +70,8 @@ def run(ctx: Context) -> Section:
         return section
     data = ctx.dataset()
     work = ctx.scratch("link")
+    # A `timeout` (SIGTERM) must still remove the namespace, the veth pair and the servers: stop as on Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _interrupted)
     try:
         with ShapedLink() as link:
             s3 = s3proxy.start_s3proxy(ctx.workdir, ctx.log, host=link.ns_ip, wrap=link.wrap, home_name="s3proxy-link")
@@ -81,6 +84,12 @@ def run(ctx: Context) -> Section:
     except LinkError as exc:
         section.skipped = str(exc)
         return section
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3proxy.Server, sfn: s3proxy.Server, data) -> Section:
