@@ -22,8 +22,9 @@ from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_segment_chunks
+from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_ramp_parts, default_segment_chunks
 from braid.agent.resume import part_matches
+from braid.agent.segments import PartLayout
 from braid.agent.throttle import TokenBucket
 from braid.agent.uploader import StagingUpload
 from braid.errors import AlreadyExistsError, InputError, IntegrityError, NotFoundError, StorageError, UsageError
@@ -836,3 +837,90 @@ def test_an_upload_that_cannot_be_opened_stops_the_reader_with_its_error(tmp_pat
             _wait_for(lambda: upload.error is not None, "the refused CreateMultipartUpload was not recorded")
             _submit(upload, 1, stream(CHUNK, seed=2), released)
     assert sorted(released) == [0, 1] and records(store) == []
+
+
+def test_part_layout_ramps_then_groups() -> None:
+    layout = PartLayout(per_part=4, ramp=3)
+    assert [layout.part_of(c) for c in range(9)] == [(1, 1), (2, 1), (3, 1), (4, 4), (4, 4), (4, 4), (4, 4), (5, 4), (5, 4)]
+    assert [layout.first_chunk(p) for p in (1, 2, 3, 4, 5, 6)] == [0, 1, 2, 3, 7, 11]
+    assert [layout.parts(n) for n in (0, 1, 3, 4, 7, 8, 32)] == [0, 1, 3, 4, 4, 5, 11]
+    assert PartLayout(per_part=3).part_of(7) == (3, 3) and PartLayout(per_part=3).first_chunk(3) == 6  # no ramp: as before
+
+
+def test_the_default_ramp_fills_the_pipe_from_the_same_buffers() -> None:
+    """At the defaults (4-chunk parts, --concurrency 11) the first 11 chunks go one per part; one-chunk parts get no ramp."""
+    assert default_ramp_parts(default_part_chunks(64 * 1024**2, 1, DEFAULT_CONCURRENCY), DEFAULT_CONCURRENCY, 32) == DEFAULT_CONCURRENCY
+    assert default_ramp_parts(1, DEFAULT_CONCURRENCY, 32) == 0
+    assert default_ramp_parts(4, 11, 8) == 8  # never more than a segment's chunks
+
+
+def test_start_records_the_default_ramp_in_the_session(s3: tuple[S3Store, S3Calls]) -> None:
+    store, _ = s3
+    upload = StagingUpload.start(
+        StagingArea(store, REF), uploads_of(store), repository_id=REPOSITORY_ID, inputs=["/p0"], chunk_size=64 * 1024**2, level=3,
+        **options(concurrency=DEFAULT_CONCURRENCY, min_part_size=5 * 1024**2),
+    )
+    upload.abort()
+    session = SessionRecord.from_bytes(store.get(session_key(REF)))
+    assert (session.part_chunks, session.ramp_parts) == (4, DEFAULT_CONCURRENCY)
+
+
+def test_session_keeps_ramp_parts_and_reads_sessions_without_it() -> None:
+    ramped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 8, 3, ["-"], "now", part_chunks=4, ramp_parts=11)
+    assert SessionRecord.from_bytes(ramped.to_bytes()) == ramped
+    before = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 8, 3, ["-"], "now", part_chunks=4)
+    assert b"ramp_parts" not in before.to_bytes() and SessionRecord.from_bytes(before.to_bytes()).ramp_parts == 0
+    with pytest.raises(IntegrityError, match="impossible settings"):
+        SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", ramp_parts=-1).check(REF, "session.json")
+
+
+def _ramped(store: ObjectStore, data: bytes, uploads: MultipartStore | None = None) -> tuple[StagingUpload, StreamEnd]:
+    upload = StagingUpload.start(
+        StagingArea(store, REF), uploads or uploads_of(store), repository_id=REPOSITORY_ID, inputs=["/pipe0"], chunk_size=CHUNK, level=3,
+        segment_chunks=8, part_chunks=2, ramp_parts=3, **options(concurrency=least_concurrency(1, 2)),
+    )
+    with upload:
+        Feeder().feed(upload, [data])
+        end = upload.finish()
+    return upload, end
+
+
+# 13 chunks (the last short) in segments of 8: segment 0 is 3 one-chunk parts then 2-chunk parts (2, 2, 1);
+# segment 1 (5 chunks) has no ramp: 2, 2, and the short one.
+RAMPED_SIZES = [CHUNK] * 3 + [2 * CHUNK] * 2 + [CHUNK] + [2 * CHUNK] * 2 + [777]
+
+
+def test_a_stream_starts_with_one_chunk_parts_then_larger_ones(s3: tuple[S3Store, S3Calls]) -> None:
+    store, calls = s3
+    data = stream(CHUNK * 12 + 777)
+    upload, end = _ramped(store, data)
+    assert reassemble(store, 0) == data and end == StreamEnd(lengths=[len(data)], segments=[2])
+    assert sorted(calls.part_sizes) == sorted(RAMPED_SIZES) and calls.uploads_ok == len(RAMPED_SIZES)
+    assert [r.parts for r in records(store)] == [8, 5]  # the records count chunks, whatever the parts: the worker's view is unchanged
+    for r in records(store):
+        segment = store.get(r.key)
+        assert r.checksum == stored_checksum(segment) and store.head(r.key).checksum == r.checksum  # type: ignore[union-attr]
+        assert [f"crc64nvme:{c}" for c in r.part_checksums] == [stored_checksum(segment[i : i + CHUNK]) for i in range(0, len(segment), CHUNK)]
+    assert upload.peak_in_flight <= upload.max_in_flight
+
+
+@pytest.mark.parametrize("crash_after", [2, 4, 7])
+def test_resume_of_a_ramped_upload_sends_only_missing_parts(s3: tuple[S3Store, S3Calls], crash_after: int) -> None:
+    """Killed inside the ramp, just after it, in the second segment: the resumed run regroups the re-read chunks the same way."""
+    store, calls = s3
+    data = stream(CHUNK * 12 + 777)
+    calls.crash_after = crash_after
+    with pytest.raises(Crash):
+        _ramped(store, data)
+    stored = calls.uploads_ok
+    calls.crash_after = None
+    calls.uploads_sent = calls.uploads_ok = 0
+    calls.part_sizes.clear()
+    upload = resume(store, inputs=["/pipe0"], concurrency=least_concurrency(1, 2))
+    assert upload.session.ramp_parts == 3
+    with upload:
+        Feeder().feed(upload, [data])
+        end = upload.finish()
+    assert calls.uploads_ok == len(RAMPED_SIZES) - stored and upload.parts_skipped == stored
+    assert end == StreamEnd(lengths=[len(data)], segments=[2]) and reassemble(store, 0) == data
+    assert list(uploads_of(store).list_uploads("")) == []

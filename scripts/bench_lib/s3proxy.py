@@ -175,17 +175,23 @@ def _wait_tls(endpoint: str, ca_bundle: Path, proc: subprocess.Popen, log_path: 
     raise ServerError(f"server at {endpoint} not ready after {timeout:.0f} s; see {log_path}")
 
 
-def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False) -> Server:
-    """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data; with `tls`, an HTTPS port too."""
+def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, host: str = "127.0.0.1",
+                  wrap: list[str] | None = None, home_name: str = "s3proxy") -> Server:
+    """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data; with `tls`, an HTTPS port too.
+
+    `wrap` prefixes the java command (`ip netns exec NS`: the `link` benchmark's
+    server behind a shaped link), `host` is the address it listens on there.
+    """
     if not shutil.which("java"):
         raise ServerError("java is not on PATH")
-    home = workdir / "s3proxy"
-    jar = fetch_s3proxy(home, log)
+    jar = fetch_s3proxy(workdir / "s3proxy", log)
+    home = workdir / home_name
+    home.mkdir(parents=True, exist_ok=True)
     data = home / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     secure: list[str] = []
     secure_endpoint, ca_bundle = None, None
     if tls:
@@ -210,7 +216,7 @@ def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False) -> 
     log_path = home / "s3proxy.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
-            ["java", "-Xmx1g", "-jar", str(jar), "--properties", str(props)],
+            [*(wrap or []), "java", "-Xmx1g", "-jar", str(jar), "--properties", str(props)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     server = Server("s3proxy", endpoint, proc, log_path, data, jar.name.split("-")[1], secure_endpoint=secure_endpoint, ca_bundle=ca_bundle)

@@ -17,13 +17,13 @@ import time
 
 def main() -> int:
     result, argv = sys.argv[1], sys.argv[3:]
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     proc = subprocess.Popen(argv)  # stdin, stdout and stderr are inherited
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
     with open(result, "w") as handle:
-        json.dump({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "max_rss": usage.ru_maxrss, "exit": code}, handle)
+        json.dump({"wall": wall, "cpu": usage.ru_utime + usage.ru_stime, "max_rss": usage.ru_maxrss, "exit": code, "started_at": started_at}, handle)
     return code if code >= 0 else 128 - code
 
 

@@ -26,6 +26,7 @@ class Sample:
     wall: float  # seconds
     cpu: float  # user + system seconds (own process or the child and all it waited for)
     max_rss: int = 0  # KiB, children only
+    started_at: float = 0.0  # epoch seconds when a child command started (0 for in-process code)
 
     def __post_init__(self) -> None:
         if self.wall <= 0:
@@ -103,7 +104,7 @@ def run_command(
         doc = json.loads(result.read_text())
     finally:
         result.unlink(missing_ok=True)
-    return Sample(doc["wall"], doc["cpu"], doc["max_rss"])
+    return Sample(doc["wall"], doc["cpu"], doc["max_rss"], doc.get("started_at", 0.0))
 
 
 def _open(path: Path | None, mode: str):

@@ -30,7 +30,8 @@ from typing import Any
 import boto3
 import pytest
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_segment_chunks
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_ramp_parts, default_segment_chunks
+from braid.agent.segments import PartLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "scripts" / "emulated-aws"
@@ -269,13 +270,15 @@ def chunks_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
 
 
 def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int = DEFAULT_CONCURRENCY) -> int:
-    """Staging parts the agent sends at its defaults: `default_part_chunks` chunks each (a segment's last may hold fewer)."""
+    """Staging parts the agent sends at its defaults: each input's first segment starts with the ramp's one-chunk
+    parts, then `default_part_chunks` chunks each (a segment's last may hold fewer)."""
     per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_chunks(chunk)
+    ramp = default_ramp_parts(per_part, concurrency, per_segment)
     parts = 0
     for size in sizes:
         chunks = -(-size // chunk)
         for first in range(0, chunks, per_segment):
-            parts += -(-min(per_segment, chunks - first) // per_part)
+            parts += PartLayout(per_part, ramp if first == 0 else 0).parts(min(per_segment, chunks - first))
     return parts
 
 
@@ -465,16 +468,16 @@ def test_no_wait_returns_once_staged_and_status_follows_to_completion(cloud: Emu
 
 def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(cloud: Emulator, tmp_path: Path) -> None:
     inputs = [stream_bytes(27 * MiB + 99, 4), stream_bytes(8 * MiB, 5)]
-    # Parts of 2 chunks (two inputs at --concurrency 8). Each writer stops after whole chunks,
-    # so exactly those parts can be uploaded before the kill: input 0's first (chunks 1-2; chunk 3 waits
-    # for chunk 4); input 1's first chunk waits for the rest of its part, which only the resumed run reads.
-    # The resumed run, at the default --concurrency, keeps the session's parts.
-    assert default_part_chunks(5 * MiB, 2, 8) == 2
+    # Parts of 2 chunks (two inputs at --concurrency 8), after a ramp of 8 one-chunk parts per input
+    # (braid.agent.limits.default_ramp_parts): these short inputs go out one chunk per part. Each writer
+    # stops after whole chunks, so exactly those parts are uploaded before the kill: input 0's first three,
+    # input 1's first. The resumed run, at the default --concurrency, keeps the session's layout.
+    assert default_part_chunks(5 * MiB, 2, 8) == 2 and default_ramp_parts(2, 8, default_segment_chunks(5 * MiB)) == 8
     first = [PipeWriter(tmp_path / "in0", inputs[0], pause_after=15 * MiB), PipeWriter(tmp_path / "in1", inputs[1], pause_after=5 * MiB)]
     args = ["backup", "--name", "resumed", "--chunk-size", CHUNK, "--json", "--concurrency", "8", "--input", str(first[0].path), "--input", str(first[1].path)]
     agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while len(staged_parts(cloud, "staging/resumed/")) < 1:
+    while len(staged_parts(cloud, "staging/resumed/")) < 4:
         assert agent.poll() is None, agent.communicate()
         assert time.monotonic() < deadline, "the agent did not upload the first parts"
         time.sleep(0.05)
@@ -509,7 +512,7 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert huge.code == 2 and "--chunk-size 128 MiB is more than the cloud pipeline's worker can hold" in huge.errors[-1], huge.stderr
     assert "the largest allowed is 84 MiB" in huge.errors[-1]
     before = staged_parts(cloud, ref_prefix(ref))
-    assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", 1)]
+    assert sorted(before) == [(f"{ref_prefix(ref)}in0/seg00000", n) for n in (1, 2, 3)] + [(f"{ref_prefix(ref)}in1/seg00000", 1)]
 
     again = [PipeWriter(tmp_path / "in0", inputs[0]), PipeWriter(tmp_path / "in1", inputs[1])]
     run = braid(cloud, "agent-resume", "backup", "--resume", ref, "--json", "--input", str(again[0].path), "--input", str(again[1].path))
@@ -522,7 +525,7 @@ def test_an_agent_killed_mid_upload_resumes_without_resending_finished_parts(clo
     assert not set(before) & set(after), f"finished parts sent again: {sorted(set(before) & set(after))}"
     assert len(before) + len(after) == parts_of(list(map(len, inputs)), concurrency=8)
     (end,) = run.events("stream-end")
-    assert (end["parts_skipped"], end["parts_uploaded"]) == (1, len(after)) == (1, 3)  # input 0's last two parts, input 1's only one
+    assert (end["parts_skipped"], end["parts_uploaded"]) == (4, len(after)) == (4, 4)  # input 0's last three parts, input 1's second
     assert restore_two(cloud, tmp_path, "restore-resume", ref) == inputs
     assert_within_policy(cloud, "agent-resume", "agent")
 

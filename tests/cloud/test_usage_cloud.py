@@ -20,7 +20,8 @@ import pytest
 from test_emulated_e2e import CHUNK, Emulator, MiB, braid, stream_bytes
 
 from braid import contract
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_ramp_parts, default_segment_chunks
+from braid.agent.segments import PartLayout
 from braid.format.prices import DEFAULT
 from braid.format.usage import s3_request_class
 
@@ -70,8 +71,9 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
 
     # The agent's upload: a part per few chunks (braid.agent.limits), one multipart upload per segment, exactly as sent.
     part_chunks = default_part_chunks(5 * MiB, 1, DEFAULT_CONCURRENCY)
+    layout = PartLayout(part_chunks, default_ramp_parts(part_chunks, DEFAULT_CONCURRENCY, default_segment_chunks(5 * MiB)))
     assert chunks == math.ceil(size / (5 * MiB)) and part_chunks > 1
-    assert requests["s3:UploadPart"] == log["UploadPart"] == math.ceil(chunks / part_chunks)
+    assert requests["s3:UploadPart"] == log["UploadPart"] == layout.parts(chunks)
     assert requests["s3:CreateMultipartUpload"] == log["CreateMultipartUpload"] == requests["s3:CompleteMultipartUpload"] >= 1
     # Every PUT of the backup's objects, the agent's and the pipeline's, but the three written after sealing; the wake
     # records SleepUntilWoken wrote (braid.format.staging.wake) are made inside the emulator, as the ItemReader's GETs.

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from braid import contract
 from braid.errors import UsageError
-from braid.pipeline.item_flow import chunk_buffers
+from braid.pipeline.worker_buffers import chunk_buffers
 
 MiB = 1024**2
 # The worker (contract.WORKER_MEMORY_MB) holds at most
-# braid.pipeline.item_flow.chunk_buffers chunk-sized buffers: those it reads
+# braid.pipeline.worker_buffers.chunk_buffers chunk-sized buffers: those it reads
 # ahead into, two packs' (each part read into its own buffer, then its stored
 # frame written over it and kept until the pack's PUT), and each encoder's
 # compressed payload and, for an incompressible chunk, stored form. Budgeted
@@ -89,6 +89,22 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
     while chunks > 1 and (inputs + MIN_PARTS_IN_FLIGHT) * chunks > buffers:
         chunks -= 1
     return chunks
+
+
+def default_ramp_parts(part_chunks: int, concurrency: int, segment_chunks: int) -> int:
+    """One-chunk parts that start each input's first segment: as many as --concurrency sends at once.
+
+    Parts of `part_chunks` chunks leave only MIN_PARTS_IN_FLIGHT of them in
+    flight in the same buffers (two of 256 MiB at the defaults): a stream of
+    512 MiB would go out as two parts, over two connections. Its first
+    `concurrency` chunks go as one-chunk parts instead, all in flight at
+    once, so a short stream fills the pipe; a long one then sends the larger
+    parts (a TiB: 4,096 + 11 UploadParts rather than 4,096). Same buffers:
+    a one-chunk part never needs more than the larger parts do.
+    """
+    if part_chunks <= 1:
+        return 0
+    return min(concurrency, segment_chunks)
 
 
 def check_part_chunks(part_chunks: int, inputs: int, concurrency: int) -> None:

@@ -1,7 +1,8 @@
 """What the uploader knows of each input and segment, and the record a finished segment gets.
 
-A segment is one multipart upload; each of its parts holds `part_chunks`
-consecutive chunks (its last part may hold fewer). Each chunk's CRC64NVME is
+A segment is one multipart upload; its parts hold consecutive chunks as its
+`PartLayout` says: `part_chunks` each (its last part may hold fewer), after
+the session's `ramp_parts` single-chunk parts at the start of each input. Each chunk's CRC64NVME is
 computed as its bytes are read for sending; a part's CRC, a segment's
 full-object CRC are combined from them in order (CRCs combine without
 re-reading the data), so the record (one checksum per chunk, which the
@@ -34,6 +35,38 @@ class Part:
 
 Release = Callable[[], None]
 Chunk = tuple[memoryview, Release]  # a chunk read and not yet sent: its bytes, and how to give its buffer back
+
+
+@dataclass(frozen=True)
+class PartLayout:
+    """Which chunks of a segment go into which multipart part: `ramp` one-chunk parts, then `per_part` chunks each.
+
+    Deterministic from the session record (part_chunks, ramp_parts), so a
+    resumed upload regroups its re-read chunks into the same parts. The
+    ramp applies to each input's first segment only: a short stream goes out
+    as many parts at once (the pipe fills), a long one soon sends fewer,
+    larger parts (fewer billed UploadParts) from the same buffers.
+    """
+
+    per_part: int
+    ramp: int = 0
+
+    def part_of(self, chunk: int) -> tuple[int, int]:
+        """(part number, 1-based; chunks that part holds when full) of chunk `chunk` (0-based within the segment)."""
+        if chunk < self.ramp:
+            return chunk + 1, 1
+        return self.ramp + (chunk - self.ramp) // self.per_part + 1, self.per_part
+
+    def first_chunk(self, part: int) -> int:
+        """The first chunk (0-based within the segment) of part `part` (1-based)."""
+        if part <= self.ramp:
+            return part - 1
+        return self.ramp + (part - self.ramp - 1) * self.per_part
+
+    def parts(self, chunks: int) -> int:
+        """How many parts a segment of `chunks` chunks has."""
+        ramped = min(chunks, self.ramp)
+        return ramped + -(-(chunks - ramped) // self.per_part)
 
 
 def combined_crc(pieces: list[Part]) -> int:

@@ -30,7 +30,10 @@ segment's upload is opened meanwhile, at the segment's first chunk, so the
 part goes out without waiting one more round trip);
 `part_chunks` is chosen so that every input's unfinished part and three parts
 being sent fit (braid.agent.limits.default_part_chunks; one is enough never to
-deadlock, three keep the upload as fast as one chunk per part).
+deadlock, three keep the upload as fast as one chunk per part). Each input's
+first segment starts with the session's `ramp_parts` one-chunk parts
+(braid.agent.segments.PartLayout), so a short stream still has --concurrency
+parts in flight; the larger parts follow from the same buffers.
 
 Resume: braid.agent.resume reads what the store holds; re-read chunks that
 match a stored part are skipped, completed segments are checked as a whole.
@@ -47,9 +50,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, MIN_PART_SIZE, check_part_chunks, check_sizes, default_part_chunks, default_segment_chunks
+from braid.agent.limits import (
+    DEFAULT_CONCURRENCY,
+    MIN_PART_SIZE,
+    check_part_chunks,
+    check_sizes,
+    default_part_chunks,
+    default_ramp_parts,
+    default_segment_chunks,
+)
 from braid.agent.resume import load_staged, part_matches, session_to_resume
-from braid.agent.segments import Chunk, InputState, Part, Segment, combined_crc, complete_segment_upload
+from braid.agent.segments import Chunk, InputState, Part, PartLayout, Segment, combined_crc, complete_segment_upload
 from braid.agent.throttle import TokenBucket
 from braid.errors import InputError, StorageError, UsageError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
@@ -104,6 +115,8 @@ class StagingUpload:
         self.chunk_size = session.chunk_size
         self.segment_chunks = session.segment_chunks
         self.part_chunks = session.part_chunks
+        # Each input's first segment starts with the session's one-chunk parts; the others do not.
+        self._layouts = (PartLayout(session.part_chunks, session.ramp_parts), PartLayout(session.part_chunks))
         self.concurrency = concurrency
         self.max_in_flight = concurrency + 2
         self._requests = requests
@@ -146,6 +159,7 @@ class StagingUpload:
         level: int,
         segment_chunks: int | None = None,
         part_chunks: int | None = None,
+        ramp_parts: int | None = None,
         **options: Any,
     ) -> StagingUpload:
         """Begin a new backup's staging: writes the session record first, create-only.
@@ -154,21 +168,29 @@ class StagingUpload:
         session against it and binds the data key and manifest to it.
         `part_chunks` defaults to what the inputs and --concurrency allow
         (braid.agent.limits.default_part_chunks); the session keeps it, so a
-        resumed upload sends its parts as the first run did.
+        resumed upload sends its parts as the first run did. `ramp_parts`
+        (one-chunk parts first, braid.agent.limits.default_ramp_parts) is
+        defaulted only with `part_chunks`: a caller that names the part size
+        gets exactly that layout unless it asks for a ramp too.
         """
         if not inputs:
             raise UsageError("a backup needs at least one input")
+        concurrency = options.get("concurrency", DEFAULT_CONCURRENCY)
+        segment_chunks = segment_chunks or default_segment_chunks(chunk_size)
         if part_chunks is None:
-            part_chunks = default_part_chunks(chunk_size, len(inputs), options.get("concurrency", DEFAULT_CONCURRENCY))
+            part_chunks = default_part_chunks(chunk_size, len(inputs), concurrency)
+            if ramp_parts is None:
+                ramp_parts = default_ramp_parts(part_chunks, concurrency, segment_chunks)
         session = SessionRecord(
             backup=str(area.ref),
             repository=repository_id,
             chunk_size=chunk_size,
-            segment_chunks=segment_chunks or default_segment_chunks(chunk_size),
+            segment_chunks=segment_chunks,
             level=level,
             inputs=list(inputs),
             created=utc_now(),
             part_chunks=part_chunks,
+            ramp_parts=ramp_parts or 0,
         )
         upload = cls(area, uploads, session, **options)
         try:
@@ -252,9 +274,9 @@ class StagingUpload:
             segment.expected = self.segment_chunks
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        part_number = (number % self.segment_chunks) // self.part_chunks + 1
+        part_number, part_size = self._layout(segment).part_of(number % self.segment_chunks)
         segment.pending.setdefault(part_number, []).append((data, release))
-        if len(segment.pending[part_number]) == self.part_chunks or segment.submitted == segment.expected:
+        if len(segment.pending[part_number]) == part_size or segment.submitted == segment.expected:
             self._pool.submit(self._part_task, segment, part_number, self._take_part(segment, part_number))
         elif segment.submitted == 1 and self._needs_upload(segment):
             # The segment's first part waits for its other chunks: open its upload
@@ -293,6 +315,9 @@ class StagingUpload:
 
     # --------------------------------------------------------------- uploading
 
+    def _layout(self, segment: Segment) -> PartLayout:
+        return self._layouts[0] if segment.number == 0 else self._layouts[1]
+
     def _take_part(self, segment: Segment, part_number: int) -> list[Chunk]:
         """Under the lock: a part's chunks, handed from `pending` to a pool task (counted as outstanding)."""
         self._outstanding += 1
@@ -320,7 +345,7 @@ class StagingUpload:
                 etag = self.uploads.upload_part(segment.key, upload_id, part_number, views, encode_crc64nvme(crc))
             with self._lock:
                 segment.parts[part_number] = Part(etag, crc, size)
-                first = (part_number - 1) * self.part_chunks + 1
+                first = self._layout(segment).first_chunk(part_number) + 1
                 for offset, piece in enumerate(pieces):
                     segment.chunks[first + offset] = piece
                 if skipped:

@@ -14,7 +14,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
@@ -102,6 +101,7 @@ def key_file_path(arg: str | None, repository_id: str) -> Path:
 
 def init_local(url: str, key_file: str | None) -> LocalInit:
     """`braid init` of a directory: the local store and master-key file wired into the use case."""
+    from braid.adapters.local.keys import LocalKeyFile  # with AES-GCM: not on the cloud agent's path
     from braid.ops.init import init_local_repository  # the init use cases load only for `braid init`
 
     store = open_store(url)
@@ -111,6 +111,7 @@ def init_local(url: str, key_file: str | None) -> LocalInit:
 
 def init_store_with_key_file(url: str, key_file: str | None, object_lock: ObjectLock | None = None) -> LocalInit:
     """`braid init --repo s3://... --engine local`: an object store, and a master-key file on this host."""
+    from braid.adapters.local.keys import LocalKeyFile
     from braid.ops.init import init_store_repository
 
     return init_store_repository(
@@ -147,6 +148,8 @@ def open_key_service(repository: Repository, key_file: str | None, *, unwrap_onl
                 f"key file {path} not found; repository {repository.url} needs master key {expected}: give its file with --key-file PATH,"
                 " BRAID_KEY_FILE or key_file in the config file (if it was lost, restore it from your copy)"
             )
+        from braid.adapters.local.keys import LocalKeyFile
+
         keys = LocalKeyFile.open(path, strict=strict, warn=warn_key_file)
         if keys.key_id != expected:
             raise KeyAccessError(

@@ -29,7 +29,7 @@ from braid.engine.gate import StreamGate
 from braid.engine.stream import BufferPool, InputEnd, InputSource, Piece, StreamCutter, expected_chunks, pool_size
 from braid.errors import LimitError
 from braid.format.buffers import WritableBuffer
-from braid.format.chunk import MAX_CHUNKS_PER_KEY
+from braid.format.keys import MAX_CHUNKS_PER_KEY
 from braid.ports.progress import ProgressFn
 
 __all__ = ["ChunkSink", "Release", "StreamResult", "drive", "pool_size"]

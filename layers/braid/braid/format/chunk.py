@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from braid.errors import IntegrityError, LimitError
 from braid.format.buffers import WritableBuffer, grown, new_buffer
 from braid.format.checksum import stored_checksum
+from braid.format.keys import MAX_CHUNKS_PER_KEY as MAX_CHUNKS_PER_KEY  # defined with the key; the codec's readers look here
 from braid.format.keys import DataKey
 
 MAGIC = b"BRDC"
@@ -39,7 +40,6 @@ COMPRESSION_ZSTD = 1
 CIPHER_AES_256_GCM = 1
 NONCE_BYTES = 12
 TAG_BYTES = 16
-MAX_CHUNKS_PER_KEY = 2**32  # random 96-bit nonces: NIST SP 800-38D limit per key
 _FIXED = struct.Struct(">4sBBBBIHHQ12sB")
 
 Buffer = bytes | bytearray | memoryview

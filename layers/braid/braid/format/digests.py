@@ -14,13 +14,19 @@ corruption, not forgery (they have no key), so they are compared plainly.
 
 from __future__ import annotations
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives import hmac as _hmac
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives import hmac as _hmac
+
+# Imported at the first digest, not with this module: the cloud agent loads the format's
+# records but computes no digest on its way (its start-up is paid per backup).
 
 
 def sha256(*parts: bytes) -> bytes:
     """SHA-256 of the parts laid end to end (no copy to join them)."""
+    from cryptography.hazmat.primitives import hashes
+
     digest = hashes.Hash(hashes.SHA256())
     for part in parts:
         digest.update(part)
@@ -28,6 +34,9 @@ def sha256(*parts: bytes) -> bytes:
 
 
 def _mac(key: bytes, parts: tuple[bytes, ...]) -> _hmac.HMAC:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives import hmac as _hmac
+
     mac = _hmac.HMAC(key, hashes.SHA256())
     for part in parts:
         mac.update(part)
@@ -41,6 +50,8 @@ def hmac_sha256(key: bytes, *parts: bytes) -> bytes:
 
 def hmac_sha256_matches(key: bytes, tag: bytes, *parts: bytes) -> bool:
     """Whether `tag` is the HMAC-SHA256 under `key` of the parts, checked in constant time."""
+    from cryptography.exceptions import InvalidSignature
+
     try:
         _mac(key, parts).verify(bytes(tag))
     except InvalidSignature:

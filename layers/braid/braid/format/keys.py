@@ -23,18 +23,23 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.poly1305 import Poly1305
-
 from braid.format.canonical import canonical_json
 from braid.format.digests import hmac_sha256, hmac_sha256_matches, sha256
 
 DATA_KEY_BYTES = 32
+# Random 96-bit nonces: NIST SP 800-38D limit of chunks sealed under one data key (braid.format.chunk);
+# defined here so the engines' driver checks it without loading the codec and zstandard.
+MAX_CHUNKS_PER_KEY = 2**32
+
+
+# cryptography is imported where a key is used, not with this module: the cloud agent reads the
+# format's records but holds no key, and its start-up is paid per backup (docs/design/agent-startup.md).
 
 
 def _hkdf(key: bytes, label: bytes, length: int = 32) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=b"braid/v1/" + label).derive(key)
 
 
@@ -115,10 +120,15 @@ class DataKey:
         HMAC-SHA256 would cost a third of the worker's CPU (measured, see
         docs/format.md).
         """
+        from cryptography.hazmat.primitives.poly1305 import Poly1305
+
         return Poly1305.generate_tag(self._one_time_key(index), plaintext)
 
     def chunk_mac_matches(self, index: int, plaintext: bytes | bytearray | memoryview, tag: bytes) -> bool:
         """Whether `tag` is `chunk_mac(index, plaintext)`, checked in constant time."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.poly1305 import Poly1305
+
         try:
             Poly1305.verify_tag(self._one_time_key(index), plaintext, bytes(tag))
         except InvalidSignature:

@@ -51,12 +51,13 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.manifest import ChunkEntry
 from braid.format.staging import ChunkSlice
+from braid.pipeline.worker_buffers import ENCODERS, buffers_per_item
+from braid.pipeline.worker_buffers import chunk_buffers as chunk_buffers  # where tests and the docs look for it
 from braid.ports.store import ObjectStore
 from braid.ports.usage import in_context
 
 R = TypeVar("R")
 
-ENCODERS = 2  # one compresses while the other's Python (headers, MAC, checks) runs; more only contend for the one vCPU
 CHUNK_RANGES = 4  # ranged GETs at once for a chunk the codec waits for (about the NIC over one S3 stream)
 FIRST_RANGED_CHUNKS = 3  # the item's first chunks, read that way one after the other; the rest have arrived by their turn
 MIN_RANGE_BYTES = 8 * 1024**2  # no range smaller (small chunks are one GET)
@@ -64,17 +65,6 @@ MIN_RANGE_BYTES = 8 * 1024**2  # no range smaller (small chunks are one GET)
 # A ranged read into a buffer: (piece, start within the piece, length, destination view) -> filled view.
 FetchRange = Callable[[ChunkSlice, int, int, memoryview], Buffer]
 Check = Callable[[ChunkSlice, Buffer], None]
-
-
-def buffers_per_item(lanes: int, chunks_per_pack: int) -> int:
-    """Chunk buffers one item may hold at once: `lanes` read ahead and two packs (one filling, one being sent)."""
-    return max(1, lanes) + 2 * max(1, chunks_per_pack)
-
-
-def chunk_buffers(lanes: int, chunks_per_pack: int, encoders: int = ENCODERS) -> int:
-    """Chunk-sized buffers a worker holds at most: an item's pooled ones, and each encoder's zstd payload and stored frame
-    (braid.format.chunk.ChunkCodec: the latter for a chunk that does not compress)."""
-    return buffers_per_item(lanes, chunks_per_pack) + 2 * encoders
 
 
 def ranges_of(length: int, ranges: int = CHUNK_RANGES) -> list[tuple[int, int]]:

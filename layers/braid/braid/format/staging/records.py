@@ -42,6 +42,11 @@ class SessionRecord:
     # pipeline reads chunks by byte offset, so `segment_chunks` and a segment
     # record's `chunks` and `chunk_checksums` count chunks whatever this is.
     part_chunks: int = 1
+    # One-chunk parts that start each input's first segment, before parts of
+    # `part_chunks` (braid.agent.segments.PartLayout): a short stream still
+    # has many parts in flight. Agent-only, like part_chunks; absent (0) in
+    # sessions of agents without the ramp.
+    ramp_parts: int = 0
 
     def to_bytes(self) -> bytes:
         return canonical_json({**asdict(self), "protocol": PROTOCOL})
@@ -51,20 +56,21 @@ class SessionRecord:
         what = f"staged session {where}"
         names = ("backup", "repository", "chunk_size", "segment_chunks", "level", "inputs", "created")
         doc = document(raw, what)
-        Fields(doc, what, names, optional=("part_chunks", "protocol"))
+        Fields(doc, what, names, optional=("part_chunks", "ramp_parts", "protocol"))
         check_protocol(doc, what)
-        f = Fields(doc, what, (*names, "part_chunks", "protocol"))
+        f = Fields(doc, what, (*names, "part_chunks", "protocol"), optional=("ramp_parts",))
         part_chunks = f.count("part_chunks")
+        ramp_parts = f.count("ramp_parts") if "ramp_parts" in f.doc else 0
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_chunks"), f.count("level"), f.texts("inputs"),
-            f.text("created"), part_chunks,
+            f.text("created"), part_chunks, ramp_parts,
         )
 
     def check(self, ref: BackupRef, where: str) -> None:
         """The session is this backup's and its settings can describe a stream."""
         if self.backup != str(ref):
             raise IntegrityError(f"staged session at {where} names {self.backup}, not {ref}")
-        if self.chunk_size < 1 or self.segment_chunks < 1 or self.part_chunks < 1 or not self.inputs:
+        if self.chunk_size < 1 or self.segment_chunks < 1 or self.part_chunks < 1 or self.ramp_parts < 0 or not self.inputs:
             raise IntegrityError(
                 f"staged session of {ref} has impossible settings"
                 f" (chunk size {self.chunk_size}, {self.segment_chunks} chunks per segment, {self.part_chunks} per part,"

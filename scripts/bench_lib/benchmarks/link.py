@@ -1,0 +1,191 @@
+"""link: the agent's upload over a shaped link, as a fraction of the link's rate.
+
+The S3 endpoint (s3proxy, filesystem blobstore) runs inside a network
+namespace reached over a veth pair shaped with tc (bench_lib.netns: tbf at
+the rate, netem for the delay where the kernel has it), created and removed
+by this benchmark. For each link (default 1 and 10 Gbit/s x 1 and 20 ms RTT)
+it runs, interleaved, the real agent (`braid backup --no-wait < FILE`, timed
+to its stream-end event as in `cloud`) and boto3's multipart upload of the
+same file, and an empty backup for the fixed cost. Step Functions is moto on
+loopback (one StartExecution, unshaped).
+
+Rows (`--json`: benchmarks.link.tables[0].rows): link_mbit_s, rtt_ms,
+agent and boto3 MB/s (medians), fraction_of_link (the agent's median
+throughput over the link's rate; target >= 0.95), where the rest goes
+(start-up's share of the time, the agent's CPU-seconds per second: near the
+cores' count means the host, not the link, is the limit), and the 1 TiB
+projection from the measured slope: time = start-up + 1 TiB / (bytes /
+(time - start-up)), CPU = (CPU - start-up CPU) per byte x 1 TiB.
+
+Not in `all`: it needs root, and at 10 Gbit/s a small shared machine is
+the limit, not the link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from bench_lib import s3proxy
+from bench_lib.benchmarks.cloud_host import _REFERENCE, _SETUP, BUCKET, STATE_MACHINE, stream_end_at
+from bench_lib.context import Context, add_engine_options, add_option_once
+from bench_lib.netns import LinkError, ShapedLink
+from bench_lib.report import MB, Section, Table
+from bench_lib.timing import CommandFailed, Sample, Series, drop_dirty_pages, run_command, warm_page_cache
+from braid.agent.limits import DEFAULT_CONCURRENCY
+
+NAME = "link"
+HELP = "cloud agent over a shaped link (netns + veth + tc, 1/10 Gbit/s x 1/20 ms RTT): fraction of the link's rate"
+ORDER = 35
+IN_ALL = False
+TARGET = 0.95
+TIB = 2**40
+
+
+def _links(text: str) -> list[tuple[int, float]]:
+    """`1000x1,10000x20`: (Mbit/s, RTT ms) pairs."""
+    pairs = []
+    for item in text.split(","):
+        rate, _, rtt = item.partition("x")
+        pairs.append((int(rate), float(rtt or 0)))
+    return pairs
+
+
+def add_arguments(parser) -> None:
+    add_engine_options(parser)
+    add_option_once(parser, "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help=f"agent --concurrency (default {DEFAULT_CONCURRENCY})")
+    add_option_once(parser, "--links", type=_links, default=_links("1000x1,1000x20,10000x1,10000x20"),
+                    help="link: RATE_MBITxRTT_MS,... (default 1000x1,1000x20,10000x1,10000x20)")
+
+
+def run(ctx: Context) -> Section:
+    section = Section(NAME, "agent upload over a shaped link (median of interleaved reps)")
+    missing = [tool for tool in ("ip", "tc", "java") if not shutil.which(tool)]
+    if missing:
+        section.skipped = f"not on PATH: {', '.join(missing)}"
+        return section
+    data = ctx.dataset()
+    work = ctx.scratch("link")
+    # A `timeout` (SIGTERM) must still remove the namespace, the veth pair and the servers: stop as on Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        with ShapedLink() as link:
+            s3 = s3proxy.start_s3proxy(ctx.workdir, ctx.log, host=link.ns_ip, wrap=link.wrap, home_name="s3proxy-link")
+            sfn = s3proxy.start_moto(work, ctx.venv_bin, "moto-sfn")
+            try:
+                return _run(ctx, section, work, link, s3, sfn, data)
+            finally:
+                s3.stop()
+                sfn.stop()
+    except LinkError as exc:
+        section.skipped = str(exc)
+        return section
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3proxy.Server, sfn: s3proxy.Server, data) -> Section:
+    args = ctx.args
+    base = ctx.env(**s3proxy.credentials_env())
+    for name in ("AWS_ENDPOINT_URL", "AWS_PROFILE"):
+        base.pop(name, None)
+    base["AWS_ENDPOINT_URL_S3"], base["AWS_ENDPOINT_URL_SFN"] = s3.endpoint, sfn.endpoint
+    env = s3proxy.compat_env(base)
+    env["PYTHONPATH"] = os.pathsep.join([str(ctx.root / "scripts"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    links = [(mbit, rtt) for mbit, rtt in args.links]
+    if not link.can_delay:  # the rates can still be measured, at the veth's own RTT, and say so
+        links = list(dict.fromkeys((mbit, 0.0) for mbit, _ in links))
+    prefixes = [f"l{i}r{r}" for i in range(len(links)) for r in range(ctx.reps)] + [f"l{i}e{r}" for i in range(len(links)) for r in range(ctx.reps)]
+    link.shape(10_000, 0)  # set-up over a fast link
+    setup = {"sfn": sfn.endpoint, "s3": s3.endpoint, "bucket": BUCKET, "machine": STATE_MACHINE, "prefixes": prefixes}
+    proc = subprocess.run([str(ctx.python), "-c", _SETUP, json.dumps(setup)], env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"link set-up failed: {proc.stderr.strip().splitlines()[-3:]}")
+    log, empty = work / "agent.log", work / "empty.bin"
+    empty.write_bytes(b"")
+
+    def agent(prefix: str, source: Path, *extra: str) -> Sample:
+        log.unlink(missing_ok=True)
+        argv = [str(ctx.braid), "backup", "--repo", f"s3://{BUCKET}/{prefix}", "--name", "bench", "--chunk-size", str(args.chunk_size),
+                "--level", str(args.level), "--concurrency", str(args.concurrency), "--no-wait", *extra]
+        try:
+            sample = run_command(argv, stdin=source, stderr=log, env=env)
+        except CommandFailed as exc:
+            raise RuntimeError(f"{exc}: {log.read_text(errors='replace').strip().splitlines()[-2:]}") from None
+        finally:
+            _drop(s3, prefix)
+        return Sample(stream_end_at(log) - sample.started_at, sample.cpu, sample.max_rss)
+
+    def reference(key: str) -> Sample:
+        argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"{key}/data", str(args.chunk_size), str(args.concurrency)]
+        try:
+            return run_command(argv, stderr=work / "reference.log", env=env)
+        finally:
+            _drop(s3, key)
+
+    rows, skipped = [], []
+    for index, (mbit, rtt) in enumerate(links):
+        try:
+            link.shape(mbit, rtt)
+        except LinkError as exc:
+            skipped.append(f"{mbit} Mbit/s, {rtt:g} ms: {exc}")
+            continue
+        ctx.log(f"link: {mbit} Mbit/s, {rtt:g} ms RTT ...")
+        ours, theirs, fixed = Series(), Series(), Series()
+        for rep in range(ctx.reps):
+            fixed.add(agent(f"l{index}e{rep}", empty, "--allow-empty"))
+            warm_page_cache(data.path)
+            if rep % 2:
+                theirs.add(reference(f"l{index}ref{rep}"))
+                ours.add(agent(f"l{index}r{rep}", data.path))
+            else:
+                ours.add(agent(f"l{index}r{rep}", data.path))
+                theirs.add(reference(f"l{index}ref{rep}"))
+        rows.append(_row(mbit, rtt, data.size, ours, theirs, fixed))
+    columns = ["link_mbit_s", "rtt_ms", "agent_mb_s", "boto3_mb_s", "fraction_of_link", "boto3_fraction_of_link", "startup_share",
+               "agent_cpu_per_s", "tib_hours", "tib_cpu_seconds"]
+    section.tables.append(Table(f"{format(data.size / 2**20, '.0f')} MiB stream over the shaped link", columns, [[r[c] for c in columns] for r in rows]))
+    section.facts = {"netns": link.ns, "s3": s3.endpoint, "netem (delay) available": link.can_delay, "cores": ctx.cores}
+    section.notes = skipped + [
+        "fraction_of_link: the agent's median throughput (start to stream-end, start-up included) over the link's rate; "
+        "agent_cpu_per_s near the core count means the host, not the link, limits it; the 1 TiB figures use the measured slope "
+        "(time and CPU minus the empty backup's).",
+    ]
+    if not link.can_delay:
+        section.notes.append("this kernel has no sch_netem: links with an RTT could not be made and are skipped (the veth's own RTT is ~0.05 ms)")
+    return section
+
+
+def _drop(s3: s3proxy.Server, prefix: str) -> None:
+    """What one run stored, outside the timing."""
+    if s3.data_dir is not None:
+        shutil.rmtree(s3.data_dir / BUCKET / prefix, ignore_errors=True)
+    drop_dirty_pages()
+
+
+def _row(mbit: int, rtt: float, size: int, ours: Series, theirs: Series, fixed: Series) -> dict:
+    link_bytes_s = mbit * 1_000_000 / 8
+    wall, cpu = ours.median_wall, ours.median_cpu
+    startup_wall, startup_cpu = fixed.median_wall, fixed.median_cpu
+    slope = max(wall - startup_wall, 1e-6) / size  # seconds per byte past the fixed cost
+    return {
+        "link_mbit_s": mbit,
+        "rtt_ms": rtt,
+        "agent_mb_s": round(size / wall / MB, 1),
+        "boto3_mb_s": round(size / theirs.median_wall / MB, 1),
+        "fraction_of_link": round(size / wall / link_bytes_s, 3),
+        "boto3_fraction_of_link": round(size / theirs.median_wall / link_bytes_s, 3),
+        "startup_share": round(startup_wall / wall, 3),
+        "agent_cpu_per_s": round(cpu / wall, 2),
+        "tib_hours": round((startup_wall + slope * TIB) / 3600, 2),
+        "tib_cpu_seconds": round(max(cpu - startup_cpu, 0) / size * TIB, 0),
+        "samples": [round(s.wall, 3) for s in ours.samples],
+    }

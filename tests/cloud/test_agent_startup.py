@@ -1,0 +1,106 @@
+"""What a cloud backup loads: the agent's start-up is paid once per backup (and per `wal-push`).
+
+The real CLI runs as a separate process against a moto server on loopback
+(S3 and Step Functions, execution off) and records every module it loaded
+(tests/test_startup.py's driver). Asserted on modules, never on timings:
+`scripts/bench cloud` measures the CPU-seconds (`startup_cpu_seconds`).
+
+The pattern a new command follows (see docs/design/agent-startup.md): the
+command's module imports its adapters inside the handler; AWS clients come
+from braid.adapters.aws.clients, built on the process's one botocore
+session (never `boto3`, which adds s3transfer and its resource layer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+from tests.test_startup import DRIVER, found
+
+pytestmark = [pytest.mark.cloud]
+
+BUCKET = "startup"
+
+# Never on a cloud backup's path: the agent holds no key, computes no digest and compresses nothing, and builds its
+# clients on botocore.
+NOT_FOR_THE_AGENT = ("boto3", "s3transfer", "zstandard", "cryptography", "braid.engine.local", "braid.ops", "aws_lambda_powertools", "rich")
+
+
+@pytest.fixture
+def cloud_repo(aws_env: None) -> Iterator[tuple[str, dict[str, str]]]:
+    """A KMS repository whose config names a (never executed) state machine, on a moto server; the CLI's environment."""
+    from braid.adapters.aws.clients import s3_client
+    from braid.adapters.aws.s3 import S3Store
+    from braid.format.repository import Repository, RepositoryConfig
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        sfn = boto3.client("stepfunctions", endpoint_url=endpoint)
+        arn = sfn.create_state_machine(
+            name="startup", roleArn="arn:aws:iam::123456789012:role/startup",
+            definition=json.dumps({"StartAt": "Noop", "States": {"Noop": {"Type": "Pass", "End": True}}}),
+        )["stateMachineArn"]
+        client = s3_client(endpoint_url=endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        config = RepositoryConfig.new(
+            {"type": "kms", "key_id": "arn:aws:kms:us-east-1:123456789012:key/startup"}, "2025-01-01T00:00:00Z",
+            {"state_machine_arn": arn, "region": "us-east-1"},
+        )
+        Repository.create(S3Store(client, BUCKET, "repo"), config)
+        yield f"s3://{BUCKET}/repo", env
+    finally:
+        server.stop()
+
+
+def _loaded(tmp_path: Path, env: dict[str, str], *words: str) -> set[str]:
+    record = tmp_path / "modules.json"
+    full = {**{k: v for k, v in os.environ.items() if k != "BRAID_CONFIG"}, **env}
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(record), *words], input=b"", capture_output=True, env=full, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return set(json.loads(record.read_text()))
+
+
+def test_a_cloud_backup_loads_botocore_but_not_boto3_or_the_local_engine(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
+    url, env = cloud_repo
+    modules = _loaded(tmp_path, env, "backup", "--repo", url, "--name", "db", "--no-wait", "--allow-empty", "--quiet")
+    assert {"braid.agent.uploader", "braid.adapters.aws.stepfunctions", "botocore.session"} <= modules  # the run happened
+    assert found(modules, NOT_FOR_THE_AGENT) == []
+
+
+def test_backup_help_loads_no_sdk(tmp_path: Path) -> None:
+    """`braid backup --help` (and a command's parser) declare options only: no SDK, no agent."""
+    modules = _loaded(tmp_path, {}, "backup", "--help")
+    assert found(modules, ("botocore", "awscrt", "cryptography", "braid.agent", "braid.adapters", *NOT_FOR_THE_AGENT)) == []
+
+
+def test_clients_share_one_session_until_the_credentials_change(aws_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One botocore session per process (models and endpoint data parsed once); new credentials get a new one."""
+    from braid.adapters.aws.clients import s3_client, shared_session, stepfunctions_client
+
+    first = shared_session()
+    s3_client(), stepfunctions_client()
+    assert shared_session() is first
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "other")
+    assert shared_session() is not first
+
+
+def test_an_unknown_service_is_refused_as_botocore_refuses_it(aws_env: None) -> None:
+    from botocore.exceptions import DataNotFoundError, UnknownServiceError
+
+    from braid.adapters.aws.clients import aws_client
+
+    with pytest.raises(UnknownServiceError):
+        aws_client("no-such-service")
+    assert issubclass(UnknownServiceError, DataNotFoundError)
