@@ -103,8 +103,8 @@ def _compile_braid(ctx: Context) -> None:
 
     Without bytecode on disk (PYTHONDONTWRITEBYTECODE is set, or nothing ran
     the checkout yet) every `braid` process compiles each module it imports
-    from source: ~45 ms a run on a 2-core VM, which an installed braid never
-    pays, billed to braid's side of every comparison.
+    from source, which an installed braid never pays, billed to braid's side
+    of every comparison.
     """
     package = ROOT / "layers" / "braid" / "braid"
     if package.is_dir():
