@@ -38,6 +38,7 @@ from braid.format.staging import (
     stream_end_key,
 )
 from braid.ports.multipart import MultipartStore, StoredPart
+from braid.ports.pipeline import MultipartJanitor
 from braid.ports.store import ObjectStore
 from support.memory_multipart import MemoryMultipart
 
@@ -563,6 +564,48 @@ def test_resuming_a_finished_upload_does_not_write_the_stream_end_again(tmp_path
         end = upload.finish()
     assert end == first_end
     assert list(store.list(area.prefix)) == []
+
+
+class RemovedOnRead(LocalStore):
+    """A store whose staging the pipeline removes (as Finalize or Cleanup does) the moment the
+    resuming agent reads `trigger`: a resume racing the end of its execution."""
+
+    trigger = ""
+
+    def get(self, key: str) -> bytes:
+        if key == self.trigger:
+            self.trigger = ""
+            StagingArea(self, REF).remove(MultipartJanitor(MemoryMultipart(self, min_part_size=SMALL_PART)))
+        return super().get(key)
+
+
+@pytest.mark.parametrize("trigger", ["stream-end", "segment-record"])
+def test_a_resume_racing_the_removal_of_its_staging_finds_nothing_to_resume(tmp_path: Any, trigger: str) -> None:
+    """The session goes first and is read last: a resume that read staging while it was being
+    removed says there is nothing to resume (the agent then follows the execution), and writes nothing."""
+    store = RemovedOnRead(tmp_path / "repo")
+    data = stream(CHUNK * 8 + 77)
+    run(store, [data])
+    area = StagingArea(store, REF)
+    first_record = next(info.key for info in store.list(segment_records_prefix(REF)))
+    store.trigger = stream_end_key(REF) if trigger == "stream-end" else first_record
+    with pytest.raises(NotFoundError, match="staging was removed"):
+        resume(store, inputs=["/pipe0"])
+    assert list(store.list(area.prefix)) == []
+
+
+def test_removing_staging_deletes_the_session_before_anything_else(tmp_path: Any) -> None:
+    deleted: list[list[str]] = []
+
+    class Recording(LocalStore):
+        def delete(self, keys: Any) -> None:
+            deleted.append(list(keys))
+            super().delete(keys)
+
+    store = Recording(tmp_path / "repo")
+    run(store, [stream(CHUNK * 3)])
+    StagingArea(store, REF).remove(MultipartJanitor(MemoryMultipart(store, min_part_size=SMALL_PART)))
+    assert deleted[0] == [session_key(REF)] and session_key(REF) not in deleted[1] and deleted[1]
 
 
 # -- staging parts of several chunks ------------------------------------------------

@@ -60,6 +60,8 @@ def session_to_resume(area: StagingArea) -> SessionRecord:
 def load_staged(area: StagingArea, uploads: MultipartStore, session: SessionRecord, segment_of: Callable[[int, int], Segment]) -> StreamEnd | None:
     """Mark every segment with what the store holds of it; returns the stream end if the upload had finished.
 
+    Raises NotFoundError if the pipeline began removing the staging while this read it.
+
     Of several open uploads of one segment the one with the most parts is
     continued; the others, and any upload of a segment already completed,
     are aborted: they are ours, under our staging prefix, and only cost.
@@ -90,6 +92,9 @@ def load_staged(area: StagingArea, uploads: MultipartStore, session: SessionReco
         for upload_id, _parts in candidates:
             if upload_id != keep:
                 uploads.abort_upload(segment.key, upload_id)
+    # Finalize or Cleanup removes the session first (StagingArea.remove): still there now, every
+    # read above saw staging before its removal began; gone, the pipeline is past the upload.
+    area.read_session()
     return end
 
 

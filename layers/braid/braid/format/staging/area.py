@@ -580,9 +580,15 @@ class StagingArea:
     # -- removal -------------------------------------------------------------
     def remove(self, janitor: StagingJanitor) -> int:
         """Abort stray multipart uploads, delete every staging object, then purge
-        the versions a versioned bucket keeps of them; returns objects deleted."""
+        the versions a versioned bucket keeps of them; returns objects deleted.
+
+        The session record goes first, on its own: an agent resuming meanwhile
+        that still finds it after its other reads read staging whole
+        (braid.agent.resume.load_staged checks it last)."""
         janitor.abort_uploads(self.prefix)
         keys = [info.key for info in self.store.list(self.prefix)]
-        self.store.delete(keys)
+        first = [key for key in keys if key == session_key(self.ref)]
+        self.store.delete(first)
+        self.store.delete([key for key in keys if key not in first])
         janitor.purge_versions(self.prefix)
         return len(keys)
