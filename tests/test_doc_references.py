@@ -119,3 +119,15 @@ def test_the_exit_code_table_lists_exactly_the_codes_braid_returns() -> None:
     table = section[section.index("| code") : section.index("\n\n", section.index("| code"))]
     documented = [int(row.strip("|").split("|")[0]) for row in table.splitlines()[2:]]
     assert documented == sorted(EXIT_CODES)
+
+
+def test_every_documented_restore_extracts_into_a_directory_the_block_makes_new() -> None:
+    """A restore example never extracts over a live data directory: its block makes the target with `mkdir` first."""
+    found = []
+    for doc in DOCS:
+        for block in re.findall(r"```sh\n(.*?)```", doc.read_text(), re.S):
+            for target in re.findall(r"braid restore .*-- tar -x -C (\S+)", block):
+                found.append(target)
+                made = re.search(rf"^mkdir (?:-p )?{re.escape(target)}(\s|$)", block, re.M)
+                assert made and made.start() < block.index(f"tar -x -C {target}"), (doc.name, target)
+    assert len(found) >= 4
