@@ -271,9 +271,9 @@ def test_backup_configured_by_file_alone(repo: Path, tmp_path: Path) -> None:
     assert run_braid("restore", "pg@latest", env=env).stdout == data
 
 
-def test_readme_sample_config_reads_as_documented(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    sample = readme.partition("### Configuration")[2].partition("```toml\n")[2].partition("```")[0]
+def test_the_documented_sample_config_reads_as_documented(tmp_path: Path) -> None:
+    usage = (Path(__file__).resolve().parents[1] / "docs" / "usage.md").read_text()
+    sample = usage.partition("## Configuration")[2].partition("```toml\n")[2].partition("```")[0]
     env = {"BRAID_CONFIG": str(write(tmp_path / "config.toml", sample))}
     pg = resolved(["backup", "--name", "pg"], env)
     assert (pg.repo, pg.key_file, pg.chunk_size, pg.workers, pg.level, pg.concurrency, pg.rate_limit) == (

@@ -1,7 +1,7 @@
 """A failed producer's message quotes the line that says what went wrong, not a trailing hint.
 
 PostgreSQL's tools end a failure with a hint (`pg_basebackup: hint: Try
-"pg_basebackup --help" ...`) after the error; README's pg_basebackup
+"pg_basebackup --help" ...`) after the error; docs/databases.md's pg_basebackup
 failure recipe relies on the error line being quoted.
 """
 

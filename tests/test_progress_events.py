@@ -1,4 +1,4 @@
-"""Progress and JSON: one event vocabulary (braid.ports.progress), README's tables of it, --json, --quiet, --log-file.
+"""Progress and JSON: one event vocabulary (braid.ports.progress), docs/usage.md's tables of it, --json, --quiet, --log-file.
 
 Local backups and restores run the real CLI as a subprocess; the cloud
 backup's events are checked the same way in tests/cloud/test_progress_cloud.py.
@@ -194,7 +194,7 @@ def test_an_interrupted_run_ends_its_log_with_an_error_event(tmp_path: Path) -> 
     assert events[-1]["backup"] == "db@x"
 
 
-# -- README ----------------------------------------------------------------------------------
+# -- docs/usage.md-------------------------------------------------------------------------------
 
 
 def _tables(section: str) -> list[list[list[str]]]:
@@ -215,9 +215,9 @@ def _names(cell: str) -> list[str]:
     return re.findall(r"`([a-z_-]+)`", cell)
 
 
-def test_readme_documents_every_event_and_field_the_code_declares() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("#### Progress events") :]
+def test_the_docs_document_every_event_and_field_the_code_declares() -> None:
+    usage = (ROOT / "docs" / "usage.md").read_text()
+    section = usage[usage.index("### Progress events") :]
     section = section[: section.index("\n## ")]
     common, events, meanings = _tables(section)
     assert [row[0].strip("`") for row in common] == [f.name for f in COMMON_FIELDS]

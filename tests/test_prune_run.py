@@ -205,7 +205,7 @@ def test_a_failed_item_leaves_manifestless_data_to_the_next_run_and_says_so(repo
     ((kind, detail),) = events.events
     assert kind == PRUNE_FAILED and detail["run"] == run_id() and detail["failed_items"] == 1
     assert f"{big}: its data could not be deleted" in detail["failures"][0]
-    assert set(detail) == documented_events()[PRUNE_FAILED]  # README's #### Events table
+    assert set(detail) == documented_events()[PRUNE_FAILED]  # docs/cloud.md's ### Events table
 
     # The next run finds the rest as a leftover (no manifest), and collects it once idle past the grace.
     later = runner(repo, now=datetime.now(UTC) + timedelta(hours=49))

@@ -67,7 +67,7 @@ class Keys(Construct):
         this key (ReEncrypt, the key material never leaves KMS), and resolve `--kms-key` to its ARN (DescribeKey,
         which carries no encryption context, so the key policy cannot require one: it is granted by the role's
         own policy, through the administration statement's kms:Describe* for the account). Re-keying to another
-        key needs kms:ReEncryptTo, kms:Decrypt and kms:DescribeKey for this role in that key's own policy (README)."""
+        key needs kms:ReEncryptTo, kms:Decrypt and kms:DescribeKey for this role in that key's own policy (docs/cloud.md)."""
         self._allow("RekeyDataKeys", role, ["kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"])
         role.add_to_principal_policy(iam.PolicyStatement(actions=["kms:DescribeKey"], resources=[self.key.key_arn]))
 

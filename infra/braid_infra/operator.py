@@ -22,7 +22,7 @@ what `braid rekey` (braid.ops.rekey) and `braid init --stack` call:
 
 It cannot read or write chunks, staging, the catalog or stored policies.
 Re-keying to a key outside the stack needs that key's policy to grant this
-role kms:ReEncryptTo, kms:Decrypt and kms:DescribeKey (README).
+role kms:ReEncryptTo, kms:Decrypt and kms:DescribeKey (docs/cloud.md, the operator role).
 """
 
 from __future__ import annotations

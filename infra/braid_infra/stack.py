@@ -132,7 +132,7 @@ class BraidStack(Stack):
         )
         CfnOutput(
             self, OUTPUT_PRUNE_STATE_MACHINE, value=self.prune.state_machine.state_machine_arn,
-            description="Prune state machine (the daily maintenance starts it; input: retention rules, see README)",
+            description="Prune state machine (the daily maintenance starts it; input: retention rules, see docs/cloud.md)",
         )
         CfnOutput(self, OUTPUT_AGENT_POLICY, value=self.access.agent_policy.managed_policy_arn, description="Attach to database hosts")
         CfnOutput(self, OUTPUT_AGENT_ROLE, value=self.access.agent_role.role_arn, description="Role for database hosts")

@@ -18,6 +18,7 @@ from types import ModuleType
 
 import bench_lib.benchmarks as benchmarks_pkg
 from bench_lib.context import ROOT, Context, size_arg
+from bench_lib.record import Run, record
 from bench_lib.report import Section, print_json, print_table
 
 try:
@@ -42,6 +43,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--reps", type=int, default=5, help="repetitions per side, interleaved; best and median are reported (default 5)")
     group.add_argument("--seed", type=int, default=1, help="data generator seed (default 1)")
     group.add_argument("--json", action="store_true", help="print one JSON document on stdout instead of the table")
+    group.add_argument(
+        "--record", action="store_true", help="also write the figures into docs/benchmarks.md (its sections of the benchmarks run; never edit it by hand)"
+    )
     group.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     group.add_argument("--debug", action="store_true", help="show tracebacks of failing benchmarks")
 
@@ -99,8 +103,8 @@ def _compile_braid(ctx: Context) -> None:
 
     Without bytecode on disk (PYTHONDONTWRITEBYTECODE is set, or nothing ran
     the checkout yet) every `braid` process compiles each module it imports
-    from source: ~45 ms a run on a 2-core VM, which an installed braid never
-    pays, billed to braid's side of every comparison.
+    from source, which an installed braid never pays, billed to braid's side
+    of every comparison.
     """
     package = ROOT / "layers" / "braid" / "braid"
     if package.is_dir():
@@ -148,10 +152,33 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(section)
     header = _header(ctx, data_doc)
     header["seconds"] = round(time.perf_counter() - started, 1)
+    short = {k: v for k, v in header.items() if k not in ("data", "python")}
+    short["data"] = f"{data.path.name}, {data.random_share:.0%} random"
     if args.json:
         print_json(header, sections)
     else:
-        short = {k: v for k, v in header.items() if k not in ("data", "python")}
-        short["data"] = f"{data.path.name}, {data.random_share:.0%} random"
         print_table(short, sections)
+    if args.record:
+        _record(short, sections, modules, argv)
     return 1 if failed else 0
+
+
+def _record(header: dict, sections: list[Section], modules: list[ModuleType], argv: list[str] | None) -> None:
+    """docs/benchmarks.md gets this run's sections (the benchmarks that did not fail), with where and when they ran."""
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", *words], capture_output=True, text=True, cwd=ROOT, check=False).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    words = [w for w in (sys.argv[1:] if argv is None else argv) if w not in ("--record", "--json", "--quiet")]
+    run = Run(
+        date=time.strftime("%Y-%m-%d", time.gmtime()),
+        commit=commit,
+        command=" ".join(["scripts/bench", *words]),
+        header={**header, "python": platform.python_version()},
+    )
+    target = ROOT / "docs" / "benchmarks.md"
+    record(target, run, sections, [m.NAME for m in modules])
+    print(f"bench: recorded {', '.join(s.name for s in sections if not s.skipped) or 'nothing'} in {target}", file=sys.stderr)

@@ -133,7 +133,7 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
     assert host_read_chunks(cloud, "restore-flipped") == []
     announced = [e for e in received(cloud, queue) if e["detail"]["backup"] == ref]
     assert len(announced) == 2 and all(e["detail-type"] == VERIFY_FAILED for e in announced)
-    assert all(set(e["detail"]) == documented_events()[VERIFY_FAILED] for e in announced)  # README's event table
+    assert all(set(e["detail"]) == documented_events()[VERIFY_FAILED] for e in announced)  # docs/cloud.md's event table
     assert any("chunk 1 of backup" in f for e in announced for f in e["detail"]["failures"])
     listed = json.loads(braid(cloud, "restore-flipped", "list", "--json").stdout)
     assert [r["verified"]["outcome"] for r in listed if r["backup"] == ref] == ["failed"]

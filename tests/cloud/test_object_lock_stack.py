@@ -121,7 +121,7 @@ class Recorder:
 
 
 def new_key_policy(iam: StackIam) -> list[dict[str, Any]]:
-    """What README ("Deploy on AWS") tells an operator to put in the policy of a key to re-wrap to."""
+    """What docs/cloud.md ("Deploy on AWS") tells an operator to put in the policy of a key to re-wrap to."""
     assert iam.operator_role is not None
     operator = iam.roles[iam.operator_role].arn
     return [

@@ -290,7 +290,7 @@ def test_chunk_sizes_beyond_the_workers_memory_are_refused_naming_the_largest() 
     assert max_worker_chunk_size(lanes=2) > largest  # fewer lanes, larger chunks
 
 
-def test_the_pipelines_events_carry_exactly_the_fields_readme_documents(staged: Staged, tmp_path: Path) -> None:
+def test_the_pipelines_events_carry_exactly_the_fields_the_docs_document(staged: Staged, tmp_path: Path) -> None:
     from braid.contract import BACKUP_COMPLETED, BACKUP_FAILED
     from support.event_docs import documented_events
 

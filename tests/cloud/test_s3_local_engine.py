@@ -88,7 +88,7 @@ def test_key_file_repository_on_plain_s3_backs_up_and_restores(s3: dict[str, str
     key_file.rename(moved)
     lost = run_braid("restore", "--repo", repo, "db@latest", env=s3)
     assert lost.code == 4 and lost.stdout == b"", lost.stderr
-    # The escrowed copy restores (README: key handling for service users).
+    # The escrowed copy restores (docs/usage.md: the master key of a service user).
     again = run_braid("restore", "--repo", repo, "--key-file", str(moved), "db@latest", env=s3)
     assert again.code == 0 and again.stdout == data, again.stderr
 

@@ -156,7 +156,7 @@ def test_unreadable_older_manifest_is_kept_reported_and_announced(repo: Path, tm
     assert "corrupt" in run.unreadable[0]["error"]
     assert sorted(str(r) for r in open_repository(str(repo)).backups()) == sorted([broken, newest])
     assert [(kind, body["backup"]) for kind, body in events.events] == [(VERIFY_FAILED, broken)]
-    assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # README's #### Events table
+    assert set(events.events[0][1]) == documented_events()[VERIFY_FAILED]  # docs/cloud.md's ### Events table
 
 
 def test_leftovers_age_from_their_last_activity(repo: Path, tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved con
 ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
 ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenance starts the prune there
 DEFAULT_EVENT_BUS = "default"
-# Ranged GETs a worker keeps in flight reading ahead of its codec (braid.pipeline.item_flow): S3 carries
-# ~90 MB/s per stream and the codec takes ~150 MB/s, with the packs' PUTs on the same NIC.
+# Ranged GETs a worker keeps in flight reading ahead of its codec (braid.pipeline.item_flow): enough to
+# feed the codec, with the packs' PUTs on the same NIC (figures: docs/design/2026-11-cloud-figures.md).
 DEFAULT_WORKER_LANES = 4
 # Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
 # chunks of its item as one create-only PUT (smaller runs at the item's ends: braid.format.staging.rounds.pack_sizes),
@@ -64,11 +64,8 @@ WORKER_RETRIES = 3
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
-# Its memory. It is billed for the whole stream while it watches (at 50 MB/s most of what
-# coordination costs), and what it holds fits the smallest size, 128 MB (measured:
-# tests/cloud/test_scale_simulation.py); but its share of a vCPU buys the CPU it spends after
-# the stream ends, and at 128 MB the modelled time after stream end reaches the 15 s target
-# (scripts/bench cloud-model), so it stays at 256 until that time has room.
+# Its memory: what it holds fits 128 MB (tests/cloud/test_scale_simulation.py), but its share of
+# a vCPU is the CPU it spends after the stream ends (why 256: docs/design/2026-11-cloud-figures.md).
 PLAN_MEMORY_MB = 256
 # The agent's chunks in flight (`braid backup --concurrency`, braid.agent.limits: memory and part size follow).
 DEFAULT_AGENT_CONCURRENCY = 11

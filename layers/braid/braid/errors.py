@@ -2,7 +2,7 @@
 
 Each error carries a message that tells the user what to fix, and an exit code
 the CLI returns, so scripts around `braid` can tell a wrong key from a corrupt
-chunk without parsing text. The codes are a contract (README, `braid --help`).
+chunk without parsing text. The codes are a contract (docs/usage.md, `braid --help`).
 """
 
 from __future__ import annotations

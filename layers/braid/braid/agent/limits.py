@@ -33,23 +33,14 @@ SEGMENT_TARGET_BYTES = 2 * 1024**3
 # 1 GiB; room for 256 MiB parts (PART_TARGET_BYTES) with 2 in flight beside the one being filled.
 DEFAULT_CONCURRENCY = contract.DEFAULT_AGENT_CONCURRENCY
 # A staging part of up to this many bytes holds several chunks: S3 bills each
-# UploadPart, so k chunks per part cut the agent's request cost by k (4 at the
-# default --concurrency: 4,096 parts per TiB, $0.020 where one chunk per part
-# costs $0.082); the worker still reads one chunk per ranged GET (by byte offset).
+# UploadPart, so k chunks per part cut the agent's request cost by k; the worker
+# still reads one chunk per ranged GET (by byte offset).
 PART_TARGET_BYTES = 256 * MiB
 # Parts that must fit in flight beside every input's part being filled: fewer
-# (bigger parts in the same buffers) starve the upload. Measured, scripts/bench
-# cloud at 2 GiB against boto3's 64 MiB multipart at the same --concurrency
-# (same server, s3proxy on loopback): at --concurrency 8 (10 buffers), 4-chunk
-# parts with 1-2 in flight reached 0.65x, 2-chunk parts (3-4 in flight) 0.91x;
-# at --concurrency 11 (13 buffers), 4-chunk parts with 2 in flight 1.18x best
-# (1.11x median) where 3-chunk parts with 3 in flight reached 0.84x, and at
-# --concurrency 14, 4-chunk parts with 3 in flight 1.01x; at 4 GiB, 5 repetitions, the defaults
-# (--concurrency 11, 4-chunk parts) 1.02x best, 1.11x median, 916 MiB resident. Two whole parts in
-# flight keep the connection busy while the next part fills; one does not.
-# Over the internet each connection carries a bounded rate (~90 MB/s to S3 from
-# one stream is the cost model's figure): a stream much faster than ~200 MB/s
-# wants a larger --concurrency, which keeps the part size and adds parts in flight.
+# (bigger parts in the same buffers) starve the upload. Two whole parts in flight
+# keep the connection busy while the next part fills; one does not. A much faster
+# stream wants a larger --concurrency, which keeps the part size and adds parts in
+# flight. (Measured: docs/design/2026-11-cloud-figures.md.)
 MIN_PARTS_IN_FLIGHT = 2
 
 

@@ -66,7 +66,7 @@ def _epilog() -> str:
     lines = ["exit codes:"] + [f"  {code:>3}  {text}" for code, text in EXIT_CODES.items()]
     lines += [
         "",
-        "settings (see README, 'Configuration'): a flag wins over its environment variable, which wins over the config file:",
+        "settings (see docs/usage.md, 'Configuration'): a flag wins over its environment variable, which wins over the config file:",
         "  BRAID_REPO      repository (directory or s3://BUCKET/PREFIX) when --repo is not given",
         "  BRAID_KEY_FILE  master-key file of a local repository when --key-file is not given",
         "  BRAID_<OPTION>  every other long option likewise: --chunk-size is BRAID_CHUNK_SIZE (switches: 1 or 0)",

@@ -16,7 +16,7 @@ producer, the only other user of a private 0700 directory.
 inotify is Linux's (the glibc calls, through ctypes: the standard library
 has no binding, and a dependency for three calls would be more to trust
 than these few lines). Elsewhere the watch is unavailable and `unopened`
-says so by returning None; README documents that the check is Linux only.
+says so by returning None; docs/usage.md documents that the check is Linux only.
 """
 
 from __future__ import annotations

@@ -97,8 +97,8 @@ class BufferPool:
 
         For streams known to need them (regular files of several chunks):
         otherwise a reader makes each buffer when it needs it, and the second
-        chunk's read waited for its pages (~25 ms per 64 MiB), delaying the
-        second worker's start by as much (measured, scripts/bench local).
+        chunk's read waited for its pages, delaying the second worker's
+        start by as much (measured, scripts/bench local).
         `acquire` waits for these rather than making more, so the pool still
         never holds more than its `count` buffers.
         """

@@ -1,18 +1,13 @@
 """Large reusable buffers (chunk-sized: 64 MiB by default), mapped rather than zero-filled.
 
-A fresh chunk buffer costs more than the work done in it, and a 256 MiB
-backup or restore makes half a GiB of them. `bytearray(n)` zero-fills all
-n bytes one page fault at a time while holding the GIL: ~45 ms per 64 MiB
-on a 2-core VM, during which no other thread can hand a chunk to a worker
-or start decoding one. Here an anonymous mapping is made through ctypes
-(which releases the GIL around the call) and its pages populated in a few
-calls (~25 ms per 64 MiB), or left to fault in where the buffer is filled
-by a call that releases the GIL anyway (a read from disk). Giving the
-pages back costs ~6 ms per 64 MiB more, so it is done on a background
-thread, not in the middle of publishing a backup. Measured with
-scripts/bench local: this was most of what a small stream paid for start-up.
-(Python's own `mmap.mmap` with MAP_POPULATE holds the GIL while the kernel
-populates; transparent huge pages populated 3-5x slower on the same VM.)
+`bytearray(n)` zero-fills all n bytes one page fault at a time while
+holding the GIL, so no other thread can hand a chunk to a worker meanwhile.
+Here an anonymous mapping is made through ctypes (which releases the GIL
+around the call) and its pages populated in a few calls, or left to fault
+in where the buffer is filled by a call that releases the GIL anyway (a
+read from disk). Pages are given back on a background thread, not in the
+middle of publishing a backup. (Measured costs, and why not `mmap.mmap`
+or huge pages: docs/design/2026-11-cloud-figures.md.)
 
 Callers size buffers by what they will fill, and reuse them from chunk to
 chunk: a buffer is made once per worker or pool slot.

@@ -14,7 +14,7 @@
     rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
     verify/NAME/ID/STAMP~MODE~OUTCOME.json  one per verification of the backup (braid.format.verification)
     verify-runs/RUN/...                  the cloud verify's work: map items and the map's results (one execution)
-    prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_run): what it planned, its map's items, what it did
+    prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_plan, then .sweep and .prune_tally): what it planned, its map's items, what it did
     prune/RUN/results/NNNNNN.json        one map item's outcome
 
 Manifests sit apart from data so `list` reads a few small objects, never a
@@ -224,7 +224,7 @@ PRUNE = "prune/"
 
 
 def prune_run_prefix(run: str) -> str:
-    """Everything one scheduled prune run writes (braid.pipeline.prune_run); `run` is its id."""
+    """Everything one scheduled prune run writes (braid.pipeline.prune_plan plans it); `run` is its id."""
     if not run or "/" in run or run.startswith("."):
         raise ValueError(f"invalid prune run id {run!r}")
     return f"{PRUNE}{run}/"

@@ -118,7 +118,7 @@ class _Buffers:
 
     The first decoders' buffers are made by helper threads (`make_one`)
     while their chunks are read from disk, rather than by each decoder after
-    its read (~25 ms per 64 MiB on its critical path, measured). A decoder
+    its read (on its critical path). A decoder
     that finds none free waits for one being made instead of making another,
     so no more exist than the decoders and writers hold at once.
     """

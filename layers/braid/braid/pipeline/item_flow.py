@@ -10,8 +10,8 @@ the last PUT:
   but the item's start: so the first FIRST_RANGED_CHUNKS chunks, which the
   codec waits for, are each read as up to CHUNK_RANGES ranged GETs at once,
   one chunk after the other (the whole NIC for the chunk needed now; a GET
-  per range is $0.0004 per 1,000, cheap beside a second of a 1,769 MB
-  worker); the rest one GET each, which then arrive before they are needed.
+  per range is cheap beside the worker's time); the rest one GET each,
+  which then arrive before they are needed.
 - **Encoders** (ENCODERS threads, each with its own codec: zstd and
   AES-GCM release the GIL) take the chunks in order and write each frame
   over the buffer its plaintext came in.

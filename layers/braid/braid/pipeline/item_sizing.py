@@ -1,35 +1,18 @@
 """How many chunks one Distributed Map item carries, and the cost model behind it.
 
-At 64 MiB chunks a TiB is 16,384 chunks. What each *item* costs, whatever its
-size (us-east-1 list prices):
-
-- a child workflow execution: STANDARD children bill every state transition
-  ($0.025 per 1,000; ~2 per item: the iteration and the Worker task, more on
-  retries) = $0.82/TiB at one chunk per item, more than the compute. EXPRESS
-  children bill $1 per million executions plus ~nothing for duration
-  (64 MB, a few seconds) = $0.016/TiB; the stack uses EXPRESS children.
-- a Lambda invoke ($0.20 per million) and a result record PUT ($0.005 per
-  1,000 = $0.082/TiB at one chunk per item).
-
-What each *chunk* costs whatever the grouping: its share of a pack PUT ($0.082/TiB
-at one chunk per object; the worker stores CHUNKS_PER_PACK chunks per object), the
-agent's UploadPart ($0.082/TiB), ranged GET and HEAD (~$0.013/TiB), and the
-worker's GB-seconds. That last one is the lever grouping pulls hardest: a
-one-chunk item pays for download, then compress+encrypt, then upload, one
-after another (~1.3 s at 1 vCPU for 64 MiB, ~$0.50/TiB at 1,769 MB arm64),
-while an item of several chunks overlaps the next chunk's download and the
-previous chunk's upload with the current chunk's compression
-(braid.pipeline.worker), so it bills about the CPU time (~0.35 s per
-chunk, ~$0.13/TiB).
+Each *item* has a fixed cost (an EXPRESS child execution, a Lambda invoke,
+a result record PUT), and a one-chunk item pays download, compress+encrypt
+and upload one after another, while an item of several chunks overlaps the
+next chunk's download and the previous chunk's upload with the current
+chunk's compression (braid.pipeline.worker), so it bills about the CPU time.
+(The cost model, priced: docs/design/2026-11-cloud-figures.md.)
 
 So an item is *a few* chunks: while the stream arrives, `max_chunks_per_item`
 (default 32: a whole 2 GiB segment at 64 MiB chunks); after stream end, as
 many as keep every allowed worker busy, up to that. Each item pays its
-unoverlapped first download and last upload once, so longer items cost less:
-scripts/bench cloud-model priced 1 TiB at 500 workers at k=16 ≈ $0.307 and
-k=32 ≈ $0.29 at 50 MB/s. A long item used to be paid for in the time after
-stream end: the round still running when the stream ended held the last one
-back by up to that whole round (~17 s at k=32). So a streaming round's items
+unoverlapped first download and last upload once, so longer items cost
+less; but a long item would hold back the time after stream end by up to
+the round in flight. So a streaming round's items
 are *cut* items (braid.format.staging.MapItem.cut): each worker asks for the
 stream end as its codec reaches each pack, stops there once it has ended,
 and the planner gives the rest, in the same packs, to the final round, spread
@@ -59,8 +42,8 @@ def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item
 
     While the stream is still arriving, a round is about one segment (32
     chunks at 64 MiB), and sizing it to fill hundreds of workers would make
-    every item one chunk: the unoverlapped, most expensive shape (measured in
-    scripts/bench cloud-model: ~$1.01/TiB against ~$0.5). The agent's upload
+    every item one chunk: the unoverlapped, most expensive shape (see
+    scripts/bench cloud-model). The agent's upload
     rate, not worker count, bounds throughput then, so items stay full;
     only once the stream has ended do the last rounds spread over every
     worker to shorten the tail.

@@ -20,11 +20,8 @@ the loop's turns, not the backup's size, are what must be bounded:
 - **And a round waits for `ROUND_TARGET_CHUNKS`** ready chunks (or
   `ROUND_MAX_SECONDS` since the last round, so a slow stream is still
   processed as it arrives; `round_due`). Every round costs the same
-  whatever it carries (its Plan call, three or four state transitions, a
-  map run, the round file's PUT and the ItemReader's GET: ~$0.0001), and
-  items are full-sized either way, so rounds of a fixed volume make a
-  TiB ~128 rounds at any stream rate, where time alone made it 260 at
-  50 MB/s. The target stays below what one inline final round carries
+  whatever it carries, so rounds of a fixed volume bound a TiB's rounds
+  at any stream rate (the figures: docs/design/2026-11-cloud-figures.md). The target stays below what one inline final round carries
   (contract.INLINE_MAP_MAX_ITEMS items of item_sizing.INLINE_MAX_CHUNKS_PER_ITEM,
   160 chunks), less a segment: what is left to plan when the stream ends
   still fits the inline round that skips a map run's start.
@@ -37,18 +34,14 @@ the loop's turns, not the backup's size, are what must be bounded:
   chunks are recorded, or the stream ends, or at the sleep's timeout (the
   time-based due, at most `SLEEP_MAX_SECONDS` and a quarter of the stall
   window, so a dead agent is still noticed; each timeout is another ~13
-  history events, so the cap is as long as stall detection allows). A sleep costs three state
-  transitions and a PUT (~$0.00008), what ~22 s of a 256 MB Plan watching
-  costs; at 50 MB/s a round is ~170 s of stream, so the watch billed for
-  the whole stream (~$0.07 per TiB) becomes a sleep per round.
+  history events, so the cap is as long as stall detection allows).
+  `SLEEP_BREAK_EVEN_SECONDS` is how long a Plan call may watch for what
+  a sleep costs.
 
-For 10 TiB at 50 MB/s (61 hours) the scale simulation counts ~340 map
-turns and ~450 sleeps (~310 of them ended by their timeout, where the
-execution's age spaces rounds further apart than the agent's chunks do),
-~10,300 events: under half the quota (tests/cloud/test_scale_simulation.py
-counts it by running the planner; `scripts/bench cloud-model` prints it).
-The Plan function is billed for its looks only (minutes, not the stream's
-61 hours), and the agent adds a GET of the wake record per segment.
+The largest backup stays under half the history quota:
+tests/cloud/test_scale_simulation.py counts it by running the planner, and
+`scripts/bench cloud-model` prints it (dated figures:
+docs/design/2026-11-cloud-figures.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ accounted for by no outcome at all (an export that lost results) are
 failures too: a verify that did not check a chunk never says it did.
 
 Each backup's record goes beside it (braid.ops.verification); a failed one
-is published as a "Verify Failed" event (the README's event table) and
+is published as a "Verify Failed" event (docs/cloud.md's event table) and
 counted in the VerifyFailures metric (the handler), which trips an alarm.
 The run's work objects are deleted last.
 """

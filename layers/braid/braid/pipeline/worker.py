@@ -161,7 +161,7 @@ def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int, sizes: Iterable
 class StreamEnded:
     """Whether the backup's stream has ended, read from staging until it has (then remembered): a cut item's stop test.
 
-    One GET of the stream-end record per pack boundary (~$0.0004 per 1,000): it is what lets a streaming
+    One GET of the stream-end record per pack boundary: it is what lets a streaming
     item be long without holding back the time after stream end (MapItem.cut)."""
 
     def __init__(self, area: StagingArea) -> None:

@@ -4,7 +4,7 @@ One dict per event (`{"event": "chunk", ...}`), never raising; the CLI
 renders them as a bar or JSON lines (and a `--log-file`), tests record them.
 A local backup, a cloud backup and a restore speak the same vocabulary, so
 a script that follows one follows them all: the event names and their
-fields are declared here, once, as `EVENTS`. README's table of events is
+fields are declared here, once, as `EVENTS`. docs/usage.md's table of events is
 checked against it (tests/test_progress_events.py), and every event the
 CLI prints is checked against it in the tests, so neither can drift.
 

@@ -114,7 +114,7 @@ class LocalStore:
                 _drop_cache(handle.fileno())
             if replacing is not None:
                 # Checked just before the rename: a directory offers no compare-and-swap, so this
-                # narrows the window to a few system calls rather than closing it (README, rekey).
+                # narrows the window to a few system calls rather than closing it (docs/usage.md, Keys).
                 current = self.head(key)
                 if current is None or current.version != replacing:
                     raise IntegrityError(f"object {key} in {self.root} changed or went since it was read; nothing was replaced")

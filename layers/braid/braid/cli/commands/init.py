@@ -41,8 +41,8 @@ def _init_cloud(url: str, args: argparse.Namespace) -> int:
 
     if not args.stack:
         raise UsageError(
-            "an s3:// repository is served by a deployed stack: give --stack NAME (see README, 'Deploy on AWS'),"
-            " or --engine local to compress and encrypt on this host (see README, 'S3 without the stack')"
+            "an s3:// repository is served by a deployed stack: give --stack NAME (see docs/cloud.md, 'Deploy on AWS'),"
+            " or --engine local to compress and encrypt on this host (see docs/cloud.md, 'S3 without the stack')"
         )
     store = open_store(url)
     assert isinstance(store, S3Store)  # is_s3_url(url)

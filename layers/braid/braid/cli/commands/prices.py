@@ -2,7 +2,7 @@
 
 The table lives in the repository (braid.ops.prices), so every host prices
 alike; a user sets the prices of their region, discount or currency here
-or by editing `prices.json` (README, Cost of a backup).
+or by editing `prices.json` (docs/cloud.md, Cost of a backup).
 """
 
 from __future__ import annotations

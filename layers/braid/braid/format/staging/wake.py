@@ -1,8 +1,7 @@
 """The wake record: how a sleeping backup pipeline asks the agent to wake it.
 
 While the stream arrives slowly, the planner would otherwise watch staging
-in a Lambda billed by the second for hours (~$0.07 per TiB at 50 MB/s). It
-sleeps instead: the state machine's SleepUntilWoken state writes this
+in a Lambda billed by the second for hours. It sleeps instead: the state machine's SleepUntilWoken state writes this
 record, `<staging>/wake`, holding the state's task token, and waits for it
 (an S3 PutObject with `.waitForTaskToken`; a timeout wakes it in any case).
 The agent reads the record after each segment record it writes and at the
