@@ -21,11 +21,10 @@ from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
 from braid.cli.main import main
 from braid.engine.finalize import InputRecord, finalize_backup
-from braid.format.canonical import canonical_json
 from braid.format.ids import BackupRef
 from braid.format.keys import encryption_context
 from braid.format.layout import data_prefix, manifest_key, summary_key
-from braid.format.manifest import open_manifest, seal_body
+from braid.format.manifest import open_manifest
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
 from braid.ops.open import open_backup
@@ -154,24 +153,18 @@ def test_a_chains_parent_is_copied_first(two: tuple[Path, Path, Path, Path]) -> 
     """An incremental names its `parent` in its manifest (docs/format.md, Chains): copying it copies the parent first."""
     r1, k1, r2, k2 = two
     parent = backup(r1, k1, "pg", pattern(12_000, 4))
-    child = BackupRef.parse(backup(r1, k1, "pg", pattern(12_000, 5)))
-    # Give the child a `parent`, sealed under its own data key as a chain-aware engine would write it.
-    store = LocalStore(r1)
-    keys = LocalKeyFile.open(k1)
-    sealed = Repository.open(store).load(child)
-    data_key = keys.unwrap(sealed.manifest.key)
-    body = json.loads(sealed.body)
-    body["parent"] = parent
-    new_body = canonical_json(body)
-    (r1 / manifest_key(child)).write_bytes(seal_body(new_body, data_key.manifest_mac(new_body)))
+    made = run_braid("backup", "--repo", str(r1), "--key-file", str(k1), "--name", "pg", "--chunk-size", "4KiB", "--incremental", stdin=pattern(12_000, 5))
+    assert made.code == 0, made.stderr
+    child = BackupRef.parse(made.out.strip())
 
     result = run_braid("copy", "--repo", str(r1), "--key-file", str(k1), str(child), "--to", str(r2), "--to-key-file", str(k2), "--json")
 
     assert result.code == 0, result.stderr
     assert json.loads(result.out)["copied"] == [parent, str(child)]
-    copied = Repository.open(LocalStore(r2)).load(child)
-    assert json.loads(copied.body)["parent"] == parent  # every other field kept
+    copied = json.loads(Repository.open(LocalStore(r2)).load(child).body)
+    assert (copied["kind"], copied["parent"], copied["chain_full"]) == ("incremental", parent, parent)  # every other field kept
     assert run_braid("restore", "--repo", str(r2), "--key-file", str(k2), parent).stdout == pattern(12_000, 4)
+    assert run_braid("restore", "--repo", str(r2), "--key-file", str(k2), str(child)).stdout == pattern(12_000, 5)
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:

@@ -328,7 +328,7 @@ def test_a_consumer_of_pipes_that_fails_fails_the_restore(repo: Path, private_tm
     [
         (["backup", "--name", "db", "--pipes", "2"], "--pipes N makes pipes for a command to write: give it after --"),
         (["backup", "--name", "db", "--input", "/p1", "--", "dbtool"], "--input and a command after -- exclude each other"),
-        (["backup", "--resume", "db@20260101T000000.000Z-00000000", "--", "dbtool"], "--resume re-reads the same inputs, but a command makes"),
+        (["backup", "--resume", "db@20260101T000000.000Z-00000000", "--", "dbtool"], "--resume applies only to s3:// repositories"),
         (["backup", "--name", "db", "--", "dbtool", "{pipes}"], "the command names pipes ({pipes}) but Braid makes none: add --pipes N"),
         (["backup", "--name", "db", "--pipes", "3", "--", "dbtool", "{pipe1}", "{pipe4}"], "the command names {pipe4}, but there are 3 pipes"),
         (["backup", "--name", "db", "--pipes", "3", "--", "dbtool", "{pipe1}"], "the command must name every one of the 3 pipes"),

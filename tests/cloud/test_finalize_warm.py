@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))
 from inprocess_lambda import PROCESS_ENVIRONMENT, LambdaContext  # noqa: E402
 
 from braid import contract  # noqa: E402
+from braid.format.staging.protocol import PROTOCOL
 
 
 def finalize_module(monkeypatch: pytest.MonkeyPatch) -> Any:
@@ -40,4 +41,4 @@ def test_a_warm_up_answers_at_once_and_touches_nothing(monkeypatch: pytest.Monke
     assert app.handler({"warm": True, "backup": "db@20260101T000000.000Z-0123abcd"}, context) == {"warm": True}
     # Anything else is a real Finalize call (here it reaches the store, which this test forbids).
     with pytest.raises(AssertionError, match="must not reach"):
-        app.handler({"warm": "yes", "backup": "db@20260101T000000.000Z-0123abcd", "prefix": ""}, context)
+        app.handler({"warm": "yes", "backup": "db@20260101T000000.000Z-0123abcd", "prefix": "", "protocol": PROTOCOL}, context)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
+import botocore.session
 import pytest
 from test_emulated_e2e import Emulator, braid, start_emulator  # noqa: F401  (the fixture)
 
@@ -37,7 +37,9 @@ DAY = datetime(2024, 5, 1, 2, 0, tzinfo=UTC)
 
 def repository_of(cloud: Emulator) -> tuple[Repository, KmsKeyService]:
     """The repository as an inspector sees it (a caller the emulator does not hold to a role)."""
-    session = boto3.Session(aws_access_key_id="test-inspector", aws_secret_access_key="test", region_name=cloud.env["AWS_DEFAULT_REGION"])
+    session = botocore.session.Session()  # the adapters' clients are botocore's (braid.adapters.aws.clients)
+    session.set_credentials("test-inspector", "test")
+    session.set_config_variable("region", cloud.env["AWS_DEFAULT_REGION"])
     endpoint = cloud.env["AWS_ENDPOINT_URL"]
     repository = Repository.open(S3Store(s3_client(session=session, endpoint_url=endpoint), cloud.bucket, ""))
     keys = KmsKeyService(kms_client(session=session, endpoint_url=endpoint), repository.config.key["key_id"])

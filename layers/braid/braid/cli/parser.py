@@ -342,7 +342,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     backup.add_argument("--label", action="append", metavar="KEY=VALUE",
                         help="a note kept with the backup (repeatable), shown by list and show, matched by list --label")
     backup.add_argument("--expected-size", type=_size("--expected-size", 1), metavar="SIZE",
-                        help="the stream's expected size, for % and ETA when it has none (a command); default: the previous backup's")
+                        help="the stream's expected size, for %% and ETA when it has none (a command); default: the previous backup's")
     backup.add_argument("--rate-limit", type=_size("--rate-limit", 1), metavar="SIZE",
                         help="cap bytes per second (e.g. 200MiB): the upload to s3://, or the reading of the inputs for a directory repository")
     backup.add_argument("--allow-empty", action="store_true", help="publish an empty stream (refused by default, exit 5: usually a failed producer)")

@@ -24,6 +24,8 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 
+from braid.errors import IntegrityError
+from braid.format.fields import Fields
 from braid.format.timestamps import parse_timestamp
 
 LEASE_REFRESH_SECONDS = 60.0
@@ -57,8 +59,10 @@ class LeaseRecord:
     def from_bytes(cls, raw: bytes) -> LeaseRecord:
         """ValueError for anything that is not a lease (a torn or foreign object)."""
         try:
-            doc = json.loads(raw)
-            record = cls(backup=str(doc["backup"]), refreshed=str(doc["refreshed"]), host=str(doc["host"]), pid=int(doc["pid"]))
+            f = Fields(json.loads(raw), "lease", ("backup", "refreshed", "host", "pid"))
+            record = cls(backup=f.text("backup"), refreshed=f.text("refreshed"), host=f.text("host"), pid=f.count("pid"))
+        except IntegrityError as exc:
+            raise ValueError(f"not a Braid lease: {exc.message}") from None
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a Braid lease: {exc}") from None
         record.refreshed_at  # noqa: B018 - validates the timestamp's form

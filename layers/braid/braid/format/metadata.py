@@ -24,10 +24,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-import zstandard
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from braid.errors import IntegrityError
 from braid.format.digests import sha256
 from braid.format.keys import DataKey
@@ -68,11 +64,15 @@ def seal_metadata(key: DataKey, backup: str, kind: str, plaintext: bytes) -> tup
     """The stored object for `plaintext` and the manifest's entry for it."""
     if not KIND.match(kind):
         raise ValueError(f"invalid metadata kind {kind!r}")
+    import zstandard  # here, not at import: the cloud agent reads manifests' types but seals nothing
+
     packed = zstandard.ZstdCompressor(level=3).compress(plaintext)
     compression = 1 if len(packed) < len(plaintext) else 0
     payload = packed if compression else plaintext
     nonce = os.urandom(12)
     header = MAGIC + bytes([VERSION, compression]) + nonce
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only where sealing: a cloud agent never loads it
+
     stored = header + AESGCM(key.metadata_key).encrypt(nonce, payload, _aad(header, backup, kind))
     return stored, MetadataEntry(len(plaintext), len(stored), sha256(stored).hex())
 
@@ -85,6 +85,10 @@ def open_metadata(key: DataKey, backup: str, kind: str, stored: bytes, entry: Me
     if len(stored) < _HEADER + 16 or stored[:4] != MAGIC or stored[4] != VERSION or stored[5] not in (0, 1):
         raise IntegrityError(f"{where} is not a Braid metadata object (corrupt)")
     header = stored[:_HEADER]
+    import zstandard
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only where reading: a cloud agent never loads it
+
     try:
         payload = AESGCM(key.metadata_key).decrypt(header[6:], stored[_HEADER:], _aad(header, backup, kind))
     except InvalidTag:

@@ -27,6 +27,7 @@ from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
+from braid.format.fields import Fields
 
 FORMAT = "braid-verification"
 VERSION = 1
@@ -81,9 +82,14 @@ class Selection:
         if not isinstance(doc, dict) or doc.get("kind") not in ("all", "sample", "rotation"):
             raise ValueError(f"not a chunk selection: {doc!r}")
         if doc["kind"] == "sample":
-            return cls("sample", percent=float(doc["percent"]))
+            percent = doc.get("percent")
+            if isinstance(percent, bool) or not isinstance(percent, int | float) or not 0 < percent < 100:
+                raise ValueError(f"a sample's percent must be a number between 0 and 100, not {percent!r}")
+            return cls("sample", percent=float(percent))
         if doc["kind"] == "rotation":
-            return cls.rotation(int(doc["part"]), int(doc["of"]))
+            f = Fields(doc, "a rotation", ("kind", "part", "of"))
+            return cls.rotation(f.count("part"), f.count("of"))
+        Fields(doc, "a selection of all chunks", ("kind",))
         return cls()
 
 
@@ -140,21 +146,32 @@ class VerificationRecord:
                 raise ValueError("its checksum does not match its body")
             if body["mode"] not in MODES:
                 raise ValueError(f"unknown mode {body['mode']!r}")
+            f = Fields(body, "its body", _BODY_FIELDS)
+            if "corrupt" not in body:
+                raise ValueError("its body is missing corrupt")
             return cls(
-                backup=str(body["backup"]),
-                at=str(body["at"]),
-                mode=str(body["mode"]),
+                backup=f.text("backup"),
+                at=f.text("at"),
+                mode=f.text("mode"),
                 selection=Selection.from_json(body["selection"]),
-                engine=str(body["engine"]),
-                chunks_total=int(body["chunks_total"]),
-                chunks_checked=int(body["chunks_checked"]),
-                bytes_checked=int(body["bytes_checked"]),
-                failures=[str(f) for f in body["failures"]],
-                failure_count=int(body["failure_count"]),
-                corrupt=bool(body["corrupt"]),
+                engine=f.text("engine"),
+                chunks_total=f.count("chunks_total"),
+                chunks_checked=f.count("chunks_checked"),
+                bytes_checked=f.count("bytes_checked"),
+                failures=f.texts("failures"),
+                failure_count=f.count("failure_count"),
+                corrupt=f.flag("corrupt"),
             )
+        except IntegrityError as exc:
+            raise IntegrityError(f"verify record {where} is damaged: {exc.message}") from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise IntegrityError(f"verify record {where} is damaged: {exc}") from None
+
+
+_BODY_FIELDS = (
+    "backup", "at", "mode", "selection", "engine", "outcome", "chunks_total", "chunks_checked", "bytes_checked",
+    "failure_count", "failures", "corrupt",
+)
 
 
 def _digest(body: Any) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
+from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.staging import Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd
 
@@ -63,20 +64,26 @@ class PlanCursor:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], inputs: int) -> PlanCursor:
         try:
+            f = Fields(dict(doc), "planner cursor", ("rounds", "chunks", "segments", "offsets", "started", "progress"), _OPTIONAL)
             last = doc.get("last_round")
+            lease = doc.get("lease", "")
+            if not isinstance(lease, str):
+                raise ValueError(f"lease must be a string, not {lease!r}")
             cursor = cls(
-                rounds=int(doc["rounds"]),
-                chunks=int(doc["chunks"]),
-                segments=tuple(int(v) for v in doc["segments"]),
-                offsets=tuple(int(v) for v in doc["offsets"]),
-                started=float(doc["started"]),
-                last_round=None if last is None else float(last),
-                progress=float(doc["progress"]),
-                lease=str(doc.get("lease", "")),
+                rounds=f.count("rounds"),
+                chunks=f.count("chunks"),
+                segments=tuple(f.counts("segments")),
+                offsets=tuple(f.counts("offsets")),
+                started=_seconds(doc["started"], "started"),
+                last_round=None if last is None else _seconds(last, "last_round"),
+                progress=_seconds(doc["progress"], "progress"),
+                lease=lease,
                 check=_mapping_or_none(doc.get("check"), ("key", "round", "attempt", "limit")),
                 held=_mapping_or_none(doc.get("held"), ("until", "released_by")),
-                compacted=int(doc.get("compacted", 0)),
+                compacted=f.count("compacted") if "compacted" in doc else 0,
             )
+        except IntegrityError as exc:
+            raise UsageError(f"invalid planner cursor in the execution state: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid planner cursor in the execution state: {exc}") from None
         if len(cursor.segments) != inputs or len(cursor.offsets) != inputs or cursor.rounds < 0 or cursor.chunks < 0 or cursor.compacted < 0:
@@ -189,3 +196,13 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
             offset += seg_length
         if offset != length or any(i == index and s >= count for i, s in spans):
             raise IntegrityError(f"backup {ref}: input {index} is {length} bytes by stream-end, its planned segments hold {offset}")
+
+
+_OPTIONAL = ("last_round", "lease", "check", "held", "compacted")
+
+
+def _seconds(value: Any, name: str) -> float:
+    """A JSON number (an integer or a float; never a boolean or a string), as written by the planner."""
+    if type(value) not in (int, float):
+        raise ValueError(f"{name} must be a number, not {value!r}")
+    return float(value)

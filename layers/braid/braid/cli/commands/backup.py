@@ -27,10 +27,10 @@ from braid.format.ids import BackupRef, validate_name
 from braid.format.labels import labels_of
 from braid.format.manifest import Manifest
 from braid.format.repository import Repository
-from braid.ops.wal_wait import wal_gate
 from braid.ports.progress import ProgressFn
 
 if TYPE_CHECKING:
+    from braid.engine.capture import Captured
     from braid.engine.producer import Producer
     from braid.ops.open import OpenedBackup
 
@@ -130,11 +130,14 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     engine = _engine_for(repository, args)
     lineage, parent = _lineage(repository, args, ref, cloud)
     # The parent's values for {parent_manifest} / {parent_lsn}, or the refusal of one it lacks (exit 2), before the producer runs.
-    from braid.ops.chain_placeholders import ParentValues  # reads metadata: only for a backup that runs
+    values: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
+    if parent is not None or (producer is not None and any("{parent_" in arg for arg in producer.argv)):
+        from braid.ops.chain_placeholders import ParentValues  # reads metadata: only for a chain's backup
 
-    values = ParentValues(repository.store, parent, producer.argv if producer is not None else [])
-    if producer is not None:
-        producer.argv = values.substitute(producer.argv)
+        placeholders = ParentValues(repository.store, parent, producer.argv if producer is not None else [])
+        if producer is not None:
+            producer.argv = placeholders.substitute(producer.argv)
+        values = placeholders
     # The producer starts only now that the repository and its key are ready,
     # and is stopped on the way out if the backup failed.
     with values, producer if producer is not None else contextlib.nullcontext():
@@ -149,7 +152,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             resumable=producer is None,
             open_timeout=args.open_timeout,
             lineage=lineage,
-            wal_gate=wal_gate(repository.store, ref.name, max(0.0, args.wal_wait)),
+            wal_gate=None if cloud else _wal_gate(repository, ref, args),
             labels=labels,
             rate_limit=None if cloud or not args.rate_limit else parse_size(args.rate_limit),
         )
@@ -163,6 +166,13 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         return 0
     _published(manifest, args, progress)
     return 0
+
+
+def _wal_gate(repository: Repository, ref: BackupRef, args: argparse.Namespace) -> Callable[[Captured], None]:
+    """A PostgreSQL base backup without its WAL (-X none) is published once its WAL range is archived (local engine)."""
+    from braid.ops.wal_wait import wal_gate
+
+    return wal_gate(repository.store, ref.name, max(0.0, args.wal_wait))
 
 
 def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> tuple[Lineage, OpenedBackup | None]:
