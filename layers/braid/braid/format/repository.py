@@ -55,7 +55,7 @@ class RepositoryConfig:
             doc = json.loads(raw)
             if doc.get("format") != FORMAT:
                 raise ValueError("not a Braid repository config")
-            if int(doc.get("version", 0)) != VERSION:
+            if type(doc.get("version")) is not int or doc["version"] != VERSION:
                 raise RepositoryError(
                     f"{where} is repository format v{doc.get('version')}; this Braid reads v{VERSION} only"
                     " (earlier repositories are not read: restore them with the Braid that wrote them)"

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, UsageError
+from braid.format.fields import Fields
 from braid.format.repository import Repository
 from braid.format.wal import (
     DEFAULT_SEGMENT_SIZE,
@@ -65,7 +66,11 @@ class ArchiveInfo:
             doc = json.loads(raw)
             if doc.get("format") != INFO_FORMAT or doc.get("version") != INFO_VERSION:
                 raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}, expected {INFO_FORMAT} {INFO_VERSION}")
-            return cls(str(doc["name"]), int(doc["system_identifier"]), check_segment_size(int(doc["segment_size"])))
+            f = Fields(doc, "record", ("format", "version", "name", "system_identifier", "segment_size"))
+            system = f.text("system_identifier")  # a decimal string: 64 bits exceed what JSON readers keep exact
+            if not system.isdigit():
+                raise ValueError(f"system_identifier must be a decimal string, not {system!r}")
+            return cls(f.text("name"), int(system), check_segment_size(f.count("segment_size")))
         except (ValueError, KeyError, TypeError, AttributeError, UsageError) as exc:
             raise IntegrityError(f"{where} is not a valid WAL archive record: {exc}") from None
 

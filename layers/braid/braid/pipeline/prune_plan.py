@@ -34,7 +34,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from braid import contract
-from braid.errors import UsageError
+from braid.errors import IntegrityError, UsageError
+from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, prune_items_key, prune_plan_key, prune_run_prefix
 from braid.format.policy import COUNT_RULES, Duration
@@ -65,7 +66,10 @@ class SweepItem:
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
         try:
-            item = cls(int(doc["n"]), str(doc["kind"]), str(doc["backup"]), str(doc.get("after", "")), str(doc.get("until", "")))
+            f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until"))
+            item = cls(f.count("n"), f.text("kind"), f.text("backup"), str(f.doc.get("after", "")), str(f.doc.get("until", "")))
+        except IntegrityError as exc:
+            raise UsageError(f"not a prune map item: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"not a prune map item: {exc}") from None
         if item.kind not in (BACKUP, LEFTOVER):

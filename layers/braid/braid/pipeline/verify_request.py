@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from braid.errors import UsageError
+from braid.errors import IntegrityError, UsageError
+from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.verification import Selection
 
@@ -128,13 +129,13 @@ class ItemOutcome:
     @classmethod
     def from_json(cls, doc: Any) -> ItemOutcome:
         try:
-            return cls(
-                str(doc["backup"]),
-                int(doc["chunks_checked"]),
-                int(doc["bytes_checked"]),
-                [(int(i), str(m)) for i, m in doc["failures"]],
-                bool(doc["corrupt"]),
-            )
+            f = Fields(doc, "verify outcome", ("backup", "chunks_checked", "bytes_checked", "failures", "corrupt"))
+            failures = [(i, m) for i, m in f.objects("failures")]
+            if any(type(i) is not int or not isinstance(m, str) for i, m in failures):
+                raise ValueError(f"failures must be [index, message] pairs, not {doc['failures']!r}")
+            return cls(f.text("backup"), f.count("chunks_checked"), f.count("bytes_checked"), failures, f.flag("corrupt"))
+        except IntegrityError as exc:
+            raise UsageError(f"invalid verify outcome: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid verify outcome: {exc}") from None
 
@@ -153,4 +154,5 @@ class PlannedBackup:
 
     @classmethod
     def from_json(cls, doc: Any) -> PlannedBackup:
-        return cls(str(doc["backup"]), Selection.from_json(doc["selection"]), int(doc["chunks_total"]), int(doc["chunks_selected"]))
+        f = Fields(doc, "planned backup", ("backup", "selection", "chunks_total", "chunks_selected"))
+        return cls(f.text("backup"), Selection.from_json(doc["selection"]), f.count("chunks_total"), f.count("chunks_selected"))
