@@ -198,10 +198,13 @@ def test_backup_pipes_fails_when_a_process_holds_a_pipe_open_after_the_command_e
         if lingering.exists():
             os.kill(int(lingering.read_text()), signal.SIGKILL)
     assert result.code == 11, result.stderr
-    assert error_line(result) == (
-        "braid: error: the producer failed: sh exited with status 0, but a process it started still held pipe2 open 5 s later"
+    # The background process opens pipe2 before or after its shell exits, as the scheduler has it: either is this failure.
+    held = ("still held pipe2 open 5 s later", "opened pipe2 after it exited")
+    assert error_line(result) in [
+        f"braid: error: the producer failed: sh exited with status 0, but a process it started {how}"
         " (the stream must end with the producer: run the tool in the foreground) (nothing on stderr); nothing was published"
-    )
+        for how in held
+    ], error_line(result)
     assert braid(repo, private_tmp, "list", "--name", "held").out.strip() == "" or "held@" not in braid(repo, private_tmp, "list").out
     # A pipe whose writer closes within the grace, with bytes still to read, is no held pipe.
     ok = braid(repo, private_tmp, "backup", "--name", "ok", "--pipes", "2", "--", "sh", "-c", f"cat {source} > {{pipe1}} & cat {source} > {{pipe2}}; wait")
