@@ -44,6 +44,8 @@ def s3_operation(method: str, path: str, query: dict[str, list[str]], headers: d
         return "ListParts", key
     if method == "GET" and "uploads" in query:
         return "ListMultipartUploads", ""
+    if method == "GET" and "versions" in query and not key:
+        return "ListObjectVersions", ""
     if not key:
         if method == "GET" and not (set(query) - {"list-type", "prefix", "delimiter", "continuation-token", "max-keys", "encoding-type", "start-after", "fetch-owner"}):
             return "ListObjects", ""
