@@ -551,6 +551,7 @@ class Simulation:
     inline_items: int = 0  # of `items`, those the final round's inline Map ran (Task states of the execution, no Express child)
     inline_seconds: float = 0.0  # of `worker_seconds`, theirs
     containers: int = 0  # worker containers started (cold starts): the peak of items running at once
+    rounds: list[tuple[float, float]] = field(default_factory=list)  # each map round's (start, wall seconds) on the virtual clock
 
     @property
     def express_items(self) -> int:
@@ -560,6 +561,15 @@ class Simulation:
     @property
     def seconds_after_stream_end(self) -> float:
         return self.finished_at - self.stream_seconds
+
+    @property
+    def idle_after_stream_end(self) -> float:
+        """Seconds after stream end in which neither a map round nor Finalize ran: the planner's own turns (its calls,
+        the agent's wake, any Wait). What the planner controls of the tail; the rest is work the model prices."""
+        finalize = sum(i.seconds for i in self.by_function("finalize"))
+        end, until = self.stream_seconds, self.finished_at - finalize
+        busy = sum(max(0.0, min(start + wall, until) - max(start, end)) for start, wall in self.rounds)
+        return max(0.0, until - end - busy)
 
     def by_function(self, function: str) -> list[Invocation]:
         return [i for i in self.invocations if i.function == function]
@@ -735,6 +745,7 @@ def simulate(
         worker_seconds = 0.0
         map_seconds = 0.0
         worker_invocations: Counter[tuple[ItemShape, float]] = Counter()
+        rounds: list[tuple[float, float]] = []
         while True:
             cursor = previous.get("cursor") if previous else None
             status = invoke(
@@ -782,6 +793,7 @@ def simulate(
                 worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
                 warm=containers, now=clock.now, ended_at=agent.end_at,
             )
+            rounds.append((clock.now, duration))
             items_total += len(found)
             worker_seconds += billed
             inline_seconds += billed if status.inline_items else 0.0
@@ -808,7 +820,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
-            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers,
+            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers, rounds=rounds,
         )
 
 
