@@ -30,6 +30,7 @@ from braid.contract import (
 )
 from braid_infra.access import HostAccess
 from braid_infra.backup_schedules import BackupSchedules
+from braid_infra.copy_schedule import add_copy_schedule
 from braid_infra.functions import PipelineFunctions
 from braid_infra.keys import Keys
 from braid_infra.layer import BraidLayer
@@ -74,6 +75,7 @@ class BraidStack(Stack):
         worker_concurrency: int | None = None,
         object_lock: Any = None,
         verify_schedule: Any = None,
+        copy_to: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -107,6 +109,10 @@ class BraidStack(Stack):
             self, "Schedules", verify=self.functions["verify"], prune=self.prune.state_machine, repository_prefix=prefix, retention=retention
         )
         self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
+        # Before Monitoring: the copy function gets its Errors alarm with the others.
+        self.copy = add_copy_schedule(
+            self, value=copy_to, storage=self.storage, keys=self.keys, functions=self.functions, repository_prefix=prefix
+        )
         self.monitoring = Monitoring(
             self,
             "Monitoring",

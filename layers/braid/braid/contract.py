@@ -34,6 +34,19 @@ ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved con
 # MODE:DAYS of the stack's Object Lock (the same value as OUTPUT_OBJECT_LOCK); absent without one.
 ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
 ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenance starts the prune there
+# The scheduled copy (CDK context braid:copyTo): the second repository, s3://BUCKET[/PREFIX], and the
+# KMS key (ARN) its config.json names, which its copies' data keys are re-wrapped for.
+COPY_CONTEXT = "braid:copyTo"
+ENV_COPY_TO = "BRAID_COPY_TO"
+ENV_COPY_KMS_KEY = "BRAID_COPY_KMS_KEY"
+# The copy function's timeout (Lambda's most), and how long before it a run stops starting objects and
+# leaves the backup it was copying unpublished for the next run (braid.ops.copy_pending): time for the
+# objects in flight and the publishing of a backup whose objects are all there.
+COPY_TIMEOUT_SECONDS = 900
+COPY_STOP_SECONDS = 120
+# Up to DEFAULT_WORKERS stored objects in memory at once, each up to CHUNKS_PER_PACK chunks.
+COPY_MEMORY_MB = 3008
+DEFAULT_COPY_SCHEDULE = "rate(15 minutes)"  # a run stops by COPY_TIMEOUT - COPY_STOP seconds: runs do not overlap
 DEFAULT_EVENT_BUS = "default"
 # Ranged GETs a worker keeps in flight reading ahead of its codec (braid.pipeline.item_flow): enough to
 # feed the codec, with the packs' PUTs on the same NIC (figures: docs/design/2026-11-cloud-figures.md).
@@ -98,6 +111,8 @@ METRIC_VERIFY_FAILURES = "VerifyFailures"  # backups a verification found damage
 METRIC_BACKUP_PUBLISHED = "BackupPublished"
 DIMENSION_BACKUP_NAME = "backup_name"
 METRIC_BACKUPS_PRUNED = "BackupsPruned"
+METRIC_BACKUPS_COPIED = "BackupsCopied"  # the scheduled copy: backups published in the second repository
+METRIC_COPY_FAILURES = "CopyFailures"  # backups the scheduled copy could not copy (the copy function's Errors alarm fires too)
 METRIC_LEFTOVERS_COLLECTED = "LeftoversCollected"
 METRIC_PRUNE_FAILURES = "PruneFailures"  # map items that did not finish: their data waits for the next run
 METRIC_OLDEST_STAGING_HOURS = "OldestStagingHours"  # the scheduled maintenance: age of the oldest backup still in staging
