@@ -207,3 +207,89 @@ def test_a_second_repository_in_another_region_gets_the_data_key_by_encrypt_ther
     assert run["ok"] and run["copied"] == [str(ref)] and run["target"] == f"s3://{SECOND}/far"
     opened = open_backup(far_repo, ref, KmsKeyService(far, far_arn))
     assert opened.manifest.key.key_id == far_arn and opened.key.fingerprint == open_backup(cloud.source, ref, cloud.source_keys).key.fingerprint
+
+
+# -- the Copy role's policy allows every request a run makes (and no write to the source) -------------------
+
+PLACEHOLDER_KEY = "arn:aws:kms:us-east-1:123456789012:key/00000000-0000-4000-8000-000000000000"
+
+
+@pytest.fixture(scope="module")
+def copy_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The stack as `cdk deploy -c braid:copyTo=...` synthesizes it, the second repository named as in these tests."""
+    sys.path.insert(0, str(ROOT / "infra"))
+    import aws_cdk as cdk
+    from aws_cdk.assertions import Template
+
+    from braid_infra.stack import BraidStack
+    from support.moto_stack import cdk_context
+
+    app = cdk.App(context=cdk_context(), outdir=str(tmp_path_factory.mktemp("cdk.out")))
+    stack = BraidStack(app, "Braid", copy_to={"repo": f"s3://{SECOND}/dr", "kms_key": PLACEHOLDER_KEY})
+    app.synth()
+    template: dict[str, Any] = Template.from_stack(stack).to_json()
+    return template
+
+
+def test_the_copy_roles_policy_allows_every_request_of_a_run_and_no_write_to_the_source(cloud: Cloud, copy_template: dict[str, Any]) -> None:
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    from braid.adapters.aws import lambda_env
+    from support.emulated_iam import _Lenient, json_authorizations, s3_authorizations
+    from support.iam_policy import ALLOW, IMPLICIT, Request, evaluate
+    from support.moto_stack import data_key_id, resources_of
+
+    second_key = cloud.second_keys.key_id
+    template = json.loads(json.dumps(copy_template).replace(PLACEHOLDER_KEY, second_key))
+    (bucket_id,) = [lid for lid, r in resources_of(template, "AWS::S3::Bucket").items() if lid.startswith("StorageRepository")]
+    key_id = data_key_id(template)
+    (role_id,) = [lid for lid in resources_of(template, "AWS::IAM::Role") if lid.startswith("FunctionsCopyRole")]
+    role_arn = f"arn:aws:iam::123456789012:role/{role_id}"
+    render = _Lenient(
+        refs={bucket_id: SOURCE},
+        attributes={(bucket_id, "Arn"): f"arn:aws:s3:::{SOURCE}", (key_id, "Arn"): cloud.source_keys.key_id, (role_id, "Arn"): role_arn},
+    ).render
+    identity = [s for p in resources_of(template, "AWS::IAM::Policy").values() if {"Ref": role_id} in p["Properties"]["Roles"]
+                for s in render(p["Properties"]["PolicyDocument"])["Statement"]]
+    key_policy = render(template["Resources"][key_id]["Properties"]["KeyPolicy"])["Statement"]
+    (bucket_policy,) = [render(p["Properties"]["PolicyDocument"])["Statement"] for p in resources_of(template, "AWS::S3::BucketPolicy").values()
+                        if render(p["Properties"]["Bucket"]) == SOURCE]
+
+    asked: list[tuple[str, str, dict[str, Any]]] = []
+
+    def capture(request: Any, event_name: str, **_: Any) -> None:
+        service, operation = event_name.split(".")[1:3]
+        url = urlsplit(request.url)
+        if service == "s3":
+            host_bucket = url.hostname.split(".s3.")[0] if url.hostname and ".s3." in url.hostname else ""
+            path = f"/{host_bucket}{url.path}" if host_bucket else url.path
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            body = request.body if isinstance(request.body, bytes) else b""
+            asked.extend(s3_authorizations(request.method, path, parse_qs(url.query, keep_blank_values=True), headers, body))
+        else:
+            asked.extend(json_authorizations(service, operation, json.loads(request.body or b"{}"), None))  # type: ignore[arg-type]
+
+    for client in (lambda_env._s3(), lambda_env._kms()):
+        client.meta.events.register("request-created", capture)
+    refs = [backup(cloud, "pg", 0, chunks=3), backup(cloud, "pg", 1)]
+    cut = cloud.run(Clock(calls=2))
+    assert cut["interrupted"] == str(refs[0])
+    assert cloud.run()["copied"] == [str(r) for r in refs]
+
+    def decide(action: str, resource: str, context: dict[str, Any]) -> str:
+        request = Request(role_arn, action, resource, {"aws:SecureTransport": "true", **context})
+        if resource.startswith(f"arn:aws:s3:::{SOURCE}"):
+            return evaluate(request, identity, bucket_policy)
+        if resource == cloud.source_keys.key_id:
+            return evaluate(request, identity, key_policy, key_policy=True)
+        return evaluate(request, identity)  # the second bucket (same account) and key: the role's own policy
+
+    denied = [(a, r) for a, r, c in asked if decide(a, r, c) != ALLOW]
+    assert asked and denied == []
+    used = {a for a, _, _ in asked}
+    assert {"s3:GetObject", "s3:PutObject", "s3:ListBucket", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"} <= used
+    # What a run never needs, it may not do: write, delete or re-key the source.
+    for action, resource in [("s3:PutObject", f"arn:aws:s3:::{SOURCE}/data/pg/x"), ("s3:DeleteObject", f"arn:aws:s3:::{SOURCE}/manifests/pg/x"),
+                             ("s3:GetObject", f"arn:aws:s3:::{SECOND}/dr/data/pg/x"), ("s3:PutObject", f"arn:aws:s3:::{SECOND}/other/data/x")]:
+        assert decide(action, resource, {}) == IMPLICIT, (action, resource)
