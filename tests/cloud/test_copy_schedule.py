@@ -293,3 +293,25 @@ def test_the_copy_roles_policy_allows_every_request_of_a_run_and_no_write_to_the
     for action, resource in [("s3:PutObject", f"arn:aws:s3:::{SOURCE}/data/pg/x"), ("s3:DeleteObject", f"arn:aws:s3:::{SOURCE}/manifests/pg/x"),
                              ("s3:GetObject", f"arn:aws:s3:::{SECOND}/dr/data/pg/x"), ("s3:PutObject", f"arn:aws:s3:::{SECOND}/other/data/x")]:
         assert decide(action, resource, {}) == IMPLICIT, (action, resource)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error", "message"),
+    [
+        (contract.ENV_COPY_TO, f"s3://{SECOND}/nothing-here", "RepositoryError", f"no Braid repository at s3://{SECOND}/nothing-here"),
+        (contract.ENV_COPY_TO, None, "UsageError", f"the function's environment lacks {contract.ENV_COPY_TO}; deploy it with the Braid stack"),
+        (contract.ENV_COPY_KMS_KEY, None, "UsageError", f"the function's environment lacks {contract.ENV_COPY_KMS_KEY}"),
+    ],
+)
+def test_a_second_repository_that_is_not_there_or_not_configured_fails_the_run_naming_it(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, setting: str, value: str | None, error: str, message: str
+) -> None:
+    ref = backup(cloud, "pg", 0)
+    if value is None:
+        monkeypatch.delenv(setting)
+    else:
+        monkeypatch.setenv(setting, value)
+    with pytest.raises(BackupError) as failed:
+        cloud.run()
+    assert type(failed.value).__name__ == error and message in str(failed.value), failed.value
+    assert list(cloud.second.store.list(data_prefix(ref))) == []
