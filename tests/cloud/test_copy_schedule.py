@@ -289,6 +289,12 @@ def test_the_copy_roles_policy_allows_every_request_of_a_run_and_no_write_to_the
     assert asked and denied == []
     used = {a for a, _, _ in asked}
     assert {"s3:GetObject", "s3:PutObject", "s3:ListBucket", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"} <= used
+    # A run with nothing to copy (every 15 minutes) reads the two configs and lists the two repositories' manifests: no KMS request.
+    asked.clear()
+    assert cloud.run()["pending"] == 0
+    assert sorted((a, r.split(":::")[1]) for a, r, _ in asked) == [
+        ("s3:GetObject", f"{SECOND}/dr/config.json"), ("s3:GetObject", f"{SOURCE}/config.json"), ("s3:ListBucket", SECOND), ("s3:ListBucket", SOURCE)
+    ]
     # What a run never needs, it may not do: write, delete or re-key the source.
     for action, resource in [("s3:PutObject", f"arn:aws:s3:::{SOURCE}/data/pg/x"), ("s3:DeleteObject", f"arn:aws:s3:::{SOURCE}/manifests/pg/x"),
                              ("s3:GetObject", f"arn:aws:s3:::{SECOND}/dr/data/pg/x"), ("s3:PutObject", f"arn:aws:s3:::{SECOND}/other/data/x")]:
