@@ -18,6 +18,7 @@ from braid.contract import (
     OUTPUT_AGENT_POLICY,
     OUTPUT_AGENT_ROLE,
     OUTPUT_BUCKET,
+    OUTPUT_COPY_ROLE,
     OUTPUT_KEY,
     OUTPUT_OBJECT_LOCK,
     OUTPUT_OPERATOR_ROLE,
@@ -152,6 +153,11 @@ class BraidStack(Stack):
             description="Instance profile for EC2 restore hosts (the restore role)",
         )
         CfnOutput(self, OUTPUT_OPERATOR_ROLE, value=self.operator.role.role_arn, description="Role an operator assumes for braid init and rekey")
+        if self.copy is not None:
+            CfnOutput(
+                self, OUTPUT_COPY_ROLE, value=self.copy.role.role_arn,
+                description="The scheduled copy's role: grant it in the second repository's key policy (and bucket policy, in another account)",
+            )
         if lock is not None:
             CfnOutput(self, OUTPUT_OBJECT_LOCK, value=str(lock), description="Object Lock retention of chunks and manifests (MODE:DAYS)")
         suppress_findings(self)

@@ -106,6 +106,8 @@ def test_the_schedule_runs_the_copy_function_with_the_second_repository_in_its_e
     assert json.loads(target["Input"]) == {"prefix": ""} and function_id in json.dumps(target["Arn"])
     (invoke_config,) = of_type(template, "AWS::Lambda::EventInvokeConfig").values()
     assert invoke_config["Properties"]["MaximumRetryAttempts"] == 0  # the next scheduled run is the retry: never two at once
+    (role_id,) = of_type(template, "AWS::IAM::Role", "FunctionsCopyRole")
+    assert template["Outputs"][contract.OUTPUT_COPY_ROLE]["Value"] == {"Fn::GetAtt": [role_id, "Arn"]}  # what the second key's policy names
     alarms = [a for a in of_type(template, "AWS::CloudWatch::Alarm").values() if function_id in json.dumps(a["Properties"].get("Dimensions"))]
     assert len(alarms) == 1 and alarms[0]["Properties"]["MetricName"] == "Errors"  # a run that could not copy a backup
 

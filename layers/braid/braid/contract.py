@@ -24,6 +24,7 @@ OUTPUT_OPERATOR_ROLE = "OperatorRoleArn"  # the role an operator assumes for `br
 # `braid init --stack` copies it into config.json: the hosts' writers and prune read it there.
 OUTPUT_OBJECT_LOCK = "ObjectLock"
 OUTPUT_PRUNE_STATE_MACHINE = "PruneStateMachineArn"
+OUTPUT_COPY_ROLE = "CopyRoleArn"  # with braid:copyTo: the role the second repository's key (and bucket) policy must name
 
 # -- the pipeline functions' environment --------------------------------------
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
