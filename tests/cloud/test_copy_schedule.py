@@ -321,3 +321,40 @@ def test_a_second_repository_that_is_not_there_or_not_configured_fails_the_run_n
         cloud.run()
     assert type(failed.value).__name__ == error and message in str(failed.value), failed.value
     assert list(cloud.second.store.list(data_prefix(ref))) == []
+
+
+def test_a_backup_that_could_not_be_published_holds_its_names_later_ones_for_the_next_run(cloud: Cloud) -> None:
+    """A failure a rerun can get past (here the second bucket refuses one manifest): the name's later backups wait, so
+    none is skipped over by "newer than the newest copy"; other names go on. The next run copies them in order."""
+    from botocore.exceptions import ClientError
+
+    from braid.adapters.aws import lambda_env
+
+    refused, later, other = backup(cloud, "pg", 0), backup(cloud, "pg", 1), backup(cloud, "db2", 2)
+    manifest = f"dr/{manifest_key(refused)}"
+
+    def deny(params: dict[str, Any], **_: Any) -> None:
+        if SECOND in params.get("url", "") and params.get("url", "").endswith(manifest):  # the serialized request
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "PutObject")
+
+    lambda_env._s3().meta.events.register("before-call.s3.PutObject", deny)
+    try:
+        with pytest.raises(BackupError) as failed:
+            cloud.run()
+    finally:
+        lambda_env._s3().meta.events.unregister("before-call.s3.PutObject", deny)
+    message = str(failed.value)
+    assert type(failed.value).__name__ == "CopyFailedError" and message.startswith(f"1 backup(s) not copied to s3://{SECOND}/dr: {refused}: ")
+    assert "access denied" in message.lower(), message
+    assert cloud.second.backups() == [other]  # pg's later backup waited
+
+    again = cloud.run()
+    assert again["ok"] and again["copied"] == [str(refused), str(later)]
+
+
+def test_the_stacks_own_repository_as_the_second_one_is_refused(cloud: Cloud, monkeypatch: pytest.MonkeyPatch) -> None:
+    backup(cloud, "pg", 0)
+    monkeypatch.setenv(contract.ENV_COPY_TO, f"s3://{SOURCE}")
+    monkeypatch.setenv(contract.ENV_COPY_KMS_KEY, cloud.source_keys.key_id)
+    with pytest.raises(UsageError, match=rf"^s3://{SOURCE} is the source repository itself \(id {cloud.source.config.id}\): copy to another repository$"):
+        cloud.run()
