@@ -1,0 +1,362 @@
+"""The `in-place` rebuild of a PostgreSQL chain: each link's tar applied, in order, onto one tree.
+
+`restore NAME@ID --pgdata DIR` of an incremental (braid.cli.commands.
+restore_chain) streams every link, oldest first, through an `ApplyTarget`
+onto WORK/tree, a private directory beside DIR; then `finish_tree` and
+`move_into` make it DIR. What a link does to the tree is what
+pg_combinebackup makes of the same chain (src/bin/pg_combinebackup):
+
+- a regular file replaces the tree's (written by braid.ops.pgdata's
+  parallel writers);
+- `INCREMENTAL.<name>` under base/, global or pg_tblspc/ (braid.ops.
+  pg_incremental reads it) truncates `<name>` to its truncation_block_length
+  blocks and writes its blocks in place: only the changed blocks are written;
+- whatever the tree holds that the link's tar does not (its files and
+  directories, INCREMENTAL.<name> counting as <name>) is removed;
+- backup_label and backup_manifest are read, not written: each label must
+  follow its parent's (`check_link`), each manifest and global/pg_control
+  name the full's system identifier; at the end backup_label is the newest
+  link's without its INCREMENTAL FROM lines, as pg_combinebackup writes it;
+- pg_wal comes from the newest link (the older links' WAL is not written).
+
+Unlike pg_combinebackup, no backup_manifest is written into DIR: it would
+need a checksum of every rebuilt file (reading them all again), and
+PostgreSQL never reads it to start. Nothing is synced until the tree is
+whole: then one syncfs(2) and an fsync per directory, and DIR appears by
+one rename (an empty existing DIR is replaced; a mount point gets the
+entries one by one, global/ last, so a half-moved DIR has no pg_control).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from braid.errors import InputError, IntegrityError
+from braid.format.tar_stream import DIRECTORY, REGULAR, MemberConsumer, TarFormatError, TarMember
+from braid.ops.pg_incremental import (
+    BLCKSZ,
+    FIXED_HEADER,
+    BackupLabel,
+    ChainMismatchError,
+    IncrementalFileError,
+    IncrementalHeader,
+    check_link,
+    parse_fixed,
+    parse_header,
+    parse_label,
+    strip_incremental_lines,
+)
+from braid.ops.pgdata import TarExtract, sync_filesystem
+from braid.ops.restore_output import Output, OutputTarget
+
+__all__ = ["ApplyTarget", "ChainState", "finish_tree", "move_into"]
+
+_PREFIX = "INCREMENTAL."
+_METADATA = ("backup_label", "backup_manifest")
+_MAX_METADATA = 1 << 30
+
+
+@dataclass
+class ChainState:
+    """What the links applied so far established: the previous label, the system identifier, the newest label."""
+
+    links: int
+    labels: list[BackupLabel] = field(default_factory=list)
+    system_identifier: int | None = None
+
+
+@dataclass(frozen=True)
+class ApplyTarget(OutputTarget):
+    """Link `position` of `state.links` applied onto the tree at `path` (created by link 0; it must not exist before)."""
+
+    position: int = 0
+    backup: str = ""
+    state: ChainState = field(default_factory=lambda: ChainState(1))
+    writers: int = 2
+
+    def check(self, force: bool) -> None:
+        return None  # the tree is Braid's own private directory (braid.ops.chain_restore.ChainWork)
+
+    @property
+    def partial_path(self) -> str | None:
+        return None
+
+    @property
+    def ends_soon(self) -> bool:
+        return True
+
+    def open(self, *, timeout: float = 0.0, note: Callable[[], None] | None = None, cancelled: threading.Event | None = None) -> Output | None:
+        assert self.path is not None
+        return ApplyLink(self)
+
+
+def _incremental_dir(relative_dir: str) -> bool:
+    """Where pg_combinebackup looks for INCREMENTAL files (elsewhere such a name is an ordinary file)."""
+    return relative_dir.startswith(("base/", "pg_tblspc/")) or relative_dir == "global"
+
+
+class _Capture:
+    """A small member kept in memory (backup_label, backup_manifest)."""
+
+    def __init__(self, name: str, done: Callable[[bytes], None]) -> None:
+        self.name, self.done, self.data = name, done, bytearray()
+
+    def write(self, data: memoryview) -> None:
+        if len(self.data) + len(data) > _MAX_METADATA:
+            raise IntegrityError(f"the backup's {self.name} is larger than {_MAX_METADATA} bytes; it is not PostgreSQL's")
+        self.data += data
+
+    def close(self) -> None:
+        self.done(bytes(self.data))
+
+
+class _Discard:
+    def write(self, data: memoryview) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class _Patch:
+    """An INCREMENTAL.<name> member applied onto <name>: truncate to its truncation length, then its blocks in place."""
+
+    def __init__(self, path: str, member: TarMember, where: str) -> None:
+        self.path, self.member, self.where = path, member, where
+        self.head = bytearray()
+        self.parsed: IncrementalHeader | None = None
+        self.header: IncrementalHeader | None = None  # set once the target was truncated
+        self.consumed = 0
+        self.fd: int | None = None
+
+    def write(self, data: memoryview) -> None:
+        view = data
+        if self.header is None:
+            view = self._read_header(view)
+            if self.header is None:
+                return
+        header, fd = self.header, self.fd
+        assert fd is not None
+        while len(view):
+            index, inner = divmod(self.consumed - header.length, BLCKSZ)
+            take = min(len(view), BLCKSZ - inner)
+            written = os.pwrite(fd, view[:take], header.blocks[index] * BLCKSZ + inner)
+            view = view[written:]
+            self.consumed += written
+
+    def _read_header(self, view: memoryview) -> memoryview:
+        """Take the header (and its padding) from `view`; once whole, truncate the target and return the rest."""
+        while self.header is None:
+            need = FIXED_HEADER if len(self.head) < FIXED_HEADER else FIXED_HEADER + 4 * parse_fixed(self.head, self.where)[0]
+            if len(self.head) < need:
+                if not len(view):
+                    return view
+                take = min(len(view), need - len(self.head))
+                self.head += view[:take]
+                view, self.consumed = view[take:], self.consumed + take
+                continue
+            if self.parsed is None:
+                self.parsed = parse_header(self.head, self.where, self.member.size)
+            skip = min(len(view), self.parsed.length - self.consumed)  # the padding up to the first block
+            view, self.consumed = view[skip:], self.consumed + skip
+            if self.consumed < self.parsed.length:
+                return view
+            self._start(self.parsed)
+        return view
+
+    def _start(self, header: IncrementalHeader) -> None:
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            raise ChainMismatchError(f"{self.where} changes a file its parent does not have: the chain is not PostgreSQL's") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise ChainMismatchError(f"{self.where} changes {self.path}, which its parent has as no regular file")
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        os.ftruncate(self.fd, header.truncation_block_length * BLCKSZ)
+        self.header = header
+
+    def close(self) -> None:
+        if self.header is None:  # the member ended inside the header (or its padding)
+            parse_fixed(self.head, self.where)  # shorter than 12 bytes
+            parse_header(self.head, self.where, self.member.size)
+            raise IncrementalFileError(f"{self.where} is truncated: {self.member.size} bytes, shorter than its header")
+        if self.fd is not None:  # its length is now header.block_length blocks: truncated, then the blocks written
+            os.close(self.fd)
+            self.fd = None
+
+
+class ApplyLink(TarExtract):
+    """One link's tar onto the tree (the module docstring says what each member does)."""
+
+    def __init__(self, target: ApplyTarget) -> None:
+        assert target.path is not None
+        super().__init__(target.label, target.path, target.writers)
+        self.target = target
+        self.where = f"link {target.position} ({target.backup})"
+        self.seen: set[str] = set()
+        self.manifest: bytes | None = None
+        self.patches: list[_Patch] = []
+
+    def _member(self, member: TarMember) -> MemberConsumer | None:
+        path = self._path(member.name)
+        relative = os.path.relpath(path, self.root)
+        directory, base = os.path.split(relative)
+        if member.kind == DIRECTORY:
+            self.seen.add(relative)
+            return super()._member(member)
+        if member.kind == REGULAR and base.startswith(_PREFIX) and _incremental_dir(directory):
+            if self.target.position == 0:
+                raise ChainMismatchError(f"{self.where}, the chain's full, holds the incremental file {relative}")
+            real = os.path.join(directory, base[len(_PREFIX):])
+            self.seen.add(real)
+            patch = _Patch(os.path.join(self.root, real), member, f"{relative} of {self.where}")
+            self.patches.append(patch)
+            return patch
+        self.seen.add(relative)
+        if relative in _METADATA:
+            return _Capture(relative, self._label if relative == "backup_label" else self._manifest)
+        if relative.startswith("pg_wal/") and member.kind == REGULAR and self.target.position < self.target.state.links - 1:
+            return _Discard()  # only the newest link's WAL is kept
+        if os.path.lexists(path):
+            _remove(path)
+        return super()._member(member)
+
+    def _label(self, text: bytes) -> None:
+        state = self.target.state
+        label = parse_label(text, self.where)
+        check_link(self.target.position, label, state.labels[-1] if state.labels else None, self.where)
+        state.labels.append(label)
+
+    def _manifest(self, text: bytes) -> None:
+        self.manifest = text
+
+    def finish(self) -> None:
+        try:
+            self.parser.end()
+        except TarFormatError as exc:
+            raise IntegrityError(f"the tar stream of {self.where} is incomplete ({exc})") from None
+        if not self.parser.ended:
+            raise IntegrityError(f"the tar stream of {self.where} has no end-of-archive blocks")
+        self.pool.shutdown()
+        state = self.target.state
+        if len(state.labels) != self.target.position + 1:
+            raise ChainMismatchError(f"{self.where} has no backup_label: not a pg_basebackup -Ft stream")
+        self._check_system()
+        try:
+            _remove_absent(self.root, self.seen)
+        except OSError as exc:
+            raise InputError(f"error writing the chain's work directory {self.root}: {exc.strerror or exc}") from None
+
+    def _check_system(self) -> None:
+        state = self.target.state
+        found: list[tuple[str, int]] = []
+        try:
+            with open(os.path.join(self.root, "global", "pg_control"), "rb") as handle:
+                head = handle.read(8)
+            if len(head) == 8:
+                found.append(("global/pg_control", struct.unpack("=Q", head)[0]))
+        except FileNotFoundError:
+            raise ChainMismatchError(f"{self.where} has no global/pg_control: not a PostgreSQL data directory") from None
+        if self.manifest is not None:
+            try:
+                value = json.loads(self.manifest).get("System-Identifier")
+            except (ValueError, AttributeError):
+                raise ChainMismatchError(f"the backup_manifest of {self.where} is not PostgreSQL's JSON") from None
+            if isinstance(value, int):
+                found.append(("backup_manifest", value))
+        for source, value in found:
+            if state.system_identifier is None:
+                state.system_identifier = value
+            elif value != state.system_identifier:
+                raise ChainMismatchError(
+                    f"{self.where}: its {source} names system identifier {value}, but the chain's full has {state.system_identifier}: another cluster"
+                )
+
+    def discard(self) -> None:
+        """A failed link: close what is open; the whole work directory is removed by the caller."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        fds = [handle.fd for handle in self.open_files] + [patch.fd for patch in self.patches]
+        for fd in fds:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.open_files, self.patches = [], []
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def _remove_absent(root: str, seen: set[str]) -> None:
+    """Remove from the tree what the link's tar did not name (a directory named by a path under it stays)."""
+    keep = set(seen)
+    for name in seen:
+        parent = os.path.dirname(name)
+        while parent and parent not in keep:
+            keep.add(parent)
+            parent = os.path.dirname(parent)
+    for current, dirs, files in os.walk(root):
+        relative = os.path.relpath(current, root)
+        for name in list(dirs):
+            child = name if relative == "." else f"{relative}/{name}"
+            if child not in keep:
+                _remove(os.path.join(current, name))
+                dirs.remove(name)
+        for name in files:
+            child = name if relative == "." else f"{relative}/{name}"
+            if child not in keep:
+                os.unlink(os.path.join(current, name))
+
+
+def finish_tree(root: str, state: ChainState) -> None:
+    """The rebuilt tree made whole and durable: the newest backup_label without INCREMENTAL FROM, then one sync."""
+    label = strip_incremental_lines(state.labels[-1].text)
+    try:
+        fd = os.open(os.path.join(root, "backup_label"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, label)
+        finally:
+            os.close(fd)
+        sync_filesystem(root)
+        for current, _, _ in os.walk(root):
+            _fsync_dir(current)
+    except OSError as exc:
+        raise InputError(f"error writing the chain's work directory {root}: {exc.strerror or exc}") from None
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def move_into(tree: str, directory: str) -> None:
+    """Make the whole tree DIR: one rename (DIR absent or empty); for a DIR that cannot be replaced (a mount point),
+    its entries one by one with global/ (pg_control) last, so DIR never looks complete before it is."""
+    try:
+        os.rename(tree, directory)
+    except OSError as exc:
+        if not os.path.isdir(directory) or os.listdir(directory):
+            raise InputError(f"cannot move the rebuilt data directory into --pgdata {directory}: {exc.strerror or exc}") from None
+        try:
+            for name in sorted(os.listdir(tree), key=lambda entry: (entry == "global", entry)):
+                os.rename(os.path.join(tree, name), os.path.join(directory, name))
+            os.chmod(directory, 0o700)
+        except OSError as inner:
+            raise InputError(f"cannot move the rebuilt data directory into --pgdata {directory}: {inner.strerror or inner}") from None
+    _fsync_dir(directory)
+    _fsync_dir(os.path.dirname(os.path.abspath(directory)))
