@@ -93,18 +93,21 @@ def _good_links() -> list[list[tuple[str, bytes | None]]]:
         ("base/5/16384", _block(1) + _block(2) + _block(3)),
         ("base/5/16385", _block(9)),  # dropped before the first incremental
         ("base/5/16386", _block(4) + _block(5)),
+        ("base/5/16388_fsm", _block(30) + _block(31)),  # sent whole by every link, its size changing
         ("PG_VERSION", b"18\n"),
     ], b"w0" * 4096)
     first = _link(_label("0/4000028", "0/2000028"), [
         ("base/5/INCREMENTAL.16384", incremental({1: _block(11), 3: _block(13)}, truncation=2)),  # block 2 truncated away
         ("base/5/INCREMENTAL.16386", incremental({}, truncation=2)),  # unchanged
         ("base/5/16387", _block(7)),  # a new relation, sent whole
+        ("base/5/16388_fsm", _block(32)),
         ("PG_VERSION", b"18\n"),
     ], b"w1" * 4096)
     second = _link(_label("0/6000028", "0/4000028"), [
         ("base/5/INCREMENTAL.16384", incremental({0: _block(20)}, truncation=4)),
         ("base/5/INCREMENTAL.16386", incremental({}, truncation=1)),  # truncated to one block
         ("base/5/INCREMENTAL.16387", incremental({2: _block(22)}, truncation=1)),
+        ("base/5/16388_fsm", _block(33) + _block(34) + _block(35)),
         ("PG_VERSION", b"18\n"),
     ], b"w2" * 4096)
     return [full, first, second]
@@ -118,6 +121,7 @@ def test_in_place_applies_every_link_in_order(repo: Path, tmp_path: Path) -> Non
     assert (target / "base/5/16384").read_bytes() == _block(20) + _block(11) + bytes(BLCKSZ) + _block(13)
     assert (target / "base/5/16386").read_bytes() == _block(4)
     assert (target / "base/5/16387").read_bytes() == _block(7) + bytes(BLCKSZ) + _block(22)
+    assert (target / "base/5/16388_fsm").read_bytes() == _block(33) + _block(34) + _block(35)
     assert not (target / "base/5/16385").exists() and not list(target.rglob("INCREMENTAL.*"))
     assert (target / "pg_wal/000000010000000000000002").read_bytes() == b"w2" * 4096
     assert (target / "backup_label").read_bytes() == _label("0/6000028", None)  # without INCREMENTAL FROM, as pg_combinebackup
@@ -127,6 +131,7 @@ def test_in_place_applies_every_link_in_order(repo: Path, tmp_path: Path) -> Non
     assert run_braid("restore", "--repo", str(repo), refs[1], "--pgdata", str(middle), "--rebuild", "in-place").code == 0
     assert (middle / "base/5/16384").read_bytes() == _block(1) + _block(11) + bytes(BLCKSZ) + _block(13)
     assert (middle / "pg_wal/000000010000000000000002").read_bytes() == b"w1" * 4096
+    assert (middle / "base/5/16388_fsm").read_bytes() == _block(32)
 
 
 def test_in_place_replaces_an_empty_existing_dir(repo: Path, tmp_path: Path) -> None:

@@ -9,6 +9,8 @@ checkpoint, and `braid backup --incremental -- pg_basebackup ...
 
 - the first incremental's stored bytes over the full's (issue: <= 10%);
 - the week: the full and its incrementals' stored bytes against --days fulls;
+- MariaDB 10.11 (scripts/bench_lib/maria_incremental.py, --maria-rows):
+  an incremental after 1% of the rows changed over the full (issue: <= 15%);
 - rebuild: `restore --pgdata` of the full plus 6 incrementals over that of
   the full alone (issue: <= 1.5x) with `--rebuild in-place` (the default),
   the rebuilt cluster's data checked; and with `--rebuild pg_combinebackup`,
@@ -30,10 +32,11 @@ import time
 from pathlib import Path
 
 from bench_lib.context import Context, add_option_once
+from bench_lib.maria_incremental import measure as measure_maria
 from bench_lib.report import Section, Table
 
 NAME = "incremental"
-HELP = "PostgreSQL 18 incrementals: stored bytes vs the full, a week vs 7 fulls, chain rebuild time vs the full's (needs root)"
+HELP = "PostgreSQL 18 incrementals: stored bytes vs the full, a week vs 7 fulls, chain rebuild time vs the full's; MariaDB incremental vs full (needs root)"
 ORDER = 70
 IN_ALL = False
 PORT = 55491
@@ -42,6 +45,7 @@ PORT = 55491
 def add_arguments(parser) -> None:
     add_option_once(parser, "--pg-scale", type=int, default=50, help="incremental: pgbench scale (default 50, ~750 MB)")
     add_option_once(parser, "--days", type=int, default=7, help="incremental: incrementals after the full (default 7)")
+    add_option_once(parser, "--maria-rows", type=int, default=2_000_000, help="incremental: rows of the MariaDB table (default 2,000,000, ~0.5 GB; 0: no MariaDB)")
 
 
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -163,5 +167,7 @@ def run(ctx: Context) -> Section:
     })
     section.notes.append(f"issue targets: first incremental <= 0.10 of the full (got {first_ratio:.4f}); rebuild <= 1.5x the full's restore (in-place: got {rebuild:.3f}x; pg_combinebackup: {combine_restore / full_restore:.3f}x)")
     section.notes.append("pgBackRest 2.45 on PostgreSQL 15 (file-level incrementals) was not measured in this run")
+    if ctx.args.maria_rows > 0:
+        measure_maria(work, braid, ctx.args.maria_rows, ctx.log, section)
     print(f"[bench] incremental: {section.facts}", file=sys.stderr)
     return section
