@@ -32,14 +32,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import stat
 import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from braid.errors import InputError, IntegrityError
-from braid.format.tar_stream import DIRECTORY, REGULAR, MemberConsumer, TarFormatError, TarMember
+from braid.format.tar_stream import DIRECTORY, HARDLINK, REGULAR, MemberConsumer, TarFormatError, TarMember
 from braid.ops.pg_incremental import (
     BLCKSZ,
     FIXED_HEADER,
@@ -71,6 +70,7 @@ class ChainState:
     labels: list[BackupLabel] = field(default_factory=list)
     system_identifier: int | None = None
     symlinks: set[str] = field(default_factory=set)  # made by any link: no later member is written through one
+    sizes: dict[str, int] = field(default_factory=dict)  # the tree's regular files (one name each) and their lengths
 
 
 @dataclass(frozen=True)
@@ -129,8 +129,10 @@ class _Discard:
 class _Patch:
     """An INCREMENTAL.<name> member applied onto <name>: truncate to its truncation length, then its blocks in place."""
 
-    def __init__(self, path: str, member: TarMember, where: str) -> None:
+    def __init__(self, path: str, member: TarMember, where: str, sizes: dict[str, int], relative: str) -> None:
         self.path, self.member, self.where = path, member, where
+        self.sizes, self.relative = sizes, relative
+        self.ends: list[int] = []  # for each block, the index of the last one of its run of consecutive numbers
         self.head = bytearray()
         self.parsed: IncrementalHeader | None = None
         self.header: IncrementalHeader | None = None  # set once the target was truncated
@@ -147,7 +149,7 @@ class _Patch:
         while len(view):
             assert fd is not None  # blocks follow the header only when it has some
             index, inner = divmod(self.consumed - header.length, BLCKSZ)
-            take = min(len(view), BLCKSZ - inner)
+            take = min(len(view), (self.ends[index] - index + 1) * BLCKSZ - inner)  # one write per run of blocks
             written = os.pwrite(fd, view[:take], header.blocks[index] * BLCKSZ + inner)
             view = view[written:]
             self.consumed += written
@@ -173,18 +175,20 @@ class _Patch:
         return view
 
     def _start(self, header: IncrementalHeader) -> None:
-        try:
-            info = os.lstat(self.path)
-        except FileNotFoundError:
-            raise ChainMismatchError(f"{self.where} changes a file its parent does not have: the chain is not PostgreSQL's") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise ChainMismatchError(f"{self.where} changes {self.path}, which its parent has as no regular file")
+        size = self.sizes.get(self.relative)
+        if size is None:
+            raise ChainMismatchError(f"{self.where} changes a file its parent does not have as a regular file: the chain is not PostgreSQL's")
         self.header = header
+        self.sizes[self.relative] = header.block_length * BLCKSZ
         length = header.truncation_block_length * BLCKSZ
-        if not header.blocks and info.st_size == length:
+        if not header.blocks and size == length:
             return  # unchanged: most of a chain's INCREMENTAL files (nothing opened, no metadata written)
+        self.ends = list(range(len(header.blocks)))
+        for index in range(len(header.blocks) - 2, -1, -1):
+            if header.blocks[index + 1] == header.blocks[index] + 1:
+                self.ends[index] = self.ends[index + 1]
         self.fd = os.open(self.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        if info.st_size != length:
+        if size != length:
             os.ftruncate(self.fd, length)  # blocks past it are gone (zeros if the blocks below re-extend the file)
 
     def close(self) -> None:
@@ -222,19 +226,31 @@ class ApplyLink(TarExtract):
         self.manifest: bytes | None = None
         self.patches: list[_Patch] = []
 
+    def _relative(self, name: str) -> str:
+        """The member's path in the tree, checked as braid.ops.pgdata checks it (inside, never through a link's symlink)."""
+        parts = [p for p in name.split("/") if p not in ("", ".")]
+        if not parts or name.startswith("/") or ".." in parts:
+            raise IntegrityError(f"the backup's tar names {name!r}, which is not a path inside the data directory; nothing is extracted there")
+        if self.symlinks:
+            for depth in range(1, len(parts)):
+                if "/".join(parts[:depth]) in self.symlinks:
+                    raise IntegrityError(f"the backup's tar names {name!r}, which leads through a symlink it made")
+        return "/".join(parts)
+
     def _member(self, member: TarMember) -> MemberConsumer | None:
-        path = self._path(member.name)
-        relative = os.path.relpath(path, self.root)
-        directory, base = os.path.split(relative)
+        relative = self._relative(member.name)
+        path = f"{self.root}/{relative}"
+        directory, _, base = relative.rpartition("/")
+        sizes = self.target.state.sizes
         if member.kind == DIRECTORY:
             self.seen.add(relative)
             return super()._member(member)
         if member.kind == REGULAR and base.startswith(_PREFIX) and _incremental_dir(directory):
             if self.target.position == 0:
                 raise ChainMismatchError(f"{self.where}, the chain's full, holds the incremental file {relative}")
-            real = os.path.join(directory, base[len(_PREFIX):])
+            real = f"{directory}/{base[len(_PREFIX):]}"
             self.seen.add(real)
-            patch = _Patch(os.path.join(self.root, real), member, f"{relative} of {self.where}")
+            patch = _Patch(f"{self.root}/{real}", member, f"{relative} of {self.where}", sizes, real)
             self.patches.append(patch)
             return patch
         self.seen.add(relative)
@@ -242,18 +258,18 @@ class ApplyLink(TarExtract):
             return _Capture(relative, self._label if relative == "backup_label" else self._manifest)
         if relative.startswith("pg_wal/") and member.kind == REGULAR and self.target.position < self.target.state.links - 1:
             return _Discard()  # only the newest link's WAL is kept
-        if self.target.position == 0:
-            return super()._member(member)
-        try:
-            info: os.stat_result | None = os.lstat(path)
-        except FileNotFoundError:
-            info = None
-        if member.kind == REGULAR and info is not None and stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
+        if member.kind == REGULAR and relative in sizes:
+            sizes[relative] = member.size
             handle = _Overwrite(self, path, member)  # rewriting the file costs a tenth of replacing it (measured)
             self.open_files.append(handle)
             return handle
-        if info is not None:
+        sizes.pop(relative, None)
+        if self.target.position > 0 and os.path.lexists(path):
             _remove(path)
+        if member.kind == REGULAR:
+            sizes[relative] = member.size
+        elif member.kind == HARDLINK:  # two names for one file: neither is rewritten in place later
+            sizes.pop(self._relative(member.linkname), None)
         return super()._member(member)
 
     def _label(self, text: bytes) -> None:
@@ -278,7 +294,7 @@ class ApplyLink(TarExtract):
             raise ChainMismatchError(f"{self.where} has no backup_label: not a pg_basebackup -Ft stream")
         self._check_system()
         try:
-            _remove_absent(self.root, self.seen)
+            _remove_absent(self.root, self.seen, state.sizes)
         except OSError as exc:
             raise InputError(f"error writing the chain's work directory {self.root}: {exc.strerror or exc}") from None
 
@@ -327,7 +343,7 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-def _remove_absent(root: str, seen: set[str]) -> None:
+def _remove_absent(root: str, seen: set[str], sizes: dict[str, int]) -> None:
     """Remove from the tree what the link's tar did not name (a directory named by a path under it stays)."""
     keep = set(seen)
     for name in seen:
@@ -342,10 +358,13 @@ def _remove_absent(root: str, seen: set[str]) -> None:
             if child not in keep:
                 _remove(os.path.join(current, name))
                 dirs.remove(name)
+                for gone in [known for known in sizes if known.startswith(child + "/")]:
+                    del sizes[gone]
         for name in files:
             child = name if relative == "." else f"{relative}/{name}"
             if child not in keep:
                 os.unlink(os.path.join(current, name))
+                sizes.pop(child, None)
 
 
 def finish_tree(root: str, state: ChainState) -> None:
