@@ -201,6 +201,28 @@ class _Patch:
             self.fd = None
 
 
+class _Unchanged:
+    """An INCREMENTAL file of no blocks (12 bytes; most of a chain's): only its truncation length, set if it differs."""
+
+    def __init__(self, patch: _Patch) -> None:
+        self.patch, self.data = patch, b""
+
+    def write(self, data: memoryview) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        patch = self.patch
+        count, truncation = parse_fixed(self.data, patch.where)
+        header = parse_header(self.data, patch.where, len(self.data)) if count else IncrementalHeader((), truncation, FIXED_HEADER)
+        size = patch.sizes.get(patch.relative)
+        if size == truncation * BLCKSZ:
+            return
+        patch.head = bytearray(self.data)
+        patch.parsed = header
+        patch._start(header)
+        patch.close()
+
+
 class _Overwrite(_File):
     """A whole file over the tree's file of that name: written in place, cut or extended to its new size first."""
 
@@ -252,7 +274,7 @@ class ApplyLink(TarExtract):
             self.seen.add(real)
             patch = _Patch(f"{self.root}/{real}", member, f"{relative} of {self.where}", sizes, real)
             self.patches.append(patch)
-            return patch
+            return _Unchanged(patch) if member.size == FIXED_HEADER else patch
         self.seen.add(relative)
         if relative in _METADATA:
             return _Capture(relative, self._label if relative == "backup_label" else self._manifest)
