@@ -4,7 +4,8 @@ MariaDB 10.11 (Debian's mariadbd and mariadb-backup), run as the mysql user:
 a table of --maria-rows rows (id, v, 200 characters of MD5 hex: compresses
 about 2:1, not to nothing), `braid backup -- mariadb-backup --backup
 --stream=xbstream`, 1% of the rows updated (contiguous ids), then `braid
-backup --incremental -- ... --incremental-lsn={parent_lsn}`. Reported: each
+backup --incremental -- ... --incremental-lsn={parent_lsn}`, each backup after
+a checkpoint (dirty pages flushed), as the PostgreSQL part checkpoints. Reported: each
 one's stored bytes and the incremental's over the full's. The e2e
 (scripts/e2e-incremental) restores such a chain; this only measures it.
 """
@@ -12,6 +13,7 @@ one's stored bytes and the incremental's over the full's. The e2e
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -21,6 +23,13 @@ from pathlib import Path
 from bench_lib.report import Section, Table
 
 _PAD = "CONCAT(" + ", ".join(f"MD5(seq + {k})" for k in range(6)) + ", LEFT(MD5(seq + 6), 8))"  # 200 hex characters
+
+
+def _number(pattern: str, text: str) -> int:
+    found = re.search(pattern, text)
+    if found is None:
+        raise RuntimeError(f"SHOW ENGINE INNODB STATUS has no {pattern!r}")
+    return int(found.group(1))
 
 
 def measure(work: Path, braid: Path, rows: int, log: Callable[[str], None], section: Section) -> None:
@@ -44,6 +53,19 @@ def measure(work: Path, braid: Path, rows: int, log: Callable[[str], None], sect
 
     def sql(statement: str) -> str:
         return as_mysql("mariadb", f"--socket={sock}", "-N", "-B", "-e", statement).stdout.strip()
+
+    def checkpoint() -> None:
+        """Every dirty page flushed and the checkpoint past the current LSN, as PostgreSQL's bench part runs CHECKPOINT:
+        otherwise mariadb-backup copies the redo since an old checkpoint (the table's load) into every backup."""
+        status = sql("SHOW ENGINE INNODB STATUS")
+        target = _number(r"Log sequence number\s+(\d+)", status)
+        sql("SET GLOBAL innodb_max_dirty_pages_pct_lwm = 0; SET GLOBAL innodb_max_dirty_pages_pct = 0")
+        for _ in range(3000):
+            done = _number(r"Last checkpoint at\s+(\d+)", sql("SHOW ENGINE INNODB STATUS"))
+            if done >= target:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"MariaDB's checkpoint did not reach LSN {target} in 300 s")
 
     as_mysql("mariadb-install-db", "--no-defaults", f"--datadir={m / 'data'}", "--user=mysql", "--auth-root-authentication-method=socket")
     server = subprocess.Popen(
@@ -71,10 +93,12 @@ def measure(work: Path, braid: Path, rows: int, log: Callable[[str], None], sect
             doc = json.loads(out)
             return int(doc["stored_bytes"]), int(doc["plaintext_bytes"])
 
+        checkpoint()
         log("MariaDB: full backup")
         full_stored, full_plain = backup("--", *mb)
         first = rows // 3
         sql(f"UPDATE shop.t SET v = v + 1 WHERE id BETWEEN {first} AND {first + rows // 100 - 1}")
+        checkpoint()
         log("MariaDB: incremental after 1% of the rows changed")
         inc_stored, inc_plain = backup("--incremental", "--", *mb, "--incremental-lsn={parent_lsn}")
     finally:
