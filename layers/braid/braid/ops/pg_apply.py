@@ -37,7 +37,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from braid.errors import InputError, IntegrityError
+from braid.errors import BackupError, InputError, IntegrityError
 from braid.format.tar_stream import DIRECTORY, HARDLINK, REGULAR, MemberConsumer, TarFormatError, TarMember
 from braid.ops.pg_incremental import (
     BLCKSZ,
@@ -64,13 +64,34 @@ _MAX_METADATA = 1 << 30
 
 @dataclass
 class ChainState:
-    """What the links applied so far established: the previous label, the system identifier, the newest label."""
+    """What the links applied so far established (labels, system identifier, the tree's files), and whose turn it is:
+    a link may be read and decoded while the one before it is applied, but is applied only once that one is done."""
 
     links: int
     labels: list[BackupLabel] = field(default_factory=list)
     system_identifier: int | None = None
     symlinks: set[str] = field(default_factory=set)  # made by any link: no later member is written through one
     sizes: dict[str, int] = field(default_factory=dict)  # the tree's regular files (one name each) and their lengths
+    applied: int = 0  # links applied, oldest first
+    failed: bool = False
+    turn: threading.Condition = field(default_factory=threading.Condition)
+
+    def wait_turn(self, position: int) -> None:
+        """Block until every link before `position` is applied; BackupError if one of them failed."""
+        with self.turn:
+            self.turn.wait_for(lambda: self.applied >= position or self.failed)
+            if self.failed:
+                raise BackupError(f"link {position} of the chain was not applied: an earlier link failed")
+
+    def done(self, position: int) -> None:
+        with self.turn:
+            self.applied = max(self.applied, position + 1)
+            self.turn.notify_all()
+
+    def fail(self) -> None:
+        with self.turn:
+            self.failed = True
+            self.turn.notify_all()
 
 
 @dataclass(frozen=True)
@@ -247,6 +268,13 @@ class ApplyLink(TarExtract):
         self.seen: set[str] = set()
         self.manifest: bytes | None = None
         self.patches: list[_Patch] = []
+        self.turn_taken = False
+
+    def write(self, data: memoryview) -> None:
+        if not self.turn_taken:
+            self.target.state.wait_turn(self.target.position)
+            self.turn_taken = True
+        super().write(data)
 
     def _relative(self, name: str) -> str:
         """The member's path in the tree, checked as braid.ops.pgdata checks it (inside, never through a link's symlink)."""
@@ -304,6 +332,9 @@ class ApplyLink(TarExtract):
         self.manifest = text
 
     def finish(self) -> None:
+        if not self.turn_taken:
+            self.target.state.wait_turn(self.target.position)
+            self.turn_taken = True
         try:
             self.parser.end()
         except TarFormatError as exc:
@@ -319,6 +350,7 @@ class ApplyLink(TarExtract):
             _remove_absent(self.root, self.seen, state.sizes)
         except OSError as exc:
             raise InputError(f"error writing the chain's work directory {self.root}: {exc.strerror or exc}") from None
+        state.done(self.target.position)
 
     def _check_system(self) -> None:
         state = self.target.state
@@ -346,7 +378,8 @@ class ApplyLink(TarExtract):
                 )
 
     def discard(self) -> None:
-        """A failed link: close what is open; the whole work directory is removed by the caller."""
+        """A failed link: close what is open, stop the later links; the whole work directory is removed by the caller."""
+        self.target.state.fail()
         self.pool.shutdown(wait=True, cancel_futures=True)
         fds = [handle.fd for handle in self.open_files] + [patch.fd for patch in self.patches]
         for fd in fds:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 from braid.cli.budget import check_restore_memory
 from braid.cli.compose import key_service_on_demand, open_repository, repo_url
@@ -90,12 +91,25 @@ def _rebuild_in_place(
     work = ChainWork(work_path)
     try:
         tree = os.path.join(work.path, "tree")
+        os.mkdir(tree, 0o700)
         state = ChainState(len(links))
-        for position, link in enumerate(links):
-            progress.backup = link.manifest.backup
+
+        def apply(position: int, link: OpenedBackup) -> None:
             label = f"link {position} ({link.manifest.backup})"
             target = ApplyTarget(label, tree, position=position, backup=link.manifest.backup, state=state, writers=max(2, args.workers))
             restore_backup(repository.store, link.manifest, link.key, [target], workers=args.workers, progress=progress)
+
+        # Two links at a time: the next one is read and decoded while this one is applied (ChainState.wait_turn).
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-link") as pool:
+            futures = [pool.submit(apply, position, link) for position, link in enumerate(links)]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                state.fail()
+                for future in futures:
+                    future.cancel()
+                raise
         progress.backup = links[-1].manifest.backup
         finish_tree(tree, state)
         check_pgdata(directory)  # still empty (or absent): nothing came in meanwhile
