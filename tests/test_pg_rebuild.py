@@ -234,3 +234,15 @@ def test_labels_chain_as_pg_combinebackup_checks() -> None:
     with pytest.raises(ChainMismatchError, match="no START TIMELINE"):
         parse_label(b"START WAL LOCATION: 0/1 (file x)\n", "x")
     assert strip_incremental_lines(inc.text) == _label("0/4000028", None)
+
+
+@pytest.mark.parametrize("bad", [1, 2])
+def test_a_corrupt_link_in_a_longer_chain_stops_every_link(repo: Path, tmp_path: Path, bad: int) -> None:
+    links = _good_links()  # links are read two at a time: a failure before or after the one being applied stops both
+    links[bad] = [(name, b"\0" * 12 if name == "base/5/INCREMENTAL.16384" else data) for name, data in links[bad]]
+    refs = _chain(repo, tmp_path, links)
+    target = tmp_path / "data"
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target))
+    assert result.code == 6, result.stderr
+    assert f"base/5/INCREMENTAL.16384 of link {bad} ({refs[bad]}) has bad incremental magic number 0x0" in result.stderr
+    assert not target.exists() and not list(tmp_path.glob(".data.braid-chain-*"))
