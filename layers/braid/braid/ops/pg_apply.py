@@ -2,8 +2,8 @@
 
 `restore NAME@ID --pgdata DIR` of an incremental (braid.cli.commands.
 restore_chain) streams every link, oldest first, through an `ApplyTarget`
-onto WORK/tree, a private directory beside DIR; then `finish_tree` and
-`move_into` make it DIR. What a link does to the tree is what
+onto WORK/tree, a private directory beside DIR; then braid.ops.pg_tree's
+`finish_tree` and `move_into` make it DIR. What a link does to the tree is what
 pg_combinebackup makes of the same chain (src/bin/pg_combinebackup):
 
 - a regular file replaces the tree's (written by braid.ops.pgdata's
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import threading
 from collections.abc import Callable
@@ -50,12 +49,12 @@ from braid.ops.pg_incremental import (
     parse_fixed,
     parse_header,
     parse_label,
-    strip_incremental_lines,
 )
-from braid.ops.pgdata import TarExtract, _File, sync_filesystem
+from braid.ops.pg_tree import remove, remove_absent
+from braid.ops.pgdata import TarExtract, _File
 from braid.ops.restore_output import Output, OutputTarget
 
-__all__ = ["ApplyTarget", "ChainState", "finish_tree", "move_into"]
+__all__ = ["ApplyTarget", "ChainState"]
 
 _PREFIX = "INCREMENTAL."
 _METADATA = ("backup_label", "backup_manifest")
@@ -315,7 +314,7 @@ class ApplyLink(TarExtract):
             return handle
         sizes.pop(relative, None)
         if self.target.position > 0 and os.path.lexists(path):
-            _remove(path)
+            remove(path)
         if member.kind == REGULAR:
             sizes[relative] = member.size
         elif member.kind == HARDLINK:  # two names for one file: neither is rewritten in place later
@@ -347,7 +346,7 @@ class ApplyLink(TarExtract):
             raise ChainMismatchError(f"{self.where} has no backup_label: not a pg_basebackup -Ft stream")
         self._check_system()
         try:
-            _remove_absent(self.root, self.seen, state.sizes)
+            remove_absent(self.root, self.seen, state.sizes)
         except OSError as exc:
             raise InputError(f"error writing the chain's work directory {self.root}: {exc.strerror or exc}") from None
         state.done(self.target.position)
@@ -389,76 +388,3 @@ class ApplyLink(TarExtract):
                 except OSError:
                     pass
         self.open_files, self.patches = [], []
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
-
-def _remove_absent(root: str, seen: set[str], sizes: dict[str, int]) -> None:
-    """Remove from the tree what the link's tar did not name (a directory named by a path under it stays)."""
-    keep = set(seen)
-    for name in seen:
-        parent = os.path.dirname(name)
-        while parent and parent not in keep:
-            keep.add(parent)
-            parent = os.path.dirname(parent)
-    for current, dirs, files in os.walk(root):
-        relative = os.path.relpath(current, root)
-        for name in list(dirs):
-            child = name if relative == "." else f"{relative}/{name}"
-            if child not in keep:
-                _remove(os.path.join(current, name))
-                dirs.remove(name)
-                for gone in [known for known in sizes if known.startswith(child + "/")]:
-                    del sizes[gone]
-        for name in files:
-            child = name if relative == "." else f"{relative}/{name}"
-            if child not in keep:
-                os.unlink(os.path.join(current, name))
-                sizes.pop(child, None)
-
-
-def finish_tree(root: str, state: ChainState) -> None:
-    """The rebuilt tree made whole and durable: the newest backup_label without INCREMENTAL FROM, then one sync."""
-    label = strip_incremental_lines(state.labels[-1].text)
-    try:
-        fd = os.open(os.path.join(root, "backup_label"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, label)
-        finally:
-            os.close(fd)
-        sync_filesystem(root)
-        for current, _, _ in os.walk(root):
-            _fsync_dir(current)
-    except OSError as exc:
-        raise InputError(f"error writing the chain's work directory {root}: {exc.strerror or exc}") from None
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def move_into(tree: str, directory: str) -> None:
-    """Make the whole tree DIR: one rename (DIR absent or empty); for a DIR that cannot be replaced (a mount point),
-    its entries one by one with global/ (pg_control) last, so DIR never looks complete before it is."""
-    try:
-        os.rename(tree, directory)
-    except OSError as exc:
-        if not os.path.isdir(directory) or os.listdir(directory):
-            raise InputError(f"cannot move the rebuilt data directory into --pgdata {directory}: {exc.strerror or exc}") from None
-        try:
-            for name in sorted(os.listdir(tree), key=lambda entry: (entry == "global", entry)):
-                os.rename(os.path.join(tree, name), os.path.join(directory, name))
-            os.chmod(directory, 0o700)
-        except OSError as inner:
-            raise InputError(f"cannot move the rebuilt data directory into --pgdata {directory}: {inner.strerror or inner}") from None
-    _fsync_dir(directory)
-    _fsync_dir(os.path.dirname(os.path.abspath(directory)))

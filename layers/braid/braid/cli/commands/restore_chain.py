@@ -27,7 +27,8 @@ from braid.format.repository import Repository
 from braid.ops.chain import open_chain
 from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, link_command, links_files, work_dir_for
 from braid.ops.open import OpenedBackup
-from braid.ops.pg_apply import ApplyTarget, ChainState, finish_tree, move_into
+from braid.ops.pg_apply import ApplyTarget, ChainState
+from braid.ops.pg_tree import finish_tree, move_into
 from braid.ops.pgdata import PgDataTarget, check_pgdata
 from braid.ops.restore import check_chunks_present, restore_backup
 from braid.ops.restore_output import OutputTarget
@@ -111,7 +112,7 @@ def _rebuild_in_place(
                     future.cancel()
                 raise
         progress.backup = links[-1].manifest.backup
-        finish_tree(tree, state)
+        finish_tree(tree, state.labels[-1].text)
         check_pgdata(directory)  # still empty (or absent): nothing came in meanwhile
         move_into(tree, directory)
     finally:
