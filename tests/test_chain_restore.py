@@ -59,7 +59,7 @@ def test_pgdata_of_an_incremental_combines_every_link_in_order(repo: Path, tmp_p
     refs = _pg_chain(repo, tmp_path)
     bin_dir = _bin(tmp_path)
     target = tmp_path / "data"
-    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir))
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--rebuild", "pg_combinebackup")
     assert result.code == 0, result.stderr
     args = (bin_dir / "args").read_text().split()
     links = args[: args.index("-o")]
@@ -76,7 +76,7 @@ def test_a_failing_combine_leaves_dir_as_found(repo: Path, tmp_path: Path) -> No
     target = tmp_path / "data"
     target.mkdir(mode=0o700)
     work = tmp_path / "work"
-    result = run_braid("restore", "--repo", str(repo), refs[1], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--work-dir", str(work))
+    result = run_braid("restore", "--repo", str(repo), refs[1], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--work-dir", str(work), "--rebuild", "pg_combinebackup")
     assert result.code == 11, result.stderr
     assert "pg_combinebackup failed: pg_combinebackup: error: could not combine" in result.stderr
     assert list(target.iterdir()) == [] and not work.exists()
@@ -85,18 +85,18 @@ def test_a_failing_combine_leaves_dir_as_found(repo: Path, tmp_path: Path) -> No
 def test_pgdata_refusals_write_nothing(repo: Path, tmp_path: Path) -> None:
     refs = _pg_chain(repo, tmp_path)
     target = tmp_path / "data"
-    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(tmp_path / "nowhere"))
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(tmp_path / "nowhere"), "--rebuild", "pg_combinebackup")
     assert result.code == 2, result.stderr
     assert "pg_combinebackup was not found in --pg-bin" in result.stderr
     bin_dir = _bin(tmp_path)
     work = tmp_path / "taken"
     work.mkdir()
-    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--work-dir", str(work))
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--work-dir", str(work), "--rebuild", "pg_combinebackup")
     assert result.code == 2 and "already exists" in result.stderr, result.stderr
     data = repo / "data" / "pg" / refs[0].split("@")[1]
     for chunk in data.glob("0*"):
         chunk.unlink()
-    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir))
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--pg-bin", str(bin_dir), "--rebuild", "pg_combinebackup")
     assert result.code == 6, result.stderr
     assert not target.exists() and not list(tmp_path.glob(".data.braid-chain-*")) and not (bin_dir / "args").exists()
 

@@ -9,8 +9,14 @@ checkpoint, and `braid backup --incremental -- pg_basebackup ...
 
 - the first incremental's stored bytes over the full's (issue: <= 10%);
 - the week: the full and its incrementals' stored bytes against --days fulls;
+- MariaDB 10.11 (scripts/bench_lib/maria_incremental.py, --maria-rows):
+  an incremental after 1% of the rows changed over the full (issue: <= 15%);
 - rebuild: `restore --pgdata` of the full plus 6 incrementals over that of
-  the full alone (issue: <= 1.5x), the rebuilt cluster's data checked.
+  the full alone (issue: <= 1.5x; best of min(--reps, 3), interleaved, as
+  the harness's other ratios) with `--rebuild in-place` (the default),
+  the rebuilt cluster's data checked; and with `--rebuild pg_combinebackup`,
+  its tree compared byte for byte (tests/support/compare_trees.py; only
+  backup_manifest differs).
 
 Braid runs from a venv made with /usr/bin/python3 in the work directory
 (the postgres user cannot run the project's .venv under /root's pyenv).
@@ -21,16 +27,18 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench_lib.context import Context, add_option_once
+from bench_lib.maria_incremental import measure as measure_maria
 from bench_lib.report import Section, Table
 
 NAME = "incremental"
-HELP = "PostgreSQL 18 incrementals: stored bytes vs the full, a week vs 7 fulls, chain rebuild time vs the full's (needs root)"
+HELP = "PostgreSQL 18 incrementals: stored bytes vs the full, a week vs 7 fulls, chain rebuild time vs the full's; MariaDB incremental vs full (needs root)"
 ORDER = 70
 IN_ALL = False
 PORT = 55491
@@ -39,6 +47,7 @@ PORT = 55491
 def add_arguments(parser) -> None:
     add_option_once(parser, "--pg-scale", type=int, default=50, help="incremental: pgbench scale (default 50, ~750 MB)")
     add_option_once(parser, "--days", type=int, default=7, help="incremental: incrementals after the full (default 7)")
+    add_option_once(parser, "--maria-rows", type=int, default=2_000_000, help="incremental: rows of the MariaDB table (default 2,000,000, ~0.5 GB; 0: no MariaDB)")
 
 
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
@@ -115,15 +124,29 @@ def run(ctx: Context) -> Section:
             chain.append(backup("--incremental", "--", *bb, "--incremental={parent_manifest}"))
             expected.append(psql("select count(*), sum(abalance) from pgbench_accounts"))
 
-        def restore(ref: str, target: Path) -> float:
+        def restore(ref: str, target: Path, *extra: str) -> float:
             started = time.monotonic()
-            as_pg(str(braid), "restore", "--repo", str(repo), ref, "--pgdata", str(target), "--pg-bin", str(bin_dir))
+            as_pg(str(braid), "restore", "--repo", str(repo), ref, "--pgdata", str(target), "--pg-bin", str(bin_dir), *extra)
             return time.monotonic() - started
 
-        ctx.log("restore --pgdata: the full alone, then the full + 6 incrementals")
-        full_restore = restore(full, work / "r-full")
         link = min(6, days)
-        chain_restore = restore(chain[link][0], work / "r-chain")
+        reps = max(1, min(ctx.reps, 3))
+        ctx.log(f"restore --pgdata: the full alone, then the full + {link} incrementals --rebuild in-place, interleaved, best of {reps}")
+        full_times, chain_times = [], []
+        for _ in range(reps):
+            for path in (work / "r-full", work / "r-chain"):
+                shutil.rmtree(path, ignore_errors=True)
+            full_times.append(restore(full, work / "r-full"))
+            chain_times.append(restore(chain[link][0], work / "r-chain", "--rebuild", "in-place"))
+        full_restore, chain_restore = min(full_times), min(chain_times)
+        ctx.log("restore --pgdata --rebuild pg_combinebackup of the same chain, once")
+        combine_restore = restore(chain[link][0], work / "r-combine", "--rebuild", "pg_combinebackup")
+        compare = ctx.root / "tests" / "support" / "compare_trees.py"
+        compared = subprocess.run([sys.executable, str(compare), str(work / "r-chain"), str(work / "r-combine"), "--allow", "backup_manifest"],
+                                  capture_output=True, text=True, check=False)
+        if compared.returncode != 0:
+            raise RuntimeError(f"the in-place rebuild differs from pg_combinebackup's: {compared.stdout.strip()[-400:]}")
+        shutil.rmtree(work / "r-combine")
         as_pg("pg_ctl", "-D", str(work / "r-chain"), "-o", f"-p {PORT + 1} -k {work} -c listen_addresses=", "-l", str(work / "r.log"), "start", "-w")
         got = psql("select count(*), sum(abalance) from pgbench_accounts", PORT + 1)
         as_pg("pg_ctl", "-D", str(work / "r-chain"), "-m", "fast", "stop", "-w")
@@ -144,11 +167,18 @@ def run(ctx: Context) -> Section:
         "first_incremental_over_full": round(first_ratio, 4),
         f"{days}_incrementals_over_{days}_fulls": round(week / (days * full_stored), 4),
         f"full_plus_{days}_incrementals_over_{days}_fulls": round((full_stored + week) / (days * full_stored), 4),
-        "restore_full_seconds": round(full_restore, 2),
+        "restore_full_seconds": round(full_restore, 2),  # best of the reps
         f"restore_full_plus_{link}_seconds": round(chain_restore, 2),
         f"rebuild_full_plus_{link}_over_full": round(rebuild, 3),
+        f"rebuild_full_plus_{link}_over_full_median": round(statistics.median(chain_times) / statistics.median(full_times), 3),
+        "restore_reps": f"{reps} each, interleaved; full {', '.join(f'{t:.2f}' for t in full_times)} s; chain {', '.join(f'{t:.2f}' for t in chain_times)} s",
+        f"restore_full_plus_{link}_pg_combinebackup_seconds": round(combine_restore, 2),
+        f"rebuild_pg_combinebackup_full_plus_{link}_over_full": round(combine_restore / full_restore, 3),
+        "in_place_equals_pg_combinebackup": compared.stdout.strip().splitlines()[-1],
     })
-    section.notes.append(f"issue targets: first incremental <= 0.10 of the full (got {first_ratio:.4f}); rebuild <= 1.5x the full's restore (got {rebuild:.3f}x)")
+    section.notes.append(f"issue targets: first incremental <= 0.10 of the full (got {first_ratio:.4f}); rebuild <= 1.5x the full's restore (in-place: got {rebuild:.3f}x; pg_combinebackup: {combine_restore / full_restore:.3f}x)")
     section.notes.append("pgBackRest 2.45 on PostgreSQL 15 (file-level incrementals) was not measured in this run")
+    if ctx.args.maria_rows > 0:
+        measure_maria(work, braid, ctx.args.maria_rows, ctx.log, section)
     print(f"[bench] incremental: {section.facts}", file=sys.stderr)
     return section

@@ -31,13 +31,21 @@ def add_verify_options(verify: argparse.ArgumentParser) -> None:
 def add_restore_options(restore: argparse.ArgumentParser) -> None:
     group = restore.add_argument_group(
         "incremental chains",
-        "an incremental restores with every ancestor down to its full. With --pgdata DIR, each link is extracted into a private"
-        " work directory beside DIR and pg_combinebackup writes DIR. Disk needed: the sum of the links' sizes (list's SIZE) in the"
-        " work directory, and as much again for DIR (on one file system, twice the sum); checked first, exit 3 if short."
-        " A missing or unreadable link stops it before a byte is written (exit 6)",
+        "an incremental restores with every ancestor down to its full. With --pgdata DIR, --rebuild in-place (the default when the"
+        " work directory is on DIR's file system) applies each link in turn onto one data directory in a private work directory"
+        " beside DIR (INCREMENTAL files write only their changed blocks), then renames it into DIR; --rebuild pg_combinebackup"
+        " extracts each link there and runs pg_combinebackup into DIR. Disk needed: the sum of the links' sizes (list's SIZE) in"
+        " the work directory (in-place: nothing more); pg_combinebackup: as much again for DIR, or the incrementals' sizes with"
+        " --link on one file system; checked first, exit 3 if short. A missing or unreadable link, or links that do not follow"
+        " each other (backup_label, system identifier) or a corrupt INCREMENTAL file, stop it with exit 6 and DIR untouched",
+    )
+    group.add_argument(
+        "--rebuild", choices=("in-place", "pg_combinebackup"),
+        help="how --pgdata rebuilds a chain: in-place (default on one file system; needs no PostgreSQL tool) or"
+        " pg_combinebackup (PostgreSQL 17+'s tool, on PATH or in --pg-bin; the default when --work-dir is elsewhere)",
     )
     group.add_argument("--work-dir", metavar="DIR", help="where the links are restored (a new directory; default: beside --pgdata); removed afterwards with --pgdata, kept with --chain")
-    group.add_argument("--pg-bin", metavar="DIR", help="the directory holding pg_combinebackup (default: PATH)")
+    group.add_argument("--pg-bin", metavar="DIR", help="the directory holding pg_combinebackup, for --rebuild pg_combinebackup (default: PATH)")
     group.add_argument(
         "--chain", action="store_true",
         help="restore every link, oldest first, through the command after --, run once per link with {link} (0: the full),"

@@ -1,8 +1,13 @@
-"""`braid restore` of an incremental chain: `--pgdata DIR` (pg_combinebackup) and `--chain -- COMMAND` (any engine).
+"""`braid restore` of an incremental chain: `--pgdata DIR` (`--rebuild in-place` or `pg_combinebackup`) and `--chain -- COMMAND`.
 
 Both open and authenticate every link first (exit 6 for a missing or
 unreadable one) and check the disk (exit 3), so nothing is written for a
-chain that cannot be restored; then braid.ops.chain_restore does the work.
+chain that cannot be restored. `--pgdata` rebuilds DIR one of two ways
+(`--rebuild`, docs/databases-incremental.md): `in-place` (the default where
+the work directory shares DIR's file system) applies every link onto one
+tree in the work directory and renames it into DIR (braid.ops.pg_apply);
+`pg_combinebackup` extracts every link and runs PostgreSQL's tool
+(braid.ops.chain_restore).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 from braid.cli.budget import check_restore_memory
 from braid.cli.compose import key_service_on_demand, open_repository, repo_url
@@ -21,12 +27,16 @@ from braid.format.repository import Repository
 from braid.ops.chain import open_chain
 from braid.ops.chain_restore import ChainWork, check_disk, combine, find_tool, link_command, links_files, work_dir_for
 from braid.ops.open import OpenedBackup
-from braid.ops.pgdata import PgDataTarget
+from braid.ops.pg_apply import ApplyTarget, ChainState
+from braid.ops.pg_tree import finish_tree, move_into
+from braid.ops.pgdata import PgDataTarget, check_pgdata
 from braid.ops.restore import check_chunks_present, restore_backup
 from braid.ops.restore_output import OutputTarget
 from braid.ports.progress import ProgressFn
 
-__all__ = ["restore_chain_generic", "restore_chain_pgdata"]
+__all__ = ["REBUILDS", "restore_chain_generic", "restore_chain_pgdata"]
+
+REBUILDS = ("in-place", "pg_combinebackup")
 
 
 def _links(repository: Repository, head: OpenedBackup, args: argparse.Namespace) -> list[OpenedBackup]:
@@ -43,9 +53,15 @@ def restore_chain_pgdata(args: argparse.Namespace, progress: Progress, repositor
     for link in links:
         if len(link.manifest.inputs) != 1:
             raise UsageError(f"backup {link.manifest.backup} of the chain has {len(link.manifest.inputs)} inputs; --pgdata restores one pg_basebackup tar per link")
-    tool = find_tool("pg_combinebackup", getattr(args, "pg_bin", None))
     work_path = work_dir_for(directory, getattr(args, "work_dir", None))
-    linked = links_files(tool) and _same_file_system(work_path, directory)
+    same = _same_file_system(work_path, directory)
+    rebuild = getattr(args, "rebuild", None) or ("in-place" if same else "pg_combinebackup")
+    if rebuild == "in-place":
+        if not same:
+            raise UsageError(f"--rebuild in-place builds the data directory in --work-dir {work_path} and renames it into {directory}: give a work directory on its file system")
+        return _rebuild_in_place(args, progress, repository, links, work_path, directory)
+    tool = find_tool("pg_combinebackup", getattr(args, "pg_bin", None))
+    linked = links_files(tool) and same
     check_disk(links, work_path, directory, linked=linked)
     created = not os.path.exists(directory)
     work = ChainWork(work_path)
@@ -66,6 +82,42 @@ def restore_chain_pgdata(args: argparse.Namespace, progress: Progress, repositor
     finally:
         work.close()
     return head
+
+
+def _rebuild_in_place(
+    args: argparse.Namespace, progress: Progress, repository: Repository, links: list[OpenedBackup], work_path: str, directory: str
+) -> OpenedBackup:
+    """Every link applied onto WORK/tree (braid.ops.pg_apply), made durable once, then renamed into DIR."""
+    check_disk(links, work_path, None)
+    work = ChainWork(work_path)
+    try:
+        tree = os.path.join(work.path, "tree")
+        os.mkdir(tree, 0o700)
+        state = ChainState(len(links))
+
+        def apply(position: int, link: OpenedBackup) -> None:
+            label = f"link {position} ({link.manifest.backup})"
+            target = ApplyTarget(label, tree, position=position, backup=link.manifest.backup, state=state, writers=max(2, args.workers))
+            restore_backup(repository.store, link.manifest, link.key, [target], workers=args.workers, progress=progress)
+
+        # Two links at a time: the next one is read and decoded while this one is applied (ChainState.wait_turn).
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-link") as pool:
+            futures = [pool.submit(apply, position, link) for position, link in enumerate(links)]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                state.fail()
+                for future in futures:
+                    future.cancel()
+                raise
+        progress.backup = links[-1].manifest.backup
+        finish_tree(tree, state.labels[-1].text)
+        check_pgdata(directory)  # still empty (or absent): nothing came in meanwhile
+        move_into(tree, directory)
+    finally:
+        work.close()
+    return links[-1]
 
 
 def _same_file_system(work: str, directory: str) -> bool:
