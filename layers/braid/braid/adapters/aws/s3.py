@@ -341,25 +341,37 @@ class S3Store:
 
         Same bytes, metadata and key; S3 computes a fresh full-object
         CRC64NVME, so HEAD still answers a quick verify. The bucket is
-        versioned, so the copy is a new version: under Object Lock it is put
-        with the same retention date as the original (`retention`), and the
-        old version stays, locked and billed in its old class, until that
-        date passes and the noncurrent-version lifecycle removes it
-        (infra/braid_infra/storage.py).
+        versioned, so the copy is a new version. Under Object Lock the new
+        version is then given the original's retention date
+        (PutObjectRetention on its version id), and the old version stays,
+        locked and billed in its old class, until that date passes and the
+        noncurrent-version lifecycle removes it (infra/braid_infra/storage.py).
+        Were the new version lost in between, the locked old one is current again.
         """
         full = self.object_key(key)
         try:
-            self.client.copy_object(
+            response = self.client.copy_object(
                 Bucket=self.bucket,
                 Key=full,
                 CopySource={"Bucket": self.bucket, "Key": full},
                 StorageClass=storage_class,  # type: ignore[arg-type]  # one of braid.format.storage_class.MOVABLE
                 MetadataDirective="COPY",
                 ChecksumAlgorithm="CRC64NVME",
-                **self.retention(key),
             )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, f"moving to {storage_class}", key, "s3:GetObject and s3:PutObject") from None
+        retention = self.retention(key)
+        if not retention:
+            return
+        try:
+            self.client.put_object_retention(
+                Bucket=self.bucket,
+                Key=full,
+                VersionId=response["VersionId"],
+                Retention={"Mode": retention["ObjectLockMode"], "RetainUntilDate": retention["ObjectLockRetainUntilDate"]},
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "locking the moved version of", key, "s3:PutObjectRetention") from None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self.list_after(prefix, "")
