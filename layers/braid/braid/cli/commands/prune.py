@@ -116,7 +116,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def _print_policies(rules: dict[str, KeepRules], classes: dict[str, Any], as_json: bool, saved: str | None = None) -> None:
     if as_json:
-        doc: dict[str, Any] = {"policies": {n: r.to_json() for n, r in sorted(rules.items())}, "storage": {n: c.to_json() for n, c in sorted(classes.items())}}
+        doc: dict[str, Any] = {"policies": {n: r.to_json() for n, r in sorted(rules.items())}}
+        if classes:  # names whose policy sets a storage class: {"NAME": {"class", "after_days"}}
+            doc["storage"] = {n: c.to_json() for n, c in sorted(classes.items())}
         if saved is not None:
             doc["saved"] = saved
         print_json(doc)
