@@ -865,6 +865,24 @@ def test_start_records_the_default_ramp_in_the_session(s3: tuple[S3Store, S3Call
     assert (session.part_chunks, session.ramp_parts) == (4, DEFAULT_CONCURRENCY)
 
 
+def test_the_part_ramp_policy_is_switched_off_by_no_part_ramp_and_the_session_records_it(s3: tuple[S3Store, S3Calls]) -> None:
+    from braid.agent.cloud_engine import CloudOptions
+    from braid.cli.parser import build_parser
+
+    args = build_parser().parse_args(["backup", "--name", "db", "--no-part-ramp", "-"])
+    assert CloudOptions.from_cli(args).part_ramp is False
+    assert CloudOptions.from_cli(build_parser().parse_args(["backup", "--name", "db", "-"])).part_ramp is True
+    store, _ = s3
+    upload = StagingUpload.start(
+        StagingArea(store, REF), uploads_of(store), repository_id=REPOSITORY_ID, inputs=["/p0"], chunk_size=64 * 1024**2, level=3,
+        ramp_parts=0, **options(concurrency=DEFAULT_CONCURRENCY, min_part_size=5 * 1024**2),
+    )
+    upload.abort()
+    session = SessionRecord.from_bytes(store.get(session_key(REF)))
+    assert (session.part_chunks, session.ramp_parts) == (4, 0)  # full-size parts from the first chunk, as recorded
+    assert PartLayout(session.part_chunks, session.ramp_parts).part_of(0) == (1, 4)
+
+
 def test_session_keeps_ramp_parts_and_reads_sessions_without_it() -> None:
     ramped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 8, 3, ["-"], "now", part_chunks=4, ramp_parts=11)
     assert SessionRecord.from_bytes(ramped.to_bytes()) == ramped

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from braid.adapters.local.store import LocalStore
 from braid.format.digests import sha256
-from braid.format.wal import WalFile, wal_key
+from braid.format.layout import wal_key
+from braid.format.wal import WalFile
 from conftest import BRAID, run_braid
 from wal_segments import SYSID, segment_bytes, write_segment
 

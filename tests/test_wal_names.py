@@ -8,20 +8,8 @@ import pytest
 
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError, UsageError
-from braid.format.wal import (
-    BACKUP,
-    HISTORY,
-    PARTIAL,
-    SEGMENT,
-    WalFile,
-    format_lsn,
-    parse_lsn,
-    segment_before,
-    segment_name,
-    segment_of,
-    wal_file_of_key,
-    wal_key,
-)
+from braid.format.layout import wal_file_of_key, wal_key
+from braid.format.wal import BACKUP, HISTORY, PARTIAL, SEGMENT, WalFile, format_lsn, parse_lsn, segment_before, segment_name, segment_of
 from braid.ops.wal import ArchiveInfo, read_archive_info, record_archive_info, wal_range_present
 
 MIB = 1024 * 1024

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from braid.format.wal import WalFile, wal_key
+from braid.format.layout import wal_key
+from braid.format.wal import WalFile
 from conftest import run_braid
 from wal_segments import write_segment
 

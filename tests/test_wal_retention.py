@@ -9,7 +9,8 @@ from pathlib import Path
 
 from braid.adapters.local.store import LocalStore
 from braid.format.ids import BackupRef
-from braid.format.wal import WalFile, segment_name, wal_key
+from braid.format.layout import wal_key
+from braid.format.wal import WalFile, segment_name
 from braid.ops.wal_retention import BackupStart, removable
 from conftest import run_braid
 from wal_segments import write_segment

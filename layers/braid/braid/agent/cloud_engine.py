@@ -59,6 +59,9 @@ class CloudOptions:
     watch_seconds: float = WATCH_INTERVAL_SECONDS  # while uploading: how often the agent looks at its execution
     # No upload progress (a new segment, a renewed lease) for this long and the pipeline declares the agent dead.
     stall_seconds: int = DEFAULT_STALL_SECONDS
+    # The part ramp policy (braid.agent.limits.default_ramp_parts): a new upload's first segment starts with one-chunk
+    # parts so a short stream fills the pipe. Off (--no-part-ramp): every part full-size; the session records 0.
+    part_ramp: bool = True
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -69,6 +72,7 @@ class CloudOptions:
             fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
             wait=not getattr(args, "no_wait", False),
             stall_seconds=getattr(args, "stall_timeout", None) or DEFAULT_STALL_SECONDS,
+            part_ramp=not getattr(args, "no_part_ramp", False),
         )
 
 
@@ -142,6 +146,7 @@ class CloudEngine:
                 chunk_size=request.chunk_size,
                 level=request.level,
                 repository_id=self.repository.config.id,
+                ramp_parts=None if self.options.part_ramp else 0,
                 **upload_options,
             )
         # The backup exists from here on: name it now, not at the end, so that

@@ -357,6 +357,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
     cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
+    cloud.add_argument("--no-part-ramp", action="store_true", help="send full-size staging parts from the first chunk (the part ramp policy off)")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
                        help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")

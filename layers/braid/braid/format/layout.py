@@ -17,6 +17,9 @@
     verify-runs/RUN/...                  the cloud verify's work: map items and the map's results (one execution)
     prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_plan, then .sweep and .prune_tally): what it planned, its map's items, what it did
     prune/RUN/results/NNNNNN.json        one map item's outcome
+    wal/NAME/archive.json                the WAL archive of NAME: its system identifier and segment size
+    wal/NAME/TTTTTTTTXXXXXXXX/FILE       an archived WAL segment (.partial, .backup) in its directory
+    wal/NAME/history/TTTTTTTT.history    a timeline history file
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 from braid.errors import UsageError
 from braid.format.ids import BackupRef, validate_name
+from braid.format.wal import HISTORY, WalFile
 
 CONFIG = "config.json"
 MANIFESTS = "manifests/"
@@ -43,6 +47,7 @@ STORAGE = "storage/"
 SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"
+WAL = "wal/"  # the WAL archives, one per backup name (docs/format.md, "WAL archive")
 PUBLISHED = "published"
 REMOVED = "removed"
 
@@ -275,3 +280,52 @@ def prune_result_key(run: str, item: int) -> str:
 
 def prune_report_key(run: str) -> str:
     return f"{prune_run_prefix(run)}report.json"
+
+
+# -- the WAL archive (braid.format.wal names its files) --
+
+
+def wal_prefix(name: str) -> str:
+    """Everything the WAL archive of backup name `name` holds."""
+    return f"{WAL}{validate_name(name)}/"
+
+
+def archive_info_key(name: str) -> str:
+    return f"{wal_prefix(name)}archive.json"
+
+
+def history_prefix(name: str) -> str:
+    return f"{wal_prefix(name)}{HISTORY}/"
+
+
+def directory_prefix(name: str, segment: str) -> str:
+    """The directory of the segments sharing `segment`'s first 16 digits (timeline and high half)."""
+    return f"{wal_prefix(name)}{segment[:16]}/"
+
+
+def timeline_prefix(name: str, timeline: int) -> str:
+    """The prefix every segment directory of `timeline` starts with (a string prefix, as on S3)."""
+    return f"{wal_prefix(name)}{timeline:08X}"
+
+
+def wal_key(name: str, file: WalFile) -> str:
+    """Where the archived `file` of `name` is stored."""
+    if file.segment is None:
+        return f"{history_prefix(name)}{file.name}"
+    return f"{directory_prefix(name, file.segment)}{file.name}"
+
+
+def wal_file_of_key(name: str, key: str) -> WalFile | None:
+    """The WAL file an archive key holds, or None for any other key (archive.json, temporary files)."""
+    prefix = wal_prefix(name)
+    if not key.startswith(prefix):
+        return None
+    directory, slash, base = key[len(prefix) :].partition("/")
+    if not slash or "/" in base:
+        return None
+    try:
+        file = WalFile.parse(base)
+    except UsageError:
+        return None
+    expected = HISTORY if file.segment is None else file.segment[:16]
+    return file if directory == expected else None

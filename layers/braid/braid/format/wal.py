@@ -25,12 +25,10 @@ import struct
 from dataclasses import dataclass
 
 from braid.errors import UsageError
-from braid.format.ids import validate_name
 
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 MIN_SEGMENT_SIZE = 1024 * 1024
 MAX_SEGMENT_SIZE = 1024 * 1024 * 1024
-WAL = "wal/"
 SEGMENT = "segment"
 PARTIAL = "partial"
 BACKUP = "backup"
@@ -135,52 +133,6 @@ def _timeline(digits: str, name: str) -> int:
     if timeline == 0:
         raise UsageError(f"{name!r} is not a WAL file name: timeline 0 does not exist")
     return timeline
-
-
-def wal_prefix(name: str) -> str:
-    """Everything the WAL archive of backup name `name` holds."""
-    return f"{WAL}{validate_name(name)}/"
-
-
-def archive_info_key(name: str) -> str:
-    return f"{wal_prefix(name)}archive.json"
-
-
-def history_prefix(name: str) -> str:
-    return f"{wal_prefix(name)}{HISTORY}/"
-
-
-def directory_prefix(name: str, segment: str) -> str:
-    """The directory of the segments sharing `segment`'s first 16 digits (timeline and high half)."""
-    return f"{wal_prefix(name)}{segment[:16]}/"
-
-
-def timeline_prefix(name: str, timeline: int) -> str:
-    """The prefix every segment directory of `timeline` starts with (a string prefix, as on S3)."""
-    return f"{wal_prefix(name)}{timeline:08X}"
-
-
-def wal_key(name: str, file: WalFile) -> str:
-    """Where the archived `file` of `name` is stored."""
-    if file.segment is None:
-        return f"{history_prefix(name)}{file.name}"
-    return f"{directory_prefix(name, file.segment)}{file.name}"
-
-
-def wal_file_of_key(name: str, key: str) -> WalFile | None:
-    """The WAL file an archive key holds, or None for any other key (archive.json, temporary files)."""
-    prefix = wal_prefix(name)
-    if not key.startswith(prefix):
-        return None
-    directory, slash, base = key[len(prefix) :].partition("/")
-    if not slash or "/" in base:
-        return None
-    try:
-        file = WalFile.parse(base)
-    except UsageError:
-        return None
-    expected = HISTORY if file.segment is None else file.segment[:16]
-    return file if directory == expected else None
 
 
 def wal_context_name(name: str, file_name: str) -> str:

@@ -14,23 +14,9 @@ from dataclasses import dataclass
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError, UsageError
 from braid.format.fields import Fields
+from braid.format.layout import archive_info_key, directory_prefix, timeline_prefix, wal_file_of_key, wal_prefix
 from braid.format.repository import Repository
-from braid.format.wal import (
-    DEFAULT_SEGMENT_SIZE,
-    HISTORY,
-    SEGMENT,
-    WalFile,
-    archive_info_key,
-    check_segment_size,
-    directory_prefix,
-    parse_lsn,
-    segment_before,
-    segment_name,
-    segment_of,
-    timeline_prefix,
-    wal_file_of_key,
-    wal_prefix,
-)
+from braid.format.wal import DEFAULT_SEGMENT_SIZE, HISTORY, SEGMENT, WalFile, check_segment_size, parse_lsn, segment_before, segment_name, segment_of
 from braid.ports.store import ObjectStore
 
 INFO_FORMAT = "braid-wal-archive"

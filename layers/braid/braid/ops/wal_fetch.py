@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from braid.errors import InputError, NotFoundError, WalNotArchivedError
+from braid.format.layout import wal_key
 from braid.format.repository import Repository
-from braid.format.wal import WalFile, wal_context_name, wal_key
+from braid.format.wal import WalFile, wal_context_name
 from braid.format.wal_object import StoredWal
 from braid.ports.keys import KeyService
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from braid.errors import AlreadyExistsError, InputError, IntegrityError, WalConflictError
 from braid.format.digests import sha256
 from braid.format.keys import encryption_context
+from braid.format.layout import wal_key
 from braid.format.repository import Repository
-from braid.format.wal import SEGMENT, WalFile, segment_identity, wal_context_name, wal_key
+from braid.format.wal import SEGMENT, WalFile, segment_identity, wal_context_name
 from braid.format.wal_object import StoredWal, encode_wal
 from braid.ops.wal import ArchiveInfo, read_archive_info, record_archive_info
 from braid.ports.keys import KeyService

@@ -23,8 +23,9 @@ from typing import Any
 
 from braid.errors import BackupError
 from braid.format.ids import BackupRef
+from braid.format.layout import WAL
 from braid.format.repository import Repository
-from braid.format.wal import HISTORY, WAL, WalFile, segment_name, segment_of
+from braid.format.wal import HISTORY, WalFile, segment_name, segment_of
 from braid.ops.wal import archived_files, segment_size_of
 from braid.ports.store import ObjectStore, child_prefixes
 

@@ -14,8 +14,11 @@ document names exactly its fields.
 Versions:
   1  (no "protocol" field) until 2026-11-28.
   2  "protocol" in session.json and the execution input; each map item
-     carries its pack sizes ("packs", decided by the planner) and names its
-     first chunk "first_chunk" (was "first_chunk").
+     carries its pack sizes ("packs", decided by the planner); "part" renamed
+     where it meant a chunk: "first_chunk" (was "first_part"),
+     "segment_chunks" ("segment_parts"), "chunks" and "chunk_checksums" in a
+     segment record ("parts", "part_checksums"). A multipart part is still a
+     part ("part_chunks", "ramp_parts").
 """
 
 from __future__ import annotations
