@@ -230,16 +230,14 @@ def test_a_directory_store_has_no_storage_classes(tmp_path: Path) -> None:
     assert caught.value.exit_code == 2
 
 
-def test_cli_refuses_a_storage_class_for_a_directory_repository(repo: Path, tmp_path: Path) -> None:
-    key = tmp_path / "key"
-    assert run_braid("init", "--repo", str(repo), "--key-file", str(key)).code == 0
+def test_cli_refuses_a_storage_class_for_a_directory_repository(repo: Path) -> None:
     saved = run_braid("prune", "--repo", str(repo), "--name", "pg", "--keep-daily", "7", "--storage-class", "GLACIER_IR:30", "--save-policy")
     assert saved.code == 2
     assert saved.stderr.strip() == (
         f"braid: error: --storage-class GLACIER_IR:30: {repo} is a directory repository, which has no storage classes (S3 only);"
         " its chunks stay where they are: leave the storage class out for it"
     )
-    assert run_braid("prune", "--repo", str(repo), "--show-policy", "--json").out.strip() != ""
+    assert "storage" not in json.loads(run_braid("prune", "--repo", str(repo), "--show-policy", "--json").out)  # nothing was saved
     alone = run_braid("prune", "--repo", str(repo), "--name", "pg", "--keep-daily", "7", "--storage-class", "GLACIER_IR:30")
     assert alone.code == 2 and "--storage-class is part of a stored policy" in alone.stderr and "--save-policy" in alone.stderr
     bad = run_braid("prune", "--repo", str(repo), "--name", "pg", "--keep-daily", "7", "--storage-class", "GLACIER:30", "--save-policy")
@@ -248,15 +246,38 @@ def test_cli_refuses_a_storage_class_for_a_directory_repository(repo: Path, tmp_
     assert form.code == 2 and "CLASS:DAYS" in form.stderr
 
 
-def test_list_and_show_say_local_and_price_storage_only_with_a_stored_table(repo: Path, tmp_path: Path) -> None:
-    key = tmp_path / "key"
-    assert run_braid("init", "--repo", str(repo), "--key-file", str(key)).code == 0
-    assert run_braid("backup", "--repo", str(repo), "--key-file", str(key), "--name", "pg", stdin=b"x" * 5000).code == 0
+def test_list_and_show_say_local_and_price_storage_only_with_a_stored_table(repo: Path) -> None:
+    assert run_braid("backup", "--repo", str(repo), "--name", "pg", stdin=b"x" * 5000).code == 0
     (row,) = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
     assert row["storage"] == {"class": "local", "since": None, "per_month": None, "currency": None}
     shown = run_braid("show", "--repo", str(repo), "pg@latest")
     assert "storage     local (a directory repository has no storage classes)" in shown.out
     assert json.loads(run_braid("show", "--repo", str(repo), "pg@latest", "--json").out)["storage"]["class"] == "local"
-    assert run_braid("prices", "set", "--repo", str(repo), "s3_storage_gb_month=1").code == 0
+    assert run_braid("--repo", str(repo), "prices", "set", "s3_storage_gb_month=1").code == 0
     (row,) = json.loads(run_braid("list", "--repo", str(repo), "--json").out)
     assert row["storage"]["per_month"] == pytest.approx(row["stored_bytes"] / GB) and row["storage"]["currency"] == "USD"
+
+
+def test_a_stored_policy_with_a_malformed_storage_class_stops_the_prune(repo: Path) -> None:
+    assert run_braid("backup", "--repo", str(repo), "--name", "pg", stdin=b"x" * 5000).code == 0
+    bad = {"version": 1, "name": "pg", "rules": {"keep_last": 1}, "storage": {"class": "GLACIER", "after_days": 30}}
+    (repo / "policies").mkdir(exist_ok=True)
+    (repo / "policies" / "pg.json").write_text(json.dumps(bad))
+    pruned = run_braid("prune", "--repo", str(repo))
+    assert pruned.code == 6
+    assert pruned.stderr.startswith(f"braid: error: stored retention policy {repo}/policies/pg.json is not valid (storage class must be one of")
+    assert "nothing was pruned" in pruned.stderr
+
+
+def test_an_s3_refusal_of_the_copy_names_the_permissions(s3: S3Store) -> None:
+    from botocore.stub import Stubber
+
+    from braid.errors import StorageError
+
+    key = chunk_key(REF, 0)
+    with Stubber(s3.client) as stub:
+        stub.add_client_error("copy_object", service_error_code="AccessDenied", service_message="Access Denied", http_status_code=403)
+        with pytest.raises(StorageError) as caught:
+            s3.set_storage_class(key, GLACIER_IR)
+    assert caught.value.exit_code == 7
+    assert "moving to GLACIER_IR" in caught.value.message and "s3:GetObject and s3:PutObject" in caught.value.message, caught.value.message
