@@ -32,7 +32,7 @@ from braid.format.prices import PriceTable, significant
 from braid.format.repository import Repository
 from braid.format.storage_class import LOCAL, STANDARD, Placement, StorageClassError, StoragePolicy, early_deletion_charge, remaining_days
 from braid.format.summary import catalog_stamp, parse_catalog_stamp
-from braid.ports.store import ObjectStore, StorageClasses
+from braid.ports.store import ObjectStore, StorageClasses, list_after
 
 
 def has_storage_classes(store: ObjectStore) -> bool:
@@ -122,9 +122,9 @@ def move_objects(store: ObjectStore, ref: BackupRef, storage_class: str, *, afte
     refuse_local(store, f"moving {ref} to {storage_class}")
     assert isinstance(store, StorageClasses)
     moved = 0
-    for info in store.list(data_prefix(ref)):
-        if info.key <= after or (until and info.key > until):
-            continue
+    for info in list_after(store, data_prefix(ref), after):  # S3: a LIST from the slice's start (StartAfter), not the prefix's
+        if until and info.key > until:
+            break
         if info.key.endswith("/" + LEASE) or info.storage_class == storage_class:
             continue
         try:
