@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
-from braid.cli.storage_options import storage_line
+from braid.cli.storage_render import storage_line
 from braid.format.ids import BackupRef
 from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
@@ -312,7 +312,7 @@ def print_manifest(
     verification: VerificationRecord | None = None,
     storage: dict[str, Any] | None = None,
 ) -> None:
-    """`storage`: the backup's `storage` field (braid.cli.storage_options.storage_fields): its class, since when, per month."""
+    """`storage`: the backup's `storage` field (braid.cli.storage_render.storage_fields): its class, since when, per month."""
     where = (storage or {}).get("storage") or {}
     storage_key = PRICE_KEYS.get(where.get("class", ""), "s3_storage_gb_month")
     detail = manifest_detail(manifest, prices, lock, storage_key)

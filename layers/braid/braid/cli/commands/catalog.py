@@ -18,7 +18,7 @@ from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
 from braid.cli.render import billed_fields, list_row, print_backup_list, print_incomplete_list, print_manifest
-from braid.cli.storage_options import storage_fields
+from braid.cli.storage_render import storage_fields
 from braid.errors import PermissionDeniedError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.labels import labels_of, matches

@@ -22,7 +22,8 @@ from typing import Any
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.render import print_json, print_policies, print_prune_plan
-from braid.cli.storage_options import check_prune_options, print_storage_plan, print_storage_policies
+from braid.cli.storage_options import check_prune_options
+from braid.cli.storage_render import print_storage_plan, print_storage_policies
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.format.policy import KeepRules
