@@ -154,6 +154,17 @@ def test_nonexistent_repository(tmp_path: Path) -> None:
     assert result.code == 3 and "no Braid repository" in error_line(result.stderr)
 
 
+def test_a_mistyped_repository_path_names_the_repositories_beside_it(repo: Path) -> None:
+    """Review dba-3 F14: a typo must not steer a DBA into a second repository with a second key; the real one is named."""
+    typo = repo.parent / (repo.name + "x")
+    result = run_braid("list", "--repo", str(typo))
+    assert result.code == 3, result.stderr
+    assert error_line(result.stderr).endswith(
+        f"does not exist: check the path (a typo?); only a new repository is made with 'braid init --repo {typo}'; a repository nearby: {repo}"
+    )
+    assert not typo.exists()
+
+
 def test_no_repository_given() -> None:
     result = run_braid("list")
     assert result.code == 2 and "BRAID_REPO" in error_line(result.stderr)

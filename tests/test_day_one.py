@@ -70,3 +70,18 @@ def test_prune_dry_run_says_why_each_backup_is_kept(repo: Path) -> None:
     assert doc["reasons"] == {ref: ["keep-within 1d: started within it of the newest"] for ref in refs}
     newest = json.loads(run_braid("prune", "--repo", str(repo), "--keep-days", "0", "--dry-run", "--json").out)
     assert newest["reasons"][refs[2]] in (["the newest of db (always kept)"], ["keep-days 0: started in the last 0 days"])
+
+
+def test_the_demo_runs_the_producer_the_recommended_way_and_restores_every_byte(tmp_path: Path) -> None:
+    """Review dba-3 F23: scripts/demo shows the command form (`--pipes 2 -- COMMAND`), not `--input` fifos fed from the background."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "BRAID_DEMO_DIR": str(tmp_path / "work"), "BRAID_REPO": str(tmp_path / "repo"), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    done = subprocess.run([str(root / "scripts" / "demo")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "through two pipes matched the original bytes" in done.stderr
+    assert "--input" not in (root / "scripts" / "demo").read_text()
+    (backup,) = json.loads(run_braid("list", "--repo", str(tmp_path / "repo"), "--json", env={"XDG_CONFIG_HOME": str(tmp_path / "config")}).out)
+    assert backup["name"] == "demo" and backup["inputs"] == 2, backup

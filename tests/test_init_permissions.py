@@ -51,3 +51,30 @@ def test_a_master_key_others_may_read_is_warned_about_and_refused_with_strict_pe
     assert (refused.code, refused.stderr.splitlines()[-1]) == (4, f"braid: error: {problem} (refused: --strict-permissions)")
     by_env = run_braid("backup", "--repo", str(repo), "--key-file", str(key), "--name", "k", stdin=b"x", env={"BRAID_STRICT_PERMISSIONS": "1"})
     assert by_env.code == 4 and "refused: --strict-permissions" in by_env.stderr
+
+
+def test_a_parent_this_user_may_not_write_names_the_real_user_in_the_command_to_paste(
+    tmp_path: Path, isolated_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review dba-3 F15: the hint names the user who runs braid (`-o postgres`), not a literal USER. Root may write anywhere,
+    so this runs in-process as the service user `nobody` would see it: its uid, and a parent it may not write."""
+    import os
+    import pwd
+
+    from braid.cli.main import main
+
+    locked = tmp_path / "backups"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if Path(path) == locked else real_access(path, mode, **kw))
+    monkeypatch.setattr(os, "geteuid", lambda: pwd.getpwnam("nobody").pw_uid)
+
+    code = main(["init", "--repo", str(locked / "braid")])
+
+    err = capsys.readouterr().err.strip()
+    assert code == 3, err
+    assert err == (
+        f"braid: error: cannot create repository directory {locked / 'braid'}: {locked} is not writable by this user;"
+        f" have it made for this user first, e.g. 'install -d -o nobody -m 0700 {locked / 'braid'}'"
+    )
+    assert not (locked / "braid").exists() and not (isolated_config / "braid" / "keys").exists()

@@ -3,7 +3,7 @@
 The tars are what pg_basebackup -Ft -D - writes (backup_label first,
 backup_manifest last), made by tarfile with pax long names and cut into
 small chunks, so members span chunk boundaries on both the backup and the
-extraction side. The real PostgreSQL run is tests/test_pg_pitr_e2e.py.
+extraction side. The real PostgreSQL run is scripts/e2e-databases (its pitr part).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -197,6 +198,46 @@ def test_pipe_placeholders_are_substituted_one_by_one(repo: Path, private_tmp: P
 # -- signals -------------------------------------------------------------------------------
 
 
+def _default_dispositions() -> None:
+    """Braid as a shell or a service manager starts it: SIGTERM and SIGHUP not ignored."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def test_under_nohup_a_sighup_is_not_braids_to_act_on_and_the_backup_completes(repo: Path, private_tmp: Path, tmp_path: Path) -> None:
+    """A SIGHUP that Braid's parent ignores (nohup) stays ignored, for Braid and so for its producer: the backup goes on."""
+    ready, trapped, go = tmp_path / "ready", tmp_path / "trapped", tmp_path / "go"
+    script = (
+        "import os, sys, time, signal\n"
+        f"signal.signal(signal.SIGHUP, lambda *a: open({str(trapped)!r}, 'a').write('SIGHUP'))\n"
+        "sys.stdout.buffer.write(b'x' * 100000); sys.stdout.flush()\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.02)\n"
+    )
+
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    proc = subprocess.Popen(
+        [str(BRAID), "backup", "--repo", str(repo), "--name", "db", "--chunk-size", CHUNK, "--", sys.executable, "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "TMPDIR": str(private_tmp)},
+        preexec_fn=nohup,
+    )
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "the producer did not start"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGHUP)
+    go.touch()  # the producer ends only after the signal was sent
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert not trapped.exists()  # never passed on: ignored by Braid, not Braid's to forward
+    assert out.decode().strip().startswith("db@")
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 @pytest.mark.parametrize("form", ["command", "pipes"])
 def test_a_signal_to_braid_reaches_the_producer_and_nothing_is_published(
@@ -211,6 +252,7 @@ def test_a_signal_to_braid_reaches_the_producer_and_nothing_is_published(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "TMPDIR": str(private_tmp)},
+        preexec_fn=_default_dispositions,  # a runner under nohup ignores SIGHUP, and Braid keeps an ignored signal ignored
     )
     deadline = time.monotonic() + 30
     while not ready.exists():

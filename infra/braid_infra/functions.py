@@ -122,11 +122,19 @@ class PipelineFunctions(Construct):
             environment[contract.ENV_OBJECT_LOCK] = str(storage.object_lock)
         self.functions: dict[str, lambda_.Function] = {}
         self.roles: dict[str, iam.Role] = {}
+        self._environment = environment
+        self._layer = layer
         for spec in SPECS.values():
             self._add(spec, environment, layer)
         if storage_class is not None:
             self.functions["prune"].add_environment(contract.ENV_STORAGE_CLASS, str(storage_class))
         self._grant()
+
+    def add(self, spec: FunctionSpec, environment: dict[str, str]) -> tuple[lambda_.Function, iam.Role]:
+        """A function the stack has only when configured (the scheduled copy): the shared environment
+        plus `environment`, its own role with only its log group; the caller grants the rest."""
+        self._add(spec, {**self._environment, **environment}, self._layer)
+        return self.functions[spec.name], self.roles[spec.name]
 
     def __getitem__(self, name: str) -> lambda_.Function:
         return self.functions[name]

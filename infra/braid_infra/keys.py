@@ -71,6 +71,11 @@ class Keys(Construct):
         self._allow("RekeyDataKeys", role, ["kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo"])
         role.add_to_principal_policy(iam.PolicyStatement(actions=["kms:DescribeKey"], resources=[self.key.key_arn]))
 
+    def allow_copy_from(self, role: iam.IRole) -> None:
+        """The scheduled copy (braid_infra.copy_schedule): authenticate a backup (Decrypt) and re-encrypt its data
+        key from this key to the second repository's (ReEncryptFrom; to a key in another region it decrypts)."""
+        self._allow("CopyDataKeys", role, ["kms:Decrypt", "kms:ReEncryptFrom"])
+
     def _allow(self, sid: str, role: iam.IRole, actions: list[str]) -> None:
         self.key.add_to_resource_policy(
             iam.PolicyStatement(

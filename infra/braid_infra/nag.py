@@ -163,6 +163,22 @@ def suppress_findings(stack: BraidStack) -> None:
     acknowledge(operator, wildcard(f"{bucket}/{REKEY_OBJECTS}"), "braid rekey's verified copies, named per backup, confined to rekey/.")
     acknowledge(restore, wildcard(f"{bucket}/{VERIFY_OBJECTS}"), OBJECTS[VERIFY_OBJECTS] + " Read, and created by braid verify --engine local.")
     acknowledge(restore, verify_executions, follow_verify)
+    if stack.copy is not None:
+        _copy(stack, bucket)
+
+
+def _copy(stack: BraidStack, bucket: str) -> None:
+    """The scheduled copy's role (braid_infra.copy_schedule): the objects of both repositories are named per backup."""
+    assert stack.copy is not None
+    policy = stack.copy.role.node.find_child("DefaultPolicy")
+    acknowledge(policy, wildcard("*"), XRAY)
+    acknowledge(policy, wildcard(f"<{_ref(stack, stack.functions.node.find_child('CopyLogs'))}.Arn>:*"), LOG_STREAMS)
+    setting = stack.copy.setting
+    second = f"arn:<AWS::Partition>:s3:::{setting.bucket}/{setting.prefix + '/' if setting.prefix else ''}"
+    for pattern in (DATA_OBJECTS, MANIFEST_OBJECTS):
+        acknowledge(policy, wildcard(f"{bucket}/{pattern}"), OBJECTS[pattern] + " Read-only: the copy's source.")
+    for pattern in (DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS):
+        acknowledge(policy, wildcard(f"{second}{pattern}"), OBJECTS[pattern] + " In the second repository, where the copy writes.")
 
 
 def _machine(

@@ -19,6 +19,7 @@ from braid.contract import (
     OUTPUT_AGENT_POLICY,
     OUTPUT_AGENT_ROLE,
     OUTPUT_BUCKET,
+    OUTPUT_COPY_ROLE,
     OUTPUT_KEY,
     OUTPUT_OBJECT_LOCK,
     OUTPUT_OPERATOR_ROLE,
@@ -31,6 +32,7 @@ from braid.contract import (
 )
 from braid_infra.access import HostAccess
 from braid_infra.backup_schedules import BackupSchedules
+from braid_infra.copy_schedule import add_copy_schedule
 from braid_infra.functions import PipelineFunctions
 from braid_infra.keys import Keys
 from braid_infra.layer import BraidLayer
@@ -76,6 +78,7 @@ class BraidStack(Stack):
         object_lock: Any = None,
         verify_schedule: Any = None,
         storage_class: Any = None,
+        copy_to: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
         super().__init__(scope, construct_id, **kwargs)
@@ -110,6 +113,10 @@ class BraidStack(Stack):
             self, "Schedules", verify=self.functions["verify"], prune=self.prune.state_machine, repository_prefix=prefix, retention=retention
         )
         self.backup_schedules = BackupSchedules(self, "BackupSchedules", schedules=backup_schedules)
+        # Before Monitoring: the copy function gets its Errors alarm with the others.
+        self.copy = add_copy_schedule(
+            self, value=copy_to, storage=self.storage, keys=self.keys, functions=self.functions, repository_prefix=prefix
+        )
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -149,6 +156,11 @@ class BraidStack(Stack):
             description="Instance profile for EC2 restore hosts (the restore role)",
         )
         CfnOutput(self, OUTPUT_OPERATOR_ROLE, value=self.operator.role.role_arn, description="Role an operator assumes for braid init and rekey")
+        if self.copy is not None:
+            CfnOutput(
+                self, OUTPUT_COPY_ROLE, value=self.copy.role.role_arn,
+                description="The scheduled copy's role: grant it in the second repository's key policy (and bucket policy, in another account)",
+            )
         if lock is not None:
             CfnOutput(self, OUTPUT_OBJECT_LOCK, value=str(lock), description="Object Lock retention of chunks and manifests (MODE:DAYS)")
         suppress_findings(self)

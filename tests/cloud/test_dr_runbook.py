@@ -14,6 +14,7 @@ checked against the RestoreRole's policies (support.emulated_iam).
 from __future__ import annotations
 
 import io
+import json
 import re
 import subprocess
 import sys
@@ -151,3 +152,75 @@ def test_the_deployers_services_cover_every_resource_type_of_the_template() -> N
              "StepFunctions": "states", "Events": "events", "SNS": "sns", "Scheduler": "scheduler", "SSM": "ssm"}
     needed = {named[kind.split("::")[1]] for kind in kinds}
     assert needed <= services, needed - services
+
+
+DR_BUCKET = "braid-dr-copy"
+DR_CALLER = "dr-operator"  # stands in for the second stack's roles: the emulator checks only the primary stack's
+
+
+def test_a_lost_region_is_restored_from_the_copy_the_scheduled_copy_function_made(
+    cloud: Emulator, published: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """"A lost region or account": the second repository (`braid init ... --kms-key`), the Copy function
+    (functions/copy, in-process against the emulator's S3 and KMS) copying the published backup there, and the
+    runbook's restore-from-the-copy commands on a host with no config, no key file and no BRAID_* variable."""
+    import importlib.util
+
+    import boto3
+
+    from braid.adapters.aws import lambda_env
+    from braid.contract import COPY_MEMORY_MB, ENV_BUCKET, ENV_COPY_KMS_KEY, ENV_COPY_TO, ENV_KMS_KEY_ID
+
+    endpoint, region = cloud.env["AWS_ENDPOINT_URL"], cloud.env["AWS_DEFAULT_REGION"]
+    session = boto3.Session(aws_access_key_id=DR_CALLER, aws_secret_access_key="emulated", region_name=region)
+    session.client("s3", endpoint_url=endpoint).create_bucket(Bucket=DR_BUCKET)
+    dr_key = session.client("kms", endpoint_url=endpoint).create_key(Description="braid DR")["KeyMetadata"]["Arn"]
+    made = braid(cloud, DR_CALLER, "init", "--repo", f"s3://{DR_BUCKET}", "--engine", "local", "--kms-key", dr_key)
+    assert made.code == 0, made.stderr
+
+    source_bucket = cloud.env["BRAID_REPO"].removeprefix("s3://").split("/")[0]
+    config = json.loads(session.client("s3", endpoint_url=endpoint).get_object(Bucket=source_bucket, Key="config.json")["Body"].read())
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": region, "AWS_REGION": region, "AWS_ACCESS_KEY_ID": DR_CALLER,
+        "AWS_SECRET_ACCESS_KEY": "emulated", "POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_METRICS_DISABLED": "true",
+        ENV_BUCKET: source_bucket, ENV_KMS_KEY_ID: config["key"]["key_id"], ENV_COPY_TO: f"s3://{DR_BUCKET}", ENV_COPY_KMS_KEY: dr_key,
+    }.items():
+        monkeypatch.setenv(name, value)
+    caches = (lambda_env._s3, lambda_env._kms, lambda_env._events)
+    for cached in caches:
+        cached.cache_clear()
+    spec = importlib.util.spec_from_file_location("braid_copy_dr", ROOT / "functions" / "copy" / "app.py")
+    assert spec is not None and spec.loader is not None
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
+
+    class Context:
+        function_name, memory_limit_in_mb, aws_request_id = "Braid-Copy", COPY_MEMORY_MB, "dr"
+        invoked_function_arn = f"arn:aws:lambda:{region}:123456789012:function:Braid-Copy"
+
+        def get_remaining_time_in_millis(self) -> int:
+            return 800_000
+
+    try:
+        run = app.handler({"prefix": ""}, Context())
+        again = app.handler({"prefix": ""}, Context())
+    finally:
+        for cached in caches:  # no later test gets clients of this emulator
+            cached.cache_clear()
+    assert run["ok"] and run["copied"] == [published], run
+    assert again["ok"] and again["pending"] == 0 and again["copied"] == []
+
+    (block,) = [b for b in sh_blocks("A lost region or account") if "braid restore" in b]
+    restored = tmp_path / "restored-dr"
+    script = block.replace("/opt/braid/bin/braid", str(ROOT / ".venv" / "bin" / "braid"))
+    for placeholder, value in [("s3://DR_BUCKET", f"s3://{DR_BUCKET}"), ("DR_REGION", region), ("/srv/restored", str(restored))]:
+        script = re.sub(rf"(?<![\w/]){re.escape(placeholder)}(?![\w])", value, script)
+    assert not re.search(r"(?<![\w$])[A-Z]{4,}(?![\w=])|DR_", re.sub(r"#.*", "", script)), script  # no placeholder left
+    home = tmp_path / "dr-home"
+    home.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "AWS_ENDPOINT_URL": endpoint,
+           "AWS_ACCESS_KEY_ID": DR_CALLER, "AWS_SECRET_ACCESS_KEY": "emulated"}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr + cloud.tail()
+    assert published in done.stdout
+    assert {str(p.relative_to(restored)): p.read_bytes() for p in restored.rglob("*") if p.is_file()} == database_files()

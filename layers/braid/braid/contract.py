@@ -24,6 +24,7 @@ OUTPUT_OPERATOR_ROLE = "OperatorRoleArn"  # the role an operator assumes for `br
 # `braid init --stack` copies it into config.json: the hosts' writers and prune read it there.
 OUTPUT_OBJECT_LOCK = "ObjectLock"
 OUTPUT_PRUNE_STATE_MACHINE = "PruneStateMachineArn"
+OUTPUT_COPY_ROLE = "CopyRoleArn"  # with braid:copyTo: the role the second repository's key (and bucket) policy must name
 
 # -- the pipeline functions' environment --------------------------------------
 ENV_BUCKET = "BRAID_BUCKET"  # the repository bucket
@@ -38,6 +39,19 @@ ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenan
 # whose stored policy sets none; absent without one. Set by the CDK context CONTEXT_STORAGE_CLASS.
 ENV_STORAGE_CLASS = "BRAID_STORAGE_CLASS"
 CONTEXT_STORAGE_CLASS = "braid:storageClass"
+# The scheduled copy (CDK context braid:copyTo): the second repository, s3://BUCKET[/PREFIX], and the
+# KMS key (ARN) its config.json names, which its copies' data keys are re-wrapped for.
+COPY_CONTEXT = "braid:copyTo"
+ENV_COPY_TO = "BRAID_COPY_TO"
+ENV_COPY_KMS_KEY = "BRAID_COPY_KMS_KEY"
+# The copy function's timeout (Lambda's most), and how long before it a run stops starting objects and
+# leaves the backup it was copying unpublished for the next run (braid.ops.copy_pending): time for the
+# objects in flight and the publishing of a backup whose objects are all there.
+COPY_TIMEOUT_SECONDS = 900
+COPY_STOP_SECONDS = 120
+# Up to DEFAULT_WORKERS stored objects in memory at once, each up to CHUNKS_PER_PACK chunks.
+COPY_MEMORY_MB = 3008
+DEFAULT_COPY_SCHEDULE = "rate(15 minutes)"  # a run stops by COPY_TIMEOUT - COPY_STOP seconds: runs do not overlap
 DEFAULT_EVENT_BUS = "default"
 # Ranged GETs a worker keeps in flight reading ahead of its codec (braid.pipeline.item_flow): enough to
 # feed the codec, with the packs' PUTs on the same NIC (figures: docs/design/2026-11-cloud-figures.md).
@@ -106,6 +120,8 @@ METRIC_VERIFY_FAILURES = "VerifyFailures"  # backups a verification found damage
 METRIC_BACKUP_PUBLISHED = "BackupPublished"
 DIMENSION_BACKUP_NAME = "backup_name"
 METRIC_BACKUPS_PRUNED = "BackupsPruned"
+METRIC_BACKUPS_COPIED = "BackupsCopied"  # the scheduled copy: backups published in the second repository
+METRIC_COPY_FAILURES = "CopyFailures"  # backups the scheduled copy could not copy (the copy function's Errors alarm fires too)
 METRIC_LEFTOVERS_COLLECTED = "LeftoversCollected"
 METRIC_PRUNE_FAILURES = "PruneFailures"  # map items that did not finish: their data waits for the next run
 METRIC_OLDEST_STAGING_HOURS = "OldestStagingHours"  # the scheduled maintenance: age of the oldest backup still in staging

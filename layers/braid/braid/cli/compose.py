@@ -69,6 +69,7 @@ def open_repository(url: str) -> Repository:
             raise RepositoryError(f"repository {store.root} is not a directory")
         raise RepositoryError(
             f"repository directory {store.root} does not exist: check the path (a typo?); only a new repository is made with 'braid init --repo {url}'"
+            + _repositories_nearby(store.root)
         )
     try:
         if not (store.root / CONFIG).exists() and any(store.root.iterdir()):
@@ -81,6 +82,21 @@ def open_repository(url: str) -> Repository:
         raise RepositoryError(f"repository {store.root} is unreadable: {exc.strerror or exc}") from None
     except StorageError as exc:
         raise RepositoryError(f"repository {store.root} is unreadable: {exc}") from None
+
+
+def _repositories_nearby(missing: Path) -> str:
+    """"; a repository nearby: DIR" for the repositories beside a mistyped path, closest name first (a few at most)."""
+    import difflib
+
+    try:
+        found = sorted(p.name for p in missing.parent.iterdir() if (p / CONFIG).is_file())
+    except OSError:
+        return ""
+    if not found:
+        return ""
+    close = difflib.get_close_matches(missing.name, found, n=3, cutoff=0.5)
+    shown = [*close, *(name for name in found if name not in close)][:3]
+    return f"; {'a repository' if len(shown) == 1 else 'repositories'} nearby: {', '.join(str(missing.parent / n) for n in shown)}"
 
 
 def config_dir() -> Path:

@@ -28,7 +28,11 @@ target's encryption context (braid.ports.keys.DataKeyCopier). Per backup:
 
 An interrupted copy leaves chunks without a manifest in the target: not a
 backup; a rerun completes it, and the target's prune collects it once idle
-for its grace period if it is never rerun.
+for its grace period if it is never rerun. `stop` (the scheduled copy's
+Lambda deadline, braid.ops.copy_pending) is asked before each object:
+once it says so, CopyInterrupted leaves the copy unpublished for the next
+run. A backup whose objects are all there is published (the deadline's
+margin covers it).
 """
 
 from __future__ import annotations
@@ -55,6 +59,18 @@ from braid.ops.open import open_backup
 from braid.ports.keys import DataKeyCopier, KeyService
 
 DEFAULT_WORKERS = 4
+
+
+class CopyInterrupted(Exception):
+    """`stop` said so before the copy of `backup` was published: nothing of it is published; a rerun resumes it."""
+
+    def __init__(self, backup: str) -> None:
+        super().__init__(f"the copy of {backup} was interrupted before it was published; the next run resumes it")
+        self.backup = backup
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass
@@ -105,6 +121,7 @@ def copy_backup(
     *,
     workers: int = DEFAULT_WORKERS,
     progress: Callable[[str, str], None] = lambda backup, outcome: None,
+    stop: Callable[[], bool] = _never,
     _seen: frozenset[BackupRef] = frozenset(),
 ) -> None:
     """Copy `ref` (and, first, what it needs) into `target`; records the outcome in `report` (see the module docstring)."""
@@ -118,13 +135,13 @@ def copy_backup(
     manifest = sealed.authenticate(key)
     body = json.loads(sealed.body)
     for parent in _parents(body):
-        copy_backup(source, source_keys, target, parent, report, workers=workers, progress=progress, _seen=_seen | {ref})
+        copy_backup(source, source_keys, target, parent, report, workers=workers, progress=progress, stop=stop, _seen=_seen | {ref})
     if _already_copied(target, ref, manifest):
         report.already.append(str(ref))
         progress(str(ref), "already")
         return
     objects = stored_objects(manifest)
-    written, size = _copy_objects(source, target.repository, ref, objects, workers)
+    written, size = _copy_objects(source, target.repository, ref, objects, workers, stop)
     report.objects += written
     report.bytes += size
     _publish(source, target, ref, manifest, key, body, objects)
@@ -143,12 +160,21 @@ def _already_copied(target: CopyTarget, ref: BackupRef, manifest: Manifest) -> b
     return True
 
 
-def _copy_objects(source: Repository, target: Repository, ref: BackupRef, objects: list[StoredObject], workers: int) -> tuple[int, int]:
-    """Write every object the target lacks with its recorded size; (objects written, bytes written)."""
+def _copy_objects(
+    source: Repository, target: Repository, ref: BackupRef, objects: list[StoredObject], workers: int, stop: Callable[[], bool]
+) -> tuple[int, int]:
+    """Write every object the target lacks with its recorded size; (objects written, bytes written).
+
+    An absent object is written create-only (a Braid stack's bucket lets no
+    chunk be overwritten); one found written meanwhile (a concurrent copy of
+    the same backup) counts as copied, the listing before publishing checks it.
+    """
     present = {info.key: info.size for info in target.store.list(data_prefix(ref))}
     missing = [stored for stored in objects if present.get(stored.key) != stored.size]
 
     def one(stored: StoredObject) -> int:
+        if stop():
+            raise CopyInterrupted(str(ref))
         try:
             data = source.store.get(stored.key)
         except NotFoundError:
@@ -159,7 +185,10 @@ def _copy_objects(source: Repository, target: Repository, ref: BackupRef, object
                 f"{stored.label} of backup {ref} in {source.url} does not match its manifest (corrupt); not copied:"
                 f" run braid verify --deep {ref} there"
             )
-        target.store.put(stored.key, data, checksum=checksum, durable=False)
+        try:
+            target.store.put(stored.key, data, checksum=checksum, durable=False, create_only=stored.key not in present)
+        except AlreadyExistsError:
+            return 0
         return len(data)
 
     if len(missing) <= 1:

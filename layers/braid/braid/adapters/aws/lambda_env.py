@@ -8,6 +8,9 @@ The stack gives every pipeline function the same environment:
     BRAID_WORKER_LANES  chunks a worker processes at once (worker only)
     BRAID_OBJECT_LOCK   MODE:DAYS when the bucket has Object Lock: every chunk
                         and manifest the functions write carries that retention
+    BRAID_COPY_TO, BRAID_COPY_KMS_KEY
+                        the scheduled copy's second repository and its KMS key
+                        (the copy function only: CDK context braid:copyTo)
 
 Clients are created once per container and shared by threads (boto3 clients
 are thread-safe), with the pipeline's retry budget (braid.adapters.aws.clients
@@ -25,13 +28,15 @@ from typing import TYPE_CHECKING, Any
 from braid import contract
 from braid.adapters.aws.clients import PIPELINE, PIPELINE_KMS, events_client, kms_client, s3_client, stepfunctions_client
 from braid.adapters.aws.events import EventBridgePublisher
-from braid.adapters.aws.kms import KmsKeyService
-from braid.adapters.aws.s3 import S3Store
+from braid.adapters.aws.kms import KmsCopy, KmsKeyService, _same_key
+from braid.adapters.aws.s3 import S3Store, parse_s3_url
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.aws.stepfunctions import StepFunctionsPruneRuns
 from braid.errors import UsageError
 from braid.format.lock import ObjectLock
+from braid.format.repository import Repository
 from braid.format.storage_class import StoragePolicy
+from braid.ops.copy import CopyTarget
 from braid.ports.pipeline import MultipartJanitor
 from braid.ports.progress_relay import ProgressRelay
 
@@ -42,7 +47,7 @@ if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer do
 
 log = logging.getLogger("braid.aws")
 
-__all__ = ["EventBridgePublisher", "S3StagingJanitor", "event_publisher", "key_service", "prune_runs", "repository_store", "setting", "worker_concurrency", "worker_lanes"]
+__all__ = ["EventBridgePublisher", "S3StagingJanitor", "copy_target", "event_publisher", "key_service", "prune_runs", "repository_store", "setting", "worker_concurrency", "worker_lanes"]
 
 
 def setting(name: str, default: str | None = None) -> str:
@@ -120,3 +125,36 @@ def event_publisher() -> EventBridgePublisher:
 def prune_runs() -> StepFunctionsPruneRuns:
     """The stack's prune state machine (the scheduled maintenance starts it)."""
     return StepFunctionsPruneRuns(stepfunctions_client(retries=PIPELINE, on_retry=_retries), setting(contract.ENV_PRUNE_STATE_MACHINE))
+
+
+def _key_region(key_arn: str) -> str | None:
+    """The region of a key ARN (arn:PARTITION:kms:REGION:ACCOUNT:key/ID); None for a bare id."""
+    parts = key_arn.split(":")
+    return parts[3] if len(parts) > 5 and parts[0] == "arn" else None
+
+
+def copy_target() -> CopyTarget:
+    """The scheduled copy's second repository (BRAID_COPY_TO) and its KMS key (BRAID_COPY_KMS_KEY).
+
+    The key must be the one the repository's config.json names. In this
+    function's region the data key is re-encrypted inside KMS (ReEncrypt);
+    a key in another region (KMS keys are regional) gets it by Decrypt here
+    and Encrypt there, so the data key is in this function's memory briefly.
+    """
+    from braid.adapters.local.keys import KeyCopy
+
+    url, key = setting(contract.ENV_COPY_TO), setting(contract.ENV_COPY_KMS_KEY)
+    bucket, prefix = parse_s3_url(url)
+    repository = Repository.open(S3Store(_s3(), bucket, prefix, retries=_retries))
+    recorded = repository.config.key
+    if recorded.get("type") != "kms" or not _same_key(str(recorded.get("key_id", "")), key):
+        named = f"KMS key {recorded['key_id']}" if recorded.get("type") == "kms" and recorded.get("key_id") else "a master-key file"
+        raise UsageError(
+            f"{contract.COPY_CONTEXT} names the KMS key {key}, but {repository.url} uses {named}:"
+            " give the second repository's own KMS key (braid init --repo URL --kms-key ARN makes one that uses it)"
+        )
+    region = _key_region(key)
+    if region is None or region == _kms().meta.region_name:
+        return CopyTarget(repository, KmsKeyService(_kms(), key), KmsCopy(_kms(), key))
+    there = KmsKeyService(kms_client(retries=PIPELINE_KMS, on_retry=_retries, region=region), key)
+    return CopyTarget(repository, there, KeyCopy(key_service(), there))
