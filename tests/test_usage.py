@@ -359,7 +359,7 @@ def test_braid_prices_show_set_reset(repo: Path) -> None:
     assert (doc["stored"], doc["date"], doc["prices"]["lambda_request"]) == (True, "2026-12-01", 0.0000003)
     assert json.loads((repo / PRICES).read_text())["prices"]["lambda_request"] == 0.0000003
     text = run_braid("prices", "show", "--repo", str(repo)).out
-    assert "stored in the repository" in text and "lambda_request         3e-07" in text
+    assert "stored in the repository" in text and "lambda_request           3e-07" in text
     assert run_braid("prices", "reset", "--repo", str(repo)).code == 0 and not (repo / PRICES).exists()
 
 

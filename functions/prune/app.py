@@ -5,7 +5,8 @@ state machine): {"prefix": "", "orphan_grace_hours": 48, "distrusted":
 {"NAME@ID": reason}, "slice_chunks": N} and any of the keep rules
 (braid.pipeline.prune_plan.policy_from_event); no rule: the policies stored
 in the repository. Returns: {"run", "items_object", "items",
-"max_concurrency", "now", "grace_hours", "pruned", "unreadable", "prefix"}.
+"max_concurrency", "now", "grace_hours", "pruned", "unreadable", "moves", "prefix"}.
+The stack's storage class policy (`braid:storageClass`) comes from BRAID_STORAGE_CLASS.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from braid import contract
-from braid.adapters.aws.lambda_env import event_publisher, key_service, repository_store
+from braid.adapters.aws.lambda_env import event_publisher, key_service, repository_store, storage_default
 from braid.format.repository import Repository
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
 from braid.pipeline.prune_plan import distrusted_from_event, plan_run, policy_from_event, slice_chunks_from_event
@@ -34,7 +35,8 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         policy=policy_from_event(event),
         distrusted=distrusted_from_event(event),
         slice_chunks=slice_chunks_from_event(event),
+        storage_default=storage_default(),
     )
     add_metrics({contract.METRIC_BACKUPS_PRUNED: (MetricUnit.Count, state["pruned"])})
-    logger.info("prune planned", extra={k: state[k] for k in ("items", "pruned", "unreadable")})
+    logger.info("prune planned", extra={k: state[k] for k in ("items", "pruned", "unreadable", "moves")})
     return state

@@ -1,7 +1,8 @@
 """Sweep Lambda: one item of the prune map (braid.pipeline.sweep).
 
 Event (built by the map's ItemSelector): {"run", "prefix", "now" (the plan's
-ISO time), "grace_hours", "item": {"n", "kind", "backup", "after", "until"}}.
+ISO time), "grace_hours", "item": {"n", "kind", "backup", "after", "until"[, "storage_class"]}}
+(kind "backup", "leftover" or "move": braid.pipeline.prune_plan).
 Returns: the item's outcome, also written to its result record.
 """
 

@@ -33,4 +33,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     if not report.ok:
         logger.error("prune incomplete", extra={"failures": report.failures()[:SHOWN]})
     full = report.to_json()
-    return {k: (v[:SHOWN] if isinstance(v, list) else v) for k, v in full.items()}
+    return {k: _shown(v) for k, v in full.items()}
+
+
+def _shown(value: Any) -> Any:
+    """The first SHOWN entries of a list, also inside a section (the plan's `storage`): the state stays small."""
+    if isinstance(value, list):
+        return value[:SHOWN]
+    if isinstance(value, dict):
+        return {k: (v[:SHOWN] if isinstance(v, list) else v) for k, v in value.items()}
+    return value

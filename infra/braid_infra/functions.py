@@ -24,6 +24,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from braid import contract
+from braid.format.storage_class import StoragePolicy
 from braid_infra.keys import Keys
 from braid_infra.layer import ARCHITECTURE, RUNTIME
 from braid_infra.storage import (
@@ -34,9 +35,11 @@ from braid_infra.storage import (
     DATA_OBJECTS,
     MANIFEST_OBJECTS,
     POLICY_OBJECTS,
+    PRICES,
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
     STAGING_OBJECTS,
+    STORAGE_OBJECTS,
     SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
@@ -95,9 +98,11 @@ class PipelineFunctions(Construct):
         keys: Keys,
         layer: lambda_.ILayerVersion,
         worker_concurrency: int | None = None,
+        storage_class: StoragePolicy | None = None,
     ) -> None:
         """`worker_concurrency`: reserved for the worker, and every map clamped to it; None reserves
-        nothing and clamps maps to contract.DEFAULT_WORKER_CONCURRENCY."""
+        nothing and clamps maps to contract.DEFAULT_WORKER_CONCURRENCY. `storage_class`: the stack's
+        default for moving old backups' chunks (braid:storageClass), which only PlanPrune reads."""
         super().__init__(scope, construct_id)
         self.storage = storage
         self.keys = keys
@@ -121,6 +126,8 @@ class PipelineFunctions(Construct):
         self._layer = layer
         for spec in SPECS.values():
             self._add(spec, environment, layer)
+        if storage_class is not None:
+            self.functions["prune"].add_environment(contract.ENV_STORAGE_CLASS, str(storage_class))
         self._grant()
 
     def add(self, spec: FunctionSpec, environment: dict[str, str]) -> tuple[lambda_.Function, iam.Role]:
@@ -274,9 +281,10 @@ class PipelineFunctions(Construct):
         # distrusted), authenticate manifests, then take each pruned backup out of the catalog (marker,
         # summary) and delete its manifest (and any rekey copy, and its verify records); writes the
         # run's plan and items. Never data: that is Sweep's.
-        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS)
+        # It also plans storage class moves: the price table prices early deletions; a pruned backup's storage records go with it.
+        self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS, PRICES)
         self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
-        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS)
+        self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS, STORAGE_OBJECTS)
         self._list("prune")
         self._events("prune")
         self.keys.allow_decrypt(self.roles["prune"])
@@ -285,11 +293,16 @@ class PipelineFunctions(Construct):
         self._s3("sweep", ["s3:GetObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
         self._s3("sweep", ["s3:DeleteObject"], DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS)
         self._s3("sweep", ["s3:PutObject"], PRUNE_OBJECTS)
+        # ...and move a kept backup's chunks to another storage class: CopyObject onto itself is a GET of the
+        # source and a PUT of the copy, which the bucket policy allows under data/ only as a class change.
+        self._s3("sweep", ["s3:PutObject"], DATA_OBJECTS)
+        self._retention("sweep", DATA_OBJECTS)
         self._list("sweep")
         # TallyPrune: read the run's records, write its report and delete the rest; fold the
         # catalog log into a snapshot (reading summaries, or manifests where one is missing)
         # and collect superseded snapshots and log days. No key: the catalog needs none.
         self._s3("tally", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS)
         self._s3("tally", ["s3:PutObject", "s3:DeleteObject"], CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
+        self._s3("tally", ["s3:PutObject"], STORAGE_OBJECTS)  # a record per backup whose chunks all moved
         self._list("tally")
         self._events("tally")

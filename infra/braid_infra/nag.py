@@ -25,6 +25,7 @@ from braid_infra.storage import (
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
     STAGING_OBJECTS,
+    STORAGE_OBJECTS,
     SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
@@ -51,6 +52,7 @@ OBJECTS = {
     SUMMARY_OBJECTS: "Catalog summaries are named per backup; the prune deletes those of backups it removes, confined to catalog/summaries/.",
     CATALOG_LOG_OBJECTS: "Catalog log markers are named per time and backup at run time; confined to catalog/log/.",
     CATALOG_INDEX_OBJECTS: "Catalog snapshots are named per time at run time; confined to catalog/index/.",
+    STORAGE_OBJECTS: "Storage class records are named per backup and time at run time (storage/NAME/ID/STAMP~CLASS); confined to storage/.",
     PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
@@ -86,9 +88,11 @@ def suppress_findings(stack: BraidStack) -> None:
         "verifyplan": [MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
         "verifyworker": [MANIFEST_OBJECTS, DATA_OBJECTS],
         "verifyrecord": [VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
-        "prune": [MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS],
+        "prune": [
+            MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS, STORAGE_OBJECTS,
+        ],
         "sweep": [MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS, PRUNE_OBJECTS],
-        "tally": [MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS, CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS],
+        "tally": [MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS, CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS, STORAGE_OBJECTS],
     }
     backup_steps = ("prepare", "plan", "worker", "finalize", "cleanup")
     prune_steps = ("prune", "sweep", "tally")

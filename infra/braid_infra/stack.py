@@ -14,6 +14,7 @@ from aws_cdk import CfnOutput, Stack
 from constructs import Construct
 
 from braid.contract import (
+    CONTEXT_STORAGE_CLASS,
     OUTPUT_AGENT_INSTANCE_PROFILE,
     OUTPUT_AGENT_POLICY,
     OUTPUT_AGENT_ROLE,
@@ -41,7 +42,7 @@ from braid_infra.operator import OperatorAccess
 from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, RetryPolicy
 from braid_infra.prune_pipeline import SWEEP_RETRY, PrunePipeline
 from braid_infra.schedules import Schedules
-from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting
+from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting, storage_class_setting
 from braid_infra.verify_pipeline import VerifyPipeline
 
 WORKER_CONCURRENCY_CONTEXT = "braid:worker-concurrency"
@@ -76,6 +77,7 @@ class BraidStack(Stack):
         worker_concurrency: int | None = None,
         object_lock: Any = None,
         verify_schedule: Any = None,
+        storage_class: Any = None,
         copy_to: Any = None,
         **kwargs,  # type: ignore[no-untyped-def]
     ) -> None:
@@ -87,8 +89,9 @@ class BraidStack(Stack):
         self.layer = BraidLayer(self, "Layer", asset_dir=layer_dir)
         if worker_concurrency is None:
             worker_concurrency = worker_reservation(self.node.try_get_context(WORKER_CONCURRENCY_CONTEXT))
+        moves = storage_class_setting(storage_class if storage_class is not None else self.node.try_get_context(CONTEXT_STORAGE_CLASS))
         self.functions = PipelineFunctions(
-            self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer, worker_concurrency=worker_concurrency
+            self, "Functions", storage=self.storage, keys=self.keys, layer=self.layer.layer, worker_concurrency=worker_concurrency, storage_class=moves
         )
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry

@@ -29,6 +29,20 @@ can replace a stored chunk, nor a manifest it has not read as it stands. Deletes
 scheduled Verify), Cleanup and Finalize's withdrawal still delete, within
 their roles' grants.
 
+Old backups' chunks may move to a cheaper storage class (STANDARD_IA or
+GLACIER_IR; braid:storageClass and per-name policies, braid.ops.storage_class):
+the scheduled prune's Sweep copies each chunk onto itself with the new
+StorageClass. Such a copy carries no If-None-Match, so the create-only
+statement leaves copies out (`s3:x-amz-copy-source` present), and two more
+deny every copy under data/ that does anything else: one that names no
+movable class, or that does not keep the object's metadata
+(MetadataDirective COPY). A copy cannot change a chunk's bytes without
+detection either: a chunk copied over another fails authentication at
+restore (its index is in its associated data, braid.format.chunk). The
+copy is a new version; the Standard one it replaces is noncurrent and
+expires a day later, as pruned chunks do (under Object Lock: once its
+retention date passed).
+
 Object Lock (optional: the `object_lock` prop or the CDK context
 `braid:objectLock`, `{"mode": "GOVERNANCE"|"COMPLIANCE", "days": N}`): the
 bucket is created with Object Lock enabled and no default retention, since
@@ -59,10 +73,12 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from braid import contract
 from braid.errors import UsageError
 from braid.format import layout
 from braid.format.lock import ObjectLock
 from braid.format.staging import keys as staging_keys
+from braid.format.storage_class import MOVABLE, StoragePolicy
 
 # Repository-relative key patterns for IAM resources and conditions, from the
 # package's one repository layout (braid.format.layout), never retyped here.
@@ -74,6 +90,7 @@ MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
 CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)
 PRICES = layout.PRICES  # the repository's price table, which `show` and `list` price each backup's usage with
+STORAGE_OBJECTS = f"{layout.STORAGE}*"  # storage class records: TallyPrune writes one per backup moved, PlanPrune removes a pruned backup's
 VERIFY_OBJECTS = f"{layout.VERIFICATIONS}*"  # verify records, one per verification of a backup (braid.format.verification)
 VERIFY_RUN_OBJECTS = f"{layout.VERIFY_RUNS}*"  # the cloud verify's work: its plan, map items and the map's exported results
 VERIFY_RUN_LIFETIME = Duration.days(8)  # a run's recorder deletes its work; what a failed run left expires
@@ -92,7 +109,11 @@ STAGING_LIFETIME = Duration.days(8)
 # Noncurrent chunk versions (pruned, or discarded by Cleanup) and staging versions.
 NONCURRENT_DATA = Duration.days(1)
 # Chunks are written once, by every principal (the bucket policy's CreateOnlyChunks statement).
-CREATE_ONLY_CONDITION = {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
+# Copies (a chunk onto itself in another storage class) are held by the two conditions below instead.
+CREATE_ONLY_CONDITION = {"Null": {"s3:if-none-match": "true", "s3:x-amz-copy-source": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
+# A copy under data/ moves a chunk to a movable class (braid.format.storage_class.MOVABLE), nothing else.
+COPY_CLASS_CONDITION = {"Null": {"s3:x-amz-copy-source": "false"}, "StringNotEquals": {"s3:x-amz-storage-class": list(MOVABLE)}}
+COPY_METADATA_CONDITION = {"Null": {"s3:x-amz-copy-source": "false"}, "StringNotEquals": {"s3:x-amz-metadata-directive": "COPY"}}
 # Manifests are created once, or replaced only as the exact version the writer read (rekey: If-Match).
 CONDITIONAL_CONDITION = {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}
 # Under Object Lock, a manifest is written with a retention mode or not at all.
@@ -115,6 +136,19 @@ def object_lock_setting(value: Any) -> ObjectLock | None:
         return ObjectLock.from_json(dict(value))
     except (ValueError, TypeError, UsageError) as exc:
         raise ValueError(f"{OBJECT_LOCK_CONTEXT}: not an Object Lock setting ({exc}); e.g. {{\"mode\": \"GOVERNANCE\", \"days\": 30}}") from None
+
+
+def storage_class_setting(value: Any) -> StoragePolicy | None:
+    """The stack's storage class policy from the `braid:storageClass` context: "CLASS:DAYS" or {"class", "after_days"}; a bad value fails synth."""
+    if value is None or value == "":
+        return None
+    try:
+        if isinstance(value, str):
+            text = value.strip()
+            return StoragePolicy.from_json(json.loads(text)) if text.startswith("{") else StoragePolicy.parse(text)
+        return StoragePolicy.from_json(dict(value))
+    except (ValueError, TypeError, UsageError) as exc:
+        raise ValueError(f"{contract.CONTEXT_STORAGE_CLASS}: not a storage class policy ({exc}); e.g. STANDARD_IA:30 or GLACIER_IR:90") from None
 
 
 def key_prefix(repository_prefix: str) -> str:
@@ -175,6 +209,8 @@ class Storage(Construct):
         )
         denials = [
             ("CreateOnlyChunks", DATA_OBJECTS, CREATE_ONLY_CONDITION),
+            ("ChunkCopiesOnlyMoveClass", DATA_OBJECTS, COPY_CLASS_CONDITION),
+            ("ChunkCopiesKeepMetadata", DATA_OBJECTS, COPY_METADATA_CONDITION),
             ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
         ]
         if object_lock is not None:

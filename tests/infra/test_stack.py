@@ -120,15 +120,18 @@ LEAST_PRIVILEGE = {
     # The scheduled maintenance starts the prune run and lists staging/'s prefixes: it reads no object.
     "FunctionsVerifyRole": {("s3:ListBucket", "bucket")},
     # PlanPrune: reads the catalog, policies and manifests; removes manifests (catalog marker and summary first). Never data.
-    "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*", "verify/*")}
+    # It plans storage class moves too: prices.json prices early deletions; a pruned backup's storage records go with it.
+    "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*", "verify/*", "prices.json")}
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
-    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*")} | {("s3:ListBucket", "bucket")},
+    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*", "storage/*")} | {("s3:ListBucket", "bucket")},
     # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.
     "FunctionsSweepRole": {("s3:GetObject", p) for p in ("manifests/*", "data/*", "staging/*")}
-    | {("s3:DeleteObject", p) for p in ("data/*", "staging/*", "catalog/summaries/*")} | {("s3:PutObject", "prune/*"), ("s3:ListBucket", "bucket")},
+    | {("s3:DeleteObject", p) for p in ("data/*", "staging/*", "catalog/summaries/*")} | {("s3:PutObject", "prune/*"), ("s3:ListBucket", "bucket")}
+    | {("s3:PutObject", "data/*")},  # a move item's CopyObject onto itself; the bucket policy lets only a class change through
     # TallyPrune: the run's records, and the catalog's snapshots and log days.
     "FunctionsTallyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "prune/*")}
-    | {(a, p) for a in ("s3:PutObject", "s3:DeleteObject") for p in ("catalog/index/*", "catalog/log/*", "prune/*")} | {("s3:ListBucket", "bucket")},
+    | {(a, p) for a in ("s3:PutObject", "s3:DeleteObject") for p in ("catalog/index/*", "catalog/log/*", "prune/*")} | {("s3:ListBucket", "bucket")}
+    | {("s3:PutObject", "storage/*")},  # a storage record per backup whose chunks all moved
     "PrunePipelinePruneRole": {("s3:GetObject", "prune/*"), ("s3:GetObject", "*")},
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
     "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
@@ -170,7 +173,12 @@ def test_chunks_and_manifests_are_create_only_for_every_principal(template: Temp
     (policy,) = [p for p in resources_of(template.to_json(), "AWS::S3::BucketPolicy").values() if p["Properties"]["Bucket"]["Ref"].startswith("StorageRepository")]
     statements = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     expected = {
-        "CreateOnlyChunks": ("/data/*", {"Null": {"s3:if-none-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}),
+        "CreateOnlyChunks": ("/data/*", {"Null": {"s3:if-none-match": "true", "s3:x-amz-copy-source": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}}),
+        "ChunkCopiesOnlyMoveClass": (
+            "/data/*",
+            {"Null": {"s3:x-amz-copy-source": "false"}, "StringNotEquals": {"s3:x-amz-storage-class": ["STANDARD_IA", "GLACIER_IR"]}},
+        ),
+        "ChunkCopiesKeepMetadata": ("/data/*", {"Null": {"s3:x-amz-copy-source": "false"}, "StringNotEquals": {"s3:x-amz-metadata-directive": "COPY"}}),
         "ConditionalManifests": (
             "/manifests/*",
             {"Null": {"s3:if-none-match": "true", "s3:if-match": "true"}, "Bool": {"s3:ObjectCreationOperation": "true"}},
@@ -207,6 +215,17 @@ def test_the_bucket_policy_lets_rekey_replace_a_manifest_it_read_and_nothing_els
     assert put("data/db/20261123T000000.000Z-1a2b3c4d/0000000000", if_match='"etag"') == DENY  # a chunk is never replaced
     assert put("data/db/20261123T000000.000Z-1a2b3c4d/0000000000", if_none_match="*") == ALLOW
     assert put("catalog/summaries/db/x.json") == ALLOW
+    # A chunk copied onto itself into a movable class (the prune's move), metadata kept: through; any other copy: denied.
+    chunk = "data/db/20261123T000000.000Z-1a2b3c4d/0000000000"
+    source = {"x_amz_copy_source": f"bucket/{chunk}", "x_amz_metadata_directive": "COPY"}
+    assert put(chunk, **source, x_amz_storage_class="STANDARD_IA") == ALLOW
+    assert put(chunk, **source, x_amz_storage_class="GLACIER_IR") == ALLOW
+    assert put(chunk, **source, x_amz_storage_class="STANDARD") == DENY
+    assert put(chunk, **source, x_amz_storage_class="DEEP_ARCHIVE") == DENY
+    assert put(chunk, **source) == DENY  # no class named: a plain overwrite by copy
+    assert put(chunk, x_amz_copy_source=f"bucket/{chunk}", x_amz_metadata_directive="REPLACE", x_amz_storage_class="STANDARD_IA") == DENY
+    assert put(chunk, x_amz_copy_source=f"bucket/{chunk}", x_amz_storage_class="STANDARD_IA") == DENY  # the directive must be COPY
+    assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json", **source, x_amz_storage_class="STANDARD_IA") == DENY  # manifests stay
 
 
 def test_hosts_may_pass_their_tag_when_they_assume_the_agent_role(template: Template) -> None:

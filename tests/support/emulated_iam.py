@@ -225,6 +225,8 @@ def s3_authorizations(method: str, path: str, query: dict[str, list[str]], heade
         return [("s3:DeleteObjectVersion" if versioned else "s3:DeleteObject", object_arn, {})] + (
             [("s3:BypassGovernanceRetention", object_arn, {})] if bypass else []
         )
+    if method == "PUT" and "retention" in query:
+        return [("s3:PutObjectRetention", object_arn, {})]
     if method in ("PUT", "POST"):
         creates = (method == "PUT" and "partNumber" not in query) or (method == "POST" and "uploadId" in query)
         context: dict[str, Any] = {"s3:ObjectCreationOperation": "true" if creates else "false"}
@@ -233,6 +235,13 @@ def s3_authorizations(method: str, path: str, query: dict[str, list[str]], heade
         if creates and "if-match" in headers:
             context["s3:if-match"] = headers["if-match"]
         checks = [("s3:PutObject", object_arn, context)]
+        if creates and "x-amz-copy-source" in headers:  # CopyObject: a PUT of the copy and a GET of its source
+            source = unquote(headers["x-amz-copy-source"]).lstrip("/").partition("?")[0]
+            context["s3:x-amz-copy-source"] = source
+            for name in ("x-amz-storage-class", "x-amz-metadata-directive"):
+                if name in headers:
+                    context[f"s3:{name}"] = headers[name]
+            checks.append(("s3:GetObject", f"arn:aws:s3:::{source}", {}))
         if creates and "x-amz-object-lock-mode" in headers:
             context["s3:object-lock-mode"] = headers["x-amz-object-lock-mode"]
             context["s3:object-lock-retain-until-date"] = headers.get("x-amz-object-lock-retain-until-date", "")

@@ -16,6 +16,7 @@ from typing import Any
 
 from braid.format.layout import prune_items_key
 from braid.format.repository import Repository
+from braid.format.storage_class import StoragePolicy
 from braid.pipeline.prune_plan import SweepItem, distrusted_from_event, plan_run, policy_from_event, slice_chunks_from_event
 from braid.pipeline.prune_tally import PruneReport, tally_run
 from braid.pipeline.sweep import SweepResult, sweep_item
@@ -36,6 +37,7 @@ class InlinePruneRuns:
         self.states: list[dict[str, Any]] = []
         self.results: list[SweepResult] = []
         self.before_sweep: Callable[[], None] = lambda: None
+        self.storage_default: StoragePolicy | None = None  # the stack's braid:storageClass, as PlanPrune reads it from its environment
 
     def start(self, run: str, document: Mapping[str, Any]) -> str:
         state = plan_run(
@@ -47,6 +49,7 @@ class InlinePruneRuns:
             distrusted=distrusted_from_event(document),
             slice_chunks=slice_chunks_from_event(document),
             now=self.now,
+            storage_default=self.storage_default,
         )
         self.states.append(state)
         self.before_sweep()

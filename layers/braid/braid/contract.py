@@ -35,6 +35,10 @@ ENV_WORKER_CONCURRENCY = "BRAID_WORKER_CONCURRENCY"  # the worker's reserved con
 # MODE:DAYS of the stack's Object Lock (the same value as OUTPUT_OBJECT_LOCK); absent without one.
 ENV_OBJECT_LOCK = "BRAID_OBJECT_LOCK"
 ENV_PRUNE_STATE_MACHINE = "BRAID_PRUNE_STATE_MACHINE"  # the scheduled maintenance starts the prune there
+# The stack-wide storage class policy CLASS:DAYS (braid.format.storage_class) PlanPrune applies to names
+# whose stored policy sets none; absent without one. Set by the CDK context CONTEXT_STORAGE_CLASS.
+ENV_STORAGE_CLASS = "BRAID_STORAGE_CLASS"
+CONTEXT_STORAGE_CLASS = "braid:storageClass"
 # The scheduled copy (CDK context braid:copyTo): the second repository, s3://BUCKET[/PREFIX], and the
 # KMS key (ARN) its config.json names, which its copies' data keys are re-wrapped for.
 COPY_CONTEXT = "braid:copyTo"
@@ -99,6 +103,10 @@ SWEEP_TIMEOUT_SECONDS = 90
 SWEEP_RETRIES = 2
 PRUNE_SLICE_CHUNKS = 16384
 PRUNE_MAX_CONCURRENCY = 20  # items at once: S3 deletes ~3,500 keys/s per prefix, each item is one backup's prefix
+# Chunks per map item that moves a kept backup to another storage class (CopyObject onto itself, server-side):
+# 50 chunks are at most 10 packs (CHUNKS_PER_PACK) of 64 MiB chunks, 3.2 GiB copied, inside one Sweep attempt
+# (SWEEP_TIMEOUT_SECONDS) at S3's in-region copy rates (docs/design/2026-11-28-storage-classes.md).
+MOVE_SLICE_CHUNKS = 50
 
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"

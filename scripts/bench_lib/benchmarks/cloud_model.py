@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import s3proxy, scale_sim
+from bench_lib import retention_cost, s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -424,6 +424,7 @@ def run(ctx: Context) -> Section:
              "PASS" if max(r["max_timeout_fraction"] for r in rows) <= 0.5 else "MISS"],
         ],
     ))
+    section.tables.extend(policy_tables())
     section.facts = {
         **{
             f"worker item CPU per chunk over {run.transport}, this machine (process_item: GET + codec + CRC + PUT + result)": round(run.cpu_per_chunk, 3)
@@ -450,6 +451,7 @@ def run(ctx: Context) -> Section:
                                                      "INVOKE_OVERHEAD_SECONDS", "COLD_START_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
+        "incremental fraction in the retention rows": f"{retention_cost.INCREMENTAL_FRACTION} (docs/design/incremental-chains.md, measured)",
     }
     notes.append(
         f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
@@ -479,3 +481,24 @@ def run(ctx: Context) -> Section:
         notes.append(f"the worker's CPU was measured over {measured.transport} only: TLS, which the worker pays in Lambda, is not in the figure")
     section.notes = notes
     return section
+
+
+def policy_tables() -> list[Table]:
+    """The monthly storage bill of `--keep-daily 30 --keep-monthly 12` on a 1 TiB database (bench_lib.retention_cost)."""
+    prices = PRICE_TABLE.prices
+    rows = retention_cost.policy_rows(prices)
+    columns = ["scenario", "class", "after_days", "incremental_fraction", "standard_gib", "class_gib", "early_deletion_per_month", "per_month"]
+    sensitivity = retention_cost.sensitivity_rows(prices)
+    return [
+        Table(
+            "retention policy, monthly storage $: 1 TiB database, dailies kept 30 days, monthlies a year (stored = size: before"
+            f" compression), with and without storage classes (prices {PRICE_TABLE.name}, {PRICE_TABLE.date}) and incrementals",
+            columns,
+            [[row[c] for c in columns] for row in rows],
+        ),
+        Table(
+            "retention policy with incrementals, monthly storage $ as the incremental fraction varies (measured: 0.019)",
+            list(sensitivity[0]),
+            [list(row.values()) for row in sensitivity],
+        ),
+    ]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from braid import __version__, contract
-from braid.cli import chain_options
+from braid.cli import chain_options, storage_options
 from braid.cli.pgdata_options import add_pgdata_options
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
@@ -540,6 +540,7 @@ def _declare_prune(sub: Subparsers, shared: _Shared) -> None:
                        help="collect data of backups that never completed (and temporary files of interrupted writes)"
                             " once idle for H hours since their last activity (default 48, at least 1)")
     prune.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    storage_options.add_prune_options(prune)
     prune.set_defaults(handler=_command("prune:cmd_prune"))
 
 

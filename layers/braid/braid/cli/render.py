@@ -16,11 +16,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from braid.cli.sizes import format_size
+from braid.cli.storage_render import storage_line
 from braid.format.ids import BackupRef
 from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
 from braid.format.prices import DEFAULT, UNITS, PriceTable, cost_totals, price
 from braid.format.repository import RepositoryConfig
+from braid.format.storage_class import PRICE_KEYS
 from braid.format.summary import BackupSummary
 from braid.format.timestamps import format_timestamp, parse_timestamp
 from braid.format.usage import Billed, Usage
@@ -224,7 +226,7 @@ def retention_detail(manifest: Manifest, lock: ObjectLock | None) -> dict[str, s
     return {"mode": lock.mode, "until": format_timestamp(lock.until(BackupRef.parse(manifest.backup)))}
 
 
-def usage_fields(usage: Usage | None, prices: PriceTable | None) -> dict[str, Any]:
+def usage_fields(usage: Usage | None, prices: PriceTable | None, storage_key: str = "s3_storage_gb_month") -> dict[str, Any]:
     """`show --json`: the `list` row's `usage` and `cost` (billed_fields), and `usage_detail` (`requests` by
     operation, `lambda` by function) and `cost_lines` (item, quantity, unit price, cost); null without a usage.
     `prices` None (a directory repository without `braid prices set`): `cost` and `cost_lines` null."""
@@ -233,19 +235,19 @@ def usage_fields(usage: Usage | None, prices: PriceTable | None) -> dict[str, An
     detail = usage.to_json()
     if prices is None:
         return {"usage": usage.billed(), "cost": None, "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]}, "cost_lines": None}
-    cost = price(usage, prices).to_json()
+    cost = price(usage, prices, storage_key).to_json()
     return {
-        **billed_fields(usage.billed(), prices),
+        **billed_fields(usage.billed(), prices, storage_key),
         "usage_detail": {"requests": detail["requests"], "lambda": detail["lambda"]},
         "cost_lines": cost["lines"],
     }
 
 
-def billed_fields(billed: Billed | None, prices: PriceTable) -> dict[str, Any]:
+def billed_fields(billed: Billed | None, prices: PriceTable, storage_key: str = "s3_storage_gb_month") -> dict[str, Any]:
     """`list --json`'s `usage` (the billed quantities a catalog summary keeps) and `cost` (totals, no lines)."""
     if billed is None:
         return {"usage": None, "cost": None}
-    return {"usage": billed, "cost": cost_totals(billed, prices)}
+    return {"usage": billed, "cost": cost_totals(billed, prices, storage_key)}
 
 
 def list_row(summary: BackupSummary) -> dict[str, Any]:
@@ -253,12 +255,12 @@ def list_row(summary: BackupSummary) -> dict[str, Any]:
     return {**summary_row(summary), **summary.lineage.to_json()}
 
 
-def manifest_detail(manifest: Manifest, prices: PriceTable | None = DEFAULT, lock: ObjectLock | None = None) -> dict[str, Any]:
+def manifest_detail(manifest: Manifest, prices: PriceTable | None = DEFAULT, lock: ObjectLock | None = None, storage_key: str = "s3_storage_gb_month") -> dict[str, Any]:
     """`show --json`: the summary plus how the backup was made, what each input holds, and what it used and cost."""
     return {
         **manifest_summary(manifest),
         **manifest.lineage.to_json(),
-        **usage_fields(manifest.usage, prices),
+        **usage_fields(manifest.usage, prices, storage_key),
         "chunk_size": manifest.chunk_size,
         "algorithms": manifest.algorithms,
         "key_id": manifest.key.key_id,
@@ -308,8 +310,13 @@ def print_manifest(
     prices: PriceTable | None = DEFAULT,
     lock: ObjectLock | None = None,
     verification: VerificationRecord | None = None,
+    storage: dict[str, Any] | None = None,
 ) -> None:
-    detail = manifest_detail(manifest, prices, lock)
+    """`storage`: the backup's `storage` field (braid.cli.storage_render.storage_fields): its class, since when, per month."""
+    where = (storage or {}).get("storage") or {}
+    storage_key = PRICE_KEYS.get(where.get("class", ""), "s3_storage_gb_month")
+    detail = manifest_detail(manifest, prices, lock, storage_key)
+    detail.update(storage or {})
     # `verified` as `list` shows it; `verification` the whole newest record.
     detail["verified"] = {"at": verification.at, "mode": verification.mode, "outcome": verification.outcome} if verification is not None else None
     detail["verification"] = verification.to_json() if verification is not None else None
@@ -342,7 +349,9 @@ def print_manifest(
         print(f"input {entry['index']}     {entry['source']}: {format_size(entry['bytes'])} in {entry['chunks']} chunks")
     print_wal(manifest)
     print(f"verified    {verification_line(verification)}")
-    print_usage(manifest.usage, prices)
+    if where:
+        print(f"storage     {storage_line(where)}")
+    print_usage(manifest.usage, prices, storage_key)
 
 
 def _amount(value: float) -> str:
@@ -350,7 +359,7 @@ def _amount(value: float) -> str:
     return f"{value:.6f}" if 0 < value < 0.01 else f"{value:.4f}"
 
 
-def print_usage(usage: Usage | None, prices: PriceTable | None) -> None:
+def print_usage(usage: Usage | None, prices: PriceTable | None, storage_key: str = "s3_storage_gb_month") -> None:
     """`show`'s usage lines and cost table: item, quantity and cost, with the price table they were priced with
     (none for `prices` None: a directory repository without `braid prices set`)."""
     if usage is None:
@@ -362,7 +371,7 @@ def print_usage(usage: Usage | None, prices: PriceTable | None) -> None:
         print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}")
         return
     print(f"usage       {staged}stored {format_size(usage.stored_bytes)}{cpu}; {usage.s3_requests('free')} S3 DELETE/abort requests (free)")
-    cost = price(usage, prices)
+    cost = price(usage, prices, storage_key)
     print(f"cost        priced with '{cost.table}' ({cost.date}, {cost.currency}; see 'braid prices show')")
     width = max(len(line.item) for line in cost.lines)
     print(f"  {'ITEM':<{width}}  {'QUANTITY':>12}  {cost.currency:>10}")
@@ -402,9 +411,10 @@ def print_verify_reports(reports: list[dict[str, Any]], as_json: bool) -> None:
             print(f"  {failure}")
 
 
-def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool, wal: Sequence[WalPrunePlan] = ()) -> None:
+def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool, wal: Sequence[WalPrunePlan] = (), storage: dict[str, Any] | None = None) -> None:
+    """`storage`: braid.ops.storage_class.StoragePlan's JSON (moves, early-deletion charges), under "storage"."""
     if as_json:
-        print_json({"dry_run": dry_run, **plan.to_json(), **({"wal": [w.to_json() for w in wal]} if wal else {})})
+        print_json({"dry_run": dry_run, **plan.to_json(), **({"wal": [w.to_json() for w in wal]} if wal else {}), **({"storage": storage} if storage else {})})
         return
     verb = "would remove" if dry_run else "removed"
     for archive in wal:

@@ -13,6 +13,7 @@
     catalog/index/STAMP-RAND.json        a snapshot of the catalog (braid.format.catalog)
     rekey/NAME/ID.json                   braid rekey: a re-wrapped manifest, verified here before it replaces the manifest
     verify/NAME/ID/STAMP~MODE~OUTCOME.json  one per verification of the backup (braid.format.verification)
+    storage/NAME/ID/STAMP~CLASS          written when a backup's chunks moved to another S3 storage class (braid.format.storage_class)
     verify-runs/RUN/...                  the cloud verify's work: map items and the map's results (one execution)
     prune/RUN/{plan,items,report}.json   a scheduled prune run (braid.pipeline.prune_plan, then .sweep and .prune_tally): what it planned, its map's items, what it did
     prune/RUN/results/NNNNNN.json        one map item's outcome
@@ -42,6 +43,7 @@ REKEY = "rekey/"
 PRICES = "prices.json"
 VERIFICATIONS = "verify/"
 VERIFY_RUNS = "verify-runs/"
+STORAGE = "storage/"
 SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"
@@ -218,6 +220,31 @@ def parse_verification_key(key: str) -> tuple[BackupRef, str, str, str] | None:
     if ref is None or len(fields) != 3 or not all(fields):
         return None
     return ref, fields[0], fields[1], fields[2]
+
+
+def storage_prefix(ref: BackupRef | None = None) -> str:
+    """Where a backup's storage class records live (every backup's, without `ref`)."""
+    return f"{STORAGE}{ref.name}/{ref.id}/" if ref is not None else STORAGE
+
+
+def storage_record_key(ref: BackupRef, stamp: str, storage_class: str) -> str:
+    """An empty object whose key says when (a catalog stamp) the backup's chunks all reached `storage_class`.
+
+    The class is in the key so `list` reads every backup's placement from one LIST of `storage/`.
+    """
+    return f"{storage_prefix(ref)}{stamp}~{storage_class}"
+
+
+def parse_storage_record_key(key: str) -> tuple[BackupRef, str, str] | None:
+    """(backup, stamp, class) of a storage record key, or None for any other key."""
+    if not key.startswith(STORAGE):
+        return None
+    parts = key[len(STORAGE) :].split("/")
+    if len(parts) != 3:
+        return None
+    stamp, tilde, storage_class = parts[2].partition("~")
+    ref = _ref(parts[0], parts[1])
+    return (ref, stamp, storage_class) if ref is not None and tilde and stamp and storage_class else None
 
 
 def verify_run_prefix(run: str) -> str:

@@ -7,6 +7,11 @@ on read (known fields only, each in range), and one that fails is an
 error, never read as "keep nothing".
 
     {"version": 1, "name": "pg", "rules": {"keep_daily": 7, "keep_within": "1mo"}}
+
+It may also say when the name's chunks move to a cheaper S3 storage class
+(braid.format.storage_class, braid.ops.storage_class), an optional key:
+
+    {..., "storage": {"class": "GLACIER_IR", "after_days": 30}}
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
+from braid.format.storage_class import StoragePolicy
 
-__all__ = ["COUNT_RULES", "Duration", "KeepRules", "keep_reasons", "parse_policy", "policy_bytes"]
+__all__ = ["COUNT_RULES", "Duration", "KeepRules", "keep_reasons", "parse_policy", "parse_storage", "policy_bytes"]
 
 POLICY_VERSION = 1
 COUNT_RULES = ("keep_last", "keep_hourly", "keep_daily", "keep_weekly", "keep_monthly", "keep_yearly")
@@ -165,27 +171,45 @@ class KeepRules:
         )
 
 
-def policy_bytes(name: str, rules: KeepRules) -> bytes:
+def policy_bytes(name: str, rules: KeepRules, storage: StoragePolicy | None = None) -> bytes:
     if rules.is_empty:
         raise UsageError(f"a stored policy for {name} needs at least one --keep-* rule")
-    return json.dumps({"version": POLICY_VERSION, "name": name, "rules": rules.to_json()}, indent=2, sort_keys=True).encode() + b"\n"
+    doc: dict[str, Any] = {"version": POLICY_VERSION, "name": name, "rules": rules.to_json()}
+    if storage is not None:
+        doc["storage"] = storage.to_json()
+    return json.dumps(doc, indent=2, sort_keys=True).encode() + b"\n"
 
 
-def parse_policy(raw: bytes, name: str, where: str) -> KeepRules:
-    """A stored policy, validated; IntegrityError (naming `where`) for anything but a well-formed policy of `name`."""
+def _policy_doc(raw: bytes, name: str, where: str) -> tuple[KeepRules, StoragePolicy | None]:
     try:
         doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("version") != POLICY_VERSION or doc.get("name") != name or set(doc) != {"version", "name", "rules"}:
-            raise UsageError(f"expected {{'version': {POLICY_VERSION}, 'name': {name!r}, 'rules': {{...}}}}")
+        if (
+            not isinstance(doc, dict)
+            or doc.get("version") != POLICY_VERSION
+            or doc.get("name") != name
+            or not {"version", "name", "rules"} <= set(doc) <= {"version", "name", "rules", "storage"}
+        ):
+            raise UsageError(f"expected {{'version': {POLICY_VERSION}, 'name': {name!r}, 'rules': {{...}}}} and optionally 'storage': {{...}}")
         rules = KeepRules.from_json(doc["rules"])
         if rules.is_empty:
             raise UsageError("no rule")
+        storage = StoragePolicy.from_json(doc["storage"]) if "storage" in doc else None
     except (ValueError, UsageError) as exc:
         raise IntegrityError(
             f"stored retention policy {where} is not valid ({exc}); nothing was pruned. Rewrite it with"
             f" 'braid prune --name {name} --keep-... --save-policy' or remove it with 'braid prune --name {name} --delete-policy'"
         ) from None
-    return rules
+    return rules, storage
+
+
+def parse_policy(raw: bytes, name: str, where: str) -> KeepRules:
+    """A stored policy's keep rules, validated; IntegrityError (naming `where`) for anything but a well-formed policy of `name`."""
+    return _policy_doc(raw, name, where)[0]
+
+
+def parse_storage(raw: bytes, name: str, where: str) -> StoragePolicy | None:
+    """A stored policy's storage class setting (None: it sets none), validated as `parse_policy` does."""
+    return _policy_doc(raw, name, where)[1]
 
 
 def bucket(rule: str, moment: datetime) -> tuple[int, ...]:

@@ -46,6 +46,9 @@ _DEFAULTS: dict[str, tuple[str, float]] = {
     "sfn_express_gb_second": ("a GB-second of Express duration", 0.00001667),
     "kms_request": ("a KMS request", 0.000003),
     "s3_storage_gb_month": ("a GB-month of S3 Standard storage", 0.023),
+    # Old backups' chunks (braid.format.storage_class); source and date: docs/design/2026-11-28-storage-classes.md.
+    "s3_standard_ia_gb_month": ("a GB-month of S3 Standard-IA storage (30-day minimum)", 0.0125),
+    "s3_glacier_ir_gb_month": ("a GB-month of S3 Glacier Instant Retrieval storage (90-day minimum)", 0.004),
 }
 PRICE_KEYS = tuple(_DEFAULTS)
 UNITS = {key: unit for key, (unit, _) in _DEFAULTS.items()}
@@ -180,22 +183,24 @@ ITEMS = (
 )
 
 
-def cost_totals(billed: Billed, table: PriceTable) -> dict[str, Any]:
-    """`Cost.to_json(lines=False)` of `price(billed, table)`, without the lines: `list --json` prices every backup."""
+def cost_totals(billed: Billed, table: PriceTable, storage_key: str = "s3_storage_gb_month") -> dict[str, Any]:
+    """`Cost.to_json(lines=False)` of `price(billed, table)`, without the lines: `list --json` prices every backup.
+
+    `storage_key`: the price of the class the backup's chunks are in (braid.format.storage_class.PRICE_KEYS)."""
     prices = table.prices
     total = sum(billed[name] * prices[key] for _, key, name in ITEMS)
     return {
         "currency": table.currency,
         "prices": {"name": table.name, "date": table.date},
         "total": significant(total),
-        "storage_per_month": significant(billed["stored_bytes"] / GB * prices["s3_storage_gb_month"]),
+        "storage_per_month": significant(billed["stored_bytes"] / GB * prices[storage_key]),
     }
 
 
-def price(billed: Billed | Usage, table: PriceTable) -> Cost:
-    """The billed quantities (`Usage.billed`, or a summary's) priced with `table`, line by line."""
+def price(billed: Billed | Usage, table: PriceTable, storage_key: str = "s3_storage_gb_month") -> Cost:
+    """The billed quantities (`Usage.billed`, or a summary's) priced with `table`, line by line; storage at `storage_key`'s price."""
     quantities = billed.billed() if isinstance(billed, Usage) else billed
     prices = table.prices
     lines = tuple(CostLine(item, quantities[name], prices[key], quantities[name] * prices[key]) for item, key, name in ITEMS)
-    monthly = quantities["stored_bytes"] / GB * prices["s3_storage_gb_month"]
+    monthly = quantities["stored_bytes"] / GB * prices[storage_key]
     return Cost(table.currency, table.name, table.date, lines, monthly)

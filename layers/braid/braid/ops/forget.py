@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from braid.errors import BackupError, DependentsError, NotFoundError, RetentionLockError, UsageError
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix, verification_prefix
+from braid.format.layout import data_prefix, manifest_key, rekey_key, staging_prefix, storage_prefix, verification_prefix
 from braid.format.repository import Repository
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import record_removal
@@ -122,11 +122,13 @@ def remove_manifest(store: ObjectStore, ref: BackupRef) -> None:
     manifest is never restored, and a run interrupted here leaves what the
     next finds as a leftover (braid.ops.leftovers). Any copy an interrupted
     rekey left goes with the manifest (braid.ops.rekey), and so do the
-    backup's verify records (braid.ops.verification), which describe only it.
+    backup's verify records (braid.ops.verification) and storage class
+    records (braid.ops.storage_class), which describe only it.
     """
     record_removal(store, ref)  # out of `list` first (braid.ops.catalog)
     store.delete([manifest_key(ref), rekey_key(ref)])
     store.delete(info.key for info in store.list(verification_prefix(ref)))
+    store.delete(info.key for info in store.list(storage_prefix(ref)))
 
 
 def execute_forget(repository: Repository, plan: ForgetPlan) -> None:

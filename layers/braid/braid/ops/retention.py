@@ -50,6 +50,7 @@ from braid.format.lock import ObjectLock
 from braid.format.manifest import Manifest
 from braid.format.policy import KeepRules, keep_reasons, parse_policy, policy_bytes
 from braid.format.repository import Repository
+from braid.format.storage_class import StoragePolicy
 from braid.format.timestamps import format_timestamp
 from braid.ops.catalog import CatalogLeftovers, catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
 from braid.ops.catalog import Unreadable as CatalogUnreadable
@@ -366,10 +367,10 @@ def load_policies(repository: Repository) -> dict[str, KeepRules]:
     return policies
 
 
-def save_policy(repository: Repository, name: str, rules: KeepRules) -> str:
-    """Store `rules` as NAME's policy (replacing any); returns the key."""
+def save_policy(repository: Repository, name: str, rules: KeepRules, storage: StoragePolicy | None = None) -> str:
+    """Store `rules` (and a storage class setting) as NAME's policy (replacing any); returns the key."""
     key = policy_key(name)
-    repository.store.put(key, policy_bytes(name, rules))
+    repository.store.put(key, policy_bytes(name, rules, storage))
     return key
 
 

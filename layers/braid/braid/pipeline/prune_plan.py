@@ -23,6 +23,14 @@ into slices of `slice_chunks` chunks by key range (a 10 TiB backup of
 published, which the sweep judges again just before deleting
 (braid.pipeline.sweep). The plan itself is kept beside the items for
 TallyPrune, so the state machine passes only small JSON.
+
+It also decides which kept backups move to a cheaper storage class (each
+name's stored policy, else the stack's `braid:storageClass`,
+braid.ops.storage_class): their chunks are cut into slices of
+MOVE_SLICE_CHUNKS as "move" items, and TallyPrune records each backup
+whose slices all moved. The early-deletion charge its removals cause is
+computed here, from the storage records, before the manifests (and the
+records with them) are removed, and kept in the plan for the report.
 """
 
 from __future__ import annotations
@@ -40,14 +48,18 @@ from braid.format.ids import BackupRef
 from braid.format.layout import chunk_key, prune_items_key, prune_plan_key, prune_run_prefix
 from braid.format.policy import COUNT_RULES, Duration
 from braid.format.repository import Repository
-from braid.ops.catalog import parallel
+from braid.format.storage_class import MOVABLE, StoragePolicy
+from braid.ops.catalog import Unreadable, parallel, read_catalog
+from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, plan_prune, remove_manifest
+from braid.ops.storage_class import StoragePlan, plan_storage
 from braid.ops.verification import failed_verifications
 from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher
 
 BACKUP = "backup"  # item kind: a slice of a removed backup's chunks
 LEFTOVER = "leftover"  # item kind: data of a backup that never published, judged again before deletion
+MOVE = "move"  # item kind: a slice of a kept backup's chunks, to move to `storage_class`
 
 
 @dataclass(frozen=True)
@@ -59,21 +71,34 @@ class SweepItem:
     backup: str
     after: str = ""
     until: str = ""
+    storage_class: str = ""  # a move item's target class
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "kind": self.kind, "backup": self.backup, "after": self.after, "until": self.until}
+        doc: dict[str, Any] = {"n": self.n, "kind": self.kind, "backup": self.backup, "after": self.after, "until": self.until}
+        if self.storage_class:
+            doc["storage_class"] = self.storage_class
+        return doc
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
         try:
-            f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until"))
-            item = cls(f.count("n"), f.text("kind"), f.text("backup"), str(f.doc.get("after", "")), str(f.doc.get("until", "")))
+            f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until", "storage_class"))
+            item = cls(
+                f.count("n"),
+                f.text("kind"),
+                f.text("backup"),
+                str(f.doc.get("after", "")),
+                str(f.doc.get("until", "")),
+                str(f.doc.get("storage_class", "")),
+            )
         except IntegrityError as exc:
             raise UsageError(f"not a prune map item: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"not a prune map item: {exc}") from None
-        if item.kind not in (BACKUP, LEFTOVER):
+        if item.kind not in (BACKUP, LEFTOVER, MOVE):
             raise UsageError(f"not a prune map item: unknown kind {item.kind!r}")
+        if (item.kind == MOVE) != (item.storage_class in MOVABLE):
+            raise UsageError(f"not a prune map item: a {item.kind} item with storage class {item.storage_class!r}")
         BackupRef.parse(item.backup)
         return item
 
@@ -152,11 +177,13 @@ def plan_run(
     distrusted: Mapping[BackupRef, str] | None = None,
     slice_chunks: int = contract.PRUNE_SLICE_CHUNKS,
     now: datetime | None = None,
+    storage_default: StoragePolicy | None = None,
 ) -> dict[str, Any]:
     """Plan, announce, remove the manifests, write the plan and the map's items; returns the state for the map.
 
     `prefix` is the repository's key prefix in the bucket, passed on to the
     items (an execution started by hand may leave it out: the bucket root).
+    `storage_default`: the stack's storage class policy, for names whose stored policy sets none.
     """
     moment = now or datetime.now(UTC)
     store = repository.store
@@ -166,6 +193,7 @@ def plan_run(
     distrusted = {**failed_verifications(repository), **(distrusted or {})}
     plan = plan_prune(repository, policy, keys, moment, distrusted=distrusted, from_catalog=True)
     announce_unreadable(repository, events, plan, distrusted)  # before anything is removed: a run that fails midway must not swallow them
+    storage, sizes = _storage(repository, plan, moment, storage_default)  # before the manifests go: their storage records go with them
     parallel(plan.forget, lambda ref: remove_manifest(store, ref))
     items: list[SweepItem] = []
     for ref in plan.forget:
@@ -173,8 +201,12 @@ def plan_run(
             items.append(SweepItem(len(items), BACKUP, str(ref), after, until))
     for ref in plan.orphans:
         items.append(SweepItem(len(items), LEFTOVER, str(ref)))
+    for move in storage.moves:
+        for after, until in slices(move.ref, sizes.get(move.ref, (0, 0))[1], contract.MOVE_SLICE_CHUNKS):
+            items.append(SweepItem(len(items), MOVE, str(move.ref), after, until, move.storage_class))
     record = plan.to_json()
     record.update({"run": run, "repository": repository.url, "now": moment.isoformat(), "items": len(items)})
+    record["storage"] = storage.to_json(load_prices(store).currency)
     store.put(prune_plan_key(run), json.dumps(record, sort_keys=True).encode())
     store.put(prune_items_key(run), json.dumps([item.to_json() for item in items]).encode())
     return {
@@ -187,4 +219,18 @@ def plan_run(
         "grace_hours": policy.orphan_grace_hours,
         "pruned": len(plan.forget),
         "unreadable": len(plan.unreadable),
+        "moves": len(storage.moves),
     }
+
+
+def _storage(
+    repository: Repository, plan: PrunePlan, now: datetime, default: StoragePolicy | None
+) -> tuple[StoragePlan, dict[BackupRef, tuple[int, int]]]:
+    """The moves due and the early-deletion charges, with (stored bytes, chunks) of the backups they concern, from the catalog."""
+    kept = [*plan.keep, *(entry.ref for entry in plan.locked)]
+    sizes: dict[BackupRef, tuple[int, int]] = {}
+    for entry in read_catalog(repository, write=False).entries:  # the catalog plan_prune just read: a snapshot and a day or two of log
+        if not isinstance(entry, Unreadable):
+            sizes[BackupRef.parse(entry.backup)] = (entry.stored_bytes, entry.chunks)
+    storage = plan_storage(repository, kept, plan.forget, {ref: size[0] for ref, size in sizes.items()}, now, load_prices(repository.store), default)
+    return storage, sizes

@@ -30,11 +30,13 @@ from typing import Any
 
 from braid import contract
 from braid.errors import IntegrityError, NotFoundError
-from braid.format.layout import prune_items_key, prune_plan_key, prune_report_key, prune_results_prefix
+from braid.format.ids import BackupRef
+from braid.format.layout import manifest_key, prune_items_key, prune_plan_key, prune_report_key, prune_results_prefix
 from braid.format.repository import Repository
 from braid.ops.catalog import catalog_leftovers, collect_catalog_leftovers, parallel, read_catalog
-from braid.pipeline.prune_plan import BACKUP, SweepItem
-from braid.pipeline.sweep import COLLECTED, DELETED, REFUSED, SPARED
+from braid.ops.storage_class import record_move
+from braid.pipeline.prune_plan import BACKUP, MOVE, SweepItem
+from braid.pipeline.sweep import COLLECTED, DELETED, GONE, MOVED, REFUSED, SPARED
 from braid.ports.pipeline import EventPublisher
 
 MAX_EVENT_FAILURES = 10
@@ -52,6 +54,10 @@ class PruneReport:
     locked: list[dict[str, str]] = field(default_factory=list)  # {"backup", "until"}: let go by the rules, kept by Object Lock
     failed_items: int = 0
     objects_deleted: int = 0
+    moved: list[str] = field(default_factory=list)  # kept backups whose chunks all moved: each has its storage record now
+    move_incomplete: list[str] = field(default_factory=list)  # a move item failed: no record; the next run moves the rest
+    objects_moved: int = 0
+    storage: dict[str, Any] = field(default_factory=dict)  # the plan's storage section: moves planned, early-deletion charges
     catalog: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -62,7 +68,8 @@ class PruneReport:
         lines = [f"{ref}: its data could not be deleted; the next prune collects it as a leftover" for ref in self.incomplete]
         lines += [f"{ref}: has a manifest again; its slice was not deleted (run 'braid verify {ref}')" for ref in self.refused]
         lines += [f"{u['backup']}: {u['error']}" for u in self.unreadable]
-        if self.failed_items and not self.incomplete:
+        lines += [f"{ref}: not all its chunks moved to another storage class; the next prune moves the rest" for ref in self.move_incomplete]
+        if self.failed_items and not self.incomplete and not self.move_incomplete:
             lines.append(f"{self.failed_items} leftover item(s) failed; the next prune tries them again")
         return lines
 
@@ -79,6 +86,10 @@ class PruneReport:
             "locked": self.locked,
             "failed_items": self.failed_items,
             "objects_deleted": self.objects_deleted,
+            "moved": self.moved,
+            "move_incomplete": self.move_incomplete,
+            "objects_moved": self.objects_moved,
+            "storage": self.storage,
             "catalog": self.catalog,
         }
 
@@ -113,6 +124,19 @@ def refresh_catalog(repository: Repository, now: datetime) -> dict[str, Any]:
     return {"snapshot": catalog.snapshot_written, "backups": len(catalog.entries), **leftovers.to_json()}
 
 
+def _record_moves(repository: Repository, moves: dict[str, tuple[str, bool]], now: datetime, report: PruneReport) -> None:
+    """A storage record for each backup whose slices all moved and whose manifest is still there; the rest wait for the next run."""
+    for backup, (storage_class, whole) in sorted(moves.items()):
+        ref = BackupRef.parse(backup)
+        if repository.store.head(manifest_key(ref)) is None:
+            continue  # removed since the plan: nothing to record
+        if whole:
+            record_move(repository.store, ref, storage_class, now)
+            report.moved.append(backup)
+        else:
+            report.move_incomplete.append(backup)
+
+
 def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: datetime | None = None) -> PruneReport:
     moment = now or datetime.now(UTC)
     store = repository.store
@@ -122,11 +146,20 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
     report = PruneReport(
         run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])), locked=list(plan.get("locked", []))
     )
+    report.storage = dict(plan.get("storage", {}))
     incomplete: set[str] = set()
     refused: set[str] = set()
+    moves: dict[str, tuple[str, bool]] = {}  # backup -> (class, every slice moved)
     for item in items:
         result = results.get(item.n)
         outcome = result.get("outcome") if result else None
+        if item.kind == MOVE:
+            whole = moves.get(item.backup, (item.storage_class, True))[1] and outcome == MOVED
+            moves[item.backup] = (item.storage_class, whole)
+            report.objects_moved += int(result.get("objects", 0)) if result and outcome == MOVED else 0
+            if outcome not in (MOVED, GONE):
+                report.failed_items += 1
+            continue
         if outcome is None or outcome not in (DELETED, REFUSED, COLLECTED, SPARED):
             report.failed_items += 1
             if item.kind == BACKUP:
@@ -142,6 +175,7 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
             report.spared.append(item.backup)
     report.incomplete = sorted(incomplete)
     report.refused = sorted(refused)
+    _record_moves(repository, moves, moment, report)
     report.catalog = refresh_catalog(repository, moment)
     store.put(prune_report_key(run), json.dumps(report.to_json(), sort_keys=True).encode())
     if report.failed_items or report.refused:

@@ -11,6 +11,10 @@ twice and late:
   reused, so finding one means something is badly wrong, and the item
   refuses (its outcome says so) rather than delete a published backup's
   chunks. The open-ended last slice also removes the backup's staging.
+- A slice of a kept backup to move (a "move" item) is moved object by
+  object to its storage class (braid.ops.storage_class.move_objects:
+  CopyObject onto itself; objects in the class already are skipped, so a
+  retry redoes nothing), unless the backup's manifest is gone by now.
 - A leftover is judged again exactly as `braid prune` does
   (braid.ops.leftovers.collect_leftover): a manifest that appeared since
   the plan, or any activity within the grace period, spares it.
@@ -32,7 +36,8 @@ from typing import Any
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix, manifest_key, prune_result_key, staging_prefix
 from braid.ops.leftovers import collect_leftover
-from braid.pipeline.prune_plan import BACKUP, SweepItem
+from braid.ops.storage_class import move_objects
+from braid.pipeline.prune_plan import BACKUP, MOVE, SweepItem
 from braid.ports.store import ObjectStore, list_after
 
 PAGE = 1000  # one LIST page, one DeleteObjects request
@@ -41,6 +46,8 @@ DELETED = "deleted"  # a slice's objects are gone
 REFUSED = "refused"  # a slice of a backup that has a manifest: nothing deleted
 COLLECTED = "collected"  # a leftover's objects are gone
 SPARED = "spared"  # a leftover that showed life again (or published): left alone
+MOVED = "moved"  # a move slice's objects are all in the item's storage class
+GONE = "gone"  # a move slice of a backup removed since the plan: nothing moved
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,12 @@ def sweep_item(store: ObjectStore, item: SweepItem, *, run: str, now: datetime, 
     if item.kind == BACKUP:
         done = sweep_slice(store, ref, item.after, item.until)
         result = SweepResult(item.n, item.kind, item.backup, REFUSED if done == REFUSED else DELETED, 0 if isinstance(done, str) else done)
+    elif item.kind == MOVE:
+        if store.head(manifest_key(ref)) is None:
+            result = SweepResult(item.n, item.kind, item.backup, GONE)
+        else:
+            moved = move_objects(store, ref, item.storage_class, after=item.after, until=item.until)
+            result = SweepResult(item.n, item.kind, item.backup, MOVED, moved)
     else:
         collected = collect_leftover(store, ref, now, grace)
         result = SweepResult(item.n, item.kind, item.backup, COLLECTED if collected else SPARED)

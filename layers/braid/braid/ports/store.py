@@ -27,6 +27,8 @@ class ObjectInfo:
     # This exact object's tag from `head` (S3's ETag): `put(..., replacing=version)` replaces it
     # only if it is still this one. None from `list`, and from stores that keep none.
     version: str | None = None
+    # The object's storage class where the store has them (S3: from LIST and HEAD, "STANDARD" when S3 names none).
+    storage_class: str | None = None
 
 
 class ObjectStore(Protocol):
@@ -90,6 +92,22 @@ class RetainingStore(Protocol):
         ...
 
     def use_object_lock(self, lock: ObjectLock) -> None: ...
+
+
+@runtime_checkable
+class StorageClasses(Protocol):
+    """A store whose objects have storage classes that can change in place (S3).
+
+    A directory store has none and does not offer this: asking for a class
+    there is braid.format.storage_class.StorageClassError (exit 2).
+    """
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """Move one existing object to `storage_class` (braid.format.storage_class.MOVABLE), same key, same bytes.
+
+        NotFoundError if it is gone; StorageError if the store refuses.
+        """
+        ...
 
 
 @runtime_checkable

@@ -35,6 +35,7 @@ from braid.adapters.aws.stepfunctions import StepFunctionsPruneRuns
 from braid.errors import UsageError
 from braid.format.lock import ObjectLock
 from braid.format.repository import Repository
+from braid.format.storage_class import StoragePolicy
 from braid.ops.copy import CopyTarget
 from braid.ports.pipeline import MultipartJanitor
 from braid.ports.progress_relay import ProgressRelay
@@ -94,6 +95,12 @@ def object_lock() -> ObjectLock | None:
     """The stack's Object Lock retention (None when the stack configures none)."""
     value = os.environ.get(contract.ENV_OBJECT_LOCK, "")
     return ObjectLock.parse(value) if value else None
+
+
+def storage_default() -> StoragePolicy | None:
+    """The stack's storage class policy (`braid:storageClass`), None when the stack sets none."""
+    value = os.environ.get(contract.ENV_STORAGE_CLASS, "")
+    return StoragePolicy.parse(value) if value else None
 
 
 def repository_store(prefix: str) -> S3Store:

@@ -327,7 +327,51 @@ class S3Store:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject (and s3:ListBucket, or S3 reports a missing key as 403)") from None
         except BotoCoreError as exc:
             raise self.error(exc, "reading metadata of", key, "s3:GetObject") from None
-        return ObjectInfo(key, int(response["ContentLength"]), checksum_from_response(response), response.get("LastModified"), response.get("ETag"))
+        return ObjectInfo(
+            key,
+            int(response["ContentLength"]),
+            checksum_from_response(response),
+            response.get("LastModified"),
+            response.get("ETag"),
+            str(response.get("StorageClass") or "STANDARD"),  # HEAD names no class for Standard
+        )
+
+    def set_storage_class(self, key: str, storage_class: str) -> None:
+        """braid.ports.store.StorageClasses: CopyObject onto itself with StorageClass and MetadataDirective COPY.
+
+        Same bytes, metadata and key; S3 computes a fresh full-object
+        CRC64NVME, so HEAD still answers a quick verify. The bucket is
+        versioned, so the copy is a new version. Under Object Lock the new
+        version is then given the original's retention date
+        (PutObjectRetention on its version id), and the old version stays,
+        locked and billed in its old class, until that date passes and the
+        noncurrent-version lifecycle removes it (infra/braid_infra/storage.py).
+        Were the new version lost in between, the locked old one is current again.
+        """
+        full = self.object_key(key)
+        try:
+            response = self.client.copy_object(
+                Bucket=self.bucket,
+                Key=full,
+                CopySource={"Bucket": self.bucket, "Key": full},
+                StorageClass=storage_class,  # type: ignore[arg-type]  # one of braid.format.storage_class.MOVABLE
+                MetadataDirective="COPY",
+                ChecksumAlgorithm="CRC64NVME",
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, f"moving to {storage_class}", key, "s3:GetObject and s3:PutObject") from None
+        retention = self.retention(key)
+        if not retention:
+            return
+        try:
+            self.client.put_object_retention(
+                Bucket=self.bucket,
+                Key=full,
+                VersionId=response["VersionId"],
+                Retention={"Mode": retention["ObjectLockMode"], "RetainUntilDate": retention["ObjectLockRetainUntilDate"]},
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "locking the moved version of", key, "s3:PutObjectRetention") from None
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self.list_after(prefix, "")
@@ -340,7 +384,9 @@ class S3Store:
         try:
             for page in pages:
                 for item in page.get("Contents", []):
-                    yield ObjectInfo(self.relative_key(item["Key"]), int(item["Size"]), modified=item.get("LastModified"))
+                    yield ObjectInfo(
+                        self.relative_key(item["Key"]), int(item["Size"]), modified=item.get("LastModified"), storage_class=str(item.get("StorageClass") or "STANDARD")
+                    )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "listing", prefix or None, "s3:ListBucket") from None
 

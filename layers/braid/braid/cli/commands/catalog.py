@@ -18,15 +18,18 @@ from typing import Any
 
 from braid.cli.compose import is_s3_url, open_repository, repo_url
 from braid.cli.render import billed_fields, list_row, print_backup_list, print_incomplete_list, print_manifest
+from braid.cli.storage_render import storage_fields
 from braid.errors import PermissionDeniedError
 from braid.format.ids import BackupRef, validate_name
 from braid.format.labels import labels_of, matches
 from braid.format.layout import PRICES
 from braid.format.repository import Repository
+from braid.format.storage_class import PRICE_KEYS
 from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.incomplete import incomplete_backups
 from braid.ops.open import read_manifest
 from braid.ops.prices import load_prices
+from braid.ops.storage_class import placement_of, placements
 from braid.ops.verification import latest_marks, latest_verification
 
 
@@ -42,6 +45,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     wanted = labels_of(args.label or [])  # list --label KEY=VALUE (repeatable): backups carrying every one
     denied: list[Unreadable] = []
     prices = load_prices(repository.store) if args.json and _priced(repository) else None
+    moved = placements(repository.store) if args.json else {}  # each backup's storage class: one LIST of storage/
     # Hosts only read an s3:// repository's catalog (their roles may not write it): the stack's
     # scheduled maintenance keeps its snapshot fresh. A local repository's reader caches it.
     for entry in read_catalog(repository, rebuild=args.rebuild_catalog, write=not is_s3_url(url)).entries:
@@ -53,7 +57,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         elif (args.name is None or entry.backup.partition("@")[0] == args.name) and matches(entry.labels, wanted):
             row = list_row(entry)
             if args.json:
-                row.update(billed_fields(entry.usage, prices) if prices is not None else {"usage": entry.usage, "cost": None})
+                placement = placement_of(repository.store, BackupRef.parse(entry.backup), moved).to_json()
+                key = PRICE_KEYS.get(placement["class"], PRICE_KEYS["STANDARD"])
+                row.update(billed_fields(entry.usage, prices, key) if prices is not None else {"usage": entry.usage, "cost": None})
+                row.update(storage_fields(placement, entry.stored_bytes, prices))
             rows.append(row)
     # Each backup's newest verification, from the record keys alone: one LIST of verify/, no GET per backup.
     verified = {str(ref): mark.to_json() for ref, mark in latest_marks(repository.store).items()}
@@ -74,8 +81,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
     manifest = read_manifest(repository, BackupRef.parse(args.backup))
-    record = latest_verification(repository.store, BackupRef.parse(manifest.backup))
-    print_manifest(manifest, args.json, load_prices(repository.store) if _priced(repository) else None, repository.object_lock, record)
+    ref = BackupRef.parse(manifest.backup)
+    record = latest_verification(repository.store, ref)
+    prices = load_prices(repository.store) if _priced(repository) else None
+    storage = storage_fields(placement_of(repository.store, ref, placements(repository.store, ref)).to_json(), manifest.stored_bytes, prices)
+    print_manifest(manifest, args.json, prices, repository.object_lock, record, storage)
     return 0
 
 

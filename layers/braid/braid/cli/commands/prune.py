@@ -7,7 +7,11 @@ then exits non-zero naming the first unreadable backup.
 
 Without --keep-* rules each name's stored policy applies (names without
 one are left alone); --save-policy / --show-policy / --delete-policy
-manage those policies and prune nothing.
+manage those policies and prune nothing. A policy may move old backups'
+chunks to a cheaper S3 storage class (`--storage-class CLASS:DAYS`,
+braid.ops.storage_class): prune moves the kept backups that are due, and
+reports the early-deletion charge its removals cause (text and --json,
+--dry-run included).
 """
 
 from __future__ import annotations
@@ -18,9 +22,15 @@ from typing import Any
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.render import print_json, print_policies, print_prune_plan
+from braid.cli.storage_options import check_prune_options
+from braid.cli.storage_render import print_storage_plan, print_storage_policies
 from braid.errors import UsageError
+from braid.format.ids import BackupRef
 from braid.format.policy import KeepRules
+from braid.ops.catalog import Unreadable, read_catalog
+from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
+from braid.ops.storage_class import StoragePlan, execute_moves, load_storage_policies, plan_storage, refuse_local
 from braid.ops.wal_retention import WalPrunePlan, archive_names, execute_wal_prune, plan_wal_prune
 
 
@@ -40,7 +50,19 @@ def _wal_plans(repository: Any, plan: PrunePlan, name: str | None) -> list[WalPr
     return [plan_wal_prune(repository, n, kept, [u.ref for u in plan.unreadable if u.ref.name == n]) for n in names]
 
 
+def _storage_plan(repository: Any, plan: PrunePlan) -> StoragePlan:
+    """The moves due among the backups this prune keeps, and the early-deletion charges of those it removes."""
+    sizes: dict[BackupRef, int] = {}
+    if plan.forget:
+        for entry in read_catalog(repository, write=False).entries:
+            if not isinstance(entry, Unreadable):
+                sizes[BackupRef.parse(entry.backup)] = entry.stored_bytes
+    kept = [*plan.keep, *(locked.ref for locked in plan.locked)]
+    return plan_storage(repository, kept, plan.forget, sizes, plan.now, load_prices(repository.store))
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
+    storage = check_prune_options(args)
     managing = args.save_policy or args.delete_policy
     if managing and args.name is None:
         raise UsageError(f"--{'save' if args.save_policy else 'delete'}-policy needs --name NAME: policies are stored per name")
@@ -56,8 +78,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
     repository = open_repository(repo_url(args.repo))
     if args.save_policy:
         assert policy is not None
-        key = save_policy(repository, args.name, policy.rules)
-        print_policies({args.name: policy.rules}, args.json, saved=key)
+        if storage is not None:
+            refuse_local(repository.store, f"--storage-class {storage}")
+        key = save_policy(repository, args.name, policy.rules, storage)
+        _print_policies({args.name: policy.rules}, {args.name: storage} if storage else {}, args.json, saved=key)
         return 0
     if args.delete_policy:
         deleted = delete_policy(repository, args.name)
@@ -68,18 +92,37 @@ def cmd_prune(args: argparse.Namespace) -> int:
         return 0
     if args.show_policy:
         policies = load_policies(repository)
-        print_policies({k: v for k, v in policies.items() if args.name in (None, k)}, args.json)
+        classes = {k: v for k, v in load_storage_policies(repository).items() if args.name in (None, k)}
+        _print_policies({k: v for k, v in policies.items() if args.name in (None, k)}, classes, args.json)
         return 0
     assert policy is not None
     keys = open_key_service(repository, args.key_file, unwrap_only=True, strict=args.strict_permissions)
     plan = plan_prune(repository, policy, keys, name=args.name)
     wal = _wal_plans(repository, plan, args.name)
+    storage_plan = _storage_plan(repository, plan)  # before anything is removed: the charges come from the storage records
     if not args.dry_run:
         execute_prune(repository, plan)
         execute_wal_prune(repository, wal)
+        execute_moves(repository, storage_plan, plan.now)
     error = unreadable_error(plan)
-    if args.json or not args.quiet or error is not None:
-        print_prune_plan(plan, args.dry_run, args.json, wal)
+    if args.json or not args.quiet or error is not None or storage_plan.early:
+        prices = load_prices(repository.store)
+        print_prune_plan(plan, args.dry_run, args.json, wal, storage_plan.to_json(prices.currency))
+        if not args.json:
+            print_storage_plan(storage_plan, args.dry_run, prices)
     if error is not None:
         raise error
     return 0
+
+
+def _print_policies(rules: dict[str, KeepRules], classes: dict[str, Any], as_json: bool, saved: str | None = None) -> None:
+    if as_json:
+        doc: dict[str, Any] = {"policies": {n: r.to_json() for n, r in sorted(rules.items())}}
+        if classes:  # names whose policy sets a storage class: {"NAME": {"class", "after_days"}}
+            doc["storage"] = {n: c.to_json() for n, c in sorted(classes.items())}
+        if saved is not None:
+            doc["saved"] = saved
+        print_json(doc)
+        return
+    print_policies(rules, False, saved)
+    print_storage_policies(classes, False)
