@@ -30,6 +30,7 @@ from braid.format.staging import StagingArea, StreamEnd
 from braid.format.staging.keys import stream_end_key
 from conftest import BRAID, Result, run_braid
 from support.db_tools import install, stream
+from support.signals import default_dispositions
 
 CHUNK = "64KiB"
 SIZE = 300_000  # five chunks, the last one short
@@ -198,12 +199,6 @@ def test_pipe_placeholders_are_substituted_one_by_one(repo: Path, private_tmp: P
 # -- signals -------------------------------------------------------------------------------
 
 
-def _default_dispositions() -> None:
-    """Braid as a shell or a service manager starts it: SIGTERM and SIGHUP not ignored."""
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 def test_under_nohup_a_sighup_is_not_braids_to_act_on_and_the_backup_completes(repo: Path, private_tmp: Path, tmp_path: Path) -> None:
     """A SIGHUP that Braid's parent ignores (nohup) stays ignored, for Braid and so for its producer: the backup goes on."""
     ready, trapped, go = tmp_path / "ready", tmp_path / "trapped", tmp_path / "go"
@@ -252,7 +247,7 @@ def test_a_signal_to_braid_reaches_the_producer_and_nothing_is_published(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "TMPDIR": str(private_tmp)},
-        preexec_fn=_default_dispositions,  # a runner under nohup ignores SIGHUP, and Braid keeps an ignored signal ignored
+        preexec_fn=default_dispositions,  # a runner under nohup ignores SIGHUP, and Braid keeps an ignored signal ignored
     )
     deadline = time.monotonic() + 30
     while not ready.exists():

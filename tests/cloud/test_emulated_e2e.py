@@ -32,6 +32,7 @@ import pytest
 
 from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_ramp_parts, default_segment_chunks
 from braid.agent.segments import PartLayout
+from support.signals import default_dispositions
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATOR = ROOT / "scripts" / "emulated-aws"
@@ -534,7 +535,7 @@ def test_an_interrupted_agent_says_how_to_resume(cloud: Emulator, tmp_path: Path
     writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 13), pause_after=20 * MiB)  # one whole part of 4 chunks (the default)
     assert default_part_chunks(5 * MiB, 1, DEFAULT_CONCURRENCY) == 4
     args = ["backup", "--name", "interrupted", "--chunk-size", CHUNK, "--input", str(writer.path)]
-    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-sigint"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_dispositions)
     deadline = time.monotonic() + 60
     while not staged_parts(cloud, "staging/interrupted/"):
         assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()
@@ -575,7 +576,7 @@ def test_resume_of_a_commands_backup_finishes_it_from_staging_once_staged_whole(
 def test_resume_of_a_commands_backup_not_staged_whole_says_so_and_how_to_start_again(cloud: Emulator, tmp_path: Path) -> None:
     writer = PipeWriter(tmp_path / "in0", stream_bytes(22 * MiB, 17), pause_after=20 * MiB)
     args = ["backup", "--name", "cmdpartial", "--chunk-size", CHUNK, "--input", str(writer.path)]
-    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-cmdpartial"), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    agent = subprocess.Popen([str(BRAID), *args], env=cloud.braid_env("agent-cmdpartial"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_dispositions)
     deadline = time.monotonic() + 60
     while not staged_parts(cloud, "staging/cmdpartial/"):
         assert agent.poll() is None and time.monotonic() < deadline, agent.communicate()
