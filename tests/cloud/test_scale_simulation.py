@@ -242,3 +242,36 @@ def test_the_model_assumes_the_published_lambda_network_rate_and_can_vary_it() -
     slow = scale_sim.ItemTimeline.of(16, 0.4, 64 * 2**20, 0.54, 4)
     assert slow.pack_ends[-1] > 2 * fast.pack_ends[-1] and scale_sim.LAMBDA_NIC_MB_S <= 80  # network-bound at the published rate
     assert 1769 in cloud_model.SENSITIVITY_MEMORY_MB and 300.0 in cloud_model.SENSITIVITY_NETWORK_MB_S
+
+
+# AWS's published us-east-1 list prices (arm64 Lambda), as a reader would look them up, apart from the model's own table
+# (braid.format.prices): https://aws.amazon.com/lambda/pricing/, https://aws.amazon.com/s3/pricing/,
+# https://aws.amazon.com/step-functions/pricing/, https://aws.amazon.com/kms/pricing/ (checked 2026-11-28).
+PUBLISHED = {
+    "worker_gb_s": 0.0000133334,  # Lambda arm, per GB-second
+    "coordinator_gb_s": 0.0000133334,
+    "lambda_requests": 0.20 / 1e6,
+    "s3_put_class_requests": 0.005 / 1000,  # PUT, COPY, POST, LIST
+    "s3_get_class_requests": 0.0004 / 1000,  # GET, SELECT and all other requests
+    "express_requests": 1.00 / 1e6,
+    "express_gb_s": 0.00001667,
+    "standard_transitions": 0.025 / 1000,
+    "kms_requests": 0.03 / 10000,
+    "staging_gb_months": 0.023,  # S3 Standard, first 50 TB
+}
+
+
+def test_the_cost_rows_agree_with_an_independent_recomputation_from_their_counts(calibration: WorkerRequests) -> None:
+    """scripts/bench cloud-model's $/TiB, recomputed from the row's own billed quantities ("counts") at the published
+    prices above, agrees within 10%; the logs line is the model's stated assumption, not a count, and is taken as given."""
+    from bench_lib.benchmarks import cloud_model
+
+    options = {"chunk_size": 64 * 2**20, "worker_cpu": WORKER_CPU_SECONDS, "ratio": STORED_RATIO, "lanes": contract.DEFAULT_WORKER_LANES,
+               "calibration": calibration, "cpu_speed": 0.8}
+    for rate in (50, 1000):
+        row = cloud_model.simulated_row(0.25, 500, rate, contract.WORKER_MEMORY_MB, 76.0, options)
+        n = row["counts"]
+        assert n["worker_gb_s"] > 0 and n["s3_get_class_requests"] > n["s3_put_class_requests"] > 0 and n["standard_transitions"] > 0
+        recomputed = sum(n[line] * PUBLISHED[line] for line in PUBLISHED) + cloud_model.ASSUME["logs_per_tib"] * n["tib"]
+        assert abs(recomputed / n["tib"] - row["cost_per_tib"]) <= 0.10 * row["cost_per_tib"], (rate, recomputed / n["tib"], row)
+        assert sum(row["costs_per_tib"].values()) == pytest.approx(row["cost_per_tib"], abs=1e-3)

@@ -274,30 +274,43 @@ def summarize(out: dict[str, Any], chunk: int, transport: str) -> Measured:
     )
 
 
-def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
-    """Dollars for one simulated backup, by item, from its counted requests and modelled durations."""
-    p = PRICES
+def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
+    """What one simulated backup is billed for, per billing line: requests by price class, GB-seconds, transitions,
+    GB-months (the `counts` of each JSON row, so a reader can price them on their own table)."""
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
     requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
     requests["PUT"] += sim.turns["sleep"]  # SleepUntilWoken writes the wake record (braid.format.staging.wake)
-    put_class = requests["PUT"] + requests["LIST"]  # DELETE is free (PRICES)
-    get_class = requests["GET"] + requests["HEAD"]
-    coordinators = sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker")
     workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
-    held_gb_months = sim.staged_byte_seconds / 1e9 / (30 * 86400)
     return {
-        "lambda compute (worker)": (sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb) * p["lambda_arm_gb_s"],
-        "lambda requests": (sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"]) * p["lambda_request"],
-        "lambda coordinators": coordinators * p["lambda_arm_gb_s"],
-        "s3 PUT/LIST": put_class * p["s3_put_class"],
-        "s3 GET": get_class * p["s3_get_class"],
-        "step functions children": sim.express_items * p["sfn_express_request"]
-        + (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"] * p["sfn_express_gb_s"],
-        "step functions parent": sim.transitions * p["sfn_standard_transition"],
-        "kms": (1 + workers_started + 1) * p["kms_request"],  # GenerateDataKey, Decrypt per worker container, Finalize
-        "staging storage": held_gb_months * ASSUME["staging_gb_month"],
-        "logs and tracing": ASSUME["logs_per_tib"] * sim.tib,
+        "worker_gb_s": sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb,
+        "coordinator_gb_s": sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker"),
+        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"],
+        "s3_put_class_requests": requests["PUT"] + requests["LIST"],  # DELETE is free (PRICES)
+        "s3_get_class_requests": requests["GET"] + requests["HEAD"],
+        "express_requests": sim.express_items,
+        "express_gb_s": (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"],
+        "standard_transitions": sim.transitions,
+        "kms_requests": 1 + workers_started + 1,  # GenerateDataKey, Decrypt per worker container, Finalize
+        "staging_gb_months": sim.staged_byte_seconds / 1e9 / (30 * 86400),
+        "tib": sim.tib,
+    }
+
+
+def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
+    """Dollars for one simulated backup, by item: its counts (counts()) at PRICES."""
+    p, n = PRICES, counts(sim, memory_mb)
+    return {
+        "lambda compute (worker)": n["worker_gb_s"] * p["lambda_arm_gb_s"],
+        "lambda requests": n["lambda_requests"] * p["lambda_request"],
+        "lambda coordinators": n["coordinator_gb_s"] * p["lambda_arm_gb_s"],
+        "s3 PUT/LIST": n["s3_put_class_requests"] * p["s3_put_class"],
+        "s3 GET": n["s3_get_class_requests"] * p["s3_get_class"],
+        "step functions children": n["express_requests"] * p["sfn_express_request"] + n["express_gb_s"] * p["sfn_express_gb_s"],
+        "step functions parent": n["standard_transitions"] * p["sfn_standard_transition"],
+        "kms": n["kms_requests"] * p["kms_request"],
+        "staging storage": n["staging_gb_months"] * ASSUME["staging_gb_month"],
+        "logs and tracing": ASSUME["logs_per_tib"] * n["tib"],
     }
 
 
@@ -346,6 +359,7 @@ def simulated_row(
         "s3_requests": sum((sim.requests() + sim.agent_requests).values()),
         "finalize_seconds": round(sim.by_function("finalize")[0].seconds, 1),
         "costs_per_tib": {k: round(v / tib, 5) for k, v in costs.items()},
+        "counts": {k: round(v, 6) for k, v in counts(sim, memory).items()},  # the billed quantities behind cost_per_tib
     }
 
 
