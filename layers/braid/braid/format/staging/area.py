@@ -25,6 +25,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
+from braid.format.staging.failures import ItemFailure
 from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     agent_lease_key,
@@ -54,7 +55,7 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round, RoundFold, RoundsCompaction
+from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold, RoundsCompaction
 from braid.format.staging.wake import WakeRecord
 from braid.format.usage import Usage
 from braid.ports.pipeline import StagingJanitor
