@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
+from braid.agent.published import check_covers_stream, same_inputs
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.wake import PipelineWaker
@@ -28,7 +29,7 @@ from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineSt
 from braid.engine.driver import drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
-from braid.engine.stream import InputSource, expected_bytes, expected_chunks, input_lengths
+from braid.engine.stream import expected_bytes, expected_chunks
 from braid.errors import BackupError, EmptyStreamError, ExecutionError, IntegrityError, NotFoundError, ProducerError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
@@ -136,7 +137,7 @@ class CloudEngine:
                     raise missing from None
                 if not status.done:
                     return self.wait(ref, progress)
-                return _same_inputs(self.outcome(ref, status), request.sources)
+                return same_inputs(self.outcome(ref, status), request.sources)
         else:
             check_worker_chunk_size(request.chunk_size)
             upload = StagingUpload.start(
@@ -420,30 +421,6 @@ def upload_event(snapshot: dict[str, Any]) -> dict[str, Any]:
     counters = {k: v for k, v in snapshot.items() if k != "phase"}
     staged = {"bytes": counters["bytes_uploaded"] + counters["bytes_skipped"], "chunks": counters.pop("chunks")}  # a part holds several chunks
     return {"event": "upload", **staged, **counters}
-
-
-def check_covers_stream(manifest: Manifest, expected: StreamEnd) -> None:
-    lengths = [entry.length for entry in manifest.inputs]
-    if lengths != list(expected.lengths):
-        raise IntegrityError(f"the published manifest of {manifest.backup} covers {lengths} bytes per input, but the agent sent {expected.lengths}")
-
-
-def _same_inputs(manifest: Manifest, sources: list[InputSource]) -> Manifest:
-    """A --resume of a backup published meanwhile succeeds only for the inputs it holds (their sizes, at least).
-
-    Nothing of the given inputs is read: a retry that passes another stream
-    (or one whose size cannot be told, a pipe) must not get exit 0 and a
-    NAME@ID that holds none of it.
-    """
-    published = [entry.length for entry in manifest.inputs]
-    given = input_lengths(sources)
-    if given != published:
-        what = "a stream whose size cannot be checked" if given is None else f"inputs of {given} bytes"
-        raise NotFoundError(
-            f"backup {manifest.backup} is already published ({len(published)} input(s) of {published} bytes); nothing to resume,"
-            f" and {what} were given: none of it was read. Start a new backup for new data"
-        )
-    return manifest
 
 
 def _resumable(exc: BaseException, ref: BackupRef) -> BaseException:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from braid.cli.compose import open_repository, repo_url
-from braid.cli.render import print_forget
+from braid.cli.retention_render import print_forget
 from braid.format.ids import BackupRef
 from braid.format.repository import Repository
 from braid.ops.forget import exact_ref, execute_forget, plan_forget

@@ -21,7 +21,8 @@ from dataclasses import fields
 from typing import Any
 
 from braid.cli.compose import open_key_service, open_repository, repo_url
-from braid.cli.render import print_json, print_policies, print_prune_plan
+from braid.cli.render import print_json
+from braid.cli.retention_render import print_policies, print_prune_plan
 from braid.cli.storage_options import check_prune_options
 from braid.cli.storage_render import print_storage_plan, print_storage_policies
 from braid.errors import UsageError

@@ -40,11 +40,12 @@ and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
 keys: every key and the parsers listings need; records: what the agent
-writes; rounds: what the pipeline writes; area: StagingArea, the one reader
-and writer of all of them.
+writes; rounds: what the pipeline writes; failures: what a failed worker
+writes; area: StagingArea, the one reader and writer of all of them.
 """
 
 from braid.format.staging.area import StagingArea
+from braid.format.staging.failures import ItemFailure
 from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     failure_key,
@@ -65,7 +66,7 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ChunkSlice, ItemFailure, ItemResult, MapItem, Round, RoundFold
+from braid.format.staging.rounds import ChunkSlice, ItemResult, MapItem, Round, RoundFold
 from braid.format.staging.wake import WakeRecord
 
 __all__ = [

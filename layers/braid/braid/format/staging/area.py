@@ -10,37 +10,30 @@ one reader with one validation and each failure one typed error:
       with the backup/session                  a key bound elsewhere, a gap in rounds)
     create-only write lost    AlreadyExistsError (session), or the winner is
                               adopted (wrapped key, rounds)
+
+The worker results and the planner's folds and compactions of them are its
+base's, StagingResults (braid.format.staging.results); how records are read
+(one, or many at once), StagingReads' (braid.format.staging.reads).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
-from braid.format.ids import BackupRef
 from braid.format.keys import WrappedKey, encryption_context
-from braid.format.layout import staging_prefix
-from braid.format.manifest import ChunkEntry
+from braid.format.staging.failures import ItemFailure
 from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     agent_lease_key,
-    compaction_key,
-    compactions_prefix,
     failure_key,
     failures_prefix,
-    fold_key,
-    folds_prefix,
     held_key,
-    parse_compaction_key,
-    parse_fold_round,
     parse_round_key,
     parse_segment_key,
     result_key,
-    results_prefix,
     resume_key,
     retry_key,
     round_key,
@@ -54,46 +47,15 @@ from braid.format.staging.keys import (
     wrapped_key_key,
 )
 from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
-from braid.format.staging.rounds import ItemFailure, ItemResult, MapItem, Round, RoundFold, RoundsCompaction
+from braid.format.staging.results import StagingResults
+from braid.format.staging.rounds import MapItem, Round
 from braid.format.staging.wake import WakeRecord
-from braid.format.usage import Usage
 from braid.ports.pipeline import StagingJanitor
-from braid.ports.store import ObjectInfo, ObjectStore
-from braid.ports.usage import in_context
-
-# Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
-READ_THREADS = 32
-READ_THREAD_NAME = "braid-staging-read"
+from braid.ports.store import ObjectInfo
 
 
-class StagingArea:
+class StagingArea(StagingResults):
     """One backup's staging area in a store: every record read and written here."""
-
-    def __init__(self, store: ObjectStore, ref: BackupRef) -> None:
-        self.store = store
-        self.ref = ref
-
-    @property
-    def prefix(self) -> str:
-        """Repository-relative prefix of every object of this backup's staging."""
-        return staging_prefix(self.ref)
-
-    def _get(self, key: str) -> bytes | None:
-        try:
-            return self.store.get(key)
-        except NotFoundError:
-            return None
-
-    def _get_many(self, keys: list[str]) -> list[bytes | None]:
-        """Several small records at once (READ_THREADS in flight), in the order asked.
-
-        Finalize reads one result record per map item and one file per round:
-        thousands for a 10 TiB backup, which one at a time would take minutes
-        of request latency; READ_THREADS at once make it seconds."""
-        if len(keys) <= 1:
-            return [self._get(key) for key in keys]
-        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:
-            return list(pool.map(in_context(self._get), keys))  # the reads count for the step that asked (braid.ports.usage)
 
     # -- session -------------------------------------------------------------
     def read_session(self) -> SessionRecord:
@@ -248,262 +210,7 @@ class StagingArea:
         except AlreadyExistsError:
             return Round.from_bytes(self.store.get(found.key), number, found.key)
 
-    # -- results -------------------------------------------------------------
-    def write_result(self, result: ItemResult) -> str:
-        """Overwrites are fine: a retried worker reports the same stored chunks (store_chunk reads them back)."""
-        key = result_key(self.ref, result.first_index)
-        self.store.put(key, result.to_bytes())
-        return key
-
-    def read_compactions(self) -> tuple[list[Round], dict[int, ItemResult]]:
-        """The rounds the planner's compactions hold, from round 1 on, and their items' results by first chunk index.
-
-        Only an unbroken run from round 1 is used (what follows a gap is read
-        from the round files and folds): `read_rounds(known=...)` then GETs
-        only the rounds after it, and `read_results(compacted=...)` only the
-        folds and records of those."""
-        chain = self._compaction_chain()
-        keys = [compaction_key(self.ref, first, last) for first, last in chain]
-        rounds: list[Round] = []
-        results: dict[int, ItemResult] = {}
-        for span, key, raw in zip(chain, keys, self._get_many(keys), strict=True):
-            if raw is None:  # deleted between LIST and GET: staging is being removed; the rest comes from rounds and folds
-                break
-            found = RoundsCompaction.from_bytes(raw, key, lambda number: round_key(self.ref, number))
-            if (found.first, found.last) != span:
-                raise IntegrityError(f"rounds compaction {key} holds rounds {found.first}..{found.last}, not the ones its name says")
-            rounds.extend(found.rounds)
-            results.update((result.first_index, result) for result in found.results)
-        return rounds, results
-
-    def compacted_through(self) -> int:
-        """The last round of the unbroken run of compactions from round 1 (0: none); one LIST, no GET."""
-        chain = self._compaction_chain()
-        return chain[-1][1] if chain else 0
-
-    def _compaction_chain(self) -> list[tuple[int, int]]:
-        ranges = sorted(
-            found for info in self.store.list(compactions_prefix(self.ref)) if (found := parse_compaction_key(self.ref, info.key)) is not None
-        )
-        chain: list[tuple[int, int]] = []
-        for first, last in ranges:
-            if first == (chain[-1][1] + 1 if chain else 1) and last >= first:
-                chain.append((first, last))
-        return chain
-
-    def compact_rounds(self, first: int, last: int, max_chunks: int) -> int:
-        """Merge rounds `first`.. (up to `last`, and no more than `max_chunks` chunks but at least one round) with a
-        checked result for each of their items into one compaction; returns the last round it took.
-
-        Nothing is written when some item has no result that reads back and
-        matches it: Finalize then reads those rounds' files and records
-        itself, and refuses what is wrong there. `max_chunks` bounds the
-        planner's memory (a result is ~1 KiB in memory per chunk).
-        Overwrites are fine: rounds never change, and a later result
-        describes the same stored chunks."""
-        numbers = list(range(first, last + 1))
-        round_keys = [round_key(self.ref, number) for number in numbers]
-        rounds: list[Round] = []
-        chunks = 0
-        for number, key, raw in zip(numbers, round_keys, self._get_many(round_keys), strict=True):
-            if raw is None:  # not a round of the ledger (yet): what came before it is compacted, it is passed over
-                if not rounds:
-                    return number
-                break
-            found = Round.from_bytes(raw, number, key)
-            if rounds and chunks + found.chunk_count > max_chunks:
-                break
-            rounds.append(found)
-            chunks += found.chunk_count
-        taken = rounds[-1].number
-        fold_keys = sorted(
-            info.key for info in self.store.list(folds_prefix(self.ref)) if first <= (parse_fold_round(self.ref, info.key) or 0) <= taken
-        )
-        items = [item for found in rounds for item in found.items]
-        wanted = {item.first_index for item in items}
-        results: dict[int, ItemResult] = {}
-        for key, raw in zip(fold_keys, self._get_many(fold_keys), strict=True):
-            if raw is not None:
-                results.update((r.first_index, r) for r in RoundFold.from_bytes(raw, key).results if r.first_index in wanted)
-        missing = [item for item in items if item.first_index not in results]
-        keys = [result_key(self.ref, item.first_index) for item in missing]
-        for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-            if raw is None:
-                return taken
-            try:
-                results[item.first_index] = ItemResult.from_bytes(raw, key)
-            except IntegrityError:
-                return taken
-        try:
-            for item in items:
-                results[item.first_index].check(item, str(self.ref))
-        except IntegrityError:
-            return taken
-        compaction = RoundsCompaction(first, taken, tuple(rounds), tuple(results[item.first_index] for item in items))
-        self.store.put(compaction_key(self.ref, first, taken), compaction.to_bytes())
-        return taken
-
-    def read_results(
-        self, rounds: Iterable[Round], usages: list[Usage] | None = None, *, compacted: dict[int, ItemResult] | None = None
-    ) -> list[ChunkEntry]:
-        """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
-
-        Each item's result comes from `compacted` (read_compactions), else
-        from a fold (RoundFold: the planner merged it after the item's map),
-        else from the item's own record: a few compaction and fold GETs, plus
-        one per item none covers (the last round's, whose planner call was
-        the one that said "done"). A result from a compaction or a fold is
-        checked against its planned item exactly as a record is. `usages`,
-        if given, receives each result's usage (those that have one)."""
-        rounds = list(rounds)
-        items = [item for found in rounds for item in found.items]
-        compacted = compacted or {}
-        through = 0  # rounds 1..through are wholly in `compacted`: their folds need no GET
-        for found in sorted(rounds, key=lambda r: r.number):
-            if found.number != through + 1 or any(item.first_index not in compacted for item in found.items):
-                break
-            through = found.number
-        known = {**self._read_folds(after_round=through), **compacted}
-        missing = [item for item in items if item.first_index not in known]
-        if missing:
-            present = self._result_keys()
-            for item in missing:
-                if result_key(self.ref, item.first_index) not in present and not item.finishes_cut:
-                    raise self._never_stored(item)
-            # An item finishing a cut one without a record is for the cut item's chain to judge (_item_results).
-            missing = [item for item in missing if result_key(self.ref, item.first_index) in present]
-            keys = [result_key(self.ref, item.first_index) for item in missing]
-            for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-                if raw is None:
-                    if item.finishes_cut:
-                        continue
-                    raise self._never_stored(item)
-                known[item.first_index] = ItemResult.from_bytes(raw, key)
-        entries: list[ChunkEntry] = []
-        for item in items:
-            if item.finishes_cut:
-                continue  # its chunks are the cut item's, followed from that item below
-            for result in self._item_results(item, known):
-                entries.extend(result.entries)
-                if usages is not None and result.usage is not None:
-                    usages.append(result.usage)
-        return entries
-
-    def _item_results(self, item: MapItem, known: dict[int, ItemResult]) -> list[ItemResult]:
-        """The results that store `item`'s chunks, in order: its own, and, after a cut one, the results of the items
-        that finished it, each checked against its chunks of the item (whole packs of the item's layout).
-
-        Those are followed by first chunk index, wherever they were planned (a later round, or a retry file), and
-        read directly when no fold holds them: the cut result is the one the planner folded, so the rest start
-        exactly where the planner planned them."""
-        found: list[ItemResult] = []
-        done = 0
-        while done < item.count:
-            index = item.first_index + done
-            result = known.get(index)
-            if result is None:
-                raw = self._get(result_key(self.ref, index))
-                if raw is None:
-                    longer = self._longer_prefix(item, done)
-                    if longer is None:
-                        raise self._never_stored(item.piece(done, item.count - done))
-                    found.append(longer)
-                    done += len(longer.entries)
-                    continue
-                result = known[index] = ItemResult.from_bytes(raw, result_key(self.ref, index))
-            if done == 0:
-                result.check(item, str(self.ref))
-            else:
-                if not 0 < len(result.entries) <= item.count - done:
-                    raise IntegrityError(
-                        f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
-                    )
-                rest = item.piece(done, len(result.entries))
-                result.check(rest, str(self.ref))
-            found.append(result)
-            done += len(result.entries)
-        return found
-
-    def _longer_prefix(self, item: MapItem, done: int) -> ItemResult | None:
-        """The chunks of a cut item from `done` on, from its own record when that lists more than `done` (a later attempt
-        that stored further than the prefix the planner read: a planner call retried after a late attempt), else None.
-
-        Its entries before `done` are the same stored packs (create-only, identical layout), so only the rest is used."""
-        raw = self._get(result_key(self.ref, item.first_index))
-        if raw is None:
-            return None
-        own = ItemResult.from_bytes(raw, result_key(self.ref, item.first_index))
-        if len(own.entries) <= done:
-            return None
-        own.check(item, str(self.ref))
-        return ItemResult(item.first_index + done, own.entries[done:], None)
-
-    def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
-        """The result records of `items` that exist, read back and match their item, by first chunk index.
-
-        Anything else is left out: Finalize reads that item's record itself and refuses it there."""
-        items = list(items)
-        keys = [result_key(self.ref, item.first_index) for item in items]
-        found: dict[int, ItemResult] = {}
-        for item, key, raw in zip(items, keys, self._get_many(keys), strict=True):
-            if raw is None:
-                continue
-            try:
-                result = ItemResult.from_bytes(raw, key)
-                result.check(item, str(self.ref))
-            except IntegrityError:
-                continue
-            found[item.first_index] = result
-        return found
-
-    def fold_results(self, round_number: int, attempt: int, finished: Iterable[MapItem], read: dict[int, ItemResult] | None = None) -> str | None:
-        """Merge the result records of a map's finished items into one fold; returns its key (None: nothing to fold).
-
-        Only records that read back and match their item go in (read_item_results;
-        `read`: those already read). Overwrites are fine: a retried planner folds
-        the same records, and a late worker's record describes the same stored
-        chunks, or, for a cut item, a prefix of them: the fold keeps the one the
-        planner planned the rest after (braid.pipeline.replan)."""
-        finished = list(finished)
-        read = read if read is not None else self.read_item_results(finished)
-        results = [read[item.first_index] for item in finished if item.first_index in read]
-        if not results:
-            return None
-        key = fold_key(self.ref, round_number, attempt)
-        self.store.put(key, RoundFold(round_number, attempt, tuple(results)).to_bytes())
-        return key
-
-    def _read_folds(self, after_round: int = 0) -> dict[int, ItemResult]:
-        """The results of every fold of a round after `after_round`, by first chunk index (a malformed fold is an IntegrityError naming it)."""
-        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)) if (parse_fold_round(self.ref, info.key) or 0) > after_round)
-        folded: dict[int, ItemResult] = {}
-        for key, raw in zip(keys, self._get_many(keys), strict=True):
-            if raw is None:  # deleted between LIST and GET: staging is being removed
-                continue
-            for result in RoundFold.from_bytes(raw, key).results:
-                folded[result.first_index] = result
-        return folded
-
-    def _never_stored(self, item: MapItem) -> IntegrityError:
-        return IntegrityError(
-            f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
-            " their worker failed or did not run (see the execution's map run)"
-        )
-
-    def processed_chunks(self, rounds: Iterable[Round]) -> int:
-        """Chunks with a result so far (the agent's progress): one LIST, no GET.
-
-        A cut item (MapItem.cut) counts whole once its worker wrote its result, and the items that finish it
-        are not counted again: progress may run a pack or two ahead at the very end, never past the plan."""
-        present = self._result_keys()
-        return sum(
-            item.count for found in rounds for item in found.items
-            if not item.finishes_cut and result_key(self.ref, item.first_index) in present
-        )
-
-    def _result_keys(self) -> set[str]:
-        return {info.key for info in self.store.list(results_prefix(self.ref))}
-
+    # -- retries -------------------------------------------------------------
     def read_items(self, key: str, number: int) -> list[MapItem]:
         """The items of a round or retry file, as the map read them."""
         return list(Round.from_bytes(self.store.get(key), number, key).items)
@@ -513,23 +220,6 @@ class StagingArea:
         found = Round(round_number, retry_key(self.ref, round_number, attempt), tuple(items))
         self.store.put(found.key, found.to_bytes())
         return found
-
-    def finished_items(self, items: Iterable[MapItem]) -> tuple[list[MapItem], list[MapItem]]:
-        """(finished, unfinished): by whether the item's result record exists.
-
-        One LIST under the longest key prefix the items' result keys share:
-        a few requests for a round, however many results the backup has."""
-        items = list(items)
-        if not items:
-            return [], []
-        keys = [result_key(self.ref, item.first_index) for item in items]
-        prefix = os.path.commonprefix([min(keys), max(keys)])
-        present = {info.key for info in self.store.list(prefix)}
-        finished: list[MapItem] = []
-        unfinished: list[MapItem] = []
-        for item, key in zip(items, keys, strict=True):
-            (finished if key in present else unfinished).append(item)
-        return finished, unfinished
 
     def remove_segments(self, keys: Iterable[str], purge: Callable[[str], object] | None = None) -> None:
         """Staged segments whose every chunk is stored: their raw bytes need not wait for Finalize.

@@ -5,9 +5,7 @@ both the ledger of chunk-index assignment and what the Distributed Map's
 ItemReader reads, so a map item's JSON names are part of the state machine's
 contract (the worker event carries one). A result record
 `results/<first index>.json` lists the ChunkEntry of every chunk of one item.
-A failure record `failures/<first index>.json` (ItemFailure) is what a worker
-raised for one item, written before it re-raises, so Cleanup can name the
-worker's real error (Step Functions reports only the map's). A fold
+(A worker's failure record is in braid.format.staging.failures.) A fold
 `folds/round-RRRRR-AA.json` (RoundFold) is the result records of one map's
 finished items merged by the planner after that map, so Finalize reads a
 few folds instead of one record per item.
@@ -429,30 +427,3 @@ class RoundsCompaction:
         except IntegrityError as exc:
             raise IntegrityError(f"{what}: {exc.message}") from None
         return cls(first, last, rounds, tuple(ItemResult.from_json(d, f"{where} item {n}", "rounds compaction") for n, d in enumerate(f.objects("items"))))
-
-
-# A failure record is for a person to read; a traceback-sized message is cut.
-MAX_FAILURE_CAUSE = 2000
-
-
-@dataclass(frozen=True)
-class ItemFailure:
-    """The error a worker raised for one map item (its last attempt's, since a retry overwrites it)."""
-
-    first_index: int
-    count: int
-    error: str
-    cause: str
-
-    def to_bytes(self) -> bytes:
-        doc = {"first_index": self.first_index, "count": self.count, "error": self.error, "cause": self.cause[:MAX_FAILURE_CAUSE]}
-        return canonical_json(doc)
-
-    @classmethod
-    def from_bytes(cls, raw: bytes, where: str) -> ItemFailure:
-        what = f"failure record {where}"
-        f = Fields(document(raw, what), what, ("first_index", "count", "error", "cause"))
-        return cls(f.count("first_index"), f.count("count"), f.text("error"), f.text("cause")[:MAX_FAILURE_CAUSE])
-
-    def describe(self) -> str:
-        return f"chunks {self.first_index}..{self.first_index + self.count - 1}: {self.error}: {self.cause}"
