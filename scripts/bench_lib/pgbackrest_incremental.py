@@ -37,7 +37,7 @@ PG15_BIN = Path("/usr/lib/postgresql/15/bin")
 PORT = 55493
 STANZA = "bench"
 SETTINGS = "compress-type=zst, compress-level=3, repo1-cipher-type=aes-256-cbc, process-max=2, start-fast=y, archive-copy=y"
-MEASURE = "info.repository.delta of each backup in `pgbackrest info --output=json` (bytes the backup added to the repository)"
+MEASURE = "info.repository.delta of each backup in pgbackrest info --output=json (bytes the backup added to the repository)"
 GRANULARITY = "file-level: a relation segment (up to 1 GiB) with one changed row is stored whole"
 
 
