@@ -1,19 +1,21 @@
 """The pgBackRest part of `scripts/bench incremental`: a week of pgBackRest 2.45 incrementals beside Braid's.
 
-PostgreSQL 15 from Debian (/usr/lib/postgresql/15/bin), run as the postgres
-user, pgbench at the same scale, WAL archived by `pgbackrest archive-push`
-(pgBackRest's backups need it). pgBackRest as scripts/e2e-databases runs it:
-compress-type=zst, compress-level=3, repo1-cipher-type=aes-256-cbc,
+PostgreSQL 15 from Debian (/usr/lib/postgresql/15/bin; postgresql-15 and
+pgbackrest installed with apt-get when missing), run as the postgres user,
+pgbench at the same scale, WAL archived by `pgbackrest archive-push`
+(pgBackRest's backups need it). pgBackRest as scripts/e2e-databases runs
+it: compress-type=zst, compress-level=3, repo1-cipher-type=aes-256-cbc,
 process-max=2, start-fast=y, and archive-copy=y so that each backup stores
 the WAL that makes it consistent, as Braid's `pg_basebackup -X fetch` does.
 A `--type=full` backup, then each day the same contiguous 1% of
-pgbench_accounts' rows as the PostgreSQL 18 part changes (changed_range), a
-checkpoint and a `--type=incr` backup. A backup's stored bytes are its
+pgbench_accounts' rows as the PostgreSQL 18 part changes (changed_range),
+a checkpoint and a `--type=incr` backup. A backup's stored bytes are its
 `info.repository.delta` in `pgbackrest info --output=json`: the bytes it
-added to the repository (compressed, encrypted; files it references from an
-earlier backup and its backup.manifest not counted; the table's last column
-is du of the backup's directory, manifest included). The WAL archive (continuous archiving) is
-neither side's backup and is reported apart.
+added to the repository (compressed, encrypted; files it references from
+an earlier backup and its backup.manifest not counted; the table's last
+column is du of the backup's directory, manifest included). The WAL
+archive (continuous archiving) is neither side's backup and is reported
+apart.
 
 pgBackRest's incrementals are file-level: a relation segment (up to 1 GiB)
 with one changed row is stored whole. Braid's are PostgreSQL 17+'s
@@ -105,6 +107,18 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return result
 
 
+def _installed(log: Callable[[str], None]) -> bool:
+    """PostgreSQL 15 and pgBackRest, from Debian with apt-get when missing (as scripts/e2e-databases installs them)."""
+    if (PG15_BIN / "initdb").exists() and shutil.which("pgbackrest") is not None:
+        return True
+    log("pgBackRest: installing postgresql-15 and pgbackrest from Debian")
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "postgresql-15", "pgbackrest"]):
+        if subprocess.run(argv, capture_output=True, env=env).returncode != 0:
+            return False
+    return (PG15_BIN / "initdb").exists() and shutil.which("pgbackrest") is not None
+
+
 def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -114,8 +128,8 @@ def measure(work: Path, scale: int, days: int, braid_chain: Sequence[int], log: 
 
     `braid_chain` is Braid's full's stored bytes, then its `days` incrementals'.
     """
-    if not (PG15_BIN / "initdb").exists() or shutil.which("pgbackrest") is None:
-        section.notes.append(f"pgBackRest: {PG15_BIN} or pgbackrest is not installed (apt-get install postgresql-15 pgbackrest); not measured")
+    if not _installed(log):
+        section.notes.append(f"pgBackRest: {PG15_BIN} or pgbackrest is missing and apt-get could not install postgresql-15 pgbackrest; not measured")
         return
     w = work / "pgbr"
     shutil.rmtree(w, ignore_errors=True)
