@@ -185,20 +185,6 @@ def test_the_catalog_planner_keeps_chains_too(repo: Path) -> None:
     assert sorted(plan.keep) == sorted(BackupRef.parse(r) for r in chain) and plan.forget == [BackupRef.parse(old)]
 
 
-def test_incremental_is_refused_on_the_cloud_pipeline() -> None:
-    import argparse
-
-    import pytest
-
-    from braid.cli.commands.backup import _lineage
-    from braid.errors import UsageError
-    from braid.format.ids import BackupRef
-
-    args = argparse.Namespace(incremental="", resume=None, key_file=None)
-    with pytest.raises(UsageError, match=r"--incremental runs on this host only for now: add --engine local"):
-        _lineage(None, args, BackupRef.new("db"), True)  # type: ignore[arg-type]
-
-
 def test_a_chain_restore_short_of_disk_is_refused(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
