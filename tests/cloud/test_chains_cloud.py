@@ -141,3 +141,21 @@ def test_a_corrupt_or_missing_parent_refuses_the_incremental_before_the_producer
     assert run.code == 6, run.stderr
     assert run.errors[0].startswith(f"braid: error: the incremental's parent is missing: {missing} not found"), run.errors
     assert not started.exists() and staging_versions(cloud, "pgbad") == []
+
+
+def test_the_cloud_prune_fan_out_keeps_the_whole_chain_a_kept_backup_needs(cloud: Emulator, tmp_path: Path) -> None:
+    from test_prune_cloud import run_prune
+
+    tars = [pg_tar(tmp_path / f"link{n}.tar", n) for n in range(2)]
+    refs = [backed_up(braid(cloud, "agent-pgprune", "backup", "--name", "pgprune", "--chunk-size", CHUNK, "--", "cat", str(tars[0])), cloud)]
+    refs.append(backed_up(braid(cloud, "agent-pgprune", "backup", "--name", "pgprune", "--incremental", "--chunk-size", CHUNK, "--", "cat", str(tars[1])), cloud))
+
+    output = run_prune(cloud, "prune-chain", {"keep_last": 1})
+
+    assert not [p for p in output["report"]["pruned"] if p.startswith("pgprune@")], output["report"]
+    listed = braid(cloud, "restore-pgprune", "list", "--name", "pgprune", "--json")
+    assert sorted(row["backup"] for row in json.loads(listed.stdout)) == refs
+    work = tmp_path / "work"
+    restored = braid(cloud, "restore-pgprune", "restore", refs[1], "--chain", "--work-dir", str(work), "--", "sh", "-c", 'cat > "$1/data"', "sh", "{dir}")
+    assert restored.code == 0, restored.stderr
+    assert [(work / f"{i:02d}" / "data").read_bytes() for i in range(2)] == [t.read_bytes() for t in tars]
