@@ -197,3 +197,12 @@ def test_a_chain_restore_short_of_disk_is_refused(tmp_path: Path) -> None:
         check_disk(links, str(tmp_path / "work"), str(tmp_path / "data"))  # type: ignore[arg-type]
     assert caught.value.exit_code == 3
     check_disk(links[1:], str(tmp_path / "work"), str(tmp_path / "data"))  # a MiB fits
+
+
+def test_incremental_with_resume_is_refused_before_anything_runs(repo: Path, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    for inputs in (("--", "touch", str(started)), ("--input", str(tmp_path / "none"))):
+        result = run_braid("backup", "--repo", str(repo), "--resume", "db@20260101T000000.000Z-00000000", "--incremental", *inputs)
+        assert result.code == 2, result.stderr
+        assert "--incremental and --resume exclude each other" in result.stderr
+    assert not started.exists()

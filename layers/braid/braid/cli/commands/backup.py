@@ -108,6 +108,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
+    if args.resume and getattr(args, "incremental", None) is not None:
+        raise UsageError("--incremental and --resume exclude each other: the resumed backup keeps the parent it started with")
     if args.resume and args.run is not None:
         return _resume_command_backup(args, ref, progress)
     producer = _producer(args, lambda event: progress({"backup": str(ref), **event}), echo=progress.echo)
@@ -225,8 +227,6 @@ def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, c
     given = getattr(args, "incremental", None)
     if given is None:
         return Lineage(), None
-    if args.resume:
-        raise UsageError("--incremental and --resume exclude each other: the resumed backup keeps the parent it started with")
     if cloud:  # no key on this host: the parent by its manifest's checksum; Prepare authenticates the chain (braid.pipeline.parent)
         from braid.ops.chain import parent_lineage
 
