@@ -141,8 +141,10 @@ class Running:
 
     def __init__(self, status: str = "RUNNING", cause: str | None = None) -> None:
         self.status = ExecutionStatus("arn", status, "BackupFailed" if cause else None, cause)
+        self.described = 0
 
     def describe(self, ref: BackupRef) -> ExecutionStatus:
+        self.described += 1
         return self.status
 
 
@@ -154,6 +156,11 @@ def test_the_agent_waits_for_prepare_within_bounds_and_raises_its_refusal(repo: 
     events: list[dict] = []
     with pytest.raises(ExecutionError, match=rf"the pipeline did not open the parent {full} of {ref} within 0 s \(its Prepare step\); nothing was started"):
         await_parent(area, Running(), request, events.append, poll_seconds=0.01, wait_seconds=0)
+    # Step Functions is asked once per watch period while the session is staged (DescribeExecution is throttled per account).
+    running = Running()
+    with pytest.raises(ExecutionError, match="did not open the parent"):
+        await_parent(area, running, request, events.append, poll_seconds=0.01, watch_seconds=3600, wait_seconds=0.2)
+    assert running.described == 1
     with pytest.raises(ExecutionError, match="KMS said no"):
         await_parent(area, Running("FAILED", "KMS said no"), request, events.append, poll_seconds=0.01)
     area.write_parent(ParentRecord(str(full), refused="the incremental's parent is missing"))

@@ -191,7 +191,7 @@ class CloudEngine:
             with contextlib.nullcontext() if finished_upload else lease, watch:
                 sources = list(request.sources)
                 if request.lineage.is_incremental:  # Prepare opens the parent's chain first (braid.agent.parent_wait)
-                    sources = await_parent(area, self.pipeline, request, report, poll_seconds=self.options.poll_seconds)
+                    sources = await_parent(area, self.pipeline, request, report, poll_seconds=self.options.poll_seconds, watch_seconds=self.options.watch_seconds)
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
                     sources,

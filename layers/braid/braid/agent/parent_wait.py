@@ -29,16 +29,21 @@ PARENT_WAIT_SECONDS = 300.0
 
 def await_parent(
     area: StagingArea, pipeline: Executions, request: BackupRequest, progress: ProgressFn, *, poll_seconds: float,
-    wait_seconds: float = PARENT_WAIT_SECONDS,
+    watch_seconds: float = 0.0, wait_seconds: float = PARENT_WAIT_SECONDS,
 ) -> list[InputSource]:
-    """The inputs to read: the producer, started with the parent's values, or the request's own sources."""
+    """The inputs to read: the producer, started with the parent's values, or the request's own sources.
+
+    Reads its staging every `poll_seconds`; asks Step Functions (DescribeExecution, throttled per account) only
+    every `watch_seconds`, or at once when the session is gone (Cleanup removed it: the execution failed)."""
     ref = request.ref
     progress({"event": "waiting", "backup": str(ref), "message": f"waiting for the pipeline to open the parent {request.lineage.parent}"})
     deadline = time.monotonic() + wait_seconds
+    described = -float("inf")
     while (found := area.read_parent()) is None:
-        status = pipeline.describe(ref)
-        if status.done:
-            raise ExecutionError(status.failure_message(ref))
+        if time.monotonic() - described >= watch_seconds or not area.session_staged():
+            status, described = pipeline.describe(ref), time.monotonic()
+            if status.done:
+                raise ExecutionError(status.failure_message(ref))
         if time.monotonic() > deadline:
             raise ExecutionError(
                 f"the pipeline did not open the parent {request.lineage.parent} of {ref} within {wait_seconds:.0f} s (its Prepare step);"
