@@ -185,20 +185,6 @@ def test_the_catalog_planner_keeps_chains_too(repo: Path) -> None:
     assert sorted(plan.keep) == sorted(BackupRef.parse(r) for r in chain) and plan.forget == [BackupRef.parse(old)]
 
 
-def test_incremental_is_refused_on_the_cloud_pipeline() -> None:
-    import argparse
-
-    import pytest
-
-    from braid.cli.commands.backup import _lineage
-    from braid.errors import UsageError
-    from braid.format.ids import BackupRef
-
-    args = argparse.Namespace(incremental="", resume=None, key_file=None)
-    with pytest.raises(UsageError, match=r"--incremental runs on this host only for now: add --engine local"):
-        _lineage(None, args, BackupRef.new("db"), True)  # type: ignore[arg-type]
-
-
 def test_a_chain_restore_short_of_disk_is_refused(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
@@ -211,3 +197,12 @@ def test_a_chain_restore_short_of_disk_is_refused(tmp_path: Path) -> None:
         check_disk(links, str(tmp_path / "work"), str(tmp_path / "data"))  # type: ignore[arg-type]
     assert caught.value.exit_code == 3
     check_disk(links[1:], str(tmp_path / "work"), str(tmp_path / "data"))  # a MiB fits
+
+
+def test_incremental_with_resume_is_refused_before_anything_runs(repo: Path, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    for inputs in (("--", "touch", str(started)), ("--input", str(tmp_path / "none"))):
+        result = run_braid("backup", "--repo", str(repo), "--resume", "db@20260101T000000.000Z-00000000", "--incremental", *inputs)
+        assert result.code == 2, result.stderr
+        assert "--incremental and --resume exclude each other" in result.stderr
+    assert not started.exists()

@@ -34,6 +34,7 @@ from braid_infra.storage import (
     CONFIG,
     DATA_OBJECTS,
     MANIFEST_OBJECTS,
+    METADATA_OBJECTS,
     POLICY_OBJECTS,
     PRICES,
     PRUNE_OBJECTS,
@@ -223,6 +224,11 @@ class PipelineFunctions(Construct):
         self._s3("prepare", ["s3:PutObject"], STAGING_OBJECTS)
         self._list("prepare")
         self.keys.allow_generate(self.roles["prepare"])
+        # ...and, for an incremental, open its parent's chain (manifests, each link's data key under that backup's own
+        # encryption context) and read the parent's metadata, for the agent's {parent_manifest} / {parent_lsn}
+        # (braid.pipeline.parent). Never chunks: the metadata objects only.
+        self._s3("prepare", ["s3:GetObject"], MANIFEST_OBJECTS, METADATA_OBJECTS)
+        self.keys.allow_decrypt(self.roles["prepare"])
         # Plan: read staging records, write plan rounds; delete segments whose chunks are
         # all stored and its own hold record (braid.pipeline.replan). Never data or manifests.
         self._s3("plan", ["s3:GetObject"], STAGING_OBJECTS)
@@ -239,7 +245,8 @@ class PipelineFunctions(Construct):
         self.keys.allow_decrypt(self.roles["worker"])
         # Finalize: read everything it checks, publish the manifest, delete staging.
         self._s3("finalize", ["s3:GetObject"], CONFIG, STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS)
-        self._s3("finalize", ["s3:PutObject"], MANIFEST_OBJECTS)
+        self._s3("finalize", ["s3:PutObject"], MANIFEST_OBJECTS, METADATA_OBJECTS)
+        self._retention("finalize", METADATA_OBJECTS)
         self._retention("finalize", MANIFEST_OBJECTS)
         self._s3("finalize", ["s3:DeleteObject", "s3:DeleteObjectVersion"], STAGING_OBJECTS)
         # ...and withdraw a manifest it published whose read-back check failed (finalize_backup).

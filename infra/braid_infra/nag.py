@@ -21,6 +21,7 @@ from braid_infra.storage import (
     CATALOG_OBJECTS,
     DATA_OBJECTS,
     MANIFEST_OBJECTS,
+    METADATA_OBJECTS,
     POLICY_OBJECTS,
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
@@ -43,6 +44,7 @@ LOG_STREAMS = "Log streams are created at run time inside the function's own log
 OBJECTS = {
     STAGING_OBJECTS: "Staging objects are named per backup at run time (NAME/ID/...); access is confined to the staging prefix.",
     DATA_OBJECTS: "Chunks are named per backup and index at run time; access is confined to the data prefix.",
+    METADATA_OBJECTS: "A backup's metadata objects are named per backup at run time (data/NAME/ID/metadata/KIND); confined to them.",
     MANIFEST_OBJECTS: "Manifests are named per backup at run time; access is confined to the manifests prefix.",
     POLICY_OBJECTS: "Retention policies are named per backup name (policies/NAME.json); read-only, confined to the policies prefix.",
     CATALOG_OBJECTS: "Catalog summaries, log markers and snapshots are named per backup and time at run time; confined to the catalog prefix.",
@@ -79,10 +81,10 @@ def suppress_findings(stack: BraidStack) -> None:
     bucket = f"<{_ref(stack, stack.storage.bucket)}.Arn>"
     functions = stack.functions
     uses = {
-        "prepare": [STAGING_OBJECTS],
+        "prepare": [STAGING_OBJECTS, MANIFEST_OBJECTS, METADATA_OBJECTS],
         "plan": [STAGING_OBJECTS],
         "worker": [STAGING_OBJECTS, DATA_OBJECTS],
-        "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS],
+        "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS, METADATA_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
         "verify": [],  # the scheduled maintenance only starts the prune run
         "verifyplan": [MANIFEST_OBJECTS, DATA_OBJECTS, VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],

@@ -86,6 +86,7 @@ CONFIG = layout.CONFIG
 STAGING_OBJECTS = f"{layout.STAGING}*"
 WAKE_OBJECTS = f"{layout.STAGING}*/{staging_keys.WAKE}"  # the sleeping pipeline's wake records (braid.format.staging.wake)
 DATA_OBJECTS = f"{layout.DATA}*"
+METADATA_OBJECTS = f"{layout.DATA}*/metadata/*"  # a backup's encrypted metadata (braid.format.metadata): Finalize writes, Prepare reads a parent's
 MANIFEST_OBJECTS = f"{layout.MANIFESTS}*"
 POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the scheduled prune
 CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)

@@ -1,118 +1,161 @@
-"""Incremental chains on the emulated cloud: prune and forget keep or refuse as on a directory (tests/test_chains.py).
+"""Incremental chains and captured PostgreSQL facts on the emulated cloud, all through the real agent CLI.
 
-The chains are written by the real CLI with `--engine local --incremental`
-to the stack's `s3://` repository (BRAID_REPO). Then `braid prune
---keep-last 1` against it, the scheduled prune (PlanPrune, the Sweep
-fan-out, TallyPrune, as the synthesized state machine runs them, each step
-signing as its own role) and `braid forget`: nothing a kept backup depends
-on is removed, a parent with children is refused (exit 14, nothing removed)
-unless `--with-children`, which removes its descendants too.
+The agent captures the small members of the stream as it passes and stages them; Finalize records the
+PostgreSQL facts and encrypts the metadata exactly as the local engine does. For an incremental, the agent
+picks the parent by its manifest (no key), and Prepare, which holds the data keys, authenticates the chain
+and hands the parent's backup_manifest to the agent through the backup's own staging before the producer
+starts. Every plaintext staging object, noncurrent versions included, is gone afterwards.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
-from test_emulated_e2e import Emulator, braid
-from test_prune_cloud import run_prune
-
-from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key
+from test_emulated_e2e import CHUNK, Emulator, Run, assert_within_policy, braid
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
-ADMIN = "chain-admin"  # a caller the emulator does not hold to a role: the account's administrator
+LABEL = b"START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\nCHECKPOINT LOCATION: 0/2000060\nSTART TIMELINE: 1\n"
 
 
-def backup(cloud: Emulator, name: str, text: str, *extra: str) -> str:
-    """A backup of `text` through the host's own engine; `extra` before the command (--incremental[=REF])."""
-    run = braid(cloud, ADMIN, "backup", "--engine", "local", "--name", name, *extra, "--", "printf", text)
+def pg_manifest(n: int) -> bytes:
+    return (
+        b'{ "PostgreSQL-Backup-Manifest-Version": 2, "Files": [], "WAL-Ranges": [{ "Timeline": 1, "Start-LSN": "0/2000028", "End-LSN": "0/2000100" }],'
+        + f' "Link": {n} }}\n'.encode()
+    )
+
+
+def pg_tar(path: Path, n: int) -> Path:
+    """A pg_basebackup -Ft -D - stand-in: backup_label, a data file, a WAL segment and this link's backup_manifest."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        members = (("backup_label", LABEL), ("PG_VERSION", b"18\n"), ("marker", f"link {n}".encode()),
+                   ("pg_wal/000000010000000000000002", b"w" * 4096), ("backup_manifest", pg_manifest(n)))
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o600
+            tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buffer.getvalue())
+    return path
+
+
+def staging_versions(cloud: Emulator, name: str) -> list[str]:
+    """Every version and delete marker left under staging/NAME/ (the bucket is versioned)."""
+    found = []
+    pages = cloud.client("s3").get_paginator("list_object_versions").paginate(Bucket=cloud.bucket, Prefix=f"staging/{name}/")
+    for page in pages:
+        found += [v["Key"] for v in page.get("Versions", [])] + [m["Key"] for m in page.get("DeleteMarkers", [])]
+    return found
+
+
+def show(cloud: Emulator, caller: str, ref: str) -> dict:
+    run = braid(cloud, caller, "show", ref, "--json")
+    assert run.code == 0, run.stderr
+    return json.loads(run.stdout)
+
+
+def backed_up(run: Run, cloud: Emulator) -> str:
     assert run.code == 0, run.stderr + cloud.tail()
     return run.stdout.strip()
 
 
-def listed(cloud: Emulator, name: str) -> dict[str, str | None]:
-    """NAME's backups as `braid list --json` shows them: backup -> parent."""
-    run = braid(cloud, ADMIN, "list", "--name", name, "--json")
-    assert run.code == 0, run.stderr
-    return {row["backup"]: row["parent"] for row in json.loads(run.stdout)}
+def test_a_base_backup_through_the_cloud_records_its_wal_facts_and_metadata(cloud: Emulator, tmp_path: Path) -> None:
+    tar = pg_tar(tmp_path / "base.tar", 0)
+    ref = backed_up(braid(cloud, "agent-pgfacts", "backup", "--name", "pgfacts", "--chunk-size", CHUNK, "--", "cat", str(tar)), cloud)
+
+    shown = show(cloud, "restore-pgfacts", ref)
+    assert shown["wal"]["start_lsn"] == "0/2000028" and shown["wal"]["timeline"] == 1 and shown["wal"]["pg_version"] == 18, shown["wal"]
+    assert shown["wal"]["stop_lsn"] == "0/2000100"
+    assert shown["kind"] == "full" and shown["parent"] is None
+    name, _, backup_id = ref.partition("@")
+    assert cloud.keys(f"data/{name}/{backup_id}/metadata/") == [f"data/{name}/{backup_id}/metadata/backup_manifest"]
+    assert staging_versions(cloud, name) == []  # the captured plaintext went by version, like the segments
+    restored = braid(cloud, "restore-pgfacts", "restore", ref, "--output", str(tmp_path / "out.tar"))
+    assert restored.code == 0, restored.stderr
+    assert (tmp_path / "out.tar").read_bytes() == tar.read_bytes()
+    assert_within_policy(cloud, "agent-pgfacts", "agent")
 
 
-def stored(cloud: Emulator, ref: str) -> list[str]:
-    """The objects a backup has in the bucket: its manifest, if present, and its chunks."""
-    parsed = BackupRef.parse(ref)
-    return [key for key in cloud.keys(manifest_key(parsed)) if key == manifest_key(parsed)] + cloud.keys(data_prefix(parsed))
+def incremental(cloud: Emulator, caller: str, name: str, tar: Path, seen: Path, *extra: str) -> Run:
+    """An incremental whose producer copies its {parent_manifest} (and notes the path) before writing `tar`."""
+    script = 'cp "$1" "$2" && echo "$1" > "$2.path" && ls -l "$1" | cut -c1-10 > "$2.mode" && cat "$3"'
+    return braid(cloud, caller, "backup", "--name", name, "--incremental", *extra, "--chunk-size", CHUNK, "--",
+                 "sh", "-c", script, "sh", "{parent_manifest}", str(seen), str(tar))
 
 
-def verified(cloud: Emulator, ref: str) -> list[str]:
-    """`verify --deep --chain` of `ref`: every link, read whole; the links it checked, oldest first."""
-    run = braid(cloud, ADMIN, "verify", ref, "--deep", "--chain", "--json")
-    assert run.code == 0, run.stderr
-    return [row["backup"] for row in json.loads(run.stdout)]
+def test_full_and_two_incrementals_through_the_cloud_restore_as_a_chain(cloud: Emulator, tmp_path: Path) -> None:
+    tars = [pg_tar(tmp_path / f"link{n}.tar", n) for n in range(3)]
+    full = backed_up(braid(cloud, "agent-pgchain", "backup", "--name", "pgchain", "--chunk-size", CHUNK, "--", "cat", str(tars[0])), cloud)
+    refs = [full]
+    for n in (1, 2):
+        seen = tmp_path / f"seen{n}"
+        refs.append(backed_up(incremental(cloud, "agent-pgchain", "pgchain", tars[n], seen), cloud))
+        # The producer read the parent's captured backup_manifest from a private file, gone once the backup ended.
+        assert seen.read_bytes() == pg_manifest(n - 1)
+        assert seen.with_name(f"seen{n}.mode").read_text().strip() == "-rw-------"
+        assert not Path(seen.with_name(f"seen{n}.path").read_text().strip()).exists()
+
+    for n, ref in enumerate(refs):
+        shown = show(cloud, "restore-pgchain", ref)
+        expected = {"kind": "full", "parent": None, "chain_full": None} if n == 0 else {"kind": "incremental", "parent": refs[n - 1], "chain_full": full}
+        assert {k: shown[k] for k in expected} == expected
+        assert shown["wal"]["start_lsn"] == "0/2000028" and shown["engine"] == "stepfunctions"
+    assert staging_versions(cloud, "pgchain") == []  # captured members and the handed-over parent manifest: no version left
+    # Each link's chain restores, in order, with its data as the producer wrote it.
+    for n, ref in enumerate(refs):
+        work = tmp_path / f"work{n}"
+        restored = braid(cloud, "restore-pgchain", "restore", ref, "--chain", "--work-dir", str(work), "--", "sh", "-c", 'cat > "$1/data"', "sh", "{dir}")
+        assert restored.code == 0, restored.stderr
+        assert sorted(p.name for p in work.iterdir()) == [f"{i:02d}" for i in range(n + 1)]
+        for i in range(n + 1):
+            assert (work / f"{i:02d}" / "data").read_bytes() == tars[i].read_bytes()
+    verified = braid(cloud, "restore-pgchain", "verify", refs[2], "--chain", "--deep")
+    assert verified.code == 0, verified.stderr
+    assert_within_policy(cloud, "agent-pgchain", "agent")
 
 
-def test_prune_keep_last_one_on_s3_keeps_the_whole_chain(cloud: Emulator) -> None:
-    old = backup(cloud, "hostchain", "old full")
-    full = backup(cloud, "hostchain", "full")
-    first = backup(cloud, "hostchain", "one", "--incremental")
-    second = backup(cloud, "hostchain", "two", "--incremental")
-    assert listed(cloud, "hostchain") == {old: None, full: None, first: full, second: first}
+def test_a_corrupt_or_missing_parent_refuses_the_incremental_before_the_producer_runs(cloud: Emulator, tmp_path: Path) -> None:
+    full = backed_up(braid(cloud, "agent-pgbad", "backup", "--name", "pgbad", "--chunk-size", CHUNK, "--", "cat", str(pg_tar(tmp_path / "base.tar", 0))), cloud)
+    name, _, backup_id = full.partition("@")
+    # What the host cannot check without a key: the parent's encrypted backup_manifest, replaced.
+    cloud.client("s3").put_object(Bucket=cloud.bucket, Key=f"data/{name}/{backup_id}/metadata/backup_manifest", Body=b"BRMD" + b"\0" * 64)
+    started = tmp_path / "started"
 
-    dry = braid(cloud, ADMIN, "prune", "--name", "hostchain", "--keep-last", "1", "--dry-run", "--json")
-    assert dry.code == 0, dry.stderr
-    assert sorted(json.loads(dry.stdout)["keep"]) == sorted([full, first, second]) and json.loads(dry.stdout)["forget"] == [old]
-    pruned = braid(cloud, ADMIN, "prune", "--name", "hostchain", "--keep-last", "1", "--json")
-    assert pruned.code == 0, pruned.stderr
-    assert json.loads(pruned.stdout)["forget"] == [old]
-    assert listed(cloud, "hostchain") == {full: None, first: full, second: first}
-    assert stored(cloud, old) == []
-    assert all(len(stored(cloud, ref)) >= 2 for ref in (full, first, second))  # a manifest and its chunks each
-    assert verified(cloud, second) == [full, first, second]
+    run = braid(cloud, "agent-pgbad", "backup", "--name", "pgbad", "--incremental", "--", "sh", "-c", 'touch "$1"', "sh", str(started), "{parent_manifest}")
 
+    assert run.code == 6, run.stderr + cloud.tail()
+    (error,) = run.errors
+    assert error.startswith(f"braid: error: the incremental's parent {full} is unreadable: backup_manifest of backup {full} does not match"), error
+    assert not started.exists()  # refused before the producer ran
+    listed = braid(cloud, "agent-pgbad", "list", "--name", "pgbad", "--json")
+    assert [row["backup"] for row in json.loads(listed.stdout)] == [full]  # nothing published
+    assert staging_versions(cloud, "pgbad") == [] and cloud.open_uploads("staging/pgbad/") == []
 
-def test_the_scheduled_prune_fan_out_never_removes_what_a_kept_backup_needs(cloud: Emulator) -> None:
-    """The newest backup is an incremental of the oldest full: keep-last 1 keeps those two, and only those two go
-    unswept: the newer full and its incremental, which nothing kept needs, are removed, manifests and chunks."""
-    oldest = backup(cloud, "sched", "oldest full")
-    newer = backup(cloud, "sched", "newer full")
-    on_newer = backup(cloud, "sched", "on the newer", "--incremental")
-    newest = backup(cloud, "sched", "on the oldest", f"--incremental={oldest}")
-    assert listed(cloud, "sched") == {oldest: None, newer: None, on_newer: newer, newest: oldest}
-    others = {ref for name in ("hostchain", "forgetme") for ref in listed(cloud, name)}  # other tests' backups: chains, or none
-
-    output = run_prune(cloud, "prune-chains", {"keep_last": 1, "slice_chunks": 1, "prefix": ""})
-
-    report = output["report"]
-    assert report["ok"], json.dumps(report)
-    assert sorted(report["pruned"]) == sorted([newer, on_newer]), json.dumps(report)
-    assert listed(cloud, "sched") == {oldest: None, newest: oldest}
-    for gone in (newer, on_newer):
-        assert stored(cloud, gone) == [], gone
-    for kept in (oldest, newest):
-        assert len(stored(cloud, kept)) >= 2, kept
-    assert verified(cloud, newest) == [oldest, newest]
-    assert others <= {ref for name in ("hostchain", "forgetme") for ref in listed(cloud, name)}  # whole chains: all kept
+    missing = f"{name}@20200101T000000.000Z-00000000"
+    run = braid(cloud, "agent-pgbad", "backup", "--name", "pgbad", f"--incremental={missing}", "--", "touch", str(started))
+    assert run.code == 6, run.stderr
+    assert run.errors[0].startswith(f"braid: error: the incremental's parent is missing: {missing} not found"), run.errors
+    assert not started.exists() and staging_versions(cloud, "pgbad") == []
 
 
-def test_forget_of_a_parent_on_s3_is_refused_unless_with_children(cloud: Emulator) -> None:
-    full = backup(cloud, "forgetme", "full")
-    first = backup(cloud, "forgetme", "one", "--incremental")
-    second = backup(cloud, "forgetme", "two", "--incremental")
-    before = {ref: stored(cloud, ref) for ref in (full, first, second)}
+def test_the_cloud_prune_fan_out_keeps_the_whole_chain_a_kept_backup_needs(cloud: Emulator, tmp_path: Path) -> None:
+    from test_prune_cloud import run_prune
 
-    refused = braid(cloud, ADMIN, "forget", full)
-    assert refused.code == 14, refused.stderr
-    assert refused.errors == [
-        f"braid: error: backup {full} has 2 incremental backup(s) built on it (first: {first}), which restore only on top of it:"
-        f" nothing was removed; remove them with it by 'braid forget {full} --with-children'"
-    ], refused.stderr
-    assert {ref: stored(cloud, ref) for ref in before} == before  # nothing removed, not a chunk
-    assert listed(cloud, "forgetme") == {full: None, first: full, second: first}
+    tars = [pg_tar(tmp_path / f"link{n}.tar", n) for n in range(2)]
+    refs = [backed_up(braid(cloud, "agent-pgprune", "backup", "--name", "pgprune", "--chunk-size", CHUNK, "--", "cat", str(tars[0])), cloud)]
+    refs.append(backed_up(braid(cloud, "agent-pgprune", "backup", "--name", "pgprune", "--incremental", "--chunk-size", CHUNK, "--", "cat", str(tars[1])), cloud))
 
-    removed = braid(cloud, ADMIN, "forget", first, "--with-children", "--json")
-    assert removed.code == 0, removed.stderr
-    assert [c["backup"] for c in json.loads(removed.stdout)["children"]] == [second]
-    assert listed(cloud, "forgetme") == {full: None}
-    assert stored(cloud, first) == [] and stored(cloud, second) == []
-    assert stored(cloud, full) == before[full]
+    output = run_prune(cloud, "prune-chain", {"keep_last": 1})
+
+    assert not [p for p in output["report"]["pruned"] if p.startswith("pgprune@")], output["report"]
+    listed = braid(cloud, "restore-pgprune", "list", "--name", "pgprune", "--json")
+    assert sorted(row["backup"] for row in json.loads(listed.stdout)) == refs
+    work = tmp_path / "work"
+    restored = braid(cloud, "restore-pgprune", "restore", refs[1], "--chain", "--work-dir", str(work), "--", "sh", "-c", 'cat > "$1/data"', "sh", "{dir}")
+    assert restored.code == 0, restored.stderr
+    assert [(work / f"{i:02d}" / "data").read_bytes() for i in range(2)] == [t.read_bytes() for t in tars]

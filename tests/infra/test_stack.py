@@ -103,14 +103,16 @@ LEAST_PRIVILEGE = {
     "AccessRestoreRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*"), ("s3:GetObject", "catalog/*"),
                           ("s3:GetObject", "prices.json"),
                           ("s3:GetObject", "verify/*"), ("s3:PutObject", "verify/*"), ("s3:ListBucket", "bucket")},
-    "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket")},
+    # ...and, for an incremental, the parent chain's manifests and the parent's metadata objects, never a chunk (braid.pipeline.parent).
+    "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket"),
+                             ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*/metadata/*")},
     # Plan deletes each segment's staging as soon as all its chunks are stored.
     "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket"),
                           ("s3:DeleteObjectVersion", "staging/*"), ("s3:ListBucketVersions", "bucket")},  # finished segments go by version id
     "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"), ("s3:PutObject", "staging/*"),
                             ("s3:ListBucket", "bucket")},
     "FunctionsFinalizeRole": {("s3:GetObject", p) for p in ("config.json", "staging/*", "data/*", "manifests/*")}
-    | {("s3:PutObject", "manifests/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "manifests/*"), ("s3:DeleteObjectVersion", "staging/*"),
+    | {("s3:PutObject", "manifests/*"), ("s3:PutObject", "data/*/metadata/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "manifests/*"), ("s3:DeleteObjectVersion", "staging/*"),
        ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"), ("s3:ListBucketVersions", "bucket"),
        ("s3:ListBucketMultipartUploads", "bucket")}
     | {(a, "catalog/*") for a in ("s3:GetObject", "s3:PutObject", "s3:DeleteObject")},  # the catalog summary and log marker, before the manifest
@@ -249,11 +251,23 @@ def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: 
     assert decrypters == {
         "DecryptDataKeysWorkerRole", "DecryptDataKeysFinalizeRole", "DecryptDataKeysPruneRole", "DecryptDataKeysRestoreRole",
         "DecryptDataKeysVerifyplanRole", "DecryptDataKeysVerifyworkerRole",  # the cloud verify authenticates manifests and decodes chunks
+        "DecryptDataKeysPrepareRole",  # an incremental's parent chain (braid.pipeline.parent)
     }
     assert generators == {"GenerateDataKeysPrepareRole"}
     assert all(s["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}} for s in policy if s.get("Sid") != "KeyAdministration")
     for role in ("FunctionsPlanRole", "FunctionsCleanupRole", "PipelineBackupRole", "FunctionsVerifyrecordRole", "VerifyPipelineVerifyRole"):
         assert not any(a.startswith("kms:") for a in actions(statements_of(template, role))), role
+
+
+def test_prepare_reads_a_parents_manifests_and_metadata_but_no_chunk_and_decrypts_only_under_a_backups_context(template: Template) -> None:
+    mine = statements_of(template, "FunctionsPrepareRole")
+    reads = json.dumps([s["Resource"] for s in mine if "s3:GetObject" in actions([s])])
+    assert "/manifests/*" in reads and "/data/*/metadata/*" in reads and '/data/*"' not in reads
+    writes = json.dumps([s["Resource"] for s in mine if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
+    assert "/staging/*" in writes and "/data/" not in writes and "/manifests/" not in writes
+    (decrypt,) = [s for s in mine if "kms:Decrypt" in actions([s])]
+    assert decrypt["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}}
+    assert not {"kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:Encrypt"} & actions(mine)
 
 
 def test_pipeline_roles_write_only_where_their_step_must(template: Template) -> None:
@@ -262,7 +276,9 @@ def test_pipeline_roles_write_only_where_their_step_must(template: Template) -> 
 
     assert "/manifests/*" not in writes("FunctionsWorkerRole") and "/data/*" in writes("FunctionsWorkerRole")
     assert "s3:DeleteObject" not in writes("FunctionsWorkerRole")
-    assert "/manifests/*" in writes("FunctionsFinalizeRole") and "/data/*" not in writes("FunctionsFinalizeRole")
+    # Finalize writes a backup's metadata objects under data/, never a chunk (the worker's).
+    assert "/manifests/*" in writes("FunctionsFinalizeRole") and '/data/*"' not in writes("FunctionsFinalizeRole")
+    assert "/data/*/metadata/*" in writes("FunctionsFinalizeRole")
     assert "/manifests/*" not in writes("FunctionsCleanupRole")
 
 

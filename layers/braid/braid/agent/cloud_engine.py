@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
+from braid.agent.parent_wait import await_parent
 from braid.agent.published import check_covers_stream, same_inputs
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
@@ -122,7 +123,7 @@ class CloudEngine:
             "progress": lambda snapshot: report(upload_event(snapshot)),
             "requests": self.requests,
         }
-        labels = [s.label for s in request.sources]
+        labels = [s.label for s in request.sources] or list(request.input_labels)
         if request.resume:
             try:
                 upload = StagingUpload.resume(area, self.uploads, inputs=labels, **upload_options)
@@ -148,6 +149,8 @@ class CloudEngine:
                 level=request.level,
                 repository_id=self.repository.config.id,
                 ramp_parts=None if self.options.part_ramp else 0,
+                lineage=request.lineage,
+                parent_values=list(request.parent_values),
                 **upload_options,
             )
         # The backup exists from here on: name it now, not at the end, so that
@@ -186,9 +189,12 @@ class CloudEngine:
 
             lease = BackupLease(self.store, ref, heartbeat, key=agent_lease_key(ref), remove_on_exit=False, wanted=lease_wanted)
             with contextlib.nullcontext() if finished_upload else lease, watch:
+                sources = list(request.sources)
+                if request.lineage.is_incremental:  # Prepare opens the parent's chain first (braid.agent.parent_wait)
+                    sources = await_parent(area, self.pipeline, request, report, poll_seconds=self.options.poll_seconds, watch_seconds=self.options.watch_seconds)
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
-                    request.sources,
+                    sources,
                     StagingSink(upload),
                     buffers=pool_size(len(request.sources), self.options.concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
                     chunk_size=upload.chunk_size,
@@ -196,6 +202,8 @@ class CloudEngine:
                     open_timeout=request.open_timeout,
                     progress=report,
                     gate=request.gate,
+                    # What the stream carried (backup_label, backup_manifest, ...), staged before stream-end for Finalize.
+                    on_captured=lambda captured: area.write_captured(captured.members) if captured.members else None,
                 )
         except PipelineStopped:
             raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon

@@ -57,6 +57,7 @@ from braid.agent.limits import (
 from braid.agent.part_sender import Cancelled, PartSender, Release
 from braid.agent.resume import load_staged, session_to_resume
 from braid.errors import InputError, UsageError
+from braid.format.chain import Lineage
 from braid.format.staging import SessionRecord, StagingArea, StreamEnd
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
@@ -83,6 +84,8 @@ class StagingUpload(PartSender):
         segment_chunks: int | None = None,
         part_chunks: int | None = None,
         ramp_parts: int | None = None,
+        lineage: Lineage | None = None,
+        parent_values: list[str] | None = None,
         **options: Any,
     ) -> StagingUpload:
         """Begin a new backup's staging: writes the session record first, create-only.
@@ -114,6 +117,8 @@ class StagingUpload(PartSender):
             created=utc_now(),
             part_chunks=part_chunks,
             ramp_parts=ramp_parts or 0,
+            lineage=lineage or Lineage(),
+            parent_values=list(parent_values or []),
         )
         upload = cls(area, uploads, session, **options)
         try:

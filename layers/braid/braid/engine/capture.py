@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from braid.engine.xbstream import CHECKPOINTS, XbstreamCapture
 from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
+from braid.format.metadata import BACKUP_MANIFEST
 from braid.format.pg_backup import WalInfo, wal_info_from_members
 from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
 
@@ -53,6 +54,16 @@ class Captured:
     def backup_manifest(self) -> bytes | None:
         """PostgreSQL's backup_manifest, only when the stream also had a backup_label (a base backup, not any tar)."""
         return self.members.get("backup_manifest") if "backup_label" in self.members else None
+
+    @property
+    def metadata(self) -> dict[str, bytes]:
+        """What is kept encrypted beside the chunks (braid.format.metadata): a PostgreSQL base backup's
+        backup_manifest, an xbstream's checkpoints (an incremental's {parent_lsn}). Both engines keep exactly this."""
+        manifest = self.backup_manifest
+        kept = {BACKUP_MANIFEST: manifest} if manifest is not None else {}
+        if CHECKPOINTS in self.members:
+            kept[CHECKPOINTS] = self.members[CHECKPOINTS]
+        return kept
 
 
 class _Keep:

@@ -90,6 +90,7 @@ def drive(
     open_timeout: float = DEFAULT_OPEN_TIMEOUT,
     progress: ProgressFn | None = None,
     throttle: Callable[[int], object] | None = None,
+    on_captured: Callable[[Captured], None] | None = None,
 ) -> StreamResult[R]:
     """Read every source to its end through `sink`.
 
@@ -112,6 +113,8 @@ def drive(
     InputError after `open_timeout` seconds. `throttle(n)` (--rate-limit)
     is called with each piece's length before it is handed on and may sleep:
     the readers then wait for free buffers, and so does the producer.
+    `on_captured` is given what the capture kept once the gate passed, before
+    `sink.finish()` (the cloud agent stages it ahead of its stream-end record).
     """
     pool = BufferPool(buffers, chunk_size)
     expected = expected_chunks(list(sources), chunk_size)
@@ -141,13 +144,16 @@ def drive(
         if gate is not None:
             gate(dict(lengths))
         ended_at = time.monotonic()
+        captured = merge_captures(captures)
+        if on_captured is not None:
+            on_captured(captured)
         outcome = sink.finish()
     except BaseException as exc:
         cancelled.set()
         sink.abort(exc)
         cutter.join()
         raise
-    return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use, merge_captures(captures))
+    return StreamResult(outcome, lengths, count, ended_at, pool.max_in_use, captured)
 
 
 def _releaser(pool: BufferPool, buffer: WritableBuffer) -> Release:

@@ -18,11 +18,12 @@ from typing import Any
 from braid.errors import AlreadyExistsError, IntegrityError, StorageError
 from braid.format.algorithms import algorithms
 from braid.format.chain import Lineage
+from braid.format.digests import sha256
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.layout import chunk_key, data_prefix, manifest_key, metadata_key
 from braid.format.manifest import ChunkEntry, InputEntry, Manifest
-from braid.format.metadata import MetadataEntry, seal_metadata
+from braid.format.metadata import MetadataEntry, open_metadata, seal_metadata
 from braid.format.pg_backup import WalInfo
 from braid.format.stored import StoredObject, stored_objects
 from braid.format.timestamps import utc_now
@@ -87,10 +88,7 @@ def finalize_backup(
 
     `wal` is recorded as it is; each of `metadata` (kind -> bytes) is stored encrypted beside the chunks
     (braid.format.metadata) before the manifest that names it, and removed with them on failure."""
-    entries_by_kind: dict[str, MetadataEntry] = {}
-    for kind, plaintext in sorted((metadata or {}).items()):
-        stored_meta, entries_by_kind[kind] = seal_metadata(key, str(ref), kind, plaintext)
-        store.put(metadata_key(ref, kind), stored_meta)
+    entries_by_kind = {kind: _store_metadata(store, key, ref, kind, plaintext) for kind, plaintext in sorted((metadata or {}).items())}
     manifest = Manifest(
         repository=repository_id,
         backup=str(ref),
@@ -151,6 +149,21 @@ def finalize_backup(
         store.delete([target, *catalog])
         raise
     return manifest
+
+
+def _store_metadata(store: ObjectStore, key: DataKey, ref: BackupRef, kind: str, plaintext: bytes) -> MetadataEntry:
+    """One metadata object, create-only like the chunks beside it (the bucket refuses anything else under data/).
+    One already there (a retried Finalize's) is adopted when it opens under this key to exactly `plaintext`."""
+    stored, entry = seal_metadata(key, str(ref), kind, plaintext)
+    try:
+        store.put(metadata_key(ref, kind), stored, create_only=True)
+        return entry
+    except AlreadyExistsError:
+        found = store.get(metadata_key(ref, kind))
+        adopted = MetadataEntry(len(plaintext), len(found), sha256(found).hex())
+        if open_metadata(key, str(ref), kind, found, adopted) != plaintext:
+            raise IntegrityError(f"{kind} of backup {ref} is already stored with other content; refusing to replace it") from None
+        return adopted
 
 
 def check_chunks_listed(store: ObjectStore, ref: BackupRef, objects: Iterable[StoredObject], *, when: str) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from braid.contract import ENGINE_LOCAL
-from braid.engine.capture import Captured
 from braid.engine.driver import drive, pool_size
 from braid.engine.finalize import InputRecord, discard_backup_data, finalize_backup
 from braid.engine.lease import BackupLease
@@ -28,25 +27,14 @@ from braid.engine.local_sink import LocalChunkSink
 from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
 from braid.engine.throttle import TokenBucket
-from braid.engine.xbstream import CHECKPOINTS
 from braid.errors import BackupError, UsageError
 from braid.format.keys import encryption_context
 from braid.format.manifest import Manifest
-from braid.format.metadata import BACKUP_MANIFEST
 from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
 from braid.ports.keys import KeyService
 from braid.ports.progress import PhaseReporter, ProgressFn
-
-
-def _metadata(captured: Captured) -> dict[str, bytes]:
-    """What a stream carried that is kept beside its chunks: a PostgreSQL base backup's backup_manifest, an xbstream's checkpoints."""
-    manifest = captured.backup_manifest
-    kept = {BACKUP_MANIFEST: manifest} if manifest is not None else {}
-    if CHECKPOINTS in captured.members:  # MariaDB's xtrabackup_checkpoints: an incremental's {parent_lsn}
-        kept[CHECKPOINTS] = captured.members[CHECKPOINTS]
-    return kept
 
 
 class LocalEngine:
@@ -126,7 +114,7 @@ class LocalEngine:
                     usage=usage,
                     lineage=request.lineage,
                     wal=stream.captured.wal,
-                    metadata=_metadata(stream.captured),
+                    metadata=stream.captured.metadata,
                     labels=request.labels,
                 )
             except BaseException:

@@ -51,6 +51,12 @@ class BackupRequest:
     labels: Mapping[str, str] = field(default_factory=dict)
     # `--rate-limit` of the local engine: bytes per second read from the inputs (None: as fast as it goes).
     rate_limit: int | None = None
+    # A cloud incremental (braid.agent.parent_wait): the placeholders its producer uses, which Prepare reads from the
+    # parent; and the producer, not started yet: `start_sources(lsn, backup_manifest)` starts it with the values the
+    # pipeline handed over and returns its inputs (`sources` is then empty; `input_labels` names them for the session).
+    parent_values: tuple[str, ...] = ()
+    start_sources: Callable[[str | None, bytes | None], list[InputSource]] | None = None
+    input_labels: tuple[str, ...] = ()
 
 
 class BackupEngine(Protocol):

@@ -193,6 +193,10 @@ class Producer:
         self._exit_seen = threading.Event()
         self._opens_at_exit: list[int] | None = None  # opens of each pipe by the time the producer exited
 
+    def labels(self) -> list[str]:
+        """The inputs' labels, known before the command starts (a cloud incremental's session names them first)."""
+        return [f"stdout of {self.name}"] if self.pipes is None else [f"pipe{i + 1} of {self.name}" for i in range(self.pipes)]
+
     def __enter__(self) -> Producer:
         try:
             if self.pipes is None:

@@ -19,7 +19,7 @@ from braid.format.repository import Repository
 from braid.ops.open import OpenedBackup, open_backup
 from braid.ports.keys import KeyService
 
-__all__ = ["ancestors", "chain_of", "check_chain", "descendants", "open_chain", "resolve_parent"]
+__all__ = ["ancestors", "chain_of", "check_chain", "descendants", "open_chain", "parent_lineage", "resolve_parent"]
 
 
 def resolve_parent(repository: Repository, name: str, given: str | None, keys: KeyService) -> OpenedBackup:
@@ -43,6 +43,28 @@ def resolve_parent(repository: Repository, name: str, given: str | None, keys: K
         raise IntegrityError(f"the incremental's parent {ref} is unreadable: {exc}; refusing the incremental") from None
     open_chain(repository, BackupRef.parse(parent.manifest.backup), keys, opened=parent, purpose="the incremental's parent")
     return parent
+
+
+def parent_lineage(repository: Repository, name: str, given: str | None) -> Lineage:
+    """The lineage of a new incremental of `name` on `given` (or the newest complete backup of `name`), without a key:
+    the parent and every ancestor checked present and matching its manifest's checksum (a cloud agent's view; the
+    pipeline authenticates the chain before the producer starts). IntegrityError (exit 6) as `resolve_parent`."""
+    ref = BackupRef.parse(given) if given else BackupRef(name, "latest")
+    if ref.name != name:
+        raise UsageError(f"--incremental={ref}: the parent must be a backup of {name} (a chain never mixes names)")
+    try:
+        manifest = repository.load(ref).manifest
+    except NotFoundError as exc:
+        what = f"{ref}" if given else f"a complete backup of {name}"
+        raise IntegrityError(
+            f"the incremental's parent is missing: {what} not found ({exc}); refusing the incremental"
+            " (take a full backup without --incremental first)"
+        ) from None
+    except BackupError as exc:
+        raise IntegrityError(f"the incremental's parent {ref} is unreadable: {exc}; refusing the incremental") from None
+    parent = BackupRef.parse(manifest.backup)
+    check_chain(repository, parent, None)
+    return Lineage.incremental(parent, manifest.lineage)
 
 
 def open_chain(

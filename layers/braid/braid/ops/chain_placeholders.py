@@ -63,13 +63,33 @@ class ParentValues:
                 raise UsageError(f"{{parent_lsn}}: the xtrabackup_checkpoints of the parent {manifest.backup} names no to_lsn")
             self.values["parent_lsn"] = lsn
         if "parent_manifest" in self.names:
-            content = self._read(store, parent, BACKUP_MANIFEST, "parent_manifest", "a PostgreSQL tar stream (pg_basebackup -Ft -D -)")
-            self._dir = tempfile.mkdtemp(prefix="braid-parent-")  # 0700
-            path = os.path.join(self._dir, "backup_manifest")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-            self.values["parent_manifest"] = path
+            self._write(self._read(store, parent, BACKUP_MANIFEST, "parent_manifest", "a PostgreSQL tar stream (pg_basebackup -Ft -D -)"))
+
+    @classmethod
+    def handed_over(cls, argv: Sequence[str]) -> ParentValues:
+        """The values of a cloud incremental, which the pipeline reads (the host holds no key): empty until `fill`."""
+        values = cls.__new__(cls)
+        values.names, values._dir, values.values = named_placeholders(argv), None, {}
+        return values
+
+    def fill(self, parent: str, lsn: str | None, manifest: bytes | None) -> None:
+        """What the pipeline handed over for `parent` (braid.pipeline.parent, which refused any value it lacks)."""
+        for name, value in (("parent_lsn", lsn), ("parent_manifest", manifest)):
+            if name in self.names and value is None:
+                raise UsageError(f"{{{name}}}: the pipeline handed over no value from the parent {parent}; nothing was started")
+        if "parent_lsn" in self.names and lsn is not None:
+            self.values["parent_lsn"] = lsn
+        if "parent_manifest" in self.names and manifest is not None:
+            self._write(manifest)
+
+    def _write(self, content: bytes) -> None:
+        """`{parent_manifest}`: a private file (0600 in a 0700 directory), removed on close."""
+        self._dir = tempfile.mkdtemp(prefix="braid-parent-")  # 0700
+        path = os.path.join(self._dir, "backup_manifest")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(content)
+        self.values["parent_manifest"] = path
 
     @staticmethod
     def _read(store: ObjectStore, parent: OpenedBackup, kind: str, name: str, source: str) -> bytes:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from braid.contract import BACKUP_COMPLETED, ENGINE_STEPFUNCTIONS
+from braid.engine.capture import Captured
 from braid.engine.finalize import InputRecord, finalize_backup
 from braid.errors import IntegrityError, NotFoundError
 from braid.format.ids import BackupRef
@@ -145,6 +146,7 @@ def finalize_step(
             own = meter.usage() if meter is not None else Usage()
             return execution_usage([*carried, end.usage], items, own, staged_bytes=sum(end.lengths), stored_bytes=manifest.stored_bytes)
 
+        captured = Captured(members=area.read_captured())  # the small members the agent staged (braid.format.staging.chain)
         manifest = finalize_backup(
             store,
             ref=ref,
@@ -160,8 +162,11 @@ def finalize_step(
             engine=ENGINE,
             stats={"rounds": len(rounds), "map_items": sum(len(r.items) for r in rounds)},
             usage=usage,
+            lineage=session.lineage,
+            wal=captured.wal,
+            metadata=captured.metadata,
         )
-    area.remove(uploads)
+    area.remove(uploads)  # every staged object, the captured plaintext included, and every version of each
     summary = summarize(manifest, store.url, time.monotonic() - started)
     try:
         events.publish(BACKUP_COMPLETED, summary.to_json())

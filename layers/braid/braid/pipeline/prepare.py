@@ -4,7 +4,9 @@ KMS GenerateDataKey runs once per backup, in the pipeline, bound to an
 encryption context naming the repository and the backup; the plaintext key
 never leaves the Lambdas and the agent needs no KMS permission at all. The
 wrapped key goes to staging `key.json` create-only: a retried Prepare finds
-it there and keeps it, so every worker of a backup uses one key.
+it there and keeps it, so every worker of a backup uses one key. For an
+incremental, Prepare then opens the parent's chain and hands the parent's
+values to the agent (braid.pipeline.parent).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.repository import Repository
 from braid.format.staging import SessionRecord, StagingArea
+from braid.pipeline.parent import hand_over_parent
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
@@ -48,12 +51,14 @@ def check_repository(store: ObjectStore, session: SessionRecord) -> Repository:
 def prepare_backup(store: ObjectStore, keys: KeyService, ref: BackupRef) -> Prepared:
     area = StagingArea(store, ref)
     session = area.read_session()
-    check_repository(store, session)
+    repository = check_repository(store, session)
     wrapped = area.read_wrapped_key(session.repository)
     if wrapped is None:
         _, fresh = keys.generate_data_key(encryption_context(session.repository, str(ref)))
         # A racing attempt may have staged its key first; everyone uses that one.
         wrapped = area.write_wrapped_key(fresh)
+    # An incremental: its parent's chain opened here, where the keys are, and its values handed to the agent.
+    hand_over_parent(repository, keys, area, session)
     return Prepared(session.repository, session.chunk_size, session.level, len(session.inputs), wrapped.key_id)
 
 

@@ -149,7 +149,7 @@ EVENTS: dict[str, EventSpec] = {
         ),
         EventSpec(
             "waiting",
-            "a named pipe has had no process at its other end for a few seconds",
+            "a named pipe has had no process at its other end for a few seconds, or a cloud incremental waits for its parent's values",
             (
                 Field("input", "string", "backup: the --input pipe waiting for a writer", required=False),
                 Field("output", "string", "restore: the --output pipe waiting for a reader", required=False),

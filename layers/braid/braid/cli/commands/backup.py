@@ -32,6 +32,7 @@ from braid.ports.progress import ProgressFn
 if TYPE_CHECKING:
     from braid.engine.capture import Captured
     from braid.engine.producer import Producer
+    from braid.engine.stream import InputSource
     from braid.ops.open import OpenedBackup
 
 _CLOUD_ONLY = ("concurrency", "fan_out", "no_wait", "stall_timeout", "resume")
@@ -107,6 +108,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     chunk_size = parse_size(args.chunk_size) if args.chunk_size else None
     if chunk_size is not None and not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise UsageError(f"--chunk-size must be between {format_size(MIN_CHUNK)} and {format_size(MAX_CHUNK)}")
+    if args.resume and getattr(args, "incremental", None) is not None:
+        raise UsageError("--incremental and --resume exclude each other: the resumed backup keeps the parent it started with")
     if args.resume and args.run is not None:
         return _resume_command_backup(args, ref, progress)
     producer = _producer(args, lambda event: progress({"backup": str(ref), **event}), echo=progress.echo)
@@ -129,6 +132,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     progress.estimate(_expected_size(args, repository, ref))
     engine = _engine_for(repository, args)
     lineage, parent = _lineage(repository, args, ref, cloud)
+    if cloud and lineage.is_incremental:
+        return _cloud_incremental(args, ref, progress, engine, producer, sources, chunk_size, lineage)
     # The parent's values for {parent_manifest} / {parent_lsn}, or the refusal of one it lacks (exit 2), before the producer runs.
     values: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
     if parent is not None or (producer is not None and any("{parent_" in arg for arg in producer.argv)):
@@ -157,6 +162,10 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             rate_limit=None if cloud or not args.rate_limit else parse_size(args.rate_limit),
         )
         manifest = engine.run(request, progress)
+    return _outcome(manifest, args, ref, progress)
+
+
+def _outcome(manifest: Manifest | None, args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int:
     if manifest is None:
         if args.json:
             print_json({"backup": str(ref), "name": ref.name, "id": ref.id, "status": "staged"}, indent=None)
@@ -166,6 +175,43 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
         return 0
     _published(manifest, args, progress)
     return 0
+
+
+def _cloud_incremental(
+    args: argparse.Namespace, ref: BackupRef, progress: Progress, engine: BackupEngine, producer: Producer | None,
+    sources: list[InputSource], chunk_size: int, lineage: Lineage,
+) -> int:
+    """An incremental through the cloud pipeline: the host holds no key, so Prepare opens the parent's chain and hands
+    its values over (braid.agent.parent_wait); only then is the producer started, with them (braid.ops.chain_placeholders)."""
+    from braid.ops.chain_placeholders import ParentValues
+
+    values = ParentValues.handed_over(producer.argv if producer is not None else [])
+    started = contextlib.ExitStack()
+
+    def start(lsn: str | None, manifest: bytes | None) -> list[InputSource]:
+        assert producer is not None
+        values.fill(str(lineage.parent), lsn, manifest)
+        producer.argv = values.substitute(producer.argv)
+        started.enter_context(producer)  # stopped on the way out if the backup failed
+        return producer.sources
+
+    with values, started:
+        request = BackupRequest(
+            ref,
+            sources,
+            chunk_size,
+            args.level,
+            args.workers,
+            gate=stream_gate(verdict=producer.verdict if producer is not None else None, allow_empty=args.allow_empty),
+            resumable=False,  # --resume of an incremental is refused: a failed one is abandoned, not kept
+            open_timeout=args.open_timeout,
+            lineage=lineage,
+            parent_values=tuple(values.names),
+            start_sources=start if producer is not None else None,
+            input_labels=tuple(producer.labels()) if producer is not None else (),
+        )
+        manifest = engine.run(request, progress)
+    return _outcome(manifest, args, ref, progress)
 
 
 def _wal_gate(repository: Repository, ref: BackupRef, args: argparse.Namespace) -> Callable[[Captured], None]:
@@ -181,10 +227,10 @@ def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, c
     given = getattr(args, "incremental", None)
     if given is None:
         return Lineage(), None
-    if cloud:
-        raise UsageError("--incremental runs on this host only for now: add --engine local (the cloud pipeline does not seal chains yet)")
-    if args.resume:
-        raise UsageError("--incremental and --resume exclude each other: the resumed backup keeps the parent it started with")
+    if cloud:  # no key on this host: the parent by its manifest's checksum; Prepare authenticates the chain (braid.pipeline.parent)
+        from braid.ops.chain import parent_lineage
+
+        return parent_lineage(repository, ref.name, given or None), None
     from braid.ops.chain import resolve_parent
 
     parent = resolve_parent(repository, ref.name, given or None, open_key_service(repository, args.key_file))

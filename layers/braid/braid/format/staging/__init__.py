@@ -14,6 +14,10 @@ nothing from the host but these objects:
     stream-end.json              written by the agent when every input ended
                                  (StreamEnd): input lengths and segment counts
     key.json                     wrapped data key, written by Prepare
+    parent.json                  an incremental's parent values (or refusal), written by
+                                 Prepare; parent/backup_manifest beside it (ParentRecord)
+    captured.json                the small members the stream carried, staged by the
+                                 agent before stream-end; captured/N each (CapturedIndex)
     plans/round-NNNNN.json       map items of one planner round (Round)
     results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
     folds/round-RRRRR-AA.json    the results of one map's finished items, merged by
@@ -40,7 +44,7 @@ and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
 keys: every key and the parsers listings need; records: what the agent
-writes; rounds: what the pipeline writes; failures: what a failed worker
+writes; chain: captured members and an incremental's parent values; rounds: what the pipeline writes; failures: what a failed worker
 writes; area: StagingArea, the one reader and writer of all of them.
 """
 

@@ -19,11 +19,19 @@ base's, StagingResults (braid.format.staging.results); how records are read
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
+from braid.format.staging.chain import (
+    CapturedIndex,
+    ParentRecord,
+    captured_index_key,
+    captured_member_key,
+    parent_manifest_key,
+    parent_record_key,
+)
 from braid.format.staging.failures import ItemFailure
 from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
@@ -138,6 +146,50 @@ class StagingArea(StagingResults):
 
     def write_stream_end(self, end: StreamEnd) -> None:
         self.store.put(stream_end_key(self.ref), end.to_bytes())
+
+    # -- captured members and the parent's values (braid.format.staging.chain) --
+    def write_captured(self, members: Mapping[str, bytes]) -> None:
+        """The members the stream carried, each its own object, then their index (what Finalize looks for)."""
+        index = CapturedIndex.of(members)
+        for number, name in enumerate(index.names):
+            self.store.put(captured_member_key(self.ref, number), members[name])
+        self.store.put(captured_index_key(self.ref), index.to_bytes())
+
+    def read_captured(self) -> dict[str, bytes]:
+        """The staged members, each checked against its index; empty when the agent staged none."""
+        key = captured_index_key(self.ref)
+        raw = self._get(key)
+        if raw is None:
+            return {}
+        index = CapturedIndex.from_bytes(raw, key)
+        keys = [captured_member_key(self.ref, number) for number in range(len(index.names))]
+        found: dict[str, bytes] = {}
+        for name, member_key, data in zip(index.names, keys, self._get_many(keys), strict=True):
+            if data is None:
+                raise IntegrityError(f"staged captured member {member_key} ({name}) of {self.ref} is missing")
+            found[name] = index.check(name, data, member_key)
+        return found
+
+    def write_parent(self, record: ParentRecord, manifest: bytes | None = None) -> None:
+        """Prepare's answer for an incremental: the parent's backup_manifest first, then the record naming it."""
+        if manifest is not None:
+            self.store.put(parent_manifest_key(self.ref), manifest)
+        self.store.put(parent_record_key(self.ref), record.to_bytes())
+
+    def read_parent(self) -> tuple[ParentRecord, bytes | None] | None:
+        """Prepare's answer and the parent's backup_manifest (checked against it); None until Prepare wrote it."""
+        key = parent_record_key(self.ref)
+        raw = self._get(key)
+        if raw is None:
+            return None
+        record = ParentRecord.from_bytes(raw, key)
+        if record.manifest is None:
+            return record, None
+        manifest_key = parent_manifest_key(self.ref)
+        data = self._get(manifest_key)
+        if data is None:
+            raise IntegrityError(f"the parent's backup_manifest of {self.ref} is missing from staging ({manifest_key})")
+        return record, record.check_manifest(data, manifest_key)
 
     # -- the agent's lease ---------------------------------------------------
     def read_agent_lease(self) -> bytes | None:

@@ -19,6 +19,11 @@ Versions:
      "segment_chunks" ("segment_parts"), "chunks" and "chunk_checksums" in a
      segment record ("parts", "part_checksums"). A multipart part is still a
      part ("part_chunks", "ramp_parts").
+  3  incremental chains and captured members on the cloud path: session.json
+     may carry "lineage" and "parent_values"; captured.json + captured/N
+     (agent: the small members its stream carried) and parent.json +
+     parent/backup_manifest (Prepare: an incremental's parent values), each
+     record with "protocol" (braid.format.staging.chain).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 from braid.errors import IntegrityError, UsageError
 
-PROTOCOL = 2
+PROTOCOL = 3
 
 
 class ProtocolMismatchError(UsageError):

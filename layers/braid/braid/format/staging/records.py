@@ -15,8 +15,10 @@ from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
+from braid.format.chain import Lineage
 from braid.format.fields import Fields
 from braid.format.ids import BackupRef
+from braid.format.staging.chain import PARENT_VALUES
 from braid.format.staging.keys import segment_key
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
 from braid.format.usage import Usage
@@ -47,23 +49,44 @@ class SessionRecord:
     # has many parts in flight. Agent-only, like part_chunks; absent (0) in
     # sessions of agents without the ramp.
     ramp_parts: int = 0
+    # An incremental's place in its chain (braid.format.chain), sealed by Finalize; absent: a full backup.
+    lineage: Lineage = field(default_factory=Lineage)
+    # What the agent needs from the parent before it starts the producer (braid.format.staging.chain.PARENT_VALUES):
+    # Prepare writes them to parent.json. Only an incremental asks.
+    parent_values: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        return canonical_json({**asdict(self), "protocol": PROTOCOL})
+        doc = {**asdict(self), "protocol": PROTOCOL}
+        doc.pop("lineage")
+        doc.pop("parent_values")
+        if self.lineage.is_incremental:
+            doc["lineage"] = self.lineage.to_json()
+            doc["parent_values"] = self.parent_values
+        return canonical_json(doc)
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "session.json") -> SessionRecord:
         what = f"staged session {where}"
         names = ("backup", "repository", "chunk_size", "segment_chunks", "level", "inputs", "created")
         doc = document(raw, what)
-        Fields(doc, what, names, optional=("part_chunks", "ramp_parts", "protocol"))
+        chain = ("lineage", "parent_values")
+        Fields(doc, what, names, optional=("part_chunks", "ramp_parts", "protocol", *chain))
         check_protocol(doc, what)
-        f = Fields(doc, what, (*names, "part_chunks", "protocol"), optional=("ramp_parts",))
+        f = Fields(doc, what, (*names, "part_chunks", "protocol"), optional=("ramp_parts", *chain))
         part_chunks = f.count("part_chunks")
         ramp_parts = f.count("ramp_parts") if "ramp_parts" in f.doc else 0
+        lineage = Lineage()
+        if "lineage" in f.doc:
+            try:
+                lineage = Lineage.from_json(f.doc["lineage"] if isinstance(f.doc["lineage"], dict) else {}, f.text("backup"))
+            except ValueError as exc:
+                raise IntegrityError(f"{what} is malformed: lineage: {exc}") from None
+        values = f.texts("parent_values", [])
+        if any(v not in PARENT_VALUES for v in values) or (values and not lineage.is_incremental):
+            raise IntegrityError(f"{what} is malformed: parent_values {values!r} (only an incremental asks for {', '.join(PARENT_VALUES)})")
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_chunks"), f.count("level"), f.texts("inputs"),
-            f.text("created"), part_chunks, ramp_parts,
+            f.text("created"), part_chunks, ramp_parts, lineage, values,
         )
 
     def check(self, ref: BackupRef, where: str) -> None:

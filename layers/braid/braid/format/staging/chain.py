@@ -1,0 +1,158 @@
+"""The staging records of a backup's captured members and of an incremental's parent (staging protocol 3).
+
+- `captured.json` + `captured/N` (agent, before stream-end.json): the small
+  members its stream carried (braid.engine.capture: backup_label,
+  backup_manifest, PG_VERSION, the head of global/pg_control,
+  xtrabackup_checkpoints), one raw object each, and an index naming each
+  member with its object's size and SHA-256. Finalize reads them, records the
+  PostgreSQL facts in the manifest and encrypts the metadata exactly as the
+  local engine does, then removes staging by version.
+- `parent.json` + `parent/backup_manifest` (Prepare, for an incremental):
+  the parent's values the agent asked for in its session ("parent_values"),
+  read from the parent's encrypted metadata once the whole chain
+  authenticated, or the reason the chain is refused. The agent, which holds
+  no key, waits for it before it starts the producer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from braid.errors import IntegrityError
+from braid.format.canonical import canonical_json
+from braid.format.digests import sha256
+from braid.format.fields import Fields
+from braid.format.ids import BackupRef
+from braid.format.layout import staging_prefix
+from braid.format.staging.protocol import PROTOCOL, check_protocol, document
+
+__all__ = [
+    "CAPTURED_INDEX",
+    "PARENT",
+    "PARENT_VALUES",
+    "CapturedIndex",
+    "ParentRecord",
+    "captured_index_key",
+    "captured_member_key",
+    "parent_manifest_key",
+    "parent_record_key",
+]
+
+CAPTURED_INDEX = "captured.json"
+PARENT = "parent.json"
+# What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders).
+PARENT_VALUES = ("parent_manifest", "parent_lsn")
+# The members an agent may stage and the most bytes of each (braid.engine.capture.CAPTURED, xbstream's checkpoints).
+_MEMBER_LIMITS = {"backup_label": 1 << 16, "backup_manifest": 64 << 20, "PG_VERSION": 64, "global/pg_control": 64, "xtrabackup_checkpoints": 1 << 16}
+
+
+def captured_index_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{CAPTURED_INDEX}"
+
+
+def captured_member_key(ref: BackupRef, number: int) -> str:
+    """The `number`th member of the index, in the index's (sorted) order."""
+    return f"{staging_prefix(ref)}captured/{number}"
+
+
+def parent_record_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{PARENT}"
+
+
+def parent_manifest_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}parent/backup_manifest"
+
+
+@dataclass(frozen=True)
+class CapturedIndex:
+    """Member name -> (size, sha256 hex) of its staged object; the members in sorted order are captured/0, captured/1, ..."""
+
+    members: Mapping[str, tuple[int, str]]
+
+    @classmethod
+    def of(cls, members: Mapping[str, bytes]) -> CapturedIndex:
+        for name, data in members.items():
+            limit = _MEMBER_LIMITS.get(name)
+            if limit is None or len(data) > limit:
+                raise IntegrityError(f"refusing to stage captured member {name!r} ({len(data)} bytes)")
+        return cls({name: (len(data), sha256(data).hex()) for name, data in sorted(members.items())})
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.members)
+
+    def to_bytes(self) -> bytes:
+        return canonical_json({"protocol": PROTOCOL, "members": {n: {"size": s, "sha256": h} for n, (s, h) in sorted(self.members.items())}})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> CapturedIndex:
+        what = f"captured index {where}"
+        doc = document(raw, what)
+        check_protocol(doc, what)
+        f = Fields(doc, what, ("protocol", "members"))
+        if not isinstance(f.doc["members"], dict):
+            raise IntegrityError(f"{what} is malformed: members must be an object")
+        members: dict[str, tuple[int, str]] = {}
+        for name, entry in f.doc["members"].items():
+            e = Fields(entry, f"{what}, member {name!r}", ("size", "sha256"))
+            size, digest = e.count("size"), e.text("sha256")
+            if name not in _MEMBER_LIMITS or size > _MEMBER_LIMITS[name] or len(digest) != 64:
+                raise IntegrityError(f"{what} is malformed: member {name!r} ({size} bytes) is not one Braid captures")
+            members[name] = (size, digest)
+        return cls(members)
+
+    def check(self, name: str, data: bytes, where: str) -> bytes:
+        """`data` is exactly what the index says member `name` is."""
+        size, digest = self.members[name]
+        if len(data) != size or sha256(data).hex() != digest:
+            raise IntegrityError(f"staged captured member {where} ({name}) is not what its index records ({size} bytes, sha256 {digest})")
+        return data
+
+
+@dataclass(frozen=True)
+class ParentRecord:
+    """Prepare's answer to an incremental's agent: the parent, and its `{parent_lsn}` / `{parent_manifest}`
+    (the latter as the size and SHA-256 of `parent/backup_manifest`); or `refused`: why the chain cannot be built on
+    (missing, unreadable: exit 6), or `unavailable`: the placeholder value the parent does not have (exit 2)."""
+
+    parent: str
+    lsn: str | None = None
+    manifest: tuple[int, str] | None = None
+    refused: str | None = None
+    unavailable: str | None = None
+
+    def to_bytes(self) -> bytes:
+        doc: dict[str, object] = {"protocol": PROTOCOL, "parent": self.parent}
+        if self.lsn is not None:
+            doc["parent_lsn"] = self.lsn
+        if self.manifest is not None:
+            doc["parent_manifest"] = {"size": self.manifest[0], "sha256": self.manifest[1]}
+        if self.refused is not None:
+            doc["refused"] = self.refused
+        if self.unavailable is not None:
+            doc["unavailable"] = self.unavailable
+        return canonical_json(doc)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str) -> ParentRecord:
+        what = f"parent record {where}"
+        doc = document(raw, what)
+        check_protocol(doc, what)
+        f = Fields(doc, what, ("protocol", "parent"), optional=("parent_lsn", "parent_manifest", "refused", "unavailable"))
+        manifest = None
+        if "parent_manifest" in f.doc:
+            m = Fields(f.doc["parent_manifest"], f"{what}, parent_manifest", ("size", "sha256"))
+            manifest = (m.count("size"), m.text("sha256"))
+        return cls(
+            f.text("parent"),
+            f.text("parent_lsn") if "parent_lsn" in f.doc else None,
+            manifest,
+            f.text("refused") if "refused" in f.doc else None,
+            f.text("unavailable") if "unavailable" in f.doc else None,
+        )
+
+    def check_manifest(self, data: bytes, where: str) -> bytes:
+        if self.manifest is None or len(data) != self.manifest[0] or sha256(data).hex() != self.manifest[1]:
+            raise IntegrityError(f"the parent's backup_manifest staged at {where} is not what {PARENT} records")
+        return data
