@@ -259,3 +259,163 @@ def test_a_corrupt_link_in_a_longer_chain_stops_every_link(repo: Path, tmp_path:
     assert result.code == 6, result.stderr
     assert f"base/5/INCREMENTAL.16384 of link {bad} ({refs[bad]}) has bad incremental magic number 0x0" in result.stderr
     assert not target.exists() and not list(tmp_path.glob(".data.braid-chain-*"))
+
+
+# -- the in-place rebuild against reconstruct.c ------------------------------------------------------------------------
+# What pg_combinebackup makes of one relation file of a chain, transcribed from PostgreSQL 18's
+# src/bin/pg_combinebackup/reconstruct.c (reconstruct_from_incremental_file, find_reconstructed_block_length,
+# write_reconstructed_file). A link's version of the file is ("full", bytes) or ("inc", {block: bytes}, truncation).
+
+
+Version = tuple[str, bytes] | tuple[str, dict[int, bytes], int]
+
+
+def _reconstruct(versions: list[Version]) -> bytes:
+    newest = versions[-1]
+    if newest[0] == "full":
+        return newest[1]  # a file the newest backup holds whole is copied
+    _, latest, truncation = newest
+    length = max([truncation, *(b + 1 for b in latest)])  # find_reconstructed_block_length
+    source: dict[int, bytes] = dict(latest)  # every block of the newest incremental file
+    for older in reversed(versions[:-1]):  # then back through the older links, newest first
+        if older[0] == "full":  # a full file: every block below the newest's truncation length it has; then stop
+            data = older[1]
+            for b in range(truncation):
+                if b not in source and b < len(data) // BLCKSZ:
+                    source[b] = data[b * BLCKSZ:(b + 1) * BLCKSZ]
+            break
+        for b, block in older[1].items():  # an incremental file: the blocks still needed below the NEWEST's truncation length
+            if b < truncation and b not in source:
+                source[b] = block
+    return b"".join(source.get(b, bytes(BLCKSZ)) for b in range(length))  # a block no link has: zeros
+
+
+def _looks_past_a_truncation(versions: list[Version], b: int) -> bool:
+    """The documented difference: block `b` is below the newest link's truncation length and not in it, and walking back
+    from the newest, a link whose truncation length dropped `b` (and that lacks it) comes before any link that has it."""
+    newest = versions[-1]
+    if newest[0] == "full" or b in newest[1] or b >= newest[2]:
+        return False
+    for older in reversed(versions[:-1]):
+        if older[0] == "full":
+            return False
+        if b in older[1]:
+            return False
+        if b >= older[2]:
+            return True
+    return False
+
+
+def _tar_bytes(members: list[tuple[str, bytes | None]], tmp_path: Path, n: int) -> bytes:
+    return _tar(tmp_path / f"inproc{n}.tar", members).read_bytes()
+
+
+def _members(version: Version) -> tuple[str, bytes]:
+    if version[0] == "full":
+        return ("base/5/16400", version[1])
+    return ("base/5/INCREMENTAL.16400", incremental(version[1], truncation=version[2]))
+
+
+def _chain_links(versions: list[Version]) -> list[list[tuple[str, bytes | None]]]:
+    labels = [FULL_LABEL] + [_label(f"0/{2 * n + 4:X}000028", f"0/{2 * n + 2:X}000028") for n in range(len(versions) - 1)]
+    return [_link(label, [_members(v)], b"w") for label, v in zip(labels, versions, strict=True)]
+
+
+def _apply_in_place(tmp_path: Path, versions: list[Version]) -> bytes:
+    """The file as braid.ops.pg_apply rebuilds it: each link's tar applied, oldest first, onto one tree (in process)."""
+    from braid.ops.pg_apply import ApplyTarget, ChainState
+
+    tree = tmp_path / "tree"
+    state = ChainState(len(versions))
+    for position, members in enumerate(_chain_links(versions)):
+        output = ApplyTarget(f"link {position}", str(tree), position=position, backup=f"pg@{position}", state=state, writers=1).open()
+        assert output is not None
+        output.write(memoryview(_tar_bytes(members, tmp_path, position)))
+        output.finish()
+    data = (tree / "base/5/16400").read_bytes()
+    for path in sorted(tree.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    tree.rmdir()
+    return data
+
+
+def _blocks(data: bytes) -> list[bytes]:
+    return [data[i:i + BLCKSZ] for i in range(0, len(data), BLCKSZ)]
+
+
+def test_in_place_zeroes_a_block_pg_combinebackup_looks_back_for_past_a_truncation(repo: Path, tmp_path: Path) -> None:
+    """docs/design/incremental-chains.md: a block below the newest link's truncation length that the newest links lack.
+    pg_combinebackup takes it from an older link, also past a link whose truncation length dropped it; applied in order
+    it is zero (what the server's file held: the block came back after that truncation, and no WAL wrote it since)."""
+    full = ("full", _block(1) + _block(2) + _block(3) + _block(4))
+    changed = ("inc", {2: _block(12)}, 4)  # block 2 changed
+    truncated = ("inc", {}, 2)  # the relation truncated to 2 blocks: blocks 2 and 3 gone
+    regrown = ("inc", {0: _block(20)}, 4)  # 4 blocks again; blocks 2 and 3 not WAL-logged since: never written
+    versions: list[Version] = [full, changed, truncated, regrown]
+    links = _chain_links(versions)
+    refs = _chain(repo, tmp_path, links)
+    target = tmp_path / "data"
+    result = run_braid("restore", "--repo", str(repo), refs[-1], "--pgdata", str(target))
+    assert result.code == 0, result.stderr
+    rebuilt = (target / "base/5/16400").read_bytes()
+    assert _blocks(rebuilt) == [_block(20), _block(2), bytes(BLCKSZ), bytes(BLCKSZ)]
+    # pg_combinebackup's: block 2 from the first incremental, block 3 from the full, each past the truncation
+    assert _blocks(_reconstruct(versions)) == [_block(20), _block(2), _block(12), _block(4)]
+    assert [b for b in range(4) if _looks_past_a_truncation(versions, b)] == [2, 3]
+    # Every link before it rebuilds as pg_combinebackup would: the difference needs a truncation between two links.
+    for n in range(1, 3):
+        middle = tmp_path / f"middle{n}"
+        assert run_braid("restore", "--repo", str(repo), refs[n], "--pgdata", str(middle)).code == 0
+        assert (middle / "base/5/16400").read_bytes() == _reconstruct(versions[:n + 1])
+    assert _apply_in_place(tmp_path, versions) == rebuilt  # the in-process rebuild below is the CLI's
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected"),
+    [
+        # a block in the newest link: the newest link's, whatever the older links hold
+        ([("full", _block(1) + _block(2)), ("inc", {1: _block(11)}, 2), ("inc", {1: _block(21)}, 2)], [_block(1), _block(21)]),
+        # a block only in the full, no truncation in between (the truncation lengths only grow): the full's
+        ([("full", _block(1) + _block(2)), ("inc", {0: _block(10)}, 2), ("inc", {2: _block(22)}, 3)], [_block(10), _block(2), _block(22)]),
+        # a block in an older incremental, no truncation in between: that link's
+        ([("full", _block(1) + _block(2)), ("inc", {1: _block(11)}, 2), ("inc", {}, 2)], [_block(1), _block(11)]),
+        # past the newest link's truncation length, below one of its blocks: zero, though older links have it
+        ([("full", _block(1) + _block(2) + _block(3)), ("inc", {1: _block(11)}, 3), ("inc", {2: _block(22)}, 1)], [_block(1), bytes(BLCKSZ), _block(22)]),
+        # a file an intermediate link sent whole (a new relation of that number): nothing older is looked at
+        ([("full", _block(1) + _block(2)), ("full", _block(5)), ("inc", {}, 2)], [_block(5), bytes(BLCKSZ)]),
+        # truncated by the newest link itself: cut, nothing looked up past it
+        ([("full", _block(1) + _block(2) + _block(3)), ("inc", {2: _block(12)}, 3), ("inc", {}, 1)], [_block(1)]),
+    ],
+    ids=["in-the-newest", "only-in-the-full", "in-an-older-link", "past-the-newest-truncation", "sent-whole-between", "newest-truncates"],
+)
+def test_in_place_matches_reconstruct_c_in_every_other_case(tmp_path: Path, versions: list[Version], expected: list[bytes]) -> None:
+    assert _blocks(_reconstruct(versions)) == expected  # the transcription, on cases read off reconstruct.c by hand
+    assert not any(_looks_past_a_truncation(versions, b) for b in range(len(expected)))
+    assert _blocks(_apply_in_place(tmp_path, versions)) == expected
+
+
+def test_in_place_differs_from_reconstruct_c_only_past_a_truncation_in_between(tmp_path: Path) -> None:
+    """Random chains of one relation file (a full, then 1 to 4 links, each an INCREMENTAL file of random blocks and
+    truncation length, sometimes the file whole): every block equals pg_combinebackup's, but for the documented
+    corner, where it is zero; the file's length always equals."""
+    import random
+
+    rng = random.Random(24)
+    corners = 0
+    for _ in range(150):
+        versions: list[Version] = [("full", b"".join(_block(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 6))))]
+        for _ in range(rng.randrange(1, 5)):
+            if rng.random() < 0.1:
+                versions.append(("full", b"".join(_block(rng.randrange(1, 200)) for _ in range(rng.randrange(1, 6)))))
+                continue
+            blocks = {b: _block(rng.randrange(1, 200)) for b in rng.sample(range(7), rng.randrange(0, 4))}
+            versions.append(("inc", blocks, rng.randrange(0, 7)))
+        ours, theirs = _blocks(_apply_in_place(tmp_path, versions)), _blocks(_reconstruct(versions))
+        assert len(ours) == len(theirs), versions
+        for b, (mine, pg) in enumerate(zip(ours, theirs, strict=True)):
+            if _looks_past_a_truncation(versions, b):
+                assert mine == bytes(BLCKSZ), (versions, b)
+                corners += pg != mine
+            else:
+                assert mine == pg, (versions, b)
+    assert corners > 10  # the corner was met, and there it differed

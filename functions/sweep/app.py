@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from braid.adapters.aws.lambda_env import repository_store
+from braid.adapters.aws.lambda_env import S3StagingJanitor, repository_store
 from braid.pipeline.observability import LambdaContext, logger, pipeline_handler
 from braid.pipeline.prune_plan import SweepItem
 from braid.pipeline.sweep import sweep_item
@@ -21,8 +21,10 @@ from braid.pipeline.sweep import sweep_item
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     item = SweepItem.from_json(event["item"])
     logger.append_keys(run=event["run"], backup=item.backup, item=item.n)
+    store = repository_store(str(event.get("prefix", "")))
     result = sweep_item(
-        repository_store(str(event.get("prefix", ""))),
+        store,
+        S3StagingJanitor(store),
         item,
         run=str(event["run"]),
         now=datetime.fromisoformat(str(event["now"])),

@@ -292,6 +292,10 @@ class PipelineFunctions(Construct):
         # leftover's summary; write its result record. No key: it never reads a chunk.
         self._s3("sweep", ["s3:GetObject"], MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS)
         self._s3("sweep", ["s3:DeleteObject"], DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS)
+        # ...staging as Cleanup removes it: open uploads aborted, versions purged (no raw bytes kept as noncurrent versions).
+        self._s3("sweep", ["s3:DeleteObjectVersion"], STAGING_OBJECTS)
+        self._list_versions("sweep")
+        self._uploads("sweep")
         self._s3("sweep", ["s3:PutObject"], PRUNE_OBJECTS)
         # ...and move a kept backup's chunks to another storage class: CopyObject onto itself is a GET of the
         # source and a PUT of the copy, which the bucket policy allows under data/ only as a class change.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC
 
 import pytest
 from moto import mock_aws
@@ -55,3 +56,43 @@ def test_a_plain_delete_would_keep_the_raw_bytes_as_a_noncurrent_version(store: 
     area.remove_segments([segment_key(ref, 0, 0)])
 
     assert versions_under(store, staging_prefix(ref)) == [segment_key(ref, 0, 0)] * 2  # the bytes and a delete marker
+
+
+def _staged_leftover(store: S3Store) -> BackupRef:
+    """A backup staged long ago whose agent and pipeline died: two versions of a segment, an open upload, no manifest."""
+    ref = BackupRef("db", "20200101T000000.000Z-0badc0de")
+    for _ in range(2):
+        store.put(segment_key(ref, 0, 0), b"raw database bytes")
+    store.client.create_multipart_upload(Bucket=BUCKET, Key=store.object_key(segment_key(ref, 0, 1)))
+    return ref
+
+
+def test_the_prune_sweep_removes_a_leftovers_staging_versions_and_uploads(store: S3Store) -> None:
+    from datetime import datetime, timedelta
+
+    from braid.pipeline.prune_plan import LEFTOVER, SweepItem
+    from braid.pipeline.sweep import COLLECTED, sweep_item
+
+    ref = _staged_leftover(store)
+    item = SweepItem(0, LEFTOVER, str(ref), "", "")
+    now = datetime.now(UTC) + timedelta(days=2)  # judged well after its last activity
+
+    result = sweep_item(store, S3StagingJanitor(store), item, run="r1", now=now, grace=timedelta(hours=1))
+
+    assert result.outcome == COLLECTED
+    assert versions_under(store, staging_prefix(ref)) == []
+    assert store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+def test_the_last_slice_of_a_pruned_backup_removes_its_staging_versions_too(store: S3Store) -> None:
+    from datetime import datetime, timedelta
+
+    from braid.pipeline.prune_plan import BACKUP, SweepItem
+    from braid.pipeline.sweep import DELETED, sweep_item
+
+    ref = _staged_leftover(store)
+    result = sweep_item(store, S3StagingJanitor(store), SweepItem(0, BACKUP, str(ref), "", ""), run="r1", now=datetime.now(UTC), grace=timedelta(hours=1))
+
+    assert result.outcome == DELETED
+    assert versions_under(store, staging_prefix(ref)) == []
+    assert store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []

@@ -125,8 +125,11 @@ LEAST_PRIVILEGE = {
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
     | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*", "storage/*")} | {("s3:ListBucket", "bucket")},
     # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.
+    # Staging goes as Cleanup removes it: open uploads aborted, versions and delete markers purged.
     "FunctionsSweepRole": {("s3:GetObject", p) for p in ("manifests/*", "data/*", "staging/*")}
     | {("s3:DeleteObject", p) for p in ("data/*", "staging/*", "catalog/summaries/*")} | {("s3:PutObject", "prune/*"), ("s3:ListBucket", "bucket")}
+    | {("s3:DeleteObjectVersion", "staging/*"), ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucketVersions", "bucket"),
+       ("s3:ListBucketMultipartUploads", "bucket")}
     | {("s3:PutObject", "data/*")},  # a move item's CopyObject onto itself; the bucket policy lets only a class change through
     # TallyPrune: the run's records, and the catalog's snapshots and log days.
     "FunctionsTallyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "prune/*")}

@@ -21,7 +21,7 @@ from braid.pipeline.prune_plan import SweepItem, distrusted_from_event, plan_run
 from braid.pipeline.prune_tally import PruneReport, tally_run
 from braid.pipeline.sweep import SweepResult, sweep_item
 from braid.ports.keys import KeyService
-from braid.ports.pipeline import EventPublisher
+from braid.ports.pipeline import EventPublisher, PlainStoreJanitor, StagingJanitor
 
 
 class InlinePruneRuns:
@@ -54,13 +54,23 @@ class InlinePruneRuns:
         self.states.append(state)
         self.before_sweep()
         items = [SweepItem.from_json(doc) for doc in json.loads(self.repository.store.get(prune_items_key(run)))]
+        janitor = _janitor(self.repository)
         for item in items:
             if self.fail(item):
                 continue
             self.results.append(
                 sweep_item(
-                    self.repository.store, item, run=run, now=datetime.fromisoformat(state["now"]), grace=timedelta(hours=state["grace_hours"])
+                    self.repository.store, janitor, item, run=run, now=datetime.fromisoformat(state["now"]), grace=timedelta(hours=state["grace_hours"])
                 )
             )
         self.reports.append(tally_run(self.repository, self.events, run=run, now=self.now))
         return f"inline:{run}"
+
+
+def _janitor(repository: Repository) -> StagingJanitor:
+    """The Sweep's janitor for this repository's store: S3's (uploads and versions) on S3, none on a directory."""
+    from braid.adapters.aws.lambda_env import S3StagingJanitor
+    from braid.adapters.aws.s3 import S3Store
+
+    store = repository.store
+    return S3StagingJanitor(store) if isinstance(store, S3Store) else PlainStoreJanitor()

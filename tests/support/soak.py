@@ -13,6 +13,10 @@ M minutes passed:
   forget   the same, for one backup
   store    a backup or a restore over a store failing at random
            (support.faulty_store: kind, mode, rate and keys drawn at random)
+  wal-push, wal-fetch
+           SIGKILL of wal-push and wal-fetch at random points; the archive
+           holds each segment whole or not at all, DEST is never cut
+           (support.soak_wal)
   pipes, consumer, linger
            restore --pipes to round-robin and sequential readers, SIGKILL of
            a restore into a command, a pipe held past the producer's exit
@@ -51,7 +55,7 @@ for extra in (ROOT / "tests", ROOT / "tests" / "cloud"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
-from support import soak_pipes  # noqa: E402
+from support import soak_pipes, soak_wal  # noqa: E402
 from support.kill_points import (  # noqa: E402
     CHUNK,
     Done,
@@ -78,6 +82,7 @@ class LocalSoak:
         self.cases_per_repo = cases_per_repo
         self.repo: LocalRepo | None = None
         self.good: dict[str, bytes] = {}
+        self.wal = soak_wal.WalSoak()
         self.cases = 0
         self.repos = 0
 
@@ -86,7 +91,7 @@ class LocalSoak:
             self.finish_repo()
             self.repos += 1
             self.repo = LocalRepo(self.workdir / f"repo-{self.repos}")
-            self.good, self.cases = {}, 0
+            self.good, self.cases, self.wal = {}, 0, soak_wal.WalSoak()
             for _ in range(2):
                 data = self.data()
                 self.good[self.repo.backup("db", data)] = data
@@ -96,6 +101,7 @@ class LocalSoak:
     def finish_repo(self) -> None:
         if self.repo is not None:
             audit(self.repo, self.good, self.tally, f"repository {self.repos} at the end")
+            soak_wal.audit_wal(self.repo, self.wal, self.tally)
             shutil.rmtree(self.repo.root, ignore_errors=True)
             self.repo = None
 
@@ -261,6 +267,8 @@ def run_local(workdir: Path, rng: random.Random, tally: Tally, by_case: Counter[
         "pipes": lambda: soak_pipes.pipes_restore(soak.current(), rng, tally),
         "consumer": soak.consumer_kill,
         "linger": lambda: soak_pipes.linger(soak.current(), rng, tally),
+        "wal-push": lambda: soak_wal.wal_push_kill(soak.current(), soak.wal, rng, tally),
+        "wal-fetch": lambda: soak_wal.wal_fetch_kill(soak.current(), soak.wal, rng, tally),
     }
     stores = 0
     while (tally.kills < kills or stores < store_runs) and time.monotonic() < deadline:
@@ -269,7 +277,7 @@ def run_local(workdir: Path, rng: random.Random, tally: Tally, by_case: Counter[
             stores += 1
             by_case["store"] += 1
             continue
-        name = rng.choices(list(cases), weights=[5, 2, 2, 2, 1, 1, 2, 0.3])[0]
+        name = rng.choices(list(cases), weights=[5, 2, 2, 2, 1, 1, 2, 0.3, 1.5, 1])[0]
         before = tally.kills
         try:
             cases[name]()

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import retention_cost, s3proxy, scale_sim
+from bench_lib import api_quota, retention_cost, s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -439,6 +439,7 @@ def run(ctx: Context) -> Section:
         ],
     ))
     section.tables.extend(policy_tables())
+    section.tables.append(describe_table())
     section.facts = {
         **{
             f"worker item CPU per chunk over {run.transport}, this machine (process_item: GET + codec + CRC + PUT + result)": round(run.cpu_per_chunk, 3)
@@ -495,6 +496,18 @@ def run(ctx: Context) -> Section:
         notes.append(f"the worker's CPU was measured over {measured.transport} only: TLS, which the worker pays in Lambda, is not in the figure")
     section.notes = notes
     return section
+
+
+def describe_table() -> Table:
+    """The agents' DescribeExecution calls per second against the account's quota (bench_lib.api_quota)."""
+    rows = api_quota.rows()
+    return Table(
+        f"concurrent backups' agents: DescribeExecution calls per second, all uploading or all waiting at once (counted from the"
+        f" agent's own loops), against the lowest published refill ({api_quota.LOWEST_REFILL:g}/s; {api_quota.QUOTA_SOURCE});"
+        " throttled calls beyond it are retried with back-off",
+        list(rows[0]),
+        [list(row.values()) for row in rows],
+    )
 
 
 def policy_tables() -> list[Table]:

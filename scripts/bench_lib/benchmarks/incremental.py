@@ -9,6 +9,11 @@ checkpoint, and `braid backup --incremental -- pg_basebackup ...
 
 - the first incremental's stored bytes over the full's (issue: <= 10%);
 - the week: the full and its incrementals' stored bytes against --days fulls;
+- pgBackRest 2.45 on PostgreSQL 15 (scripts/bench_lib/pgbackrest_incremental.py,
+  --pgbackrest/--no-pgbackrest): a full and --days file-level incrementals
+  of a cluster at the same scale with the same daily change; stored bytes
+  beside Braid's as ratios (Braid's week over pgBackRest's; each tool's
+  incrementals over its own full);
 - MariaDB 10.11 (scripts/bench_lib/maria_incremental.py, --maria-rows):
   an incremental after 1% of the rows changed over the full (issue: <= 15%);
 - rebuild: `restore --pgdata` of the full plus 6 incrementals over that of
@@ -26,6 +31,7 @@ Braid runs from a venv made with /usr/bin/python3 in the work directory
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -37,6 +43,8 @@ from pathlib import Path
 
 from bench_lib.context import Context, add_option_once
 from bench_lib.maria_incremental import measure as measure_maria
+from bench_lib.pgbackrest_incremental import changed_range
+from bench_lib.pgbackrest_incremental import measure as measure_pgbackrest
 from bench_lib.report import Section, Table
 
 NAME = "incremental"
@@ -49,6 +57,8 @@ PORT = 55491
 def add_arguments(parser) -> None:
     add_option_once(parser, "--pg-scale", type=int, default=50, help="incremental: pgbench scale (default 50, ~750 MB)")
     add_option_once(parser, "--days", type=int, default=7, help="incremental: incrementals after the full (default 7)")
+    add_option_once(parser, "--pgbackrest", action=argparse.BooleanOptionalAction, default=True,
+                    help="incremental: also pgBackRest 2.45's incrementals on PostgreSQL 15, same scale and change (default on)")
     add_option_once(parser, "--maria-rows", type=int, default=2_000_000, help="incremental: rows of the MariaDB table (default 2,000,000, ~0.5 GB; 0: no MariaDB)")
 
 
@@ -119,8 +129,8 @@ def run(ctx: Context) -> Section:
         chain = [(full, full_stored, full_seconds)]
         expected = []
         for day in range(1, days + 1):
-            first = (day * rows // (days + 2)) + 1
-            psql(f"update pgbench_accounts set abalance = abalance + {day} where aid between {first} and {first + rows // 100 - 1}")
+            first, last = changed_range(day, days, rows)
+            psql(f"update pgbench_accounts set abalance = abalance + {day} where aid between {first} and {last}")
             psql("checkpoint")
             ctx.log(f"incremental {day}")
             chain.append(backup("--incremental", "--", *bb, "--incremental={parent_manifest}"))
@@ -191,7 +201,12 @@ def run(ctx: Context) -> Section:
         "in_place_equals_pg_combinebackup": compared.stdout.strip().splitlines()[-1],
     })
     section.notes.append(f"issue targets: first incremental <= 0.10 of the full (got {first_ratio:.4f}); rebuild <= 1.5x the full's restore (in-place: got {rebuild:.3f}x; pg_combinebackup: {combine_restore / full_restore:.3f}x)")
-    section.notes.append("pgBackRest 2.45 on PostgreSQL 15 (file-level incrementals) was not measured in this run")
+    for done in (src, work / "r-full", work / "r-chain"):  # the disk, for the PostgreSQL 15 cluster
+        shutil.rmtree(done, ignore_errors=True)
+    if ctx.args.pgbackrest:
+        measure_pgbackrest(work, scale, days, [stored for _, stored, _ in chain], ctx.log, section)
+    else:
+        section.notes.append("pgBackRest 2.45 on PostgreSQL 15 (file-level incrementals) was not measured in this run (--no-pgbackrest)")
     if ctx.args.maria_rows > 0:
         measure_maria(work, braid, ctx.args.maria_rows, ctx.log, section)
     print(f"[bench] incremental: {section.facts}", file=sys.stderr)

@@ -268,16 +268,24 @@ class CloudEngine:
         waker: PipelineWaker | None = None,
     ) -> Manifest:
         """Follow the execution to its end; `total_chunks` (when known) makes the processing phase a percentage.
-        `waker`: this upload's (braid.agent.wake), poked at every poll in case the planner slept as the stream ended."""
+        `waker`: this upload's (braid.agent.wake), poked at every poll in case the planner slept as the stream ended.
+
+        Every `poll_seconds` the agent reads its staging (S3); it asks Step Functions (DescribeExecution, throttled
+        per account: braid.agent.watch) only every `watch_seconds`, or at every poll once the staging session is
+        gone, which Finalize and Cleanup remove as an execution ends. So a finished backup is seen within a poll
+        and an execution that ended any other way within `watch_seconds`."""
         self._report_retries(ref, progress)
         report = PhaseReporter(progress, str(ref))
         report.phase("processing", total_bytes=None if expected is None else sum(expected.lengths), total_chunks=total_chunks)
         delay = self.options.poll_seconds
         last_count = -1
+        area = StagingArea(self.store, ref)
+        described = -float("inf")
         while True:
-            status = self.pipeline.describe(ref)
-            if status.done:
-                break
+            if time.monotonic() - described >= self.options.watch_seconds or not area.session_staged():
+                status, described = self.pipeline.describe(ref), time.monotonic()
+                if status.done:
+                    break
             if waker is not None:
                 waker.poke()
             self.check_not_held(ref)

@@ -33,6 +33,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import DATA, STAGING, data_prefix, lease_key, manifest_key, ref_under, staging_prefix, summary_key
 from braid.format.lease import LeaseRecord
 from braid.format.staging.keys import agent_lease_key
+from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectInfo, ObjectStore, TemporaryFiles, child_prefixes
 
 MIN_ORPHAN_GRACE_HOURS = 1.0
@@ -115,18 +116,24 @@ def _backup_objects(store: ObjectStore, ref: BackupRef) -> list[ObjectInfo]:
     return [*store.list(data_prefix(ref)), *store.list(staging_prefix(ref))]
 
 
-def collect_leftover(store: ObjectStore, ref: BackupRef, now: datetime, grace: timedelta) -> bool:
+def collect_leftover(store: ObjectStore, ref: BackupRef, now: datetime, grace: timedelta, janitor: StagingJanitor | None = None) -> bool:
     """Delete one leftover's objects, unless it shows life again; True if collected.
 
     `now` is when the leftover was judged: any activity after it spares the
-    backup, however long the prune has been running since.
+    backup, however long the prune has been running since. With a `janitor`
+    (the cloud prune's Sweep) its staging's open uploads are aborted first and
+    the versions a versioned bucket keeps of it purged after.
     """
     if store.head(manifest_key(ref)) is not None:
         return False  # published since the listing: a backup, not a leftover
     objects = _backup_objects(store, ref)
     if now - last_activity(store, ref, objects) <= grace:
         return False
+    if janitor is not None:
+        janitor.abort_uploads(staging_prefix(ref))
     store.delete([*(info.key for info in objects), summary_key(ref)])  # and the summary of a publish that crashed before its manifest
+    if janitor is not None:
+        janitor.purge_versions(staging_prefix(ref))
     if store.head(manifest_key(ref)) is not None:
         raise IntegrityError(
             f"backup {ref} was published while prune was collecting its data as a leftover of an incomplete backup;"

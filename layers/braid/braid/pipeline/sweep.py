@@ -10,7 +10,8 @@ twice and late:
   Before that, the manifest is looked for once more: backup ids are never
   reused, so finding one means something is badly wrong, and the item
   refuses (its outcome says so) rather than delete a published backup's
-  chunks. The open-ended last slice also removes the backup's staging.
+  chunks. The open-ended last slice also removes the backup's staging,
+  versions and open uploads included, as Cleanup does.
 - A slice of a kept backup to move (a "move" item) is moved object by
   object to its storage class (braid.ops.storage_class.move_objects:
   CopyObject onto itself; objects in the class already are skipped, so a
@@ -34,10 +35,12 @@ from itertools import islice
 from typing import Any
 
 from braid.format.ids import BackupRef
-from braid.format.layout import data_prefix, manifest_key, prune_result_key, staging_prefix
+from braid.format.layout import data_prefix, manifest_key, prune_result_key
+from braid.format.staging import StagingArea
 from braid.ops.leftovers import collect_leftover
 from braid.ops.storage_class import move_objects
 from braid.pipeline.prune_plan import BACKUP, MOVE, SweepItem
+from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectStore, list_after
 
 PAGE = 1000  # one LIST page, one DeleteObjects request
@@ -77,21 +80,23 @@ def _delete_pages(store: ObjectStore, keys: Iterator[str]) -> int:
     return deleted
 
 
-def sweep_slice(store: ObjectStore, ref: BackupRef, after: str, until: str) -> str | int:
-    """Delete one slice of a removed backup's objects: how many, or REFUSED if it has a manifest."""
+def sweep_slice(store: ObjectStore, janitor: StagingJanitor, ref: BackupRef, after: str, until: str) -> str | int:
+    """Delete one slice of a removed backup's objects: how many, or REFUSED if it has a manifest. The open-ended
+    last slice also removes its staging as Cleanup does (StagingArea.remove: open uploads aborted, versions
+    purged), so a versioned bucket keeps no noncurrent copy of raw database bytes."""
     if store.head(manifest_key(ref)) is not None:
         return REFUSED
     deleted = _delete_pages(store, _in_slice(store, data_prefix(ref), after, until))
     if not until:
-        deleted += _delete_pages(store, (info.key for info in store.list(staging_prefix(ref))))
+        deleted += StagingArea(store, ref).remove(janitor)
     return deleted
 
 
-def sweep_item(store: ObjectStore, item: SweepItem, *, run: str, now: datetime, grace: timedelta) -> SweepResult:
+def sweep_item(store: ObjectStore, janitor: StagingJanitor, item: SweepItem, *, run: str, now: datetime, grace: timedelta) -> SweepResult:
     """Carry out one item and record its outcome (the record is what TallyPrune counts)."""
     ref = BackupRef.parse(item.backup)
     if item.kind == BACKUP:
-        done = sweep_slice(store, ref, item.after, item.until)
+        done = sweep_slice(store, janitor, ref, item.after, item.until)
         result = SweepResult(item.n, item.kind, item.backup, REFUSED if done == REFUSED else DELETED, 0 if isinstance(done, str) else done)
     elif item.kind == MOVE:
         if store.head(manifest_key(ref)) is None:
@@ -100,7 +105,7 @@ def sweep_item(store: ObjectStore, item: SweepItem, *, run: str, now: datetime, 
             moved = move_objects(store, ref, item.storage_class, after=item.after, until=item.until)
             result = SweepResult(item.n, item.kind, item.backup, MOVED, moved)
     else:
-        collected = collect_leftover(store, ref, now, grace)
+        collected = collect_leftover(store, ref, now, grace, janitor)
         result = SweepResult(item.n, item.kind, item.backup, COLLECTED if collected else SPARED)
     store.put(prune_result_key(run, item.n), json.dumps(result.to_json(), sort_keys=True).encode())
     return result

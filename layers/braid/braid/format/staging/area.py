@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 
-from braid.errors import AlreadyExistsError, IntegrityError, NotFoundError
+from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.staging.failures import ItemFailure
@@ -69,6 +69,14 @@ class StagingArea(StagingResults):
         session = SessionRecord.from_bytes(raw, key)
         session.check(self.ref, key)
         return session
+
+    def session_staged(self) -> bool:
+        """Whether the session record is still staged (one HEAD); False once Finalize or Cleanup removed it, and on a
+        failed look, so a caller asks the execution rather than wait on a guess."""
+        try:
+            return self.store.head(session_key(self.ref)) is not None
+        except BackupError:
+            return False
 
     def write_session(self, session: SessionRecord) -> None:
         """Create-only: a backup is staged once; a second start must resume instead."""
