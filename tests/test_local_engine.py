@@ -22,7 +22,7 @@ from braid.format.layout import DATA, MANIFESTS
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
-from braid.ops.restore import OutputTarget, restore_backup
+from braid.ops.restore import OutputTarget, SharedDecoders, restore_backup
 from braid.ports.store import Buffer
 
 
@@ -114,6 +114,30 @@ def test_memory_is_bounded_to_inputs_plus_workers_plus_one_chunks(tmp_path: Path
     stats = restore_backup(repo.store, manifest, key, targets, workers=2)
     assert 2 <= stats.buffers <= 2 + 2 + 1  # outputs + workers + 1, of 350 chunks
     assert [Path(str(t.path)).read_bytes() for t in targets] == [Path(str(s.path)).read_bytes() for s in sources]
+
+
+def test_shared_decoders_make_their_buffers_once_for_several_backups(tmp_path: Path) -> None:
+    """A chain's links restored in turn on one SharedDecoders: one set of chunk buffers for all of them, not one per backup."""
+    repo, keys = make_repo(tmp_path)
+    opened = []
+    for n in range(3):
+        (tmp_path / f"b{n}").mkdir()
+        sources = write_inputs(tmp_path / f"b{n}", [4096 * (40 + n)])
+        _, backup_id = backup(repo, keys, sources, workers=2)
+        sealed = repo.load(BackupRef.parse(backup_id))
+        key = keys.unwrap(sealed.manifest.key)
+        opened.append((sealed.authenticate(key), key, sources[0]))
+    shared = SharedDecoders([manifest for manifest, _, _ in opened], 2)
+    try:
+        for n, (manifest, key, source) in enumerate(opened):
+            target = OutputTarget(str(tmp_path / f"out{n}"), str(tmp_path / f"out{n}"))
+            stats = restore_backup(repo.store, manifest, key, [target], workers=2, shared=shared)
+            assert stats.buffers == shared.plaintexts.made  # the shared buffers, not buffers of its own
+            assert Path(str(target.path)).read_bytes() == Path(str(source.path)).read_bytes()
+    finally:
+        shared.close()
+    assert 1 <= shared.plaintexts.made <= 1 + 2 + 1  # one restore's outputs + workers + 1, for the three backups
+    assert shared.plaintexts.size == max(c.length for manifest, _, _ in opened for c in manifest.chunks())
 
 
 class FailingStore(LocalStore):

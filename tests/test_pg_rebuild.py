@@ -134,6 +134,19 @@ def test_in_place_applies_every_link_in_order(repo: Path, tmp_path: Path) -> Non
     assert (middle / "base/5/16388_fsm").read_bytes() == _block(32)
 
 
+@pytest.mark.parametrize("decoders", ["shared", "per-link"])
+def test_link_decoders_policy_and_its_off_switch_rebuild_the_same_tree(repo: Path, tmp_path: Path, decoders: str) -> None:
+    refs = _chain(repo, tmp_path, _good_links())
+    target = tmp_path / "data"
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(target), "--link-decoders", decoders)
+    assert result.code == 0, result.stderr
+    assert (target / "base/5/16384").read_bytes() == _block(20) + _block(11) + bytes(BLCKSZ) + _block(13)
+    assert (target / "base/5/16387").read_bytes() == _block(7) + bytes(BLCKSZ) + _block(22)
+    assert (target / "pg_wal/000000010000000000000002").read_bytes() == b"w2" * 4096
+    result = run_braid("restore", "--repo", str(repo), refs[2], "--pgdata", str(tmp_path / "other"), "--link-decoders", "some")
+    assert result.code == 2 and "invalid choice: 'some'" in result.stderr, result.stderr
+
+
 def test_in_place_replaces_an_empty_existing_dir(repo: Path, tmp_path: Path) -> None:
     refs = _chain(repo, tmp_path, _good_links()[:2])
     target = tmp_path / "data"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+LINK_DECODERS = ("shared", "per-link")
+
 
 def add_backup_options(backup: argparse.ArgumentParser) -> None:
     backup.add_argument(
@@ -43,6 +45,11 @@ def add_restore_options(restore: argparse.ArgumentParser) -> None:
         "--rebuild", choices=("in-place", "pg_combinebackup"),
         help="how --pgdata rebuilds a chain: in-place (default on one file system; needs no PostgreSQL tool) or"
         " pg_combinebackup (PostgreSQL 17+'s tool, on PATH or in --pg-bin; the default when --work-dir is elsewhere)",
+    )
+    group.add_argument(
+        "--link-decoders", choices=LINK_DECODERS, default="shared",
+        help="--rebuild in-place: shared (default) decodes every link on one decoder pool into one set of chunk buffers, each"
+        " link's chunks listed once; per-link gives each link a restore pipeline of its own (the off switch)",
     )
     group.add_argument("--work-dir", metavar="DIR", help="where the links are restored (a new directory; default: beside --pgdata); removed afterwards with --pgdata, kept with --chain")
     group.add_argument("--pg-bin", metavar="DIR", help="the directory holding pg_combinebackup, for --rebuild pg_combinebackup (default: PATH)")

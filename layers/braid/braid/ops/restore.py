@@ -27,7 +27,9 @@ import os
 import sys
 import threading
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
@@ -43,7 +45,7 @@ from braid.ops.restore_output import Output, OutputTarget, commit_all, remove_pa
 from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.store import ObjectStore, prefetch_object
 
-__all__ = ["OutputTarget", "RestoreStats", "check_chunks_present", "restore_backup", "targets_from_args"]
+__all__ = ["OutputTarget", "RestoreStats", "SharedDecoders", "check_chunks_present", "restore_backup", "targets_from_args"]
 
 
 def targets_from_args(paths: list[str] | None, manifest: Manifest) -> list[OutputTarget]:
@@ -157,6 +159,30 @@ class _Buffers:
             self._ready.notify()
 
 
+class SharedDecoders:
+    """One decoder pool and one set of chunk buffers for several backups restored in turn (a chain's links,
+    braid.cli.commands.restore_chain), made once instead of once per backup: `workers` threads, buffers as large as the
+    largest chunk of any of `manifests`. Two restores may use it at once (one decodes while the other writes);
+    `close()` after the last one returned."""
+
+    def __init__(self, manifests: Sequence[Manifest], workers: int) -> None:
+        chunks = [c for manifest in manifests for c in manifest.chunks()]
+        self.workers = max(1, workers)
+        self.pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="braid-restore")
+        first = min(self.workers, len(chunks))
+        self.plaintexts = _Buffers(max((c.length for c in chunks), default=0), first)
+        self.scratches = _Buffers(max((c.stored_length for c in chunks if c.compression == "zstd"), default=0), first)
+        for _ in range(first):
+            threading.Thread(target=self._make_first, name="braid-buffers", daemon=True).start()
+
+    def _make_first(self) -> None:
+        self.scratches.make_one()
+        self.plaintexts.make_one()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def restore_backup(
     store: ObjectStore,
     manifest: Manifest,
@@ -167,15 +193,19 @@ def restore_backup(
     force: bool = False,
     progress: ProgressFn | None = None,
     open_timeout: float = DEFAULT_OPEN_TIMEOUT,
+    shared: SharedDecoders | None = None,
 ) -> RestoreStats:
     """Write each input of the backup to its target; a failure leaves every target file as it was.
 
     A named-pipe target waits at most `open_timeout` seconds for its reader.
+    `shared`: decode on its pool into its buffers; the caller listed this
+    backup's chunks (`check_chunks_present`) before writing anything.
     """
     ref = BackupRef.parse(manifest.backup)
     for target in targets:
         target.check(force)
-    check_chunks_present(store, manifest, key)
+    if shared is None:
+        check_chunks_present(store, manifest, key)
     if progress is not None:
         progress = report = PhaseReporter(progress, str(ref))
         report.phase("restoring", total_bytes=manifest.plaintext_bytes, total_chunks=manifest.chunk_count)
@@ -194,9 +224,12 @@ def restore_backup(
     # As large as the largest chunk: a backup shorter than one chunk needs
     # no full chunk's pages (64 MiB by default) to restore. Scratch buffers
     # hold a chunk's decrypted zstd frame while it decompresses.
-    first = min(max(1, workers), manifest.chunk_count)
-    plaintexts = _Buffers(max((c.length for c in manifest.chunks()), default=0), first)
-    scratches = _Buffers(max((c.stored_length for c in manifest.chunks() if c.compression == "zstd"), default=0), first)
+    first = min(max(1, workers), manifest.chunk_count) if shared is None else 0
+    if shared is None:
+        plaintexts = _Buffers(max((c.length for c in manifest.chunks()), default=0), first)
+        scratches = _Buffers(max((c.stored_length for c in manifest.chunks() if c.compression == "zstd"), default=0), first)
+    else:
+        plaintexts, scratches = shared.plaintexts, shared.scratches
 
     def make_first_buffers() -> None:  # one helper per decoder, so they are made side by side as the reads are
         scratches.make_one()
@@ -299,7 +332,8 @@ def restore_backup(
     for _ in range(first):
         threading.Thread(target=make_first_buffers, name="braid-buffers", daemon=True).start()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") as pool:
+        pools = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="braid-restore") if shared is None else nullcontext(shared.pool)
+        with pools as pool:
             try:
                 for entry, target in zip(manifest.inputs, targets, strict=True):
                     writer = threading.Thread(target=write_input, args=(entry, target, pool), name=f"braid-out-{entry.index}", daemon=True)

@@ -30,7 +30,7 @@ from braid.ops.open import OpenedBackup
 from braid.ops.pg_apply import ApplyTarget, ChainState
 from braid.ops.pg_tree import finish_tree, move_into
 from braid.ops.pgdata import PgDataTarget, check_pgdata
-from braid.ops.restore import check_chunks_present, restore_backup
+from braid.ops.restore import SharedDecoders, check_chunks_present, restore_backup
 from braid.ops.restore_output import OutputTarget
 from braid.ports.progress import ProgressFn
 
@@ -90,6 +90,9 @@ def _rebuild_in_place(
     """Every link applied onto WORK/tree (braid.ops.pg_apply), made durable once, then renamed into DIR."""
     check_disk(links, work_path, None)
     work = ChainWork(work_path)
+    # --link-decoders shared: one decoder pool and one set of chunk buffers for every link (made once, not per link);
+    # each link's chunks were listed by _links.
+    shared = SharedDecoders([link.manifest for link in links], args.workers) if getattr(args, "link_decoders", "shared") == "shared" else None
     try:
         tree = os.path.join(work.path, "tree")
         os.mkdir(tree, 0o700)
@@ -98,7 +101,7 @@ def _rebuild_in_place(
         def apply(position: int, link: OpenedBackup) -> None:
             label = f"link {position} ({link.manifest.backup})"
             target = ApplyTarget(label, tree, position=position, backup=link.manifest.backup, state=state, writers=max(2, args.workers))
-            restore_backup(repository.store, link.manifest, link.key, [target], workers=args.workers, progress=progress)
+            restore_backup(repository.store, link.manifest, link.key, [target], workers=args.workers, progress=progress, shared=shared)
 
         # Two links at a time: the next one is read and decoded while this one is applied (ChainState.wait_turn).
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="braid-link") as pool:
@@ -116,6 +119,8 @@ def _rebuild_in_place(
         check_pgdata(directory)  # still empty (or absent): nothing came in meanwhile
         move_into(tree, directory)
     finally:
+        if shared is not None:
+            shared.close()
         work.close()
     return links[-1]
 
