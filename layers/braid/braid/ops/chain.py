@@ -10,7 +10,8 @@ half-restores.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from braid.errors import BackupError, IntegrityError, NotFoundError, UsageError
 from braid.format.chain import Lineage
@@ -18,6 +19,8 @@ from braid.format.ids import BackupRef
 from braid.format.repository import Repository
 from braid.ops.open import OpenedBackup, open_backup
 from braid.ports.keys import KeyService
+
+T = TypeVar("T")
 
 __all__ = ["ancestors", "chain_of", "check_chain", "descendants", "open_chain", "parent_lineage", "resolve_parent"]
 
@@ -28,19 +31,7 @@ def resolve_parent(repository: Repository, name: str, given: str | None, keys: K
     Its whole chain is opened and authenticated: IntegrityError (exit 6) when
     any link is missing or unreadable, or `name` has no backup to build on.
     """
-    ref = BackupRef.parse(given) if given else BackupRef(name, "latest")
-    if ref.name != name:
-        raise UsageError(f"--incremental={ref}: the parent must be a backup of {name} (a chain never mixes names)")
-    try:
-        parent = open_backup(repository, ref, keys)
-    except NotFoundError as exc:
-        what = f"{ref}" if given else f"a complete backup of {name}"
-        raise IntegrityError(
-            f"the incremental's parent is missing: {what} not found ({exc}); refusing the incremental"
-            " (take a full backup without --incremental first)"
-        ) from None
-    except BackupError as exc:
-        raise IntegrityError(f"the incremental's parent {ref} is unreadable: {exc}; refusing the incremental") from None
+    parent = _parent(name, given, lambda ref: open_backup(repository, ref, keys))
     open_chain(repository, BackupRef.parse(parent.manifest.backup), keys, opened=parent, purpose="the incremental's parent")
     return parent
 
@@ -49,11 +40,19 @@ def parent_lineage(repository: Repository, name: str, given: str | None) -> Line
     """The lineage of a new incremental of `name` on `given` (or the newest complete backup of `name`), without a key:
     the parent and every ancestor checked present and matching its manifest's checksum (a cloud agent's view; the
     pipeline authenticates the chain before the producer starts). IntegrityError (exit 6) as `resolve_parent`."""
+    manifest = _parent(name, given, lambda ref: repository.load(ref).manifest)
+    parent = BackupRef.parse(manifest.backup)
+    check_chain(repository, parent, None)
+    return Lineage.incremental(parent, manifest.lineage)
+
+
+def _parent(name: str, given: str | None, load: Callable[[BackupRef], T]) -> T:
+    """`load` of the parent `given` (or NAME@latest), its failures as the refusal of the incremental (exit 6)."""
     ref = BackupRef.parse(given) if given else BackupRef(name, "latest")
     if ref.name != name:
         raise UsageError(f"--incremental={ref}: the parent must be a backup of {name} (a chain never mixes names)")
     try:
-        manifest = repository.load(ref).manifest
+        return load(ref)
     except NotFoundError as exc:
         what = f"{ref}" if given else f"a complete backup of {name}"
         raise IntegrityError(
@@ -62,9 +61,6 @@ def parent_lineage(repository: Repository, name: str, given: str | None) -> Line
         ) from None
     except BackupError as exc:
         raise IntegrityError(f"the incremental's parent {ref} is unreadable: {exc}; refusing the incremental") from None
-    parent = BackupRef.parse(manifest.backup)
-    check_chain(repository, parent, None)
-    return Lineage.incremental(parent, manifest.lineage)
 
 
 def open_chain(
