@@ -87,6 +87,7 @@ def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_writ
         ("FunctionsWorkerRole", "data/*"),
         ("FunctionsSweepRole", "data/*"),  # a moved chunk's new version gets its original's retention
         ("FunctionsFinalizeRole", "manifests/*"),
+        ("FunctionsFinalizeRole", "data/*/metadata/*"),  # a cloud backup's sealed metadata (backup_manifest), locked as its chunks
         ("OperatorOperatorRole", "manifests/*"),
     }
     for role in ("AccessAgentPolicy", "AccessRestoreRole", "FunctionsVerifyRole", "FunctionsCleanupRole"):
