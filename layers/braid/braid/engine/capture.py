@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 from braid.engine.xbstream import CHECKPOINTS, XbstreamCapture
 from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
-from braid.format.metadata import BACKUP_MANIFEST
+from braid.format.metadata import BACKUP_MANIFEST, MEMBER_LIMITS
 from braid.format.pg_backup import WalInfo, wal_info_from_members
 from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
 
 __all__ = ["CAPTURED", "MAX_CAPTURED", "Captured", "StreamCapture", "merge_captures"]
 
-# member name -> bytes kept (a prefix for pg_control: only its first fields are read)
-CAPTURED: dict[str, int] = {"backup_label": 1 << 16, "backup_manifest": 64 << 20, "PG_VERSION": 64, "global/pg_control": 64}
+# member name -> bytes kept from a tar stream (braid.format.metadata.MEMBER_LIMITS; the xbstream's own is its parser's)
+CAPTURED: dict[str, int] = {name: limit for name, limit in MEMBER_LIMITS.items() if name != CHECKPOINTS}
 MAX_CAPTURED = sum(CAPTURED.values())
 _SEGMENT = re.compile(r"^pg_wal/[0-9A-F]{24}$")
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import re
 
+from braid.format.metadata import MEMBER_LIMITS
+
 __all__ = ["CHECKPOINTS", "MAGIC", "XbstreamCapture", "to_lsn"]
 
 MAGIC = b"XBSTCK01"
 CHECKPOINTS = "xtrabackup_checkpoints"
-MAX_CHECKPOINTS = 1 << 16
+MAX_CHECKPOINTS = MEMBER_LIMITS[CHECKPOINTS]
 _FIXED = 14  # magic, flags, type, path length
 _MAX_PATH = 1 << 12
 _TO_LSN = re.compile(rb"^to_lsn\s*=\s*(\d+)\s*$", re.MULTILINE)

@@ -23,8 +23,8 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.digests import sha256
 from braid.format.fields import Fields
-from braid.format.ids import BackupRef
-from braid.format.layout import staging_prefix
+from braid.format.metadata import MEMBER_LIMITS
+from braid.format.staging.keys import CAPTURED_INDEX, PARENT, captured_index_key, captured_member_key, parent_manifest_key, parent_record_key
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
 
 __all__ = [
@@ -39,29 +39,8 @@ __all__ = [
     "parent_record_key",
 ]
 
-CAPTURED_INDEX = "captured.json"
-PARENT = "parent.json"
 # What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders).
 PARENT_VALUES = ("parent_manifest", "parent_lsn")
-# The members an agent may stage and the most bytes of each (braid.engine.capture.CAPTURED, xbstream's checkpoints).
-_MEMBER_LIMITS = {"backup_label": 1 << 16, "backup_manifest": 64 << 20, "PG_VERSION": 64, "global/pg_control": 64, "xtrabackup_checkpoints": 1 << 16}
-
-
-def captured_index_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{CAPTURED_INDEX}"
-
-
-def captured_member_key(ref: BackupRef, number: int) -> str:
-    """The `number`th member of the index, in the index's (sorted) order."""
-    return f"{staging_prefix(ref)}captured/{number}"
-
-
-def parent_record_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{PARENT}"
-
-
-def parent_manifest_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}parent/backup_manifest"
 
 
 @dataclass(frozen=True)
@@ -73,7 +52,7 @@ class CapturedIndex:
     @classmethod
     def of(cls, members: Mapping[str, bytes]) -> CapturedIndex:
         for name, data in members.items():
-            limit = _MEMBER_LIMITS.get(name)
+            limit = MEMBER_LIMITS.get(name)
             if limit is None or len(data) > limit:
                 raise IntegrityError(f"refusing to stage captured member {name!r} ({len(data)} bytes)")
         return cls({name: (len(data), sha256(data).hex()) for name, data in sorted(members.items())})
@@ -97,7 +76,7 @@ class CapturedIndex:
         for name, entry in f.doc["members"].items():
             e = Fields(entry, f"{what}, member {name!r}", ("size", "sha256"))
             size, digest = e.count("size"), e.text("sha256")
-            if name not in _MEMBER_LIMITS or size > _MEMBER_LIMITS[name] or len(digest) != 64:
+            if name not in MEMBER_LIMITS or size > MEMBER_LIMITS[name] or len(digest) != 64:
                 raise IntegrityError(f"{what} is malformed: member {name!r} ({size} bytes) is not one Braid captures")
             members[name] = (size, digest)
         return cls(members)

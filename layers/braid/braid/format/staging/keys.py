@@ -176,3 +176,25 @@ def held_key(ref: BackupRef) -> str:
 def resume_key(ref: BackupRef) -> str:
     """Written by `braid backup --resume`: a new request (its nonce) releases a hold (ResumeRequest)."""
     return f"{staging_prefix(ref)}{RESUME}"
+
+
+# -- an incremental's records (braid.format.staging.chain, protocol 3) --------------------------------------------------
+CAPTURED_INDEX = "captured.json"
+PARENT = "parent.json"
+
+
+def captured_index_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{CAPTURED_INDEX}"
+
+
+def captured_member_key(ref: BackupRef, number: int) -> str:
+    """The `number`th member of the captured index, in the index's (sorted) order."""
+    return f"{staging_prefix(ref)}captured/{number}"
+
+
+def parent_record_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}{PARENT}"
+
+
+def parent_manifest_key(ref: BackupRef) -> str:
+    return f"{staging_prefix(ref)}parent/backup_manifest"
