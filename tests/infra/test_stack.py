@@ -233,10 +233,40 @@ def test_the_bucket_policy_lets_rekey_replace_a_manifest_it_read_and_nothing_els
     assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json", **source, x_amz_storage_class="STANDARD_IA") == DENY  # manifests stay
 
 
-def test_hosts_may_pass_their_tag_when_they_assume_the_agent_role(template: Template) -> None:
+def test_hosts_may_pass_only_their_own_tag_when_they_assume_the_agent_role(template: Template) -> None:
+    """Review 3, M2: the session tag decides which staging a session may touch, so the trust lets a principal
+    of the account pass only the braid-name it carries itself, and no other tag key."""
+    from support.iam_policy import conditions_hold
+
     (agent_role,) = [r for lid, r in resources_of(template.to_json(), "AWS::IAM::Role").items() if lid.startswith("AccessAgentRole")]
     trusted = agent_role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert any("sts:TagSession" in actions([s]) for s in trusted), trusted
+    rendered = [{**s, "Principal": Placeholders().render(s["Principal"])} for s in trusted]
+    assert rendered == [
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}},
+        {
+            "Action": ["sts:AssumeRole", "sts:TagSession"],
+            "Condition": {
+                "StringEquals": {"aws:RequestTag/braid-name": "${aws:PrincipalTag/braid-name}"},
+                "ForAllValues:StringEquals": {"aws:TagKeys": ["braid-name"]},
+            },
+            "Effect": "Allow",
+            "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+        },
+    ]
+    condition = trusted[1]["Condition"]
+
+    def session(caller: str | None, **tags: str) -> bool:
+        context: dict[str, str | list[str]] = {f"aws:RequestTag/{k.replace('_', '-')}": v for k, v in tags.items()}
+        context["aws:TagKeys"] = [k.replace("_", "-") for k in tags]
+        if caller is not None:
+            context["aws:PrincipalTag/braid-name"] = caller
+        return conditions_hold(condition, context)
+
+    assert session("pg", braid_name="pg")  # a host tagged pg assumes the role as pg
+    assert not session("pg", braid_name="mysql")  # ...and never as another name
+    assert not session(None, braid_name="pg")  # an untagged caller names nothing
+    assert not session("pg")  # nor a session without the tag (it could stage nothing anyway)
+    assert not session("pg", braid_name="pg", team="x")  # no other tag key
 
 
 def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: Template) -> None:
