@@ -409,6 +409,28 @@ def test_a_worker_that_keeps_failing_holds_the_backup_and_resume_finishes_only_w
     assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
 
 
+def test_many_items_failing_with_long_errors_are_planned_again_not_a_map_past_its_size_quota(cloud: Cloud) -> None:
+    """Review 3, M1: a failed child's execution result (input, error, cause) in the map's output would take it past
+    262,144 bytes (the emulator fails such a map with States.DataLimitExceeded, support.sfn_semantics), which holds
+    the backup at once, skipping the re-plans. Each failed child ends in ItemFailed ({}) instead."""
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 4, 10)]
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
+    worker = cloud.deployed.functions["worker"]
+    seen = items_seen(cloud)
+    long_error = "S3 refused writing: InternalError " + "and said much more " * 7_000  # ~130 KB per failed item
+    cloud.lambdas.fail(worker, lambda: StorageError(long_error), times=None, when=lambda e: e["item"]["seg"] == 1)
+
+    arn = cloud.start(ref, max_concurrency=2, max_chunks_per_item=1)
+    hold = wait_for_hold(cloud, ref, arn)
+
+    assert hold.cause.startswith("chunks 2..2: no result after every retry") and hold.items == 2, hold  # not "ProcessChunks failed"
+    assert sorted(seen).count(2) >= 3 and sorted(seen).count(3) >= 3  # mapped, then planned again twice
+    assert not [f for f in cloud.failures(arn) if "DataLimitExceeded" in f]
+    StagingArea(cloud.store, ref).write_stream_end(StreamEnd([len(inputs[0])], [2], abandoned="given up"))
+    assert cloud.wait(arn)["status"] == "FAILED"
+
+
 def test_an_abandoned_hold_fails_the_backup_cleanly(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 4)]

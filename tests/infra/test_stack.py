@@ -137,13 +137,14 @@ LEAST_PRIVILEGE = {
     "FunctionsTallyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "prune/*")}
     | {(a, p) for a in ("s3:PutObject", "s3:DeleteObject") for p in ("catalog/index/*", "catalog/log/*", "prune/*")} | {("s3:ListBucket", "bucket")}
     | {("s3:PutObject", "storage/*")},  # a storage record per backup whose chunks all moved
-    "PrunePipelinePruneRole": {("s3:GetObject", "prune/*"), ("s3:GetObject", "*")},
+    # The map's ItemReader reads the run's items only (braid_infra.steps.ScopedJsonItemReader, not CDK's whole-bucket grant).
+    "PrunePipelinePruneRole": {("s3:GetObject", "prune/*")},
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
     "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
-    # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
+    # The map's ItemReader reads plan rounds only, never a staged byte (review 3, L1: CDK's reader would grant the whole bucket).
     # SleepUntilWoken writes only each backup's wake record (braid.format.staging.wake).
-    "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*"), ("s3:PutObject", "staging/*/wake")},
+    "PipelineBackupRole": {("s3:GetObject", "staging/*/plans/*"), ("s3:PutObject", "staging/*/wake")},
     # The verify state machine (braid_infra.verify_pipeline): the planner reads manifests, chunks' metadata and
     # earlier records, and writes only the run's plan; the worker only reads; the recorder writes only records.
     "FunctionsVerifyplanRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "verify/*")}
@@ -468,9 +469,13 @@ def test_state_machine_definition(template: Template) -> None:
                                                                         "JitterStrategy": "FULL",
                                                                     }
                                                                 )
-                                                            ]
+                                                            ],
+                                                            # Failed after its retries: the child ends in ItemFailed, whose
+                                                            # output is {} (review 3, M1: the map's output stays far below 256 KiB).
+                                                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "ItemFailed"}],
                                                         }
-                                                    )
+                                                    ),
+                                                    "ItemFailed": Match.object_like({"Type": "Pass", "OutputPath": None, "End": True}),
                                                 },
                                             }
                                         ),
@@ -654,10 +659,15 @@ def test_a_small_final_round_runs_as_an_inline_map_of_the_same_worker_with_the_s
     # The worker gets what a Distributed Map child gives it, and "inline" (its usage then bills its Task state).
     assert final["ItemSelector"] == {**chunks["ItemSelector"], "inline": True}
     worker, inline_worker = _state(template, "Worker"), _state(template, "StoreFinalItem")
-    assert {k: v for k, v in inline_worker.items() if k not in ("Catch", "End")} == {k: v for k, v in worker.items() if k != "End"}, (inline_worker, worker)
+    assert {k: v for k, v in inline_worker.items() if k not in ("Catch", "End")} == {k: v for k, v in worker.items() if k not in ("Catch", "End")}, (
+        inline_worker, worker,
+    )
     # A failed item fails only its iteration (the worker has recorded its error); the next PlanSegments plans it again.
+    # Its place in the map's output is {} (OutputPath null), as a failed child's of ProcessChunks (ItemFailed).
     assert inline_worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "FinalItemFailed"}]
-    assert _state(template, "FinalItemFailed") == {"Type": "Pass", "End": True}
+    assert worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "ItemFailed"}]
+    for failed in ("FinalItemFailed", "ItemFailed"):
+        assert {k: v for k, v in _state(template, failed).items() if k != "Comment"} == {"Type": "Pass", "OutputPath": None, "End": True}
     assert final["Catch"] == chunks["Catch"][:1] + [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ProcessFinalRoundFailed"}]
     # SegmentsReady? sends a round planned after stream end to WarmFinalize first, then FinalRoundInline? sends it
     # there when PlanSegments says inline, else to the Distributed Map; a streaming round goes straight to the map.
@@ -789,3 +799,15 @@ def test_state_machines_invoke_published_versions_that_a_deploy_keeps(template: 
         assert "AWS::Lambda::Version" in kinds.values(), lid
     versions = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Version"]
     assert versions and all(v.get("DeletionPolicy") == "Retain" and v.get("UpdateReplacePolicy") == "Retain" for v in versions)
+
+
+def test_state_machine_log_groups_are_named_under_vendedlogs(template: Template) -> None:
+    """Review 3, L3: a group outside /aws/vendedlogs/ adds to the account's one CloudWatch Logs resource policy (5,120 characters)."""
+    machines = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine")
+    groups = resources_of(template.to_json(), "AWS::Logs::LogGroup")
+    named = set()
+    for machine in machines.values():
+        (destination,) = machine["Properties"]["LoggingConfiguration"]["Destinations"]
+        group_id = destination["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+        named.add(groups[group_id]["Properties"]["LogGroupName"])
+    assert named == {"/aws/vendedlogs/states/Braid-Backup", "/aws/vendedlogs/states/Braid-Prune", "/aws/vendedlogs/states/Braid-Verify"}
