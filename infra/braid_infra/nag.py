@@ -20,12 +20,14 @@ from braid_infra.storage import (
     CATALOG_LOG_OBJECTS,
     CATALOG_OBJECTS,
     DATA_OBJECTS,
+    FAILURE_OBJECTS,
     MANIFEST_OBJECTS,
     METADATA_OBJECTS,
     PLAN_OBJECTS,
     POLICY_OBJECTS,
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
+    RESULT_OBJECTS,
     STAGING_OBJECTS,
     STORAGE_OBJECTS,
     SUMMARY_OBJECTS,
@@ -56,6 +58,8 @@ OBJECTS = {
     CATALOG_LOG_OBJECTS: "Catalog log markers are named per time and backup at run time; confined to catalog/log/.",
     CATALOG_INDEX_OBJECTS: "Catalog snapshots are named per time at run time; confined to catalog/index/.",
     STORAGE_OBJECTS: "Storage class records are named per backup and time at run time (storage/NAME/ID/STAMP~CLASS); confined to storage/.",
+    RESULT_OBJECTS: "A map item's result record is named per backup and first chunk at run time (staging/NAME/ID/results/N.json).",
+    FAILURE_OBJECTS: "A map item's failure record is named per backup and first chunk at run time (staging/NAME/ID/failures/N.json).",
     PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
@@ -84,7 +88,7 @@ def suppress_findings(stack: BraidStack) -> None:
     uses = {
         "prepare": [STAGING_OBJECTS, MANIFEST_OBJECTS, METADATA_OBJECTS],
         "plan": [STAGING_OBJECTS],
-        "worker": [STAGING_OBJECTS, DATA_OBJECTS],
+        "worker": [STAGING_OBJECTS, DATA_OBJECTS, RESULT_OBJECTS, FAILURE_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS, METADATA_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
         "verify": [],  # the scheduled maintenance only starts the prune run

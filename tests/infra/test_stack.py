@@ -109,8 +109,9 @@ LEAST_PRIVILEGE = {
     # Plan deletes each segment's staging as soon as all its chunks are stored.
     "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket"),
                           ("s3:DeleteObjectVersion", "staging/*"), ("s3:ListBucketVersions", "bucket")},  # finished segments go by version id
-    "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"), ("s3:PutObject", "staging/*"),
-                            ("s3:ListBucket", "bucket")},
+    # The worker writes in staging only its item's result or failure record (review 3, L4), never a segment or round.
+    "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"),
+                            ("s3:PutObject", "staging/*/results/*"), ("s3:PutObject", "staging/*/failures/*"), ("s3:ListBucket", "bucket")},
     "FunctionsFinalizeRole": {("s3:GetObject", p) for p in ("config.json", "staging/*", "data/*", "manifests/*")}
     | {("s3:PutObject", "manifests/*"), ("s3:PutObject", "data/*/metadata/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "manifests/*"), ("s3:DeleteObjectVersion", "staging/*"),
        ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"), ("s3:ListBucketVersions", "bucket"),
