@@ -812,3 +812,22 @@ def test_state_machine_log_groups_are_named_under_vendedlogs(template: Template)
         group_id = destination["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
         named.add(groups[group_id]["Properties"]["LogGroupName"])
     assert named == {"/aws/vendedlogs/states/Braid-Backup", "/aws/vendedlogs/states/Braid-Prune", "/aws/vendedlogs/states/Braid-Verify"}
+
+
+def test_a_backup_execution_that_times_out_is_sent_to_cleanup(template: Template) -> None:
+    """Review 3, M4: an execution past its TimeoutSeconds runs no Catch; Step Functions' status change event for
+    the backup machine's TIMED_OUT executions (and nothing else) invokes the published Cleanup version."""
+    rules = resources_of(template.to_json(), "AWS::Events::Rule")
+    (rule,) = [r["Properties"] for lid, r in rules.items() if lid.startswith("TimedOutCleanup")]
+    machine_id = next(lid for lid in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine") if lid.startswith("Pipeline"))
+    assert rule["EventPattern"] == {
+        "source": ["aws.states"],
+        "detail-type": ["Step Functions Execution Status Change"],
+        "detail": {"status": ["TIMED_OUT"], "stateMachineArn": [{"Ref": machine_id}]},
+    }
+    (target,) = rule["Targets"]
+    cleanup_version = target["Arn"]["Ref"]
+    assert cleanup_version.startswith("FunctionsCleanupCurrentVersion") and "Input" not in target and "InputTransformer" not in target
+    permissions = [p["Properties"] for p in resources_of(template.to_json(), "AWS::Lambda::Permission").values()]
+    assert {"Action": "lambda:InvokeFunction", "FunctionName": {"Ref": cleanup_version}, "Principal": "events.amazonaws.com",
+            "SourceArn": {"Fn::GetAtt": [next(lid for lid in rules if lid.startswith("TimedOutCleanup")), "Arn"]}} in permissions
