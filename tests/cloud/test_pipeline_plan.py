@@ -10,7 +10,7 @@ import pytest
 
 from braid import contract
 from braid.adapters.local.store import LocalStore
-from braid.errors import IntegrityError
+from braid.errors import IntegrityError, UsageError
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
@@ -31,6 +31,7 @@ from braid.format.staging import (
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline import pacing
+from braid.pipeline.failure import HoldEntry, hold_entry
 from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
 from braid.pipeline.replan import COMPACTION_ROUNDS, HOLD_SECONDS, BackupHeldError
@@ -478,6 +479,26 @@ def test_a_failed_coordinator_step_holds_the_backup_and_resume_carries_on_from_t
     StagingArea(store, ref).write_resume_request(ResumeRequest("resume-1"))  # braid backup --resume
     assert watch(store, ref, clock, still.to_json()["cursor"]).status == "done"  # Finalize again
     assert StagingArea(store, ref).read_hold() is None
+
+
+def test_a_call_is_a_hold_only_when_the_hold_state_makes_it_one() -> None:
+    """The Hold state calls the Plan function with its entry (braid_infra.pipeline): no id is compared. The state after
+    a hold still carries $.failed, and the planner's later calls, given the state itself, are never holds."""
+    error = {"Error": "StorageError", "Cause": "S3 refused"}
+    state = {"backup": "db@x", "plan": {"status": "held"}, "failed": {"step": "Finalize"}, "error": error}
+    entry = hold_entry({contract.HOLD_ENTRY: {"step": "Finalize", "error": error}, contract.HOLD_STATE: state})
+    assert entry == HoldEntry("Finalize", error, state)
+    assert hold_entry(state) is None  # a PlanSegments call after the hold: the state, with its old $.failed
+    assert hold_entry({contract.HOLD_ENTRY: {"step": "PlanSegments"}, contract.HOLD_STATE: {}}) == HoldEntry("PlanSegments", None, {})
+    for malformed in (
+        {contract.HOLD_ENTRY: {"step": "Finalize", "error": error}},  # no state
+        {contract.HOLD_ENTRY: {"error": error}, contract.HOLD_STATE: state},  # no step
+        {contract.HOLD_ENTRY: {"step": "", "error": error}, contract.HOLD_STATE: state},
+        {contract.HOLD_ENTRY: "Finalize", contract.HOLD_STATE: state},
+        {contract.HOLD_ENTRY: {"step": "Finalize", "error": "boom"}, contract.HOLD_STATE: state},
+    ):
+        with pytest.raises(UsageError, match="the Hold state's"):
+            hold_entry(malformed)
 
 
 def test_a_hold_after_a_failed_step_ends_like_any_hold(tmp_path: Path) -> None:
