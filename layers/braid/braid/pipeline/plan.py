@@ -39,7 +39,7 @@ from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
-from braid.pipeline.replan import check_last_map, check_of, compact_idle, hold_after_failure, watch_hold
+from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -171,6 +171,7 @@ def plan_next_round(
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
     purge: Callable[[str], object] | None = None,
+    index_results: bool = True,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -181,6 +182,8 @@ def plan_next_round(
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
+    `index_results`: merge each map's finished results into the results index (braid.pipeline.replan); off, Finalize
+    reads every item's record.
     """
     area = StagingArea(store, ref)
     session = area.read_session()
@@ -192,7 +195,8 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None, purge=purge)
+    fold = index_results and state.check is not None and area.read_stream_end() is None
+    checked = check_last_map(area, state, now, fold=fold, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:
         return _map_again(state, checked.again)
@@ -243,10 +247,6 @@ def plan_next_round(
                 stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
             )
             if asleep is not None:
-                compacted = compact_idle(area, state)  # what the watch would have done with the time
-                if compacted is not None:
-                    state = compacted
-                    continue
                 return PlanStatus(
                     PlanState.SLEEPING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle), wait_seconds=asleep.timeout_seconds,
                     cursor=state, wake_chunks=asleep.wake_chunks, wake_after_seconds=asleep.wake_after_seconds,
@@ -258,10 +258,6 @@ def plan_next_round(
                 PlanState.WAITING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
                 cursor=state,
             )
-        compacted = compact_idle(area, state) if end is None else None
-        if compacted is not None:  # idle time put to use: poll again at once
-            state = compacted
-            continue
         sleep(pause)
 
 
