@@ -24,6 +24,8 @@ Versions:
      (agent: the small members its stream carried) and parent.json +
      parent/backup_manifest (Prepare: an incremental's parent values), each
      record with "protocol" (braid.format.staging.chain).
+  4  the execution input carries "policies" (braid.pipeline.policies): the
+     optimisations chosen for the backup, each true or false.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from typing import Any
 
 from braid.errors import IntegrityError, UsageError
 
-PROTOCOL = 3
+PROTOCOL = 4
 
 
 class ProtocolMismatchError(UsageError):
