@@ -80,7 +80,12 @@ DEFAULT_WORKER_CONCURRENCY = 500
 # Seconds per worker attempt, and retries after the first: attempts x timeout
 # plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
 WORKER_TIMEOUT_SECONDS = 60
-WORKER_RETRIES = 3
+# 3 attempts: each may start a new execution environment (a timed-out one is replaced), whose Init phase runs
+# outside the function's timeout for up to LAMBDA_INIT_SECONDS; 3 x (60 + 10) s plus the backoffs leave the
+# EXPRESS child a margin of ~50 s (4 attempts would not fit: review 3, L6; tests/infra checks the sum).
+WORKER_RETRIES = 2
+# "The Init phase is limited to 10 seconds" (Lambda, "Understanding the Lambda execution environment lifecycle").
+LAMBDA_INIT_SECONDS = 10
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
@@ -99,9 +104,9 @@ FINALIZE_MEMORY_MB = 1769
 
 # The prune's map (braid.pipeline.sweep): each item deletes one slice of a
 # removed backup's chunks (PRUNE_SLICE_CHUNKS: a LIST and a DeleteObjects per
-# 1,000, ~10 s) or collects one leftover; attempts x timeout plus backoffs
-# (2 s doubling) stay inside an EXPRESS child's 300 s (tests/infra checks).
-SWEEP_TIMEOUT_SECONDS = 90
+# 1,000, ~10 s) or collects one leftover; attempts x (timeout + Lambda's Init) plus
+# backoffs (2 s doubling) stay inside an EXPRESS child's 300 s (tests/infra checks).
+SWEEP_TIMEOUT_SECONDS = 80
 SWEEP_RETRIES = 2
 PRUNE_SLICE_CHUNKS = 16384
 PRUNE_MAX_CONCURRENCY = 20  # items at once: S3 deletes ~3,500 keys/s per prefix, each item is one backup's prefix
