@@ -684,7 +684,9 @@ def test_a_worker_failing_past_every_retry_holds_the_backup_and_resume_finishes_
     inline = entered["ProcessFinalRound"]
     assert (inline, entered["StoreFinalItem"], entered["FinalItemFailed"], entered["ProcessChunks"]) in ((1, 1, 1, 2), (0, 0, 0, 3)), entered
     runs = [sfn.describe_map_run(mapRunArn=r["mapRunArn"]) for r in sfn.list_map_runs(executionArn=execution["executionArn"])["mapRuns"]]
-    assert len(runs) == 3 - inline and all(r["status"] == "SUCCEEDED" and r["itemCounts"]["failed"] == 1 for r in runs), runs
+    # Each run's one child caught its worker's failure in ItemFailed (the map's output stays small: review 3, M1).
+    counts = [(r["status"], r["itemCounts"]["succeeded"], r["itemCounts"]["failed"]) for r in runs]
+    assert counts == [("SUCCEEDED", 1, 0)] * (3 - inline), runs
     assert emulator.keys("manifests/") == [] and any(k.endswith("held.json") for k in emulator.keys("staging/"))
     held_at = time.time()
 
