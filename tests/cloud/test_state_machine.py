@@ -129,7 +129,7 @@ class Cloud:
 
     # -- the pipeline --------------------------------------------------------------
     def start(self, ref: BackupRef, **options: Any) -> str:
-        request = ExecutionInput(backup=str(ref), poll_seconds=1, stall_seconds=30, **options)
+        request = ExecutionInput(backup=str(ref), **{"poll_seconds": 1, "stall_seconds": 30, **options})
         arn = self.sfn.start_execution(
             stateMachineArn=self.deployed.state_machine_arn, name=execution_name(ref), input=json.dumps(request.to_json())
         )["executionArn"]
@@ -431,6 +431,26 @@ def test_many_items_failing_with_long_errors_are_planned_again_not_a_map_past_it
     assert cloud.wait(arn)["status"] == "FAILED"
 
 
+def test_a_failed_backup_leaves_no_staging_object_version_or_upload_on_the_versioned_bucket(cloud: Cloud) -> None:
+    """Issue 22 item 6, the failed case: an agent that stops uploading fails the backup (StagingStalledError, which
+    never holds); Cleanup removes its staging by version id, its open upload and its chunks."""
+    ref = BackupRef.new("db")
+    cloud.stage_session(ref, 1, segment_chunks=2)
+    data = pattern(CHUNK * 2, 13)
+    cloud.stage_segment(ref, 0, 0, 0, data)
+    cloud.stage_segment(ref, 0, 0, 0, data)  # a retried upload: its first version is noncurrent now
+    cloud.s3.create_multipart_upload(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 1))  # the agent died mid-upload
+    assert len(cloud.staging_versions(staging_prefix(ref))) > len(cloud.keys_under(staging_prefix(ref)))
+
+    arn = cloud.start(ref, stall_seconds=2)
+    result = cloud.wait(arn, wake=False)
+
+    assert result["status"] == "FAILED" and result["error"] == "StagingStalledError", (result, cloud.failures(arn))
+    assert cloud.store.head(manifest_key(ref)) is None and cloud.keys_under(data_prefix(ref)) == []
+    assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
+    assert cloud.open_uploads(staging_prefix(ref)) == []
+
+
 def test_an_abandoned_hold_fails_the_backup_cleanly(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 4)]
@@ -524,6 +544,7 @@ def test_a_worker_error_reaches_the_failed_executions_cause(cloud: Cloud) -> Non
     assert "The first failed worker (chunks 2..2: IntegrityError:" in result["cause"], result["cause"]
     assert "does not match the checksum the agent recorded" in result["cause"]
     assert cloud.keys_under(staging_prefix(ref)) == []  # the failure records went with the rest of staging
+    assert cloud.staging_versions(staging_prefix(ref)) == []  # ...and every version of them (issue 22 item 6)
 
 
 def test_an_execution_named_after_another_backup_touches_nothing_of_the_one_it_names(cloud: Cloud) -> None:
