@@ -9,10 +9,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aws_cdk as cdk
+import pytest
 from aws_cdk.assertions import Template
-from test_stack import actions, resources_of, s3_grants, statements_of, stack, template  # noqa: F401 (the fixtures)
+from test_stack import actions, resources_of, s3_grants, statements_of
 
 from braid_infra import wal_archive
+from braid_infra.stack import BraidStack
+from support.moto_stack import cdk_context
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Template:
+    app = cdk.App(context=cdk_context(), outdir=str(tmp_path_factory.mktemp("cdk.out")))
+    return Template.from_stack(BraidStack(app, "Braid"))
 
 
 def only(template: Template, kind: str, prefix: str) -> dict[str, Any]:
