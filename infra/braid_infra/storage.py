@@ -222,6 +222,8 @@ class Storage(Construct):
             ("ChunkCopiesKeepMetadata", DATA_OBJECTS, COPY_METADATA_CONDITION),
             ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
             ("CreateOnlyWal", f"{layout.WAL}*", CREATE_ONLY_CONDITION),  # archived WAL is never replaced (braid.ops.wal_push, wal_process)
+            # A staged WAL key holds one version at a time (the worker deletes it by id): braid.ops.wal_stage.
+            ("CreateOnlyWalStaging", f"{layout.WAL_STAGING}*", CREATE_ONLY_CONDITION),
         ]
         if object_lock is not None:
             denials.append(("LockedManifests", MANIFEST_OBJECTS, UNLOCKED_CONDITION))

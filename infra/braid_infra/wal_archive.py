@@ -5,14 +5,14 @@ acknowledged it). S3 notifies the WAL queue of every object created under
 `wal-staging/`; the WAL worker Lambda takes up to BATCH_SIZE messages at
 once, waiting at most BATCH_WINDOW for a batch to fill, and for each file
 compresses and encrypts it under its own KMS data key, stores it
-create-only under `wal/`, and purges the staged object by version id
+create-only under `wal/`, and deletes the staged version by its id
 (braid.ops.wal_process). A message whose file failed is reported in the
 batch response and delivered again after the queue's visibility timeout;
 after MAX_RECEIVES deliveries it goes to the dead-letter queue, whose alarm
 (and the queue's oldest-message age) reaches the stack's alarm topic.
 The staged object stays until processed: nothing is lost.
 
-Least privilege: the worker reads and purges `wal-staging/` only, reads the
+Least privilege: the worker reads and deletes (by version) `wal-staging/` only, reads the
 repository config and `wal/`, writes only `wal/` (create-only for every
 principal: the bucket policy's CreateOnlyWal), and uses KMS only under an
 encryption context naming a WAL file (`braid:backup` = `NAME@wal/FILE`).
@@ -111,17 +111,11 @@ class WalArchive(Construct):
         self.role.add_to_policy(iam.PolicyStatement(actions=actions, resources=[self.storage.arn(p) for p in patterns]))
 
     def _grant(self, keys: Keys) -> None:
-        # Read a staged file (the version its event names), and purge every version of it once stored.
+        # Read a staged file (the version its event names), and delete that version by its id once stored (staged keys
+        # are create-only for every principal, the bucket policy's CreateOnlyWalStaging: one version per key at a time).
         self._s3(["s3:GetObject", "s3:GetObjectVersion"], WAL_STAGING_OBJECTS)
         self._s3(["s3:DeleteObjectVersion"], WAL_STAGING_OBJECTS)
         bucket = self.storage.bucket.bucket_arn
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:ListBucketVersions"],
-                resources=[bucket],
-                conditions={"StringLike": {"s3:prefix": [self.storage.prefix_pattern(WAL_STAGING_OBJECTS)]}},
-            )
-        )
         # Without s3:ListBucket S3 answers 403, not 404, for a missing key (a file processed by an earlier delivery).
         self.role.add_to_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket]))
         # The repository's id (the encryption context), the archive's identity record and archived files (duplicates).

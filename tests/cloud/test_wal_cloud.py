@@ -12,7 +12,6 @@ checked against the rendered IAM policies.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import time
@@ -110,9 +109,11 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
         assert (got.code, got.stderr) == (0, ""), got.stderr
         assert dest.read_bytes() == path.read_bytes()
 
+    before = cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"]
     again = push(cloud, files[0])  # PostgreSQL re-archives after a crash: the same bytes are accepted
     assert (again.code, again.stderr) == (0, "")
-    assert not versions(cloud, "wal-staging/"), "a duplicate push stages nothing"
+    wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
+    assert cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"] == before
 
     other = tmp_path / "other" / SEGMENTS[0]
     other.parent.mkdir()
@@ -122,8 +123,10 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
     pushed, archived = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(files[0].read_bytes()).hexdigest()
     assert f"archived sha256:{archived}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
     assert refused.stderr.count("\n") == 1
+    wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
     dest = tmp_path / "after-conflict"
     assert fetch(cloud, SEGMENTS[0], dest).code == 0 and dest.read_bytes() == files[0].read_bytes(), "nothing was overwritten"
+    assert not any(MARKER in body for body in all_bytes(cloud, "wal-staging/"))
 
     missing = fetch(cloud, "0000000100000000000000FE", tmp_path / "missing")
     assert missing.code == 1, missing.stderr
@@ -142,13 +145,13 @@ def test_a_bad_file_in_a_batch_fails_alone_and_is_kept(cloud: Emulator, tmp_path
     wait_for("the good files archived", lambda: all(cloud.keys(archived_key(p.name)) for p in good), cloud)
     assert not cloud.keys(archived_key("000000010000000000000009"))
     assert cloud.keys(bad) == [bad], "the file that failed is kept for the retry"
-    # Fixed (staged again as braid does, with its SHA-256): its new event archives it and purges both versions.
-    data = segment_bytes("000000010000000000000009")
-    s3.put_object(
-        Bucket=cloud.bucket, Key=bad, Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(hashlib.sha256(data).digest()).decode()
-    )
-    wait_for("the fixed file archived", lambda: cloud.keys(archived_key("000000010000000000000009")), cloud)
-    wait_for("its versions purged", lambda: not versions(cloud, bad), cloud)
+    # An operator removes the bad object (by version: no raw copy stays); the file pushed by braid then archives.
+    (version,) = [v["VersionId"] for v in s3.list_object_versions(Bucket=cloud.bucket, Prefix=bad).get("Versions", [])]
+    s3.delete_object(Bucket=cloud.bucket, Key=bad, VersionId=version)
+    path = write_segment(tmp_path, "000000010000000000000009")
+    assert push(cloud, path).code == 0
+    wait_for("the file archived", lambda: cloud.keys(archived_key("000000010000000000000009")), cloud)
+    wait_for("its staged version removed", lambda: not versions(cloud, bad), cloud)
 
 
 def test_wal_push_of_another_name_is_denied(cloud: Emulator, tmp_path: Path) -> None:

@@ -98,9 +98,9 @@ OWN_WAL_STAGING, OWN_WAL = "wal-staging/${aws:PrincipalTag/braid-name}/*", "wal/
 WAL_AGENT = {("s3:PutObject", OWN_WAL_STAGING), ("s3:GetObject", OWN_WAL_STAGING), ("s3:GetObject", OWN_WAL)}
 WAL_RESTORE = {("s3:GetObject", "wal/*"), ("s3:GetObject", "wal-staging/*")}
 WAL_ROLES = {
-    # The WAL worker: reads a staged file (its version), purges its versions, writes only wal/ (create-only by the bucket policy).
+    # The WAL worker: reads a staged file (its version), deletes that version by id, writes only wal/ (create-only by the bucket policy).
     "FunctionsWalarchiveRole": {("s3:GetObject", "wal-staging/*"), ("s3:GetObjectVersion", "wal-staging/*"), ("s3:DeleteObjectVersion", "wal-staging/*"),
-                                ("s3:ListBucketVersions", "bucket"), ("s3:ListBucket", "bucket"), ("s3:GetObject", "config.json"),
+                                ("s3:ListBucket", "bucket"), ("s3:GetObject", "config.json"),
                                 ("s3:GetObject", "wal/*"), ("s3:PutObject", "wal/*")},
 }
 RECORDS = {"staging/*/*/session.json", "staging/*/*/stream-end.json", "staging/*/*/lease"}

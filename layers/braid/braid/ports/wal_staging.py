@@ -49,8 +49,8 @@ class WalStaging(Protocol):
         """Create the archived object `key` (create-only: AlreadyExistsError), recording the plaintext's `sha256`."""
         ...
 
-    def purge_staged(self, key: str, version: str | None) -> int:
-        """Delete `version` of exactly `key` (None: the current one), every noncurrent version and every
-        delete marker of it, so no raw byte stays as a noncurrent version; a current version other than
-        `version` (a later push, with its own event) is kept. Returns how many versions went."""
+    def remove_staged(self, key: str, version: str | None) -> None:
+        """Delete `version` of `key` by its id (None: a store that keeps no versions), so no delete marker
+        hides it as a noncurrent version. Staged keys are create-only for every principal (the bucket
+        policy), so a key holds one version at a time: the one each push made, removed by its processing."""
         ...

@@ -4,26 +4,23 @@ A staged PUT carries `ChecksumSHA256` (S3 refuses bytes that do not match,
 and keeps the value: HEAD with ChecksumMode answers it without a download)
 and `If-None-Match: *`. The WAL worker's archived object records the
 plaintext's SHA-256 as user metadata `braid-sha256`, which is what lets a
-host without a key tell a duplicate push from a conflicting one. Purges go
-by version id (the bucket is versioned: a plain DELETE would keep the raw
-bytes as a noncurrent version).
+host without a key tell a duplicate push from a conflicting one. The staged
+object goes by version id (the bucket is versioned: a plain DELETE would
+keep the raw bytes as a noncurrent version behind a delete marker).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.errors import error_code, http_status
-from braid.adapters.aws.s3 import NOT_FOUND_CODES, S3Store, batches
-from braid.errors import AlreadyExistsError, IntegrityError, StorageError
+from braid.adapters.aws.s3 import NOT_FOUND_CODES, S3Store
+from braid.errors import AlreadyExistsError, IntegrityError
 from braid.ports.wal_staging import StagedWal
-
-if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
-    from types_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 SHA256_METADATA = "braid-sha256"  # x-amz-meta-braid-sha256 on an archived WAL object: its plaintext's SHA-256, hex
 
@@ -123,27 +120,15 @@ class S3WalStaging:
         except BotoCoreError as exc:
             raise self.store.error(exc, "writing", key, "s3:PutObject on wal/*") from None
 
-    def purge_staged(self, key: str, version: str | None) -> int:
-        full = self.store.object_key(key)
+    def remove_staged(self, key: str, version: str | None) -> None:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key)}
+        if version:
+            params["VersionId"] = version
         try:
-            pages = list(self.client.get_paginator("list_object_versions").paginate(Bucket=self.bucket, Prefix=full))
-        except (ClientError, BotoCoreError) as exc:
-            raise self.store.error(exc, "listing the versions of", key, "s3:ListBucketVersions on wal-staging/*") from None
-        doomed: list[ObjectIdentifierTypeDef] = []
-        for page in pages:
-            for entry in page.get("Versions") or []:
-                if entry["Key"] != full:
-                    continue  # `...0003.partial` shares the prefix of `...0003`
-                current_other = entry.get("IsLatest") and version is not None and entry["VersionId"] != version
-                if not current_other:
-                    doomed.append({"Key": full, "VersionId": entry["VersionId"]})
-            doomed.extend({"Key": full, "VersionId": m["VersionId"]} for m in page.get("DeleteMarkers") or [] if m["Key"] == full)
-        for batch in batches(doomed, 1000):
-            try:
-                response = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-            except (ClientError, BotoCoreError) as exc:
-                raise self.store.error(exc, "deleting the versions of", key, "s3:DeleteObjectVersion on wal-staging/*") from None
-            errors = response.get("Errors") or []
-            if errors:
-                raise StorageError(f"could not delete a version of s3://{self.bucket}/{full}: {errors[0].get('Code')} {errors[0].get('Message')}")
-        return len(doomed)
+            self.client.delete_object(**params)
+        except ClientError as exc:
+            if self._missing(exc) or error_code(exc) == "NoSuchVersion":
+                return  # removed by an earlier delivery of the same event
+            raise self.store.error(exc, "removing staged WAL", key, "s3:DeleteObjectVersion on wal-staging/*") from None
+        except BotoCoreError as exc:
+            raise self.store.error(exc, "removing staged WAL", key, "s3:DeleteObjectVersion on wal-staging/*") from None
