@@ -31,6 +31,7 @@ from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from braid import contract
 from braid.format import layout
 from braid_infra.functions import FunctionSpec, PipelineFunctions
 from braid_infra.keys import Keys
@@ -45,13 +46,13 @@ NOTIFICATIONS_HANDLER = "BucketNotificationsHandler"  # the stack-wide function 
 WAL_CONTEXT = "*@wal/*"  # braid.format.wal.wal_context_name: NAME@wal/FILE (a backup's is NAME@ID: no "/")
 
 FUNCTION = "walarchive"
-# 16 MiB segments: GET, zstd, AES-GCM and PUT of one take well under a second at 1 GB (about 0.6 vCPU).
-MEMORY_MB = 1024
-TIMEOUT = Duration.seconds(120)  # a full batch of BATCH_SIZE segments, with S3's retries
-BATCH_SIZE = 10
-BATCH_WINDOW = Duration.seconds(5)  # the longest a pushed file waits for its batch to fill (p99 budget: scripts/bench_lib/wal_model.py)
+# braid.contract: the figures scripts/bench_lib/wal_model.py prices (its cost per TiB and p99 seconds to the final form).
+MEMORY_MB = contract.WAL_MEMORY_MB
+TIMEOUT = Duration.seconds(contract.WAL_TIMEOUT_SECONDS)
+BATCH_SIZE = contract.WAL_BATCH_SIZE
+BATCH_WINDOW = Duration.seconds(contract.WAL_BATCH_WINDOW_SECONDS)
 # AWS: a queue's visibility timeout at least 6x the function's timeout (Lambda, "Using Lambda with Amazon SQS").
-VISIBILITY = Duration.seconds(6 * 120)
+VISIBILITY = Duration.seconds(6 * contract.WAL_TIMEOUT_SECONDS)
 MAX_RECEIVES = 5
 RETENTION = Duration.days(14)  # SQS's maximum: a message outlives any outage a person answers within
 OLDEST_MESSAGE_ALARM = Duration.minutes(5)  # a pushed file not in its final form this long after its PUT
