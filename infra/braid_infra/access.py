@@ -47,6 +47,10 @@ from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_
 HOST_TAG = "braid-name"
 # The staging of the tagged name only (an IAM policy variable, resolved per request).
 OWN_STAGING = f"{layout.STAGING}${{aws:PrincipalTag/{HOST_TAG}}}/*"
+# `wal-push` with the stack: the raw WAL of the tagged name only (braid.ops.wal_stage), and its archive's
+# objects, read for the duplicate check (their SHA-256 metadata, archive.json); no key, so no bytes of WAL.
+OWN_WAL_STAGING = f"{layout.WAL_STAGING}${{aws:PrincipalTag/{HOST_TAG}}}/*"
+OWN_WAL = f"{layout.WAL}${{aws:PrincipalTag/{HOST_TAG}}}/*"
 # What `braid list --incomplete` reads of every backup in staging: small records, no bytes.
 STAGING_RECORDS = tuple(
     f"{layout.STAGING}*/*/{name}" for name in (staging_keys.SESSION, staging_keys.STREAM_END, staging_keys.AGENT_LEASE)
@@ -112,6 +116,8 @@ class HostAccess(Construct):
                     actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:GetObject"],
                     resources=[storage.arn(OWN_STAGING)],
                 ),
+                iam.PolicyStatement(sid="StageOwnWal", actions=["s3:PutObject", "s3:GetObject"], resources=[storage.arn(OWN_WAL_STAGING)]),
+                iam.PolicyStatement(sid="CheckOwnWal", actions=["s3:GetObject"], resources=[storage.arn(OWN_WAL)]),
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
@@ -156,6 +162,9 @@ class HostAccess(Construct):
                     storage.arn(CATALOG_OBJECTS),
                     storage.arn(PRICES),
                     storage.arn(VERIFY_OBJECTS),
+                    # wal-fetch (restore_command): archived WAL, and a file the WAL worker has not stored yet.
+                    storage.arn(f"{layout.WAL}*"),
+                    storage.arn(f"{layout.WAL_STAGING}*"),
                 ],
             )
         )

@@ -93,17 +93,31 @@ def s3_grants(template: Template, logical_prefix: str) -> set[tuple[str, str]]:
 
 
 OWN = "staging/${aws:PrincipalTag/braid-name}/*"
+# WAL on AWS (braid_infra.wal_archive; more in test_wal_archive_infra.py): a host stages raw WAL of its own name only and
+# reads that archive's objects (their SHA-256 metadata, archive.json), never other names'; restore hosts read both forms.
+OWN_WAL_STAGING, OWN_WAL = "wal-staging/${aws:PrincipalTag/braid-name}/*", "wal/${aws:PrincipalTag/braid-name}/*"
+WAL_AGENT = {("s3:PutObject", OWN_WAL_STAGING), ("s3:GetObject", OWN_WAL_STAGING), ("s3:GetObject", OWN_WAL)}
+WAL_RESTORE = {("s3:GetObject", "wal/*"), ("s3:GetObject", "wal-staging/*")}
+WAL_ROLES = {
+    # The WAL worker: reads a staged file (its version), deletes that version by id, writes only wal/ (create-only by the bucket policy).
+    "FunctionsWalarchiveRole": {("s3:GetObject", "wal-staging/*"), ("s3:GetObjectVersion", "wal-staging/*"), ("s3:DeleteObjectVersion", "wal-staging/*"),
+                                ("s3:ListBucket", "bucket"), ("s3:GetObject", "config.json"),
+                                ("s3:GetObject", "wal/*"), ("s3:PutObject", "wal/*")},
+}
 RECORDS = {"staging/*/*/session.json", "staging/*/*/stream-end.json", "staging/*/*/lease"}
 LEAST_PRIVILEGE = {
     "AccessAgentPolicy": {("s3:PutObject", OWN), ("s3:AbortMultipartUpload", OWN), ("s3:ListMultipartUploadParts", OWN), ("s3:GetObject", OWN),
                           ("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), *(("s3:GetObject", r) for r in RECORDS),
                           ("s3:GetObject", "catalog/*"), ("s3:GetObject", "verify/*"),
                           ("s3:GetObject", "prices.json"),  # show and list --json price each backup's usage
-                          ("s3:ListBucket", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")},
+                          ("s3:ListBucket", "bucket"), ("s3:ListBucketMultipartUploads", "bucket")}
+    | WAL_AGENT,  # wal-push with the stack (tests/infra/test_wal_archive_infra.py)
     # Restore hosts read verify records and write their own (braid verify --engine local); the cloud verify reads for them.
     "AccessRestoreRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*"), ("s3:GetObject", "catalog/*"),
                           ("s3:GetObject", "prices.json"),
-                          ("s3:GetObject", "verify/*"), ("s3:PutObject", "verify/*"), ("s3:ListBucket", "bucket")},
+                          ("s3:GetObject", "verify/*"), ("s3:PutObject", "verify/*"), ("s3:ListBucket", "bucket")}
+    | WAL_RESTORE,  # wal-fetch: archived and staged WAL
+    **WAL_ROLES,
     # ...and, for an incremental, the parent chain's manifests and the parent's metadata objects, never a chunk (braid.pipeline.parent).
     "FunctionsPrepareRole": {("s3:GetObject", "config.json"), ("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:ListBucket", "bucket"),
                              ("s3:GetObject", "manifests/*"), ("s3:GetObject", "data/*/metadata/*")},
@@ -287,7 +301,10 @@ def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: 
         "DecryptDataKeysPrepareRole",  # an incremental's parent chain (braid.pipeline.parent)
     }
     assert generators == {"GenerateDataKeysPrepareRole"}
-    assert all(s["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}} for s in policy if s.get("Sid") != "KeyAdministration")
+    assert all(s["Condition"] == {"Null": {"kms:EncryptionContext:braid:backup": "false"}} for s in policy if s.get("Sid") not in ("KeyAdministration", "WalDataKeys"))
+    # The WAL worker: only under a WAL file's context (NAME@wal/FILE), never a backup's (test_wal_archive_infra.py).
+    (wal,) = [s for s in policy if s.get("Sid") == "WalDataKeys"]
+    assert wal["Condition"] == {"StringLike": {"kms:EncryptionContext:braid:backup": "*@wal/*"}}
     for role in ("FunctionsPlanRole", "FunctionsCleanupRole", "PipelineBackupRole", "FunctionsVerifyrecordRole", "VerifyPipelineVerifyRole"):
         assert not any(a.startswith("kms:") for a in actions(statements_of(template, role))), role
 
@@ -319,7 +336,10 @@ def test_only_plan_finalize_and_cleanup_purge_versions_and_only_of_staging(templ
     """Versioning keeps deleted staging (raw database bytes); those three steps purge it, nothing else may."""
     everything = statements_of(template, "")
     purging = [s for s in everything if "s3:DeleteObjectVersion" in actions([s])]
-    assert purging and all("/staging/*" in json.dumps(s["Resource"]) and "/data/" not in json.dumps(s["Resource"]) for s in purging)
+    assert purging and all(
+        ("/staging/*" in json.dumps(s["Resource"]) or json.dumps(s["Resource"]).endswith('"/wal-staging/*"]]}')) and "/data/" not in json.dumps(s["Resource"])
+        for s in purging
+    )  # staging, and the WAL worker's raw staged WAL (test_wal_archive_infra.py)
     for role in ("FunctionsPlanRole", "FunctionsFinalizeRole", "FunctionsCleanupRole"):
         mine = statements_of(template, role)
         assert {"s3:DeleteObjectVersion", "s3:ListBucketVersions"} <= actions(mine)
@@ -397,7 +417,10 @@ def test_finalize_may_withdraw_a_manifest_it_published(template: Template) -> No
 
 def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -> None:
     functions = resources_of(template.to_json(), "AWS::Lambda::Function")
-    assert len(functions) == 12  # the backup pipeline's five, the scheduled maintenance, the verify and prune pipelines' three each
+    # The backup pipeline's five, the scheduled maintenance, the verify and prune pipelines' three each, the WAL worker;
+    # and CDK's deploy-time handler of the bucket's notifications (its own runtime, no layer).
+    functions = {lid: f for lid, f in functions.items() if not lid.startswith("BucketNotificationsHandler")}
+    assert len(functions) == 13
     (layer_id,) = resources_of(template.to_json(), "AWS::Lambda::LayerVersion")
     for lid, function in functions.items():
         props = function["Properties"]

@@ -80,6 +80,12 @@ DEFAULT_WORKER_CONCURRENCY = 500
 # Seconds per worker attempt, and retries after the first: attempts x timeout
 # plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
 WORKER_TIMEOUT_SECONDS = 60
+# The WAL worker (infra/braid_infra/wal_archive.py), which scripts/bench_lib/wal_model.py prices: it is network-bound
+# (~76 MB/s below 2 GB whatever the memory), so a smaller function bills fewer GB-s per segment than a full vCPU would.
+WAL_MEMORY_MB = 512
+WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
+WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
+WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
 # 3 attempts: each may start a new execution environment (a timed-out one is replaced), whose Init phase runs
 # outside the function's timeout for up to LAMBDA_INIT_SECONDS; 3 x (60 + 10) s plus the backoffs leave the
 # EXPRESS child a margin of ~50 s (4 attempts would not fit: review 3, L6; tests/infra checks the sum).
