@@ -117,6 +117,18 @@ class ScopedJsonItemReader(sfn.S3JsonItemReader):
         return [iam.PolicyStatement(actions=["s3:GetObject"], resources=self._objects)]
 
 
+class ScopedResultWriter(sfn.ResultWriterV2):
+    """CDK's ResultWriterV2 granting its export's requests on `objects` only, not on every object of the bucket."""
+
+    def __init__(self, *, bucket: s3.IBucket, prefix: str, objects: Sequence[str]) -> None:
+        super().__init__(bucket=bucket, prefix=prefix)
+        self._objects = list(objects)
+
+    def provide_policy_statements(self) -> list[iam.PolicyStatement]:
+        actions = ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]  # a large export is multipart
+        return [iam.PolicyStatement(actions=actions, resources=self._objects)]
+
+
 def item_failed(scope: Construct, name: str) -> sfn.Pass:
     """Where a map item whose step failed after its retries ends: a success whose output is {} (OutputPath null).
 

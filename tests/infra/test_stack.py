@@ -168,10 +168,9 @@ LEAST_PRIVILEGE = {
     "FunctionsVerifyworkerRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*")} | {("s3:ListBucket", "bucket")},
     "FunctionsVerifyrecordRole": {("s3:GetObject", "verify-runs/*"), ("s3:DeleteObject", "verify-runs/*"), ("s3:PutObject", "verify/*"),
                                   ("s3:ListBucket", "bucket")},
-    # The ItemReader reads the run's items, the ResultWriter exports beside them; CDK adds the whole bucket (nag.py).
+    # The ItemReader reads the run's items, the ResultWriter exports beside them: under verify-runs/ only, not CDK's whole bucket.
     # (PutObject with its multipart companions: a large export is uploaded in parts.)
-    "VerifyPipelineVerifyRole": {("s3:GetObject", "verify-runs/*"), ("s3:PutObject", "verify-runs/*"), ("s3:GetObject", "*"), ("s3:PutObject", "*"),
-                                 ("s3:AbortMultipartUpload", "*"), ("s3:ListMultipartUploadParts", "*")},
+    "VerifyPipelineVerifyRole": {(a, "verify-runs/*") for a in ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")},
 }
 
 
