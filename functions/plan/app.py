@@ -64,6 +64,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 may_sleep=True,  # SleepUntilWoken waits for the agent's wake (braid.format.staging.wake)
                 # Finished segments go by version id: a versioned bucket keeps no raw bytes of them.
                 purge=lambda key: janitor.purge_versions(key, exact=True),
+                policies=request.policies,
             )
     carried = carried_usage(previous, f"$.{STATE_PLAN}")
     usage = plan_call_usage(carried, meter.usage(), status.status, status.items, inline=bool(status.inline_items), final=status.final)

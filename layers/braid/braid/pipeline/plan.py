@@ -39,6 +39,7 @@ from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
+from braid.pipeline.policies import ALL_ON, Policies
 from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
@@ -100,11 +101,14 @@ def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
         raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
 
 
-def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False) -> list[MapItem]:
+def items_for_segments(
+    records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False, policies: Policies = ALL_ON,
+) -> list[MapItem]:
     """Cut segments into items of `per_item` consecutive parts; indexes follow record order.
 
     Takes records StagingArea.read_segment_records checked (one part checksum per part).
     `cut`: the items may stop at a pack boundary once the stream has ended (MapItem.cut): a streaming round's.
+    `policies`: decide each item's packs (Policies.packs), written into the item.
     """
     items = []
     index = first_index
@@ -114,7 +118,10 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
             count = min(per_item, record.chunks - part + 1)
             checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
             items.append(
-                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums, cut=cut)
+                MapItem(
+                    record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums,
+                    cut=cut, packs=policies.packs(count),
+                )
             )
             part += count
             index += count
@@ -171,7 +178,7 @@ def plan_next_round(
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
     purge: Callable[[str], object] | None = None,
-    results_index: bool = True,
+    policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -182,9 +189,9 @@ def plan_next_round(
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
-    `results_index`: merge each map's finished results into the results index (braid.pipeline.replan); off, Finalize
-    reads every item's record.
+    `policies`: the optimisations the execution input chose (braid.pipeline.policies).
     """
+    may_sleep = may_sleep and policies.sleep_until_woken
     area = StagingArea(store, ref)
     session = area.read_session()
     now = clock()
@@ -195,7 +202,7 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    fold = results_index and state.check is not None and area.read_stream_end() is None
+    fold = policies.results_index and state.check is not None and area.read_stream_end() is None
     checked = check_last_map(area, state, now, fold=fold, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:
@@ -226,7 +233,7 @@ def plan_next_round(
             or round_due(now - state.last_round, now - state.started, sum(r.chunks for r in ready), min_round_seconds)
         )
         if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
-            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry)
+            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry, policies)
         if end is not None and not ready and stream_complete(ref, state, end, session):
             return PlanStatus(PlanState.DONE, round=state.rounds, planned_chunks=state.chunks, cursor=state)
         if now - lease_read_at >= heartbeat_seconds(stall_seconds):
@@ -343,6 +350,7 @@ def _plan_round(
     max_chunks_per_item: int,
     max_items: int,
     carry: list[MapItem] | None = None,
+    policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """The next round: `carry` (what cut items left, split into items of whole packs) and the ready segments' items.
 
@@ -353,14 +361,15 @@ def _plan_round(
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
     # After stream end, a round small enough runs as an inline Map: its items start at once, with no
     # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
-    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None else None
+    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None and policies.inline_final_round else None
     items = []
     if inline_per_item is not None:
-        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item)
+        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item, policies=policies)
     inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
     if not inline:
         chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=end is None)
+        cut = end is None and policies.cut_items
+        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=cut, policies=policies)
     found = area.write_round(state.rounds + 1, items)
     inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
     planned = [item for item in found.items if not item.finishes_cut]
@@ -369,5 +378,5 @@ def _plan_round(
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         PlanState.READY, round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (), final=end is not None,
+        inline_items=found.items if inline else (), final=end is not None and policies.warm_finalize,
     )

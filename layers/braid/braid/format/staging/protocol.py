@@ -27,6 +27,8 @@ Versions:
   4  one results index: the planner's folds (folds/round-RRRRR-AA.json) are
      the only merge of result records; compacted/rounds-FFFFF-LLLLL.json and
      the planner cursor's "compacted" are gone.
+     The execution input carries "policies" (braid.pipeline.policies): the
+     optimisations chosen for the backup, each true or false.
 """
 
 from __future__ import annotations

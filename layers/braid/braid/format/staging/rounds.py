@@ -40,7 +40,7 @@ class ChunkSlice:
 PACK_TAPER = (1, 2, 3)
 
 
-def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER, *, head: bool = True) -> list[int]:
     """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
 
     A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
@@ -58,11 +58,12 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     overlapped by the codec like any but the last. The rest are packs
     as even as possible, larger first. A pure function of the item's layout
     (MapItem.layout), so a retried worker, and the items that finish a cut
-    one, form the same packs: the same stored objects.
+    one, form the same packs: the same stored objects. `taper` () and `head`
+    False are the policies off (braid.pipeline.policies).
     """
     limit = max(1, chunks_per_pack)
-    head = [1] if limit > 1 and count >= 2 * limit else []
-    return head + _tapered(count - len(head), limit, taper)
+    first = [1] if head and limit > 1 and count >= 2 * limit else []
+    return first + _tapered(count - len(first), limit, taper)
 
 
 def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
