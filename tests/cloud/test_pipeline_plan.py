@@ -34,6 +34,7 @@ from braid.pipeline import pacing
 from braid.pipeline.failure import HoldEntry, hold_entry
 from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
+from braid.pipeline.policies import Policies
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
@@ -267,7 +268,7 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
 
 
 def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads_every_record(tmp_path: Path) -> None:
-    """index_results=False (the policy's off switch): the call after a map writes no fold (a streaming round's items
+    """`--no-policy results_index` (the policy's off switch): the call after a map writes no fold (a streaming round's items
     are cut items, whose records it reads to find what they left), and Finalize's one reader then reads every item's
     record (StagingArea.read_results)."""
     store, ref, clock = CountingLocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
@@ -277,14 +278,14 @@ def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads
         store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
         status = plan_next_round(
             store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
-            watch_seconds=0, min_round_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+            watch_seconds=0, min_round_seconds=0, clock=clock, sleep=clock.sleep, policies=Policies.without(["results_index"]),
         )
         assert status.status == "ready" and status.round == segment + 1
         finish(store, ref, status)
         cursor = status.to_json()["cursor"]
     checked = plan_next_round(
         store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
-        watch_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+        watch_seconds=0, clock=clock, sleep=clock.sleep, policies=Policies.without(["results_index"]),
     )
     assert checked.status == "waiting" and list(store.list(folds_prefix(ref))) == []
     area = StagingArea(store, ref)

@@ -178,7 +178,6 @@ def plan_next_round(
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
     purge: Callable[[str], object] | None = None,
-    index_results: bool = True,
     policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
@@ -190,8 +189,6 @@ def plan_next_round(
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
-    `index_results`: merge each map's finished results into the results index (braid.pipeline.replan); off, Finalize
-    reads every item's record.
     `policies`: the optimisations the execution input chose (braid.pipeline.policies).
     """
     may_sleep = may_sleep and policies.sleep_until_woken
@@ -205,7 +202,7 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    fold = index_results and state.check is not None and area.read_stream_end() is None
+    fold = policies.results_index and state.check is not None and area.read_stream_end() is None
     checked = check_last_map(area, state, now, fold=fold, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:

@@ -40,6 +40,9 @@ class Policies:
     warm_finalize: bool = True
     # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
     sleep_until_woken: bool = True
+    # After each map the planner merges its finished items' results into one fold, the results index, which Finalize
+    # reads instead of a record per item (braid.pipeline.replan; off: only the cut results the planner planned after).
+    results_index: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -6,9 +6,8 @@ ItemReader reads, so a map item's JSON names are part of the state machine's
 contract (the worker event carries one). A result record
 `results/<first index>.json` lists the ChunkEntry of every chunk of one item.
 (A worker's failure record is in braid.format.staging.failures.) A fold
-`folds/round-RRRRR-AA.json` (RoundFold) is the result records of one map's
-finished items merged by the planner after that map, so Finalize reads a
-few folds instead of one record per item.
+`folds/round-RRRRR-AA.json` (RoundFold, the results index) is the result
+records of one map's finished items merged by the planner after that map.
 """
 
 from __future__ import annotations
@@ -362,16 +361,10 @@ def _at_pack_boundary(item: MapItem, done: int) -> bool:
 class RoundFold:
     """The results index: the result records of one map's finished items, merged by the planner right after that map.
 
-    Why: Finalize needs every item's ChunkEntries; reading one record per item
-    at the end (~10,600 at 10 TiB) was most of the time after stream end
-    (measured: docs/design/2026-11-28-results-index.md). The planner runs after
-    every map anyway, so it merges the map's results while the stream still
-    arrives. A fold is only a faster copy: Finalize checks each result in it
-    against its planned item exactly as it checks a record, reads the record
-    itself for any item no fold covers, and checks every chunk's presence and
-    size by LIST, so a stale, partial or missing fold can cost time, never
-    correctness. The one exception is a cut item's result (MapItem.cut): the
-    fold keeps the prefix the planner planned the rest after.
+    A faster copy for Finalize (why, measured: docs/design/2026-11-28-results-index.md): each result in it is
+    checked against its planned item exactly as a record is, and an item no fold covers is read from its record,
+    so a missing fold costs time, never correctness. A cut item's result (MapItem.cut) in a fold is the prefix
+    the planner planned the rest after, whatever a late attempt rewrites its record to.
     """
 
     round: int
