@@ -31,9 +31,10 @@ from braid.format.staging import (
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline import pacing
+from braid.pipeline.decide import StagingStalledError, items_for_segments
 from braid.pipeline.failure import HoldEntry, hold_entry
 from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
-from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
+from braid.pipeline.plan import StreamAbandonedError, hold_step_failure, plan_next_round
 from braid.pipeline.policies import Policies
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
