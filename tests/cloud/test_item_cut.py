@@ -30,7 +30,7 @@ from braid.pipeline.worker import process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from support.staged_stream import kms_repository, stage_stream
 
-LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [1, 5, 4, 3, 2, 1]
+LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [5, 5, 3, 2, 1]
 
 
 class EndAfter:
@@ -79,7 +79,8 @@ def test_a_stream_that_ends_during_the_item_cuts_it_at_the_next_pack_boundary(st
     outcome = process_item(store, staged.ref, item, key=staged.key, level=3, lanes=ChunkLanes(3))  # type: ignore[arg-type]
 
     done = sum(LAYOUT[:3])
-    assert len(outcome.result.entries) == done and store.end_reads == 3
+    # Codec lanes may ask at a later boundary before the third's answer stops the item: the earliest "ended" decides.
+    assert len(outcome.result.entries) == done and store.end_reads >= 3
     assert plaintext_of(staged.store, staged.ref, staged.key, outcome.result.entries) == DATA[: done * CHUNK]
 
 

@@ -56,10 +56,8 @@ def test_no_policy_switches_one_off_for_the_backup_and_refuses_an_unknown_name()
 
 
 def test_the_packs_policies_decide_the_layout_written_into_each_item() -> None:
-    assert ALL_ON.packs(16) == (1, 5, 4, 3, 2, 1)
-    assert replace(ALL_ON, head_pack=False).packs(16) == (5, 5, 3, 2, 1)
-    assert replace(ALL_ON, taper=False).packs(16) == (1, 5, 5, 5)
-    assert Policies.without(["taper", "head_pack"]).packs(16) == (4, 4, 4, 4)
+    assert ALL_ON.packs(16) == (5, 5, 3, 2, 1)
+    assert replace(ALL_ON, taper=False).packs(16) == (4, 4, 4, 4)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +79,7 @@ def test_with_each_policy_off_the_planner_behaves_otherwise_and_the_backup_still
     assert no_inline.turns["inline"] == 0 and no_inline.inline_items == 0 and no_inline.turns["warm"] == 1
     no_warm = run(calibration, 300, replace(ALL_ON, warm_finalize=False))
     assert no_warm.turns["warm"] == 0 and no_warm.finished_at > on.finished_at
-    plain_packs = run(calibration, 300, Policies.without(["taper", "head_pack"]))
+    plain_packs = run(calibration, 300, Policies.without(["taper"]))
     assert plain_packs.packs < on.packs
     slow = run(calibration, 20)
     assert slow.turns["sleep"] > 0

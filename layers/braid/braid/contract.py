@@ -59,7 +59,7 @@ DEFAULT_WORKER_LANES = 4
 # Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
 # chunks of its item as one create-only PUT (smaller runs at the item's ends: braid.format.staging.rounds.pack_sizes),
 # so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
-# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (1, 5, 5, 5, 5, 5, 3, 2, 1).
+# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (5, 5, 4, 4, 4, 4, 3, 2, 1).
 CHUNKS_PER_PACK = 5
 # The final round's items run in an inline Map of the backup execution when they are this few (AWS runs
 # at most 40 iterations of an inline Map at once): no Distributed Map run to start after stream end

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import api_quota, retention_cost, s3proxy, scale_sim
+from bench_lib import api_quota, optimisations, retention_cost, s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -385,6 +385,24 @@ def sensitivity_rows(
     return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
 
 
+def optimisation_table(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
+) -> Table:
+    """Each pipeline policy off against all on, 1 TiB x 500 workers x 50/300/1,000 MB/s at the published network rate
+    (bench_lib.optimisations): what it saves, and whether the rule keeps it."""
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
+        rows = optimisations.rows(options, lambda sim: sum(price(sim, memory).values()), log)
+    return Table(
+        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end (worst of"
+        f" {optimisations.PHASES} end phases) it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
+        f" {scale_sim.lambda_network_mb_s(memory):g} MB/s per worker; kept if it saves >= ${optimisations.KEEP_USD_PER_TIB}/TiB or"
+        f" >= {optimisations.KEEP_SECONDS:g} s at some rate (the 'all on' row: $/TiB and seconds themselves)",
+        list(rows[0]),
+        [list(row.values()) for row in rows],
+    )
+
+
 def run(ctx: Context) -> Section:
     args = ctx.args
     chunk = args.chunk_size
@@ -438,6 +456,7 @@ def run(ctx: Context) -> Section:
              "PASS" if max(r["max_timeout_fraction"] for r in rows) <= 0.5 else "MISS"],
         ],
     ))
+    section.tables.append(optimisation_table(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm))
     section.tables.extend(policy_tables())
     section.tables.append(describe_table())
     section.facts = {

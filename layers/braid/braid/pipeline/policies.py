@@ -30,8 +30,6 @@ from braid.format.staging.rounds import PACK_TAPER, pack_sizes
 class Policies:
     # Packs of 1, 2 and 3 chunks at an item's end, so its last PUTs overlap the codec (format.staging.rounds.pack_sizes).
     taper: bool = True
-    # A one-chunk first pack for items of two full packs or more: a cut item stops sooner after stream end.
-    head_pack: bool = True
     # Streaming rounds' items stop at a pack boundary once the stream has ended; finishing items spread the rest wide.
     cut_items: bool = True
     # A small final round runs as an inline Map (no Distributed Map run to start: pipeline.item_sizing).
@@ -55,7 +53,7 @@ class Policies:
 
     def packs(self, count: int) -> tuple[int, ...]:
         """The pack sizes of a planned item of `count` chunks, as these policies decide them."""
-        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else (), head=self.head_pack))
+        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else ()))
 
     def to_json(self) -> dict[str, bool]:
         return asdict(self)
