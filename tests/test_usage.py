@@ -198,16 +198,16 @@ def test_the_execution_adds_every_part_and_the_workers_express_time() -> None:
 
 def test_an_inline_final_round_bills_its_map_and_worker_states_and_no_express_child() -> None:
     own = Usage(requests={"s3:GetObject": 2}, functions={"plan": FunctionUse(1, 0.1, 0.1)})
-    inline = plan_call_usage(None, own, "ready", 7, inline=True, final=True)
-    # PlanSegments, SegmentsReady?, WarmFinalize, FinalRoundInline?, ProcessFinalRound; no ItemReader GET; Finalize warmed once.
-    assert (inline.transitions, inline.express_requests, inline.requests) == (5, 0, {"s3:GetObject": 2})
-    assert inline.functions["finalize"] == FunctionUse(invocations=1)
-    mapped = plan_call_usage(None, own, "ready", 7, final=True)  # a final round too large to run inline: warmed, then the map
-    assert (mapped.transitions, mapped.express_requests, mapped.functions["finalize"].invocations) == (5, 7, 1)
+    inline = plan_call_usage(None, own, "ready", 7, inline=True)
+    # PlanSegments, SegmentsReady?, ProcessFinalRound; no ItemReader GET.
+    assert (inline.transitions, inline.express_requests, inline.requests) == (3, 0, {"s3:GetObject": 2})
+    assert "finalize" not in inline.functions
+    mapped = plan_call_usage(None, own, "ready", 7)  # a final round too large to run inline: the map
+    assert (mapped.transitions, mapped.express_requests) == (3, 7)
     express = Usage(functions={"worker": FunctionUse(1, 0.25, 0.43)})
     stated = express + Usage(transitions=INLINE_WORKER_TRANSITIONS)  # what an inline worker's result record carries
     total = execution_usage([inline], [express, stated], Usage(), staged_bytes=0, stored_bytes=0)
-    assert total.transitions == 5 + INLINE_WORKER_TRANSITIONS + 4
+    assert total.transitions == 3 + INLINE_WORKER_TRANSITIONS + 4
     assert total.express_gb_seconds == pytest.approx(0.3 * 64 / 1024)  # the Express child's only
 
 

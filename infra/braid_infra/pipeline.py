@@ -1,8 +1,7 @@
 """Pipeline: the backup state machine, one Standard execution per backup.
 
     Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─────────► ProcessChunks ─────┐
-                              ▲   ▲           │        └─ready, final─► WarmFinalize ─► FinalRoundInline?
-                              │   │           │            ProcessChunks ◄─┘  └─inline─► ProcessFinalRound ─┤
+                              ▲   ▲           │        └─ready, inline──────► ProcessFinalRound ──┤
                               │   │           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
                               │   └─ WaitForSegments                                         │
                               └──────────────────────────────────────────────────────────────┘
@@ -35,10 +34,7 @@ The last round after stream end, when it has at most INLINE_MAP_MAX_ITEMS
 short items, runs as ProcessFinalRound instead: an inline Map over the
 items PlanSegments put in the state, each Worker a state of this execution
 (the same retries; a failure caught in its iteration, then planned again
-like a failed child), so nothing waits for a map run to start. Any round
-planned after stream end first sends Finalize an asynchronous warm-up
-(WarmFinalize), so the step run once per backup does not start its
-container after the last round.
+like a failed child), so nothing waits for a map run to start.
 """
 
 from __future__ import annotations
@@ -210,30 +206,11 @@ class BackupPipeline(Construct):
         cleanup.add_catch(cleanup_failed, errors=["States.ALL"], result_path="$.cleanup_error")
         cleanup.next(failed)
 
-        # A round planned after stream end: Finalize is next but one, and runs once per backup, so its container
-        # would start only then. An asynchronous invoke ({"warm": true}: it returns at once) starts it now, while
-        # the last round runs; failing to send it changes nothing but that.
-        warm_finalize = tasks.LambdaInvoke(
-            self,
-            "WarmFinalize",
-            state_name="WarmFinalize",
-            lambda_function=functions.pinned("finalize"),
-            invocation_type=tasks.LambdaInvocationType.EVENT,
-            payload=sfn.TaskInput.from_object({"warm": True, "backup": sfn.JsonPath.string_at("$.backup")}),
-            result_path=sfn.JsonPath.DISCARD,
-            retry_on_service_exceptions=False,
-        )
-        final_kind = sfn.Choice(self, "FinalRoundInline", state_name="FinalRoundInline?")
-        warm_finalize.add_catch(final_kind, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-        warm_finalize.next(final_kind)
-        final_kind.when(sfn.Condition.boolean_equals("$.plan.inline", True), process_final.next(plan))
-        final_kind.otherwise(process)
-
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
         hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
         choice.when(
-            sfn.Condition.and_(sfn.Condition.string_equals("$.plan.status", "ready"), sfn.Condition.boolean_equals("$.plan.final", True)),
-            warm_finalize,
+            sfn.Condition.and_(sfn.Condition.string_equals("$.plan.status", "ready"), sfn.Condition.boolean_equals("$.plan.inline", True)),
+            process_final.next(plan),
         )
         choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
         choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))

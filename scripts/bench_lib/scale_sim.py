@@ -170,12 +170,11 @@ class Invocation:
     peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
     speed: float = ARM_SPEED  # Graviton2 per-core speed vs this machine, the CPU figure's divisor (simulate(cpu_speed=...))
     cold: bool = False  # the function's container starts first (COLD_START_SECONDS, billed): a step run once per backup
-    warmed: bool = False  # its container was started ahead by an asynchronous warm-up (WarmFinalize): billed, not waited for
 
     @property
     def billed_seconds(self) -> float:
-        """What Lambda bills: the modelled duration, and a container start a warm-up made ahead."""
-        return self.seconds + (COLD_START_SECONDS if self.warmed else 0.0)
+        """What Lambda bills: the modelled duration."""
+        return self.seconds
 
     @property
     def timeout(self) -> int:
@@ -725,8 +724,8 @@ def simulate(
         agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
         clock.agent = agent
 
-        def invoke(function: str, call: Any, *, cold: bool = False, warmed: bool = False) -> Any:
-            invocation = Invocation(function, speed=cpu_speed, cold=cold and not warmed, warmed=warmed)
+        def invoke(function: str, call: Any, *, cold: bool = False) -> Any:
+            invocation = Invocation(function, speed=cpu_speed, cold=cold)
             store.current = invocation
             clock.watched = 0.0
             if trace_memory:
@@ -744,10 +743,9 @@ def simulate(
                 invocations.append(invocation)
                 clock.advance(invocation.model() - invocation.watched)
 
-        # Prepare, the first Plan call and Finalize each start a container, once per backup; Finalize's is started
-        # ahead (WarmFinalize) when a round is planned after stream end, else it is in the time after stream end.
+        # Prepare, the first Plan call and Finalize each start a container, once per backup (Finalize's in the time
+        # after stream end).
         invoke("prepare", lambda: prepare_backup(store, keys, ref), cold=True)
-        warmed = False
         events += EVENTS["task"]
         key, _ = load_data_key(store, keys, ref, repository.config.id)
         previous: dict[str, Any] | None = None
@@ -790,10 +788,6 @@ def simulate(
                 clock.advance(max(0.0, wake_at - clock.now))
                 continue
             turns["map"] += 1
-            if status.final:  # WarmFinalize (an asynchronous invoke: nothing waits for it) and FinalRoundInline?
-                events += EVENTS["task"] + EVENTS["choice"]
-                turns["warm"] += 1
-                warmed = True
             found = _round_items(store, status.items_key, status.round)
             if status.inline_items:  # ProcessFinalRound: the items are in the state, each a Task state of the execution
                 assert list(status.inline_items) == found
@@ -814,7 +808,7 @@ def simulate(
             map_seconds += duration
             clock.advance(duration)
         publisher = NullPublisher()
-        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True, warmed=warmed)
+        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True)
         events += EVENTS["task"] + EVENTS["succeed"]
         turns["cut"] = sum(n for (shape, _), n in worker_invocations.items() if shape.stopped)
         for (shape, seconds), n in worker_invocations.items():
@@ -822,9 +816,8 @@ def simulate(
             worker.seconds = seconds
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
-        # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker
-        # states; Finalize, Succeed
-        transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
+        # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; an inline map's Worker states; Finalize, Succeed
+        transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + inline_total + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)

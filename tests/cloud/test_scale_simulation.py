@@ -191,7 +191,7 @@ def test_one_tib_at_500_workers_never_idles_after_stream_end_and_its_end_phases_
     )
     # The stream may end just after the planner's watch polled: one poll interval to notice it, then the planner's
     # own turns (the Plan call that plans the final round and the one that finds it done, each a few requests,
-    # ~0.2-0.3 s modelled, and WarmFinalize's asynchronous invoke) take under a second.
+    # ~0.2-0.3 s modelled) take under a second.
     idle = [run.idle_after_stream_end for run in runs]
     assert max(idle) < POLL_INTERVAL_SECONDS + 1.0, (rate, idle, tails)
     assert max(tails) <= min(tails) + streaming_round, (rate, tails, streaming_round)

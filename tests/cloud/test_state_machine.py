@@ -345,22 +345,6 @@ def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Clou
     assert cloud.restore(ref) == inputs
 
 
-def test_a_failed_warm_up_of_finalize_changes_nothing_but_that(cloud: Cloud) -> None:
-    ref = BackupRef.new("db")
-    inputs = [pattern(CHUNK * 3, 5)]
-    cloud.stage_backup(ref, inputs, segment_chunks=4)
-    finalize = cloud.deployed.functions["finalize"]
-    warm_ups: list[dict[str, Any]] = []
-    cloud.lambdas.fail(finalize, lambda: StorageError("Lambda could not start the container"), times=None,
-                       when=lambda e: e.get("warm") is True and not warm_ups.append(e))
-
-    result = cloud.wait(cloud.start(ref, max_concurrency=4, max_chunks_per_item=1))
-
-    assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
-    assert warm_ups == [{"warm": True, "backup": str(ref)}]  # the one round, planned after stream end, warmed it first
-    assert cloud.lambdas.invocation_count(finalize) == 2 and cloud.restore(ref) == inputs
-
-
 def wait_for_hold(cloud: Cloud, ref: BackupRef, arn: str, timeout: float = 90) -> HoldRecord:
     deadline = time.monotonic() + timeout
     while (hold := StagingArea(cloud.store, ref).read_hold()) is None:

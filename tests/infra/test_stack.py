@@ -629,26 +629,16 @@ def test_a_small_final_round_runs_as_an_inline_map_of_the_same_worker_with_the_s
     assert inline_worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "FinalItemFailed"}]
     assert _state(template, "FinalItemFailed") == {"Type": "Pass", "End": True}
     assert final["Catch"] == chunks["Catch"][:1] + [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ProcessFinalRoundFailed"}]
-    # SegmentsReady? sends a round planned after stream end to WarmFinalize first, then FinalRoundInline? sends it
-    # there when PlanSegments says inline, else to the Distributed Map; a streaming round goes straight to the map.
+    # SegmentsReady? sends a round PlanSegments says is inline to ProcessFinalRound, any other to the Distributed Map;
+    # nothing warms Finalize (WarmFinalize saved ~1 s after stream end: docs/design/2026-11-28-optimisations.md).
     choices = _state(template, "SegmentsReady?")["Choices"]
     assert choices[0] == {
-        "And": [{"Variable": "$.plan.status", "StringEquals": "ready"}, {"Variable": "$.plan.final", "BooleanEquals": True}],
-        "Next": "WarmFinalize",
+        "And": [{"Variable": "$.plan.status", "StringEquals": "ready"}, {"Variable": "$.plan.inline", "BooleanEquals": True}],
+        "Next": "ProcessFinalRound",
     }
     assert choices[1] == {"Variable": "$.plan.status", "StringEquals": "ready", "Next": "ProcessChunks"}
-    kind = _state(template, "FinalRoundInline?")
-    assert kind["Choices"] == [{"Variable": "$.plan.inline", "BooleanEquals": True, "Next": "ProcessFinalRound"}] and kind["Default"] == "ProcessChunks"
-
-
-def test_a_round_after_stream_end_starts_finalizes_container_without_waiting_and_never_fails_for_it(template: Template) -> None:
-    warm, finalize = _state(template, "WarmFinalize"), _state(template, "Finalize")
-    assert warm["Resource"].endswith(":states:::lambda:invoke")  # the integration that takes an InvocationType
-    assert warm["Parameters"]["InvocationType"] == "Event"  # asynchronous: Lambda answers at once, the container starts meanwhile
-    assert warm["Parameters"]["FunctionName"] == finalize["Resource"]  # the same function (its ARN)
-    assert warm["Parameters"]["Payload"] == {"warm": True, "backup.$": "$.backup"}
-    assert warm["ResultPath"] is None and warm["Next"] == "FinalRoundInline?" and "Retry" not in warm
-    assert warm["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "FinalRoundInline?"}]
+    states = json.loads(Placeholders().render(backup_machine(template)["Properties"]["DefinitionString"]))["States"]
+    assert "WarmFinalize" not in states and "FinalRoundInline?" not in states
 
 
 def _prune_definition(template: Template) -> dict[str, Any]:

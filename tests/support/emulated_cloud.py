@@ -55,8 +55,7 @@ Test aids (never needed to use it):
   --fail-sweep-item N  the prune's Sweep Lambda raises StorageError on map
                        item N, every attempt (repeatable)
   --fail-finalize MODE the Finalize Lambda raises StorageError, as --fail-worker
-                       (a coordinator's failure: the backup is held for --resume);
-                       its warm-ups (WarmFinalize) are not counted and not failed
+                       (a coordinator's failure: the backup is held for --resume)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -451,7 +450,6 @@ def main(argv: list[str] | None = None) -> int:
             deployed.functions["finalize"],
             lambda: StorageError(f"injected fault: the emulator was started with --fail-finalize {args.fail_finalize}"),
             times=fail_worker_times(args.fail_finalize),
-            when=lambda event: event.get("warm") is not True,  # the step itself, not WarmFinalize's warm-up
         )
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")

@@ -285,7 +285,7 @@ def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
     return {
         "worker_gb_s": sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb,
         "coordinator_gb_s": sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker"),
-        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"],
+        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]),
         "s3_put_class_requests": requests["PUT"] + requests["LIST"],  # DELETE is free (PRICES)
         "s3_get_class_requests": requests["GET"] + requests["HEAD"],
         "express_requests": sim.express_items,

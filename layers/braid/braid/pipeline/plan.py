@@ -58,7 +58,6 @@ class PlanStatus:
     cursor: PlanCursor | None = field(default=None, compare=False)
     # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
     inline_items: tuple[MapItem, ...] = ()
-    final: bool = False  # a round planned after stream end (the state machine warms Finalize's container for it)
     # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
     wake_chunks: int = ONLY_AT_END
     wake_after_seconds: int = 0
@@ -74,7 +73,6 @@ class PlanStatus:
             "idle_seconds": self.idle_seconds,
             "wait_seconds": self.wait_seconds,
             "inline": bool(self.inline_items),
-            "final": self.final,
             "inline_items": [item.to_json() for item in self.inline_items],
             "wake_chunks": self.wake_chunks,
             "wake_after_seconds": self.wake_after_seconds,
@@ -383,5 +381,5 @@ def _plan_round(
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (), final=end is not None and policies.warm_finalize,
+        inline_items=found.items if inline else (),
     )

@@ -34,8 +34,6 @@ class Policies:
     cut_items: bool = True
     # A small final round runs as an inline Map (no Distributed Map run to start: pipeline.item_sizing).
     inline_final_round: bool = True
-    # A round planned after stream end first starts Finalize's container (the WarmFinalize state).
-    warm_finalize: bool = True
     # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
     sleep_until_woken: bool = True
 

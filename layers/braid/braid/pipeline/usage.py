@@ -22,9 +22,7 @@ Who counts what (docs/format.md, Usage):
   transition, no Express child and no ItemReader; each of its Workers is a
   state of the execution, and its result record carries that transition
   (INLINE_WORKER_TRANSITIONS), which is how its duration is known not to be
-  an Express child's. A round planned after stream end first passes
-  WarmFinalize and FinalRoundInline? (2), the former an asynchronous
-  invoke of Finalize (one invocation; its few milliseconds are not seen).
+  an Express child's.
   A call that says "sleeping" leads to SleepUntilWoken (1), whose S3 PUT
   of the wake record the execution's role makes (braid.format.staging.wake).
   Task retries (each one another transition) and failed workers' attempts
@@ -37,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from braid.errors import IntegrityError
-from braid.format.usage import FunctionUse, Usage, express_gb_seconds
+from braid.format.usage import Usage, express_gb_seconds
 
 START_TRANSITIONS = 2  # Identify, Prepare
 PLAN_TRANSITIONS = 2  # PlanSegments, SegmentsReady?
@@ -46,8 +44,6 @@ WORKER = "worker"
 ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
 WAKE_WRITER = {"s3:PutObject": 1}  # SleepUntilWoken writes the wake record once
 INLINE_WORKER_TRANSITIONS = 1  # a Worker in the inline map: its Task state, in the execution's own bill
-WARM_TRANSITIONS = 2  # a round after stream end: WarmFinalize, FinalRoundInline?
-FINALIZE = "finalize"
 
 
 def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
@@ -60,11 +56,9 @@ def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
         raise IntegrityError(f"the execution's state holds a malformed usage: {exc}") from None
 
 
-def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int, *, inline: bool = False, final: bool = False) -> Usage:
+def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int, *, inline: bool = False) -> Usage:
     """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
     usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
-    if status == "ready" and final:  # WarmFinalize (an invoke of Finalize whose duration no step sees) and FinalRoundInline?
-        usage = usage + Usage(transitions=WARM_TRANSITIONS, functions={FINALIZE: FunctionUse(invocations=1)})
     if status == "ready" and inline:  # ProcessFinalRound; each Worker state counts itself
         usage = usage + Usage(transitions=1)
     elif status == "ready":
