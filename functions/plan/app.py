@@ -2,9 +2,7 @@
 
 Event: the state ({execution input..., "plan": previous result or absent}).
 Returns (state $.plan): {"status": "ready"|"waiting"|"sleeping"|"done", "round", "items_key",
-"items_object" (full S3 key for the ItemReader), "items", "chunks", "inline" and
-"inline_items" (a small final round the inline Map runs, its items in the state),
-"planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
+"items_object" (full S3 key for the ItemReader), "items", "chunks", "planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
 "wake_object" (full S3 key of the wake record: braid.format.staging.wake), "cursor", "max_concurrency"
 (the input's, clamped to the worker's reserved concurrency), "usage" (every call's
 so far, with the states they ran: braid.pipeline.usage)}. The cursor is
@@ -67,10 +65,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         logger.warning("backup held", extra=held.to_json())
         usage = plan_call_usage(carried, meter.usage(), held.status, 0)
         return {**held.to_json(), "items_object": "", "max_concurrency": max_concurrency, "hold_id": hold_id, "usage": usage.to_json()}
-    usage = plan_call_usage(carried, meter.usage(), status.status, status.items, inline=bool(status.inline_items))
+    usage = plan_call_usage(carried, meter.usage(), status.status, status.items)
     if status.status == "ready":
         add_metrics({"ChunksPlanned": (MetricUnit.Count, status.chunks), "MapItemsPlanned": (MetricUnit.Count, status.items)})
-    logger.info("plan", extra={k: v for k, v in status.to_json().items() if k != "inline_items"})
+    logger.info("plan", extra=status.to_json())
     # The ItemReader reads the round file by its full S3 key (the repository may sit under a prefix).
     return {
         **status.to_json(),

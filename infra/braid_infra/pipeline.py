@@ -1,7 +1,6 @@
 """Pipeline: the backup state machine, one Standard execution per backup.
 
     Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─────────► ProcessChunks ─────┐
-                              ▲   ▲           │        └─ready, inline──────► ProcessFinalRound ──┤
                               │   │           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
                               │   └─ WaitForSegments                                         │
                               └──────────────────────────────────────────────────────────────┘
@@ -9,7 +8,7 @@
                                               ▼
                                            Finalize ─► BackupSucceeded
     Prepare fails, or a FINAL error (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
-    PlanSegments/ProcessChunks/ProcessFinalRound/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
+    PlanSegments/ProcessChunks/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
 
 Identify adds the execution's own name to the state ($.execution.name, from
 $$.Execution.Name, overwriting whatever the input put there); every step
@@ -29,12 +28,6 @@ PlanSegments plans items without a result again, and after two re-plans
 holds the backup (PlanSegments returns "held": the wait loop) until
 `braid backup --resume` or the hold's end (braid.pipeline.replan), so one
 bad minute never throws finished work away. Finalize re-checks every chunk.
-
-The last round after stream end, when it has at most INLINE_MAP_MAX_ITEMS
-short items, runs as ProcessFinalRound instead: an inline Map over the
-items PlanSegments put in the state, each Worker a state of this execution
-(the same retries; a failure caught in its iteration, then planned again
-like a failed child), so nothing waits for a map run to start.
 """
 
 from __future__ import annotations
@@ -107,28 +100,6 @@ class BackupPipeline(Construct):
         )
         process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
 
-        # The last round after stream end, when it is small (PlanSegments says "inline"): an inline Map
-        # over the items in the state, whose Workers start at once instead of after a map run starts
-        # (~2 s of the time after stream end; braid.pipeline.item_sizing.inline_chunks_per_item).
-        # Failed items are tolerated as in ProcessChunks: each Worker's error is caught in its own
-        # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
-        # items without a result again, then holds the backup.
-        final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
-        final_worker.add_catch(
-            sfn.Pass(self, "FinalItemFailed", state_name="FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD
-        )
-        process_final = sfn.Map(
-            self,
-            "ProcessFinalRound",
-            state_name="ProcessFinalRound",
-            items_path="$.plan.inline_items",
-            # PlanSegments plans an inline round only within the input's --fan-out as well.
-            max_concurrency=contract.INLINE_MAP_MAX_ITEMS,
-            item_selector={**WORKER_EVENT, "inline": True},  # its usage then bills its own Task state
-            result_path=sfn.JsonPath.DISCARD,
-        )
-        process_final.item_processor(final_worker)
-
         wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path("$.plan.wait_seconds"))
         # PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): rather than
         # a Plan function billed while it watches, this state writes its task token to the backup's staging (the wake
@@ -188,9 +159,7 @@ class BackupPipeline(Construct):
                 f" deleted. Staging expires by the bucket lifecycle within {STAGING_LIFETIME.to_days()} days."
             ),
         )
-        steps: list[tuple[str, tasks.LambdaInvoke | sfn.Map | sfn.DistributedMap]] = [
-            ("PlanSegments", plan), ("ProcessChunks", process), ("ProcessFinalRound", process_final), ("Finalize", finalize),
-        ]
+        steps: list[tuple[str, tasks.LambdaInvoke | sfn.DistributedMap]] = [("PlanSegments", plan), ("ProcessChunks", process), ("Finalize", finalize)]
         for state_name, state in steps:
             # Which step failed, and a fresh id for this failure: the Hold state is the Plan function
             # holding when $.failed.id is not the hold its previous result ($.plan.hold_id) made.
@@ -208,10 +177,6 @@ class BackupPipeline(Construct):
 
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
         hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
-        choice.when(
-            sfn.Condition.and_(sfn.Condition.string_equals("$.plan.status", "ready"), sfn.Condition.boolean_equals("$.plan.inline", True)),
-            process_final.next(plan),
-        )
         choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
         choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
         choice.when(sfn.Condition.string_equals("$.plan.status", "sleeping"), sleep.next(plan))

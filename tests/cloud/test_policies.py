@@ -74,9 +74,6 @@ def run(calibration: scale_sim.WorkerRequests, rate: float, policies: Policies =
 
 def test_with_each_policy_off_the_planner_behaves_otherwise_and_the_backup_still_completes(calibration: scale_sim.WorkerRequests) -> None:
     on = run(calibration, 300)
-    assert on.turns["inline"] == 1 and on.inline_items > 0
-    no_inline = run(calibration, 300, replace(ALL_ON, inline_final_round=False))
-    assert no_inline.turns["inline"] == 0 and no_inline.inline_items == 0
     plain_packs = run(calibration, 300, Policies.without(["taper"]))
     assert plain_packs.packs < on.packs
     slow = run(calibration, 20)

@@ -249,16 +249,15 @@ def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Clo
     assert cloud.keys_under(staging_prefix(ref)) == []
     assert cloud.open_uploads(staging_prefix(ref)) == []
     assert cloud.staging_versions(staging_prefix(ref)) == []  # no plaintext kept as old versions either
-    # More than one round ran: fan-out began before the stream ended. The
-    # last round may be the inline map, which starts no map run.
+    # More than one round ran: fan-out began before the stream ended.
     assert rounds(cloud, arn) >= 2
 
 
 def rounds(cloud: Cloud, arn: str) -> int:
-    """Rounds of either kind: a Distributed Map run, or the inline final round."""
+    """Rounds: Distributed Map runs."""
     history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
     entered = [e["stateEnteredEventDetails"]["name"] for e in history if e["type"] == "MapStateEntered"]
-    return sum(1 for name in entered if name in ("ProcessChunks", "ProcessFinalRound"))
+    return sum(1 for name in entered if name == "ProcessChunks")
 
 
 def sleeping(cloud: Cloud, ref: BackupRef, arn: str) -> WakeRecord:

@@ -279,7 +279,7 @@ def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
     GB-months (the `counts` of each JSON row, so a reader can price them on their own table)."""
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
-    requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
+    requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
     requests["PUT"] += sim.turns["sleep"]  # SleepUntilWoken writes the wake record (braid.format.staging.wake)
     workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
     return {
@@ -289,7 +289,7 @@ def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
         "s3_put_class_requests": requests["PUT"] + requests["LIST"],  # DELETE is free (PRICES)
         "s3_get_class_requests": requests["GET"] + requests["HEAD"],
         "express_requests": sim.express_items,
-        "express_gb_s": (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"],
+        "express_gb_s": sim.worker_seconds * ASSUME["express_memory_gb"],
         "standard_transitions": sim.transitions,
         "kms_requests": 1 + workers_started + 1,  # GenerateDataKey, Decrypt per worker container, Finalize
         "staging_gb_months": sim.staged_byte_seconds / 1e9 / (30 * 86400),
@@ -352,7 +352,6 @@ def simulated_row(
         "segments": sim.segments,
         "chunks": sim.chunks,
         "items": sim.items,
-        "inline_items": sim.inline_items,  # the final round's, run as an inline Map
         "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
         "rounds": sim.turns["map"],
         "plan_calls": len(sim.by_function("plan")),
@@ -421,7 +420,7 @@ def run(ctx: Context) -> Section:
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "worker_memory_mb", "lambda_network_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
-               "segments", "chunks", "items", "inline_items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
+               "segments", "chunks", "items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
         "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest (worst and best of"
         " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
@@ -481,7 +480,7 @@ def run(ctx: Context) -> Section:
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
         "simulation assumptions": ", ".join(
-            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS", "INLINE_MAP_START_SECONDS",
+            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS",
                                                      "INVOKE_OVERHEAD_SECONDS", "COLD_START_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),

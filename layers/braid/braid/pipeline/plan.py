@@ -28,14 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from braid import contract
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
 from braid.format.staging.wake import ONLY_AT_END
 from braid.pipeline.failure import describe_error
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
 from braid.pipeline.policies import ALL_ON, Policies
@@ -56,8 +55,6 @@ class PlanStatus:
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
     cursor: PlanCursor | None = field(default=None, compare=False)
-    # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
-    inline_items: tuple[MapItem, ...] = ()
     # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
     wake_chunks: int = ONLY_AT_END
     wake_after_seconds: int = 0
@@ -72,8 +69,6 @@ class PlanStatus:
             "planned_chunks": self.planned_chunks,
             "idle_seconds": self.idle_seconds,
             "wait_seconds": self.wait_seconds,
-            "inline": bool(self.inline_items),
-            "inline_items": [item.to_json() for item in self.inline_items],
             "wake_chunks": self.wake_chunks,
             "wake_after_seconds": self.wake_after_seconds,
             **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
@@ -358,28 +353,18 @@ def _plan_round(
     """The next round: `carry` (what cut items left, split into items of whole packs) and the ready segments' items.
 
     A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
-    every worker, and runs inline when small enough."""
+    every worker."""
     carry = carry or []
     ready_chunks = sum(r.chunks for r in ready) + sum(item.count for item in carry)
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
-    # After stream end, a round small enough runs as an inline Map: its items start at once, with no
-    # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
-    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None and policies.inline_final_round else None
-    items = []
-    if inline_per_item is not None:
-        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item, policies=policies)
-    inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
-    if not inline:
-        chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        cut = end is None and policies.cut_items
-        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=cut, policies=policies)
+    chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
+    cut = end is None and policies.cut_items
+    items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=cut, policies=policies)
     found = area.write_round(state.rounds + 1, items)
-    inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
     planned = [item for item in found.items if not item.finishes_cut]
     if planned and planned[0].first_index != state.chunks:
         raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {planned[0].first_index}, expected {state.chunks}")
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
         "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (),
     )

@@ -32,8 +32,6 @@ class Policies:
     taper: bool = True
     # Streaming rounds' items stop at a pack boundary once the stream has ended; finishing items spread the rest wide.
     cut_items: bool = True
-    # A small final round runs as an inline Map (no Distributed Map run to start: pipeline.item_sizing).
-    inline_final_round: bool = True
     # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
     sleep_until_woken: bool = True
 

@@ -18,11 +18,6 @@ Who counts what (docs/format.md, Usage):
   request the execution's role makes); at the end Finalize and
   BackupSucceeded (2). Express duration is each child's Worker duration,
   billed in 100 ms steps at 64 MB (braid.format.usage.express_gb_seconds).
-  A final round run inline (ProcessFinalRound) is the Map state's own
-  transition, no Express child and no ItemReader; each of its Workers is a
-  state of the execution, and its result record carries that transition
-  (INLINE_WORKER_TRANSITIONS), which is how its duration is known not to be
-  an Express child's.
   A call that says "sleeping" leads to SleepUntilWoken (1), whose S3 PUT
   of the wake record the execution's role makes (braid.format.staging.wake).
   Task retries (each one another transition) and failed workers' attempts
@@ -43,7 +38,6 @@ FINISH_TRANSITIONS = 2  # Finalize, BackupSucceeded
 WORKER = "worker"
 ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
 WAKE_WRITER = {"s3:PutObject": 1}  # SleepUntilWoken writes the wake record once
-INLINE_WORKER_TRANSITIONS = 1  # a Worker in the inline map: its Task state, in the execution's own bill
 
 
 def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
@@ -56,12 +50,10 @@ def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
         raise IntegrityError(f"the execution's state holds a malformed usage: {exc}") from None
 
 
-def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int, *, inline: bool = False) -> Usage:
+def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int) -> Usage:
     """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
     usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
-    if status == "ready" and inline:  # ProcessFinalRound; each Worker state counts itself
-        usage = usage + Usage(transitions=1)
-    elif status == "ready":
+    if status == "ready":
         usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
     elif status == "sleeping":  # SleepUntilWoken
         usage = usage + Usage(requests=dict(WAKE_WRITER), transitions=1)
@@ -71,11 +63,11 @@ def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int,
 
 
 def workers_usage(items: Iterable[Usage]) -> Usage:
-    """The workers' usage records added up, with each one's Express child duration (none for a Worker run inline)."""
+    """The workers' usage records added up, with each one's Express child duration."""
     total = Usage()
     for item in items:
         worker = item.functions.get(WORKER)
-        child = express_gb_seconds(worker.seconds) if worker is not None and not item.transitions else 0.0
+        child = express_gb_seconds(worker.seconds) if worker is not None else 0.0
         total = total + item + Usage(express_gb_seconds=child)
     return total
 
