@@ -24,7 +24,10 @@ Versions:
      (agent: the small members its stream carried) and parent.json +
      parent/backup_manifest (Prepare: an incremental's parent values), each
      record with "protocol" (braid.format.staging.chain).
-  4  the execution input carries "policies" (braid.pipeline.policies): the
+  4  one results index: the planner's folds (folds/round-RRRRR-AA.json) are
+     the only merge of result records; compacted/rounds-FFFFF-LLLLL.json and
+     the planner cursor's "compacted" are gone.
+     The execution input carries "policies" (braid.pipeline.policies): the
      optimisations chosen for the backup, each true or false.
 """
 

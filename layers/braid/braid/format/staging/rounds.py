@@ -13,7 +13,6 @@ few folds instead of one record per item.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -355,16 +354,18 @@ def _at_pack_boundary(item: MapItem, done: int) -> bool:
 
 @dataclass(frozen=True)
 class RoundFold:
-    """The result records of one map's finished items, merged by the planner right after that map.
+    """The results index: the result records of one map's finished items, merged by the planner right after that map.
 
     Why: Finalize needs every item's ChunkEntries; reading one record per item
-    at the end (thousands at 1 TiB) was most of the time after stream end.
-    The planner runs after every map anyway, so it merges the map's results
-    while the stream still arrives. A fold is only a faster copy: Finalize
-    checks each result in it against its planned item exactly as it checks a
-    record, reads the record itself for any item no fold covers, and checks
-    every chunk's presence and size by LIST, so a stale, partial or missing
-    fold can cost time, never correctness.
+    at the end (~10,600 at 10 TiB) was most of the time after stream end
+    (measured: docs/design/2026-11-28-results-index.md). The planner runs after
+    every map anyway, so it merges the map's results while the stream still
+    arrives. A fold is only a faster copy: Finalize checks each result in it
+    against its planned item exactly as it checks a record, reads the record
+    itself for any item no fold covers, and checks every chunk's presence and
+    size by LIST, so a stale, partial or missing fold can cost time, never
+    correctness. The one exception is a cut item's result (MapItem.cut): the
+    fold keeps the prefix the planner planned the rest after.
     """
 
     round: int
@@ -380,45 +381,3 @@ class RoundFold:
         f = Fields(document(raw, what), what, ("round", "attempt", "items"))
         results = tuple(ItemResult.from_json(d, f"{where} item {n}", "result fold") for n, d in enumerate(f.objects("items")))
         return cls(f.count("round"), f.count("attempt"), results)
-
-
-@dataclass(frozen=True)
-class RoundsCompaction:
-    """Rounds `first`..`last` of the plan and one result for every one of their items, merged by the planner.
-
-    Why: with one fold per map, Finalize still read a round file and a fold
-    per round (~500 records at 1 TiB, most of its time after stream end).
-    The planner writes a compaction of every `COMPACTION_ROUNDS` finished
-    rounds in its watch, while it would otherwise sleep, so Finalize reads
-    one record per block of rounds. Like a fold it is only a faster copy:
-    Finalize still checks that the rounds chain and tile the stream, checks
-    each result against its planned item, and checks every chunk's presence
-    by LIST; a missing compaction costs reads, never correctness.
-    """
-
-    first: int
-    last: int
-    rounds: tuple[Round, ...]
-    results: tuple[ItemResult, ...]
-
-    def to_bytes(self) -> bytes:
-        return canonical_json({
-            "first": self.first,
-            "last": self.last,
-            "rounds": [[i.to_json() for i in found.items] for found in self.rounds],
-            "items": [r.to_json() for r in self.results],
-        })
-
-    @classmethod
-    def from_bytes(cls, raw: bytes, where: str, round_key_of: Callable[[int], str]) -> RoundsCompaction:
-        """`round_key_of`: each round's own key (what messages about it name)."""
-        what = f"rounds compaction {where}"
-        f = Fields(document(raw, what), what, ("first", "last", "rounds", "items"))
-        first, last, docs = f.count("first"), f.count("last"), f.objects("rounds")
-        if len(docs) != last - first + 1 or first < 1:
-            raise IntegrityError(f"{what} is malformed: rounds is not a list of the {last - first + 1} rounds {first}..{last}")
-        try:
-            rounds = tuple(Round.from_json(items, number, round_key_of(number)) for number, items in enumerate(docs, start=first))
-        except IntegrityError as exc:
-            raise IntegrityError(f"{what}: {exc.message}") from None
-        return cls(first, last, rounds, tuple(ItemResult.from_json(d, f"{where} item {n}", "rounds compaction") for n, d in enumerate(f.objects("items"))))
