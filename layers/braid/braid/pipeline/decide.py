@@ -12,12 +12,11 @@ import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from braid import contract
 from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
 from braid.format.staging import MapItem, Round, SegmentRecord, SessionRecord, StreamEnd
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, Sleep, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, stream_complete
 from braid.pipeline.policies import ALL_ON, Policies
@@ -61,8 +60,6 @@ class Observation:
 @dataclass(frozen=True)
 class PlanRound:  # write these items as the next round (it may turn out adopted: `adopt`)
     items: tuple[MapItem, ...]
-    inline: bool  # small enough to run as an inline Map
-    final: bool  # planned after stream end (the state machine warms Finalize)
 
 
 @dataclass(frozen=True)
@@ -137,23 +134,13 @@ def _idle(cursor: PlanCursor, ready_chunks: int, streaming: bool, now: float, ru
 def plan_round(cursor: PlanCursor, ready: list[SegmentRecord], carry: list[MapItem], ended: bool, rules: Rules) -> PlanRound:
     """The next round: `carry` split into items of whole packs, then the ready segments' items.
 
-    A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
-    every worker, and runs inline when small enough (~2 s sooner: no Distributed Map run to start; item_sizing)."""
+    A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over every worker."""
     ready_chunks = sum(r.chunks for r in ready) + sum(item.count for item in carry)
     per_item = chunks_per_item(ready_chunks, rules.max_concurrency, rules.max_chunks_per_item, streaming=not ended)
-    inline_per_item = (
-        inline_chunks_per_item(ready_chunks, rules.max_concurrency, rules.max_chunks_per_item) if ended and rules.policies.inline_final_round else None
-    )
-    chunk_size, first, policies = rules.session.chunk_size, cursor.chunks, rules.policies
-    items: list[MapItem] = []
-    if inline_per_item is not None:
-        items = _finishing(carry, inline_per_item) + items_for_segments(ready, chunk_size, first, inline_per_item, policies=policies)
-    inline = 0 < len(items) <= inline_slots(rules)
-    if not inline:
-        chosen = select_ready(ready, per_item, rules.max_items)  # each input's chosen records continue its cursor
-        cut = not ended and policies.cut_items
-        items = _finishing(carry, per_item) + items_for_segments(chosen, chunk_size, first, per_item, cut=cut, policies=policies)
-    return PlanRound(tuple(items), inline, final=ended and policies.warm_finalize)
+    chosen = select_ready(ready, per_item, rules.max_items)  # each input's chosen records continue its cursor
+    cut = not ended and rules.policies.cut_items
+    segments = items_for_segments(chosen, rules.session.chunk_size, cursor.chunks, per_item, cut=cut, policies=rules.policies)
+    return PlanRound(tuple(_finishing(carry, per_item) + segments))
 
 
 def adopt(cursor: PlanCursor, found: Round, now: float, ref: BackupRef) -> PlanCursor:
@@ -162,10 +149,6 @@ def adopt(cursor: PlanCursor, found: Round, now: float, ref: BackupRef) -> PlanC
     if planned and planned[0].first_index != cursor.chunks:
         raise IntegrityError(f"plan round {found.key} of {ref} starts chunk indexes at {planned[0].first_index}, expected {cursor.chunks}")
     return replace(cursor.with_round(found, now), check=check_of(found.key, found.number))
-
-
-def inline_slots(rules: Rules) -> int:
-    return min(contract.INLINE_MAP_MAX_ITEMS, rules.max_concurrency)
 
 
 def items_for_segments(

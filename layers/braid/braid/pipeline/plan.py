@@ -35,7 +35,7 @@ from braid.errors import BackupError
 from braid.format.ids import BackupRef
 from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
 from braid.format.staging.wake import ONLY_AT_END
-from braid.pipeline.decide import Action, Observation, PlanRound, Poll, Rules, Step, Wait, adopt, decide, inline_slots
+from braid.pipeline.decide import Action, Observation, PlanRound, Poll, Rules, Step, Wait, adopt, decide
 from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid.pipeline.pacing import Sleep
@@ -58,9 +58,6 @@ class PlanStatus:
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
     cursor: PlanCursor | None = field(default=None, compare=False)
-    # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
-    inline_items: tuple[MapItem, ...] = ()
-    final: bool = False  # a round planned after stream end (the state machine warms Finalize's container for it)
     # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
     wake_chunks: int = ONLY_AT_END
     wake_after_seconds: int = 0
@@ -76,9 +73,6 @@ class PlanStatus:
             PlanKey.PLANNED_CHUNKS: self.planned_chunks,
             PlanKey.IDLE_SECONDS: self.idle_seconds,
             PlanKey.WAIT_SECONDS: self.wait_seconds,
-            PlanKey.INLINE: bool(self.inline_items),
-            PlanKey.FINAL: self.final,
-            PlanKey.INLINE_ITEMS: [item.to_json() for item in self.inline_items],
             PlanKey.WAKE_CHUNKS: self.wake_chunks,
             PlanKey.WAKE_AFTER_SECONDS: self.wake_after_seconds,
             **({PlanKey.CURSOR: self.cursor.to_json()} if self.cursor is not None else {}),
@@ -180,7 +174,7 @@ def _act(area: StagingArea, state: PlanCursor, action: Action, now: float, rules
         after = adopt(state, found, now, rules.ref)
         return PlanStatus(
             PlanState.READY, round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks,
-            cursor=after, inline_items=found.items if action.inline and len(found.items) <= inline_slots(rules) else (), final=action.final,
+            cursor=after,
         )
     if isinstance(action, Sleep):
         return _status(
