@@ -140,7 +140,8 @@ def plan_round(cursor: PlanCursor, ready: list[SegmentRecord], carry: list[MapIt
     chosen = select_ready(ready, per_item, rules.max_items)  # each input's chosen records continue its cursor
     cut = not ended and rules.policies.cut_items
     segments = items_for_segments(chosen, rules.session.chunk_size, cursor.chunks, per_item, cut=cut, policies=rules.policies)
-    return PlanRound(tuple(_finishing(carry, per_item) + segments))
+    finishing = [piece for item in carry for piece in item.split(per_item)]  # what cut items left, in whole packs
+    return PlanRound(tuple(finishing + segments))
 
 
 def adopt(cursor: PlanCursor, found: Round, now: float, ref: BackupRef) -> PlanCursor:
@@ -156,20 +157,15 @@ def items_for_segments(
 ) -> list[MapItem]:
     """Cut segments into items of `per_item` consecutive parts; indexes follow record order; checked records (a
     checksum per part). `cut`: MapItem.cut (a streaming round's). `policies`: each item's packs (Policies.packs)."""
-    items = []
-    index = first_index
+    items, index = [], first_index
     for record in records:
-        part = 1
-        while part <= record.chunks:
+        for part in range(1, record.chunks + 1, per_item):
             count = min(per_item, record.chunks - part + 1)
             checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
-            items.append(
-                MapItem(
-                    record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums,
-                    cut=cut, packs=policies.packs(count),
-                )
-            )
-            part += count
+            items.append(MapItem(
+                record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums,
+                cut=cut, packs=policies.packs(count),
+            ))
             index += count
     return items
 
@@ -186,7 +182,3 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
         items += needed
     return chosen
 
-
-def _finishing(carry: list[MapItem], per_item: int) -> list[MapItem]:
-    """What cut items left, as items of whole packs of about `per_item` chunks (MapItem.split)."""
-    return [piece for item in carry for piece in item.split(per_item)]
