@@ -147,24 +147,32 @@ def plan_next_round(
     seen = Observation(carry=checked.remainders)
     while True:
         now = clock()
-        if state.held is not None:
-            state, again = watch_hold(area, state, now)
-            if again:
-                return _map_again(state, again)
-            if state.held is not None:
-                check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
-        if state.held is None:
-            ready = _read_new_records(area, session, state, seen.ready)
-            seen = replace(seen, ready=ready, found_new=len(ready) > len(seen.ready), end=area.read_stream_end())
-            check_not_abandoned(ref, seen.end)  # before planning more work for a stream that will never end
+        state, seen, again = _observe(area, session, state, seen, now)
+        if again:
+            return _map_again(state, again)
         state, action = decide(state, seen, now, rules)
         if action is Step.READ_LEASE:
             seen = replace(seen, lease=lease_digest(area.read_agent_lease()), lease_read_at=now)
             state, action = decide(state, seen, now, rules)
-        if isinstance(action, Poll):
-            sleep(action.seconds)
-            continue
-        return _act(area, state, action, now, rules)
+        if not isinstance(action, Poll):
+            return _act(area, state, action, now, rules)
+        sleep(action.seconds)
+
+
+def _observe(
+    area: StagingArea, session: SessionRecord, state: PlanCursor, seen: Observation, now: float,
+) -> tuple[PlanCursor, Observation, list[MapItem] | None]:
+    """Watch the hold (a resume releases it, maybe with items to map again), or read what is new; refuse an abandoned stream."""
+    if state.held is not None:
+        state, again = watch_hold(area, state, now)
+        if state.held is not None:
+            check_not_abandoned(area.ref, area.read_stream_end())  # an explicit abandon ends the hold
+        if again or state.held is not None:
+            return state, seen, again
+    ready = _read_new_records(area, session, state, seen.ready)
+    seen = replace(seen, ready=ready, found_new=len(ready) > len(seen.ready), end=area.read_stream_end())
+    check_not_abandoned(area.ref, seen.end)  # before planning more work for a stream that will never end
+    return state, seen, None
 
 
 def _act(area: StagingArea, state: PlanCursor, action: Action, now: float, rules: Rules) -> PlanStatus:
