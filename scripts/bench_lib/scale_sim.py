@@ -1,7 +1,8 @@
 """Scale simulation: the real planner and Finalize over a synthetic multi-TiB backup, counted.
 
 What runs is the product's own code: `braid.pipeline.prepare.prepare_backup`,
-`braid.pipeline.plan.plan_next_round` (its watch, cursor and pacing) and
+`braid.pipeline.plan.plan_next_round` (its watch, cursor and pacing: the
+I/O shell over the pure `braid.pipeline.decide.decide`) and
 `braid.pipeline.finalize.finalize_step` (rounds, results, LIST presence
 check, manifest seal/publish/read-back, staging removal), against an
 in-memory store (`CountingStore`) that counts every request each Lambda

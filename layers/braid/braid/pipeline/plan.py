@@ -33,13 +33,13 @@ from typing import Any
 from braid.contract import PlanKey, PlanState
 from braid.errors import BackupError
 from braid.format.ids import BackupRef
-from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
+from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd
 from braid.format.staging.wake import ONLY_AT_END
 from braid.pipeline.decide import Action, Observation, PlanRound, Poll, Rules, Step, Wait, adopt, decide
 from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid.pipeline.pacing import Sleep
-from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor
+from braid.pipeline.plan_cursor import PlanCursor, check_continues, lease_digest, recover_cursor
 from braid.pipeline.policies import ALL_ON, Policies
 from braid.pipeline.replan import check_last_map, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
@@ -128,10 +128,7 @@ def plan_next_round(
     area = StagingArea(store, ref)
     session = area.read_session()
     now = clock()
-    if cursor is None:
-        state = recover_cursor(area, session, now, idle_seconds) if store_has_rounds(area) else replace(fresh_cursor(session, now), progress=now - idle_seconds)
-    else:
-        state = PlanCursor.from_json(cursor, len(session.inputs))
+    state = recover_cursor(area, session, now, idle_seconds) if cursor is None else PlanCursor.from_json(cursor, len(session.inputs))
     rules = Rules(
         ref, session, max_concurrency, max_chunks_per_item, poll_seconds, stall_seconds, deadline=now + max(0.0, watch_seconds),
         watching=watch_seconds > 0, max_items=max_items, min_round_seconds=min_round_seconds,
@@ -222,10 +219,6 @@ def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
         PlanState.READY, round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
         planned_chunks=state.chunks, cursor=state,
     )
-
-
-def store_has_rounds(area: StagingArea) -> bool:
-    return next(iter(area.store.list(rounds_prefix(area.ref))), None) is not None
 
 
 def _read_new_records(area: StagingArea, session: SessionRecord, state: PlanCursor, ready: tuple[SegmentRecord, ...]) -> tuple[SegmentRecord, ...]:
