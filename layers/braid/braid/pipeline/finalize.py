@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from braid.contract import BACKUP_COMPLETED, ENGINE_STEPFUNCTIONS
@@ -69,17 +69,7 @@ class Summary:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "backup": self.backup,
-            "repository": self.repository,
-            "manifest": self.manifest,
-            "inputs": self.inputs,
-            "chunks": self.chunks,
-            "plaintext_bytes": self.plaintext_bytes,
-            "stored_bytes": self.stored_bytes,
-            "ratio": round(self.ratio, 4),
-            "seconds": round(self.seconds, 3),
-        }
+        return {**asdict(self), "ratio": round(self.ratio, 4), "seconds": round(self.seconds, 3)}
 
 
 def summarize(manifest: Manifest, store_url: str, seconds: float) -> Summary:

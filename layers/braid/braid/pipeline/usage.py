@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from braid.contract import PlanState
 from braid.errors import IntegrityError
 from braid.format.usage import Usage, express_gb_seconds
 
@@ -53,11 +54,11 @@ def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
 def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int) -> Usage:
     """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
     usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
-    if status == "ready":
+    if status == PlanState.READY:
         usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
-    elif status == "sleeping":  # SleepUntilWoken
+    elif status == PlanState.SLEEPING:  # SleepUntilWoken
         usage = usage + Usage(requests=dict(WAKE_WRITER), transitions=1)
-    elif status != "done":  # waiting, or held: WaitForSegments
+    elif status != PlanState.DONE:  # waiting, or held: WaitForSegments
         usage = usage + Usage(transitions=1)
     return usage
 
