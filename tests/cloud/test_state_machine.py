@@ -249,16 +249,15 @@ def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Clo
     assert cloud.keys_under(staging_prefix(ref)) == []
     assert cloud.open_uploads(staging_prefix(ref)) == []
     assert cloud.staging_versions(staging_prefix(ref)) == []  # no plaintext kept as old versions either
-    # More than one round ran: fan-out began before the stream ended. The
-    # last round may be the inline map, which starts no map run.
+    # More than one round ran: fan-out began before the stream ended.
     assert rounds(cloud, arn) >= 2
 
 
 def rounds(cloud: Cloud, arn: str) -> int:
-    """Rounds of either kind: a Distributed Map run, or the inline final round."""
+    """Rounds: Distributed Map runs."""
     history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
     entered = [e["stateEnteredEventDetails"]["name"] for e in history if e["type"] == "MapStateEntered"]
-    return sum(1 for name in entered if name in ("ProcessChunks", "ProcessFinalRound"))
+    return sum(1 for name in entered if name == "ProcessChunks")
 
 
 def sleeping(cloud: Cloud, ref: BackupRef, arn: str) -> WakeRecord:
@@ -343,22 +342,6 @@ def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Clou
     assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
     assert cloud.lambdas.invocation_count(worker) == 3 + 1
     assert cloud.restore(ref) == inputs
-
-
-def test_a_failed_warm_up_of_finalize_changes_nothing_but_that(cloud: Cloud) -> None:
-    ref = BackupRef.new("db")
-    inputs = [pattern(CHUNK * 3, 5)]
-    cloud.stage_backup(ref, inputs, segment_chunks=4)
-    finalize = cloud.deployed.functions["finalize"]
-    warm_ups: list[dict[str, Any]] = []
-    cloud.lambdas.fail(finalize, lambda: StorageError("Lambda could not start the container"), times=None,
-                       when=lambda e: e.get("warm") is True and not warm_ups.append(e))
-
-    result = cloud.wait(cloud.start(ref, max_concurrency=4, max_chunks_per_item=1))
-
-    assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
-    assert warm_ups == [{"warm": True, "backup": str(ref)}]  # the one round, planned after stream end, warmed it first
-    assert cloud.lambdas.invocation_count(finalize) == 2 and cloud.restore(ref) == inputs
 
 
 def wait_for_hold(cloud: Cloud, ref: BackupRef, arn: str, timeout: float = 90) -> HoldRecord:

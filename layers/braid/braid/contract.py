@@ -61,13 +61,8 @@ DEFAULT_WORKER_LANES = 4
 # Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
 # chunks of its item as one create-only PUT (smaller runs at the item's ends: braid.format.staging.rounds.pack_sizes),
 # so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
-# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (1, 5, 5, 5, 5, 5, 3, 2, 1).
+# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (5, 5, 4, 4, 4, 4, 3, 2, 1).
 CHUNKS_PER_PACK = 5
-# The final round's items run in an inline Map of the backup execution when they are this few (AWS runs
-# at most 40 iterations of an inline Map at once): no Distributed Map run to start after stream end
-# (braid.pipeline.item_sizing.inline_chunks_per_item). Its iterations' events go into the execution's
-# history, which a final round adds once per backup.
-INLINE_MAP_MAX_ITEMS = 40
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
@@ -134,9 +129,6 @@ class PlanKey(StrEnum):
     PLANNED_CHUNKS = "planned_chunks"
     IDLE_SECONDS = "idle_seconds"
     WAIT_SECONDS = "wait_seconds"  # WaitForSegments' wait, SleepUntilWoken's timeout
-    INLINE = "inline"  # the round runs as ProcessFinalRound (an inline Map)
-    INLINE_ITEMS = "inline_items"  # its items
-    FINAL = "final"  # planned after stream end: WarmFinalize first
     WAKE_CHUNKS = "wake_chunks"
     WAKE_AFTER_SECONDS = "wake_after_seconds"
     WAKE_OBJECT = "wake_object"  # full S3 key of the wake record SleepUntilWoken writes
