@@ -34,7 +34,7 @@ from braid.ops.rekey import rekey_repository
 from support.emulated_cloud import stack_iam
 from support.emulated_iam import OPERATOR_KEY, StackIam, json_authorizations, s3_authorizations
 from support.iam_policy import ALLOW
-from support.moto_stack import SynthesizedStack, synthesize
+from support.moto_stack import SynthesizedStack, braid_functions, synthesize
 
 pytestmark = pytest.mark.cloud
 
@@ -76,7 +76,7 @@ def publish(cloud: Cloud, inputs: list[bytes]) -> BackupRef:
 
 
 def test_the_pipeline_writes_every_chunk_and_the_manifest_locked_and_leaves_no_staging(cloud: Cloud, synthesized: SynthesizedStack) -> None:
-    functions = [r for r in synthesized.template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    functions = list(braid_functions(synthesized.template).values())
     assert functions and all(f["Properties"]["Environment"]["Variables"][contract.ENV_OBJECT_LOCK] == "GOVERNANCE:2" for f in functions)
     inputs = [pattern(4096 * 5 + 77, 1), pattern(4096 * 2, 2)]
 

@@ -24,7 +24,7 @@ from test_stack import Placeholders, s3_grants, statements_of  # noqa: E402
 from braid import contract  # noqa: E402
 from braid_infra.nag import add_nag_checks  # noqa: E402
 from braid_infra.stack import BraidStack  # noqa: E402
-from support.moto_stack import cdk_context, resources_of  # noqa: E402
+from support.moto_stack import braid_functions, cdk_context, resources_of  # noqa: E402
 
 
 def synth(tmp_path: Path, context: dict[str, Any] | None = None, **props: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def test_the_bucket_has_object_lock_and_no_default_retention(locked: dict[str, A
 def test_without_the_option_nothing_of_it_is_there(plain: dict[str, Any]) -> None:
     assert "ObjectLockEnabled" not in repository_bucket(plain)
     assert contract.OUTPUT_OBJECT_LOCK not in plain["Outputs"]
-    functions = resources_of(plain, "AWS::Lambda::Function").values()
+    functions = braid_functions(plain).values()
     assert not any(contract.ENV_OBJECT_LOCK in f["Properties"]["Environment"]["Variables"] for f in functions)
     assert retention_grants(plain) == set()
     assert "LockedManifests" not in json.dumps(resources_of(plain, "AWS::S3::BucketPolicy"))
@@ -81,7 +81,7 @@ def test_without_the_option_nothing_of_it_is_there(plain: dict[str, Any]) -> Non
 
 def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_write(locked: dict[str, Any]) -> None:
     assert locked["Outputs"][contract.OUTPUT_OBJECT_LOCK]["Value"] == "COMPLIANCE:30"
-    functions = resources_of(locked, "AWS::Lambda::Function").values()
+    functions = braid_functions(locked).values()
     assert all(f["Properties"]["Environment"]["Variables"][contract.ENV_OBJECT_LOCK] == "COMPLIANCE:30" for f in functions)
     assert {(role.rstrip("0123456789ABCDEF"), resource) for role, resource in retention_grants(locked)} == {
         ("FunctionsWorkerRole", "data/*"),

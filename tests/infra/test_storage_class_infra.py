@@ -24,7 +24,7 @@ from test_stack import LEAST_PRIVILEGE, s3_grants  # noqa: E402
 from braid import contract  # noqa: E402
 from braid_infra.nag import add_nag_checks  # noqa: E402
 from braid_infra.stack import BraidStack  # noqa: E402
-from support.moto_stack import cdk_context, resources_of  # noqa: E402
+from support.moto_stack import braid_functions, cdk_context  # noqa: E402
 
 
 def synth(tmp_path: Path, context: dict[str, Any] | None = None, **props: Any) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def synth(tmp_path: Path, context: dict[str, Any] | None = None, **props: Any) -
 
 def environments(template: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Each function's environment, by its description's first words (e.g. "Braid Prune planner")."""
-    return {f["Properties"]["Description"]: f["Properties"]["Environment"]["Variables"] for f in resources_of(template, "AWS::Lambda::Function").values()}
+    return {f["Properties"]["Description"]: f["Properties"]["Environment"]["Variables"] for f in braid_functions(template).values()}
 
 
 @pytest.fixture(scope="module")

@@ -66,6 +66,11 @@ def resources_of(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any
     return {lid: r for lid, r in template["Resources"].items() if r["Type"] == kind}
 
 
+def braid_functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Braid's own Lambda functions: all but the one CDK adds to set the bucket's event notifications."""
+    return {k: f for k, f in resources_of(template, "AWS::Lambda::Function").items() if not k.startswith("BucketNotificationsHandler")}
+
+
 def data_key_id(template: dict[str, Any]) -> str:
     """The logical id of the key that wraps data keys (the Keys construct's; the alarm topic has its own)."""
     (key_id,) = [lid for lid in resources_of(template, "AWS::KMS::Key") if lid.startswith("Keys")]
