@@ -370,7 +370,8 @@ def rows_for(
     """Every (size, workers, stream rate) through the simulation at the published network rate, priced; the JSON rows.
 
     `cpu_speed`: Graviton2 vs this machine, for the coordinators' measured CPU (the worker's is `cpu_arm`, already scaled)."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed,
+               "coordinators": scale_sim.calibrate_coordinators()}
     network = scale_sim.lambda_network_mb_s(memory)
     return [
         simulated_row(tib, workers, rate, memory, network, options, log) for tib in SIZES_TIB for workers in WORKERS for rate in STREAM_MB_S
@@ -381,7 +382,8 @@ def sensitivity_rows(
     cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
 ) -> list[dict[str, Any]]:
     """1 TiB x 500 workers x 300 MB/s over worker memory (at its published network rate) and over network rate (at `memory`)."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed,
+               "coordinators": scale_sim.calibrate_coordinators()}
     cases = [(m, scale_sim.lambda_network_mb_s(m)) for m in SENSITIVITY_MEMORY_MB] + [(memory, n) for n in SENSITIVITY_NETWORK_MB_S]
     return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
 
