@@ -527,17 +527,22 @@ class ItemTimeline:
     io_per_chunk: float  # NIC seconds per chunk, both ways
 
     @classmethod
-    def of(cls, chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None) -> ItemTimeline:
+    def of(
+        cls, chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None, read_ratio: float = 1.0,
+    ) -> ItemTimeline:
+        """`read_ratio`: staged bytes per plaintext byte (1: the agent stages the stream as it is; below 1, a host-side
+        pre-compression the worker undoes before its codec, which the model only prices: cloud_model.precompression_rows)."""
         mb = 1e6
         size = chunk / mb
-        ranged = size / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
+        staged = size * read_ratio
+        ranged = staged / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
         arrivals = [ranged * (i + 1) for i in range(min(chunks, item_flow.FIRST_RANGED_CHUNKS))]
         rest = chunks - len(arrivals)
         if rest:
             start = arrivals[-1]
             rate = min(lanes * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)  # MB/s of the read-ahead
             batch = min(lanes, rest)
-            arrivals += [start + max(batch, j + 1) * size / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
+            arrivals += [start + max(batch, j + 1) * staged / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
         encoded, done = [], 0.0
         for arrival in arrivals:
             done = max(done, arrival) + cpu_chunk
@@ -548,7 +553,7 @@ class ItemTimeline:
             first += pack
             end = max(end, encoded[first - 1] + pack * size * ratio / LAMBDA_S3_MB_S)
             ends.append(end)
-        return cls(sizes, arrivals, encoded, ends, size * (1 + ratio) / LAMBDA_NIC_MB_S)
+        return cls(sizes, arrivals, encoded, ends, size * (read_ratio + ratio) / LAMBDA_NIC_MB_S)
 
     def seconds(self, packs: int) -> float:
         """The item's duration if it stores its first `packs` packs (all of them, unless it is cut)."""
@@ -636,8 +641,8 @@ class Simulation:
 class _Agent:
     """The synthetic agent: writes what braid.agent.uploader would have by each moment."""
 
-    def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float) -> None:
-        self.store, self.ref, self.session, self.rate = store, ref, session, rate
+    def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float, staged_ratio: float = 1.0) -> None:
+        self.store, self.ref, self.session, self.rate, self.staged_ratio = store, ref, session, rate, staged_ratio
         self.area = StagingArea(store, ref)
         self.seg_bytes = session.segment_chunks * session.chunk_size
         self.total = total
@@ -679,7 +684,7 @@ class _Agent:
         self.area.write_segment_record(record)
         # CreateMultipartUpload, UploadPart per part (of part_chunks chunks), CompleteMultipartUpload, the record's PUT;
         # then the GET of the wake record (braid.agent.wake: after every segment record, and at the end).
-        self.requests["PUT"] += 1 + math.ceil(chunks / self.session.part_chunks) + 1 + 1
+        self.requests["PUT"] += 1 + math.ceil(chunks * self.staged_ratio / self.session.part_chunks) + 1 + 1
         self.requests["GET"] += 1
 
     def wake_time(self, now: float, chunks: int, after: float, timeout: float) -> tuple[float, bool]:
@@ -734,13 +739,16 @@ def simulate(
     trace_memory: bool = False,
     cpu_speed: float = ARM_SPEED,
     coordinators: CoordinatorCpu | None = None,
+    staged_ratio: float = 1.0,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
     `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc). `coordinators`: the price
     of their counted work in CPU seconds on this machine (default COORDINATOR_CPU; calibrate_coordinators() measures it).
     `cpu_speed`: Graviton2's per-core speed relative to this machine, which that CPU is divided by (scripts/bench
-    cloud-model passes the factor it measured with zstd, as for the worker)."""
+    cloud-model passes the factor it measured with zstd, as for the worker). `staged_ratio`: staged bytes per stream
+    byte, below 1 for a host-side pre-compression (modelled, not built: the agent's parts, staging storage and the
+    workers' reads shrink by it; `worker_cpu` then includes undoing it)."""
     calibration = calibration or calibrate_worker()
     coordinators = COORDINATOR_CPU if coordinators is None else coordinators
     clock = _Clock()
@@ -758,7 +766,7 @@ def simulate(
             part_chunks=default_part_chunks(chunk_size, 1, DEFAULT_CONCURRENCY),
         )
         StagingArea(store, ref).write_session(session)
-        agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
+        agent = _Agent(store, ref, session, total, stream_mb_s * 1e6, staged_ratio)
         clock.agent = agent
 
         def invoke(function: str, call: Any, *, cold: bool = False, warmed: bool = False) -> Any:
@@ -841,7 +849,7 @@ def simulate(
             duration, billed, containers = _run_items(
                 store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
                 worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
-                warm=containers, now=clock.now, ended_at=agent.end_at,
+                warm=containers, now=clock.now, ended_at=agent.end_at, read_ratio=staged_ratio,
             )
             rounds.append((clock.now, duration))
             items_total += len(found)
@@ -861,7 +869,7 @@ def simulate(
         # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker
         # states; Finalize, Succeed
         transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
-        staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
+        staged = staged_ratio * sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)
         return Simulation(
@@ -937,7 +945,7 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
     worker_cpu: float, ratio: float, lanes: int, invocations: Counter[tuple[ItemShape, float]], *, start: float = MAP_START_SECONDS,
-    warm: int = 0, now: float = 0.0, ended_at: float | None = None,
+    warm: int = 0, now: float = 0.0, ended_at: float | None = None, read_ratio: float = 1.0,
 ) -> tuple[float, float, int]:
     """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
     the worker containers started so far.
@@ -948,7 +956,7 @@ def _run_items(
     running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.
     Items run longest first on the least busy container, as round_wall."""
     area = StagingArea(store, ref)
-    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs) for i in items]
+    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs, read_ratio) for i in items]
     order = sorted(range(len(items)), key=lambda n: -timelines[n].seconds(len(timelines[n].packs)))
     running = max(1, min(workers, len(items)))
     lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)
