@@ -66,7 +66,9 @@ def retried(task: tasks.LambdaInvoke, errors: Sequence[str], policy: RetryPolicy
     return task
 
 
-def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_path: str | None) -> tasks.LambdaInvoke:
+def _invoke(
+    scope: Construct, name: str, function: lambda_.IFunction, result_path: str | None, payload: sfn.TaskInput | None = None,
+) -> tasks.LambdaInvoke:
     return tasks.LambdaInvoke(
         scope,
         name,
@@ -75,12 +77,17 @@ def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_pat
         payload_response_only=True,
         retry_on_service_exceptions=False,
         **({"result_path": result_path} if result_path is not None else {}),
+        **({"payload": payload} if payload is not None else {}),
     )
 
 
-def lambda_step(scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY) -> tasks.LambdaInvoke:
-    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client), and throttling."""
-    throttled = retried(_invoke(scope, name, function, result_path), [contract.LAMBDA_THROTTLED], STEP_THROTTLE_RETRY)
+def lambda_step(
+    scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY, *, payload: sfn.TaskInput | None = None,
+) -> tasks.LambdaInvoke:
+    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client), and throttling.
+
+    `payload`: what the function is given (default: the whole state)."""
+    throttled = retried(_invoke(scope, name, function, result_path, payload), [contract.LAMBDA_THROTTLED], STEP_THROTTLE_RETRY)
     return retried(throttled, LAMBDA_TRANSIENT, retry)
 
 

@@ -80,6 +80,7 @@ from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, ROUND_TARGET_CHUNKS, WATCH_SECONDS, round_interval
 from braid.pipeline.plan import plan_next_round
+from braid.pipeline.policies import ALL_ON, Policies
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, pack_sizes, packs_of, process_item
 from braid.ports.store import ObjectInfo
@@ -381,23 +382,29 @@ class ItemShape:
 
     `layout`: chunks of the item whose packs these are (MapItem.layout); `start`: this item's first chunk within
     it; `count`: its chunks; `cut`: whether it asks for the stream end at each pack boundary; `packs`: the packs it
-    stored (fewer than its own when it was cut)."""
+    stored (fewer than its own when it was cut); `sizes`: its own pack sizes (MapItem.packs, as the planner's policies
+    decided them; () for pack_sizes')."""
 
     layout: int
     start: int
     count: int
     cut: bool
     packs: int
+    sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            object.__setattr__(self, "sizes", tuple(pack_sizes(self.count, CHUNKS_PER_PACK)))
 
     @property
     def stopped(self) -> bool:
         """A cut item that stopped before its last pack (cut items are planned whole: their layout is their own)."""
-        return self.cut and self.packs < len(pack_sizes(self.layout, CHUNKS_PER_PACK))
+        return self.cut and self.packs < len(self.sizes)
 
     @classmethod
     def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
         layout_first, layout_count = item.layout_range
-        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs)
+        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs, item.packs)
 
 
 @dataclass(frozen=True)
@@ -423,7 +430,8 @@ class WorkerRequests:
         return Counter(self.by_chunks[chunks])
 
     def of_shape(self, shape: ItemShape) -> Counter[str]:
-        if (shape.layout, shape.start, shape.cut, shape.packs) == (shape.count, 0, False, len(pack_sizes(shape.count, self.chunks_per_pack))):
+        default = tuple(pack_sizes(shape.count, self.chunks_per_pack))
+        if (shape.layout, shape.start, shape.cut, shape.packs, shape.sizes) == (shape.count, 0, False, len(default), default):
             if shape.count in self.by_chunks:
                 return self.of(shape.count)
         if shape not in self.shapes:
@@ -461,8 +469,11 @@ def _run_count(keys: LocalKeyFile, chunk: int, shape: ItemShape) -> Counter[str]
     crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repo_id)
-    whole = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, shape.layout, 0, crcs, cut=shape.cut)
-    item = whole.piece(shape.start, shape.count) if (shape.start, shape.count) != (0, shape.layout) else whole
+    whole = (shape.start, shape.count) == (0, shape.layout)
+    item = MapItem(
+        segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1 + shape.start, shape.count, shape.start, crcs[shape.start : shape.start + shape.count],
+        None if whole else (1, shape.layout), shape.cut, shape.sizes,
+    )
     if shape.cut:  # the stream ends just before the boundary after `packs` packs (its check finds the record)
         _end_at_check(store, ref, shape.packs)
     store.current = Invocation("worker")
@@ -740,6 +751,7 @@ def simulate(
     cpu_speed: float = ARM_SPEED,
     coordinators: CoordinatorCpu | None = None,
     staged_ratio: float = 1.0,
+    policies: Policies = ALL_ON,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
@@ -748,7 +760,8 @@ def simulate(
     `cpu_speed`: Graviton2's per-core speed relative to this machine, which that CPU is divided by (scripts/bench
     cloud-model passes the factor it measured with zstd, as for the worker). `staged_ratio`: staged bytes per stream
     byte, below 1 for a host-side pre-compression (modelled, not built: the agent's parts, staging storage and the
-    workers' reads shrink by it; `worker_cpu` then includes undoing it)."""
+    workers' reads shrink by it; `worker_cpu` then includes undoing it).
+    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner."""
     calibration = calibration or calibrate_worker()
     coordinators = COORDINATOR_CPU if coordinators is None else coordinators
     clock = _Clock()
@@ -812,6 +825,7 @@ def simulate(
                     store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
                     poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
                     watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
+                    policies=policies,
                 ),
                 cold=previous is None,
             )

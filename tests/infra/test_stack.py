@@ -7,6 +7,7 @@ Synthesized offline with the Python API and cdk.json's context, cdk-nag
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -465,13 +466,15 @@ def test_state_machine_definition(template: Template) -> None:
                                 ),
                                 "FinalizeFailed": {
                                     "Type": "Pass",
-                                    "Parameters": {"step": "Finalize", "id.$": "States.UUID()"},
+                                    "Parameters": {"step": "Finalize"},
                                     "ResultPath": "$.failed",
                                     "Next": "Hold",
                                 },
                                 "Hold": Match.object_like(
                                     {
                                         "Next": "SegmentsReady?",
+                                        # The Hold entry: the Plan function holds because this state calls it so.
+                                        "Parameters": {contract.HOLD_ENTRY: {"step.$": "$.failed.step", "error.$": "$.error"}, f"{contract.HOLD_STATE}.$": "$"},
                                         "ResultPath": "$.plan",
                                         "Catch": [
                                             Match.object_like({"ErrorEquals": list(contract.FINAL_PIPELINE_ERRORS), "Next": "Cleanup"}),
@@ -547,6 +550,35 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
     reads = json.dumps([s for s in statements_of(template, "FunctionsPruneRole") if "s3:GetObject" in actions([s])])
     writes = json.dumps([s for s in statements_of(template, "FunctionsPruneRole") if set(actions([s])) & {"s3:PutObject", "s3:DeleteObject"}])
     assert "/policies/*" in reads and "/policies/" not in writes
+
+
+def _paths(node: Any) -> list[str]:
+    """Every string of a definition (keys and values) that names a path in the state's $.plan."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _paths(k) + _paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _paths(v)]
+    return re.findall(r"\$\.plan\.([A-Za-z_]+)", node) if isinstance(node, str) else []
+
+
+def test_every_plan_key_the_state_machine_reads_is_a_contract_name(template: Template) -> None:
+    definition = json.loads(Placeholders().render(backup_machine(template)["Properties"]["DefinitionString"]))
+    read = _paths(definition)
+    assert {"status", "items_object", "max_concurrency", "inline_items", "wait_seconds", "wake_object"} <= set(read)
+    assert set(read) <= {str(key) for key in contract.PlanKey}, set(read) - {str(key) for key in contract.PlanKey}
+    statuses = {c["StringEquals"] for c in _conditions(definition) if c.get("Variable") == contract.plan_path(contract.PlanKey.STATUS)}
+    assert statuses and statuses <= {str(state) for state in contract.PlanState}
+    # Nothing tells a hold by comparing ids any more.
+    assert "States.UUID" not in json.dumps(definition) and "hold_id" not in json.dumps(definition)
+
+
+def _conditions(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        own = [node] if "Variable" in node else []
+        return own + [c for v in node.values() for c in _conditions(v)]
+    if isinstance(node, list):
+        return [c for v in node for c in _conditions(v)]
+    return []
 
 
 def _state(template: Template, name: str) -> dict[str, Any]:
