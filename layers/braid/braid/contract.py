@@ -74,13 +74,16 @@ WORKER_MEMORY_MB = 1769
 # The most worker invocations one map runs at once: every map's MaxConcurrency (--fan-out) is clamped to it.
 # Reserving it is opt-in (CDK context braid:worker-concurrency=N reserves N and clamps to N): a reservation
 # must leave the account 100 unreserved, so a default one would fail `cdk deploy` on accounts with a low
-# Lambda quota (new accounts often start low). Unreserved, concurrent backups share the account's pool and
-# a throttled invoke is retried with back-off (LAMBDA_THROTTLED).
+# Lambda quota (new accounts often start low). Either way it is the budget every running backup of the stack
+# shares: each map runs its backup's share (braid.pipeline.account_budget), and a throttled invoke is retried
+# with back-off (LAMBDA_THROTTLED).
 DEFAULT_WORKER_CONCURRENCY = 500
-# Seconds per worker attempt, and retries after the first: attempts x timeout
-# plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
+# Seconds per worker attempt, and retries after the first: attempts x (timeout + Lambda's 10 s INIT, which
+# runs outside the timeout) plus the backoffs (2 s doubling) and the throttle retry's must stay inside an
+# EXPRESS child's 300 s (tests/infra). Two retries leave the throttle retry a minute of back-off.
 WORKER_TIMEOUT_SECONDS = 60
-WORKER_RETRIES = 3
+WORKER_RETRIES = 2
+LAMBDA_INIT_SECONDS = 10  # "The Init phase is limited to 10 seconds" (Lambda, Understanding the execution environment lifecycle)
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
