@@ -71,11 +71,11 @@ from braid.format.lease import LeaseRecord
 from braid.format.manifest import ChunkEntry
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
-from braid.format.staging.keys import agent_lease_key, stream_end_key
+from braid.format.staging.keys import agent_lease_key, running_key, running_prefix, stream_end_key
 from braid.format.staging.reads import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.wake import WakeRecord
 from braid.format.timestamps import utc_now
-from braid.pipeline import item_flow
+from braid.pipeline import account_budget, item_flow
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, ROUND_TARGET_CHUNKS, WATCH_SECONDS, round_interval
@@ -614,6 +614,7 @@ class Simulation:
     inline_seconds: float = 0.0  # of `worker_seconds`, theirs
     containers: int = 0  # worker containers started (cold starts): the peak of items running at once
     rounds: list[tuple[float, float]] = field(default_factory=list)  # each map round's (start, wall seconds) on the virtual clock
+    item_spans: list[tuple[float, float]] = field(default_factory=list)  # each item's worker (start, end) on the virtual clock
 
     @property
     def express_items(self) -> int:
@@ -752,6 +753,8 @@ def simulate(
     coordinators: CoordinatorCpu | None = None,
     staged_ratio: float = 1.0,
     policies: Policies = ALL_ON,
+    budget: int | None = None,
+    others: int = 0,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
@@ -761,7 +764,10 @@ def simulate(
     cloud-model passes the factor it measured with zstd, as for the worker). `staged_ratio`: staged bytes per stream
     byte, below 1 for a host-side pre-compression (modelled, not built: the agent's parts, staging storage and the
     workers' reads shrink by it; `worker_cpu` then includes undoing it).
-    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner."""
+    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner.
+    `budget`: the stack's worker budget; each Plan call first takes this backup's share of it, with `others` backups
+    running beside it (braid.pipeline.account_budget, as functions/plan/app.py: their planners' registrations are
+    renewed as theirs would be), and the map runs that many items at once. None: the map runs `workers`."""
     calibration = calibration or calibrate_worker()
     coordinators = COORDINATOR_CPU if coordinators is None else coordinators
     clock = _Clock()
@@ -817,18 +823,33 @@ def simulate(
         map_seconds = 0.0
         worker_invocations: Counter[tuple[ItemShape, float]] = Counter()
         rounds: list[tuple[float, float]] = []
+        spans: list[tuple[float, float]] = []
+        renewed = {BackupRef.new(f"other{n}"): -math.inf for n in range(others)}  # each other planner's last registration
+        fan_out = [workers]  # this backup's map concurrency: its share of `budget`, as its last Plan call took it
+
+        def plan_call(cursor: Any) -> Any:
+            if budget is not None:
+                saved, store.current = store.current, None  # the other backups' planners' renewals, not this call's
+                for other, last in renewed.items():
+                    if clock.now - last >= account_budget.REFRESH_SECONDS:
+                        store.delete([info.key for info in store.list(running_prefix(other))])
+                        store.put(running_key(other, int(clock.now)), b"{}")
+                        renewed[other] = clock.now
+                store.current = saved
+                fan_out[0] = account_budget.share(store, ref, budget=budget, requested=workers, now=clock.now)
+            status = plan_next_round(
+                store, ref, max_concurrency=fan_out[0], max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
+                poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
+                watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
+                policies=policies,
+            )
+            if budget is not None and status.status == "done":
+                account_budget.release(store, ref)
+            return status
+
         while True:
             cursor = previous.get("cursor") if previous else None
-            status = invoke(
-                "plan",
-                lambda cursor=cursor: plan_next_round(
-                    store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
-                    poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
-                    watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
-                    policies=policies,
-                ),
-                cold=previous is None,
-            )
+            status = invoke("plan", lambda cursor=cursor: plan_call(cursor), cold=previous is None)
             previous = status.to_json()
             events += EVENTS["task"] + EVENTS["choice"]
             if events > 4 * HISTORY_QUOTA:
@@ -861,9 +882,9 @@ def simulate(
             else:
                 events += EVENTS["map"]
             duration, billed, containers = _run_items(
-                store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
+                store, ref, found, key, calibration, min(fan_out[0], contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else fan_out[0],
                 worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
-                warm=containers, now=clock.now, ended_at=agent.end_at, read_ratio=staged_ratio,
+                warm=containers, now=clock.now, ended_at=agent.end_at, read_ratio=staged_ratio, spans=spans,
             )
             rounds.append((clock.now, duration))
             items_total += len(found)
@@ -892,7 +913,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
-            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers, rounds=rounds,
+            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers, rounds=rounds, item_spans=spans,
         )
 
 
@@ -959,7 +980,7 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
     worker_cpu: float, ratio: float, lanes: int, invocations: Counter[tuple[ItemShape, float]], *, start: float = MAP_START_SECONDS,
-    warm: int = 0, now: float = 0.0, ended_at: float | None = None, read_ratio: float = 1.0,
+    warm: int = 0, now: float = 0.0, ended_at: float | None = None, read_ratio: float = 1.0, spans: list[tuple[float, float]] | None = None,
 ) -> tuple[float, float, int]:
     """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
     the worker containers started so far.
@@ -985,6 +1006,8 @@ def _run_items(
             seconds = timeline.seconds(stored)
             lanes_free[0] += seconds
             billed += seconds
+            if spans is not None:  # when the item's worker ran, on the virtual clock
+                spans.append((now + start + began, now + start + began + seconds))
             entries = []
             for pack in packs_of(item.chunks(), CHUNKS_PER_PACK, timeline.packs)[:stored]:  # one object per pack, as the worker stores them
                 offset = 0

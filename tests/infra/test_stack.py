@@ -794,3 +794,15 @@ def test_state_machines_invoke_published_versions_that_a_deploy_keeps(template: 
         assert "AWS::Lambda::Version" in kinds.values(), lid
     versions = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Version"]
     assert versions and all(v.get("DeletionPolicy") == "Retain" and v.get("UpdateReplacePolicy") == "Retain" for v in versions)
+
+
+def test_the_scale_models_throttle_ride_out_is_the_workers_throttle_retry() -> None:
+    """scripts/bench_lib/account_model.py holds a backup whose items stay throttled longer than this retry rides out."""
+    from braid_infra.steps import WORKER_THROTTLE_RETRY as retry
+
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_lib.account_model import THROTTLE_RIDE_OUT_SECONDS
+
+    waits = [min(retry.interval.to_seconds() * retry.backoff_rate**n, retry.max_delay.to_seconds()) for n in range(retry.max_attempts)]
+    assert sum(waits) == THROTTLE_RIDE_OUT_SECONDS

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import api_quota, precompression, retention_cost, s3proxy, scale_sim
+from bench_lib import account_model, api_quota, precompression, retention_cost, s3proxy, scale_sim
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -421,6 +421,7 @@ def run(ctx: Context) -> Section:
         [[row[c] for c in columns] for row in sensitivity],
     ))
     section.tables.append(precompression_table(ctx, cpu_arm, measured.ratio, memory, lanes, chunk, arm, notes))
+    section.tables.append(concurrent_table(cpu_arm, measured.ratio, memory, lanes, chunk, arm, ctx.log))
     key = next(r for r in rows if (r["tib"], r["workers"], r["stream_mb_s"]) == (1, 500, 300))
     section.tables.append(Table(
         "cost breakdown, 1 TiB at 500 workers, 300 MB/s ($ per TiB)",
@@ -506,6 +507,34 @@ def run(ctx: Context) -> Section:
 
 
 PRECOMPRESSION_UPLINKS_MB_S = (50.0, 300.0, 1000.0)
+CONCURRENT_STREAM_MB_S = (300, 1000)
+
+
+def concurrent_row(found: dict[str, Any], memory: int) -> dict[str, Any]:
+    """bench_lib.account_model's result as a row: its simulations priced together ($ per TiB of all the backups)."""
+    sims = found.pop("simulations")
+    total = sum(sum(price(sim, memory).values()) for sim in sims)
+    return {**found, "cost_per_tib": round(total / sum(sim.tib for sim in sims), 4), "lambda_network_mb_s": scale_sim.LAMBDA_NIC_MB_S}
+
+
+def concurrent_table(cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, log: Any = None) -> Table:
+    """Three 1 TiB backups at once, each asking for 500 workers, sharing the stack's worker budget (bench_lib.account_model)."""
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(),
+               "cpu_speed": arm, "coordinators": scale_sim.calibrate_coordinators()}
+    rows = []
+    for rate in CONCURRENT_STREAM_MB_S:
+        if log:
+            log(f"cloud-model: three concurrent 1 TiB backups at {rate} MB/s, with and without the shared budget ...")
+        with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
+            rows.append(concurrent_row(account_model.concurrent_backups(3, 1, rate, 500, contract.DEFAULT_WORKER_CONCURRENCY, **options), memory))
+    return Table(
+        "concurrent backups: three 1 TiB backups started together, each --fan-out 500, sharing the stack's worker budget"
+        f" ({contract.DEFAULT_WORKER_CONCURRENCY}, braid.pipeline.account_budget) against the budget as a reservation;"
+        " throttled invokes, backups held (throttled past the worker's throttle retry), and the same backups without the budget",
+        list(rows[0]),
+        [list(row.values()) for row in rows],
+        key="concurrent_backups",
+    )
 
 
 def precompression_table(ctx: Context, cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, notes: list[str]) -> Table:
