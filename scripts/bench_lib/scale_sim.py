@@ -97,14 +97,18 @@ EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6
 INLINE_ITERATION_EVENTS = 7
 
 # Assumptions (every one is printed by scripts/bench cloud-model).
-REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
-REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU
-FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
-ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
+# S3 round trip from Lambda for a small object: AWS gives "median latencies ... often in the tens of milliseconds range"
+# for requests under 512 KB (whitepaper "Best Practices Design Patterns: Optimizing Amazon S3 Performance", Timeouts
+# and Retries for Latency-Sensitive Applications); 15 ms is the low end of that range, an assumption.
+REQUEST_SECONDS = 0.015
+REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU: assumed (not published)
+# "At 1,769 MB, a function has the equivalent of one vCPU" (Lambda Developer Guide, Configure Lambda function memory).
+FULL_VCPU_MB = 1769
+ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine: assumed; scripts/bench cloud-model measures it with zstd
 # Not published by AWS; an assumption (the review found no measurement either), kept until a run on AWS measures it.
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
-INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions
-INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
+INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions (assumed, not published)
+INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke (assumed, not published)
 # A worker container's init (Python, the layer, the clients), billed since AWS bills the INIT phase. Containers are
 # reused: a round's items run first on the containers earlier rounds started (rounds are seconds to minutes apart,
 # well within the minutes Lambda keeps an idle container; AWS does not document how long), and only the rest start
@@ -113,7 +117,7 @@ INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 # Python 3 function with a ~20 MB layer is the order AWS's Lambda Power Tuning runs report. An assumption.
 COLD_START_SECONDS = 1.0
 # From the agent's segment (or stream-end) record to the sleeping planner's next call: the agent's GET of the wake
-# record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake).
+# record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake). Assumed (not published).
 WAKE_SECONDS = 0.2
 # One S3 stream (one GET or PUT connection): AWS's "Performance guidelines for Amazon S3" (S3 User Guide,
 # optimizing-performance-guidelines.html, "Scale storage connections horizontally") sizes one concurrent request

@@ -92,14 +92,17 @@ PRICES = {
 ASSUME = {
     # Graviton2, one core, `zstd -3 -T1` on the bench data set (seed 1, 30% random): 0.8 x the 290 MB/s of the x86 core
     # the model was first calibrated on. The worker's CPU here is scaled by (zstd here) / (zstd on Graviton2).
+    # Assumed (AWS publishes no zstd figure for Graviton2).
     "graviton_zstd3_mb_s": 232.0,
-    "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine
-    "express_memory_gb": 0.064,  # EXPRESS children billed in 64 MB steps
+    "arm_speed": 0.8,  # used only with --worker-cpu and no zstd: Graviton2 per-core speed vs this machine (assumed)
+    # EXPRESS children are billed by duration in 64 MB steps of memory: https://aws.amazon.com/step-functions/pricing/
+    # ("billed ... in 64-MB chunks"); the child's memory is assumed to fit the first step.
+    "express_memory_gb": 0.064,
     # S3 Standard, every version billed ("Normal Amazon S3 rates apply for every version of an object stored", S3 User
     # Guide, Versioning): a segment is billed from its upload until the planner deletes it by version id
     # (StagingArea.remove_segments; a plain delete on the versioned bucket kept it 1-2 more days), the rest until Finalize.
     "staging_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],
-    "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation
+    "logs_per_tib": 0.01,  # CloudWatch Logs + X-Ray, not counted by the simulation: assumed
 }
 
 # Child: put the data as one staging segment, then time process_item and store_chunk.
