@@ -101,8 +101,8 @@ def rows(
             per_chunk = chunk / codec["chunk_bytes"] if codec else 0.0
             worker_cpu = cpu_arm + (codec["decompress_cpu"] * per_chunk / arm if codec else 0.0)
             rate = host_rate(codec, uplink)
-            row = simulated_row(
-                tib, workers, round(rate, 1), memory, network, {**options, "worker_cpu": worker_cpu, "staged_ratio": staged}, log
+            row = simulated_row(  # one stream end: the rows compare bytes and cost (the tail's phases are the main table's)
+                tib, workers, round(rate, 1), memory, network, {**options, "worker_cpu": worker_cpu, "staged_ratio": staged}, log, phases=1,
             )
             host_cpu = codec["compress_cpu"] * per_chunk * (tib * TIB / chunk) if codec else 0.0
             found.append({

@@ -326,7 +326,7 @@ SENSITIVITY_NETWORK_MB_S = (50.0, 150.0, 300.0)
 
 
 def simulated_row(
-    tib: float, workers: int, rate: float, memory: int, network: float, options: dict[str, Any], log: Any = None,
+    tib: float, workers: int, rate: float, memory: int, network: float, options: dict[str, Any], log: Any = None, phases: int | None = None,
 ) -> dict[str, Any]:
     """One (size, workers, stream rate) through the simulation at `memory` MB and `network` MB/s per function, priced.
 
@@ -336,7 +336,7 @@ def simulated_row(
         log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers, {memory} MB, {network:g} MB/s network ...")
     scaled = {**options, "worker_cpu": options["worker_cpu"] * max(1.0, scale_sim.FULL_VCPU_MB / memory)}
     with scale_sim.network(network):
-        sims = scale_sim.simulate_end_phases(tib, rate, workers, PHASED_SIZES.get(tib, 1), **scaled)
+        sims = scale_sim.simulate_end_phases(tib, rate, workers, phases or PHASED_SIZES.get(tib, 1), **scaled)
     sim = sims[0]  # exactly `tib`: priced
     costs = price(sim, memory)
     tails = [s.seconds_after_stream_end for s in sims]
