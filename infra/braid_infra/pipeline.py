@@ -44,7 +44,6 @@ container after the last round.
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -53,8 +52,19 @@ from braid import contract
 from braid.contract import HOLD_ENTRY, HOLD_STATE, STATE_PLAN, PlanKey, PlanState, plan_path
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
-from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, WAKE_OBJECTS, Storage
+from braid_infra.steps import (
+    LAMBDA_TRANSIENT,
+    STEP_RETRY,
+    TRANSIENT,
+    WORKER_RETRY,
+    RetryPolicy,
+    ScopedJsonItemReader,
+    item_failed,
+    lambda_step,
+    logged_machine,
+    worker_step,
+)
+from braid_infra.storage import EXECUTION_TIMEOUT, PLAN_OBJECTS, STAGING_LIFETIME, WAKE_OBJECTS, Storage
 
 __all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
 
@@ -97,7 +107,10 @@ class BackupPipeline(Construct):
             self,
             "ProcessChunks",
             state_name="ProcessChunks",
-            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at(plan_path(PlanKey.ITEMS_OBJECT))),
+            # Round files (and re-plans) under staging/NAME/ID/plans/: the only objects the machine reads.
+            item_reader=ScopedJsonItemReader(
+                bucket=storage.bucket, key=sfn.JsonPath.string_at(plan_path(PlanKey.ITEMS_OBJECT)), objects=[storage.arn(PLAN_OBJECTS)]
+            ),
             # The input's --fan-out clamped by PlanSegments to the worker's reserved concurrency.
             max_concurrency_path=plan_path(PlanKey.MAX_CONCURRENCY),
             item_selector=WORKER_EVENT,
@@ -110,7 +123,13 @@ class BackupPipeline(Construct):
             # of a round's largest item number tolerates them all (the same as 100 %).
             tolerated_failure_count=MAX_ITEMS_PER_ROUND,
         )
-        process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
+        # A child whose Worker failed after every retry ends in ItemFailed, a success whose output is {}: a failed
+        # child's place in the map's output would hold its whole execution result (its input and the error's
+        # cause, a few KB), and the map's output is capped at 262,144 bytes like any state's (States.DataLimitExceeded,
+        # which would hold the backup at once instead of re-planning). The worker has recorded its error in staging,
+        # and the next PlanSegments plans every item without a result again (review 3, M1).
+        worker.add_catch(item_failed(self, "ItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        process.item_processor(worker)
 
         # The last round after stream end, when it is small (PlanSegments says "inline"): an inline Map
         # over the items in the state, whose Workers start at once instead of after a map run starts
@@ -119,9 +138,7 @@ class BackupPipeline(Construct):
         # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
         # items without a result again, then holds the backup.
         final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
-        final_worker.add_catch(
-            sfn.Pass(self, "FinalItemFailed", state_name="FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD
-        )
+        final_worker.add_catch(item_failed(self, "FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
         process_final = sfn.Map(
             self,
             "ProcessFinalRound",
@@ -254,5 +271,3 @@ class BackupPipeline(Construct):
         self.state_machine = logged_machine(
             self, "Backup", definition, comment="Braid backup: staged stream -> chunks -> verified manifest", timeout=EXECUTION_TIMEOUT
         )
-        # The ItemReader reads plan rounds straight from S3.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

@@ -84,6 +84,12 @@ DEFAULT_WORKER_CONCURRENCY = 500
 WORKER_TIMEOUT_SECONDS = 60
 WORKER_RETRIES = 2
 LAMBDA_INIT_SECONDS = 10  # "The Init phase is limited to 10 seconds" (Lambda, Understanding the execution environment lifecycle)
+# The WAL worker (infra/braid_infra/wal_archive.py), which scripts/bench_lib/wal_model.py prices: it is network-bound
+# (~76 MB/s below 2 GB whatever the memory), so a smaller function bills fewer GB-s per segment than a full vCPU would.
+WAL_MEMORY_MB = 512
+WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
+WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
+WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import account_model, api_quota, precompression, retention_cost, s3proxy, scale_sim
+from bench_lib import account_model, api_quota, precompression, retention_cost, s3proxy, scale_sim, wal_model
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -448,6 +448,8 @@ def run(ctx: Context) -> Section:
     ))
     section.tables.extend(policy_tables())
     section.tables.append(describe_table())
+    wal_tables, wal_facts = wal_section(ctx, arm, measured.ratio, key["cost_per_tib"])
+    section.tables.extend(wal_tables)
     section.facts = {
         **{
             f"worker item CPU per chunk over {run.transport}, this machine (process_item: GET + codec + CRC + PUT + result)": round(run.cpu_per_chunk, 3)
@@ -478,6 +480,7 @@ def run(ctx: Context) -> Section:
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
         "incremental fraction in the retention rows": f"{retention_cost.INCREMENTAL_FRACTION} (docs/design/incremental-chains.md, measured)",
+        **wal_facts,
     }
     notes.append(
         f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
@@ -565,6 +568,49 @@ def precompression_table(ctx: Context, cpu_arm: float, ratio: float, memory: int
         [list(row.values()) for row in found],
         key="precompression",
     )
+
+
+WAL_COLUMNS = ["mode", "wal_cost_per_tib", "backup_cost_per_tib", "wal_over_backup", "p99_seconds_to_final", "segment_seconds"]
+WAL_P99_TARGET = 60.0
+
+
+def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: float) -> tuple[list[Table], dict[str, Any]]:
+    """The `wal` table (bench_lib.wal_model): WAL archived through the stack, $ per TiB beside the backup path's, p99 seconds."""
+    with open(ctx.dataset().path, "rb") as handle:
+        data = handle.read(wal_model.SEGMENT)
+    codec_cpu = wal_model.measure_codec_cpu(data, ctx.args.level) / arm if len(data) == wal_model.SEGMENT else wal_model.ASSUME["codec_cpu_seconds"]
+    requests = wal_model.count_requests()
+    rows = wal_model.table_rows(requests, codec_cpu, ratio, backup_cost_per_tib)
+    tables = [
+        Table(
+            "wal: WAL through the stack (wal-push stages, the WAL worker archives in batches), $ per TiB of WAL beside the backup"
+            " path's (1 TiB at 500 workers, 300 MB/s), p99 seconds from exit 0 to the final encrypted object",
+            WAL_COLUMNS,
+            [[row[c] for c in WAL_COLUMNS] for row in rows],
+        ),
+        Table(
+            "wal cost breakdown, wal-push ($ per TiB of WAL) and p99 steps (s)",
+            ["item", "value"],
+            [[k, v] for k, v in rows[0]["costs_per_tib"].items()] + [[f"p99: {k}", v] for k, v in rows[0]["p99_steps"].items()],
+        ),
+        Table(
+            "wal targets",
+            ["target", "model", "limit", ""],
+            [
+                ["WAL $ per TiB (wal-push) <= the backup path's", rows[0]["wal_cost_per_tib"], rows[0]["backup_cost_per_tib"],
+                 "PASS" if rows[0]["wal_cost_per_tib"] <= backup_cost_per_tib else "MISS"],
+                ["p99 s from push to final form", rows[0]["p99_seconds_to_final"], f"<= {WAL_P99_TARGET:.0f}",
+                 "PASS" if rows[0]["p99_seconds_to_final"] <= WAL_P99_TARGET else "MISS"],
+            ],
+        ),
+    ]
+    facts = {
+        "wal codec CPU per 16 MiB segment on arm64": f"{codec_cpu:.3f} s (encode_wal measured here / {arm:.3f})",
+        "wal requests per segment, counted (host wal-push / --async / WAL worker)": f"{requests.host} / {requests.host_async} / {requests.worker}",
+        "wal worker (braid.contract)": f"{contract.WAL_MEMORY_MB} MB, batches of {contract.WAL_BATCH_SIZE}, window {contract.WAL_BATCH_WINDOW_SECONDS} s",
+        "wal assumptions": ", ".join(f"{k}={v}" for k, v in wal_model.ASSUME.items()),
+    }
+    return tables, facts
 
 
 def describe_table() -> Table:
