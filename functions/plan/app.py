@@ -54,7 +54,12 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
             status = hold_step_failure(store, request.ref, hold.step, hold.error, previous)
         else:
             # Concurrent backups share that budget: this one's map runs its share (braid.pipeline.account_budget).
-            max_concurrency = share(store, request.ref, budget=worker_concurrency(), requested=request.max_concurrency, now=time.time(), purge=purge)
+            # A held backup's planner, watching for --resume, runs no workers: the call that held it releases its
+            # share when it returns (after one watch), and the calls that watch take none until it plans again.
+            held = isinstance(previous, dict) and previous.get(PlanKey.STATUS) == PlanState.HELD
+            budget = worker_concurrency()
+            if not held:
+                max_concurrency = share(store, request.ref, budget=budget, requested=request.max_concurrency, now=time.time(), purge=purge)
             status = plan_next_round(
                 store,
                 request.ref,
@@ -71,8 +76,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 purge=purge,
                 policies=request.policies,
             )
-            if status.status == PlanState.DONE:
-                release(store, request.ref, purge)
+            if held and status.status == PlanState.READY:
+                max_concurrency = share(store, request.ref, budget=budget, requested=request.max_concurrency, now=time.time(), purge=purge)
+        if status.status in (PlanState.DONE, PlanState.HELD):  # a held backup runs no workers until --resume
+            release(store, request.ref, purge)
     carried = carried_usage(previous, f"$.{STATE_PLAN}")
     usage = plan_call_usage(carried, meter.usage(), status.status, status.items, inline=bool(status.inline_items), final=status.final)
     if hold is not None:
