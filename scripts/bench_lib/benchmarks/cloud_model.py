@@ -512,8 +512,9 @@ def run(ctx: Context) -> Section:
     return section
 
 
-PRECOMPRESSION_UPLINKS_MB_S = (50.0, 300.0, 1000.0)
-CONCURRENT_STREAM_MB_S = (300, 1000)
+# Kept few: the whole benchmark must finish in the acceptance check's 25 minutes on a loaded 2-core machine.
+PRECOMPRESSION_UPLINKS_MB_S = (300.0, 1000.0)
+CONCURRENT_STREAM_MB_S = (1000,)  # back-to-back rounds: the widest overlap (at 300 MB/s the three peak at ~106 workers)
 
 
 def concurrent_row(found: dict[str, Any], memory: int) -> dict[str, Any]:
