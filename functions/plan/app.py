@@ -4,7 +4,7 @@ Event: the state ({execution input..., "plan": previous result or absent}).
 Returns (state $.plan): {"status": "ready"|"waiting"|"sleeping"|"done", "round", "items_key",
 "items_object" (full S3 key for the ItemReader), "items", "chunks", "planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
 "wake_object" (full S3 key of the wake record: braid.format.staging.wake), "cursor", "max_concurrency"
-(the input's, clamped to the worker's reserved concurrency), "usage" (every call's
+(the input's, clamped to this backup's share of the worker budget: braid.pipeline.account_budget), "usage" (every call's
 so far, with the states they ran: braid.pipeline.usage)}. The cursor is
 what the next call continues from (braid.pipeline.plan_cursor); each call
 watches staging for up to braid.pipeline.pacing.WATCH_SECONDS, or says
@@ -19,11 +19,13 @@ and the "held" status returned, which the planner's next calls watch.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from braid.adapters.aws.lambda_env import S3StagingJanitor, repository_store, worker_concurrency
 from braid.contract import STATE_PLAN, PlanKey, PlanState
 from braid.format.staging import wake_key
+from braid.pipeline.account_budget import release, share
 from braid.pipeline.execution_input import ExecutionInput
 from braid.pipeline.failure import hold_entry
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, memory_mb, pipeline_handler
@@ -44,9 +46,17 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
         janitor = S3StagingJanitor(store)
         # --fan-out never exceeds the worker's reserved concurrency: beyond it Lambda throttles.
         max_concurrency = min(request.max_concurrency, worker_concurrency())
+        purge = lambda key: janitor.purge_versions(key, exact=True)  # noqa: E731 - every version of one staging object
         if hold is not None:
             status = hold_step_failure(store, request.ref, hold.step, hold.error, previous)
         else:
+            # Concurrent backups share that budget: this one's map runs its share (braid.pipeline.account_budget).
+            # A held backup's planner, watching for --resume, runs no workers: the call that held it releases its
+            # share when it returns (after one watch), and the calls that watch take none until it plans again.
+            held = isinstance(previous, dict) and previous.get(PlanKey.STATUS) == PlanState.HELD
+            budget = worker_concurrency()
+            if not held:
+                max_concurrency = share(store, request.ref, budget=budget, requested=request.max_concurrency, now=time.time(), purge=purge)
             status = plan_next_round(
                 store,
                 request.ref,
@@ -60,9 +70,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 min_round_seconds=MIN_ROUND_SECONDS,
                 may_sleep=True,  # SleepUntilWoken waits for the agent's wake (braid.format.staging.wake)
                 # Finished segments go by version id: a versioned bucket keeps no raw bytes of them.
-                purge=lambda key: janitor.purge_versions(key, exact=True),
+                purge=purge,
                 policies=request.policies,
             )
+            if held and status.status == PlanState.READY:
+                max_concurrency = share(store, request.ref, budget=budget, requested=request.max_concurrency, now=time.time(), purge=purge)
+        if status.status in (PlanState.DONE, PlanState.HELD):  # a held backup runs no workers until --resume
+            release(store, request.ref, purge)
     carried = carried_usage(previous, f"$.{STATE_PLAN}")
     usage = plan_call_usage(carried, meter.usage(), status.status, status.items)
     if hold is not None:

@@ -39,22 +39,22 @@ class RetryPolicy:
 
 
 # Worker items retry within their EXPRESS child's 5 minutes: 3 attempts of
-# at most WORKER_TIMEOUT_SECONDS (60 s) each after an Init of up to 10 s
-# (a timed-out environment is replaced, and Init runs outside the timeout),
-# backoffs of at most 2 + 4 s and the throttle retry's 31 s is 247 s < 300 s,
-# so even a worker that times out every time fails its item inside the child
-# instead of the child timing out (tests/infra checks the sum; 4 attempts,
-# 325 s, did not fit: review 3, L6). Each attempt's AWS requests are
+# at most WORKER_TIMEOUT_SECONDS (60 s), each after up to 10 s of INIT outside
+# its timeout, plus backoffs of at most 2 + 4 s, plus the throttle retry's
+# 2 + 4 + 8 + 16 + 16 + 16 s: 3 x 70 + 6 + 62 = 278 s < 300 s, so even a worker
+# that times out every time fails its item inside the child instead of the
+# child timing out (tests/infra checks the sum). Each attempt's AWS requests are
 # first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
 # 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
 # request was made.
 WORKER_RETRY = RetryPolicy(max_attempts=contract.WORKER_RETRIES)
 STEP_RETRY = RetryPolicy(max_attempts=3)
-# A throttled invoke ran nothing, so it costs only its backoff. Concurrent backups share the account's
-# concurrency; several maps finishing together throttle each other for seconds, and full jitter spreads
-# them out. The worker's backoffs stay inside its EXPRESS child's 5 minutes beside WORKER_RETRY's
-# attempts (1+2+4+8+8+8 = 31 s; tests/infra checks the sum); a coordinating step rides out minutes.
-WORKER_THROTTLE_RETRY = RetryPolicy(interval=Duration.seconds(1), max_attempts=6, max_delay=Duration.seconds(8))
+# A throttled invoke ran nothing, so it costs only its backoff. Concurrent backups share the stack's worker
+# budget (braid.pipeline.account_budget), so their maps stay within it; throttling is left for the moments a
+# backup starting later has not yet taken its share, or other functions of the account use its pool: up to a
+# minute of back-off (full jitter spreads the retries out) rides that out inside the EXPRESS child; a
+# coordinating step rides out minutes.
+WORKER_THROTTLE_RETRY = RetryPolicy(interval=Duration.seconds(2), max_attempts=6, max_delay=Duration.seconds(16))
 STEP_THROTTLE_RETRY = RetryPolicy(interval=Duration.seconds(2), max_attempts=10, max_delay=Duration.seconds(60))
 
 

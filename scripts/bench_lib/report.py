@@ -84,9 +84,11 @@ class Table:
     title: str
     columns: list[str]
     rows: list[list[Any]]
+    key: str = ""  # a stable name for the JSON reader (titles are prose)
 
     def to_json(self) -> dict[str, Any]:
-        return {"title": self.title, "rows": [dict(zip(self.columns, row, strict=True)) for row in self.rows]}
+        doc = {"title": self.title, "rows": [dict(zip(self.columns, row, strict=True)) for row in self.rows]}
+        return {"key": self.key, **doc} if self.key else doc
 
 
 @dataclass

@@ -26,9 +26,10 @@ invocation makes. What is synthetic, and said so:
   and the Python CPU of each invocation is scaled by the function's share of
   a vCPU (botocore's per request too). That CPU is priced from the work the
   call did, counted (record bytes read and written, requests, keys listed),
-  at a per-unit CPU calibrated once per process on the real calls, best of
-  three (calibrate_coordinators): a given calibration gives the same times
-  however loaded the machine is while the simulation runs;
+  at a per-unit CPU calibrated on the real calls, best of three
+  (calibrate_coordinators; COORDINATOR_CPU by default, as measured on the
+  bench machine): a given calibration gives the same times however loaded
+  the machine is while the simulation runs;
 - history events per state as AWS records them (`EVENTS`): a Lambda Task 5,
   Choice 2, Wait 2, Pass 2, Distributed Map 6, Succeed 2, start and end 2.
 
@@ -71,11 +72,11 @@ from braid.format.lease import LeaseRecord
 from braid.format.manifest import ChunkEntry
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
-from braid.format.staging.keys import agent_lease_key, stream_end_key
+from braid.format.staging.keys import agent_lease_key, running_key, running_prefix, stream_end_key
 from braid.format.staging.reads import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.wake import WakeRecord
 from braid.format.timestamps import utc_now
-from braid.pipeline import item_flow
+from braid.pipeline import account_budget, item_flow
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_POLL_SECONDS, DEFAULT_STALL_SECONDS
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, ROUND_TARGET_CHUNKS, WATCH_SECONDS, round_interval
@@ -95,13 +96,17 @@ LAMBDA_MAX_SECONDS = 900
 EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "callback": 6}
 
 # Assumptions (every one is printed by scripts/bench cloud-model).
-REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
-REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU
-FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
-ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
+# S3 round trip from Lambda for a small object: AWS gives "median latencies ... often in the tens of milliseconds range"
+# for requests under 512 KB (whitepaper "Best Practices Design Patterns: Optimizing Amazon S3 Performance", Timeouts
+# and Retries for Latency-Sensitive Applications); 15 ms is the low end of that range, an assumption.
+REQUEST_SECONDS = 0.015
+REQUEST_CPU_SECONDS = 0.002  # botocore CPU per request at one vCPU: assumed (not published)
+# "At 1,769 MB, a function has the equivalent of one vCPU" (Lambda Developer Guide, Configure Lambda function memory).
+FULL_VCPU_MB = 1769
+ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine: assumed; scripts/bench cloud-model measures it with zstd
 # Not published by AWS; an assumption (the review found no measurement either), kept until a run on AWS measures it.
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
-INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
+INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke (assumed, not published)
 # A worker container's init (Python, the layer, the clients), billed since AWS bills the INIT phase. Containers are
 # reused: a round's items run first on the containers earlier rounds started (rounds are seconds to minutes apart,
 # well within the minutes Lambda keeps an idle container; AWS does not document how long), and only the rest start
@@ -110,7 +115,7 @@ INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 # Python 3 function with a ~20 MB layer is the order AWS's Lambda Power Tuning runs report. An assumption.
 COLD_START_SECONDS = 1.0
 # From the agent's segment (or stream-end) record to the sleeping planner's next call: the agent's GET of the wake
-# record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake).
+# record, its SendTaskSuccess, and Step Functions leaving SleepUntilWoken (braid.agent.wake). Assumed (not published).
 WAKE_SECONDS = 0.2
 # One S3 stream (one GET or PUT connection): AWS's "Performance guidelines for Amazon S3" (S3 User Guide,
 # optimizing-performance-guidelines.html, "Scale storage connections horizontally") sizes one concurrent request
@@ -231,6 +236,10 @@ class CoordinatorCpu:
 
 
 UNPRICED = CoordinatorCpu({})
+# simulate()'s default: the per-unit CPU calibrate_coordinators() found on the bench machine (x86, the least of eight
+# calibrations, 2026-11-28), so the tests' figures do not move with that machine's load or speed, as the worker's CPU
+# is WORKER_CPU_SECONDS; scripts/bench cloud-model calibrates its own (tests/cloud checks this one is not stale).
+COORDINATOR_CPU = CoordinatorCpu({"prepare": 56e-9, "plan": 56e-9, "finalize": 44e-9})
 
 
 @dataclass
@@ -530,17 +539,22 @@ class ItemTimeline:
     io_per_chunk: float  # NIC seconds per chunk, both ways
 
     @classmethod
-    def of(cls, chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None) -> ItemTimeline:
+    def of(
+        cls, chunks: int, cpu_chunk: float, chunk: int, ratio: float, lanes: int, packs: list[int] | None = None, read_ratio: float = 1.0,
+    ) -> ItemTimeline:
+        """`read_ratio`: staged bytes per plaintext byte (1: the agent stages the stream as it is; below 1, a host-side
+        pre-compression the worker undoes before its codec, which the model only prices: cloud_model.precompression_rows)."""
         mb = 1e6
         size = chunk / mb
-        ranged = size / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
+        staged = size * read_ratio
+        ranged = staged / min(len(item_flow.ranges_of(chunk)) * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)
         arrivals = [ranged * (i + 1) for i in range(min(chunks, item_flow.FIRST_RANGED_CHUNKS))]
         rest = chunks - len(arrivals)
         if rest:
             start = arrivals[-1]
             rate = min(lanes * LAMBDA_S3_MB_S, LAMBDA_NIC_MB_S)  # MB/s of the read-ahead
             batch = min(lanes, rest)
-            arrivals += [start + max(batch, j + 1) * size / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
+            arrivals += [start + max(batch, j + 1) * staged / rate for j in range(rest)]  # the first batch shares the NIC, then one by one
         encoded, done = [], 0.0
         for arrival in arrivals:
             done = max(done, arrival) + cpu_chunk
@@ -551,7 +565,7 @@ class ItemTimeline:
             first += pack
             end = max(end, encoded[first - 1] + pack * size * ratio / LAMBDA_S3_MB_S)
             ends.append(end)
-        return cls(sizes, arrivals, encoded, ends, size * (1 + ratio) / LAMBDA_NIC_MB_S)
+        return cls(sizes, arrivals, encoded, ends, size * (read_ratio + ratio) / LAMBDA_NIC_MB_S)
 
     def seconds(self, packs: int) -> float:
         """The item's duration if it stores its first `packs` packs (all of them, unless it is cut)."""
@@ -599,6 +613,7 @@ class Simulation:
     packs: int = 0  # stored objects of chunks: one worker PUT each (braid.contract.CHUNKS_PER_PACK chunks at most)
     containers: int = 0  # worker containers started (cold starts): the peak of items running at once
     rounds: list[tuple[float, float]] = field(default_factory=list)  # each map round's (start, wall seconds) on the virtual clock
+    item_spans: list[tuple[float, float]] = field(default_factory=list)  # each item's worker (start, end) on the virtual clock
 
     @property
     def express_items(self) -> int:
@@ -637,8 +652,8 @@ class Simulation:
 class _Agent:
     """The synthetic agent: writes what braid.agent.uploader would have by each moment."""
 
-    def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float) -> None:
-        self.store, self.ref, self.session, self.rate = store, ref, session, rate
+    def __init__(self, store: CountingStore, ref: BackupRef, session: SessionRecord, total: int, rate: float, staged_ratio: float = 1.0) -> None:
+        self.store, self.ref, self.session, self.rate, self.staged_ratio = store, ref, session, rate, staged_ratio
         self.area = StagingArea(store, ref)
         self.seg_bytes = session.segment_chunks * session.chunk_size
         self.total = total
@@ -680,7 +695,7 @@ class _Agent:
         self.area.write_segment_record(record)
         # CreateMultipartUpload, UploadPart per part (of part_chunks chunks), CompleteMultipartUpload, the record's PUT;
         # then the GET of the wake record (braid.agent.wake: after every segment record, and at the end).
-        self.requests["PUT"] += 1 + math.ceil(chunks / self.session.part_chunks) + 1 + 1
+        self.requests["PUT"] += 1 + math.ceil(chunks * self.staged_ratio / self.session.part_chunks) + 1 + 1
         self.requests["GET"] += 1
 
     def wake_time(self, now: float, chunks: int, after: float, timeout: float) -> tuple[float, bool]:
@@ -735,17 +750,25 @@ def simulate(
     trace_memory: bool = False,
     cpu_speed: float = ARM_SPEED,
     coordinators: CoordinatorCpu | None = None,
+    staged_ratio: float = 1.0,
     policies: Policies = ALL_ON,
+    budget: int | None = None,
+    others: int = 0,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
     `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc). `coordinators`: the price
-    of their counted work in CPU seconds on this machine (default: calibrate_coordinators(), once per process).
+    of their counted work in CPU seconds on this machine (default COORDINATOR_CPU; calibrate_coordinators() measures it).
     `cpu_speed`: Graviton2's per-core speed relative to this machine, which that CPU is divided by (scripts/bench
-    cloud-model passes the factor it measured with zstd, as for the worker).
-    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner."""
+    cloud-model passes the factor it measured with zstd, as for the worker). `staged_ratio`: staged bytes per stream
+    byte, below 1 for a host-side pre-compression (modelled, not built: the agent's parts, staging storage and the
+    workers' reads shrink by it; `worker_cpu` then includes undoing it).
+    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner.
+    `budget`: the stack's worker budget; each Plan call first takes this backup's share of it, with `others` backups
+    running beside it (braid.pipeline.account_budget, as functions/plan/app.py: their planners' registrations are
+    renewed as theirs would be), and the map runs that many items at once. None: the map runs `workers`."""
     calibration = calibration or calibrate_worker()
-    coordinators = coordinators if coordinators is not None else calibrate_coordinators(calibration)
+    coordinators = COORDINATOR_CPU if coordinators is None else coordinators
     clock = _Clock()
     store = CountingStore(clock)
     invocations: list[Invocation] = []
@@ -761,7 +784,7 @@ def simulate(
             part_chunks=default_part_chunks(chunk_size, 1, DEFAULT_CONCURRENCY),
         )
         StagingArea(store, ref).write_session(session)
-        agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
+        agent = _Agent(store, ref, session, total, stream_mb_s * 1e6, staged_ratio)
         clock.agent = agent
 
         def invoke(function: str, call: Any, *, cold: bool = False) -> Any:
@@ -796,18 +819,33 @@ def simulate(
         map_seconds = 0.0
         worker_invocations: Counter[tuple[ItemShape, float]] = Counter()
         rounds: list[tuple[float, float]] = []
+        spans: list[tuple[float, float]] = []
+        renewed = {BackupRef.new(f"other{n}"): -math.inf for n in range(others)}  # each other planner's last registration
+        fan_out = [workers]  # this backup's map concurrency: its share of `budget`, as its last Plan call took it
+
+        def plan_call(cursor: Any) -> Any:
+            if budget is not None:
+                saved, store.current = store.current, None  # the other backups' planners' renewals, not this call's
+                for other, last in renewed.items():
+                    if clock.now - last >= account_budget.REFRESH_SECONDS:
+                        store.delete([info.key for info in store.list(running_prefix(other))])
+                        store.put(running_key(other, int(clock.now)), b"{}")
+                        renewed[other] = clock.now
+                store.current = saved
+                fan_out[0] = account_budget.share(store, ref, budget=budget, requested=workers, now=clock.now)
+            status = plan_next_round(
+                store, ref, max_concurrency=fan_out[0], max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
+                poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
+                watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
+                policies=policies,
+            )
+            if budget is not None and status.status == "done":
+                account_budget.release(store, ref)
+            return status
+
         while True:
             cursor = previous.get("cursor") if previous else None
-            status = invoke(
-                "plan",
-                lambda cursor=cursor: plan_next_round(
-                    store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
-                    poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
-                    watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
-                    policies=policies,
-                ),
-                cold=previous is None,
-            )
+            status = invoke("plan", lambda cursor=cursor: plan_call(cursor), cold=previous is None)
             previous = status.to_json()
             events += EVENTS["task"] + EVENTS["choice"]
             if events > 4 * HISTORY_QUOTA:
@@ -830,8 +868,8 @@ def simulate(
             found = _round_items(store, status.items_key, status.round)
             events += EVENTS["map"]
             duration, billed, containers = _run_items(
-                store, ref, found, key, calibration, workers, worker_cpu, ratio, lanes, worker_invocations, start=MAP_START_SECONDS,
-                warm=containers, now=clock.now, ended_at=agent.end_at,
+                store, ref, found, key, calibration, fan_out[0], worker_cpu, ratio, lanes, worker_invocations, start=MAP_START_SECONDS,
+                warm=containers, now=clock.now, ended_at=agent.end_at, read_ratio=staged_ratio, spans=spans,
             )
             rounds.append((clock.now, duration))
             items_total += len(found)
@@ -849,7 +887,7 @@ def simulate(
         plans = sum(1 for i in invocations if i.function == "plan")
         # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; Finalize, Succeed
         transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2
-        staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
+        staged = staged_ratio * sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)
         return Simulation(
@@ -858,7 +896,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
-            containers=containers, rounds=rounds,
+            containers=containers, rounds=rounds, item_spans=spans,
         )
 
 
@@ -925,7 +963,7 @@ def _round_items(store: CountingStore, key: str, number: int) -> list[MapItem]:
 def _run_items(
     store: CountingStore, ref: BackupRef, items: list[MapItem], key: Any, calibration: WorkerRequests, workers: int,
     worker_cpu: float, ratio: float, lanes: int, invocations: Counter[tuple[ItemShape, float]], *, start: float = MAP_START_SECONDS,
-    warm: int = 0, now: float = 0.0, ended_at: float | None = None,
+    warm: int = 0, now: float = 0.0, ended_at: float | None = None, read_ratio: float = 1.0, spans: list[tuple[float, float]] | None = None,
 ) -> tuple[float, float, int]:
     """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
     the worker containers started so far.
@@ -936,7 +974,7 @@ def _run_items(
     running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.
     Items run longest first on the least busy container, as round_wall."""
     area = StagingArea(store, ref)
-    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs) for i in items]
+    timelines = [ItemTimeline.of(i.count, worker_cpu, i.chunk_size, ratio, lanes, i.packs, read_ratio) for i in items]
     order = sorted(range(len(items)), key=lambda n: -timelines[n].seconds(len(timelines[n].packs)))
     running = max(1, min(workers, len(items)))
     lanes_free = [0.0] * min(running, warm) + [COLD_START_SECONDS] * max(0, running - warm)
@@ -951,6 +989,8 @@ def _run_items(
             seconds = timeline.seconds(stored)
             lanes_free[0] += seconds
             billed += seconds
+            if spans is not None:  # when the item's worker ran, on the virtual clock
+                spans.append((now + start + began, now + start + began + seconds))
             entries = []
             for pack in packs_of(item.chunks(), CHUNKS_PER_PACK, timeline.packs)[:stored]:  # one object per pack, as the worker stores them
                 offset = 0

@@ -25,6 +25,7 @@ if str(ROOT / "scripts") not in sys.path:
 
 from bench_lib.scale_sim import (  # noqa: E402
     COLD_START_SECONDS,
+    COORDINATOR_CPU,
     EXPRESS_CHILD_SECONDS,
     FUNCTIONS,
     HISTORY_QUOTA,
@@ -72,15 +73,21 @@ def test_the_coordinators_cpu_is_their_counted_work_priced_so_machine_load_canno
     calibration: WorkerRequests, coordinators: CoordinatorCpu
 ) -> None:
     """The same backup at the same calibration gives the same times twice, whatever CPU the calls took this time
-    (Invocation.measured_cpu), and a call's CPU grows with the work it counted."""
+    (Invocation.measured_cpu), and a call's CPU grows with the work it counted. The default calibration
+    (COORDINATOR_CPU, the tests') is not stale: this machine's, best of three even under load, is within 3x of it."""
     first, second = (simulate(0.1, 1000, 100, calibration=calibration, coordinators=coordinators) for _ in range(2))
-    assert [(i.function, i.seconds) for i in first.invocations] == [(i.function, i.seconds) for i in second.invocations]
-    assert first.finished_at == second.finished_at and first.idle_after_stream_end == second.idle_after_stream_end
+    # Equal but for a record's few bytes of timestamp and random id (a microsecond of modelled time).
+    assert [i.function for i in first.invocations] == [i.function for i in second.invocations]
+    assert [i.seconds for i in first.invocations] == pytest.approx([i.seconds for i in second.invocations], rel=1e-5)
+    assert first.finished_at == pytest.approx(second.finished_at, rel=1e-6)
+    assert first.idle_after_stream_end == pytest.approx(second.idle_after_stream_end, abs=1e-3)
     assert all(coordinators.per_unit[f] > 0 for f in ("prepare", "plan", "finalize")), coordinators
     plans = first.by_function("plan")
     assert all(i.cpu == pytest.approx(coordinators.per_unit["plan"] * i.units()) for i in plans)
     small, large = min(plans, key=Invocation.units), max(plans, key=Invocation.units)
     assert large.units() > small.units() and large.cpu > small.cpu
+    for function, price in COORDINATOR_CPU.per_unit.items():
+        assert price / 3 <= coordinators.per_unit[function] <= 3 * price, (function, coordinators, COORDINATOR_CPU)
     doubled = CoordinatorCpu({f: 2 * v for f, v in coordinators.per_unit.items()})
     assert doubled.seconds(large) == pytest.approx(2 * coordinators.seconds(large))
 
@@ -191,7 +198,7 @@ def test_finalize_reads_the_planners_folds_not_a_record_per_item_and_checks_pres
 
 @pytest.mark.parametrize("rate", [50, 300, 1000])
 def test_one_tib_at_500_workers_never_idles_after_stream_end_and_its_end_phases_differ_by_at_most_one_streaming_round(
-    calibration: WorkerRequests, coordinators: CoordinatorCpu, rate: int
+    calibration: WorkerRequests, rate: int
 ) -> None:
     """Where in the planner's round cycle a stream ends decides its tail (scale_sim.end_phase_sizes).
 
@@ -209,7 +216,7 @@ def test_one_tib_at_500_workers_never_idles_after_stream_end_and_its_end_phases_
     ~15 s and moves with the coordinators' calibrated CPU per unit of work, so
     scripts/bench cloud-model reports it (docs/design/cloud-tail-floor.md).
     """
-    runs = simulate_end_phases(1, rate, 500, calibration=calibration, coordinators=coordinators)
+    runs = simulate_end_phases(1, rate, 500, calibration=calibration)  # at COORDINATOR_CPU: machine load cannot move it
     tails = [run.seconds_after_stream_end for run in runs]
     streaming_round = MAP_START_SECONDS + item_seconds(
         DEFAULT_MAX_CHUNKS_PER_ITEM, WORKER_CPU_SECONDS, 64 * 2**20, STORED_RATIO, contract.DEFAULT_WORKER_LANES

@@ -96,3 +96,20 @@ def test_the_last_slice_of_a_pruned_backup_removes_its_staging_versions_too(stor
     assert result.outcome == DELETED
     assert versions_under(store, staging_prefix(ref)) == []
     assert store.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+def test_a_backups_budget_registrations_leave_no_version_whether_its_planner_released_them_or_its_staging_went(store: S3Store) -> None:
+    from braid.format.staging.keys import running_prefix
+    from braid.pipeline.account_budget import REFRESH_SECONDS, release, share
+
+    janitor = S3StagingJanitor(store)
+    purge = lambda key: janitor.purge_versions(key, exact=True)  # noqa: E731 - as functions/plan/app.py passes it
+    done, failed = BackupRef.new("db"), BackupRef.new("other")
+    for now in (1_800_000_000.0, 1_800_000_000.0 + REFRESH_SECONDS):  # renewed once: the old registration goes by version id
+        share(store, done, budget=500, requested=500, now=now, purge=purge)
+        share(store, failed, budget=500, requested=500, now=now, purge=purge)
+    assert len(versions_under(store, running_prefix(done))) == 1
+    release(store, done, purge)
+    store.put(segment_key(failed, 0, 0), b"raw database bytes")
+    StagingArea(store, failed).remove(janitor)  # Finalize's, Cleanup's or the sweep's removal of a backup that never ended "done"
+    assert versions_under(store, running_prefix()) == []

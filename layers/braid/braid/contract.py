@@ -69,24 +69,22 @@ WORKER_MEMORY_MB = 1769
 # The most worker invocations one map runs at once: every map's MaxConcurrency (--fan-out) is clamped to it.
 # Reserving it is opt-in (CDK context braid:worker-concurrency=N reserves N and clamps to N): a reservation
 # must leave the account 100 unreserved, so a default one would fail `cdk deploy` on accounts with a low
-# Lambda quota (new accounts often start low). Unreserved, concurrent backups share the account's pool and
-# a throttled invoke is retried with back-off (LAMBDA_THROTTLED).
+# Lambda quota (new accounts often start low). Either way it is the budget every running backup of the stack
+# shares: each map runs its backup's share (braid.pipeline.account_budget), and a throttled invoke is retried
+# with back-off (LAMBDA_THROTTLED).
 DEFAULT_WORKER_CONCURRENCY = 500
-# Seconds per worker attempt, and retries after the first: attempts x timeout
-# plus the backoffs (2 s doubling) must stay inside an EXPRESS child's 300 s.
+# Seconds per worker attempt, and retries after the first: attempts x (timeout + Lambda's 10 s INIT, which
+# runs outside the timeout) plus the backoffs (2 s doubling) and the throttle retry's must stay inside an
+# EXPRESS child's 300 s (tests/infra). Two retries leave the throttle retry a minute of back-off.
 WORKER_TIMEOUT_SECONDS = 60
+WORKER_RETRIES = 2
+LAMBDA_INIT_SECONDS = 10  # "The Init phase is limited to 10 seconds" (Lambda, Understanding the execution environment lifecycle)
 # The WAL worker (infra/braid_infra/wal_archive.py), which scripts/bench_lib/wal_model.py prices: it is network-bound
 # (~76 MB/s below 2 GB whatever the memory), so a smaller function bills fewer GB-s per segment than a full vCPU would.
 WAL_MEMORY_MB = 512
 WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
 WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
 WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
-# 3 attempts: each may start a new execution environment (a timed-out one is replaced), whose Init phase runs
-# outside the function's timeout for up to LAMBDA_INIT_SECONDS; 3 x (60 + 10) s plus the backoffs leave the
-# EXPRESS child a margin of ~50 s (4 attempts would not fit: review 3, L6; tests/infra checks the sum).
-WORKER_RETRIES = 2
-# "The Init phase is limited to 10 seconds" (Lambda, "Understanding the Lambda execution environment lifecycle").
-LAMBDA_INIT_SECONDS = 10
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

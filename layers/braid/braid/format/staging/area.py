@@ -46,6 +46,7 @@ from braid.format.staging.keys import (
     retry_key,
     round_key,
     rounds_prefix,
+    running_prefix,
     segment_record_key,
     segment_records_prefix,
     segments_prefix,
@@ -343,4 +344,9 @@ class StagingArea(StagingResults):
         self.store.delete(first)
         self.store.delete([key for key in keys if key not in first])
         janitor.purge_versions(self.prefix)
-        return len(keys)
+        # Its planner's registrations beside it (braid.pipeline.account_budget), when it did not end "done".
+        running = [info.key for info in self.store.list(running_prefix(self.ref))]
+        self.store.delete(running)
+        if running:
+            janitor.purge_versions(running_prefix(self.ref))
+        return len(keys) + len(running)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from braid.format.ids import BackupRef
-from braid.format.layout import staging_prefix
+from braid.format.layout import STAGING, staging_prefix
 
 SESSION = "session.json"
 STREAM_END = "stream-end.json"
@@ -174,3 +174,25 @@ def parent_record_key(ref: BackupRef) -> str:
 
 def parent_manifest_key(ref: BackupRef) -> str:
     return f"{staging_prefix(ref)}parent/backup_manifest"
+
+
+# -- the running backups' registrations (braid.pipeline.account_budget) -------------------------------------------------
+# Beside every backup's staging, never inside one: a name starts with a letter or digit (braid.format.ids).
+RUNNING = f"{STAGING}_running/"
+_RUNNING = re.compile(r"([^/]+)/([^/]+)/(\d{12})", re.ASCII)
+
+
+def running_key(ref: BackupRef, stamp: int) -> str:
+    """A running backup's planner was there at epoch second `stamp` (each key is one registration, the stamp in its name)."""
+    return f"{running_prefix(ref)}{stamp:012d}"
+
+
+def running_prefix(ref: BackupRef | None = None) -> str:
+    """Every registration (None), or one backup's."""
+    return RUNNING if ref is None else f"{RUNNING}{ref.name}/{ref.id}/"
+
+
+def parse_running_key(key: str) -> tuple[str, int] | None:
+    """("NAME@ID", stamp) of a registration's key, or None for any other key."""
+    match = _RUNNING.fullmatch(key[len(RUNNING) :]) if key.startswith(RUNNING) else None
+    return (f"{match.group(1)}@{match.group(2)}", int(match.group(3))) if match else None
