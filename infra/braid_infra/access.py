@@ -20,10 +20,15 @@ How a host gets its tag (`braid-name` = the `--name` it backs up):
     AgentPolicyArn); a role's tags are the principal tags of its sessions;
   - a host that assumes the stack's AgentRole passes the tag as a session
     tag: `aws sts assume-role --role-arn <AgentRoleArn> --role-session-name
-    HOST --tags Key=braid-name,Value=NAME` (the role's trust allows
-    sts:TagSession for principals of the account).
+    HOST --tags Key=braid-name,Value=NAME`. The role's trust lets a
+    principal of the account pass only the `braid-name` it is tagged with
+    itself (aws:RequestTag equal to its aws:PrincipalTag, and no other tag
+    key), so a host cannot name itself after another host's backups: the
+    caller's own tag, which only an IAM administrator sets, decides.
 A principal without the tag can stage nothing: IAM matches no resource for
-a policy variable whose key is missing.
+a policy variable whose key is missing (an instance given the stack's
+AgentInstanceProfile, whose role is untagged, can only follow backups;
+each EC2 host gets a role of its own, tagged, with the AgentPolicy).
 """
 
 from __future__ import annotations
@@ -42,18 +47,32 @@ from braid_infra.storage import CATALOG_OBJECTS, CONFIG, DATA_OBJECTS, MANIFEST_
 HOST_TAG = "braid-name"
 # The staging of the tagged name only (an IAM policy variable, resolved per request).
 OWN_STAGING = f"{layout.STAGING}${{aws:PrincipalTag/{HOST_TAG}}}/*"
+# `wal-push` with the stack: the raw WAL of the tagged name only (braid.ops.wal_stage), and its archive's
+# objects, read for the duplicate check (their SHA-256 metadata, archive.json); no key, so no bytes of WAL.
+OWN_WAL_STAGING = f"{layout.WAL_STAGING}${{aws:PrincipalTag/{HOST_TAG}}}/*"
+OWN_WAL = f"{layout.WAL}${{aws:PrincipalTag/{HOST_TAG}}}/*"
 # What `braid list --incomplete` reads of every backup in staging: small records, no bytes.
 STAGING_RECORDS = tuple(
     f"{layout.STAGING}*/*/{name}" for name in (staging_keys.SESSION, staging_keys.STREAM_END, staging_keys.AGENT_LEASE)
 )
 
 
+# What the AgentRole's trust requires of a session's tags: the caller's own braid-name, and no other key.
+OWN_TAG_ONLY = {
+    "StringEquals": {f"aws:RequestTag/{HOST_TAG}": f"${{aws:PrincipalTag/{HOST_TAG}}}"},
+    "ForAllValues:StringEquals": {"aws:TagKeys": [HOST_TAG]},
+}
+
+
 def host_principal(*, session_tags: bool = False) -> iam.IPrincipal:
-    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts),
-    passing session tags when `session_tags` (the agent's `braid-name`)."""
+    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts).
+
+    With `session_tags` (the agent's role), an account principal must pass its own `braid-name` as the
+    session's (OWN_TAG_ONLY): the session tag decides which staging the session may touch, so a caller
+    choosing it freely could stage as any name (review 3, M2)."""
     account: iam.IPrincipal = iam.AccountRootPrincipal()
     if session_tags:
-        account = account.with_session_tags()
+        account = account.with_session_tags().with_conditions(OWN_TAG_ONLY)
     return iam.CompositePrincipal(iam.ServicePrincipal("ec2.amazonaws.com"), account)
 
 
@@ -97,6 +116,8 @@ class HostAccess(Construct):
                     actions=["s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts", "s3:GetObject"],
                     resources=[storage.arn(OWN_STAGING)],
                 ),
+                iam.PolicyStatement(sid="StageOwnWal", actions=["s3:PutObject", "s3:GetObject"], resources=[storage.arn(OWN_WAL_STAGING)]),
+                iam.PolicyStatement(sid="CheckOwnWal", actions=["s3:GetObject"], resources=[storage.arn(OWN_WAL)]),
                 iam.PolicyStatement(
                     sid="ReadRepositoryState",
                     actions=["s3:GetObject"],
@@ -141,6 +162,9 @@ class HostAccess(Construct):
                     storage.arn(CATALOG_OBJECTS),
                     storage.arn(PRICES),
                     storage.arn(VERIFY_OBJECTS),
+                    # wal-fetch (restore_command): archived WAL, and a file the WAL worker has not stored yet.
+                    storage.arn(f"{layout.WAL}*"),
+                    storage.arn(f"{layout.WAL_STAGING}*"),
                 ],
             )
         )

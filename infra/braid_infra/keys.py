@@ -76,6 +76,14 @@ class Keys(Construct):
         key from this key to the second repository's (ReEncryptFrom; to a key in another region it decrypts)."""
         self._allow("CopyDataKeys", role, ["kms:Decrypt", "kms:ReEncryptFrom"])
 
+    def allow_for_context(self, role: iam.IRole, sid: str, actions: list[str], backup_pattern: str) -> None:
+        """`actions` only under encryption contexts whose `braid:backup` matches `backup_pattern` (the WAL worker: `*@wal/*`)."""
+        condition = {"StringLike": {"kms:EncryptionContext:braid:backup": backup_pattern}}
+        self.key.add_to_resource_policy(
+            iam.PolicyStatement(sid=sid, principals=[role], actions=actions, resources=["*"], conditions=condition)
+        )
+        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[self.key.key_arn], conditions=condition))
+
     def _allow(self, sid: str, role: iam.IRole, actions: list[str]) -> None:
         self.key.add_to_resource_policy(
             iam.PolicyStatement(

@@ -1,16 +1,14 @@
 """Pipeline: the backup state machine, one Standard execution per backup.
 
     Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─────────► ProcessChunks ─────┐
-                              ▲   ▲           │        └─ready, final─► WarmFinalize ─► FinalRoundInline?
-                              │   │           │            ProcessChunks ◄─┘  └─inline─► ProcessFinalRound ─┤
-                              │   │           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
+                              ▲   ▲           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
                               │   └─ WaitForSegments                                         │
                               └──────────────────────────────────────────────────────────────┘
                                               │ done
                                               ▼
                                            Finalize ─► BackupSucceeded
     Prepare fails, or a FINAL error (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
-    PlanSegments/ProcessChunks/ProcessFinalRound/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
+    PlanSegments/ProcessChunks/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
 
 Identify adds the execution's own name to the state ($.execution.name, from
 $$.Execution.Name, overwriting whatever the input put there); every step
@@ -30,21 +28,11 @@ PlanSegments plans items without a result again, and after two re-plans
 holds the backup (PlanSegments returns "held": the wait loop) until
 `braid backup --resume` or the hold's end (braid.pipeline.replan), so one
 bad minute never throws finished work away. Finalize re-checks every chunk.
-
-The last round after stream end, when it has at most INLINE_MAP_MAX_ITEMS
-short items, runs as ProcessFinalRound instead: an inline Map over the
-items PlanSegments put in the state, each Worker a state of this execution
-(the same retries; a failure caught in its iteration, then planned again
-like a failed child), so nothing waits for a map run to start. Any round
-planned after stream end first sends Finalize an asynchronous warm-up
-(WarmFinalize), so the step run once per backup does not start its
-container after the last round.
 """
 
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
@@ -53,8 +41,19 @@ from braid import contract
 from braid.contract import HOLD_ENTRY, HOLD_STATE, STATE_PLAN, PlanKey, PlanState, plan_path
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
-from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, WAKE_OBJECTS, Storage
+from braid_infra.steps import (
+    LAMBDA_TRANSIENT,
+    STEP_RETRY,
+    TRANSIENT,
+    WORKER_RETRY,
+    RetryPolicy,
+    ScopedJsonItemReader,
+    item_failed,
+    lambda_step,
+    logged_machine,
+    worker_step,
+)
+from braid_infra.storage import EXECUTION_TIMEOUT, PLAN_OBJECTS, STAGING_LIFETIME, WAKE_OBJECTS, Storage
 
 __all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
 
@@ -97,7 +96,10 @@ class BackupPipeline(Construct):
             self,
             "ProcessChunks",
             state_name="ProcessChunks",
-            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at(plan_path(PlanKey.ITEMS_OBJECT))),
+            # Round files (and re-plans) under staging/NAME/ID/plans/: the only objects the machine reads.
+            item_reader=ScopedJsonItemReader(
+                bucket=storage.bucket, key=sfn.JsonPath.string_at(plan_path(PlanKey.ITEMS_OBJECT)), objects=[storage.arn(PLAN_OBJECTS)]
+            ),
             # The input's --fan-out clamped by PlanSegments to the worker's reserved concurrency.
             max_concurrency_path=plan_path(PlanKey.MAX_CONCURRENCY),
             item_selector=WORKER_EVENT,
@@ -110,29 +112,13 @@ class BackupPipeline(Construct):
             # of a round's largest item number tolerates them all (the same as 100 %).
             tolerated_failure_count=MAX_ITEMS_PER_ROUND,
         )
-        process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
-
-        # The last round after stream end, when it is small (PlanSegments says "inline"): an inline Map
-        # over the items in the state, whose Workers start at once instead of after a map run starts
-        # (~2 s of the time after stream end; braid.pipeline.item_sizing.inline_chunks_per_item).
-        # Failed items are tolerated as in ProcessChunks: each Worker's error is caught in its own
-        # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
-        # items without a result again, then holds the backup.
-        final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
-        final_worker.add_catch(
-            sfn.Pass(self, "FinalItemFailed", state_name="FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD
-        )
-        process_final = sfn.Map(
-            self,
-            "ProcessFinalRound",
-            state_name="ProcessFinalRound",
-            items_path=plan_path(PlanKey.INLINE_ITEMS),
-            # PlanSegments plans an inline round only within the input's --fan-out as well.
-            max_concurrency=contract.INLINE_MAP_MAX_ITEMS,
-            item_selector={**WORKER_EVENT, "inline": True},  # its usage then bills its own Task state
-            result_path=sfn.JsonPath.DISCARD,
-        )
-        process_final.item_processor(final_worker)
+        # A child whose Worker failed after every retry ends in ItemFailed, a success whose output is {}: a failed
+        # child's place in the map's output would hold its whole execution result (its input and the error's
+        # cause, a few KB), and the map's output is capped at 262,144 bytes like any state's (States.DataLimitExceeded,
+        # which would hold the backup at once instead of re-planning). The worker has recorded its error in staging,
+        # and the next PlanSegments plans every item without a result again (review 3, M1).
+        worker.add_catch(item_failed(self, "ItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        process.item_processor(worker)
 
         wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path(plan_path(PlanKey.WAIT_SECONDS)))
         # PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): rather than
@@ -201,9 +187,7 @@ class BackupPipeline(Construct):
                 f" deleted. Staging expires by the bucket lifecycle within {STAGING_LIFETIME.to_days()} days."
             ),
         )
-        steps: list[tuple[str, tasks.LambdaInvoke | sfn.Map | sfn.DistributedMap]] = [
-            ("PlanSegments", plan), ("ProcessChunks", process), ("ProcessFinalRound", process_final), ("Finalize", finalize),
-        ]
+        steps: list[tuple[str, tasks.LambdaInvoke | sfn.DistributedMap]] = [("PlanSegments", plan), ("ProcessChunks", process), ("Finalize", finalize)]
         for state_name, state in steps:
             # Which step failed, for the Hold entry (and for a person reading the console).
             failed_step = sfn.Pass(
@@ -217,31 +201,8 @@ class BackupPipeline(Construct):
         cleanup.add_catch(cleanup_failed, errors=["States.ALL"], result_path="$.cleanup_error")
         cleanup.next(failed)
 
-        # A round planned after stream end: Finalize is next but one, and runs once per backup, so its container
-        # would start only then. An asynchronous invoke ({"warm": true}: it returns at once) starts it now, while
-        # the last round runs; failing to send it changes nothing but that.
-        warm_finalize = tasks.LambdaInvoke(
-            self,
-            "WarmFinalize",
-            state_name="WarmFinalize",
-            lambda_function=functions.pinned("finalize"),
-            invocation_type=tasks.LambdaInvocationType.EVENT,
-            payload=sfn.TaskInput.from_object({"warm": True, "backup": sfn.JsonPath.string_at("$.backup")}),
-            result_path=sfn.JsonPath.DISCARD,
-            retry_on_service_exceptions=False,
-        )
-        final_kind = sfn.Choice(self, "FinalRoundInline", state_name="FinalRoundInline?")
-        warm_finalize.add_catch(final_kind, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-        warm_finalize.next(final_kind)
-        final_kind.when(sfn.Condition.boolean_equals(plan_path(PlanKey.INLINE), True), process_final.next(plan))
-        final_kind.otherwise(process)
-
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
         hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
-        choice.when(
-            sfn.Condition.and_(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), sfn.Condition.boolean_equals(plan_path(PlanKey.FINAL), True)),
-            warm_finalize,
-        )
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), process.next(plan))
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.DONE), finalize.next(succeeded))
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.SLEEPING), sleep.next(plan))
@@ -254,5 +215,3 @@ class BackupPipeline(Construct):
         self.state_machine = logged_machine(
             self, "Backup", definition, comment="Braid backup: staged stream -> chunks -> verified manifest", timeout=EXECUTION_TIMEOUT
         )
-        # The ItemReader reads plan rounds straight from S3.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

@@ -43,7 +43,9 @@ from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, Retry
 from braid_infra.prune_pipeline import SWEEP_RETRY, PrunePipeline
 from braid_infra.schedules import Schedules
 from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting, storage_class_setting
+from braid_infra.timeouts import TimedOutCleanup
 from braid_infra.verify_pipeline import VerifyPipeline
+from braid_infra.wal_archive import WalArchive, acknowledge_wal_findings
 
 WORKER_CONCURRENCY_CONTEXT = "braid:worker-concurrency"
 
@@ -96,6 +98,7 @@ class BraidStack(Stack):
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )
+        self.timed_out = TimedOutCleanup(self, "TimedOutCleanup", state_machine=self.pipeline.state_machine, cleanup=self.functions.pinned("cleanup"))
         self.verify = VerifyPipeline(
             self,
             "VerifyPipeline",
@@ -117,6 +120,8 @@ class BraidStack(Stack):
         self.copy = add_copy_schedule(
             self, value=copy_to, storage=self.storage, keys=self.keys, functions=self.functions, repository_prefix=prefix
         )
+        # Before Monitoring: the WAL worker gets its Errors alarm with the others, and its queues' alarms join them.
+        self.wal = WalArchive(self, "WalArchive", storage=self.storage, keys=self.keys, functions=self.functions)
         self.monitoring = Monitoring(
             self,
             "Monitoring",
@@ -124,7 +129,8 @@ class BraidStack(Stack):
             verify_state_machine=self.verify.state_machine,
             prune_state_machine=self.prune.state_machine,
             functions=self.functions.functions,
-            extra_alarms=[self.backup_schedules.alarm] if self.backup_schedules.alarm else [],
+            extra_alarms=[*([self.backup_schedules.alarm] if self.backup_schedules.alarm else []), *self.wal.alarms],
+            scheduled_backups={s.name: s.expected_hours() for s in self.backup_schedules.schedules},
         )
         self.access = HostAccess(
             self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine,
@@ -164,3 +170,4 @@ class BraidStack(Stack):
         if lock is not None:
             CfnOutput(self, OUTPUT_OBJECT_LOCK, value=str(lock), description="Object Lock retention of chunks and manifests (MODE:DAYS)")
         suppress_findings(self)
+        acknowledge_wal_findings(self)

@@ -84,6 +84,9 @@ from braid.format.storage_class import MOVABLE, StoragePolicy
 # package's one repository layout (braid.format.layout), never retyped here.
 CONFIG = layout.CONFIG
 STAGING_OBJECTS = f"{layout.STAGING}*"
+PLAN_OBJECTS = f"{layout.STAGING}*/plans/*"  # the planner's rounds and re-plans: what the backup map's ItemReader reads
+RESULT_OBJECTS = f"{layout.STAGING}*/{staging_keys.RESULTS}*"  # workers' item results (braid.format.staging.results)
+FAILURE_OBJECTS = f"{layout.STAGING}*/{staging_keys.FAILURES}*"  # workers' failure records (ItemFailure)
 WAKE_OBJECTS = f"{layout.STAGING}*/{staging_keys.WAKE}"  # the sleeping pipeline's wake records (braid.format.staging.wake)
 DATA_OBJECTS = f"{layout.DATA}*"
 METADATA_OBJECTS = f"{layout.DATA}*/metadata/*"  # a backup's encrypted metadata (braid.format.metadata): Finalize writes, Prepare reads a parent's
@@ -201,6 +204,14 @@ class Storage(Construct):
                     noncurrent_version_expiration=NONCURRENT_DATA,
                     expired_object_delete_marker=True,
                 ),
+                # Raw pushed WAL (braid_infra.wal_archive): the WAL worker purges every version it stored; this is the
+                # backstop for a version left behind. Current objects never expire: an unprocessed file is WAL not archived yet.
+                s3.LifecycleRule(
+                    id="expire-wal-staging-versions",
+                    prefix=f"{base}{layout.WAL_STAGING}",
+                    noncurrent_version_expiration=NONCURRENT_DATA,
+                    expired_object_delete_marker=True,
+                ),
                 s3.LifecycleRule(id="expire-prune-runs", prefix=f"{base}{layout.PRUNE}", expiration=PRUNE_RECORDS),
                 s3.LifecycleRule(
                     id="expire-old-versions", noncurrent_version_expiration=Duration.days(30), expired_object_delete_marker=True
@@ -213,6 +224,9 @@ class Storage(Construct):
             ("ChunkCopiesOnlyMoveClass", DATA_OBJECTS, COPY_CLASS_CONDITION),
             ("ChunkCopiesKeepMetadata", DATA_OBJECTS, COPY_METADATA_CONDITION),
             ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
+            ("CreateOnlyWal", f"{layout.WAL}*", CREATE_ONLY_CONDITION),  # archived WAL is never replaced (braid.ops.wal_push, wal_process)
+            # A staged WAL key holds one version at a time (the worker deletes it by id): braid.ops.wal_stage.
+            ("CreateOnlyWalStaging", f"{layout.WAL_STAGING}*", CREATE_ONLY_CONDITION),
         ]
         if object_lock is not None:
             denials.append(("LockedManifests", MANIFEST_OBJECTS, UNLOCKED_CONDITION))

@@ -54,9 +54,14 @@ Test aids (never needed to use it):
                        (a test can exhaust the retries, then resume)
   --fail-sweep-item N  the prune's Sweep Lambda raises StorageError on map
                        item N, every attempt (repeatable)
+  --fail-wal MODE      the WAL worker Lambda raises StorageError before it
+                       processes its batch, as --fail-worker (every message is
+                       delivered again)
+  --sqs-redelivery S   a message left on the WAL queue (failed) is visible
+                       again after S seconds, not the queue's visibility
+                       timeout (support.sqs_poller emulates Lambda's poller)
   --fail-finalize MODE the Finalize Lambda raises StorageError, as --fail-worker
-                       (a coordinator's failure: the backup is held for --resume);
-                       its warm-ups (WarmFinalize) are not counted and not failed
+                       (a coordinator's failure: the backup is held for --resume)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -194,7 +199,7 @@ def cached_stack(*, fast_retries: bool = False, object_lock: str | None = None, 
             (staged / "assets").mkdir(parents=True)
             assets = {}
             for resource in resources_of(stack.template, "AWS::Lambda::Function").values():
-                object_key = resource["Properties"]["Code"]["S3Key"]
+                object_key = resource["Properties"]["Code"].get("S3Key")  # None: inline code (CDK's bucket notifications handler)
                 if isinstance(object_key, str) and object_key in stack.assets:
                     shutil.copytree(stack.assets[object_key], staged / "assets" / object_key)
                     assets[object_key] = object_key
@@ -332,6 +337,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="make the prune's Sweep Lambda fail on map item N, every attempt (tests; repeatable)")
     parser.add_argument("--fail-finalize", type=fail_worker_mode, metavar="once|always|first=K",
                         help="make the Finalize Lambda fail once, always, or on its first K invocations (tests)")
+    parser.add_argument("--fail-wal", type=fail_worker_mode, metavar="once|always|first=K",
+                        help="make the WAL worker Lambda fail its batch once, always, or on its first K invocations (tests)")
+    parser.add_argument("--sqs-redelivery", type=float, metavar="SECONDS",
+                        help="a message the WAL worker did not process is delivered again after this long (default: the queue's visibility timeout)")
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="S",
                         help="run Step Functions' and Lambda's clocks S times faster than real time (tests)")
     parser.add_argument("--s3-slowdown", type=int, default=0, metavar="N", help="answer the first N UploadPart requests 503 SlowDown")
@@ -451,8 +460,18 @@ def main(argv: list[str] | None = None) -> int:
             deployed.functions["finalize"],
             lambda: StorageError(f"injected fault: the emulator was started with --fail-finalize {args.fail_finalize}"),
             times=fail_worker_times(args.fail_finalize),
-            when=lambda event: event.get("warm") is not True,  # the step itself, not WarmFinalize's warm-up
         )
+    if args.fail_wal is not None:
+        lambdas.fail(
+            deployed.functions["walarchive"],
+            lambda: StorageError(f"injected fault: the emulator was started with --fail-wal {args.fail_wal}"),
+            times=fail_worker_times(args.fail_wal),
+        )
+    from support.sqs_poller import SqsPoller
+
+    pollers = [SqsPoller(session, source, time_scale=args.time_scale, redelivery=args.sqs_redelivery) for source in deployed.event_sources]
+    for poller in pollers:
+        poller.start()
     publish_outputs(session, STACK_NAME, stack_outputs(stack, deployed))
     environment = agent_environment(endpoint, f"s3://{deployed.bucket}")
     braid_init(environment, STACK_NAME)
@@ -485,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(3600):
         pass
     log.info("stopping")
+    for poller in pollers:
+        poller.stop.set()
     lambdas.uninstall()
     try:
         server.stop()

@@ -121,6 +121,8 @@ class DeployedStack:
     definition: str = ""
     state_machines: dict[str, str] = field(default_factory=dict)  # logical id -> ARN, every state machine of the stack
     verify_state_machine_arn: str = ""
+    # The SQS event source mappings (the WAL worker's): {"queue_url", "queue_arn", "function", "batch_size", "window", "visibility"}
+    event_sources: list[dict[str, Any]] = field(default_factory=list)
 
 
 def state_machine_name(stack_name: str, logical_id: str) -> str:
@@ -174,6 +176,7 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.refs[layer_id] = f"arn:aws:lambda:{region}:{account}:layer:braid:1"
 
     deployed = DeployedStack(bucket_name, key["Arn"], "")
+    queues = create_queues(session, template, resolver)
     # State machines get their ARNs first: a function's environment may name one (the maintenance starts the prune).
     machines = resources_of(template, "AWS::StepFunctions::StateMachine")
     for machine_id in machines:
@@ -202,6 +205,8 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         resolver.attributes[(lid, "Arn")] = created["FunctionArn"]
         deployed.functions[match.group(1).lower()] = created["FunctionName"]
     publish_versions(lambda_, template, resolver, deployed)
+    apply_notifications(s3, template, resolver)
+    deployed.event_sources = event_sources(template, resolver, queues)
 
     for machine_id, machine in machines.items():
         definition = compat_definition(resolver.render(machine["Properties"]["DefinitionString"]))
@@ -218,6 +223,62 @@ def deploy(stack: SynthesizedStack, session: Any, *, bucket: str | None = None) 
         elif machine_kind(machine_id) == "Verify":
             deployed.verify_state_machine_arn = created_machine["stateMachineArn"]
     return deployed
+
+
+def create_queues(session: Any, template: dict[str, Any], resolver: Any) -> dict[str, dict[str, str]]:
+    """Each AWS::SQS::Queue (dead-letter queues first, as their ARNs are named by the others' RedrivePolicy)."""
+    sqs = session.client("sqs")
+    queues: dict[str, dict[str, str]] = {}
+    pending = dict(resources_of(template, "AWS::SQS::Queue"))
+    while pending:
+        for lid, resource in list(pending.items()):
+            props = resource.get("Properties", {})
+            redrive = props.get("RedrivePolicy")
+            target = redrive["deadLetterTargetArn"]["Fn::GetAtt"][0] if redrive else None
+            if target is not None and target not in queues:
+                continue
+            attributes = {"VisibilityTimeout": str(props.get("VisibilityTimeout", 30)), "MessageRetentionPeriod": str(props.get("MessageRetentionPeriod", 345600))}
+            if redrive:
+                attributes["RedrivePolicy"] = json.dumps(
+                    {"deadLetterTargetArn": queues[target]["arn"], "maxReceiveCount": int(redrive["maxReceiveCount"])}
+                )
+            url = sqs.create_queue(QueueName=f"braid-{lid}"[:80], Attributes=attributes)["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            queues[lid] = {"url": url, "arn": arn, "visibility": attributes["VisibilityTimeout"]}
+            resolver.refs[lid] = url
+            resolver.attributes[(lid, "Arn")] = arn
+            resolver.attributes[(lid, "QueueName")] = arn.rpartition(":")[2]
+            del pending[lid]
+    return queues
+
+
+def apply_notifications(s3: Any, template: dict[str, Any], resolver: Any) -> None:
+    """CDK's Custom::S3BucketNotifications, as its handler applies it at deploy time."""
+    for resource in resources_of(template, "Custom::S3BucketNotifications").values():
+        props = resource["Properties"]
+        configuration = resolver.render(props["NotificationConfiguration"])
+        s3.put_bucket_notification_configuration(Bucket=resolver.render(props["BucketName"]), NotificationConfiguration=configuration)
+
+
+def event_sources(template: dict[str, Any], resolver: Any, queues: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    """The stack's SQS event source mappings, for the emulator's poller (support.sqs_poller)."""
+    found = []
+    by_arn = {q["arn"]: q for q in queues.values()}
+    for resource in resources_of(template, "AWS::Lambda::EventSourceMapping").values():
+        props = resource["Properties"]
+        queue = by_arn[resolver.render(props["EventSourceArn"])]
+        found.append(
+            {
+                "queue_url": queue["url"],
+                "queue_arn": queue["arn"],
+                "function": resolver.render(props["FunctionName"]),
+                "batch_size": int(props.get("BatchSize", 10)),
+                "window": float(props.get("MaximumBatchingWindowInSeconds", 0)),
+                "visibility": int(queue["visibility"]),
+                "partial": "ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
+            }
+        )
+    return found
 
 
 def publish_versions(lambda_: Any, template: dict[str, Any], resolver: Any, deployed: DeployedStack) -> None:

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import api_quota, retention_cost, s3proxy, scale_sim
+from bench_lib import api_quota, optimisations, retention_cost, s3proxy, scale_sim, wal_model
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -280,17 +280,17 @@ def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
     GB-months (the `counts` of each JSON row, so a reader can price them on their own table)."""
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
-    requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
+    requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
     requests["PUT"] += sim.turns["sleep"]  # SleepUntilWoken writes the wake record (braid.format.staging.wake)
     workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
     return {
         "worker_gb_s": sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb,
         "coordinator_gb_s": sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker"),
-        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"],
+        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]),
         "s3_put_class_requests": requests["PUT"] + requests["LIST"],  # DELETE is free (PRICES)
         "s3_get_class_requests": requests["GET"] + requests["HEAD"],
         "express_requests": sim.express_items,
-        "express_gb_s": (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"],
+        "express_gb_s": sim.worker_seconds * ASSUME["express_memory_gb"],
         "standard_transitions": sim.transitions,
         "kms_requests": 1 + workers_started + 1,  # GenerateDataKey, Decrypt per worker container, Finalize
         "staging_gb_months": sim.staged_byte_seconds / 1e9 / (30 * 86400),
@@ -353,7 +353,6 @@ def simulated_row(
         "segments": sim.segments,
         "chunks": sim.chunks,
         "items": sim.items,
-        "inline_items": sim.inline_items,  # the final round's, run as an inline Map
         "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
         "rounds": sim.turns["map"],
         "plan_calls": len(sim.by_function("plan")),
@@ -386,6 +385,24 @@ def sensitivity_rows(
     return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
 
 
+def optimisation_table(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
+) -> Table:
+    """Each pipeline policy off against all on, 1 TiB x 500 workers x 50/300/1,000 MB/s at the published network rate
+    (bench_lib.optimisations): what it saves, and whether the rule keeps it."""
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
+        rows = optimisations.rows(options, lambda sim: sum(price(sim, memory).values()), log)
+    return Table(
+        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end (worst of"
+        f" {optimisations.PHASES} end phases) it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
+        f" {scale_sim.lambda_network_mb_s(memory):g} MB/s per worker; kept if it saves >= ${optimisations.KEEP_USD_PER_TIB}/TiB or"
+        f" >= {optimisations.KEEP_SECONDS:g} s at some rate (the 'all on' row: $/TiB and seconds themselves)",
+        list(rows[0]),
+        [list(row.values()) for row in rows],
+    )
+
+
 def run(ctx: Context) -> Section:
     args = ctx.args
     chunk = args.chunk_size
@@ -404,7 +421,7 @@ def run(ctx: Context) -> Section:
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "worker_memory_mb", "lambda_network_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
-               "segments", "chunks", "items", "inline_items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
+               "segments", "chunks", "items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
         "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest (worst and best of"
         " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
@@ -439,8 +456,11 @@ def run(ctx: Context) -> Section:
              "PASS" if max(r["max_timeout_fraction"] for r in rows) <= 0.5 else "MISS"],
         ],
     ))
+    section.tables.append(optimisation_table(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm))
     section.tables.extend(policy_tables())
     section.tables.append(describe_table())
+    wal_tables, wal_facts = wal_section(ctx, arm, measured.ratio, key["cost_per_tib"])
+    section.tables.extend(wal_tables)
     section.facts = {
         **{
             f"worker item CPU per chunk over {run.transport}, this machine (process_item: GET + codec + CRC + PUT + result)": round(run.cpu_per_chunk, 3)
@@ -466,11 +486,12 @@ def run(ctx: Context) -> Section:
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
         "simulation assumptions": ", ".join(
-            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS", "INLINE_MAP_START_SECONDS",
+            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS",
                                                      "INVOKE_OVERHEAD_SECONDS", "COLD_START_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),
         "incremental fraction in the retention rows": f"{retention_cost.INCREMENTAL_FRACTION} (docs/design/incremental-chains.md, measured)",
+        **wal_facts,
     }
     notes.append(
         f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
@@ -500,6 +521,49 @@ def run(ctx: Context) -> Section:
         notes.append(f"the worker's CPU was measured over {measured.transport} only: TLS, which the worker pays in Lambda, is not in the figure")
     section.notes = notes
     return section
+
+
+WAL_COLUMNS = ["mode", "wal_cost_per_tib", "backup_cost_per_tib", "wal_over_backup", "p99_seconds_to_final", "segment_seconds"]
+WAL_P99_TARGET = 60.0
+
+
+def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: float) -> tuple[list[Table], dict[str, Any]]:
+    """The `wal` table (bench_lib.wal_model): WAL archived through the stack, $ per TiB beside the backup path's, p99 seconds."""
+    with open(ctx.dataset().path, "rb") as handle:
+        data = handle.read(wal_model.SEGMENT)
+    codec_cpu = wal_model.measure_codec_cpu(data, ctx.args.level) / arm if len(data) == wal_model.SEGMENT else wal_model.ASSUME["codec_cpu_seconds"]
+    requests = wal_model.count_requests()
+    rows = wal_model.table_rows(requests, codec_cpu, ratio, backup_cost_per_tib)
+    tables = [
+        Table(
+            "wal: WAL through the stack (wal-push stages, the WAL worker archives in batches), $ per TiB of WAL beside the backup"
+            " path's (1 TiB at 500 workers, 300 MB/s), p99 seconds from exit 0 to the final encrypted object",
+            WAL_COLUMNS,
+            [[row[c] for c in WAL_COLUMNS] for row in rows],
+        ),
+        Table(
+            "wal cost breakdown, wal-push ($ per TiB of WAL) and p99 steps (s)",
+            ["item", "value"],
+            [[k, v] for k, v in rows[0]["costs_per_tib"].items()] + [[f"p99: {k}", v] for k, v in rows[0]["p99_steps"].items()],
+        ),
+        Table(
+            "wal targets",
+            ["target", "model", "limit", ""],
+            [
+                ["WAL $ per TiB (wal-push) <= the backup path's", rows[0]["wal_cost_per_tib"], rows[0]["backup_cost_per_tib"],
+                 "PASS" if rows[0]["wal_cost_per_tib"] <= backup_cost_per_tib else "MISS"],
+                ["p99 s from push to final form", rows[0]["p99_seconds_to_final"], f"<= {WAL_P99_TARGET:.0f}",
+                 "PASS" if rows[0]["p99_seconds_to_final"] <= WAL_P99_TARGET else "MISS"],
+            ],
+        ),
+    ]
+    facts = {
+        "wal codec CPU per 16 MiB segment on arm64": f"{codec_cpu:.3f} s (encode_wal measured here / {arm:.3f})",
+        "wal requests per segment, counted (host wal-push / --async / WAL worker)": f"{requests.host} / {requests.host_async} / {requests.worker}",
+        "wal worker (braid.contract)": f"{contract.WAL_MEMORY_MB} MB, batches of {contract.WAL_BATCH_SIZE}, window {contract.WAL_BATCH_WINDOW_SECONDS} s",
+        "wal assumptions": ", ".join(f"{k}={v}" for k, v in wal_model.ASSUME.items()),
+    }
+    return tables, facts
 
 
 def describe_table() -> Table:

@@ -27,6 +27,7 @@ from braid.ports.store import ObjectStore
 if TYPE_CHECKING:
     from braid.ops.copy import CopyTarget
     from braid.ops.init import LocalInit
+    from braid.ports.wal_staging import WalStaging
 
 
 def is_s3_url(url: str) -> bool:
@@ -97,6 +98,20 @@ def _repositories_nearby(missing: Path) -> str:
     close = difflib.get_close_matches(missing.name, found, n=3, cutoff=0.5)
     shown = [*close, *(name for name in found if name not in close)][:3]
     return f"; {'a repository' if len(shown) == 1 else 'repositories'} nearby: {', '.join(str(missing.parent / n) for n in shown)}"
+
+
+def wal_staging_for(repository: Repository, engine: str | None = None) -> WalStaging | None:
+    """The WAL staging of a repository with a pipeline (the host holds no key: the WAL worker encodes), else None.
+
+    `--engine local` keeps the host's own path (it must then hold the key).
+    """
+    if not repository.config.cloud or engine == "local" or not is_s3_url(repository.url):
+        return None
+    from braid.adapters.aws.s3 import S3Store
+    from braid.adapters.aws.wal_staging import S3WalStaging
+
+    store = repository.store
+    return S3WalStaging(store) if isinstance(store, S3Store) else None
 
 
 def config_dir() -> Path:

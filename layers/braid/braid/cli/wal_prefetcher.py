@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from braid.cli.compose import open_key_service, open_repository
+from braid.cli.compose import open_key_service, open_repository, wal_staging_for
 from braid.errors import BackupError
 from braid.ops.wal_prefetch import locked, prefetch
 
@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     os.write(lock, b"%d\n" % os.getpid())
     try:
         repository = open_repository(options.repo)
-        prefetch(repository, open_key_service(repository, options.key_file, unwrap_only=True), options.name, spool, options.count)
+        keys = open_key_service(repository, options.key_file, unwrap_only=True)
+        prefetch(repository, keys, options.name, spool, options.count, wal_staging_for(repository))
     except BackupError as exc:  # the next wal-fetch fetches for itself and reports what is wrong
         print(f"braid wal-fetch prefetch: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

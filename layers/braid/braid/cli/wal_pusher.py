@@ -38,13 +38,14 @@ def _write_marker(path: Path, text: str) -> None:
 
 class Pusher:
     def __init__(self, options: argparse.Namespace) -> None:
-        from braid.cli.compose import open_key_service, open_repository
+        from braid.cli.compose import open_key_service, open_repository, wal_staging_for
 
         self.options = options
         self.spool = Path(options.spool)
         self.wal = Path(options.wal_dir)
         self.repository = open_repository(options.repo)
-        self.keys = open_key_service(self.repository, options.key_file)
+        # With the stack the host stages raw bytes and holds no key (braid.ops.wal_stage).
+        self.keys = None if wal_staging_for(self.repository) else open_key_service(self.repository, options.key_file)
         self.in_flight: dict[str, Future[None]] = {}
         self.failed: dict[str, float] = {}
         self.stored: set[str] = set()  # stored in this pusher's life: a .ready file not yet renamed is not pushed twice
@@ -76,10 +77,10 @@ class Pusher:
         return result
 
     def store(self, file: str, path: Path) -> None:
-        from braid.ops.wal_push import push_wal
+        from braid.cli.commands.wal import push_to
 
         try:
-            push_wal(self.repository, self.keys, self.options.name, path, level=self.options.level)
+            push_to(self.repository, self.options.key_file, None, self.options.name, path, self.options.level, self.keys)
         except BackupError as exc:
             self.failed[file] = time.monotonic()
             _write_marker(self.spool / ERROR / file, f"{exc}\n")

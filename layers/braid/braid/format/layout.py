@@ -20,6 +20,7 @@
     wal/NAME/archive.json                the WAL archive of NAME: its system identifier and segment size
     wal/NAME/TTTTTTTTXXXXXXXX/FILE       an archived WAL segment (.partial, .backup) in its directory
     wal/NAME/history/TTTTTTTT.history    a timeline history file
+    wal-staging/NAME/FILE                cloud path only: a pushed WAL file, raw, until the WAL worker stores it under wal/
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -48,6 +49,7 @@ SUMMARIES = "catalog/summaries/"
 CATALOG_LOG = "catalog/log/"
 CATALOG_INDEX = "catalog/index/"
 WAL = "wal/"  # the WAL archives, one per backup name (docs/format.md, "WAL archive")
+WAL_STAGING = "wal-staging/"  # cloud path: raw pushed WAL files the WAL worker has not stored yet (docs/format.md)
 PUBLISHED = "published"
 REMOVED = "removed"
 
@@ -329,3 +331,26 @@ def wal_file_of_key(name: str, key: str) -> WalFile | None:
         return None
     expected = HISTORY if file.segment is None else file.segment[:16]
     return file if directory == expected else None
+
+
+def wal_staging_prefix(name: str) -> str:
+    """The cloud path's raw pushed WAL files of `name` (never beside the encrypted archive: its own IAM grants and lifecycle)."""
+    return f"{WAL_STAGING}{validate_name(name)}/"
+
+
+def wal_staging_key(name: str, file: WalFile) -> str:
+    """Where a pushed `file` of `name` waits, raw, for the WAL worker (flat: one object per file name)."""
+    return f"{wal_staging_prefix(name)}{file.name}"
+
+
+def wal_staged_file(key: str) -> tuple[str, WalFile] | None:
+    """The (name, file) a `wal-staging/NAME/FILE` key holds, or None for any other key."""
+    if not key.startswith(WAL_STAGING):
+        return None
+    name, slash, base = key[len(WAL_STAGING) :].partition("/")
+    if not slash or "/" in base or not _valid_name(name):
+        return None
+    try:
+        return name, WalFile.parse(base)
+    except UsageError:
+        return None

@@ -5,6 +5,10 @@ their keyed checksum before DEST exists: they are written to a temporary
 file beside DEST, synced, and renamed onto it, so DEST is never partial.
 A file not in the archive is WalNotArchivedError (exit 1: PostgreSQL's
 "end of the archive"); every other failure keeps its own code (>= 2).
+With the stack (`staging` given), a file the WAL worker has not stored yet
+is served from its staged raw form, checked against its SHA-256
+(braid.ops.wal_stage); the archive is asked again when the staged object
+went meanwhile (the worker stored it between the two looks).
 """
 
 from __future__ import annotations
@@ -19,19 +23,30 @@ from braid.format.repository import Repository
 from braid.format.wal import WalFile, wal_context_name
 from braid.format.wal_object import StoredWal
 from braid.ports.keys import KeyService
+from braid.ports.wal_staging import WalStaging
 
 Buffer = bytes | bytearray | memoryview
 
 
-def fetch_wal_bytes(repository: Repository, keys: KeyService, name: str, file_name: str) -> memoryview:
-    """The verified bytes of the archived `file_name` of `name`; WalNotArchivedError when it is not archived."""
+def fetch_wal_bytes(repository: Repository, keys: KeyService, name: str, file_name: str, staging: WalStaging | None = None) -> memoryview:
+    """The verified bytes of the archived (or, with `staging`, staged) `file_name` of `name`; WalNotArchivedError when it is neither."""
     file = WalFile.parse(file_name)
     key = wal_key(name, file)
     store = repository.store
-    try:
-        raw = store.get(key)
-    except NotFoundError:
-        raise WalNotArchivedError(f"{file_name} is not in the WAL archive of {name!r} in {store.url}") from None
+    for attempt in range(2 if staging is not None else 1):
+        try:
+            raw = store.get(key)
+            break
+        except NotFoundError:
+            if staging is not None:
+                from braid.ops.wal_stage import fetch_staged
+
+                staged = fetch_staged(staging, name, file)
+                if staged is not None:
+                    return memoryview(staged)
+            if attempt == 0 and staging is not None:
+                continue
+            raise WalNotArchivedError(f"{file_name} is not in the WAL archive of {name!r} in {store.url}") from None
     where = f"archived {file_name} ({store.url}/{key})"
     stored = StoredWal.parse(raw, where)
     bound = wal_context_name(name, file.name)
@@ -68,8 +83,8 @@ def _unlink(path: str) -> None:
         pass
 
 
-def fetch_wal(repository: Repository, keys: KeyService, name: str, file_name: str, dest: Path) -> int:
+def fetch_wal(repository: Repository, keys: KeyService, name: str, file_name: str, dest: Path, staging: WalStaging | None = None) -> int:
     """Fetch `file_name` to `dest` (verified, atomically); returns its size."""
-    data = fetch_wal_bytes(repository, keys, name, file_name)
+    data = fetch_wal_bytes(repository, keys, name, file_name, staging)
     write_atomically(dest, data)
     return len(data)

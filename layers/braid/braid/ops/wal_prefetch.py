@@ -27,6 +27,7 @@ from braid.format.wal import SEGMENT, WalFile, segment_name
 from braid.ops.wal import segment_size_of
 from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
 from braid.ports.keys import KeyService
+from braid.ports.wal_staging import WalStaging
 
 LOCK = "prefetch.lock"
 POSITION = "position"
@@ -122,7 +123,7 @@ def _wanted(spool: Path, count: int, segment_size: int) -> list[str]:
     return [n for n in ahead if n not in present]
 
 
-def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, count: int) -> None:
+def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, count: int, staging: WalStaging | None = None) -> None:
     """Keep the `count` segments after the spool's position spooled, verified, until IDLE_EXIT seconds pass without a new position."""
     size = segment_size_of(repository.store, name)
     last, idle_since = None, time.monotonic()
@@ -135,7 +136,7 @@ def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, c
             time.sleep(0.05)
             continue
         try:
-            data = fetch_wal_bytes(repository, keys, name, wanted[0])
+            data = fetch_wal_bytes(repository, keys, name, wanted[0], staging)
         except WalNotArchivedError:
             time.sleep(0.2)  # not archived (yet): the archive's end, for now
             continue

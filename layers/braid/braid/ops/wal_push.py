@@ -50,10 +50,11 @@ def read_wal_file(path: Path) -> bytes:
         raise InputError(f"cannot read WAL file {path}: {exc.strerror or exc}") from None
 
 
-def check_identity(repository: Repository, name: str, file: WalFile, data: bytes) -> None:
-    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them."""
+def check_identity(repository: Repository, name: str, file: WalFile, data: bytes) -> ArchiveInfo | None:
+    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them.
+    Returns the archive's record (None for a file that is not a segment)."""
     if file.kind != SEGMENT:
-        return
+        return None
     identity = segment_identity(data[:64])
     if identity is None:
         raise InputError(f"{file.name} does not start with a WAL segment header: not a PostgreSQL WAL segment")
@@ -70,6 +71,7 @@ def check_identity(repository: Repository, name: str, file: WalFile, data: bytes
             f" but the WAL archive of {name!r} belongs to {recorded.system_identifier} ({recorded.segment_size} bytes):"
             " archive a new cluster under a new --name"
         )
+    return recorded
 
 
 def push_wal(repository: Repository, keys: KeyService, name: str, path: Path, *, level: int = 3) -> PushResult:

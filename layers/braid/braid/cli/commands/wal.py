@@ -10,8 +10,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from braid.errors import UsageError
+
+if TYPE_CHECKING:
+    from braid.format.repository import Repository
+    from braid.ops.wal_push import PushResult
+    from braid.ports.keys import KeyService
 
 
 def _name(args: argparse.Namespace, command: str) -> str:
@@ -28,16 +34,32 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
         push_async(args, name, path)
         return 0
-    from braid.cli.compose import open_key_service, open_repository, repo_url
-    from braid.ops.wal_push import push_wal
+    from braid.cli.compose import open_repository, repo_url
 
     repository = open_repository(repo_url(args.repo))
-    result = push_wal(repository, open_key_service(repository, args.key_file), name, path, level=args.level)
+    result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level)
     if args.json:
         from braid.cli.render import print_json
 
         print_json({"file": result.file, "outcome": result.outcome, "size": result.size, "stored_size": result.stored_size}, indent=None)
     return 0
+
+
+def push_to(
+    repository: Repository, key_file: str | None, engine: str | None, name: str, path: Path, level: int, keys: KeyService | None = None
+) -> PushResult:
+    """Stage the file (a repository with a pipeline: braid.ops.wal_stage), else encode and store it here (braid.ops.wal_push),
+    with `keys` when the caller holds them open (the async pusher)."""
+    from braid.cli.compose import open_key_service, wal_staging_for
+
+    staging = wal_staging_for(repository, engine)
+    if staging is not None:
+        from braid.ops.wal_stage import stage_wal
+
+        return stage_wal(repository, staging, name, path)
+    from braid.ops.wal_push import push_wal
+
+    return push_wal(repository, keys or open_key_service(repository, key_file), name, path, level=level)
 
 
 def cmd_wal_fetch(args: argparse.Namespace) -> int:
@@ -68,12 +90,12 @@ def cmd_wal_fetch(args: argparse.Namespace) -> int:
         except (BackupError, OSError) as exc:  # the prefetch only saves time: the fetch goes on without it
             print(f"braid: warning: no prefetch: {exc}", file=sys.stderr)
             spool = None
-    from braid.cli.compose import key_service_on_demand, open_repository, repo_url
+    from braid.cli.compose import key_service_on_demand, open_repository, repo_url, wal_staging_for
     from braid.ops.wal_fetch import fetch_wal
 
     repository = open_repository(repo_url(args.repo))
     try:
-        fetch_wal(repository, key_service_on_demand(repository, args.key_file), name, file.name, dest)
+        fetch_wal(repository, key_service_on_demand(repository, args.key_file), name, file.name, dest, wal_staging_for(repository))
     except WalNotArchivedError:
         if spool is not None:
             wal_prefetch.forget_spool(spool)

@@ -40,7 +40,7 @@ class ChunkSlice:
 PACK_TAPER = (1, 2, 3)
 
 
-def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER, *, head: bool = True) -> list[int]:
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
     """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
 
     A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
@@ -51,19 +51,13 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
     encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
     chunks at the end all finish with the last one-chunk PUT, where one pack of
-    `chunks_per_pack` would keep the worker ~1 s longer. An item of at
-    least two full packs also starts with a pack of one chunk: a cut item
-    (MapItem.cut) whose map starts just after the stream ended stores one
-    chunk rather than a whole pack before it stops, and its pack PUT is
-    overlapped by the codec like any but the last. The rest are packs
-    as even as possible, larger first. A pure function of the item's layout
-    (MapItem.layout), so a retried worker, and the items that finish a cut
-    one, form the same packs: the same stored objects. `taper` () and `head`
-    False are the policies off (braid.pipeline.policies).
+    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
+    as even as possible, larger first. The planner writes the result into
+    each item (MapItem.packs): a retried worker, and the items that finish a
+    cut one, store the same packs. `taper` () is the policy off
+    (braid.pipeline.policies).
     """
-    limit = max(1, chunks_per_pack)
-    first = [1] if head and limit > 1 and count >= 2 * limit else []
-    return first + _tapered(count - len(first), limit, taper)
+    return _tapered(count, max(1, chunks_per_pack), taper)
 
 
 def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:

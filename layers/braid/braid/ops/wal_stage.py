@@ -1,0 +1,118 @@
+"""`wal-push` and `wal-fetch` with the stack: the host stages raw WAL, the WAL worker compresses and encrypts it.
+
+A host of a repository with a pipeline holds no key. `stage_wal` stores the
+file's raw bytes under `wal-staging/NAME/FILE`, create-only, with the
+SHA-256 S3 verifies: once S3 acknowledges, the file is durable (exit 0) and
+the WAL worker (braid.ops.wal_process) makes the archived object. The same
+rules as braid.ops.wal_push hold without a key, by SHA-256: the file
+archived or staged with the same bytes is accepted; with other bytes it is
+refused (WalConflictError naming both checksums) and nothing is replaced.
+The archive is checked again after a staged PUT, so a file the worker
+stored between the first check and the PUT is still compared.
+
+`fetch_staged` serves a file the worker has not processed yet, checked
+against its SHA-256 (the archived form is preferred: braid.ops.wal_fetch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from braid.errors import AlreadyExistsError, InputError, IntegrityError, WalConflictError
+from braid.format.layout import wal_key, wal_staging_key
+from braid.format.repository import Repository
+from braid.format.wal import SEGMENT, WalFile, segment_identity
+from braid.ops.wal import ArchiveInfo, read_archive_info
+from braid.ops.wal_push import ALREADY, PushResult, read_wal_file
+from braid.ports.wal_staging import WalStaging
+
+STAGED = "staged"
+
+
+def check_staged_identity(repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None) -> None:
+    """braid.ops.wal_push.check_identity without writing (the worker records the first segment's cluster), against
+    `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment)."""
+    if file.kind != SEGMENT:
+        return
+    identity = segment_identity(data[:64])
+    if identity is None:
+        raise InputError(f"{file.name} does not start with a WAL segment header: not a PostgreSQL WAL segment")
+    if len(data) != identity.segment_size:
+        raise InputError(f"{file.name} is {len(data)} bytes, but its header says segments are {identity.segment_size}: not a whole segment")
+    if identity.page_address != file.segno(identity.segment_size) * identity.segment_size:
+        raise InputError(f"{file.name} holds the WAL of another position (its header says {identity.page_address:X}): renamed or recycled")
+    if recorded is None:
+        recorded = read_archive_info(repository.store, name)
+    if recorded is not None and (recorded.system_identifier, recorded.segment_size) != (identity.system_identifier, identity.segment_size):
+        raise IntegrityError(
+            f"{file.name} is from the cluster with system identifier {identity.system_identifier} (segments of {identity.segment_size} bytes),"
+            f" but the WAL archive of {name!r} belongs to {recorded.system_identifier} ({recorded.segment_size} bytes):"
+            " archive a new cluster under a new --name"
+        )
+
+
+def _conflict(file: WalFile, name: str, where: str, stored: str, pushed: str) -> WalConflictError:
+    return WalConflictError(
+        f"{file.name} is already {where} under {name!r} with different content ({where} sha256:{stored}, pushed sha256:{pushed});"
+        " nothing was overwritten: a second cluster writing to the same name?"
+    )
+
+
+def _compare_staged(staging: WalStaging, name: str, file: WalFile, digest: str, size: int) -> PushResult | None:
+    """ALREADY when `file` is staged with these bytes; None when it is not staged; WalConflictError when with others."""
+    staged_key = wal_staging_key(name, file)
+    staged = staging.staged(staged_key)
+    if staged is None:
+        return None
+    if staged.sha256 != digest:
+        raise _conflict(file, name, "staged", staged.sha256, digest)
+    return PushResult(file.name, staged_key, ALREADY, size, staged.size)
+
+
+def _check_archived(staging: WalStaging, name: str, file: WalFile, digest: str) -> bool:
+    """Whether `file` is archived (with these bytes: WalConflictError when with others)."""
+    archived = staging.archived_sha256(wal_key(name, file))
+    if archived is None:
+        return False
+    if archived == "":  # stored by a host with a key: its SHA-256 is inside the encryption
+        raise IntegrityError(
+            f"{file.name} is archived under {name!r} without a recorded checksum (stored by a host with the key):"
+            " push it from a host that holds the repository's key to compare it"
+        )
+    if archived != digest:
+        raise _conflict(file, name, "archived", archived, digest)
+    return True
+
+
+def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path) -> PushResult:
+    """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
+
+    The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive. A duplicate of a
+    file already processed is staged again and found archived; the worker then removes the copy (braid.ops.wal_process).
+    """
+    file = WalFile.parse(path.name)
+    data = read_wal_file(path)
+    check_staged_identity(repository, name, file, data)
+    digest = hashlib.sha256(data).hexdigest()
+    key = wal_staging_key(name, file)
+    outcome = STAGED
+    try:
+        staging.put_staged(key, data, digest)
+    except AlreadyExistsError:  # staged before (PostgreSQL pushes again after a crash), or by another pusher
+        found = _compare_staged(staging, name, file, digest, len(data))
+        if found is not None:
+            return found
+        outcome = ALREADY  # processed meanwhile: the archive says whether with these bytes
+        if not _check_archived(staging, name, file, digest):  # pragma: no cover - gone from staging and not archived
+            raise
+    # Archived before (this push was a duplicate, or another push won): that copy stays, and must hold these bytes.
+    if _check_archived(staging, name, file, digest):
+        outcome = ALREADY
+    return PushResult(file.name, key, outcome, len(data), len(data))
+
+
+def fetch_staged(staging: WalStaging, name: str, file: WalFile) -> bytes | None:
+    """The verified raw bytes of a `file` still in staging, or None when it is not staged."""
+    staged = staging.read_staged(wal_staging_key(name, file))
+    return None if staged is None else staged.data

@@ -1,0 +1,310 @@
+"""The WAL path on AWS, priced (scripts/bench cloud-model's `wal` table): $ per TiB of WAL and p99 seconds to the final form.
+
+Counted, not assumed: every S3 and KMS request of a pushed segment comes
+from running the real code (braid.ops.wal_stage.stage_wal on the host,
+braid.ops.wal_process.process_staged in the WAL worker) over synthetic
+16 MiB segments against counting stores (`count_requests`). What the
+stack deploys comes from braid.contract (the worker's memory, timeout,
+batch size and batching window). Prices are the one table
+(braid.format.prices, us-east-1 list prices) plus SQS's, which it lacks.
+
+Lambda GB-seconds per segment: the function is billed for the time it
+takes (memory x duration): the staged bytes' GET and the stored object's
+PUT at the function's network rate (bench_lib.scale_sim.lambda_network_mb_s:
+~76 MB/s below 2 GB, published measurements), the codec's CPU (measured by
+`scripts/bench cloud-model` on the bench data, or the model's default,
+stretched by the share of a vCPU the memory buys: 1,769 MB is one vCPU,
+AWS Lambda "Memory and computing power"), and each request's round trip.
+
+p99 seconds from a push's exit 0 to the final encrypted object: S3's
+notification to SQS (S3 User Guide, "Amazon S3 Event Notifications":
+"typically delivered in seconds but can sometimes take a minute or longer":
+AWS publishes no percentile, so the figure below is an assumption stated as
+one), the event source mapping's long poll (Lambda: pollers long-poll the
+queue continuously, a message is received as soon as it is visible), the
+batching window (the most the first message of a batch waits), a cold start
+(scale_sim.COLD_START_SECONDS), and the batch's files processed one after
+another (the last waits for the others): the worst case of a full batch.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_lib import scale_sim
+from braid import contract
+from braid.adapters.local.store import LocalStore
+from braid.errors import AlreadyExistsError, NotFoundError
+from braid.format.keys import DataKey, WrappedKey
+from braid.format.prices import DEFAULT as PRICE_TABLE
+from braid.format.repository import Repository, RepositoryConfig
+from braid.format.wal import WalFile
+from braid.format.wal_object import encode_wal
+from braid.ports.store import ObjectInfo
+from braid.ports.wal_staging import StagedWal
+
+MiB = 2**20
+TIB = 2**40
+SEGMENT = 16 * MiB  # PostgreSQL's default WAL segment
+SEGMENTS_PER_TIB = TIB // SEGMENT
+
+PRICES = {
+    "s3_put_class": PRICE_TABLE.prices["s3_put_request"],
+    "s3_get_class": PRICE_TABLE.prices["s3_get_request"],
+    "kms_request": PRICE_TABLE.prices["kms_request"],
+    "lambda_gb_s": PRICE_TABLE.prices["lambda_gb_second"],
+    "lambda_request": PRICE_TABLE.prices["lambda_request"],
+    "s3_storage_gb_month": PRICE_TABLE.prices["s3_storage_gb_month"],
+    # https://aws.amazon.com/sqs/pricing/: standard queues, $0.40 per million requests (us-east-1, after the first
+    # million a month); "each 64 KB chunk of a payload is billed as 1 request" (an S3 event is about 1 KB).
+    "sqs_request": 0.40 / 1e6,
+}
+
+ASSUME = {
+    # S3 -> SQS: no published percentile ("typically ... seconds, sometimes a minute or longer"); assumed, see above.
+    "s3_event_p99_seconds": 10.0,
+    # The mapping's pollers long-poll: a visible message is received at once; one poll round trip.
+    "poll_seconds": 1.0,
+    # The codec's CPU per 16 MiB segment at one Graviton2 vCPU: zstd -3 + AES-GCM + Poly1305, scaled from the backup
+    # worker's measured 0.45 s per 64 MiB chunk (scale_sim.WORKER_CPU_SECONDS) unless `cloud-model` measures it.
+    "codec_cpu_seconds": scale_sim.WORKER_CPU_SECONDS * SEGMENT / (64 * MiB),
+    "stored_ratio": scale_sim.STORED_RATIO,  # stored / plaintext (the backup model's, the same bench data)
+    "staged_seconds_p50": contract.WAL_BATCH_WINDOW_SECONDS,  # how long raw bytes are billed in staging, typically
+}
+
+
+class CountingStore(LocalStore):
+    """A directory store that counts the S3 request each call would be."""
+
+    def __init__(self, root: Path, counts: Counter[str]) -> None:
+        super().__init__(root)
+        self.counts = counts
+
+    def get(self, key: str) -> bytes:
+        self.counts["s3_get_class"] += 1
+        return super().get(key)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        self.counts["s3_get_class"] += 1
+        return super().head(key)
+
+    def put(self, key: str, data: Any, **options: Any) -> None:
+        self.counts["s3_put_class"] += 1
+        super().put(key, data, **options)
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        self.counts["s3_put_class"] += 1  # LIST is priced as a PUT-class request
+        return super().list(prefix)
+
+
+class CountingStaging:
+    """braid.ports.wal_staging.WalStaging in memory, counting each call as the S3 request S3WalStaging makes."""
+
+    def __init__(self, counts: Counter[str]) -> None:
+        self.counts = counts
+        self.staged_objects: dict[str, tuple[bytes, str, str]] = {}
+        self.archived: dict[str, tuple[bytes, str]] = {}
+        self._version = 0
+
+    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+        self.counts["s3_put_class"] += 1
+        if key in self.staged_objects:
+            raise AlreadyExistsError(key)
+        self._version += 1
+        self.staged_objects[key] = (bytes(data), sha256, str(self._version))
+
+    def staged(self, key: str) -> StagedWal | None:
+        self.counts["s3_get_class"] += 1
+        found = self.staged_objects.get(key)
+        return None if found is None else StagedWal(key, len(found[0]), found[1], found[2])
+
+    def read_staged(self, key: str, version: str | None = None) -> StagedWal | None:
+        self.counts["s3_get_class"] += 1
+        found = self.staged_objects.get(key)
+        return None if found is None else StagedWal(key, len(found[0]), found[1], found[2], found[0])
+
+    def archived_sha256(self, key: str) -> str | None:
+        self.counts["s3_get_class"] += 1
+        found = self.archived.get(key)
+        return None if found is None else found[1]
+
+    def put_archived(self, key: str, blob: bytes, sha256: str) -> None:
+        self.counts["s3_put_class"] += 1
+        self.counts["stored_bytes"] += len(blob)
+        if key in self.archived:
+            raise AlreadyExistsError(key)
+        self.archived[key] = (blob, sha256)
+
+    def remove_staged(self, key: str, version: str | None) -> None:
+        self.counts["s3_delete_free"] += 1  # DELETE requests are free (S3 pricing)
+        self.staged_objects.pop(key, None)
+
+
+class CountingKeys:
+    """A key service counting its requests as KMS's (GenerateDataKey, Decrypt)."""
+
+    def __init__(self, counts: Counter[str]) -> None:
+        self.counts = counts
+        self.key_id = "arn:aws:kms:us-east-1:000000000000:key/model"
+        self._keys: dict[bytes, bytes] = {}
+
+    def generate_data_key(self, context: Mapping[str, str]) -> tuple[DataKey, WrappedKey]:
+        self.counts["kms_request"] += 1
+        material = os.urandom(32)
+        ciphertext = os.urandom(48)
+        self._keys[ciphertext] = material
+        return DataKey(material), WrappedKey(self.key_id, ciphertext, dict(context))
+
+    def unwrap(self, wrapped: WrappedKey) -> DataKey:
+        self.counts["kms_request"] += 1
+        try:
+            return DataKey(self._keys[wrapped.ciphertext])
+        except KeyError:
+            raise NotFoundError("no such data key") from None
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Requests per segment, counted from the real code, by price class: the host's and the WAL worker's."""
+
+    host: dict[str, float]
+    host_async: dict[str, float]
+    worker: dict[str, float]
+
+
+def _segment(name: str, size: int) -> bytes:
+    """A whole segment `name` with a real long page header (braid.format.wal.segment_identity reads it)."""
+    import struct
+
+    file = WalFile.parse(name)
+    header = struct.pack("<HHIQI4xQII", 0xD110, 0x0006, file.timeline, file.segno(size) * size, 0, 7_000_000_000_000_000_001, size, 8192)
+    return header + os.urandom(size - len(header))
+
+
+def count_requests(segments: int = 8, size: int = 1 * MiB) -> Requests:
+    """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), then
+    process them as the WAL worker does (one container: the repository and archive record read once)."""
+    from braid.ops.wal import ArchiveInfo
+    from braid.ops.wal_process import process_staged
+    from braid.ops.wal_stage import stage_wal
+
+    with tempfile.TemporaryDirectory(prefix="wal-model-") as tmp:
+        root = Path(tmp)
+        setup: Counter[str] = Counter()
+        config = RepositoryConfig.new({"type": "kms", "key_id": "arn:aws:kms:us-east-1:000000000000:key/model"}, "2026-11-28T00:00:00Z", {"stack": "Braid"})
+        Repository.create(CountingStore(root / "repo", setup), config)
+        names = [f"0000000100000000000000{n + 1:02X}" for n in range(segments + 1)]
+        files = []
+        for name in names:
+            (root / name).write_bytes(_segment(name, size))
+            files.append(root / name)
+        host: Counter[str] = Counter()
+        staging = CountingStaging(setup)
+        worker: Counter[str] = Counter()
+        known: dict[str, ArchiveInfo] = {}
+        # The first segment records the archive's identity (once per archive, not per segment): outside the count.
+        first = Repository.open(CountingStore(root / "repo", setup))
+        stage_wal(first, staging, "pg", files[0])
+        process_staged(first, CountingKeys(setup), staging, "pg", WalFile.parse(names[0]), known=known)
+        staging.counts = host
+        for path in files[1:]:
+            stage_wal(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path)
+        pusher: Counter[str] = Counter()
+        resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
+        resident_staging = CountingStaging(pusher)
+        for path in files[1:]:
+            stage_wal(Repository(CountingStore(root / "repo", pusher), resident.config), resident_staging, "pg", path)
+        staging.counts = worker
+        container = Repository.open(CountingStore(root / "repo", Counter()))  # once per container, not per segment
+        container = Repository(CountingStore(root / "repo", worker), container.config)
+        keys = CountingKeys(worker)
+        for name in names[1:]:
+            process_staged(container, keys, staging, "pg", WalFile.parse(name), known=known)
+        assert not staging.staged_objects, "every staged file was processed and removed"
+    per = float(segments)
+    return Requests(
+        {k: v / per for k, v in host.items()}, {k: v / per for k, v in pusher.items()}, {k: v / per for k, v in worker.items() if k != "stored_bytes"}
+    )
+
+
+def measure_codec_cpu(data: bytes, level: int = 3) -> float:
+    """CPU seconds (this machine) of encoding one segment's bytes as the worker does (braid.format.wal_object.encode_wal)."""
+    key = DataKey(os.urandom(32))
+    wrapped = WrappedKey("k", os.urandom(48), {})
+    encode_wal(key, wrapped, "pg@wal/000000010000000000000001", data[:SEGMENT], level)  # warm-up
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        encode_wal(key, wrapped, "pg@wal/000000010000000000000001", data[:SEGMENT], level)
+        best = min(best, time.process_time() - start)
+    return best
+
+
+def segment_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], memory_mb: int = contract.WAL_MEMORY_MB) -> float:
+    """The WAL worker's billed seconds for one segment: its GET and PUT at the function's network rate, the codec
+    at the vCPU share `memory_mb` buys, and each request's round trip (KMS's too)."""
+    network = scale_sim.lambda_network_mb_s(memory_mb) * 1e6
+    transfer = SEGMENT * (1 + stored_ratio) / network
+    cpu = codec_cpu * scale_sim.FULL_VCPU_MB / min(memory_mb, scale_sim.FULL_VCPU_MB)
+    return transfer + cpu + sum(worker_requests.values()) * scale_sim.REQUEST_SECONDS  # a DELETE is free but takes its round trip
+
+
+def cost_per_tib(requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False) -> dict[str, float]:
+    """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging."""
+    n = SEGMENTS_PER_TIB
+    host = requests.host_async if asynchronous else requests.host
+    batch = contract.WAL_BATCH_SIZE
+    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker)
+    gb_s = seconds * contract.WAL_MEMORY_MB / 1024
+    staged_gb_months = (TIB / 1e9) * ASSUME["staged_seconds_p50"] / (30 * 86400)
+    return {
+        "host s3 PUT-class": n * host.get("s3_put_class", 0) * PRICES["s3_put_class"],
+        "host s3 GET-class": n * host.get("s3_get_class", 0) * PRICES["s3_get_class"],
+        "worker s3 PUT-class": n * requests.worker.get("s3_put_class", 0) * PRICES["s3_put_class"],
+        "worker s3 GET-class": n * requests.worker.get("s3_get_class", 0) * PRICES["s3_get_class"],
+        "kms requests": n * (host.get("kms_request", 0) + requests.worker.get("kms_request", 0)) * PRICES["kms_request"],
+        # S3's SendMessage per file; per batch one ReceiveMessage (a full batch) and one DeleteMessageBatch.
+        "sqs requests": n * (1 + 2 / batch) * PRICES["sqs_request"],
+        "lambda invocations": n / batch * PRICES["lambda_request"],
+        "lambda GB-seconds": n * gb_s * PRICES["lambda_gb_s"],
+        "staging storage": staged_gb_months * PRICES["s3_storage_gb_month"],
+    }
+
+
+def p99_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float]) -> dict[str, float]:
+    """The worst case of a full batch, by step: the p99 from a push's exit 0 to its final encrypted object."""
+    return {
+        "s3 event to sqs (assumed p99)": ASSUME["s3_event_p99_seconds"],
+        "long poll": ASSUME["poll_seconds"],
+        "batching window": float(contract.WAL_BATCH_WINDOW_SECONDS),
+        "cold start": scale_sim.COLD_START_SECONDS,
+        "full batch, one file after another": contract.WAL_BATCH_SIZE * segment_seconds(codec_cpu, stored_ratio, worker_requests),
+    }
+
+
+def table_rows(requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
+    """The `wal` table's rows (stable names): one per archive_command mode."""
+    rows = []
+    p99 = p99_seconds(codec_cpu, stored_ratio, requests.worker)
+    for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
+        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous)
+        total = sum(costs.values())
+        rows.append({
+            "mode": mode,
+            "wal_cost_per_tib": round(total, 4),
+            "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
+            "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
+            "p99_seconds_to_final": round(sum(p99.values()), 2),
+            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, requests.worker), 3),
+            "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
+            "p99_steps": {k: round(v, 3) for k, v in p99.items()},
+        })
+    return rows
+

@@ -1,0 +1,82 @@
+"""scripts/bench cloud-model's `wal` table (bench_lib.wal_model), recomputed by hand from AWS's published prices.
+
+The request counts are the real code's (stage_wal on the host, process_staged
+in the WAL worker, run against counting stores); the prices are written here
+(us-east-1 list prices, 2026-11), not read from the code.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from bench_lib import wal_model  # noqa: E402
+from braid import contract  # noqa: E402
+
+PUT, GET, KMS, SQS, GB_S, INVOKE = 0.005 / 1000, 0.0004 / 1000, 0.03 / 10000, 0.40 / 1e6, 0.0000133334, 0.20 / 1e6
+SEGMENTS = 2**40 // 2**24  # 16 MiB segments in a TiB
+
+
+@pytest.fixture(scope="module")
+def requests() -> wal_model.Requests:
+    return wal_model.count_requests(segments=4)
+
+
+def test_requests_per_segment_are_counted_from_the_code(requests: wal_model.Requests) -> None:
+    # wal-push: config.json and archive.json read, the staged PUT, the archive's HEAD after it.
+    assert requests.host == {"s3_get_class": 3.0, "s3_put_class": 1.0}
+    assert requests.host_async == {"s3_get_class": 2.0, "s3_put_class": 1.0}  # the resident pusher reads config.json once
+    # The worker: the staged GET, one data key, the create-only PUT, the staged version's DELETE (free).
+    assert requests.worker == {"s3_get_class": 1.0, "kms_request": 1.0, "s3_put_class": 1.0, "s3_delete_free": 1.0}
+
+
+def test_the_wal_cost_per_tib_is_the_sum_of_its_priced_counts(requests: wal_model.Requests) -> None:
+    cpu, ratio = 0.1125, 0.54
+    (row, _async) = wal_model.table_rows(requests, cpu, ratio, backup_cost_per_tib=0.64)
+    network = 76e6  # bytes/s of a function below 2 GB (published measurements; scale_sim)
+    seconds = 2**24 * (1 + ratio) / network + cpu * 1769 / contract.WAL_MEMORY_MB + 4 * 0.015
+    by_hand = SEGMENTS * (
+        (1 + 1) * PUT  # the host's staged PUT, the worker's archived PUT
+        + (3 + 1) * GET
+        + KMS
+        + (1 + 2 / contract.WAL_BATCH_SIZE) * SQS
+        + INVOKE / contract.WAL_BATCH_SIZE
+        + seconds * contract.WAL_MEMORY_MB / 1024 * GB_S
+    ) + 0.023 * (2**40 / 1e9) * contract.WAL_BATCH_WINDOW_SECONDS / (30 * 86400)
+    assert row["segment_seconds"] == pytest.approx(seconds, abs=1e-3)
+    assert row["wal_cost_per_tib"] == pytest.approx(by_hand, abs=1e-3)
+    assert row["wal_over_backup"] == pytest.approx(by_hand / 0.64, abs=1e-3)
+    # Two PUTs of a 16 MiB object alone cost more than half the backup path's whole TiB: the figure that packing would cut.
+    assert row["costs_per_tib"]["host s3 PUT-class"] == pytest.approx(SEGMENTS * PUT)
+
+
+def test_the_p99_to_the_final_form_is_within_a_minute(requests: wal_model.Requests) -> None:
+    (row, _async) = wal_model.table_rows(requests, 0.1125, 0.54, backup_cost_per_tib=None)
+    steps = row["p99_steps"]
+    assert steps["batching window"] == contract.WAL_BATCH_WINDOW_SECONDS
+    assert steps["full batch, one file after another"] == pytest.approx(contract.WAL_BATCH_SIZE * row["segment_seconds"], abs=0.01)
+    assert row["p99_seconds_to_final"] == pytest.approx(sum(steps.values()), abs=0.01)
+    assert row["p99_seconds_to_final"] <= 60
+
+
+def test_cloud_model_prints_the_wal_table_with_its_stable_names(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from bench_lib.benchmarks.cloud_model import WAL_COLUMNS, wal_section
+
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * (2**24 // 256))
+    ctx = SimpleNamespace(dataset=lambda: SimpleNamespace(path=data), args=SimpleNamespace(level=3))
+    tables, facts = wal_section(ctx, arm=1.0, ratio=0.5, backup_cost_per_tib=0.64)  # type: ignore[arg-type]
+    wal = tables[0].to_json()
+    assert wal["title"].startswith("wal:") and [r["mode"] for r in wal["rows"]] == ["wal-push", "wal-push --async"]
+    assert all(set(r) == set(WAL_COLUMNS) for r in wal["rows"])
+    targets = {r["target"]: r for r in tables[2].to_json()["rows"]}
+    assert targets["p99 s from push to final form"][""] == "PASS"
+    verdict = "PASS" if wal["rows"][0]["wal_cost_per_tib"] <= 0.64 else "MISS"
+    assert targets["WAL $ per TiB (wal-push) <= the backup path's"][""] == verdict
+    assert "encode_wal measured here" in facts["wal codec CPU per 16 MiB segment on arm64"]
