@@ -157,16 +157,19 @@ class StreamEnded:
     """Whether the backup's stream has ended, read from staging until it has (then remembered): a cut item's stop test.
 
     One GET of the stream-end record per pack boundary: it is what lets a streaming
-    item be long without holding back the time after stream end (MapItem.cut)."""
+    item be long without holding back the time after stream end (MapItem.cut).
+    The encoders ask one at a time, so no GET follows the one that found the end."""
 
     def __init__(self, area: StagingArea) -> None:
         self._area = area
         self._ended = False
+        self._lock = threading.Lock()
 
     def __call__(self) -> bool:
-        if not self._ended:
-            self._ended = self._area.read_stream_end() is not None
-        return self._ended
+        with self._lock:
+            if not self._ended:
+                self._ended = self._area.read_stream_end() is not None
+            return self._ended
 
 
 def process_item(
