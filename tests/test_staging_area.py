@@ -32,8 +32,7 @@ from braid.format.staging import (
     stream_end_key,
     wrapped_key_key,
 )
-from braid.format.staging.keys import compaction_key, compactions_prefix, fold_key, parse_compaction_key
-from braid.format.staging.rounds import RoundsCompaction
+from braid.format.staging.keys import fold_key
 from braid.ports.pipeline import PlainStoreJanitor
 
 CHUNK = 100
@@ -391,11 +390,11 @@ def test_a_fold_that_disagrees_with_the_plan_or_is_malformed_is_refused(area: St
             area.read_results([found])
 
 
-# -- compactions: rounds and their results merged by the planner -------------------
+# -- the results index: one reader path ------------------------------------------
 
 
 class CountingGets(LocalStore):
-    """Counts GETs, to show what a compaction saves a reader."""
+    """Counts GETs, to show what the results index saves a reader."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -407,7 +406,7 @@ class CountingGets(LocalStore):
 
 
 def three_finished_rounds(area: StagingArea) -> list[Round]:
-    """Rounds 1..3 (2 items, 1, 1), every result recorded; round 1's map folded."""
+    """Rounds 1..3 (2 items, 1, 1), every result recorded; rounds 1 and 2's maps folded."""
     rounds = [
         area.write_round(1, [item_of(area, 0, 2), item_of(area, 2, 2)]),
         area.write_round(2, [item_of(area, 4, 3, segment=1)]),
@@ -417,83 +416,33 @@ def three_finished_rounds(area: StagingArea) -> list[Round]:
         for item in found.items:
             area.write_result(ItemResult(item.first_index, entries_of(item)))
     area.fold_results(1, 0, rounds[0].items)
+    area.fold_results(2, 0, rounds[1].items)
     return rounds
 
 
-def test_a_compaction_stands_in_for_its_rounds_folds_and_records(tmp_path: Path) -> None:
+def test_the_results_index_stands_in_for_the_records_it_holds(tmp_path: Path) -> None:
     area = StagingArea(CountingGets(tmp_path), BackupRef.new("db"))
     rounds = three_finished_rounds(area)
     expected = [entry for found in rounds for item in found.items for entry in entries_of(item)]
-
-    assert area.compact_rounds(1, 2, max_chunks=1000) == 2  # round 1 from its fold, round 2 from its record
-    assert parse_compaction_key(area.ref, compaction_key(area.ref, 1, 2)) == (1, 2)
-    # Late workers rewrite, records and folds go: the compaction already has them.
-    area.store.delete([result_key(area.ref, i) for i in (0, 2, 4)] + [fold_key(area.ref, 1, 0)])
+    # Late workers rewrite, records go: the folds already have them.
+    area.store.delete([result_key(area.ref, i) for i in (0, 2, 4)])
     store = area.store
     assert isinstance(store, CountingGets)
     store.gets.clear()
-    compacted_rounds, compacted = area.read_compactions()
-    found = area.read_rounds(compacted_rounds)
-    assert [r.number for r in found] == [1, 2, 3] and [r.items for r in found] == [r.items for r in rounds]
-    assert area.read_results(found, compacted=compacted) == expected
-    # One compaction for rounds 1-2, then round 3's file and its item's record: no GET of what the compaction holds.
-    assert sorted(store.gets) == sorted([compaction_key(area.ref, 1, 2), round_key(area.ref, 3), result_key(area.ref, 7)])
-    assert area.compacted_through() == 2
+
+    assert area.read_results(rounds) == expected
+    # A GET per fold, then the record of round 3's item, which no fold holds: none of what the index holds.
+    assert sorted(store.gets) == sorted([fold_key(area.ref, 1, 0), fold_key(area.ref, 2, 0), result_key(area.ref, 7)])
 
 
-def test_a_compaction_takes_whole_rounds_up_to_its_chunk_bound_and_at_least_one(area: StagingArea) -> None:
-    three_finished_rounds(area)
-    assert area.compact_rounds(1, 3, max_chunks=1) == 1  # round 1 alone has 4 chunks: still taken
-    assert area.compact_rounds(2, 3, max_chunks=3) == 2
-    assert area.compact_rounds(3, 3, max_chunks=3) == 3
-    assert area.compacted_through() == 3
-    compacted_rounds, compacted = area.read_compactions()
-    assert [r.number for r in compacted_rounds] == [1, 2, 3] and sorted(compacted) == [0, 2, 4, 7]
-
-
-def test_rounds_without_a_good_result_are_not_compacted_and_finalize_still_refuses_them(area: StagingArea) -> None:
+def test_without_the_index_the_same_reader_reads_every_record(area: StagingArea) -> None:
     rounds = three_finished_rounds(area)
+    expected = [entry for found in rounds for item in found.items for entry in entries_of(item)]
+    area.store.delete([fold_key(area.ref, 1, 0), fold_key(area.ref, 2, 0)])  # the planner indexed nothing (index_results off)
+    assert area.read_results(rounds) == expected
     area.write_result(ItemResult(4, entries_of(rounds[1].items[0])[:1]))  # round 2's record disagrees with its item
-    assert area.compact_rounds(1, 3, max_chunks=1000) == 3  # passed over, nothing written
-    assert list(area.store.list(compactions_prefix(area.ref))) == []
     with pytest.raises(IntegrityError, match="lists 1 chunks, the plan 3"):
         area.read_results(area.read_rounds())
-    area.store.delete([result_key(area.ref, 7)])  # round 3's record is gone: no compaction of it either
-    assert area.compact_rounds(3, 3, max_chunks=1000) == 3
-    assert list(area.store.list(compactions_prefix(area.ref))) == []
-
-
-def test_only_an_unbroken_run_of_compactions_from_round_one_is_read(area: StagingArea) -> None:
-    three_finished_rounds(area)
-    area.compact_rounds(2, 2, max_chunks=1000)  # rounds 1 is not compacted: the run does not start at 1
-    assert area.read_compactions() == ([], {}) and area.compacted_through() == 0
-    area.compact_rounds(1, 1, max_chunks=1000)
-    assert [r.number for r in area.read_compactions()[0]] == [1, 2]
-
-
-def test_a_compaction_that_disagrees_with_the_plan_its_name_or_is_malformed_is_refused(area: StagingArea) -> None:
-    rounds = three_finished_rounds(area)
-    area.compact_rounds(1, 1, max_chunks=1000)
-    key = compaction_key(area.ref, 1, 1)
-    good = RoundsCompaction.from_bytes(area.store.get(key), key, lambda n: round_key(area.ref, n))
-    first = rounds[0].items[0]
-    shifted = ItemResult(0, tuple(replace(e, offset=e.offset + 1) for e in entries_of(first)))
-    area.store.put(key, replace(good, results=(shifted, *good.results[1:])).to_bytes())
-    compacted_rounds, compacted = area.read_compactions()
-    with pytest.raises(IntegrityError, match="describes chunk 0 of input 0 at 1\\+100; the plan says input 0 at 0\\+100"):
-        area.read_results(area.read_rounds(compacted_rounds), compacted=compacted)
-    area.store.put(key, replace(good, first=2, last=2, rounds=(rounds[1],)).to_bytes())
-    with pytest.raises(IntegrityError, match=f"rounds compaction {key} holds rounds 2..2, not the ones its name says"):
-        area.read_compactions()
-    for body, complaint in [
-        (b"nope", "not JSON"),
-        (b'{"first": 1, "last": 1, "items": []}', "malformed"),
-        (b'{"first": 1, "last": 2, "rounds": [[]], "items": []}', "malformed"),
-        (b'{"first": 1, "last": 1, "rounds": [[]], "items": []}', "not a non-empty list"),
-    ]:
-        area.store.put(key, body)
-        with pytest.raises(IntegrityError, match=f"rounds compaction {key}.*{complaint}"):
-            area.read_compactions()
 
 
 # -- removal ---------------------------------------------------------------------

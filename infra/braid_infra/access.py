@@ -20,10 +20,15 @@ How a host gets its tag (`braid-name` = the `--name` it backs up):
     AgentPolicyArn); a role's tags are the principal tags of its sessions;
   - a host that assumes the stack's AgentRole passes the tag as a session
     tag: `aws sts assume-role --role-arn <AgentRoleArn> --role-session-name
-    HOST --tags Key=braid-name,Value=NAME` (the role's trust allows
-    sts:TagSession for principals of the account).
+    HOST --tags Key=braid-name,Value=NAME`. The role's trust lets a
+    principal of the account pass only the `braid-name` it is tagged with
+    itself (aws:RequestTag equal to its aws:PrincipalTag, and no other tag
+    key), so a host cannot name itself after another host's backups: the
+    caller's own tag, which only an IAM administrator sets, decides.
 A principal without the tag can stage nothing: IAM matches no resource for
-a policy variable whose key is missing.
+a policy variable whose key is missing (an instance given the stack's
+AgentInstanceProfile, whose role is untagged, can only follow backups;
+each EC2 host gets a role of its own, tagged, with the AgentPolicy).
 """
 
 from __future__ import annotations
@@ -52,12 +57,22 @@ STAGING_RECORDS = tuple(
 )
 
 
+# What the AgentRole's trust requires of a session's tags: the caller's own braid-name, and no other key.
+OWN_TAG_ONLY = {
+    "StringEquals": {f"aws:RequestTag/{HOST_TAG}": f"${{aws:PrincipalTag/{HOST_TAG}}}"},
+    "ForAllValues:StringEquals": {"aws:TagKeys": [HOST_TAG]},
+}
+
+
 def host_principal(*, session_tags: bool = False) -> iam.IPrincipal:
-    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts),
-    passing session tags when `session_tags` (the agent's `braid-name`)."""
+    """EC2 database hosts by instance profile; anyone the account allows to assume it (on-premises hosts).
+
+    With `session_tags` (the agent's role), an account principal must pass its own `braid-name` as the
+    session's (OWN_TAG_ONLY): the session tag decides which staging the session may touch, so a caller
+    choosing it freely could stage as any name (review 3, M2)."""
     account: iam.IPrincipal = iam.AccountRootPrincipal()
     if session_tags:
-        account = account.with_session_tags()
+        account = account.with_session_tags().with_conditions(OWN_TAG_ONLY)
     return iam.CompositePrincipal(iam.ServicePrincipal("ec2.amazonaws.com"), account)
 
 

@@ -33,12 +33,14 @@ from braid_infra.storage import (
     CATALOG_OBJECTS,
     CONFIG,
     DATA_OBJECTS,
+    FAILURE_OBJECTS,
     MANIFEST_OBJECTS,
     METADATA_OBJECTS,
     POLICY_OBJECTS,
     PRICES,
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
+    RESULT_OBJECTS,
     STAGING_OBJECTS,
     STORAGE_OBJECTS,
     SUMMARY_OBJECTS,
@@ -237,9 +239,10 @@ class PipelineFunctions(Construct):
         # ...by version id, so the versioned bucket keeps no noncurrent copy of raw bytes (StagingArea.remove_segments).
         self._s3("plan", ["s3:DeleteObjectVersion"], STAGING_OBJECTS)
         self._list_versions("plan")
-        # Worker: ranged GETs of staging, create-only chunk PUTs, result records.
+        # Worker: ranged GETs of staging, create-only chunk PUTs, its item's result or failure record: no other
+        # staging object (never a segment, a round or a record of the agent's).
         self._s3("worker", ["s3:GetObject"], STAGING_OBJECTS, DATA_OBJECTS)
-        self._s3("worker", ["s3:PutObject"], DATA_OBJECTS, STAGING_OBJECTS)
+        self._s3("worker", ["s3:PutObject"], DATA_OBJECTS, RESULT_OBJECTS, FAILURE_OBJECTS)
         self._retention("worker", DATA_OBJECTS)
         self._list("worker")
         self.keys.allow_decrypt(self.roles["worker"])

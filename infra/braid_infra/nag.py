@@ -20,11 +20,14 @@ from braid_infra.storage import (
     CATALOG_LOG_OBJECTS,
     CATALOG_OBJECTS,
     DATA_OBJECTS,
+    FAILURE_OBJECTS,
     MANIFEST_OBJECTS,
     METADATA_OBJECTS,
+    PLAN_OBJECTS,
     POLICY_OBJECTS,
     PRUNE_OBJECTS,
     REKEY_OBJECTS,
+    RESULT_OBJECTS,
     STAGING_OBJECTS,
     STORAGE_OBJECTS,
     SUMMARY_OBJECTS,
@@ -55,6 +58,8 @@ OBJECTS = {
     CATALOG_LOG_OBJECTS: "Catalog log markers are named per time and backup at run time; confined to catalog/log/.",
     CATALOG_INDEX_OBJECTS: "Catalog snapshots are named per time at run time; confined to catalog/index/.",
     STORAGE_OBJECTS: "Storage class records are named per backup and time at run time (storage/NAME/ID/STAMP~CLASS); confined to storage/.",
+    RESULT_OBJECTS: "A map item's result record is named per backup and first chunk at run time (staging/NAME/ID/results/N.json).",
+    FAILURE_OBJECTS: "A map item's failure record is named per backup and first chunk at run time (staging/NAME/ID/failures/N.json).",
     PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
@@ -83,7 +88,7 @@ def suppress_findings(stack: BraidStack) -> None:
     uses = {
         "prepare": [STAGING_OBJECTS, MANIFEST_OBJECTS, METADATA_OBJECTS],
         "plan": [STAGING_OBJECTS],
-        "worker": [STAGING_OBJECTS, DATA_OBJECTS],
+        "worker": [STAGING_OBJECTS, DATA_OBJECTS, RESULT_OBJECTS, FAILURE_OBJECTS],
         "finalize": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS, CATALOG_OBJECTS, METADATA_OBJECTS],
         "cleanup": [STAGING_OBJECTS, DATA_OBJECTS, MANIFEST_OBJECTS],
         "verify": [],  # the scheduled maintenance only starts the prune run
@@ -110,7 +115,10 @@ def suppress_findings(stack: BraidStack) -> None:
     machine_id = _ref(stack, machine)
     machine_policy = machine.role.node.find_child("DefaultPolicy")
     _machine(stack, machine, backup_steps, "chunks", bucket)
-    acknowledge(machine_policy, wildcard(f"{bucket}/{STAGING_OBJECTS}"), "The map's ItemReader reads plan rounds under staging/.")
+    acknowledge(
+        machine_policy, wildcard(f"{bucket}/{PLAN_OBJECTS}"),
+        "The map's ItemReader reads plan rounds (staging/NAME/ID/plans/*), named per backup and round at run time; no staged byte.",
+    )
     acknowledge(
         machine_policy, wildcard(f"{bucket}/{WAKE_OBJECTS}"), "SleepUntilWoken writes each backup's wake record (staging/NAME/ID/wake), named per backup.",
     )
@@ -190,17 +198,16 @@ def _machine(
     label: str,
     bucket: str,
     *,
-    reader: str = "Added by CDK's S3JsonItemReader for its bucket (s3:GetObject only); the items' keys are made per run.",
+    reader: str | None = None,
 ) -> None:
-    """What CDK itself adds to a state machine with a Distributed Map over an S3 item reader, and Lambda steps."""
+    """What CDK itself adds to a state machine with a Distributed Map, and Lambda steps. `reader`: why CDK's grant on
+    every object of the bucket stays (the verify machine's ResultWriter); Braid's item readers (braid_infra.steps.
+    ScopedJsonItemReader) grant only the objects they map, acknowledged by the caller."""
     machine_id = _ref(stack, machine)
     policy = machine.role.node.find_child("DefaultPolicy")
     acknowledge(policy, wildcard("*"), XRAY + " (state machine tracing)")
-    acknowledge(
-        policy,
-        wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"),
-        reader,
-    )
+    if reader is not None:
+        acknowledge(policy, wildcard(f"arn:<AWS::Partition>:s3:::<{_ref(stack, stack.storage.bucket)}>/*"), reader)
     for name in steps:
         acknowledge(
             policy,

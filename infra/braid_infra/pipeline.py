@@ -44,16 +44,27 @@ container after the last round.
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
+from braid.contract import HOLD_ENTRY, HOLD_STATE, STATE_PLAN, PlanKey, PlanState, plan_path
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import LAMBDA_TRANSIENT, STEP_RETRY, TRANSIENT, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
-from braid_infra.storage import EXECUTION_TIMEOUT, STAGING_LIFETIME, STAGING_OBJECTS, WAKE_OBJECTS, Storage
+from braid_infra.steps import (
+    LAMBDA_TRANSIENT,
+    STEP_RETRY,
+    TRANSIENT,
+    WORKER_RETRY,
+    RetryPolicy,
+    ScopedJsonItemReader,
+    item_failed,
+    lambda_step,
+    logged_machine,
+    worker_step,
+)
+from braid_infra.storage import EXECUTION_TIMEOUT, PLAN_OBJECTS, STAGING_LIFETIME, WAKE_OBJECTS, Storage
 
 __all__ = ["FINAL_ERRORS", "LAMBDA_TRANSIENT", "STEP_RETRY", "TRANSIENT", "WORKER_RETRY", "BackupPipeline", "RetryPolicy"]
 
@@ -86,7 +97,7 @@ class BackupPipeline(Construct):
             return lambda_step(self, name, functions.pinned(function), result_path, step_retry)
 
         prepare = step("Prepare", "prepare", "$.prepared")
-        plan = step("PlanSegments", "plan", "$.plan")
+        plan = step("PlanSegments", "plan", f"$.{STATE_PLAN}")
         finalize = step("Finalize", "finalize", "$.summary")
         cleanup = step("Cleanup", "cleanup", "$.failure")
 
@@ -96,9 +107,12 @@ class BackupPipeline(Construct):
             self,
             "ProcessChunks",
             state_name="ProcessChunks",
-            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
+            # Round files (and re-plans) under staging/NAME/ID/plans/: the only objects the machine reads.
+            item_reader=ScopedJsonItemReader(
+                bucket=storage.bucket, key=sfn.JsonPath.string_at(plan_path(PlanKey.ITEMS_OBJECT)), objects=[storage.arn(PLAN_OBJECTS)]
+            ),
             # The input's --fan-out clamped by PlanSegments to the worker's reserved concurrency.
-            max_concurrency_path="$.plan.max_concurrency",
+            max_concurrency_path=plan_path(PlanKey.MAX_CONCURRENCY),
             item_selector=WORKER_EVENT,
             result_path=sfn.JsonPath.DISCARD,
             label="chunks",
@@ -109,7 +123,13 @@ class BackupPipeline(Construct):
             # of a round's largest item number tolerates them all (the same as 100 %).
             tolerated_failure_count=MAX_ITEMS_PER_ROUND,
         )
-        process.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
+        # A child whose Worker failed after every retry ends in ItemFailed, a success whose output is {}: a failed
+        # child's place in the map's output would hold its whole execution result (its input and the error's
+        # cause, a few KB), and the map's output is capped at 262,144 bytes like any state's (States.DataLimitExceeded,
+        # which would hold the backup at once instead of re-planning). The worker has recorded its error in staging,
+        # and the next PlanSegments plans every item without a result again (review 3, M1).
+        worker.add_catch(item_failed(self, "ItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        process.item_processor(worker)
 
         # The last round after stream end, when it is small (PlanSegments says "inline"): an inline Map
         # over the items in the state, whose Workers start at once instead of after a map run starts
@@ -118,14 +138,12 @@ class BackupPipeline(Construct):
         # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
         # items without a result again, then holds the backup.
         final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
-        final_worker.add_catch(
-            sfn.Pass(self, "FinalItemFailed", state_name="FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD
-        )
+        final_worker.add_catch(item_failed(self, "FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
         process_final = sfn.Map(
             self,
             "ProcessFinalRound",
             state_name="ProcessFinalRound",
-            items_path="$.plan.inline_items",
+            items_path=plan_path(PlanKey.INLINE_ITEMS),
             # PlanSegments plans an inline round only within the input's --fan-out as well.
             max_concurrency=contract.INLINE_MAP_MAX_ITEMS,
             item_selector={**WORKER_EVENT, "inline": True},  # its usage then bills its own Task state
@@ -133,7 +151,7 @@ class BackupPipeline(Construct):
         )
         process_final.item_processor(final_worker)
 
-        wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path("$.plan.wait_seconds"))
+        wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path(plan_path(PlanKey.WAIT_SECONDS)))
         # PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): rather than
         # a Plan function billed while it watches, this state writes its task token to the backup's staging (the wake
         # record, braid.format.staging.wake: "CHUNKS AFTER TOKEN") and waits for the agent to send it back
@@ -150,14 +168,14 @@ class BackupPipeline(Construct):
             iam_resources=[storage.arn(WAKE_OBJECTS)],
             parameters={
                 "Bucket": storage.bucket.bucket_name,
-                "Key": sfn.JsonPath.string_at("$.plan.wake_object"),
+                "Key": sfn.JsonPath.string_at(plan_path(PlanKey.WAKE_OBJECT)),
                 "Body": sfn.JsonPath.format(
-                    "{} {} {}", sfn.JsonPath.string_at("$.plan.wake_chunks"), sfn.JsonPath.string_at("$.plan.wake_after_seconds"),
+                    "{} {} {}", sfn.JsonPath.string_at(plan_path(PlanKey.WAKE_CHUNKS)), sfn.JsonPath.string_at(plan_path(PlanKey.WAKE_AFTER_SECONDS)),
                     sfn.JsonPath.task_token,
                 ),
             },
             integration_pattern=sfn.IntegrationPattern.WAIT_FOR_TASK_TOKEN,
-            task_timeout=sfn.Timeout.at("$.plan.wait_seconds"),
+            task_timeout=sfn.Timeout.at(plan_path(PlanKey.WAIT_SECONDS)),
             result_path=sfn.JsonPath.DISCARD,
         )
         sleep.add_retry(errors=["States.TaskFailed"], interval=Duration.seconds(1), max_attempts=2, backoff_rate=2.0)
@@ -181,7 +199,15 @@ class BackupPipeline(Construct):
         # its error, everything done is kept, the planner then waits for --resume; see
         # braid.pipeline.replan), unless its error says the backup can never finish (FINAL_ERRORS).
         prepare.add_catch(cleanup, errors=["States.ALL"], result_path="$.error")
-        hold = step("Hold", "plan", "$.plan")
+        # The Hold state is the Plan function called with the Hold entry (braid.pipeline.failure.hold_entry): the failed
+        # step its <Step>Failed state named, the caught error, and the state, whose $.plan the held status replaces.
+        hold = lambda_step(
+            self, "Hold", functions.pinned("plan"), f"$.{STATE_PLAN}", step_retry,
+            payload=sfn.TaskInput.from_object({
+                HOLD_ENTRY: {"step": sfn.JsonPath.string_at("$.failed.step"), "error": sfn.JsonPath.object_at("$.error")},
+                HOLD_STATE: sfn.JsonPath.entire_payload,
+            }),
+        )
         hold_failed = sfn.Fail(
             self,
             "HoldFailed",
@@ -196,11 +222,9 @@ class BackupPipeline(Construct):
             ("PlanSegments", plan), ("ProcessChunks", process), ("ProcessFinalRound", process_final), ("Finalize", finalize),
         ]
         for state_name, state in steps:
-            # Which step failed, and a fresh id for this failure: the Hold state is the Plan function
-            # holding when $.failed.id is not the hold its previous result ($.plan.hold_id) made.
+            # Which step failed, for the Hold entry (and for a person reading the console).
             failed_step = sfn.Pass(
-                self, f"{state_name}Failed", state_name=f"{state_name}Failed", parameters={"step": state_name, "id.$": "States.UUID()"},
-                result_path="$.failed",
+                self, f"{state_name}Failed", state_name=f"{state_name}Failed", parameters={"step": state_name}, result_path="$.failed",
             )
             state.add_catch(cleanup, errors=FINAL_ERRORS, result_path="$.error")
             state.add_catch(failed_step, errors=["States.ALL"], result_path="$.error")
@@ -226,18 +250,18 @@ class BackupPipeline(Construct):
         final_kind = sfn.Choice(self, "FinalRoundInline", state_name="FinalRoundInline?")
         warm_finalize.add_catch(final_kind, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
         warm_finalize.next(final_kind)
-        final_kind.when(sfn.Condition.boolean_equals("$.plan.inline", True), process_final.next(plan))
+        final_kind.when(sfn.Condition.boolean_equals(plan_path(PlanKey.INLINE), True), process_final.next(plan))
         final_kind.otherwise(process)
 
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
         hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
         choice.when(
-            sfn.Condition.and_(sfn.Condition.string_equals("$.plan.status", "ready"), sfn.Condition.boolean_equals("$.plan.final", True)),
+            sfn.Condition.and_(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), sfn.Condition.boolean_equals(plan_path(PlanKey.FINAL), True)),
             warm_finalize,
         )
-        choice.when(sfn.Condition.string_equals("$.plan.status", "ready"), process.next(plan))
-        choice.when(sfn.Condition.string_equals("$.plan.status", "done"), finalize.next(succeeded))
-        choice.when(sfn.Condition.string_equals("$.plan.status", "sleeping"), sleep.next(plan))
+        choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), process.next(plan))
+        choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.DONE), finalize.next(succeeded))
+        choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.SLEEPING), sleep.next(plan))
         choice.otherwise(wait.next(plan))
 
         identify = sfn.Pass(
@@ -247,5 +271,3 @@ class BackupPipeline(Construct):
         self.state_machine = logged_machine(
             self, "Backup", definition, comment="Braid backup: staged stream -> chunks -> verified manifest", timeout=EXECUTION_TIMEOUT
         )
-        # The ItemReader reads plan rounds straight from S3.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(STAGING_OBJECTS)]))

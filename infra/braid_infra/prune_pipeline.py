@@ -23,14 +23,13 @@ anyone with states:StartExecution, with the same input
 from __future__ import annotations
 
 from aws_cdk import Duration
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import STEP_RETRY, RetryPolicy, lambda_step, logged_machine, retried
+from braid_infra.steps import STEP_RETRY, RetryPolicy, ScopedJsonItemReader, item_failed, lambda_step, logged_machine, retried
 from braid_infra.storage import PRUNE_OBJECTS, Storage
 
 MAP_LABEL = "sweep"  # the map's label: AWS files its children's metrics under it (braid_infra.monitoring)
@@ -68,7 +67,7 @@ class PrunePipeline(Construct):
             self,
             "Sweep",
             state_name="Sweep",
-            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
+            item_reader=ScopedJsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object"), objects=[storage.arn(PRUNE_OBJECTS)]),
             max_concurrency_path="$.plan.max_concurrency",
             item_selector={
                 "run.$": "$.plan.run",
@@ -84,7 +83,10 @@ class PrunePipeline(Construct):
             # result records, and their data (no manifest) waits for the next run.
             tolerated_failure_percentage=100,
         )
-        sweep_map.item_processor(sweep, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
+        # A failed item ends its child in SweepItemFailed ({}), so the map's output stays small whatever fails
+        # (a failed child's result would carry its input and cause; the map's output is capped at 262,144 bytes).
+        sweep.add_catch(item_failed(self, "SweepItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
+        sweep_map.item_processor(sweep)
 
         done = sfn.Succeed(self, "PruneDone", state_name="PruneDone")
         failed = sfn.Fail(
@@ -110,6 +112,4 @@ class PrunePipeline(Construct):
         self.state_machine = logged_machine(
             self, "Prune", definition, comment="Braid prune: retention from the catalog, manifests first, then chunks fanned out", timeout=RUN_TIMEOUT
         )
-        # The ItemReader reads the run's items straight from S3.
-        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[storage.arn(PRUNE_OBJECTS)]))
         self.map_children = f"{self.state_machine.state_machine_arn}/{MAP_LABEL}"

@@ -43,6 +43,7 @@ from braid_infra.pipeline import STEP_RETRY, WORKER_RETRY, BackupPipeline, Retry
 from braid_infra.prune_pipeline import SWEEP_RETRY, PrunePipeline
 from braid_infra.schedules import Schedules
 from braid_infra.storage import OBJECT_LOCK_CONTEXT, Storage, object_lock_setting, storage_class_setting
+from braid_infra.timeouts import TimedOutCleanup
 from braid_infra.verify_pipeline import VerifyPipeline
 from braid_infra.wal_archive import WalArchive, acknowledge_wal_findings
 
@@ -97,6 +98,7 @@ class BraidStack(Stack):
         self.pipeline = BackupPipeline(
             self, "Pipeline", storage=self.storage, functions=self.functions, worker_retry=worker_retry, step_retry=step_retry
         )
+        self.timed_out = TimedOutCleanup(self, "TimedOutCleanup", state_machine=self.pipeline.state_machine, cleanup=self.functions.pinned("cleanup"))
         self.verify = VerifyPipeline(
             self,
             "VerifyPipeline",

@@ -14,15 +14,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from braid import contract
 
+VENDED_LOGS = "/aws/vendedlogs/states/"  # the prefix Step Functions' log groups are named under
 LAMBDA_TRANSIENT = list(contract.LAMBDA_TRANSIENT_ERRORS)
 TRANSIENT = list(contract.WORKER_TRANSIENT_ERRORS)
 
@@ -66,7 +69,9 @@ def retried(task: tasks.LambdaInvoke, errors: Sequence[str], policy: RetryPolicy
     return task
 
 
-def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_path: str | None) -> tasks.LambdaInvoke:
+def _invoke(
+    scope: Construct, name: str, function: lambda_.IFunction, result_path: str | None, payload: sfn.TaskInput | None = None,
+) -> tasks.LambdaInvoke:
     return tasks.LambdaInvoke(
         scope,
         name,
@@ -75,12 +80,17 @@ def _invoke(scope: Construct, name: str, function: lambda_.IFunction, result_pat
         payload_response_only=True,
         retry_on_service_exceptions=False,
         **({"result_path": result_path} if result_path is not None else {}),
+        **({"payload": payload} if payload is not None else {}),
     )
 
 
-def lambda_step(scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY) -> tasks.LambdaInvoke:
-    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client), and throttling."""
-    throttled = retried(_invoke(scope, name, function, result_path), [contract.LAMBDA_THROTTLED], STEP_THROTTLE_RETRY)
+def lambda_step(
+    scope: Construct, name: str, function: lambda_.IFunction, result_path: str, retry: RetryPolicy = STEP_RETRY, *, payload: sfn.TaskInput | None = None,
+) -> tasks.LambdaInvoke:
+    """A coordinating step: retried only on Lambda's own invoke failures (its requests retry in its client), and throttling.
+
+    `payload`: what the function is given (default: the whole state)."""
+    throttled = retried(_invoke(scope, name, function, result_path, payload), [contract.LAMBDA_THROTTLED], STEP_THROTTLE_RETRY)
     return retried(throttled, LAMBDA_TRANSIENT, retry)
 
 
@@ -90,9 +100,51 @@ def worker_step(scope: Construct, name: str, function: lambda_.IFunction, retry:
     return retried(throttled, TRANSIENT, retry)
 
 
+class ScopedJsonItemReader(sfn.S3JsonItemReader):
+    """CDK's S3JsonItemReader granting the state machine s3:GetObject on `objects` only.
+
+    CDK's own grants it on every object of the bucket; the backup machine's would read every staged byte
+    of every backup (review 3, L1), where it only needs the items it maps.
+    """
+
+    def __init__(self, *, bucket: s3.IBucket, key: str, objects: Sequence[str]) -> None:
+        super().__init__(bucket=bucket, key=key)
+        self._objects = list(objects)
+
+    def provide_policy_statements(self) -> list[iam.PolicyStatement]:
+        return [iam.PolicyStatement(actions=["s3:GetObject"], resources=self._objects)]
+
+
+def item_failed(scope: Construct, name: str) -> sfn.Pass:
+    """Where a map item whose step failed after its retries ends: a success whose output is {} (OutputPath null).
+
+    A failed child's place in a map's output holds its whole execution result (input, error, cause), and the
+    map's output is capped at 262,144 bytes like any state's; a few dozen failed items would fail the map with
+    States.DataLimitExceeded. The failure is not lost: the item recorded it in S3, where the pipeline looks.
+    """
+    return sfn.Pass(
+        scope,
+        name,
+        state_name=name,
+        comment="The item failed after its retries; its error is recorded in S3 and the next plan takes the item again",
+        output_path=sfn.JsonPath.DISCARD,
+    )
+
+
 def logged_machine(scope: Construct, construct_id: str, definition: sfn.IChainable, *, comment: str, timeout: Duration) -> sfn.StateMachine:
-    """A Standard state machine, traced, logging every event (without execution data: it may name backups' keys) for 3 months."""
-    log_group = logs.LogGroup(scope, "ExecutionLogs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=RemovalPolicy.DESTROY)
+    """A Standard state machine, traced, logging every event (without execution data: it may name backups' keys) for 3 months.
+
+    Its log group is `/aws/vendedlogs/states/<stack>-<machine>`: Step Functions adds a statement for every log group it
+    delivers to to the account's one CloudWatch Logs resource policy (5,120 characters at most) unless the name starts
+    with /aws/vendedlogs/ (Step Functions, "Avoiding CloudWatch Logs resource policy size restrictions").
+    """
+    log_group = logs.LogGroup(
+        scope,
+        "ExecutionLogs",
+        log_group_name=f"{VENDED_LOGS}{Stack.of(scope).stack_name}-{construct_id}",
+        retention=logs.RetentionDays.THREE_MONTHS,
+        removal_policy=RemovalPolicy.DESTROY,
+    )
     return sfn.StateMachine(
         scope,
         construct_id,

@@ -84,6 +84,9 @@ from braid.format.storage_class import MOVABLE, StoragePolicy
 # package's one repository layout (braid.format.layout), never retyped here.
 CONFIG = layout.CONFIG
 STAGING_OBJECTS = f"{layout.STAGING}*"
+PLAN_OBJECTS = f"{layout.STAGING}*/plans/*"  # the planner's rounds and re-plans: what the backup map's ItemReader reads
+RESULT_OBJECTS = f"{layout.STAGING}*/{staging_keys.RESULTS}*"  # workers' item results (braid.format.staging.results)
+FAILURE_OBJECTS = f"{layout.STAGING}*/{staging_keys.FAILURES}*"  # workers' failure records (ItemFailure)
 WAKE_OBJECTS = f"{layout.STAGING}*/{staging_keys.WAKE}"  # the sleeping pipeline's wake records (braid.format.staging.wake)
 DATA_OBJECTS = f"{layout.DATA}*"
 METADATA_OBJECTS = f"{layout.DATA}*/metadata/*"  # a backup's encrypted metadata (braid.format.metadata): Finalize writes, Prepare reads a parent's

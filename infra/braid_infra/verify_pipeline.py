@@ -116,7 +116,7 @@ class VerifyPipeline(Construct):
             # a failure threshold would fail the run and lose what every other item found.
             tolerated_failure_percentage=100,
         )
-        check.item_processor(worker, mode=sfn.ProcessorMode.DISTRIBUTED, execution_type=sfn.ProcessorType.EXPRESS)
+        check.item_processor(worker)
 
         failed = sfn.Fail(
             self, "VerifyFailed", state_name="VerifyFailed", error_path="$.error.Error", cause_path="$.error.Cause"

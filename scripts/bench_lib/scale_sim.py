@@ -22,8 +22,12 @@ invocation makes. What is synthetic, and said so:
 - time: a virtual clock. `plan_next_round` takes the clock and its sleep,
   so a 61-hour watch runs in seconds; each request adds `REQUEST_SECONDS`,
   reads done in parallel (braid.format.staging.reads.READ_THREADS) add it once per wave,
-  and the Python CPU the real code spent in each invocation (measured) is
-  scaled by the function's share of a vCPU (botocore's per request too);
+  and the Python CPU of each invocation is scaled by the function's share of
+  a vCPU (botocore's per request too). That CPU is priced from the work the
+  call did, counted (record bytes read and written, requests, keys listed),
+  at a per-unit CPU calibrated once per process on the real calls, best of
+  three (calibrate_coordinators): a given calibration gives the same times
+  however loaded the machine is while the simulation runs;
 - history events per state as AWS records them (`EVENTS`): a Lambda Task 5,
   Choice 2, Wait 2, Pass 2, Distributed Map 6, Succeed 2, start and end 2.
 
@@ -75,6 +79,7 @@ from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM, DEFAULT_
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.pacing import MIN_ROUND_SECONDS, ROUND_TARGET_CHUNKS, WATCH_SECONDS, round_interval
 from braid.pipeline.plan import plan_next_round
+from braid.pipeline.policies import ALL_ON, Policies
 from braid.pipeline.prepare import load_data_key, prepare_backup
 from braid.pipeline.worker import ChunkLanes, pack_sizes, packs_of, process_item
 from braid.ports.store import ObjectInfo
@@ -161,9 +166,11 @@ class Invocation:
 
     function: str
     requests: Counter[str] = field(default_factory=Counter)
+    work: Counter[str] = field(default_factory=Counter)  # record bytes read and written, keys listed (CoordinatorCpu prices them)
     parallel: Counter[str] = field(default_factory=Counter)  # of those, made by StagingArea's parallel readers
     watched: float = 0.0  # virtual seconds spent sleeping between polls
-    cpu: float = 0.0  # Python CPU seconds of the real code here (thread time)
+    cpu: float = 0.0  # Python CPU seconds of the real code on this machine, priced from its counted work (CoordinatorCpu)
+    measured_cpu: float = 0.0  # the call's thread CPU as it ran here (calibrate_coordinators' raw figure; load moves it)
     seconds: float = 0.0  # modelled duration
     count: int = 1  # identical invocations this record stands for (workers)
     peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
@@ -184,6 +191,12 @@ class Invocation:
     def total_requests(self) -> int:
         return sum(self.requests.values())
 
+    def units(self) -> float:
+        """The call's work in CoordinatorCpu's units: record bytes read and written, plus each request and listed key at
+        its weight in bytes (REQUEST_WEIGHT_BYTES, LISTED_WEIGHT_BYTES)."""
+        w = self.work
+        return w["read"] + w["written"] + REQUEST_WEIGHT_BYTES * self.total_requests + LISTED_WEIGHT_BYTES * (w["listed"] + w["deleted"])
+
     def model(self) -> float:
         memory = FUNCTIONS[self.function][0]
         vcpu = min(1.0, memory / FULL_VCPU_MB)
@@ -194,6 +207,33 @@ class Invocation:
         self.seconds += self.cpu / self.speed / vcpu
         self.seconds += COLD_START_SECONDS if self.cold else 0.0
         return self.seconds
+
+
+# The coordinators' CPU (Prepare, Plan, Finalize) is priced from the work each call does, counted by the store: the
+# record bytes it reads and writes (what it decodes and encodes), each request (its key, the call, the bookkeeping
+# around it) and each key it lists or deletes. The relative weights, in bytes of record, were fitted by least squares
+# on the Plan calls of a 1 TiB simulation at 50/300/1,000 MB/s (2026-11-28: ~0.1 ms per request, ~6 us per listed
+# key, ~0.1 us per record byte on the bench machine); the price of a unit is calibrated once per process
+# (calibrate_coordinators). Measured live per call, machine load moved the modelled tail by 10% and more.
+REQUEST_WEIGHT_BYTES = 1000
+LISTED_WEIGHT_BYTES = 50
+
+
+@dataclass(frozen=True)
+class CoordinatorCpu:
+    """CPU seconds on this machine per unit of counted work (Invocation.units), by function.
+
+    Made by calibrate_coordinators: the real calls' thread CPU, best of several runs, over their counted
+    work. A simulation priced with one is deterministic: the same backup gives the same times whatever
+    else the machine runs. `UNPRICED` charges nothing (the calibration's own runs)."""
+
+    per_unit: dict[str, float]
+
+    def seconds(self, invocation: Invocation) -> float:
+        return self.per_unit.get(invocation.function, 0.0) * invocation.units()
+
+
+UNPRICED = CoordinatorCpu({})
 
 
 @dataclass
@@ -222,11 +262,12 @@ class CountingStore:
     def object_key(self, key: str) -> str:
         return key
 
-    def _count(self, kind: str, n: int = 1) -> None:
+    def _count(self, kind: str, n: int = 1, **work: int) -> None:
         with self._lock:
             self.totals[kind] += n
             if self.current is not None:
                 self.current.requests[kind] += n
+                self.current.work.update(work)
                 if threading.current_thread().name.startswith(READ_THREAD_NAME):
                     self.current.parallel[kind] += n
 
@@ -237,7 +278,7 @@ class CountingStore:
             self._objects[key] = value
 
     def put(self, key: str, data: Any, *, checksum: str | None = None, create_only: bool = False, durable: bool = True) -> None:
-        self._count("PUT")
+        self._count("PUT", written=len(data))
         if create_only and key in self._objects:
             raise AlreadyExistsError(f"{key} exists")
         self._set(key, _Object(bytes(data), len(data), self._clock()))
@@ -251,8 +292,8 @@ class CountingStore:
         pass
 
     def get(self, key: str) -> bytes:
-        self._count("GET")
         found = self._objects.get(key)
+        self._count("GET", read=len(found.data) if found is not None and found.data is not None else 0)
         if found is None:
             raise NotFoundError(key)
         if found.data is None:
@@ -260,11 +301,12 @@ class CountingStore:
         return found.data
 
     def get_range(self, key: str, start: int, length: int) -> bytes:
-        self._count("GET")
         found = self._objects.get(key)
+        data = b"" if found is None or found.data is None else found.data[start : start + length]
+        self._count("GET", read=len(data))
         if found is None or found.data is None:
             raise NotFoundError(key)
-        return found.data[start : start + length]
+        return data
 
     def head(self, key: str) -> ObjectInfo | None:
         self._count("HEAD")
@@ -278,14 +320,14 @@ class CountingStore:
             end = bisect.bisect_left(ordered, prefix + "\U0010ffff")
             keys = ordered[start:end]
             found = [ObjectInfo(k, self._objects[k].size) for k in keys]
-        self._count("LIST", max(1, math.ceil(len(found) / 1000)))
+        self._count("LIST", max(1, math.ceil(len(found) / 1000)), listed=len(found))
         return iter(found)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         if not keys:
             return
-        self._count("DELETE", math.ceil(len(keys) / 1000))
+        self._count("DELETE", math.ceil(len(keys) / 1000), deleted=len(keys))
         with self._lock:
             for key in keys:
                 if self._objects.pop(key, None) is not None:
@@ -335,23 +377,29 @@ class ItemShape:
 
     `layout`: chunks of the item whose packs these are (MapItem.layout); `start`: this item's first chunk within
     it; `count`: its chunks; `cut`: whether it asks for the stream end at each pack boundary; `packs`: the packs it
-    stored (fewer than its own when it was cut)."""
+    stored (fewer than its own when it was cut); `sizes`: its own pack sizes (MapItem.packs, as the planner's policies
+    decided them; () for pack_sizes')."""
 
     layout: int
     start: int
     count: int
     cut: bool
     packs: int
+    sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            object.__setattr__(self, "sizes", tuple(pack_sizes(self.count, CHUNKS_PER_PACK)))
 
     @property
     def stopped(self) -> bool:
         """A cut item that stopped before its last pack (cut items are planned whole: their layout is their own)."""
-        return self.cut and self.packs < len(pack_sizes(self.layout, CHUNKS_PER_PACK))
+        return self.cut and self.packs < len(self.sizes)
 
     @classmethod
     def of(cls, item: MapItem, packs: int | None = None) -> ItemShape:
         layout_first, layout_count = item.layout_range
-        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs)
+        return cls(layout_count, item.first_chunk - layout_first, item.count, item.cut, len(item.packs) if packs is None else packs, item.packs)
 
 
 @dataclass(frozen=True)
@@ -377,7 +425,8 @@ class WorkerRequests:
         return Counter(self.by_chunks[chunks])
 
     def of_shape(self, shape: ItemShape) -> Counter[str]:
-        if (shape.layout, shape.start, shape.cut, shape.packs) == (shape.count, 0, False, len(pack_sizes(shape.count, self.chunks_per_pack))):
+        default = tuple(pack_sizes(shape.count, self.chunks_per_pack))
+        if (shape.layout, shape.start, shape.cut, shape.packs, shape.sizes) == (shape.count, 0, False, len(default), default):
             if shape.count in self.by_chunks:
                 return self.of(shape.count)
         if shape not in self.shapes:
@@ -415,8 +464,11 @@ def _run_count(keys: LocalKeyFile, chunk: int, shape: ItemShape) -> Counter[str]
     crcs = tuple(encode_crc64nvme(crc64nvme(data[i : i + chunk])) for i in range(0, len(data), chunk))
     prepare_backup(store, keys, ref)
     key, _ = load_data_key(store, keys, ref, repo_id)
-    whole = MapItem(segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1, shape.layout, 0, crcs, cut=shape.cut)
-    item = whole.piece(shape.start, shape.count) if (shape.start, shape.count) != (0, shape.layout) else whole
+    whole = (shape.start, shape.count) == (0, shape.layout)
+    item = MapItem(
+        segment_key(ref, 0, 0), 0, 0, 0, len(data), chunk, 1 + shape.start, shape.count, shape.start, crcs[shape.start : shape.start + shape.count],
+        None if whole else (1, shape.layout), shape.cut, shape.sizes,
+    )
     if shape.cut:  # the stream ends just before the boundary after `packs` packs (its check finds the record)
         _end_at_check(store, ref, shape.packs)
     store.current = Invocation("worker")
@@ -687,13 +739,18 @@ def simulate(
     calibration: WorkerRequests | None = None,
     trace_memory: bool = False,
     cpu_speed: float = ARM_SPEED,
+    coordinators: CoordinatorCpu | None = None,
+    policies: Policies = ALL_ON,
 ) -> Simulation:
     """One backup of `tib` TiB streamed at `stream_mb_s` MB/s with a fan-out of `workers`, through the real steps.
 
-    `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc, which slows the calls it traces;
-    their CPU figures then overstate). `cpu_speed`: Graviton2's per-core speed relative to this machine, which the
-    coordinators' measured CPU is divided by (scripts/bench cloud-model passes the factor it measured with zstd, as for the worker)."""
+    `trace_memory`: record each Prepare, Plan and Finalize call's peak heap (tracemalloc). `coordinators`: the price
+    of their counted work in CPU seconds on this machine (default: calibrate_coordinators(), once per process).
+    `cpu_speed`: Graviton2's per-core speed relative to this machine, which that CPU is divided by (scripts/bench
+    cloud-model passes the factor it measured with zstd, as for the worker).
+    `policies`: the optimisations the execution input would choose (braid.pipeline.policies), given to the real planner."""
     calibration = calibration or calibrate_worker()
+    coordinators = coordinators if coordinators is not None else calibrate_coordinators(calibration)
     clock = _Clock()
     store = CountingStore(clock)
     invocations: list[Invocation] = []
@@ -722,7 +779,8 @@ def simulate(
             try:
                 return call()
             finally:
-                invocation.cpu = time.thread_time() - cpu0
+                invocation.measured_cpu = time.thread_time() - cpu0
+                invocation.cpu = coordinators.seconds(invocation)
                 if trace_memory:
                     invocation.peak_bytes = tracemalloc.get_traced_memory()[1]
                     tracemalloc.stop()
@@ -754,6 +812,7 @@ def simulate(
                     store, ref, max_concurrency=workers, max_chunks_per_item=DEFAULT_MAX_CHUNKS_PER_ITEM,
                     poll_seconds=DEFAULT_POLL_SECONDS, stall_seconds=DEFAULT_STALL_SECONDS, cursor=cursor,
                     watch_seconds=WATCH_SECONDS, min_round_seconds=MIN_ROUND_SECONDS, clock=clock, sleep=clock.sleep, may_sleep=True,
+                    policies=policies,
                 ),
                 cold=previous is None,
             )
@@ -822,6 +881,29 @@ def simulate(
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
             inline_items=inline_total, inline_seconds=inline_seconds, containers=containers, rounds=rounds,
         )
+
+
+_COORDINATORS: CoordinatorCpu | None = None
+CALIBRATION_RUNS = 3  # best of: a call's least CPU over the runs rejects the moments another process held the core
+
+
+def calibrate_coordinators(calibration: WorkerRequests | None = None, runs: int = CALIBRATION_RUNS) -> CoordinatorCpu:
+    """The coordinators' CPU per unit of work on this machine, measured once per process (cached).
+
+    A reference backup (1/4 TiB at 300 MB/s, 100 workers: streaming, sleeping and final rounds, Finalize) is
+    simulated `runs` times unpriced, so every run makes the same calls; each call's thread CPU is the least of its
+    runs, and a function's price is their sum over the sum of its calls' work (Invocation.units)."""
+    global _COORDINATORS
+    if _COORDINATORS is None:
+        sims = [simulate(0.25, 300, 100, calibration=calibration, coordinators=UNPRICED) for _ in range(runs)]
+        per_unit = {}
+        for function in ("prepare", "plan", "finalize"):
+            calls = [sim.by_function(function) for sim in sims]
+            best = [min(run[n].measured_cpu for run in calls) for n in range(min(map(len, calls)))]
+            units = sum(call.units() for call in calls[0][: len(best)])
+            per_unit[function] = sum(best) / units if units else 0.0
+        _COORDINATORS = CoordinatorCpu(per_unit)
+    return _COORDINATORS
 
 
 END_PHASES = 6  # stream ends sampled across one round period (end_phase_sizes)

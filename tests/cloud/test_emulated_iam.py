@@ -93,6 +93,11 @@ def test_a_role_is_refused_what_its_policy_does_not_grant(cloud: Emulator, publi
     assert refused(lambda: worker_s3.put_object(Bucket=bucket, Key=f"manifests/{name}/forged.json", Body=b"{}", IfNoneMatch="*"))
     assert refused(lambda: worker_s3.delete_object(Bucket=bucket, Key=f"data/{name}/{backup_id}/0000000000"))
     assert refused(lambda: worker_s3.get_object(Bucket=bucket, Key=manifest))
+    # In staging it writes only item records: never a segment or a round another step trusts (review 3, L4).
+    staging = f"staging/{name}/20200101T000000.000Z-0badc0de"  # not the published backup's: nothing of it is touched
+    assert refused(lambda: worker_s3.put_object(Bucket=bucket, Key=f"{staging}/in0/seg00000", Body=b"forged"))
+    assert refused(lambda: worker_s3.put_object(Bucket=bucket, Key=f"{staging}/plans/round-00001.json", Body=b"[]"))
+    worker_s3.put_object(Bucket=bucket, Key=f"{staging}/failures/0000000000.json", Body=b"{}")
     # Prepare may make data keys, but only with the Braid encryption context; the worker may not make any.
     key = cloud.config()["key"]["key_id"]
     prepare_kms, worker_kms = as_role(cloud, "kms", "prepare"), as_role(cloud, "kms", "worker")

@@ -23,7 +23,7 @@ from moto import mock_aws
 
 from support.inprocess_lambda import InProcessLambdas
 from support.moto_stack import compat_definition
-from support.sfn_semantics import EXCEED_THRESHOLD, EXCEED_THRESHOLD_CAUSE, AwsStepFunctions
+from support.sfn_semantics import DATA_LIMIT_ERROR, EXCEED_THRESHOLD, EXCEED_THRESHOLD_CAUSE, STATE_LIMIT_BYTES, AwsStepFunctions
 
 pytestmark = pytest.mark.cloud
 
@@ -35,7 +35,7 @@ import uuid
 def handler(event, context):
     action = event["action"]
     if action == "fail":
-        raise RuntimeError(f"item {event['n']} failed")
+        raise RuntimeError(f"item {event['n']} failed" + " at length" * event.get("pad", 0))
     if action == "sleep":
         time.sleep(event["seconds"])
     if action == "remaining":
@@ -64,18 +64,27 @@ class Machines:
             for name, timeout in (("item", 900), ("short", 60))
         }
 
-    def map_machine(self, name: str, *, function: str = "item", express: bool = False, catch: bool = True, retry: dict[str, Any] | None = None, **tolerance: Any) -> str:
+    def map_machine(
+        self, name: str, *, function: str = "item", express: bool = False, catch: bool = True, retry: dict[str, Any] | None = None,
+        item_catch: bool = False, result_path: str | None = "$.results", **tolerance: Any,
+    ) -> str:
+        """`item_catch`: the item's failure caught inside its child, ending in a Pass whose output is {} (as Braid's maps do)."""
+        item: dict[str, Any] = {"Type": "Task", "Resource": self.functions[function], "End": True}
+        states_of_item: dict[str, Any] = {"Item": item}
+        if item_catch:
+            item["Catch"] = [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "ItemFailed"}]
+            states_of_item["ItemFailed"] = {"Type": "Pass", "OutputPath": None, "End": True}
         map_state: dict[str, Any] = {
             "Type": "Map",
             "ItemsPath": "$.items",
             "ItemProcessor": {
                 "ProcessorConfig": {"Mode": "DISTRIBUTED", "ExecutionType": "EXPRESS" if express else "STANDARD"},
                 "StartAt": "Item",
-                "States": {"Item": {"Type": "Task", "Resource": self.functions[function], "End": True}},
+                "States": states_of_item,
             },
             "Label": "items",
             "MaxConcurrency": 1,
-            "ResultPath": "$.results",
+            "ResultPath": result_path,
             "End": True,
             **tolerance,
         }
@@ -255,6 +264,29 @@ def test_a_lambda_past_its_timeout_fails_with_sandbox_timedout(machines: Machine
     timed_out, remaining = json.loads(result["output"])["results"]
     assert timed_out["Error"] == "Sandbox.Timedout" and "Task timed out after 60.00 seconds" in timed_out["Cause"]
     assert 50_000 < remaining["remaining_ms"] <= 60_000  # the context counts down the service's clock
+
+
+def test_many_failed_items_fail_a_map_past_the_state_size_quota_unless_each_child_catches_its_failure(machines: Machines) -> None:
+    """Review 3, M1: a failed child's place in the map's output holds its execution result (input, error, cause); with
+    enough of them the map's result passes 262,144 bytes and the Map fails with States.DataLimitExceeded, even with
+    ResultPath null and every failure tolerated. A Catch inside the item processor ending in a Pass with OutputPath
+    null (Braid's ItemFailed) keeps each failed item's place at {}."""
+    failing = [{"action": "fail", "pad": 2_000} for _ in range(16)]  # ~20 KB of cause each: ~330 KB in all
+    bare = machines.map_machine("fails-whole", ToleratedFailurePercentage=100, result_path=None)
+    caught = machines.map_machine("caught-inside", ToleratedFailurePercentage=100, result_path=None, item_catch=True)
+    kept = machines.map_machine("caught-kept", ToleratedFailurePercentage=100, item_catch=True)
+
+    overflowing = machines.run(bare, [dict(f) for f in failing])
+    within = machines.run(caught, [dict(f) for f in failing])
+    results = machines.run(kept, [dict(OK), *[dict(f) for f in failing]])
+
+    error = json.loads(overflowing["output"])["error"]
+    assert error["Error"] == DATA_LIMIT_ERROR == "States.DataLimitExceeded" and "exceeding the maximum number of bytes" in error["Cause"]
+    assert len(json.dumps([{"Cause": "x" * 20_000}] * 16)) > STATE_LIMIT_BYTES  # the failing run is past the quota, not near it
+    assert within["status"] == "SUCCEEDED" and "error" not in json.loads(within["output"])
+    assert json.loads(results["output"])["results"] == [{"n": 0}] + [{}] * 16
+    assert machines.map_run(within)["itemCounts"]["failed"] == 0  # caught: each child succeeded
+    assert machines.lambdas.invocation_count("item") == 16 * 3 + 1
 
 
 def test_a_result_writer_exports_each_status_to_its_own_file_with_a_manifest(machines: Machines) -> None:

@@ -79,6 +79,18 @@ def test_elements_it_does_not_model_are_refused_rather_than_guessed() -> None:
     with pytest.raises(Unsupported):
         conditions_hold({"IpAddress": {"aws:SourceIp": "10.0.0.0/8"}}, {"aws:SourceIp": "10.1.2.3"})
     with pytest.raises(Unsupported):
-        conditions_hold({"ForAnyValue:StringEquals": {"aws:TagKeys": "a"}}, {"aws:TagKeys": ["a"]})
+        conditions_hold({"ForAnyValue:StringNotEquals": {"aws:TagKeys": "a"}}, {"aws:TagKeys": ["a"]})
     with pytest.raises(Unsupported):
         evaluate(request("s3:GetObject", f"{BUCKET}/x"), [{"Effect": "Allow", "NotPrincipal": {"AWS": ROLE}, "Action": "*", "Resource": "*"}])
+
+
+def test_set_operators_and_variables_in_condition_values_as_iam_evaluates_them() -> None:
+    """What the AgentRole's trust uses: a session tag must equal the caller's own tag, and no other tag key is passed."""
+    same = {"StringEquals": {"aws:RequestTag/braid-name": "${aws:PrincipalTag/braid-name}"}}
+    assert conditions_hold(same, {"aws:RequestTag/braid-name": "pg", "aws:PrincipalTag/braid-name": "pg"})
+    assert not conditions_hold(same, {"aws:RequestTag/braid-name": "other", "aws:PrincipalTag/braid-name": "pg"})
+    assert not conditions_hold(same, {"aws:RequestTag/braid-name": "pg"})  # the caller untagged: the variable resolves to nothing
+    only = {"ForAllValues:StringEquals": {"aws:TagKeys": ["braid-name"]}}
+    assert conditions_hold(only, {"aws:TagKeys": ["braid-name"]}) and conditions_hold(only, {})
+    assert not conditions_hold(only, {"aws:TagKeys": ["braid-name", "team"]})
+    assert conditions_hold({"ForAnyValue:StringLike": {"aws:TagKeys": "braid-*"}}, {"aws:TagKeys": ["team", "braid-name"]})

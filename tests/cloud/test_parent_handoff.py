@@ -185,7 +185,7 @@ def test_the_new_records_are_read_strictly_and_speak_this_protocol_only() -> Non
     ref = BackupRef.new("db")
     index = CapturedIndex.of({"backup_label": LABEL})
     doc = json.loads(index.to_bytes())
-    assert doc["protocol"] == PROTOCOL == 3
+    assert doc["protocol"] == PROTOCOL == 4
     with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 2; this braid speaks protocol {PROTOCOL}"):
         CapturedIndex.from_bytes(json.dumps({**doc, "protocol": 2}).encode(), "captured.json")
     with pytest.raises(IntegrityError, match="member 'etc/passwd' .* is not one Braid captures"):

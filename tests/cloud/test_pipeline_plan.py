@@ -10,7 +10,7 @@ import pytest
 
 from braid import contract
 from braid.adapters.local.store import LocalStore
-from braid.errors import IntegrityError
+from braid.errors import IntegrityError, UsageError
 from braid.format.checksum import stored_checksum
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
@@ -31,9 +31,10 @@ from braid.format.staging import (
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline import pacing
+from braid.pipeline.failure import HoldEntry, hold_entry
 from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
-from braid.pipeline.replan import COMPACTION_ROUNDS, HOLD_SECONDS, BackupHeldError
+from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
 
@@ -265,54 +266,31 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
     assert indexes == list(range(161))
 
 
-def test_an_idle_planner_compacts_finished_rounds_and_not_once_the_stream_has_ended(tmp_path: Path) -> None:
-    """While it would only sleep, the planner merges every COMPACTION_ROUNDS finished rounds with their results
-    (StagingArea.compact_rounds), so Finalize reads one record for them; after stream end it never spends the time."""
+def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads_every_record(tmp_path: Path) -> None:
+    """index_results=False (the policy's off switch): the call after a map writes no fold (a streaming round's items
+    are cut items, whose records it reads to find what they left), and Finalize's one reader then reads every item's
+    record (StagingArea.read_results)."""
     store, ref, clock = CountingLocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
     store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a"], "now").to_bytes())
     cursor = None
-    rounds = COMPACTION_ROUNDS + 5
-    for segment in range(rounds):
+    for segment in range(3):
         store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
-        status = watch(store, ref, clock, cursor, seconds=0, rounds=0)
+        status = plan_next_round(
+            store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
+            watch_seconds=0, min_round_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+        )
+        assert status.status == "ready" and status.round == segment + 1
         finish(store, ref, status)
         cursor = status.to_json()["cursor"]
+    checked = plan_next_round(
+        store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
+        watch_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+    )
+    assert checked.status == "waiting" and list(store.list(folds_prefix(ref))) == []
     area = StagingArea(store, ref)
-    assert area.compacted_through() == 0  # a call with no time to spare does not compact
-    idle = watch(store, ref, clock, cursor, seconds=10)
-    assert idle.status == "waiting" and idle.to_json()["cursor"]["compacted"] == COMPACTION_ROUNDS
-    assert area.compacted_through() == COMPACTION_ROUNDS
-    compacted_rounds, compacted = area.read_compactions()
-    assert [r.number for r in compacted_rounds] == list(range(1, COMPACTION_ROUNDS + 1))
-    assert len(compacted) == COMPACTION_ROUNDS * 2  # two items (4 chunks, 3 per item) a round
-    # Five rounds wait, fewer than a compaction takes: the next idle call leaves them.
-    again = watch(store, ref, clock, idle.to_json()["cursor"], seconds=10)
-    assert again.to_json()["cursor"]["compacted"] == COMPACTION_ROUNDS
-    # A cursor from before compactions existed (or rebuilt without one) picks the count up from the listing.
-    old = {k: v for k, v in again.to_json()["cursor"].items() if k != "compacted"}
-    assert watch(store, ref, clock, old, seconds=0).to_json()["cursor"]["compacted"] == 0
-    assert watch(store, ref, clock, None, seconds=0).to_json()["cursor"]["compacted"] == COMPACTION_ROUNDS
-    # 32 more finished rounds, but the stream has ended: the planner says done without compacting.
-    cursor = again.to_json()["cursor"]
-    for segment in range(rounds, rounds + COMPACTION_ROUNDS):
-        store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
-        clock.now += 1  # past the pacing interval (a hundredth of the execution's age)
-        status = watch(store, ref, clock, cursor, seconds=0, rounds=0)
-        assert status.status == "ready", status
-        finish(store, ref, status)
-        cursor = status.to_json()["cursor"]
-    total = rounds + COMPACTION_ROUNDS
-    # The stream-end record is there, its last segment's record not yet: the planner waits, idle, and still
-    # does not compact (Finalize is next; the time after stream end is not spent on it).
-    store.put(stream_end_key(ref), StreamEnd([total * 400 + 100], [total + 1]).to_bytes())
-    waiting = watch(store, ref, clock, cursor, seconds=10)
-    assert waiting.status == "waiting" and area.compacted_through() == COMPACTION_ROUNDS
-    store.put(segment_record_key(ref, 0, total), record(ref, 0, total, total * 400, 100).to_bytes())
-    last = watch(store, ref, clock, waiting.to_json()["cursor"], seconds=10)
-    assert last.status == "ready"
-    finish(store, ref, last)
-    done = watch(store, ref, clock, last.to_json()["cursor"], seconds=10)
-    assert done.status == "done" and area.compacted_through() == COMPACTION_ROUNDS
+    rounds = area.read_rounds()
+    expected = [entry for found in rounds for item in found.items for entry in result_of(item).entries]
+    assert area.read_results(rounds) == expected
 
 
 def test_rounds_are_paced_while_streaming_and_planned_at_once_when_the_stream_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -478,6 +456,26 @@ def test_a_failed_coordinator_step_holds_the_backup_and_resume_carries_on_from_t
     StagingArea(store, ref).write_resume_request(ResumeRequest("resume-1"))  # braid backup --resume
     assert watch(store, ref, clock, still.to_json()["cursor"]).status == "done"  # Finalize again
     assert StagingArea(store, ref).read_hold() is None
+
+
+def test_a_call_is_a_hold_only_when_the_hold_state_makes_it_one() -> None:
+    """The Hold state calls the Plan function with its entry (braid_infra.pipeline): no id is compared. The state after
+    a hold still carries $.failed, and the planner's later calls, given the state itself, are never holds."""
+    error = {"Error": "StorageError", "Cause": "S3 refused"}
+    state = {"backup": "db@x", "plan": {"status": "held"}, "failed": {"step": "Finalize"}, "error": error}
+    entry = hold_entry({contract.HOLD_ENTRY: {"step": "Finalize", "error": error}, contract.HOLD_STATE: state})
+    assert entry == HoldEntry("Finalize", error, state)
+    assert hold_entry(state) is None  # a PlanSegments call after the hold: the state, with its old $.failed
+    assert hold_entry({contract.HOLD_ENTRY: {"step": "PlanSegments"}, contract.HOLD_STATE: {}}) == HoldEntry("PlanSegments", None, {})
+    for malformed in (
+        {contract.HOLD_ENTRY: {"step": "Finalize", "error": error}},  # no state
+        {contract.HOLD_ENTRY: {"error": error}, contract.HOLD_STATE: state},  # no step
+        {contract.HOLD_ENTRY: {"step": "", "error": error}, contract.HOLD_STATE: state},
+        {contract.HOLD_ENTRY: "Finalize", contract.HOLD_STATE: state},
+        {contract.HOLD_ENTRY: {"step": "Finalize", "error": "boom"}, contract.HOLD_STATE: state},
+    ):
+        with pytest.raises(UsageError, match="the Hold state's"):
+            hold_entry(malformed)
 
 
 def test_a_hold_after_a_failed_step_ends_like_any_hold(tmp_path: Path) -> None:

@@ -32,8 +32,11 @@ from bench_lib.scale_sim import (  # noqa: E402
     MAP_START_SECONDS,
     STORED_RATIO,
     WORKER_CPU_SECONDS,
+    CoordinatorCpu,
+    Invocation,
     Simulation,
     WorkerRequests,
+    calibrate_coordinators,
     calibrate_worker,
     item_seconds,
     round_wall,
@@ -55,9 +58,31 @@ def calibration() -> WorkerRequests:
     return calibrate_worker()
 
 
+@pytest.fixture(scope="module")
+def coordinators(calibration: WorkerRequests) -> CoordinatorCpu:
+    return calibrate_coordinators(calibration)
+
+
 @pytest.fixture(scope="module", params=[50, 1000], ids=["50MBps", "1GBps"])
 def ten_tib(request: pytest.FixtureRequest, calibration: WorkerRequests) -> Simulation:
     return simulate(10, request.param, 500, calibration=calibration)
+
+
+def test_the_coordinators_cpu_is_their_counted_work_priced_so_machine_load_cannot_move_the_model(
+    calibration: WorkerRequests, coordinators: CoordinatorCpu
+) -> None:
+    """The same backup at the same calibration gives the same times twice, whatever CPU the calls took this time
+    (Invocation.measured_cpu), and a call's CPU grows with the work it counted."""
+    first, second = (simulate(0.1, 1000, 100, calibration=calibration, coordinators=coordinators) for _ in range(2))
+    assert [(i.function, i.seconds) for i in first.invocations] == [(i.function, i.seconds) for i in second.invocations]
+    assert first.finished_at == second.finished_at and first.idle_after_stream_end == second.idle_after_stream_end
+    assert all(coordinators.per_unit[f] > 0 for f in ("prepare", "plan", "finalize")), coordinators
+    plans = first.by_function("plan")
+    assert all(i.cpu == pytest.approx(coordinators.per_unit["plan"] * i.units()) for i in plans)
+    small, large = min(plans, key=Invocation.units), max(plans, key=Invocation.units)
+    assert large.units() > small.units() and large.cpu > small.cpu
+    doubled = CoordinatorCpu({f: 2 * v for f, v in coordinators.per_unit.items()})
+    assert doubled.seconds(large) == pytest.approx(2 * coordinators.seconds(large))
 
 
 def test_the_worker_makes_a_get_per_chunk_range_a_put_per_pack_and_one_result_put_per_item(calibration: WorkerRequests) -> None:
@@ -166,7 +191,7 @@ def test_finalize_reads_the_planners_folds_not_a_record_per_item_and_checks_pres
 
 @pytest.mark.parametrize("rate", [50, 300, 1000])
 def test_one_tib_at_500_workers_never_idles_after_stream_end_and_its_end_phases_differ_by_at_most_one_streaming_round(
-    calibration: WorkerRequests, rate: int
+    calibration: WorkerRequests, coordinators: CoordinatorCpu, rate: int
 ) -> None:
     """Where in the planner's round cycle a stream ends decides its tail (scale_sim.end_phase_sizes).
 
@@ -181,10 +206,10 @@ def test_one_tib_at_500_workers_never_idles_after_stream_end_and_its_end_phases_
 
     Whether the tail meets the 15 s target is the model's answer, not this
     test's: at the published ~76 MB/s per function the best phase sits at
-    ~15 s and moves with the coordinators' measured CPU (thread time), so
+    ~15 s and moves with the coordinators' calibrated CPU per unit of work, so
     scripts/bench cloud-model reports it (docs/design/cloud-tail-floor.md).
     """
-    runs = simulate_end_phases(1, rate, 500, calibration=calibration)
+    runs = simulate_end_phases(1, rate, 500, calibration=calibration, coordinators=coordinators)
     tails = [run.seconds_after_stream_end for run in runs]
     streaming_round = MAP_START_SECONDS + item_seconds(
         DEFAULT_MAX_CHUNKS_PER_ITEM, WORKER_CPU_SECONDS, 64 * 2**20, STORED_RATIO, contract.DEFAULT_WORKER_LANES

@@ -409,6 +409,28 @@ def test_a_worker_that_keeps_failing_holds_the_backup_and_resume_finishes_only_w
     assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
 
 
+def test_many_items_failing_with_long_errors_are_planned_again_not_a_map_past_its_size_quota(cloud: Cloud) -> None:
+    """Review 3, M1: a failed child's execution result (input, error, cause) in the map's output would take it past
+    262,144 bytes (the emulator fails such a map with States.DataLimitExceeded, support.sfn_semantics), which holds
+    the backup at once, skipping the re-plans. Each failed child ends in ItemFailed ({}) instead."""
+    ref = BackupRef.new("db")
+    inputs = [pattern(CHUNK * 4, 10)]
+    cloud.stage_backup(ref, inputs, segment_chunks=2)
+    worker = cloud.deployed.functions["worker"]
+    seen = items_seen(cloud)
+    long_error = "S3 refused writing: InternalError " + "and said much more " * 7_000  # ~130 KB per failed item
+    cloud.lambdas.fail(worker, lambda: StorageError(long_error), times=None, when=lambda e: e["item"]["seg"] == 1)
+
+    arn = cloud.start(ref, max_concurrency=2, max_chunks_per_item=1)
+    hold = wait_for_hold(cloud, ref, arn)
+
+    assert hold.cause.startswith("chunks 2..2: no result after every retry") and hold.items == 2, hold  # not "ProcessChunks failed"
+    assert sorted(seen).count(2) >= 3 and sorted(seen).count(3) >= 3  # mapped, then planned again twice
+    assert not [f for f in cloud.failures(arn) if "DataLimitExceeded" in f]
+    StagingArea(cloud.store, ref).write_stream_end(StreamEnd([len(inputs[0])], [2], abandoned="given up"))
+    assert cloud.wait(arn)["status"] == "FAILED"
+
+
 def test_an_abandoned_hold_fails_the_backup_cleanly(cloud: Cloud) -> None:
     ref = BackupRef.new("db")
     inputs = [pattern(CHUNK * 4, 4)]
@@ -523,3 +545,64 @@ def test_an_execution_named_after_another_backup_touches_nothing_of_the_one_it_n
     assert "nothing of" in result["cause"] and str(victim) in result["cause"]
     assert {key: cloud.store.get(key) for key in cloud.keys_under("")} == before  # no key.json, no round, nothing deleted
     assert cloud.lambdas.invocation_count(cloud.deployed.functions["worker"]) == 0
+
+
+def status_change(cloud: Cloud, name: str, request: ExecutionInput, status: str = "TIMED_OUT") -> dict[str, Any]:
+    """Step Functions' EventBridge event for a Standard execution's status change, as AWS documents it
+    (Step Functions User Guide, "Execution status change" events)."""
+    machine = cloud.deployed.state_machine_arn
+    execution = machine.replace(":stateMachine:", ":execution:") + f":{name}"
+    return {
+        "version": "0", "id": "315c1398-40ff-a850-213b-158f73e60175", "detail-type": "Step Functions Execution Status Change",
+        "source": "aws.states", "account": "123456789012", "time": "2026-11-28T18:00:00Z", "region": REGION, "resources": [execution],
+        "detail": {
+            "executionArn": execution, "stateMachineArn": machine, "name": name, "status": status,
+            "startDate": 1764280800000, "stopDate": 1764885600000, "input": json.dumps(request.to_json()), "output": None,
+            "inputDetails": {"included": True}, "outputDetails": None, "error": "States.Timeout", "cause": None,
+        },
+    }
+
+
+def test_a_timed_out_execution_is_cleaned_up_by_its_status_change_event(cloud: Cloud) -> None:
+    """Review 3, M4: an execution past its 7-day timeout runs no Catch; the stack's EventBridge rule sends its
+    TIMED_OUT event to Cleanup (braid_infra.timeouts), which removes its staging (every version), uploads and chunks."""
+    ref = BackupRef.new("db")
+    cloud.stage_session(ref, 1, segment_chunks=2)
+    data = pattern(CHUNK * 2, 11)
+    cloud.stage_segment(ref, 0, 0, 0, data)
+    cloud.stage_segment(ref, 0, 0, 0, data)  # a retried upload: a noncurrent version too
+    cloud.s3.create_multipart_upload(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 1))  # the upload in flight
+    cloud.store.put(chunk_key(ref, 0), b"a pack a worker stored")
+    request = ExecutionInput(backup=str(ref), poll_seconds=1, stall_seconds=30)
+    lambda_client = cloud.session.client("lambda")
+
+    response = lambda_client.invoke(FunctionName=cloud.deployed.functions["cleanup"], Payload=json.dumps(status_change(cloud, str(ref), request)))
+    failure = json.loads(response["Payload"].read())
+
+    assert "FunctionError" not in response, failure
+    assert failure["error"] == "ExecutionTimedOut" and f"backup {ref} failed (ExecutionTimedOut)" in failure["cause"]
+    assert "ran past its time limit" in failure["cause"] and "Nothing was published" in failure["cause"]
+    assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
+    assert cloud.open_uploads(staging_prefix(ref)) == [] and cloud.keys_under(data_prefix(ref)) == []
+
+
+def test_a_status_change_event_of_an_execution_named_otherwise_touches_nothing_and_only_timeouts_are_taken(cloud: Cloud) -> None:
+    victim = BackupRef.new("db")
+    cloud.stage_backup(victim, [pattern(CHUNK * 2, 12)], segment_chunks=2)
+    before = {key: cloud.store.get(key) for key in cloud.keys_under("")}
+    lambda_client = cloud.session.client("lambda")
+
+    def invoke(event: dict[str, Any]) -> dict[str, Any]:
+        response = lambda_client.invoke(FunctionName=cloud.deployed.functions["cleanup"], Payload=json.dumps(event))
+        return {"error": response.get("FunctionError"), "payload": json.loads(response["Payload"].read())}
+
+    forged = invoke(status_change(cloud, str(BackupRef.new("other")), ExecutionInput(backup=str(victim))))
+    aborted = invoke(status_change(cloud, str(victim), ExecutionInput(backup=str(victim)), status="ABORTED"))
+    blind = status_change(cloud, str(victim), ExecutionInput(backup=str(victim)))
+    blind["detail"].update(input=None, inputDetails={"included": False})
+    no_input = invoke(blind)
+
+    assert forged["error"] is None and forged["payload"]["error"] == "ExecutionMismatchError", forged
+    assert aborted["error"] and "only timed-out executions" in aborted["payload"]["errorMessage"]
+    assert no_input["error"] and "carries no execution input naming the backup" in no_input["payload"]["errorMessage"]
+    assert {key: cloud.store.get(key) for key in cloud.keys_under("")} == before

@@ -7,6 +7,7 @@ Synthesized offline with the Python API and cdk.json's context, cdk-nag
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,8 +124,9 @@ LEAST_PRIVILEGE = {
     # Plan deletes each segment's staging as soon as all its chunks are stored.
     "FunctionsPlanRole": {("s3:GetObject", "staging/*"), ("s3:PutObject", "staging/*"), ("s3:DeleteObject", "staging/*"), ("s3:ListBucket", "bucket"),
                           ("s3:DeleteObjectVersion", "staging/*"), ("s3:ListBucketVersions", "bucket")},  # finished segments go by version id
-    "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"), ("s3:PutObject", "staging/*"),
-                            ("s3:ListBucket", "bucket")},
+    # The worker writes in staging only its item's result or failure record (review 3, L4), never a segment or round.
+    "FunctionsWorkerRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "data/*"), ("s3:PutObject", "data/*"),
+                            ("s3:PutObject", "staging/*/results/*"), ("s3:PutObject", "staging/*/failures/*"), ("s3:ListBucket", "bucket")},
     "FunctionsFinalizeRole": {("s3:GetObject", p) for p in ("config.json", "staging/*", "data/*", "manifests/*")}
     | {("s3:PutObject", "manifests/*"), ("s3:PutObject", "data/*/metadata/*"), ("s3:DeleteObject", "staging/*"), ("s3:DeleteObject", "manifests/*"), ("s3:DeleteObjectVersion", "staging/*"),
        ("s3:AbortMultipartUpload", "staging/*"), ("s3:ListBucket", "bucket"), ("s3:ListBucketVersions", "bucket"),
@@ -151,13 +153,14 @@ LEAST_PRIVILEGE = {
     "FunctionsTallyRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "prune/*")}
     | {(a, p) for a in ("s3:PutObject", "s3:DeleteObject") for p in ("catalog/index/*", "catalog/log/*", "prune/*")} | {("s3:ListBucket", "bucket")}
     | {("s3:PutObject", "storage/*")},  # a storage record per backup whose chunks all moved
-    "PrunePipelinePruneRole": {("s3:GetObject", "prune/*"), ("s3:GetObject", "*")},
+    # The map's ItemReader reads the run's items only (braid_infra.steps.ScopedJsonItemReader, not CDK's whole-bucket grant).
+    "PrunePipelinePruneRole": {("s3:GetObject", "prune/*")},
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
     "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
-    # CDK's S3JsonItemReader grants GetObject on the whole bucket (acknowledged in nag.py).
+    # The map's ItemReader reads plan rounds only, never a staged byte (review 3, L1: CDK's reader would grant the whole bucket).
     # SleepUntilWoken writes only each backup's wake record (braid.format.staging.wake).
-    "PipelineBackupRole": {("s3:GetObject", "staging/*"), ("s3:GetObject", "*"), ("s3:PutObject", "staging/*/wake")},
+    "PipelineBackupRole": {("s3:GetObject", "staging/*/plans/*"), ("s3:PutObject", "staging/*/wake")},
     # The verify state machine (braid_infra.verify_pipeline): the planner reads manifests, chunks' metadata and
     # earlier records, and writes only the run's plan; the worker only reads; the recorder writes only records.
     "FunctionsVerifyplanRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "data/*", "verify/*")}
@@ -247,10 +250,40 @@ def test_the_bucket_policy_lets_rekey_replace_a_manifest_it_read_and_nothing_els
     assert put("manifests/db/20261123T000000.000Z-1a2b3c4d.json", **source, x_amz_storage_class="STANDARD_IA") == DENY  # manifests stay
 
 
-def test_hosts_may_pass_their_tag_when_they_assume_the_agent_role(template: Template) -> None:
+def test_hosts_may_pass_only_their_own_tag_when_they_assume_the_agent_role(template: Template) -> None:
+    """Review 3, M2: the session tag decides which staging a session may touch, so the trust lets a principal
+    of the account pass only the braid-name it carries itself, and no other tag key."""
+    from support.iam_policy import conditions_hold
+
     (agent_role,) = [r for lid, r in resources_of(template.to_json(), "AWS::IAM::Role").items() if lid.startswith("AccessAgentRole")]
     trusted = agent_role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert any("sts:TagSession" in actions([s]) for s in trusted), trusted
+    rendered = [{**s, "Principal": Placeholders().render(s["Principal"])} for s in trusted]
+    assert rendered == [
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}},
+        {
+            "Action": ["sts:AssumeRole", "sts:TagSession"],
+            "Condition": {
+                "StringEquals": {"aws:RequestTag/braid-name": "${aws:PrincipalTag/braid-name}"},
+                "ForAllValues:StringEquals": {"aws:TagKeys": ["braid-name"]},
+            },
+            "Effect": "Allow",
+            "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
+        },
+    ]
+    condition = trusted[1]["Condition"]
+
+    def session(caller: str | None, **tags: str) -> bool:
+        context: dict[str, str | list[str]] = {f"aws:RequestTag/{k.replace('_', '-')}": v for k, v in tags.items()}
+        context["aws:TagKeys"] = [k.replace("_", "-") for k in tags]
+        if caller is not None:
+            context["aws:PrincipalTag/braid-name"] = caller
+        return conditions_hold(condition, context)
+
+    assert session("pg", braid_name="pg")  # a host tagged pg assumes the role as pg
+    assert not session("pg", braid_name="mysql")  # ...and never as another name
+    assert not session(None, braid_name="pg")  # an untagged caller names nothing
+    assert not session("pg")  # nor a session without the tag (it could stage nothing anyway)
+    assert not session("pg", braid_name="pg", team="x")  # no other tag key
 
 
 def test_only_the_read_side_may_decrypt_and_only_prepare_may_generate(template: Template) -> None:
@@ -461,9 +494,13 @@ def test_state_machine_definition(template: Template) -> None:
                                                                         "JitterStrategy": "FULL",
                                                                     }
                                                                 )
-                                                            ]
+                                                            ],
+                                                            # Failed after its retries: the child ends in ItemFailed, whose
+                                                            # output is {} (review 3, M1: the map's output stays far below 256 KiB).
+                                                            "Catch": [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "ItemFailed"}],
                                                         }
-                                                    )
+                                                    ),
+                                                    "ItemFailed": Match.object_like({"Type": "Pass", "OutputPath": None, "End": True}),
                                                 },
                                             }
                                         ),
@@ -488,13 +525,15 @@ def test_state_machine_definition(template: Template) -> None:
                                 ),
                                 "FinalizeFailed": {
                                     "Type": "Pass",
-                                    "Parameters": {"step": "Finalize", "id.$": "States.UUID()"},
+                                    "Parameters": {"step": "Finalize"},
                                     "ResultPath": "$.failed",
                                     "Next": "Hold",
                                 },
                                 "Hold": Match.object_like(
                                     {
                                         "Next": "SegmentsReady?",
+                                        # The Hold entry: the Plan function holds because this state calls it so.
+                                        "Parameters": {contract.HOLD_ENTRY: {"step.$": "$.failed.step", "error.$": "$.error"}, f"{contract.HOLD_STATE}.$": "$"},
                                         "ResultPath": "$.plan",
                                         "Catch": [
                                             Match.object_like({"ErrorEquals": list(contract.FINAL_PIPELINE_ERRORS), "Next": "Cleanup"}),
@@ -572,6 +611,35 @@ def test_schedule_deletes_no_backup_until_a_policy_is_configured(template: Templ
     assert "/policies/*" in reads and "/policies/" not in writes
 
 
+def _paths(node: Any) -> list[str]:
+    """Every string of a definition (keys and values) that names a path in the state's $.plan."""
+    if isinstance(node, dict):
+        return [p for k, v in node.items() for p in _paths(k) + _paths(v)]
+    if isinstance(node, list):
+        return [p for v in node for p in _paths(v)]
+    return re.findall(r"\$\.plan\.([A-Za-z_]+)", node) if isinstance(node, str) else []
+
+
+def test_every_plan_key_the_state_machine_reads_is_a_contract_name(template: Template) -> None:
+    definition = json.loads(Placeholders().render(backup_machine(template)["Properties"]["DefinitionString"]))
+    read = _paths(definition)
+    assert {"status", "items_object", "max_concurrency", "inline_items", "wait_seconds", "wake_object"} <= set(read)
+    assert set(read) <= {str(key) for key in contract.PlanKey}, set(read) - {str(key) for key in contract.PlanKey}
+    statuses = {c["StringEquals"] for c in _conditions(definition) if c.get("Variable") == contract.plan_path(contract.PlanKey.STATUS)}
+    assert statuses and statuses <= {str(state) for state in contract.PlanState}
+    # Nothing tells a hold by comparing ids any more.
+    assert "States.UUID" not in json.dumps(definition) and "hold_id" not in json.dumps(definition)
+
+
+def _conditions(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, dict):
+        own = [node] if "Variable" in node else []
+        return own + [c for v in node.values() for c in _conditions(v)]
+    if isinstance(node, list):
+        return [c for v in node for c in _conditions(v)]
+    return []
+
+
 def _state(template: Template, name: str) -> dict[str, Any]:
     machine = backup_machine(template)
     definition = json.loads(Placeholders().render(machine["Properties"]["DefinitionString"]))
@@ -647,10 +715,15 @@ def test_a_small_final_round_runs_as_an_inline_map_of_the_same_worker_with_the_s
     # The worker gets what a Distributed Map child gives it, and "inline" (its usage then bills its Task state).
     assert final["ItemSelector"] == {**chunks["ItemSelector"], "inline": True}
     worker, inline_worker = _state(template, "Worker"), _state(template, "StoreFinalItem")
-    assert {k: v for k, v in inline_worker.items() if k not in ("Catch", "End")} == {k: v for k, v in worker.items() if k != "End"}, (inline_worker, worker)
+    assert {k: v for k, v in inline_worker.items() if k not in ("Catch", "End")} == {k: v for k, v in worker.items() if k not in ("Catch", "End")}, (
+        inline_worker, worker,
+    )
     # A failed item fails only its iteration (the worker has recorded its error); the next PlanSegments plans it again.
+    # Its place in the map's output is {} (OutputPath null), as a failed child's of ProcessChunks (ItemFailed).
     assert inline_worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "FinalItemFailed"}]
-    assert _state(template, "FinalItemFailed") == {"Type": "Pass", "End": True}
+    assert worker["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": None, "Next": "ItemFailed"}]
+    for failed in ("FinalItemFailed", "ItemFailed"):
+        assert {k: v for k, v in _state(template, failed).items() if k != "Comment"} == {"Type": "Pass", "OutputPath": None, "End": True}
     assert final["Catch"] == chunks["Catch"][:1] + [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "ProcessFinalRoundFailed"}]
     # SegmentsReady? sends a round planned after stream end to WarmFinalize first, then FinalRoundInline? sends it
     # there when PlanSegments says inline, else to the Distributed Map; a streaming round goes straight to the map.
@@ -782,3 +855,34 @@ def test_state_machines_invoke_published_versions_that_a_deploy_keeps(template: 
         assert "AWS::Lambda::Version" in kinds.values(), lid
     versions = [r for r in resources.values() if r["Type"] == "AWS::Lambda::Version"]
     assert versions and all(v.get("DeletionPolicy") == "Retain" and v.get("UpdateReplacePolicy") == "Retain" for v in versions)
+
+
+def test_state_machine_log_groups_are_named_under_vendedlogs(template: Template) -> None:
+    """Review 3, L3: a group outside /aws/vendedlogs/ adds to the account's one CloudWatch Logs resource policy (5,120 characters)."""
+    machines = resources_of(template.to_json(), "AWS::StepFunctions::StateMachine")
+    groups = resources_of(template.to_json(), "AWS::Logs::LogGroup")
+    named = set()
+    for machine in machines.values():
+        (destination,) = machine["Properties"]["LoggingConfiguration"]["Destinations"]
+        group_id = destination["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+        named.add(groups[group_id]["Properties"]["LogGroupName"])
+    assert named == {"/aws/vendedlogs/states/Braid-Backup", "/aws/vendedlogs/states/Braid-Prune", "/aws/vendedlogs/states/Braid-Verify"}
+
+
+def test_a_backup_execution_that_times_out_is_sent_to_cleanup(template: Template) -> None:
+    """Review 3, M4: an execution past its TimeoutSeconds runs no Catch; Step Functions' status change event for
+    the backup machine's TIMED_OUT executions (and nothing else) invokes the published Cleanup version."""
+    rules = resources_of(template.to_json(), "AWS::Events::Rule")
+    (rule,) = [r["Properties"] for lid, r in rules.items() if lid.startswith("TimedOutCleanup")]
+    machine_id = next(lid for lid in resources_of(template.to_json(), "AWS::StepFunctions::StateMachine") if lid.startswith("Pipeline"))
+    assert rule["EventPattern"] == {
+        "source": ["aws.states"],
+        "detail-type": ["Step Functions Execution Status Change"],
+        "detail": {"status": ["TIMED_OUT"], "stateMachineArn": [{"Ref": machine_id}]},
+    }
+    (target,) = rule["Targets"]
+    cleanup_version = target["Arn"]["Ref"]
+    assert cleanup_version.startswith("FunctionsCleanupCurrentVersion") and "Input" not in target and "InputTransformer" not in target
+    permissions = [p["Properties"] for p in resources_of(template.to_json(), "AWS::Lambda::Permission").values()]
+    assert {"Action": "lambda:InvokeFunction", "FunctionName": {"Ref": cleanup_version}, "Principal": "events.amazonaws.com",
+            "SourceArn": {"Fn::GetAtt": [next(lid for lid in rules if lid.startswith("TimedOutCleanup")), "Arn"]}} in permissions

@@ -12,13 +12,15 @@ policy elements"):
   - Effect Allow / Deny; Action / NotAction (case-insensitive, `*` and `?`);
     Resource / NotResource (case-sensitive wildcards); Principal of
     resource policies ("*", {"AWS": ARN or list}, {"Service": ...});
-  - policy variables in Resource, `${aws:PrincipalTag/KEY}` and any other
-    key of the request context; a variable whose key is missing makes the
-    element match nothing;
+  - policy variables in Resource and in condition values,
+    `${aws:PrincipalTag/KEY}` and any other key of the request context; a
+    variable whose key is missing makes the element match nothing;
   - condition operators String(Not)Equals(IgnoreCase), String(Not)Like,
     Arn(Not)Equals, Arn(Not)Like, Bool, Null, each with ...IfExists:
     operators AND, keys AND, values OR; a missing key makes a positive
-    operator false and a negated one true (IfExists: true);
+    operator false and a negated one true (IfExists: true); the set
+    operators ForAllValues: and ForAnyValue: over the positive string ones
+    (ForAllValues of a missing key holds);
   - the decision: an explicit Deny in any policy wins; otherwise an Allow in
     an identity policy or in the resource policy (same account) allows;
     otherwise the implicit deny. For a KMS key whose key policy does not
@@ -109,7 +111,12 @@ _STRINGS = {"StringEquals", "StringEqualsIgnoreCase", "StringLike", "ArnEquals",
 
 def _condition_holds(operator: str, key: str, expected: Any, context: Mapping[str, Any]) -> bool:
     if operator.startswith(("ForAnyValue:", "ForAllValues:")):
-        raise Unsupported(f"set operator {operator}")
+        quantifier, _, base = operator.partition(":")
+        if base not in _STRINGS - _NEGATED:
+            raise Unsupported(f"set operator {operator}")
+        values = [str(v) for v in _listify(context.get(key, []))]
+        hits = [_condition_holds(base, key, expected, {key: value}) for value in values]
+        return all(hits) if quantifier == "ForAllValues" else any(hits)  # ForAllValues of no value: true
     if_exists = operator.endswith("IfExists")
     base = operator.removesuffix("IfExists")
     present = key in context
@@ -119,7 +126,8 @@ def _condition_holds(operator: str, key: str, expected: Any, context: Mapping[st
     if not present:
         return True if if_exists else base in _NEGATED
     actual = [str(v) for v in _listify(context[key])]
-    wanted = [str(v) for v in _listify(expected)]
+    # A policy variable in a value takes the request's; one whose key is missing matches nothing.
+    wanted = [w for w in (_substitute(str(v), context) for v in _listify(expected)) if w is not None]
     if base == "Bool":
         return any(a.lower() == w.lower() for a in actual for w in wanted)
     if base in _STRINGS:

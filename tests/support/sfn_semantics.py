@@ -42,6 +42,19 @@ maprun-fail-threshold.html):
     "ResultWriterDetails": {"Bucket", "Key"}}. (moto writes only an empty
     manifest.) Not modelled: splitting files past 5 GB, JSONL output.
 
+The state size quota (AWS: Step Functions quotas, "Maximum input or output
+size for a task, state, or execution: 262,144 bytes of data as a UTF-8
+encoded string. This quota affects ... state or execution output",
+limits-overview):
+  - moto checks each state's output after OutputPath and a Task's result,
+    not a Map state's result before its ResultPath: here a Map whose
+    results (the array of every item's output, a failed child's execution
+    result in its place) exceed `STATE_LIMIT_BYTES` fails with
+    `States.DataLimitExceeded`, which its Retry and Catch see, whatever its
+    ResultPath says (the ResultWriter page: export the results when they
+    may exceed the quota). With a ResultWriter the result is the small
+    pointer to the export, so it never fails this way.
+
 Express children (AWS: Step Functions quotas, "Maximum execution time ...
 Express: 5 minutes. If an execution runs for more than the 5-minute maximum,
 it will fail with a States.Timeout error", limits-overview):
@@ -59,8 +72,10 @@ the Express 5-minute limit and, through support.inprocess_lambda, each
 function's timeout and its context's remaining time. Ratios between them
 stay as on AWS, so "six retries do not fit in one Express child" holds at
 any scale. What is not scaled: the product's own clocks (an agent's poll, a
-stall limit measured by the pipeline from S3 timestamps), Task
-TimeoutSeconds (Braid sets none) and moto's event timestamps.
+stall limit measured by the pipeline from S3 timestamps), a Task's
+TimeoutSeconds or TimeoutSecondsPath (SleepUntilWoken's: moto waits it out
+in real time, so a test that lets a sleep time out waits the planner's
+wait_seconds unscaled) and moto's event timestamps.
 """
 
 from __future__ import annotations
@@ -77,6 +92,8 @@ from typing import Any
 EXCEED_THRESHOLD = "States.ExceedToleratedFailureThreshold"
 EXCEED_THRESHOLD_CAUSE = "The specified tolerated failure threshold was exceeded"
 TIMEOUT_ERROR = "States.Timeout"
+DATA_LIMIT_ERROR = "States.DataLimitExceeded"
+STATE_LIMIT_BYTES = 262_144
 EXPRESS_LIMIT_SECONDS = 300.0
 
 # In the Comment of an item processor whose children the definition wanted
@@ -93,6 +110,7 @@ class MapSettings:
     count_declared: bool
     percentage_declared: bool
     express: bool
+    writer: bool = False
 
 
 @dataclass
@@ -188,6 +206,7 @@ class AwsStepFunctions:
         from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
         from moto.stepfunctions.parser.asl.component.state.exec.state_map import state_map
         from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import distributed_iteration_component as dic
+        from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import inline_iteration_component as iic
         from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration.itemprocessor import (
             distributed_item_processor_worker as dipw,
         )
@@ -196,6 +215,7 @@ class AwsStepFunctions:
         semantics = self
         StateMap = state_map.StateMap
         Component = dic.DistributedIterationComponent
+        Inline = iic.InlineIterationComponent
         Worker = dipw.DistributedItemProcessorWorker
         original_props = StateMap.from_state_props
         original_map_run = Component._map_run
@@ -212,6 +232,7 @@ class AwsStepFunctions:
                 count_declared=state_props.get(ToleratedFailureCountDecl) is not None,
                 percentage_declared=state_props.get(ToleratedFailurePercentageDecl) is not None,
                 express=EXPRESS_MARK in str(getattr(getattr(self.iteration_component, "_comment", None), "comment", "") or ""),
+                writer=getattr(self, "result_writer", None) is not None,
             )
 
         def _map_run(self: Any, env: Any, eval_input: Any) -> None:
@@ -230,9 +251,19 @@ class AwsStepFunctions:
             if tolerance.exceeded():
                 env.stack.pop()  # the outputs: a failed Map state has none
                 semantics._raise_threshold(env)
+            if not declared.writer:
+                semantics._check_result_size(env, eval_input.state_name)
+
+        original_inline = Inline._eval_body
+
+        def _inline_eval_body(self: Any, env: Any) -> None:
+            state_name = getattr(env.stack[-1], "state_name", "")
+            original_inline(self, env)
+            semantics._check_result_size(env, state_name)
 
         self._patch(StateMap, "from_state_props", from_state_props)
         self._patch(Component, "_map_run", _map_run)
+        self._patch(Inline, "_eval_body", _inline_eval_body)
         self._patch(Worker, "_eval_job", lambda worker, env, job: semantics._eval_job(worker, env, job))
         self._patch(Worker, "_eval_pool", lambda worker, job, worker_frame: semantics._eval_pool(worker, job, worker_frame))
         from moto.stepfunctions.parser.asl.component.state.exec.state_map.result_writer.resource_eval import resource_eval_s3
@@ -281,6 +312,32 @@ class AwsStepFunctions:
                 error_name=name,
                 event_type=HistoryEventType.MapRunFailed,
                 event_details=EventDetails(mapRunFailedEventDetails=MapRunFailedEventDetails(error=EXCEED_THRESHOLD, cause=EXCEED_THRESHOLD_CAUSE)),
+            )
+        )
+
+    @staticmethod
+    def _check_result_size(env: Any, state_name: str) -> None:
+        """States.DataLimitExceeded when the Map's results (on the stack) exceed the state size quota."""
+        from moto.stepfunctions.parser.api import ExecutionFailedEventDetails, HistoryEventType
+        from moto.stepfunctions.parser.asl.component.common.error_name.failure_event import FailureEvent, FailureEventException
+        from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name import StatesErrorName
+        from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import StatesErrorNameType
+        from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+
+        size = len(json.dumps(env.stack[-1], separators=(",", ":")).encode())
+        if size <= STATE_LIMIT_BYTES:
+            return
+        env.stack.pop()  # a failed Map state has no result
+        name = StatesErrorName(typ=StatesErrorNameType.StatesStatesDataLimitExceeded)
+        assert name.error_name == DATA_LIMIT_ERROR
+        cause = f"The state/task '{state_name}' returned a result with a size exceeding the maximum number of bytes service limit."
+        # As moto reports a Task's oversized result: a state-level failure, which the Map's Retry and Catch see.
+        raise FailureEventException(
+            failure_event=FailureEvent(
+                env=env,
+                error_name=name,
+                event_type=HistoryEventType.TaskFailed,
+                event_details=EventDetails(executionFailedEventDetails=ExecutionFailedEventDetails(error=DATA_LIMIT_ERROR, cause=cause)),
             )
         )
 

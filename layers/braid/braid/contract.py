@@ -8,6 +8,8 @@ agent and the Lambda handlers all load it.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 # -- stack outputs: what `braid init --stack NAME` reads ---------------------
 OUTPUT_BUCKET = "RepositoryBucket"
 OUTPUT_REPOSITORY = "RepositoryUrl"
@@ -113,6 +115,53 @@ PRUNE_MAX_CONCURRENCY = 20  # items at once: S3 deletes ~3,500 keys/s per prefix
 # 50 chunks are at most 10 packs (CHUNKS_PER_PACK) of 64 MiB chunks, 3.2 GiB copied, inside one Sweep attempt
 # (SWEEP_TIMEOUT_SECONDS) at S3's in-region copy rates (docs/design/2026-11-28-storage-classes.md).
 MOVE_SLICE_CHUNKS = 50
+
+# -- the backup execution's state: what PlanSegments returns into `$.plan` ------
+# The Plan function writes these keys (braid.pipeline.plan.PlanStatus, functions/plan/app.py) and the state machine
+# reads them by JSONPath (braid_infra.pipeline: plan_path); tests/infra checks every `$.plan.X` it reads is one of them.
+class PlanKey(StrEnum):
+    STATUS = "status"  # a PlanState
+    ROUND = "round"
+    ITEMS_KEY = "items_key"  # repository-relative key of the round file
+    ITEMS_OBJECT = "items_object"  # its full S3 key, for the Distributed Map's ItemReader
+    ITEMS = "items"
+    CHUNKS = "chunks"
+    PLANNED_CHUNKS = "planned_chunks"
+    IDLE_SECONDS = "idle_seconds"
+    WAIT_SECONDS = "wait_seconds"  # WaitForSegments' wait, SleepUntilWoken's timeout
+    INLINE = "inline"  # the round runs as ProcessFinalRound (an inline Map)
+    INLINE_ITEMS = "inline_items"  # its items
+    FINAL = "final"  # planned after stream end: WarmFinalize first
+    WAKE_CHUNKS = "wake_chunks"
+    WAKE_AFTER_SECONDS = "wake_after_seconds"
+    WAKE_OBJECT = "wake_object"  # full S3 key of the wake record SleepUntilWoken writes
+    CURSOR = "cursor"
+    MAX_CONCURRENCY = "max_concurrency"  # the map's MaxConcurrency
+    USAGE = "usage"
+
+
+class PlanState(StrEnum):
+    """`$.plan.status`: what the SegmentsReady? choice does next."""
+
+    READY = "ready"  # map a round
+    WAITING = "waiting"  # WaitForSegments
+    SLEEPING = "sleeping"  # SleepUntilWoken
+    HELD = "held"  # waiting for --resume (WaitForSegments)
+    DONE = "done"  # Finalize
+
+
+STATE_PLAN = "plan"  # the state's key PlanSegments (and Hold) write their result to
+
+
+def plan_path(key: PlanKey) -> str:
+    """The JSONPath of `key` in the backup execution's state."""
+    return f"$.{STATE_PLAN}.{key}"
+
+
+# The Hold state's payload: {HOLD_ENTRY: {"step": the failed state's name, "error": its caught error}, HOLD_STATE: the
+# state}. The Plan function holds the backup because the state machine called it so, never by comparing ids.
+HOLD_ENTRY = "hold"
+HOLD_STATE = "state"
 
 # -- the agent's environment ---------------------------------------------------
 ENV_REPO = "BRAID_REPO"

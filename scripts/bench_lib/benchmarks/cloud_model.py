@@ -33,8 +33,9 @@ one chunk of the bench data here against an assumed Graviton2 core
 (ASSUME["graviton_zstd3_mb_s"]), measured in the same run: bench machines
 differ by 2x in speed, and the worker's CPU is mostly zstd, so the model's
 CPU per chunk on arm64 does not depend on which machine ran it (--arm-speed
-sets the factor instead). The coordinators' CPU (Prepare, Plan, Finalize,
-measured by running them in the scale simulation) is scaled by the same
+sets the factor instead). The coordinators' CPU (Prepare, Plan, Finalize:
+their counted work priced at a CPU per unit calibrated once per run on the
+real calls, best of three: scale_sim.calibrate_coordinators) is scaled by the same
 factor: one figure for how this machine compares with Graviton2, rather than
 a fixed one that charged a slow bench machine's slowness to the tail. The
 worker's memory and lanes are the stack's (braid.contract).
@@ -451,7 +452,10 @@ def run(ctx: Context) -> Section:
         "of which codec (store_chunk into a null store)": round(measured.codec_per_chunk, 3),
         "x-amz-content-sha256 of the worker's PUTs": ", ".join(sorted({h for run in runs for h in run.put_payload_hashes})) or "not recorded",
         "CPU per chunk assumed on arm64": f"{cpu_arm:.3f} s (x86 / {arm:.3f})",
-        "coordinators' CPU on arm64": f"measured here / {arm:.3f}, the same factor as the worker's",
+        "coordinators' CPU on arm64": f"their counted work x CPU per unit here / {arm:.3f}, the same factor as the worker's",
+        "coordinators' CPU per unit here (ns, scale_sim.calibrate_coordinators: best of 3)": ", ".join(
+            f"{f} {v * 1e9:.1f}" for f, v in scale_sim.calibrate_coordinators().per_unit.items()
+        ),
         "zstd -3 -T1 on one chunk here (CPU s, best of 3)": round(zstd_here, 3) if zstd_here else "not measured (--arm-speed)",
         "arm64 speed vs this machine": (
             f"{arm:.3f} (zstd here / zstd on Graviton2 at {ASSUME['graviton_zstd3_mb_s']:g} MB/s)" if zstd_here else f"{arm:.3f} (given)"

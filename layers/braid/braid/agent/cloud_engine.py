@@ -41,6 +41,7 @@ from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.format.stored import stored_objects
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
+from braid.pipeline.policies import Policies
 from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore, UploadGoneError
 from braid.ports.progress import PhaseReporter, ProgressFn
@@ -64,6 +65,7 @@ class CloudOptions:
     # The part ramp policy (braid.agent.limits.default_ramp_parts): a new upload's first segment starts with one-chunk
     # parts so a short stream fills the pipe. Off (--no-part-ramp): every part full-size; the session records 0.
     part_ramp: bool = True
+    policies: Policies = Policies()  # the pipeline's optimisations (--no-policy NAME), in the execution input
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -75,6 +77,7 @@ class CloudOptions:
             wait=not getattr(args, "no_wait", False),
             stall_seconds=getattr(args, "stall_timeout", None) or DEFAULT_STALL_SECONDS,
             part_ramp=not getattr(args, "no_part_ramp", False),
+            policies=Policies.without(getattr(args, "no_policy", None) or []),
         )
 
 
@@ -106,6 +109,10 @@ class CloudEngine:
         self.requests = requests
         self._rounds: dict[str, list[Round]] = {}  # per backup: plan rounds read so far (written once, never changed)
         self._resumed: dict[str, str] = {}  # per backup: the nonce of the resume request this agent wrote
+
+    def _execution_input(self, ref: BackupRef) -> dict[str, Any]:
+        o = self.options
+        return ExecutionInput(str(ref), self.prefix, o.fan_out, stall_seconds=o.stall_seconds, policies=o.policies).to_json()
 
     # -- backup ---------------------------------------------------------------
 
@@ -159,12 +166,8 @@ class CloudEngine:
         progress({"event": "started", "backup": str(ref), "resumed": request.resume, "resumable": request.resumable})
         sources = list(request.sources)
         report.phase("uploading", total_bytes=expected_bytes(sources), total_chunks=expected_chunks(sources, upload.chunk_size))
-        # Start the pipeline as soon as the session exists: it fans out each
-        # segment as the agent completes it, while later ones still upload.
-        document = ExecutionInput(
-            backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out, stall_seconds=self.options.stall_seconds
-        ).to_json()
-        self.pipeline.start(ref, document)
+        # Start the pipeline as soon as the session exists: it fans out each segment as the agent completes it, while later ones still upload.
+        self.pipeline.start(ref, self._execution_input(ref))
         # The pipeline sleeps while the stream arrives slowly; the agent wakes it when what it waits for is recorded.
         waker = PipelineWaker(area, self.pipeline, upload.recorded_chunks, lambda: upload.end_written)
         upload.on_recorded = waker.poke
@@ -333,9 +336,7 @@ class CloudEngine:
             nonce = secrets.token_hex(8)
             area.write_resume_request(ResumeRequest(nonce))
             self._resumed[str(ref)] = nonce
-        self.pipeline.start(ref, ExecutionInput(
-            backup=str(ref), prefix=self.prefix, max_concurrency=self.options.fan_out, stall_seconds=self.options.stall_seconds
-        ).to_json())
+        self.pipeline.start(ref, self._execution_input(ref))
         return self.wait(ref, progress, expected=end)
 
     def abandon_held(self, ref: BackupRef, progress: ProgressFn) -> None:

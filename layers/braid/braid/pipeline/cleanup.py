@@ -23,13 +23,14 @@ name kept in the cause.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from braid.contract import BACKUP_FAILED
 from braid.engine.finalize import discard_backup_data
-from braid.errors import BackupError
+from braid.errors import BackupError, UsageError
 from braid.format.ids import BackupRef
 from braid.format.staging import ItemFailure, StagingArea
 from braid.pipeline.execution_input import ExecutionMismatchError
@@ -57,7 +58,10 @@ HINTS: dict[str, str] = {
     "Lambda.TooManyRequestsException": "Lambda throttled the workers past every retry; lower --max-concurrency or raise the account's concurrency",
     "States.ItemReaderFailed": "the chunk plan could not be read from S3; retry the backup",
     "States.DataLimitExceeded": "a step's output exceeded 256 KiB; report this as a Braid bug",
+    "ExecutionTimedOut": "the backup ran past the execution's time limit (its stream was too slow for its size); back up at a higher rate, or in parts",
 }
+# The EventBridge event Step Functions sends when an execution changes status ("Step Functions Execution Status Change").
+STATUS_CHANGE = ("aws.states", "Step Functions Execution Status Change")
 DEFAULT_HINT = "see the execution history for details, then run the backup again"
 # What the Fail state reports instead of a name AWS reserves for itself.
 GENERIC_ERROR = "BackupFailed"
@@ -119,3 +123,25 @@ def cleanup_step(
     failure = actionable_cause(ref, error, kept, worker)
     events.publish(BACKUP_FAILED, {"backup": str(ref), "repository": store.url, **failure.to_json()})
     return failure
+
+
+def timed_out_state(event: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The state Cleanup is given, from Step Functions' event for an execution that TIMED_OUT; None for any other event.
+
+    An execution past its TimeoutSeconds ends without running any Catch, so Cleanup would never run: an EventBridge
+    rule sends it this event instead (braid_infra.timeouts). The execution's input names the backup and the
+    execution's name must be that backup, as in every step: an execution named otherwise only reports.
+    """
+    if (event.get("source"), event.get("detail-type")) != STATUS_CHANGE:
+        return None
+    detail = event.get("detail")
+    if not isinstance(detail, Mapping) or detail.get("status") != "TIMED_OUT":
+        raise UsageError(f"cleanup is sent only timed-out executions, not {detail!r}")
+    try:
+        state = json.loads(str(detail.get("input")))
+    except ValueError:
+        state = None
+    if not isinstance(state, dict) or "backup" not in state:
+        raise UsageError(f"execution {detail.get('name')!r} timed out, but its event carries no execution input naming the backup")
+    cause = f"execution {detail.get('name')} ran past its time limit (started {detail.get('startDate')}, stopped {detail.get('stopDate')})"
+    return {**state, "execution": {"name": str(detail.get("name"))}, "error": {"Error": "ExecutionTimedOut", "Cause": cause}}

@@ -5,12 +5,15 @@ document as input. Everything else the pipeline needs is in S3 under the
 backup's staging prefix (see braid.format.staging), so the input stays tiny
 and the same execution can be followed, or found again, from any host.
 
-    {"protocol": 2, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
-     "max_chunks_per_item": 32, "poll_seconds": 15, "stall_seconds": 3600}
+    {"protocol": 4, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
+     "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600,
+     "policies": {"taper": true, ...}}
 
 `protocol` is the staging protocol the agent speaks
 (braid.format.staging.protocol): the pipeline refuses another
 (ProtocolMismatchError, naming both). Integers must be JSON integers.
+`policies`: the optimisations the agent chose for this backup
+(braid.pipeline.policies; absent: every one on).
 
 `prefix` is the repository's key prefix inside the stack's bucket ("" for
 the bucket root), so one stack can serve several repositories in a bucket.
@@ -26,13 +29,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from braid import contract
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError, check_protocol
+from braid.pipeline.policies import Policies
 
 DEFAULT_MAX_CONCURRENCY = 100
 # Chunks per map item at most: 16 (1 GiB). At the published Lambda network rate (~76 MB/s per function,
@@ -91,6 +95,7 @@ class ExecutionInput:
     poll_seconds: int = DEFAULT_POLL_SECONDS
     stall_seconds: int = DEFAULT_STALL_SECONDS
     protocol: int = PROTOCOL
+    policies: Policies = field(default_factory=Policies)
 
     def __post_init__(self) -> None:
         BackupRef.parse(self.backup)
@@ -110,7 +115,7 @@ class ExecutionInput:
         return BackupRef.parse(self.backup)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "policies": self.policies.to_json()}
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> ExecutionInput:
@@ -126,6 +131,7 @@ class ExecutionInput:
                 max_chunks_per_item=_typed(event, "max_chunks_per_item", int, DEFAULT_MAX_CHUNKS_PER_ITEM),
                 poll_seconds=_typed(event, "poll_seconds", int, DEFAULT_POLL_SECONDS),
                 stall_seconds=_typed(event, "stall_seconds", int, DEFAULT_STALL_SECONDS),
+                policies=Policies.from_json(event["policies"]) if "policies" in event else Policies(),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid pipeline input: {exc}") from None

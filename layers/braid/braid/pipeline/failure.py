@@ -4,13 +4,20 @@ A Catch puts `{"Error", "Cause"}` in the state; for a Lambda error the
 cause is the function's JSON error payload. Cleanup (which reports a
 failure) and the Hold step (which keeps the backup for `--resume`) both
 name the error from it.
+
+The Hold state calls the Plan function with an explicit entry
+(`hold_entry`): the state machine says the call is a hold.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from braid.contract import HOLD_ENTRY, HOLD_STATE
+from braid.errors import UsageError
 
 
 def describe_error(error: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -27,3 +34,26 @@ def describe_error(error: Mapping[str, Any] | None) -> tuple[str, str]:
     except ValueError:
         pass
     return name, cause or "no cause given"
+
+
+@dataclass(frozen=True)
+class HoldEntry:
+    """The Hold state's call: which step failed (a state's name), its caught error, and the execution's state."""
+
+    step: str
+    error: Mapping[str, Any] | None
+    state: Mapping[str, Any]
+
+
+def hold_entry(event: Mapping[str, Any]) -> HoldEntry | None:
+    """The Hold state's entry in a Plan function's event (`{"hold": {"step", "error"}, "state": {...}}`), or None for a
+    PlanSegments call (the execution's state itself). A malformed entry is a UsageError: it is the stack's, never guessed."""
+    if HOLD_ENTRY not in event:
+        return None
+    hold, state = event[HOLD_ENTRY], event.get(HOLD_STATE)
+    if not isinstance(hold, Mapping) or not isinstance(hold.get("step"), str) or not hold["step"] or not isinstance(state, Mapping):
+        raise UsageError(f"the Hold state's event must be {{{HOLD_ENTRY!r}: {{'step', 'error'}}, {HOLD_STATE!r}: the state}}, not {dict(event)!r}"[:500])
+    error = hold.get("error")
+    if error is not None and not isinstance(error, Mapping):
+        raise UsageError(f"the Hold state's error must be the caught {{'Error', 'Cause'}}, not {error!r}"[:500])
+    return HoldEntry(hold["step"], error, state)

@@ -3,18 +3,17 @@
 Correctness never rests on the map's own bookkeeping (on moto a failed
 DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
 reads the plan rounds and the workers' results itself (in parallel:
-StagingArea reads many records at once; the planner folded each map's
-results into one fold and compacted every few dozen rounds with their
-results into one record as the stream arrived, so these are a few
-compactions, the last rounds and folds and the last map's records, not
+StagingArea reads many records at once; the planner merged each map's
+results into the results index, a fold per map, as the stream arrived, so
+these are a round file and a fold per map and the last map's records, not
 one record per item), requires the rounds to tile every
 input through its stream-end length and a result for every planned chunk
 that matches its place in the plan, and `finalize_backup` then checks every
 stored chunk's presence and size by LIST (1,000 per request; S3 verified
 each chunk's CRC64NVME on its PUT) before it writes the manifest last,
 create-only, and reads it back to compare with the bytes it sealed. Only
-then is staging deleted and "Backup Completed" emitted. Its requests are O(items / 32) deep, so a
-10 TiB backup finalizes in about a minute (tests/cloud/test_scale_simulation.py).
+then is staging deleted and "Backup Completed" emitted. Its requests are O(rounds / 32) deep, so a
+10 TiB backup finalizes in about a quarter of a minute (tests/cloud/test_scale_simulation.py).
 
 The event is best-effort: once the manifest is published the backup exists,
 so a failed PutEvents is reported (`notify_failed`: the handler logs it and
@@ -135,11 +134,10 @@ def finalize_step(
         if end is None:
             raise IntegrityError(f"backup {ref} reached Finalize before every staged segment was recorded")
         check_not_abandoned(ref, end)
-        compacted_rounds, compacted = area.read_compactions()
-        rounds = area.read_rounds(compacted_rounds)
+        rounds = area.read_rounds()
         rounds_cover_stream(ref, rounds, end, session)
         items: list[Usage] = []
-        entries = area.read_results(rounds, items, compacted=compacted)
+        entries = area.read_results(rounds, items)
 
         def usage(manifest: Manifest) -> Usage:
             assert end is not None

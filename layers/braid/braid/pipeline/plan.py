@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from braid import contract
+from braid.contract import PlanKey, PlanState
 from braid.errors import BackupError, IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.lease import heartbeat_seconds
@@ -38,7 +39,8 @@ from braid.pipeline.failure import describe_error
 from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
 from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
 from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
-from braid.pipeline.replan import check_last_map, check_of, compact_idle, hold_after_failure, watch_hold
+from braid.pipeline.policies import ALL_ON, Policies
+from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -46,7 +48,7 @@ from braid.ports.store import ObjectStore
 class PlanStatus:
     """What the planner tells the state machine: map a round, wait, or finish."""
 
-    status: str  # "ready" | "waiting" | "sleeping" | "held" | "done"
+    status: PlanState
     round: int = 0
     items_key: str = ""  # repository-relative key of the round file
     items: int = 0
@@ -63,21 +65,22 @@ class PlanStatus:
     wake_after_seconds: int = 0
 
     def to_json(self) -> dict[str, Any]:
+        """The state's `$.plan` (braid.contract.PlanKey names every key)."""
         return {
-            "status": self.status,
-            "round": self.round,
-            "items_key": self.items_key,
-            "items": self.items,
-            "chunks": self.chunks,
-            "planned_chunks": self.planned_chunks,
-            "idle_seconds": self.idle_seconds,
-            "wait_seconds": self.wait_seconds,
-            "inline": bool(self.inline_items),
-            "final": self.final,
-            "inline_items": [item.to_json() for item in self.inline_items],
-            "wake_chunks": self.wake_chunks,
-            "wake_after_seconds": self.wake_after_seconds,
-            **({"cursor": self.cursor.to_json()} if self.cursor is not None else {}),
+            PlanKey.STATUS: self.status,
+            PlanKey.ROUND: self.round,
+            PlanKey.ITEMS_KEY: self.items_key,
+            PlanKey.ITEMS: self.items,
+            PlanKey.CHUNKS: self.chunks,
+            PlanKey.PLANNED_CHUNKS: self.planned_chunks,
+            PlanKey.IDLE_SECONDS: self.idle_seconds,
+            PlanKey.WAIT_SECONDS: self.wait_seconds,
+            PlanKey.INLINE: bool(self.inline_items),
+            PlanKey.FINAL: self.final,
+            PlanKey.INLINE_ITEMS: [item.to_json() for item in self.inline_items],
+            PlanKey.WAKE_CHUNKS: self.wake_chunks,
+            PlanKey.WAKE_AFTER_SECONDS: self.wake_after_seconds,
+            **({PlanKey.CURSOR: self.cursor.to_json()} if self.cursor is not None else {}),
         }
 
 
@@ -98,11 +101,14 @@ def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
         raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
 
 
-def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False) -> list[MapItem]:
+def items_for_segments(
+    records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False, policies: Policies = ALL_ON,
+) -> list[MapItem]:
     """Cut segments into items of `per_item` consecutive parts; indexes follow record order.
 
     Takes records StagingArea.read_segment_records checked (one part checksum per part).
     `cut`: the items may stop at a pack boundary once the stream has ended (MapItem.cut): a streaming round's.
+    `policies`: decide each item's packs (Policies.packs), written into the item.
     """
     items = []
     index = first_index
@@ -112,7 +118,10 @@ def items_for_segments(records: list[SegmentRecord], chunk_size: int, first_inde
             count = min(per_item, record.chunks - part + 1)
             checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
             items.append(
-                MapItem(record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums, cut=cut)
+                MapItem(
+                    record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums,
+                    cut=cut, packs=policies.packs(count),
+                )
             )
             part += count
             index += count
@@ -134,9 +143,9 @@ def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> l
 
 def idle_since_progress(previous: Mapping[str, Any] | None) -> int:
     """Seconds the planner has waited without progress, carried in its previous result (the state's `plan`)."""
-    if not previous or previous.get("status") != "waiting":
+    if not previous or previous.get(PlanKey.STATUS) != PlanState.WAITING:
         return 0
-    return int(previous.get("idle_seconds", 0))
+    return int(previous.get(PlanKey.IDLE_SECONDS, 0))
 
 
 def next_wait(idle_seconds: int, poll_seconds: int) -> int:
@@ -148,7 +157,7 @@ def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | No
     """The cursor the previous Plan call left in the state (`$.plan.cursor`), if any."""
     if not previous:
         return None
-    cursor = previous.get("cursor")
+    cursor = previous.get(PlanKey.CURSOR)
     return cursor if isinstance(cursor, Mapping) else None
 
 
@@ -169,6 +178,8 @@ def plan_next_round(
     sleep: Callable[[float], None] = time.sleep,
     may_sleep: bool = False,
     purge: Callable[[str], object] | None = None,
+    index_results: bool = True,
+    policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
@@ -179,7 +190,11 @@ def plan_next_round(
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
+    `index_results`: merge each map's finished results into the results index (braid.pipeline.replan); off, Finalize
+    reads every item's record.
+    `policies`: the optimisations the execution input chose (braid.pipeline.policies).
     """
+    may_sleep = may_sleep and policies.sleep_until_woken
     area = StagingArea(store, ref)
     session = area.read_session()
     now = clock()
@@ -190,7 +205,8 @@ def plan_next_round(
     deadline = now + max(0.0, watch_seconds)
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    checked = check_last_map(area, state, now, fold=state.check is not None and area.read_stream_end() is None, purge=purge)
+    fold = index_results and state.check is not None and area.read_stream_end() is None
+    checked = check_last_map(area, state, now, fold=fold, purge=purge)
     state, carry = checked.state, list(checked.remainders)
     if checked.again:
         return _map_again(state, checked.again)
@@ -206,7 +222,7 @@ def plan_next_round(
                 continue  # released: plan on from the cursor
             check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
             if now + POLL_INTERVAL_SECONDS > deadline:
-                return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+                return PlanStatus(PlanState.HELD, round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
             sleep(POLL_INTERVAL_SECONDS)
             continue
         found_new = _read_new_records(area, session, state, ready)
@@ -220,9 +236,9 @@ def plan_next_round(
             or round_due(now - state.last_round, now - state.started, sum(r.chunks for r in ready), min_round_seconds)
         )
         if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
-            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry)
+            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry, policies)
         if end is not None and not ready and stream_complete(ref, state, end, session):
-            return PlanStatus("done", round=state.rounds, planned_chunks=state.chunks, cursor=state)
+            return PlanStatus(PlanState.DONE, round=state.rounds, planned_chunks=state.chunks, cursor=state)
         if now - lease_read_at >= heartbeat_seconds(stall_seconds):
             lease_read_at = now
             digest = lease_digest(area.read_agent_lease())
@@ -241,25 +257,17 @@ def plan_next_round(
                 stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
             )
             if asleep is not None:
-                compacted = compact_idle(area, state)  # what the watch would have done with the time
-                if compacted is not None:
-                    state = compacted
-                    continue
                 return PlanStatus(
-                    "sleeping", round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle), wait_seconds=asleep.timeout_seconds,
+                    PlanState.SLEEPING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle), wait_seconds=asleep.timeout_seconds,
                     cursor=state, wake_chunks=asleep.wake_chunks, wake_after_seconds=asleep.wake_after_seconds,
                 )
         pause = min(POLL_INTERVAL_SECONDS, float(poll_seconds))
         if now + pause > deadline:
             wait = next_wait(int(idle), poll_seconds) if watch_seconds <= 0 else 1
             return PlanStatus(
-                "waiting", round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
+                PlanState.WAITING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
                 cursor=state,
             )
-        compacted = compact_idle(area, state) if end is None else None
-        if compacted is not None:  # idle time put to use: poll again at once
-            state = compacted
-            continue
         sleep(pause)
 
 
@@ -277,14 +285,14 @@ def hold_step_failure(
     state = PlanCursor.from_json(carried, len(session.inputs)) if carried is not None else recover_cursor(area, session, now)
     name, message = describe_error(error)
     state = hold_after_failure(area, state, now, step, name, message)
-    return PlanStatus("held", round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+    return PlanStatus(PlanState.HELD, round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
 
 
 def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
     """Map the unfinished items of an earlier round again (braid.pipeline.replan)."""
     assert state.check is not None
     return PlanStatus(
-        "ready", round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
+        PlanState.READY, round=int(state.check["round"]), items_key=str(state.check["key"]), items=len(items), chunks=sum(i.count for i in items),
         planned_chunks=state.chunks, cursor=state,
     )
 
@@ -345,6 +353,7 @@ def _plan_round(
     max_chunks_per_item: int,
     max_items: int,
     carry: list[MapItem] | None = None,
+    policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """The next round: `carry` (what cut items left, split into items of whole packs) and the ready segments' items.
 
@@ -355,14 +364,15 @@ def _plan_round(
     per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
     # After stream end, a round small enough runs as an inline Map: its items start at once, with no
     # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
-    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None else None
+    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None and policies.inline_final_round else None
     items = []
     if inline_per_item is not None:
-        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item)
+        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item, policies=policies)
     inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
     if not inline:
         chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=end is None)
+        cut = end is None and policies.cut_items
+        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=cut, policies=policies)
     found = area.write_round(state.rounds + 1, items)
     inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
     planned = [item for item in found.items if not item.finishes_cut]
@@ -370,6 +380,6 @@ def _plan_round(
         raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {planned[0].first_index}, expected {state.chunks}")
     after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
     return PlanStatus(
-        "ready", round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (), final=end is not None,
+        PlanState.READY, round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
+        inline_items=found.items if inline else (), final=end is not None and policies.warm_finalize,
     )

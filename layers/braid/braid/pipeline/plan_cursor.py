@@ -44,7 +44,6 @@ class PlanCursor:
     check: Mapping[str, Any] | None = None
     # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (braid.format.staging.hold).
     held: Mapping[str, Any] | None = None
-    compacted: int = 0  # rounds 1..compacted are in the planner's compactions (braid.pipeline.replan.compact_idle)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,7 +57,6 @@ class PlanCursor:
             "lease": self.lease,
             "check": dict(self.check) if self.check is not None else None,
             "held": dict(self.held) if self.held is not None else None,
-            "compacted": self.compacted,
         }
 
     @classmethod
@@ -80,13 +78,12 @@ class PlanCursor:
                 lease=lease,
                 check=_mapping_or_none(doc.get("check"), ("key", "round", "attempt", "limit")),
                 held=_mapping_or_none(doc.get("held"), ("until", "released_by")),
-                compacted=f.count("compacted") if "compacted" in doc else 0,
             )
         except IntegrityError as exc:
             raise UsageError(f"invalid planner cursor in the execution state: {exc.message}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid planner cursor in the execution state: {exc}") from None
-        if len(cursor.segments) != inputs or len(cursor.offsets) != inputs or cursor.rounds < 0 or cursor.chunks < 0 or cursor.compacted < 0:
+        if len(cursor.segments) != inputs or len(cursor.offsets) != inputs or cursor.rounds < 0 or cursor.chunks < 0:
             raise UsageError(f"invalid planner cursor in the execution state: {dict(doc)!r} for {inputs} inputs")
         return cursor
 
@@ -129,7 +126,7 @@ def recover_cursor(area: StagingArea, session: SessionRecord, now: float, idle_s
     cursor = replace(fresh_cursor(session, now), progress=now - idle_seconds)
     for found in area.read_rounds():
         cursor = replace(cursor.with_round(found, now), progress=now - idle_seconds, last_round=None)
-    return replace(cursor, compacted=area.compacted_through())
+    return cursor
 
 
 def lease_digest(raw: bytes | None) -> str:
@@ -198,7 +195,7 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
             raise IntegrityError(f"backup {ref}: input {index} is {length} bytes by stream-end, its planned segments hold {offset}")
 
 
-_OPTIONAL = ("last_round", "lease", "check", "held", "compacted")
+_OPTIONAL = ("last_round", "lease", "check", "held")
 
 
 def _seconds(value: Any, name: str) -> float:

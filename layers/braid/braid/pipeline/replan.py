@@ -8,15 +8,14 @@ itself: an item is finished when its result record exists. Then:
 - the staged segments whose chunks are all stored are deleted at once
   (raw bytes need not wait for Finalize; `--resume` trusts segment records,
   not the objects);
-- the finished items' result records are merged into one fold
-  (braid.format.staging.RoundFold), so Finalize reads a few folds instead of
-  a record per item: the merge happens while the stream still arrives, off
-  the time after stream end. Not once the stream has ended (`fold=False`):
-  the next step is the final round or Finalize, which reads those few
-  records faster itself (one vCPU against the planner's 256 MB share of one);
-- every `COMPACTION_ROUNDS` finished rounds are merged with their results
-  into one compaction while the planner would otherwise sleep
-  (`compact_idle`), so Finalize reads a record per block of rounds;
+- the finished items' result records are merged into the results index,
+  one fold per map (braid.format.staging.RoundFold), so Finalize reads a
+  fold per map instead of a record per item: the merge happens while the
+  stream still arrives, off the time after stream end. Not once the stream
+  has ended, nor with the index off (`fold=False`): the next step is the
+  final round or Finalize, which reads those few records faster itself
+  (one vCPU against the planner's 256 MB share of one). Cut results are
+  folded always: they are the prefixes the planner planned after;
 - unfinished items are planned again, `MAX_REPLANS` times (each item
   already had its worker's retries inside its EXPRESS child);
 - if some are still unfinished, the backup is *held*: a HoldRecord in
@@ -42,11 +41,6 @@ from braid.format.timestamps import format_timestamp
 from braid.pipeline.plan_cursor import PlanCursor
 
 MAX_REPLANS = 2
-# Finished rounds per compaction (StagingArea.compact_rounds): Finalize reads one record per this many
-# rounds, or per this many chunks where rounds are large (it bounds what the planner holds: ~2 KiB a chunk, which
-# tests/cloud/test_scale_simulation.py holds to the Plan function's memory at 10 TiB).
-COMPACTION_ROUNDS = 32
-COMPACTION_CHUNKS = 2048
 HOLD_SECONDS = 24 * 3600.0
 
 
@@ -116,24 +110,6 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bo
         area.write_retry(int(check["round"]), attempt, [*items, *remainders])
     area.write_hold(HoldRecord(cause, _when(now), _when(until), released_by, len(unfinished)))
     return MapChecked(replace(state, held={"until": until, "released_by": released_by}))
-
-
-def compact_idle(area: StagingArea, state: PlanCursor) -> PlanCursor | None:
-    """Compact the next finished rounds (up to `COMPACTION_ROUNDS`, or fewer of `COMPACTION_CHUNKS`) once that many
-    wait; the cursor after (None: nothing due).
-
-    Called by a Plan call that has nothing to plan and would sleep: the
-    rounds and their results are merged while the stream still arrives, so
-    Finalize, after stream end, reads one record per block of rounds instead
-    of a round file and a fold each. Every round up to the cursor's is
-    finished here (the last map was checked, nothing is held). A block that
-    cannot be compacted (a result missing or wrong) is passed over: Finalize
-    reads it from its round files and records and refuses what is wrong.
-    """
-    if state.check is not None or state.held is not None or state.rounds - state.compacted < COMPACTION_ROUNDS:
-        return None
-    taken = area.compact_rounds(state.compacted + 1, state.compacted + COMPACTION_ROUNDS, COMPACTION_CHUNKS)
-    return replace(state, compacted=taken)
 
 
 def hold_after_failure(area: StagingArea, state: PlanCursor, now: float, step: str, error: str, message: str) -> PlanCursor:

@@ -20,12 +20,9 @@ nothing from the host but these objects:
                                  agent before stream-end; captured/N each (CapturedIndex)
     plans/round-NNNNN.json       map items of one planner round (Round)
     results/NNNNNNNNNN.json      a ChunkEntry per chunk of one map item (ItemResult)
-    folds/round-RRRRR-AA.json    the results of one map's finished items, merged by
-                                 the planner after that map (RoundFold): what
-                                 Finalize reads instead of one record per item
-    compacted/rounds-FFFFF-LLLLL.json  rounds FFFFF..LLLLL and a result per item,
-                                 merged by the idle planner (RoundsCompaction):
-                                 what Finalize reads instead of their rounds and folds
+    folds/round-RRRRR-AA.json    the results index: one map's finished items' results,
+                                 merged by the planner after that map (RoundFold):
+                                 what Finalize reads instead of one record per item
     failures/NNNNNNNNNN.json     the error a worker raised for one map item
                                  (ItemFailure); Cleanup reports the first
     plans/retry-RRRRR-AA.json    items of round R without a result after its

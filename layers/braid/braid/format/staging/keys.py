@@ -3,7 +3,7 @@
 One builder per kind of object, so the agent, the pipeline and the cleanup
 all name the same objects the same way; the parsers are the inverse of the
 builders for the kinds that are found by listing (segment objects, whose
-multipart uploads are listed too, plan rounds, folds and compactions). docs/format.md lists the
+multipart uploads are listed too, plan rounds and folds). docs/format.md lists the
 layout.
 """
 
@@ -24,7 +24,6 @@ RESULTS = "results/"
 FAILURES = "failures/"
 RETRIES = "plans/retry-"
 FOLDS = "folds/"
-COMPACTIONS = "compacted/"
 HELD = "held.json"
 RESUME = "resume.json"
 WAKE = "wake"
@@ -33,7 +32,6 @@ WAKE = "wake"
 _SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})", re.ASCII)
 _ROUND = re.compile(r"plans/round-(\d{5,})\.json", re.ASCII)
 _FOLD = re.compile(r"folds/round-(\d{5,})-(\d{2,})\.json", re.ASCII)
-_COMPACTION = re.compile(r"compacted/rounds-(\d{5,})-(\d{5,})\.json", re.ASCII)
 
 
 def session_key(ref: BackupRef) -> str:
@@ -145,21 +143,6 @@ def parse_fold_round(ref: BackupRef, key: str) -> int | None:
     """The round number of a fold's key, or None for any other key."""
     match = _relative_match(ref, key, _FOLD)
     return int(match.group(1)) if match else None
-
-
-def compaction_key(ref: BackupRef, first_round: int, last_round: int) -> str:
-    """Rounds `first_round`..`last_round` and their items' results, merged by the planner (RoundsCompaction)."""
-    return f"{staging_prefix(ref)}{COMPACTIONS}rounds-{first_round:05d}-{last_round:05d}.json"
-
-
-def compactions_prefix(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{COMPACTIONS}"
-
-
-def parse_compaction_key(ref: BackupRef, key: str) -> tuple[int, int] | None:
-    """(first round, last round) of a compaction's key, or None for any other key."""
-    match = _relative_match(ref, key, _COMPACTION)
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _relative_match(ref: BackupRef, key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:

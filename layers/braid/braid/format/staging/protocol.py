@@ -24,6 +24,11 @@ Versions:
      (agent: the small members its stream carried) and parent.json +
      parent/backup_manifest (Prepare: an incremental's parent values), each
      record with "protocol" (braid.format.staging.chain).
+  4  one results index: the planner's folds (folds/round-RRRRR-AA.json) are
+     the only merge of result records; compacted/rounds-FFFFF-LLLLL.json and
+     the planner cursor's "compacted" are gone.
+     The execution input carries "policies" (braid.pipeline.policies): the
+     optimisations chosen for the backup, each true or false.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 
 from braid.errors import IntegrityError, UsageError
 
-PROTOCOL = 3
+PROTOCOL = 4
 
 
 class ProtocolMismatchError(UsageError):

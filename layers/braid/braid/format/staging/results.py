@@ -1,10 +1,11 @@
-"""StagingResults: the worker results of one backup's staging, and the planner's merges of them.
+"""StagingResults: the worker results of one backup's staging, and the planner's results index of them.
 
-What a worker wrote for its map item (ItemResult), what the planner folded
-after a map (RoundFold) and compacted when idle (RoundsCompaction) are read
-and checked here against the planned items, so Finalize gets every chunk's
-entry or an IntegrityError naming the first chunk without one. The base of
-StagingArea (braid.format.staging.area), which adds the other records.
+What a worker wrote for its map item (ItemResult) and what the planner
+merged of those records after each map (RoundFold: the results index) are
+read and checked here against the planned items by one reader
+(`read_results`), so Finalize gets every chunk's entry or an IntegrityError
+naming the first chunk without one. The base of StagingArea
+(braid.format.staging.area), which adds the other records.
 """
 
 from __future__ import annotations
@@ -14,24 +15,14 @@ from collections.abc import Iterable
 
 from braid.errors import IntegrityError
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.keys import (
-    compaction_key,
-    compactions_prefix,
-    fold_key,
-    folds_prefix,
-    parse_compaction_key,
-    parse_fold_round,
-    result_key,
-    results_prefix,
-    round_key,
-)
+from braid.format.staging.keys import fold_key, folds_prefix, result_key, results_prefix
 from braid.format.staging.reads import StagingReads
-from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold, RoundsCompaction
+from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
 
 
 class StagingResults(StagingReads):
-    """Result records, folds and compactions of one backup's staging: written, read back and checked."""
+    """Result records and the results index (folds) of one backup's staging: written, read back and checked."""
 
     # -- results -------------------------------------------------------------
     def write_result(self, result: ItemResult) -> str:
@@ -40,115 +31,17 @@ class StagingResults(StagingReads):
         self.store.put(key, result.to_bytes())
         return key
 
-    def read_compactions(self) -> tuple[list[Round], dict[int, ItemResult]]:
-        """The rounds the planner's compactions hold, from round 1 on, and their items' results by first chunk index.
-
-        Only an unbroken run from round 1 is used (what follows a gap is read
-        from the round files and folds): `read_rounds(known=...)` then GETs
-        only the rounds after it, and `read_results(compacted=...)` only the
-        folds and records of those."""
-        chain = self._compaction_chain()
-        keys = [compaction_key(self.ref, first, last) for first, last in chain]
-        rounds: list[Round] = []
-        results: dict[int, ItemResult] = {}
-        for span, key, raw in zip(chain, keys, self._get_many(keys), strict=True):
-            if raw is None:  # deleted between LIST and GET: staging is being removed; the rest comes from rounds and folds
-                break
-            found = RoundsCompaction.from_bytes(raw, key, lambda number: round_key(self.ref, number))
-            if (found.first, found.last) != span:
-                raise IntegrityError(f"rounds compaction {key} holds rounds {found.first}..{found.last}, not the ones its name says")
-            rounds.extend(found.rounds)
-            results.update((result.first_index, result) for result in found.results)
-        return rounds, results
-
-    def compacted_through(self) -> int:
-        """The last round of the unbroken run of compactions from round 1 (0: none); one LIST, no GET."""
-        chain = self._compaction_chain()
-        return chain[-1][1] if chain else 0
-
-    def _compaction_chain(self) -> list[tuple[int, int]]:
-        ranges = sorted(
-            found for info in self.store.list(compactions_prefix(self.ref)) if (found := parse_compaction_key(self.ref, info.key)) is not None
-        )
-        chain: list[tuple[int, int]] = []
-        for first, last in ranges:
-            if first == (chain[-1][1] + 1 if chain else 1) and last >= first:
-                chain.append((first, last))
-        return chain
-
-    def compact_rounds(self, first: int, last: int, max_chunks: int) -> int:
-        """Merge rounds `first`.. (up to `last`, and no more than `max_chunks` chunks but at least one round) with a
-        checked result for each of their items into one compaction; returns the last round it took.
-
-        Nothing is written when some item has no result that reads back and
-        matches it: Finalize then reads those rounds' files and records
-        itself, and refuses what is wrong there. `max_chunks` bounds the
-        planner's memory (a result is ~1 KiB in memory per chunk).
-        Overwrites are fine: rounds never change, and a later result
-        describes the same stored chunks."""
-        numbers = list(range(first, last + 1))
-        round_keys = [round_key(self.ref, number) for number in numbers]
-        rounds: list[Round] = []
-        chunks = 0
-        for number, key, raw in zip(numbers, round_keys, self._get_many(round_keys), strict=True):
-            if raw is None:  # not a round of the ledger (yet): what came before it is compacted, it is passed over
-                if not rounds:
-                    return number
-                break
-            found = Round.from_bytes(raw, number, key)
-            if rounds and chunks + found.chunk_count > max_chunks:
-                break
-            rounds.append(found)
-            chunks += found.chunk_count
-        taken = rounds[-1].number
-        fold_keys = sorted(
-            info.key for info in self.store.list(folds_prefix(self.ref)) if first <= (parse_fold_round(self.ref, info.key) or 0) <= taken
-        )
-        items = [item for found in rounds for item in found.items]
-        wanted = {item.first_index for item in items}
-        results: dict[int, ItemResult] = {}
-        for key, raw in zip(fold_keys, self._get_many(fold_keys), strict=True):
-            if raw is not None:
-                results.update((r.first_index, r) for r in RoundFold.from_bytes(raw, key).results if r.first_index in wanted)
-        missing = [item for item in items if item.first_index not in results]
-        keys = [result_key(self.ref, item.first_index) for item in missing]
-        for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-            if raw is None:
-                return taken
-            try:
-                results[item.first_index] = ItemResult.from_bytes(raw, key)
-            except IntegrityError:
-                return taken
-        try:
-            for item in items:
-                results[item.first_index].check(item, str(self.ref))
-        except IntegrityError:
-            return taken
-        compaction = RoundsCompaction(first, taken, tuple(rounds), tuple(results[item.first_index] for item in items))
-        self.store.put(compaction_key(self.ref, first, taken), compaction.to_bytes())
-        return taken
-
-    def read_results(
-        self, rounds: Iterable[Round], usages: list[Usage] | None = None, *, compacted: dict[int, ItemResult] | None = None
-    ) -> list[ChunkEntry]:
+    def read_results(self, rounds: Iterable[Round], usages: list[Usage] | None = None) -> list[ChunkEntry]:
         """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
 
-        Each item's result comes from `compacted` (read_compactions), else
-        from a fold (RoundFold: the planner merged it after the item's map),
-        else from the item's own record: a few compaction and fold GETs, plus
-        one per item none covers (the last round's, whose planner call was
-        the one that said "done"). A result from a compaction or a fold is
-        checked against its planned item exactly as a record is. `usages`,
-        if given, receives each result's usage (those that have one)."""
-        rounds = list(rounds)
+        Each item's result comes from the results index (the folds: a LIST and
+        a GET per map), else from the item's own record (one GET per item no
+        fold covers: the last map's, and all of them when the planner indexed
+        none). A result from a fold is checked against its planned item
+        exactly as a record is. `usages`, if given, receives each result's
+        usage (those that have one)."""
         items = [item for found in rounds for item in found.items]
-        compacted = compacted or {}
-        through = 0  # rounds 1..through are wholly in `compacted`: their folds need no GET
-        for found in sorted(rounds, key=lambda r: r.number):
-            if found.number != through + 1 or any(item.first_index not in compacted for item in found.items):
-                break
-            through = found.number
-        known = {**self._read_folds(after_round=through), **compacted}
+        known = self._read_folds()
         missing = [item for item in items if item.first_index not in known]
         if missing:
             present = self._result_keys()
@@ -242,7 +135,7 @@ class StagingResults(StagingReads):
         return found
 
     def fold_results(self, round_number: int, attempt: int, finished: Iterable[MapItem], read: dict[int, ItemResult] | None = None) -> str | None:
-        """Merge the result records of a map's finished items into one fold; returns its key (None: nothing to fold).
+        """Add the result records of a map's finished items to the results index as one fold; returns its key (None: nothing to fold).
 
         Only records that read back and match their item go in (read_item_results;
         `read`: those already read). Overwrites are fine: a retried planner folds
@@ -258,9 +151,9 @@ class StagingResults(StagingReads):
         self.store.put(key, RoundFold(round_number, attempt, tuple(results)).to_bytes())
         return key
 
-    def _read_folds(self, after_round: int = 0) -> dict[int, ItemResult]:
-        """The results of every fold of a round after `after_round`, by first chunk index (a malformed fold is an IntegrityError naming it)."""
-        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)) if (parse_fold_round(self.ref, info.key) or 0) > after_round)
+    def _read_folds(self) -> dict[int, ItemResult]:
+        """The results of every fold, by first chunk index (a malformed fold is an IntegrityError naming it)."""
+        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)))
         folded: dict[int, ItemResult] = {}
         for key, raw in zip(keys, self._get_many(keys), strict=True):
             if raw is None:  # deleted between LIST and GET: staging is being removed

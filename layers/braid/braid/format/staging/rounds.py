@@ -13,7 +13,6 @@ few folds instead of one record per item.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +41,7 @@ class ChunkSlice:
 PACK_TAPER = (1, 2, 3)
 
 
-def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER, *, head: bool = True) -> list[int]:
     """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
 
     A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
@@ -60,11 +59,12 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     overlapped by the codec like any but the last. The rest are packs
     as even as possible, larger first. A pure function of the item's layout
     (MapItem.layout), so a retried worker, and the items that finish a cut
-    one, form the same packs: the same stored objects.
+    one, form the same packs: the same stored objects. `taper` () and `head`
+    False are the policies off (braid.pipeline.policies).
     """
     limit = max(1, chunks_per_pack)
-    head = [1] if limit > 1 and count >= 2 * limit else []
-    return head + _tapered(count - len(head), limit, taper)
+    first = [1] if head and limit > 1 and count >= 2 * limit else []
+    return first + _tapered(count - len(first), limit, taper)
 
 
 def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
@@ -360,16 +360,18 @@ def _at_pack_boundary(item: MapItem, done: int) -> bool:
 
 @dataclass(frozen=True)
 class RoundFold:
-    """The result records of one map's finished items, merged by the planner right after that map.
+    """The results index: the result records of one map's finished items, merged by the planner right after that map.
 
     Why: Finalize needs every item's ChunkEntries; reading one record per item
-    at the end (thousands at 1 TiB) was most of the time after stream end.
-    The planner runs after every map anyway, so it merges the map's results
-    while the stream still arrives. A fold is only a faster copy: Finalize
-    checks each result in it against its planned item exactly as it checks a
-    record, reads the record itself for any item no fold covers, and checks
-    every chunk's presence and size by LIST, so a stale, partial or missing
-    fold can cost time, never correctness.
+    at the end (~10,600 at 10 TiB) was most of the time after stream end
+    (measured: docs/design/2026-11-28-results-index.md). The planner runs after
+    every map anyway, so it merges the map's results while the stream still
+    arrives. A fold is only a faster copy: Finalize checks each result in it
+    against its planned item exactly as it checks a record, reads the record
+    itself for any item no fold covers, and checks every chunk's presence and
+    size by LIST, so a stale, partial or missing fold can cost time, never
+    correctness. The one exception is a cut item's result (MapItem.cut): the
+    fold keeps the prefix the planner planned the rest after.
     """
 
     round: int
@@ -385,45 +387,3 @@ class RoundFold:
         f = Fields(document(raw, what), what, ("round", "attempt", "items"))
         results = tuple(ItemResult.from_json(d, f"{where} item {n}", "result fold") for n, d in enumerate(f.objects("items")))
         return cls(f.count("round"), f.count("attempt"), results)
-
-
-@dataclass(frozen=True)
-class RoundsCompaction:
-    """Rounds `first`..`last` of the plan and one result for every one of their items, merged by the planner.
-
-    Why: with one fold per map, Finalize still read a round file and a fold
-    per round (~500 records at 1 TiB, most of its time after stream end).
-    The planner writes a compaction of every `COMPACTION_ROUNDS` finished
-    rounds in its watch, while it would otherwise sleep, so Finalize reads
-    one record per block of rounds. Like a fold it is only a faster copy:
-    Finalize still checks that the rounds chain and tile the stream, checks
-    each result against its planned item, and checks every chunk's presence
-    by LIST; a missing compaction costs reads, never correctness.
-    """
-
-    first: int
-    last: int
-    rounds: tuple[Round, ...]
-    results: tuple[ItemResult, ...]
-
-    def to_bytes(self) -> bytes:
-        return canonical_json({
-            "first": self.first,
-            "last": self.last,
-            "rounds": [[i.to_json() for i in found.items] for found in self.rounds],
-            "items": [r.to_json() for r in self.results],
-        })
-
-    @classmethod
-    def from_bytes(cls, raw: bytes, where: str, round_key_of: Callable[[int], str]) -> RoundsCompaction:
-        """`round_key_of`: each round's own key (what messages about it name)."""
-        what = f"rounds compaction {where}"
-        f = Fields(document(raw, what), what, ("first", "last", "rounds", "items"))
-        first, last, docs = f.count("first"), f.count("last"), f.objects("rounds")
-        if len(docs) != last - first + 1 or first < 1:
-            raise IntegrityError(f"{what} is malformed: rounds is not a list of the {last - first + 1} rounds {first}..{last}")
-        try:
-            rounds = tuple(Round.from_json(items, number, round_key_of(number)) for number, items in enumerate(docs, start=first))
-        except IntegrityError as exc:
-            raise IntegrityError(f"{what}: {exc.message}") from None
-        return cls(first, last, rounds, tuple(ItemResult.from_json(d, f"{where} item {n}", "rounds compaction") for n, d in enumerate(f.objects("items"))))

@@ -1,0 +1,73 @@
+"""The cloud pipeline's optimisations: each a named policy, in one place, with an off switch.
+
+Contract: `Policies` is decided once, by the agent, when it starts a backup,
+and written into the execution input (`"policies": {name: true|false}`,
+every name, JSON booleans only: braid.pipeline.execution_input). The planner
+applies it where it decides (braid.pipeline.plan) and writes each outcome
+into the data it produces: a map item's pack sizes (`packs`) and `cut`
+flag, a round's `inline`/`final`, a "sleeping" status. Workers, Finalize
+and the state machine read those outcomes and never recompute them, so a
+policy cannot change under a running backup. Off (`braid backup
+--no-policy NAME`): the behaviour a plain planner would have.
+
+Each one stays only while it pays at the published network rate: it saves
+>= $0.01/TiB or >= 2 s after stream end (issue 22; measured by `scripts/bench
+cloud-model`, figures in docs/design/2026-11-28-optimisations.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from braid.contract import CHUNKS_PER_PACK
+from braid.errors import IntegrityError, UsageError
+from braid.format.fields import Fields
+from braid.format.staging.rounds import PACK_TAPER, pack_sizes
+
+
+@dataclass(frozen=True)
+class Policies:
+    # Packs of 1, 2 and 3 chunks at an item's end, so its last PUTs overlap the codec (format.staging.rounds.pack_sizes).
+    taper: bool = True
+    # A one-chunk first pack for items of two full packs or more: a cut item stops sooner after stream end.
+    head_pack: bool = True
+    # Streaming rounds' items stop at a pack boundary once the stream has ended; finishing items spread the rest wide.
+    cut_items: bool = True
+    # A small final round runs as an inline Map (no Distributed Map run to start: pipeline.item_sizing).
+    inline_final_round: bool = True
+    # A round planned after stream end first starts Finalize's container (the WarmFinalize state).
+    warm_finalize: bool = True
+    # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
+    sleep_until_woken: bool = True
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def without(cls, names: list[str] | tuple[str, ...]) -> Policies:
+        """Every policy on but `names` (a UsageError names an unknown one)."""
+        unknown = sorted(set(names) - set(cls.names()))
+        if unknown:
+            raise UsageError(f"unknown policy {', '.join(unknown)}: the policies are {', '.join(cls.names())}")
+        return cls(**{name: name not in names for name in cls.names()})
+
+    def packs(self, count: int) -> tuple[int, ...]:
+        """The pack sizes of a planned item of `count` chunks, as these policies decide them."""
+        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else (), head=self.head_pack))
+
+    def to_json(self) -> dict[str, bool]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Policies:
+        """Strict: a JSON object naming every policy, each true or false (UsageError otherwise)."""
+        try:
+            f = Fields(doc, "the execution input's policies", cls.names())
+            return cls(**{name: f.flag(name) for name in cls.names()})
+        except IntegrityError as exc:
+            raise UsageError(f"invalid pipeline input: {exc.message}") from None
+
+
+ALL_ON = Policies()  # the default: every optimisation that stayed

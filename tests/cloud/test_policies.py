@@ -1,0 +1,92 @@
+"""The pipeline's optimisations as named policies (braid.pipeline.policies): one place, decided in the
+execution input, strictly decoded, each with an off switch that changes what the real planner does while the
+backup still completes (the scale simulation runs the real planner and Finalize)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from bench_lib import scale_sim  # noqa: E402
+from braid.agent.cloud_engine import CloudOptions  # noqa: E402
+from braid.cli.parser import build_parser  # noqa: E402
+from braid.errors import UsageError  # noqa: E402
+from braid.format.ids import BackupRef  # noqa: E402
+from braid.pipeline.execution_input import ExecutionInput  # noqa: E402
+from braid.pipeline.policies import ALL_ON, Policies  # noqa: E402
+
+REF = str(BackupRef.new("db"))
+
+
+def test_the_execution_input_carries_every_policy_and_reads_it_back() -> None:
+    chosen = Policies.without(["taper"])
+    doc = ExecutionInput(backup=REF, policies=chosen).to_json()
+    assert doc["policies"] == {name: name != "taper" for name in Policies.names()}
+    assert ExecutionInput.from_event(doc).policies == chosen
+    assert ExecutionInput.from_event({k: v for k, v in doc.items() if k != "policies"}).policies == ALL_ON
+
+
+@pytest.mark.parametrize(
+    ("policies", "message"),
+    [
+        ({**ALL_ON.to_json(), "taper": 1}, "taper must be true or false, not 1"),
+        ({**ALL_ON.to_json(), "taper": "false"}, "taper must be true or false"),
+        ({k: v for k, v in ALL_ON.to_json().items() if k != "taper"}, "missing taper"),
+        ({**ALL_ON.to_json(), "turbo": True}, "unknown turbo"),
+        (["taper"], "not a JSON object"),
+    ],
+)
+def test_policies_are_decoded_strictly(policies: object, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ExecutionInput.from_event({**ExecutionInput(backup=REF).to_json(), "policies": policies})
+
+
+def test_no_policy_switches_one_off_for_the_backup_and_refuses_an_unknown_name() -> None:
+    args = build_parser().parse_args(["backup", "--name", "db", "--no-policy", "taper", "--no-policy", "sleep_until_woken", "-"])
+    assert CloudOptions.from_cli(args).policies == replace(ALL_ON, taper=False, sleep_until_woken=False)
+    assert CloudOptions.from_cli(build_parser().parse_args(["backup", "--name", "db", "-"])).policies == ALL_ON
+    with pytest.raises(UsageError, match="argument --no-policy: invalid choice: 'turbo'"):
+        build_parser().parse_args(["backup", "--name", "db", "--no-policy", "turbo", "-"])
+    with pytest.raises(UsageError, match="unknown policy turbo: the policies are taper, "):
+        Policies.without(["turbo"])
+
+
+def test_the_packs_policies_decide_the_layout_written_into_each_item() -> None:
+    assert ALL_ON.packs(16) == (1, 5, 4, 3, 2, 1)
+    assert replace(ALL_ON, head_pack=False).packs(16) == (5, 5, 3, 2, 1)
+    assert replace(ALL_ON, taper=False).packs(16) == (1, 5, 5, 5)
+    assert Policies.without(["taper", "head_pack"]).packs(16) == (4, 4, 4, 4)
+
+
+@pytest.fixture(scope="module")
+def calibration() -> scale_sim.WorkerRequests:
+    return scale_sim.calibrate_worker()
+
+
+def run(calibration: scale_sim.WorkerRequests, rate: float, policies: Policies = ALL_ON) -> scale_sim.Simulation:
+    """A small backup through the real planner and Finalize (which refuses a ledger that does not cover the stream)."""
+    sim = scale_sim.simulate(0.05, rate, 100, calibration=calibration, policies=policies)
+    assert len(sim.by_function("finalize")) == 1  # ran once and raised nothing: every chunk stored, the manifest published
+    return sim
+
+
+def test_with_each_policy_off_the_planner_behaves_otherwise_and_the_backup_still_completes(calibration: scale_sim.WorkerRequests) -> None:
+    on = run(calibration, 300)
+    assert on.turns["inline"] == 1 and on.turns["warm"] == 1 and on.inline_items > 0
+    no_inline = run(calibration, 300, replace(ALL_ON, inline_final_round=False))
+    assert no_inline.turns["inline"] == 0 and no_inline.inline_items == 0 and no_inline.turns["warm"] == 1
+    no_warm = run(calibration, 300, replace(ALL_ON, warm_finalize=False))
+    assert no_warm.turns["warm"] == 0 and no_warm.finished_at > on.finished_at
+    plain_packs = run(calibration, 300, Policies.without(["taper", "head_pack"]))
+    assert plain_packs.packs < on.packs
+    slow = run(calibration, 20)
+    assert slow.turns["sleep"] > 0
+    awake = run(calibration, 20, replace(ALL_ON, sleep_until_woken=False))
+    watched = [sum(i.watched for i in sim.by_function("plan")) for sim in (slow, awake)]
+    assert awake.turns["sleep"] == 0 and watched[1] > 2 * watched[0]  # the Plan function watches (billed) instead
+    uncut = run(calibration, 300, replace(ALL_ON, cut_items=False))
+    assert on.turns["cut"] > 0 and uncut.turns["cut"] == 0 and uncut.finished_at > on.finished_at
