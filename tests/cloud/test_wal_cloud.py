@@ -12,6 +12,7 @@ checked against the rendered IAM policies.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -200,3 +201,18 @@ def test_staged_wal_is_fetched_checked_and_kept_until_processed(stuck: Emulator,
     assert not stuck.keys(archived_key(SEGMENTS[0]))
     dest.unlink()
     assert fetch(stuck, SEGMENTS[0], dest).code == 0 and dest.read_bytes() == path.read_bytes()
+
+
+def test_a_damaged_staged_file_is_not_fetched(stuck: Emulator, tmp_path: Path) -> None:
+    """A staged object whose bytes do not match the SHA-256 S3 kept: wal-fetch fails with one line (never exit 1:
+    PostgreSQL would take it for the end of the archive) and writes no DEST."""
+    name = "000000010000000000000020"
+    data = segment_bytes(name)
+    wrong = hashlib.sha256(b"other bytes").digest()
+    stuck.client("s3").put_object(
+        Bucket=stuck.bucket, Key=f"wal-staging/pg/{name}", Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(wrong).decode()
+    )
+    dest = tmp_path / "RECOVERYXLOG"
+    got = fetch(stuck, name, dest)
+    assert got.code >= 2 and got.stderr.count("\n") == 1 and ("SHA-256" in got.stderr or "checksum" in got.stderr), got.stderr
+    assert not dest.exists()
