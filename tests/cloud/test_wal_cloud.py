@@ -216,3 +216,21 @@ def test_a_damaged_staged_file_is_not_fetched(stuck: Emulator, tmp_path: Path) -
     got = fetch(stuck, name, dest)
     assert got.code >= 2 and got.stderr.count("\n") == 1 and ("SHA-256" in got.stderr or "checksum" in got.stderr), got.stderr
     assert not dest.exists()
+
+
+def test_a_base_backup_without_its_wal_waits_for_it_archived_or_staged(stuck: Emulator, tmp_path: Path) -> None:
+    """`pg_basebackup -X none` through the stack: the agent publishes nothing until the backup's WAL range is archived,
+    and a segment still in staging counts (durable; this emulator's WAL worker never finishes one)."""
+    from tests.test_pgdata_restore import base_backup
+
+    tar = base_backup(wal=False)  # its backup_label starts in 000000010000000000000009
+    refused = braid(stuck, "host-agent-pg", "backup", "--name", "pg", "--wal-wait", "0", "--quiet", stdin=tar)
+    assert refused.code == 11, refused.stderr
+    assert "carries no WAL (pg_basebackup -X none)" in refused.stderr and "missing 000000010000000000000009; nothing was published" in refused.stderr
+    assert not stuck.keys("manifests/pg/")
+    segment = write_segment(tmp_path, "000000010000000000000009", size=16 << 20)
+    assert push(stuck, segment).code == 0
+    assert stuck.keys("wal-staging/pg/000000010000000000000009") and not stuck.keys(archived_key(segment.name))
+    published = braid(stuck, "host-agent-pg", "backup", "--name", "pg", "--wal-wait", "0", "--quiet", stdin=tar)
+    assert published.code == 0, published.stderr
+    assert stuck.keys("manifests/pg/")
