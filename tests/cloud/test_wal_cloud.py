@@ -88,7 +88,11 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
     files = [write_segment(tmp_path, name, marker=MARKER) for name in SEGMENTS]
     history = tmp_path / HISTORY
     history.write_bytes(b"1\t0/3000000\tbefore the bad DELETE\n" + MARKER + b"\n")
-    files.append(history)
+    label = tmp_path / "000000010000000000000002.00000028.backup"
+    label.write_bytes(b"START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\n" + MARKER + b"\n")
+    partial = tmp_path / "000000010000000000000006.partial"
+    partial.write_bytes(MARKER + bytes(range(256)) * 64)
+    files += [history, label, partial]  # every kind PostgreSQL archives
     for path in files:
         done = push(cloud, path)
         assert (done.code, done.stderr) == (0, ""), done.stderr
