@@ -438,7 +438,7 @@ def test_the_results_index_stands_in_for_the_records_it_holds(tmp_path: Path) ->
 def test_without_the_index_the_same_reader_reads_every_record(area: StagingArea) -> None:
     rounds = three_finished_rounds(area)
     expected = [entry for found in rounds for item in found.items for entry in entries_of(item)]
-    area.store.delete([fold_key(area.ref, 1, 0), fold_key(area.ref, 2, 0)])  # the planner indexed nothing (index_results off)
+    area.store.delete([fold_key(area.ref, 1, 0), fold_key(area.ref, 2, 0)])  # the planner indexed nothing (--no-policy results_index)
     assert area.read_results(rounds) == expected
     area.write_result(ItemResult(4, entries_of(rounds[1].items[0])[:1]))  # round 2's record disagrees with its item
     with pytest.raises(IntegrityError, match="lists 1 chunks, the plan 3"):

@@ -20,16 +20,14 @@ import pytest
 from braid.adapters.aws.clients import RetrySettings, aws_client, process_requests
 from braid.adapters.local.store import LocalStore
 from braid.errors import IntegrityError, UsageError
-from braid.format.ids import BackupRef
 from braid.format.layout import PRICES
 from braid.format.manifest import open_manifest
 from braid.format.prices import DEFAULT, cost_totals, parse_prices, price
-from braid.format.staging import ItemResult, MapItem, StreamEnd, segment_key
+from braid.format.staging import ItemResult, StreamEnd
 from braid.format.summary import BackupSummary, open_summary
 from braid.format.usage import FunctionUse, Usage, billed_invocation, check_billed, express_gb_seconds, s3_request_class
 from braid.ops.prices import load_prices, reset_prices, set_prices
-from braid.pipeline.usage import INLINE_WORKER_TRANSITIONS, carried_usage, execution_usage, plan_call_usage, workers_usage
-from braid.pipeline.worker import WorkerEvent
+from braid.pipeline.usage import carried_usage, execution_usage, plan_call_usage, workers_usage
 from braid.ports.usage import in_context, metering, tallying
 from conftest import run_braid
 from test_manifest import KEY, make_manifest
@@ -194,31 +192,6 @@ def test_the_execution_adds_every_part_and_the_workers_express_time() -> None:
     assert total.transitions == 8 + 4 and total.requests == {"s3:PutObject": 6}
     assert total.express_gb_seconds == pytest.approx(workers_usage([worker, worker]).express_gb_seconds) == pytest.approx(2 * 0.3 * 64 / 1024)
     assert (total.staged_bytes, total.stored_bytes, total.functions["finalize"].invocations) == (10, 4, 1)
-
-
-def test_an_inline_final_round_bills_its_map_and_worker_states_and_no_express_child() -> None:
-    own = Usage(requests={"s3:GetObject": 2}, functions={"plan": FunctionUse(1, 0.1, 0.1)})
-    inline = plan_call_usage(None, own, "ready", 7, inline=True, final=True)
-    # PlanSegments, SegmentsReady?, WarmFinalize, FinalRoundInline?, ProcessFinalRound; no ItemReader GET; Finalize warmed once.
-    assert (inline.transitions, inline.express_requests, inline.requests) == (5, 0, {"s3:GetObject": 2})
-    assert inline.functions["finalize"] == FunctionUse(invocations=1)
-    mapped = plan_call_usage(None, own, "ready", 7, final=True)  # a final round too large to run inline: warmed, then the map
-    assert (mapped.transitions, mapped.express_requests, mapped.functions["finalize"].invocations) == (5, 7, 1)
-    express = Usage(functions={"worker": FunctionUse(1, 0.25, 0.43)})
-    stated = express + Usage(transitions=INLINE_WORKER_TRANSITIONS)  # what an inline worker's result record carries
-    total = execution_usage([inline], [express, stated], Usage(), staged_bytes=0, stored_bytes=0)
-    assert total.transitions == 5 + INLINE_WORKER_TRANSITIONS + 4
-    assert total.express_gb_seconds == pytest.approx(0.3 * 64 / 1024)  # the Express child's only
-
-
-def test_the_worker_event_says_whether_the_inline_map_ran_it() -> None:
-    ref = BackupRef.parse("db@20260101T000000.000Z-0123abcd")
-    item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, 100, 100, 1, 1, 0, ("crc64nvme:x",))
-    event = {"backup": "db@20260101T000000.000Z-0123abcd", "repository": "r", "level": 3, "item": item.to_json()}
-    assert WorkerEvent.from_event(event).inline is False
-    assert WorkerEvent.from_event({**event, "inline": True}).inline is True
-    with pytest.raises(UsageError, match="invalid worker event: inline must be true or false, not 'yes'"):
-        WorkerEvent.from_event({**event, "inline": "yes"})
 
 
 def test_a_malformed_usage_in_the_state_is_an_integrity_error() -> None:

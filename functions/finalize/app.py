@@ -1,8 +1,6 @@
 """Finalize Lambda: check every planned chunk, publish the manifest last, delete staging.
 
-Event: the state ({execution input..., "prepared", "plan"}); or {"warm": true, "backup"}, which
-WarmFinalize sends (an asynchronous invoke) when the last round starts, so that this step, run once
-per backup, finds its container started instead of starting one after the stream has ended.
+Event: the state ({execution input..., "prepared", "plan"}).
 Returns (state $.summary): {"backup", "repository", "manifest", "inputs", "chunks",
 "plaintext_bytes", "stored_bytes", "ratio", "seconds"}; the same summary is the
 detail of the EventBridge "Backup Completed" event.
@@ -30,9 +28,6 @@ def _notify_failed(ref: BackupRef, exc: Exception) -> None:
 
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
-    if event.get("warm") is True:  # the container is started: nothing else to do
-        logger.info("warmed for the last round")
-        return {"warm": True}
     with metering("finalize", memory_mb(context)) as meter:
         request = ExecutionInput.from_event(event)
         store = repository_store(request.prefix)

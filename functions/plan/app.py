@@ -2,10 +2,7 @@
 
 Event: the state ({execution input..., "plan": previous result or absent}).
 Returns (state $.plan): {"status": "ready"|"waiting"|"sleeping"|"done", "round", "items_key",
-"items_object" (full S3 key for the ItemReader), "items", "chunks", "inline" and
-"inline_items" (a small final round the inline Map runs, its items in the state),
-"final" (planned after stream end: the state machine warms Finalize first),
-"planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
+"items_object" (full S3 key for the ItemReader), "items", "chunks", "planned_chunks", "idle_seconds", "wait_seconds", "wake_chunks", "wake_after_seconds",
 "wake_object" (full S3 key of the wake record: braid.format.staging.wake), "cursor", "max_concurrency"
 (the input's, clamped to the worker's reserved concurrency), "usage" (every call's
 so far, with the states they ran: braid.pipeline.usage)}. The cursor is
@@ -67,13 +64,13 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
                 policies=request.policies,
             )
     carried = carried_usage(previous, f"$.{STATE_PLAN}")
-    usage = plan_call_usage(carried, meter.usage(), status.status, status.items, inline=bool(status.inline_items), final=status.final)
+    usage = plan_call_usage(carried, meter.usage(), status.status, status.items)
     if hold is not None:
         logger.warning("backup held", extra=status.to_json())
     elif status.status == PlanState.READY:
         add_metrics({"ChunksPlanned": (MetricUnit.Count, status.chunks), "MapItemsPlanned": (MetricUnit.Count, status.items)})
     if hold is None:
-        logger.info("plan", extra={k: v for k, v in status.to_json().items() if k != PlanKey.INLINE_ITEMS})
+        logger.info("plan", extra=status.to_json())
     return {
         **status.to_json(),
         # The ItemReader reads the round file by its full S3 key (the repository may sit under a prefix).

@@ -1,8 +1,7 @@
 """Worker Lambda: one map item (a few consecutive parts of one staging segment).
 
 Event (built by the map's ItemSelector): {"backup": "NAME@ID", "prefix": ...,
-"repository": <repository id>, "level": 3, "item": <MapItem JSON>}, and "inline": true
-from the final round's inline map (its usage then carries its Task state's transition).
+"repository": <repository id>, "level": 3, "item": <MapItem JSON>}.
 Returns: null. The chunk entries go to the item's result record in S3, so no
 result list crosses the state payload limit, with the invocation's usage
 (its requests and billed duration, braid.pipeline.usage).
@@ -14,7 +13,7 @@ from typing import Any
 
 from braid.adapters.aws.lambda_env import key_service, repository_store, worker_lanes
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, memory_mb, pipeline_handler
-from braid.pipeline.usage import INLINE_WORKER_TRANSITIONS, WORKER
+from braid.pipeline.usage import WORKER
 from braid.pipeline.worker import ChunkLanes, DataKeyCache, WorkerEvent, process_item
 from braid.ports.usage import metering
 
@@ -40,8 +39,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> None:
         keys, lanes = _container()
         store = repository_store(request.prefix)
         key, _ = keys.get(store, request.ref, request.repository)
-        transitions = INLINE_WORKER_TRANSITIONS if request.inline else 0  # its own Task state, when the execution runs it inline
-        outcome = process_item(store, request.ref, request.item, key=key, level=request.level, lanes=lanes, meter=meter, transitions=transitions)
+        outcome = process_item(store, request.ref, request.item, key=key, level=request.level, lanes=lanes, meter=meter)
     add_metrics(
         {
             "BytesIn": (MetricUnit.Bytes, outcome.bytes_in),

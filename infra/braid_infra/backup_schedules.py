@@ -23,12 +23,15 @@ Configuration, from the `backup_schedules` prop or else the CDK context
 
 By default there is none. The scheduler's role may send only that document,
 only to instances (EC2 or hybrid managed nodes) carrying the tag, and a
-schedule that cannot deliver (TargetErrorCount) trips an alarm.
+schedule that cannot deliver (TargetErrorCount) trips an alarm; one that
+reaches no host at all (a tag no instance carries: SSM sends nothing and
+reports success) trips its name's freshness alarm (`expected_hours`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -51,6 +54,8 @@ DOCUMENT = "AWS-RunShellScript"
 DEFAULT_TAG_KEY = "BraidBackup"
 MAX_TIMEOUT_HOURS = 48  # AWS-RunShellScript's executionTimeout maximum (172800 s)
 _EXPRESSION = re.compile(r"(cron|rate)\(.+\)|at\(.+\)")
+_RATE = re.compile(r"rate\((\d+) (minute|hour|day)s?\)")
+MAX_EXPECTED_HOURS = 168  # braid_infra.monitoring's: CloudWatch evaluates at most 7 days of hourly datapoints
 _USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
 _TAG = re.compile(r"[\w.:/=+\-@ ]{1,128}")
 _FIELDS = {"name", "command", "schedule", "timezone", "run_as", "tag_key", "tag_value", "timeout_hours"}
@@ -98,6 +103,20 @@ class BackupSchedule:
         if not isinstance(timezone, str) or not timezone:
             raise ValueError(f"timezone {timezone!r} is not a time zone name")
         return cls(name, doc["command"].strip(), doc["schedule"], timezone, run_as, tag_key, tag_value, hours)
+
+    def expected_hours(self) -> int:
+        """After how many hours without a published backup of this name an alarm says so (braid_infra.monitoring).
+
+        A schedule whose tag reaches no host sends its command to nobody, which SSM counts as a success, so
+        no delivery alarm fires (review 3, L8): only the missing backup shows it. A rate() schedule expects one
+        within its interval plus 2 hours; a cron() or at() one within a week (CloudWatch's longest window), unless
+        braid:expectedBackups says otherwise.
+        """
+        rate = _RATE.fullmatch(self.schedule)
+        if rate is None:
+            return MAX_EXPECTED_HOURS
+        hours = int(rate.group(1)) * {"minute": 1 / 60, "hour": 1, "day": 24}[rate.group(2)]
+        return max(1, min(MAX_EXPECTED_HOURS, math.ceil(hours) + 2))
 
     def shell_command(self) -> str:
         """The line the host's shell runs: as `run_as` through runuser (a login-less switch that

@@ -23,7 +23,7 @@ than a day (OldestStagingHours, measured by the daily maintenance).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -95,7 +95,10 @@ class Monitoring(Construct):
         extra_alarms: Sequence[cloudwatch.Alarm] = (),
         alarm_emails_value: object = None,
         expected_backups_value: object = None,
+        scheduled_backups: Mapping[str, int] | None = None,
     ) -> None:
+        """`scheduled_backups`: {name: hours} the backup schedules imply (BackupSchedule.expected_hours); each gets a
+        freshness alarm unless braid:expectedBackups names it with hours of its own."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         period = Duration.minutes(5)
@@ -201,9 +204,12 @@ class Monitoring(Construct):
             )
         # Freshness: Finalize counts each published backup under its name; an hour with none is
         # missing data, so H missing hours in a row (treated as breaching) is "no backup for H hours".
-        expected = expected_backups(
-            expected_backups_value if expected_backups_value is not None else self.node.try_get_context(EXPECTED_BACKUPS_CONTEXT)
-        )
+        expected = {
+            **(scheduled_backups or {}),
+            **expected_backups(
+                expected_backups_value if expected_backups_value is not None else self.node.try_get_context(EXPECTED_BACKUPS_CONTEXT)
+            ),
+        }
         for name, hours in sorted(expected.items()):
             self.alarms.append(
                 cloudwatch.Metric(

@@ -128,10 +128,7 @@ def suppress_findings(stack: BraidStack) -> None:
 
     verify = stack.verify.state_machine
     verify_id = _ref(stack, verify)
-    _machine(
-        stack, verify, ("verifyplan", "verifyworker", "verifyrecord"), VERIFY_MAP_LABEL, bucket,
-        reader="Added by CDK's S3JsonItemReader and ResultWriter for their bucket (s3:GetObject, s3:PutObject); the run's keys are per execution.",
-    )
+    _machine(stack, verify, ("verifyplan", "verifyworker", "verifyrecord"), VERIFY_MAP_LABEL, bucket)
     acknowledge(
         verify.role.node.find_child("DefaultPolicy"), wildcard(f"{bucket}/{VERIFY_RUN_OBJECTS}"),
         "The map's ItemReader and ResultWriter: the run's items and results under verify-runs/.",

@@ -1,16 +1,14 @@
 """Pipeline: the backup state machine, one Standard execution per backup.
 
     Identify ─► Prepare ─► PlanSegments ─► SegmentsReady? ─ready─────────► ProcessChunks ─────┐
-                              ▲   ▲           │        └─ready, final─► WarmFinalize ─► FinalRoundInline?
-                              │   │           │            ProcessChunks ◄─┘  └─inline─► ProcessFinalRound ─┤
-                              │   │           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
+                              ▲   ▲           │ waiting (sleeping: SleepUntilWoken, the agent's wake)  │
                               │   └─ WaitForSegments                                         │
                               └──────────────────────────────────────────────────────────────┘
                                               │ done
                                               ▼
                                            Finalize ─► BackupSucceeded
     Prepare fails, or a FINAL error (Catch) ─► Cleanup ─► BackupFailed (error and cause from Cleanup)
-    PlanSegments/ProcessChunks/ProcessFinalRound/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
+    PlanSegments/ProcessChunks/Finalize fail otherwise ─► <Step>Failed ─► Hold ─► SegmentsReady? (held: the wait loop)
 
 Identify adds the execution's own name to the state ($.execution.name, from
 $$.Execution.Name, overwriting whatever the input put there); every step
@@ -30,15 +28,6 @@ PlanSegments plans items without a result again, and after two re-plans
 holds the backup (PlanSegments returns "held": the wait loop) until
 `braid backup --resume` or the hold's end (braid.pipeline.replan), so one
 bad minute never throws finished work away. Finalize re-checks every chunk.
-
-The last round after stream end, when it has at most INLINE_MAP_MAX_ITEMS
-short items, runs as ProcessFinalRound instead: an inline Map over the
-items PlanSegments put in the state, each Worker a state of this execution
-(the same retries; a failure caught in its iteration, then planned again
-like a failed child), so nothing waits for a map run to start. Any round
-planned after stream end first sends Finalize an asynchronous warm-up
-(WarmFinalize), so the step run once per backup does not start its
-container after the last round.
 """
 
 from __future__ import annotations
@@ -131,26 +120,6 @@ class BackupPipeline(Construct):
         worker.add_catch(item_failed(self, "ItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
         process.item_processor(worker)
 
-        # The last round after stream end, when it is small (PlanSegments says "inline"): an inline Map
-        # over the items in the state, whose Workers start at once instead of after a map run starts
-        # (~2 s of the time after stream end; braid.pipeline.item_sizing.inline_chunks_per_item).
-        # Failed items are tolerated as in ProcessChunks: each Worker's error is caught in its own
-        # iteration (the worker has recorded it in staging), and the next PlanSegments plans the
-        # items without a result again, then holds the backup.
-        final_worker = worker_step(self, "StoreFinalItem", functions.pinned("worker"), worker_retry)
-        final_worker.add_catch(item_failed(self, "FinalItemFailed"), errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-        process_final = sfn.Map(
-            self,
-            "ProcessFinalRound",
-            state_name="ProcessFinalRound",
-            items_path=plan_path(PlanKey.INLINE_ITEMS),
-            # PlanSegments plans an inline round only within the input's --fan-out as well.
-            max_concurrency=contract.INLINE_MAP_MAX_ITEMS,
-            item_selector={**WORKER_EVENT, "inline": True},  # its usage then bills its own Task state
-            result_path=sfn.JsonPath.DISCARD,
-        )
-        process_final.item_processor(final_worker)
-
         wait = sfn.Wait(self, "WaitForSegments", state_name="WaitForSegments", time=sfn.WaitTime.seconds_path(plan_path(PlanKey.WAIT_SECONDS)))
         # PlanSegments says "sleeping" when the next round is far off (braid.pipeline.pacing.sleep_plan): rather than
         # a Plan function billed while it watches, this state writes its task token to the backup's staging (the wake
@@ -218,9 +187,7 @@ class BackupPipeline(Construct):
                 f" deleted. Staging expires by the bucket lifecycle within {STAGING_LIFETIME.to_days()} days."
             ),
         )
-        steps: list[tuple[str, tasks.LambdaInvoke | sfn.Map | sfn.DistributedMap]] = [
-            ("PlanSegments", plan), ("ProcessChunks", process), ("ProcessFinalRound", process_final), ("Finalize", finalize),
-        ]
+        steps: list[tuple[str, tasks.LambdaInvoke | sfn.DistributedMap]] = [("PlanSegments", plan), ("ProcessChunks", process), ("Finalize", finalize)]
         for state_name, state in steps:
             # Which step failed, for the Hold entry (and for a person reading the console).
             failed_step = sfn.Pass(
@@ -234,31 +201,8 @@ class BackupPipeline(Construct):
         cleanup.add_catch(cleanup_failed, errors=["States.ALL"], result_path="$.cleanup_error")
         cleanup.next(failed)
 
-        # A round planned after stream end: Finalize is next but one, and runs once per backup, so its container
-        # would start only then. An asynchronous invoke ({"warm": true}: it returns at once) starts it now, while
-        # the last round runs; failing to send it changes nothing but that.
-        warm_finalize = tasks.LambdaInvoke(
-            self,
-            "WarmFinalize",
-            state_name="WarmFinalize",
-            lambda_function=functions.pinned("finalize"),
-            invocation_type=tasks.LambdaInvocationType.EVENT,
-            payload=sfn.TaskInput.from_object({"warm": True, "backup": sfn.JsonPath.string_at("$.backup")}),
-            result_path=sfn.JsonPath.DISCARD,
-            retry_on_service_exceptions=False,
-        )
-        final_kind = sfn.Choice(self, "FinalRoundInline", state_name="FinalRoundInline?")
-        warm_finalize.add_catch(final_kind, errors=["States.ALL"], result_path=sfn.JsonPath.DISCARD)
-        warm_finalize.next(final_kind)
-        final_kind.when(sfn.Condition.boolean_equals(plan_path(PlanKey.INLINE), True), process_final.next(plan))
-        final_kind.otherwise(process)
-
         choice = sfn.Choice(self, "SegmentsReady", state_name="SegmentsReady?")
         hold.next(choice)  # "held": the wait loop, where the planner watches for --resume
-        choice.when(
-            sfn.Condition.and_(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), sfn.Condition.boolean_equals(plan_path(PlanKey.FINAL), True)),
-            warm_finalize,
-        )
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.READY), process.next(plan))
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.DONE), finalize.next(succeeded))
         choice.when(sfn.Condition.string_equals(plan_path(PlanKey.STATUS), PlanState.SLEEPING), sleep.next(plan))

@@ -130,6 +130,7 @@ class BraidStack(Stack):
             prune_state_machine=self.prune.state_machine,
             functions=self.functions.functions,
             extra_alarms=[*([self.backup_schedules.alarm] if self.backup_schedules.alarm else []), *self.wal.alarms],
+            scheduled_backups={s.name: s.expected_hours() for s in self.backup_schedules.schedules},
         )
         self.access = HostAccess(
             self, "Access", storage=self.storage, keys=self.keys, state_machine=self.pipeline.state_machine,

@@ -38,11 +38,13 @@ class RetryPolicy:
     max_delay: Duration = Duration.seconds(60)
 
 
-# Worker items retry within their EXPRESS child's 5 minutes: 4 attempts of
-# at most WORKER_TIMEOUT_SECONDS (60 s; a 32-chunk item takes ~18 s) plus
-# backoffs of at most 2 + 4 + 8 s is 254 s < 300 s, so even a worker that
-# times out every time fails its item inside the child instead of the child
-# timing out (tests/infra checks the sum). Each attempt's AWS requests are
+# Worker items retry within their EXPRESS child's 5 minutes: 3 attempts of
+# at most WORKER_TIMEOUT_SECONDS (60 s) each after an Init of up to 10 s
+# (a timed-out environment is replaced, and Init runs outside the timeout),
+# backoffs of at most 2 + 4 s and the throttle retry's 31 s is 247 s < 300 s,
+# so even a worker that times out every time fails its item inside the child
+# instead of the child timing out (tests/infra checks the sum; 4 attempts,
+# 325 s, did not fit: review 3, L6). Each attempt's AWS requests are
 # first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
 # 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
 # request was made.
@@ -113,6 +115,18 @@ class ScopedJsonItemReader(sfn.S3JsonItemReader):
 
     def provide_policy_statements(self) -> list[iam.PolicyStatement]:
         return [iam.PolicyStatement(actions=["s3:GetObject"], resources=self._objects)]
+
+
+class ScopedResultWriter(sfn.ResultWriterV2):
+    """CDK's ResultWriterV2 granting its export's requests on `objects` only, not on every object of the bucket."""
+
+    def __init__(self, *, bucket: s3.IBucket, prefix: str, objects: Sequence[str]) -> None:
+        super().__init__(bucket=bucket, prefix=prefix)
+        self._objects = list(objects)
+
+    def provide_policy_statements(self) -> list[iam.PolicyStatement]:
+        actions = ["s3:PutObject", "s3:GetObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"]  # a large export is multipart
+        return [iam.PolicyStatement(actions=actions, resources=self._objects)]
 
 
 def item_failed(scope: Construct, name: str) -> sfn.Pass:

@@ -34,13 +34,12 @@ from typing import Any
 from aws_cdk import Duration
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from braid.format import layout
 from braid_infra.functions import PipelineFunctions
-from braid_infra.steps import STEP_RETRY, WORKER_RETRY, RetryPolicy, lambda_step, logged_machine, worker_step
+from braid_infra.steps import STEP_RETRY, WORKER_RETRY, RetryPolicy, ScopedJsonItemReader, ScopedResultWriter, lambda_step, logged_machine, worker_step
 from braid_infra.storage import VERIFY_RUN_OBJECTS, Storage, key_prefix
 
 VERIFY_CONTEXT = "braid:verify"
@@ -105,10 +104,12 @@ class VerifyPipeline(Construct):
             self,
             "CheckChunks",
             state_name="CheckChunks",
-            item_reader=sfn.S3JsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object")),
+            item_reader=ScopedJsonItemReader(bucket=storage.bucket, key=sfn.JsonPath.string_at("$.plan.items_object"), objects=[storage.arn(VERIFY_RUN_OBJECTS)]),
             max_concurrency_path="$.plan.max_concurrency",
             item_selector={"prefix.$": "$.prefix", "item.$": "$$.Map.Item.Value"},
-            result_writer_v2=sfn.ResultWriterV2(bucket=storage.bucket, prefix=f"{key_prefix(repository_prefix)}{RESULTS}"),
+            result_writer_v2=ScopedResultWriter(
+                bucket=storage.bucket, prefix=f"{key_prefix(repository_prefix)}{RESULTS}", objects=[storage.arn(VERIFY_RUN_OBJECTS)]
+            ),
             result_path="$.results",
             label=MAP_LABEL,
             map_execution_type=sfn.StateMachineType.EXPRESS,
@@ -135,10 +136,8 @@ class VerifyPipeline(Construct):
             self, "Verify", definition,
             comment="Braid verify: chunks of published backups checked in the cloud, recorded beside them", timeout=VERIFY_TIMEOUT,
         )
-        # The ItemReader reads the run's items; the ResultWriter exports the map's results beside them.
-        self.state_machine.add_to_role_policy(
-            iam.PolicyStatement(actions=["s3:GetObject", "s3:PutObject"], resources=[storage.arn(VERIFY_RUN_OBJECTS)])
-        )
+        # The ItemReader reads the run's items and the ResultWriter exports the map's results beside them, under
+        # verify-runs/ only (ScopedJsonItemReader, ScopedResultWriter: not CDK's grants on every object of the bucket).
 
         self.settings = verify_schedule(schedule if schedule is not None else self.node.try_get_context(VERIFY_CONTEXT))
         self.rule: events.Rule | None = None

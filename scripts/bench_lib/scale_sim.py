@@ -1,7 +1,8 @@
 """Scale simulation: the real planner and Finalize over a synthetic multi-TiB backup, counted.
 
 What runs is the product's own code: `braid.pipeline.prepare.prepare_backup`,
-`braid.pipeline.plan.plan_next_round` (its watch, cursor and pacing) and
+`braid.pipeline.plan.plan_next_round` (its watch, cursor and pacing: the
+I/O shell over the pure `braid.pipeline.decide.decide`) and
 `braid.pipeline.finalize.finalize_step` (rounds, results, LIST presence
 check, manifest seal/publish/read-back, staging removal), against an
 in-memory store (`CountingStore`) that counts every request each Lambda
@@ -91,9 +92,7 @@ EXPRESS_CHILD_SECONDS = contract.EXPRESS_CHILD_SECONDS
 LAMBDA_MAX_SECONDS = 900
 
 # History events AWS records per state visited (Standard execution).
-EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "inline_map": 4, "callback": 6}
-# An inline Map's iteration in the execution's history: IterationStarted, the Worker Task's five, IterationSucceeded.
-INLINE_ITERATION_EVENTS = 7
+EVENTS = {"execution": 2, "pass": 2, "task": 5, "choice": 2, "wait": 2, "map": 6, "succeed": 2, "callback": 6}
 
 # Assumptions (every one is printed by scripts/bench cloud-model).
 REQUEST_SECONDS = 0.015  # S3 round trip from Lambda
@@ -102,7 +101,6 @@ FULL_VCPU_MB = 1769  # Lambda grants one vCPU at 1,769 MB
 ARM_SPEED = 0.8  # Graviton2 per-core speed vs this machine (Python CPU of the coordinating code)
 # Not published by AWS; an assumption (the review found no measurement either), kept until a run on AWS measures it.
 MAP_START_SECONDS = 2.0  # Distributed Map: from the state's start to its first children running
-INLINE_MAP_START_SECONDS = 0.1  # inline Map: the state and its iterations' first transitions
 INVOKE_OVERHEAD_SECONDS = 0.15  # per item: child execution + Lambda invoke
 # A worker container's init (Python, the layer, the clients), billed since AWS bills the INIT phase. Containers are
 # reused: a round's items run first on the containers earlier rounds started (rounds are seconds to minutes apart,
@@ -176,12 +174,11 @@ class Invocation:
     peak_bytes: int = 0  # Python heap the call allocated at its peak, above what it started with (simulate(trace_memory=True))
     speed: float = ARM_SPEED  # Graviton2 per-core speed vs this machine, the CPU figure's divisor (simulate(cpu_speed=...))
     cold: bool = False  # the function's container starts first (COLD_START_SECONDS, billed): a step run once per backup
-    warmed: bool = False  # its container was started ahead by an asynchronous warm-up (WarmFinalize): billed, not waited for
 
     @property
     def billed_seconds(self) -> float:
-        """What Lambda bills: the modelled duration, and a container start a warm-up made ahead."""
-        return self.seconds + (COLD_START_SECONDS if self.warmed else 0.0)
+        """What Lambda bills: the modelled duration."""
+        return self.seconds
 
     @property
     def timeout(self) -> int:
@@ -600,15 +597,13 @@ class Simulation:
     transitions: int  # Standard state transitions of the backup execution (billed)
     staged_byte_seconds: float  # raw bytes in staging x how long they stayed (until Finalize removed them)
     packs: int = 0  # stored objects of chunks: one worker PUT each (braid.contract.CHUNKS_PER_PACK chunks at most)
-    inline_items: int = 0  # of `items`, those the final round's inline Map ran (Task states of the execution, no Express child)
-    inline_seconds: float = 0.0  # of `worker_seconds`, theirs
     containers: int = 0  # worker containers started (cold starts): the peak of items running at once
     rounds: list[tuple[float, float]] = field(default_factory=list)  # each map round's (start, wall seconds) on the virtual clock
 
     @property
     def express_items(self) -> int:
-        """Items run as Express children (billed per child and its duration)."""
-        return self.items - self.inline_items
+        """Items run as Express children (billed per child and its duration): every item."""
+        return self.items
 
     @property
     def seconds_after_stream_end(self) -> float:
@@ -769,8 +764,8 @@ def simulate(
         agent = _Agent(store, ref, session, total, stream_mb_s * 1e6)
         clock.agent = agent
 
-        def invoke(function: str, call: Any, *, cold: bool = False, warmed: bool = False) -> Any:
-            invocation = Invocation(function, speed=cpu_speed, cold=cold and not warmed, warmed=warmed)
+        def invoke(function: str, call: Any, *, cold: bool = False) -> Any:
+            invocation = Invocation(function, speed=cpu_speed, cold=cold)
             store.current = invocation
             clock.watched = 0.0
             if trace_memory:
@@ -789,16 +784,13 @@ def simulate(
                 invocations.append(invocation)
                 clock.advance(invocation.model() - invocation.watched)
 
-        # Prepare, the first Plan call and Finalize each start a container, once per backup; Finalize's is started
-        # ahead (WarmFinalize) when a round is planned after stream end, else it is in the time after stream end.
+        # Prepare, the first Plan call and Finalize each start a container, once per backup (Finalize's in the time
+        # after stream end).
         invoke("prepare", lambda: prepare_backup(store, keys, ref), cold=True)
-        warmed = False
         events += EVENTS["task"]
         key, _ = load_data_key(store, keys, ref, repository.config.id)
         previous: dict[str, Any] | None = None
         items_total = 0
-        inline_total = 0
-        inline_seconds = 0.0
         containers = 0
         worker_seconds = 0.0
         map_seconds = 0.0
@@ -835,31 +827,19 @@ def simulate(
                 clock.advance(max(0.0, wake_at - clock.now))
                 continue
             turns["map"] += 1
-            if status.final:  # WarmFinalize (an asynchronous invoke: nothing waits for it) and FinalRoundInline?
-                events += EVENTS["task"] + EVENTS["choice"]
-                turns["warm"] += 1
-                warmed = True
             found = _round_items(store, status.items_key, status.round)
-            if status.inline_items:  # ProcessFinalRound: the items are in the state, each a Task state of the execution
-                assert list(status.inline_items) == found
-                turns["inline"] += 1
-                events += EVENTS["inline_map"] + INLINE_ITERATION_EVENTS * len(found)
-                inline_total += len(found)
-            else:
-                events += EVENTS["map"]
+            events += EVENTS["map"]
             duration, billed, containers = _run_items(
-                store, ref, found, key, calibration, min(workers, contract.INLINE_MAP_MAX_ITEMS) if status.inline_items else workers,
-                worker_cpu, ratio, lanes, worker_invocations, start=INLINE_MAP_START_SECONDS if status.inline_items else MAP_START_SECONDS,
+                store, ref, found, key, calibration, workers, worker_cpu, ratio, lanes, worker_invocations, start=MAP_START_SECONDS,
                 warm=containers, now=clock.now, ended_at=agent.end_at,
             )
             rounds.append((clock.now, duration))
             items_total += len(found)
             worker_seconds += billed
-            inline_seconds += billed if status.inline_items else 0.0
             map_seconds += duration
             clock.advance(duration)
         publisher = NullPublisher()
-        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True, warmed=warmed)
+        invoke("finalize", lambda: finalize_step(store, keys, CountingJanitor(store), publisher, ref), cold=True)
         events += EVENTS["task"] + EVENTS["succeed"]
         turns["cut"] = sum(n for (shape, _), n in worker_invocations.items() if shape.stopped)
         for (shape, seconds), n in worker_invocations.items():
@@ -867,9 +847,8 @@ def simulate(
             worker.seconds = seconds
             invocations.append(worker)
         plans = sum(1 for i in invocations if i.function == "plan")
-        # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; WarmFinalize + FinalRoundInline?; an inline map's Worker
-        # states; Finalize, Succeed
-        transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2 * turns["warm"] + inline_total + 2
+        # Identify, Prepare; Plan + Choice; Wait | SleepUntilWoken | Map; Finalize, Succeed
+        transitions = 2 + 2 * plans + turns["wait"] + turns["sleep"] + turns["map"] + 2
         staged = sum(size * max(0.0, store.deleted_at.get(key, clock.now) - when) for when, size, key in agent.completed)
         agent.requests["PUT"] += 2  # session, and the agent's own check LISTs below
         agent.requests["LIST"] += math.ceil(agent.segments * session.segment_chunks / 1000)
@@ -879,7 +858,7 @@ def simulate(
             turns=turns, finished_at=clock.now, agent_requests=agent.requests, store_totals=store.totals, items=items_total,
             packs=store.keys_under(data_prefix(ref)),
             worker_seconds=worker_seconds, map_seconds=map_seconds, transitions=transitions, staged_byte_seconds=staged,
-            inline_items=inline_total, inline_seconds=inline_seconds, containers=containers, rounds=rounds,
+            containers=containers, rounds=rounds,
         )
 
 
@@ -951,7 +930,7 @@ def _run_items(
     """One map round: each item stores its chunks (sizes) and its real result record; returns (wall, billed) seconds and
     the worker containers started so far.
 
-    `start`: from the map state's start to its first items running (a Distributed Map run, or an inline Map).
+    `start`: from the map state's start to its first items running (a Distributed Map run).
     `warm`: containers earlier rounds started; the round's other concurrent items first start one (COLD_START_SECONDS).
     `now`, `ended_at`: when the round starts and when the agent writes the stream-end record: a cut item (MapItem.cut)
     running then stops at its next pack boundary (ItemTimeline.stored_packs) and writes a result for what it stored.

@@ -40,7 +40,7 @@ from support.staged_stream import stage_stream
 CHUNK = 4096
 K = contract.CHUNKS_PER_PACK
 SEGMENT_PARTS = 16
-# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 1, 5, 4, 3, 2, 1) and one of 3 (packs of 2 and 1);
+# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 5, 5, 3, 2, 1) and one of 3 (packs of 2 and 1);
 # compressible, each chunk its own.
 DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(3200))[: 18 * CHUNK + 1234]
 CHUNKS = 19
@@ -104,7 +104,7 @@ def rewrite(p: Published, key: str, change: bytes) -> None:
 
 def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
     objects = stored_objects(published.manifest)
-    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [1, 5, 4, 3, 2, 1, 2, 1]
+    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [5, 5, 3, 2, 1, 2, 1]
     firsts = [sum(LAYOUT[:n]) for n in range(len(LAYOUT))]
     assert [o.chunks for o in objects] == [tuple(range(first, first + size)) for first, size in zip(firsts, LAYOUT, strict=True)]
     assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]

@@ -31,9 +31,11 @@ from braid.format.staging import (
 )
 from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
 from braid.pipeline import pacing
+from braid.pipeline.decide import StagingStalledError, items_for_segments
 from braid.pipeline.failure import HoldEntry, hold_entry
-from braid.pipeline.item_sizing import INLINE_MAX_CHUNKS_PER_ITEM, chunks_per_item, inline_chunks_per_item
-from braid.pipeline.plan import StagingStalledError, StreamAbandonedError, hold_step_failure, items_for_segments, plan_next_round
+from braid.pipeline.item_sizing import chunks_per_item
+from braid.pipeline.plan import StreamAbandonedError, hold_step_failure, plan_next_round
+from braid.pipeline.policies import Policies
 from braid.pipeline.replan import HOLD_SECONDS, BackupHeldError
 
 CHUNK = 100
@@ -102,58 +104,6 @@ def test_planner_sizes_items_by_whether_the_stream_ended(tmp_path: Path) -> None
     store.put(stream_end_key(ref), StreamEnd([800], [2]).to_bytes())
     ended = plan(store, ref)  # after stream end: spread over both workers
     assert [i.count for i in StagingArea(store, ref).read_rounds()[1].items] == [2, 2] and ended.items == 2
-
-
-def test_a_final_round_runs_inline_only_while_its_items_are_few_and_short() -> None:
-    assert inline_chunks_per_item(32, 500, 16) == 1  # a last segment: one chunk per item, 32 iterations
-    assert inline_chunks_per_item(100, 500, 16) == 3  # 34 items of 3 within the 40 an inline map runs at once
-    assert inline_chunks_per_item(160, 500, 16) == INLINE_MAX_CHUNKS_PER_ITEM
-    assert inline_chunks_per_item(161, 500, 16) is None  # longer items: a Distributed Map spreads it wider
-    assert inline_chunks_per_item(30, 10, 16) == 3  # never more items than the --fan-out
-    assert inline_chunks_per_item(41, 10, 16) is None
-    assert inline_chunks_per_item(40, 500, 1) == 1 and inline_chunks_per_item(41, 500, 1) is None  # --max-chunks-per-item holds
-    assert inline_chunks_per_item(0, 500, 16) is None
-    assert contract.INLINE_MAP_MAX_ITEMS == 40  # AWS runs an inline Map's iterations at most 40 at once
-
-
-def test_the_planner_puts_a_small_final_round_in_the_state_and_nothing_else(tmp_path: Path) -> None:
-    store, ref = LocalStore(tmp_path), BackupRef.new("db")
-    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 4, 3, ["a", "b"], "now").to_bytes())
-    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 400).to_bytes())
-
-    def call(fan_out: int = 500):  # type: ignore[no-untyped-def]
-        return plan_next_round(store, ref, max_concurrency=fan_out, max_chunks_per_item=3, poll_seconds=5, stall_seconds=20)
-
-    streaming = call()  # however small, a streaming round is a Distributed Map's
-    assert (streaming.status, streaming.inline_items, streaming.to_json()["inline"], streaming.to_json()["inline_items"]) == ("ready", (), False, [])
-    store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 400).to_bytes())
-    store.put(segment_record_key(ref, 1, 0), record(ref, 1, 0, 0, 250).to_bytes())
-    store.put(stream_end_key(ref), StreamEnd([800, 250], [2, 1]).to_bytes())
-    final = call()
-    (written,) = StagingArea(store, ref).read_rounds()[1:]
-    assert final.inline_items == written.items and final.items == 7 and [i.count for i in written.items] == [1] * 7
-    shown = json.loads(json.dumps(final.to_json()))  # what the state carries to ProcessFinalRound
-    assert shown["inline"] is True and [MapItem.from_json(i) for i in shown["inline_items"]] == list(written.items)
-    assert shown["items_key"] == written.key  # the round file is still the ledger the next Plan checks
-    finish(store, ref, final)
-    assert call().status == "done"
-
-
-def test_a_final_round_of_more_items_than_the_fan_out_or_of_long_items_is_a_distributed_map(tmp_path: Path) -> None:
-    store, ref = LocalStore(tmp_path), BackupRef.new("db")
-    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 200, 3, ["a", "b", "c"], "now").to_bytes())
-    for index in range(3):  # one chunk per input: three items (an item never spans segments), for a fan-out of 2
-        store.put(segment_record_key(ref, index, 0), record(ref, index, 0, 0, CHUNK).to_bytes())
-    store.put(stream_end_key(ref), StreamEnd([CHUNK] * 3, [1] * 3).to_bytes())
-    few = plan_next_round(store, ref, max_concurrency=2, max_chunks_per_item=16, poll_seconds=5, stall_seconds=20)
-    assert (few.status, few.items, few.inline_items, few.to_json()["inline"]) == ("ready", 3, (), False)
-
-    store, ref = LocalStore(tmp_path / "long"), BackupRef.new("db")
-    store.put(session_key(ref), SessionRecord(str(ref), "repo", CHUNK, 200, 3, ["a"], "now").to_bytes())
-    store.put(segment_record_key(ref, 0, 0), record(ref, 0, 0, 0, 200 * CHUNK).to_bytes())
-    store.put(stream_end_key(ref), StreamEnd([200 * CHUNK], [1]).to_bytes())
-    wide = plan_next_round(store, ref, max_concurrency=500, max_chunks_per_item=16, poll_seconds=5, stall_seconds=20)
-    assert (wide.status, wide.items, wide.inline_items) == ("ready", 200, ())  # 40 items of 5 would take longer than a map run's start
 
 
 def test_items_carry_their_chunks_checksums_and_records_must_list_them(tmp_path: Path) -> None:
@@ -267,7 +217,7 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
 
 
 def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads_every_record(tmp_path: Path) -> None:
-    """index_results=False (the policy's off switch): the call after a map writes no fold (a streaming round's items
+    """`--no-policy results_index` (the policy's off switch): the call after a map writes no fold (a streaming round's items
     are cut items, whose records it reads to find what they left), and Finalize's one reader then reads every item's
     record (StagingArea.read_results)."""
     store, ref, clock = CountingLocalStore(tmp_path), BackupRef.new("db"), VirtualClock()
@@ -277,14 +227,14 @@ def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads
         store.put(segment_record_key(ref, 0, segment), record(ref, 0, segment, segment * 400, 400).to_bytes())
         status = plan_next_round(
             store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
-            watch_seconds=0, min_round_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+            watch_seconds=0, min_round_seconds=0, clock=clock, sleep=clock.sleep, policies=Policies.without(["results_index"]),
         )
         assert status.status == "ready" and status.round == segment + 1
         finish(store, ref, status)
         cursor = status.to_json()["cursor"]
     checked = plan_next_round(
         store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
-        watch_seconds=0, clock=clock, sleep=clock.sleep, index_results=False,
+        watch_seconds=0, clock=clock, sleep=clock.sleep, policies=Policies.without(["results_index"]),
     )
     assert checked.status == "waiting" and list(store.list(folds_prefix(ref))) == []
     area = StagingArea(store, ref)
@@ -334,8 +284,6 @@ def test_round_due_needs_the_interval_then_the_volume_or_the_longest_wait() -> N
     assert not pacing.round_due(50, 10_000, target)  # an execution 10,000 s old: rounds 100 s apart
     assert pacing.round_due(100, 10_000, target)
     assert pacing.round_due(100, 10_000, 0, min_round_seconds=0)  # unpaced (a direct call): the interval alone
-    # One inline final round still carries what a round leaves plus a 2 GiB segment of 64 MiB chunks.
-    assert target + 32 <= contract.INLINE_MAP_MAX_ITEMS * INLINE_MAX_CHUNKS_PER_ITEM
 
 
 def test_a_watch_with_nothing_new_ends_at_its_limit(tmp_path: Path) -> None:
@@ -515,4 +463,4 @@ def test_a_planner_that_may_sleep_sleeps_rather_than_watch_until_the_next_round_
     store.put(segment_record_key(ref, 0, 1), record(ref, 0, 1, 400, 100).to_bytes())
     store.put(stream_end_key(ref), StreamEnd([500], [2]).to_bytes())
     last = call(asleep.to_json()["cursor"])
-    assert last.status == "ready" and last.final  # woken by the end: planned at once
+    assert last.status == "ready"  # woken by the end: planned at once

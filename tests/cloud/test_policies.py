@@ -56,10 +56,8 @@ def test_no_policy_switches_one_off_for_the_backup_and_refuses_an_unknown_name()
 
 
 def test_the_packs_policies_decide_the_layout_written_into_each_item() -> None:
-    assert ALL_ON.packs(16) == (1, 5, 4, 3, 2, 1)
-    assert replace(ALL_ON, head_pack=False).packs(16) == (5, 5, 3, 2, 1)
-    assert replace(ALL_ON, taper=False).packs(16) == (1, 5, 5, 5)
-    assert Policies.without(["taper", "head_pack"]).packs(16) == (4, 4, 4, 4)
+    assert ALL_ON.packs(16) == (5, 5, 3, 2, 1)
+    assert replace(ALL_ON, taper=False).packs(16) == (4, 4, 4, 4)
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +74,7 @@ def run(calibration: scale_sim.WorkerRequests, rate: float, policies: Policies =
 
 def test_with_each_policy_off_the_planner_behaves_otherwise_and_the_backup_still_completes(calibration: scale_sim.WorkerRequests) -> None:
     on = run(calibration, 300)
-    assert on.turns["inline"] == 1 and on.turns["warm"] == 1 and on.inline_items > 0
-    no_inline = run(calibration, 300, replace(ALL_ON, inline_final_round=False))
-    assert no_inline.turns["inline"] == 0 and no_inline.inline_items == 0 and no_inline.turns["warm"] == 1
-    no_warm = run(calibration, 300, replace(ALL_ON, warm_finalize=False))
-    assert no_warm.turns["warm"] == 0 and no_warm.finished_at > on.finished_at
-    plain_packs = run(calibration, 300, Policies.without(["taper", "head_pack"]))
+    plain_packs = run(calibration, 300, Policies.without(["taper"]))
     assert plain_packs.packs < on.packs
     slow = run(calibration, 20)
     assert slow.turns["sleep"] > 0
@@ -90,3 +83,26 @@ def test_with_each_policy_off_the_planner_behaves_otherwise_and_the_backup_still
     assert awake.turns["sleep"] == 0 and watched[1] > 2 * watched[0]  # the Plan function watches (billed) instead
     uncut = run(calibration, 300, replace(ALL_ON, cut_items=False))
     assert on.turns["cut"] > 0 and uncut.turns["cut"] == 0 and uncut.finished_at > on.finished_at
+
+
+def test_the_optimisation_table_keeps_what_saves_a_cent_per_tib_or_two_seconds_at_some_stream_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench_lib import optimisations
+
+    on = (0.60, 10.0)  # ($/TiB, worst seconds after stream end) with every policy on, at each stream rate
+    off = {  # with one policy off, at 50 / 300 / 1,000 MB/s
+        "taper": [(0.59, 10.0), (0.59, 10.5), (0.59, 12.0)],  # cheaper off, but 2 s later at 1,000 MB/s: kept
+        "cut_items": [(0.609, 11.9), (0.609, 11.9), (0.609, 11.9)],  # under both bars at every rate: removed
+        "sleep_until_woken": [(0.61, 10.0), (0.609, 10.0), (0.60, 10.0)],  # a cent per TiB at 50 MB/s: kept
+    }
+
+    def measured(policies: Policies, rate: float, options: object, price: object) -> tuple[float, float]:
+        (name,) = [n for n in Policies.names() if not getattr(policies, n)] or [None]
+        return on if name is None else off[name][optimisations.RATES.index(int(rate))]
+
+    monkeypatch.setattr(optimisations, "measured", measured)
+    rows = {row["optimisation"]: row for row in optimisations.rows({}, lambda sim: 0.0)}
+    assert [name for name, row in rows.items() if row["kept"]] == ["taper", "sleep_until_woken"]
+    assert (rows["taper"]["saves_seconds_after_stream_end"], rows["taper"]["saves_usd_per_tib"]) == (2.0, -0.01)
+    assert (rows["sleep_until_woken"]["saves_usd_per_tib"], rows["sleep_until_woken"]["saves_usd_per_tib_at_300"]) == (0.01, 0.009)
+    assert (rows["cut_items"]["saves_seconds_after_stream_end"], rows["cut_items"]["kept"]) == (1.9, False)
+    assert rows["all on"]["saves_usd_per_tib_at_50"] == 0.60 and rows["all on"]["kept"] is None

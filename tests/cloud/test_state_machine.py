@@ -129,7 +129,7 @@ class Cloud:
 
     # -- the pipeline --------------------------------------------------------------
     def start(self, ref: BackupRef, **options: Any) -> str:
-        request = ExecutionInput(backup=str(ref), poll_seconds=1, stall_seconds=30, **options)
+        request = ExecutionInput(backup=str(ref), **{"poll_seconds": 1, "stall_seconds": 30, **options})
         arn = self.sfn.start_execution(
             stateMachineArn=self.deployed.state_machine_arn, name=execution_name(ref), input=json.dumps(request.to_json())
         )["executionArn"]
@@ -249,16 +249,15 @@ def test_staged_backup_is_published_and_decodes_to_the_original_bytes(cloud: Clo
     assert cloud.keys_under(staging_prefix(ref)) == []
     assert cloud.open_uploads(staging_prefix(ref)) == []
     assert cloud.staging_versions(staging_prefix(ref)) == []  # no plaintext kept as old versions either
-    # More than one round ran: fan-out began before the stream ended. The
-    # last round may be the inline map, which starts no map run.
+    # More than one round ran: fan-out began before the stream ended.
     assert rounds(cloud, arn) >= 2
 
 
 def rounds(cloud: Cloud, arn: str) -> int:
-    """Rounds of either kind: a Distributed Map run, or the inline final round."""
+    """Rounds: Distributed Map runs."""
     history = cloud.sfn.get_execution_history(executionArn=arn, maxResults=1000)["events"]
     entered = [e["stateEnteredEventDetails"]["name"] for e in history if e["type"] == "MapStateEntered"]
-    return sum(1 for name in entered if name in ("ProcessChunks", "ProcessFinalRound"))
+    return sum(1 for name in entered if name == "ProcessChunks")
 
 
 def sleeping(cloud: Cloud, ref: BackupRef, arn: str) -> WakeRecord:
@@ -345,22 +344,6 @@ def test_a_worker_that_fails_once_is_retried_and_the_backup_succeeds(cloud: Clou
     assert cloud.restore(ref) == inputs
 
 
-def test_a_failed_warm_up_of_finalize_changes_nothing_but_that(cloud: Cloud) -> None:
-    ref = BackupRef.new("db")
-    inputs = [pattern(CHUNK * 3, 5)]
-    cloud.stage_backup(ref, inputs, segment_chunks=4)
-    finalize = cloud.deployed.functions["finalize"]
-    warm_ups: list[dict[str, Any]] = []
-    cloud.lambdas.fail(finalize, lambda: StorageError("Lambda could not start the container"), times=None,
-                       when=lambda e: e.get("warm") is True and not warm_ups.append(e))
-
-    result = cloud.wait(cloud.start(ref, max_concurrency=4, max_chunks_per_item=1))
-
-    assert result["status"] == "SUCCEEDED", cloud.failures(result["executionArn"])
-    assert warm_ups == [{"warm": True, "backup": str(ref)}]  # the one round, planned after stream end, warmed it first
-    assert cloud.lambdas.invocation_count(finalize) == 2 and cloud.restore(ref) == inputs
-
-
 def wait_for_hold(cloud: Cloud, ref: BackupRef, arn: str, timeout: float = 90) -> HoldRecord:
     deadline = time.monotonic() + timeout
     while (hold := StagingArea(cloud.store, ref).read_hold()) is None:
@@ -429,6 +412,26 @@ def test_many_items_failing_with_long_errors_are_planned_again_not_a_map_past_it
     assert not [f for f in cloud.failures(arn) if "DataLimitExceeded" in f]
     StagingArea(cloud.store, ref).write_stream_end(StreamEnd([len(inputs[0])], [2], abandoned="given up"))
     assert cloud.wait(arn)["status"] == "FAILED"
+
+
+def test_a_failed_backup_leaves_no_staging_object_version_or_upload_on_the_versioned_bucket(cloud: Cloud) -> None:
+    """Issue 22 item 6, the failed case: an agent that stops uploading fails the backup (StagingStalledError, which
+    never holds); Cleanup removes its staging by version id, its open upload and its chunks."""
+    ref = BackupRef.new("db")
+    cloud.stage_session(ref, 1, segment_chunks=2)
+    data = pattern(CHUNK * 2, 13)
+    cloud.stage_segment(ref, 0, 0, 0, data)
+    cloud.stage_segment(ref, 0, 0, 0, data)  # a retried upload: its first version is noncurrent now
+    cloud.s3.create_multipart_upload(Bucket=cloud.deployed.bucket, Key=segment_key(ref, 0, 1))  # the agent died mid-upload
+    assert len(cloud.staging_versions(staging_prefix(ref))) > len(cloud.keys_under(staging_prefix(ref)))
+
+    arn = cloud.start(ref, stall_seconds=2)
+    result = cloud.wait(arn, wake=False)
+
+    assert result["status"] == "FAILED" and result["error"] == "StagingStalledError", (result, cloud.failures(arn))
+    assert cloud.store.head(manifest_key(ref)) is None and cloud.keys_under(data_prefix(ref)) == []
+    assert cloud.keys_under(staging_prefix(ref)) == [] and cloud.staging_versions(staging_prefix(ref)) == []
+    assert cloud.open_uploads(staging_prefix(ref)) == []
 
 
 def test_an_abandoned_hold_fails_the_backup_cleanly(cloud: Cloud) -> None:
@@ -524,6 +527,7 @@ def test_a_worker_error_reaches_the_failed_executions_cause(cloud: Cloud) -> Non
     assert "The first failed worker (chunks 2..2: IntegrityError:" in result["cause"], result["cause"]
     assert "does not match the checksum the agent recorded" in result["cause"]
     assert cloud.keys_under(staging_prefix(ref)) == []  # the failure records went with the rest of staging
+    assert cloud.staging_versions(staging_prefix(ref)) == []  # ...and every version of them (issue 22 item 6)
 
 
 def test_an_execution_named_after_another_backup_touches_nothing_of_the_one_it_names(cloud: Cloud) -> None:

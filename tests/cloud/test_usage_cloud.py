@@ -94,28 +94,22 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
     # Lambda: an invocation per step and per item, billed at the function's memory.
     functions = usage["lambda"]
     plans = functions["plan"]["invocations"]
-    # The execution's history: which rounds ran inline, and how often Finalize was warmed (an invocation of its own).
-    inline, warmed = entered["StoreFinalItem"], entered["WarmFinalize"]
-    # This stream's one segment is recorded milliseconds before its end: its one round runs inline, warmed, unless a
-    # Plan poll fell between the two records and planned it as a streaming round (a map run, no warm-up).
-    assert (inline, warmed) in ((items, 1), (0, 0)), entered
-    assert (functions["prepare"]["invocations"], functions["worker"]["invocations"], functions["finalize"]["invocations"]) == (1, items, 1 + warmed)
+    assert (functions["prepare"]["invocations"], functions["worker"]["invocations"], functions["finalize"]["invocations"]) == (1, items, 1)
     assert plans >= rounds + 1  # every round, then "done"
     worker = functions["worker"]
     assert worker["seconds"] > 0
     assert worker["gb_seconds"] == pytest.approx(worker["seconds"] * contract.WORKER_MEMORY_MB / 1024, rel=1e-4)
     # Step Functions: Identify, Prepare; per Plan call PlanSegments, SegmentsReady? and a Wait, a sleep or a Map but the last; Finalize,
-    # Succeeded; per round after stream end WarmFinalize and FinalRoundInline?; a Worker state per item of an inline round,
-    # the others Express children.
-    assert usage["sfn_transitions"] == 2 + 3 * plans - 1 + 2 + 2 * warmed + inline
-    assert usage["sfn_express_requests"] == items - inline
-    express = items - inline
+    # Succeeded; every item an Express child.
+    assert usage["sfn_transitions"] == 2 + 3 * plans - 1 + 2
+    assert usage["sfn_express_requests"] == items
+    express = items
     assert express * 0.1 * 64 / 1024 <= usage["sfn_express_gb_seconds"] <= (worker["seconds"] + 0.1 * items) * 64 / 1024 * (express > 0) + 1e-6
 
     # The billed quantities add the request map up by S3 price class.
     assert usage["s3_put_requests"] == sum(n for name, n in requests.items() if name.startswith("s3:") and s3_request_class(name[3:]) == "put")
     assert usage["kms_requests"] == requests["kms:GenerateDataKey"] + requests["kms:Decrypt"]
-    assert usage["lambda_invocations"] == sum(f["invocations"] for f in functions.values()) == 2 + plans + items + warmed
+    assert usage["lambda_invocations"] == sum(f["invocations"] for f in functions.values()) == 2 + plans + items
     assert (usage["staged_bytes"], usage["stored_bytes"], usage["cpu_seconds"]) == (size, detail["stored_bytes"], 0)
 
 

@@ -156,3 +156,20 @@ def test_the_whole_stack_with_schedules_passes_cdk_nag(tmp_path: Path) -> None:
     done = subprocess.run([str(ROOT / ".venv" / "bin" / "cfn-lint"), "--format", "parseable", str(path)], capture_output=True, text=True)
     errors = [line for line in done.stdout.splitlines() if line.split(":")[5:6] and line.split(":")[5].startswith("E")]
     assert not errors, done.stdout
+    # A schedule whose tag reaches no host sends nothing and fails nothing (review 3, L8): each scheduled name gets a
+    # freshness alarm, a rate() its interval plus 2 hours, a cron() a week, unless braid:expectedBackups names it.
+    fresh = {p["AlarmDescription"]: p for p in template.find_resources("AWS::CloudWatch::Alarm").values() for p in [p["Properties"]]
+             if p.get("MetricName") == "BackupPublished"}
+    named = {d: (p["EvaluationPeriods"], *[x["Value"] for x in p["Dimensions"] if x["Name"] == "backup_name"]) for d, p in fresh.items()}
+    assert named == {
+        "No Braid backup of pg was published in the last 168 hours": (168, "pg"),
+        "No Braid backup of sample was published in the last 14 hours": (14, "sample"),
+    }
+
+
+def test_a_scheduled_name_is_expected_within_its_interval() -> None:
+    def hours(schedule: str) -> int:
+        return BackupSchedule.from_json({**PG, "schedule": schedule}).expected_hours()
+
+    assert (hours("rate(12 hours)"), hours("rate(1 day)"), hours("rate(90 minutes)"), hours("rate(30 days)")) == (14, 26, 4, 168)
+    assert hours("cron(0 2 * * ? *)") == hours("at(2026-12-01T02:00:00)") == 168

@@ -61,8 +61,7 @@ Test aids (never needed to use it):
                        again after S seconds, not the queue's visibility
                        timeout (support.sqs_poller emulates Lambda's poller)
   --fail-finalize MODE the Finalize Lambda raises StorageError, as --fail-worker
-                       (a coordinator's failure: the backup is held for --resume);
-                       its warm-ups (WarmFinalize) are not counted and not failed
+                       (a coordinator's failure: the backup is held for --resume)
   --no-iam             do not check requests against the stack's IAM policies
   --time-scale S       the service's clock runs S times faster than real
                        time: Retry intervals, Wait states, the Express
@@ -461,7 +460,6 @@ def main(argv: list[str] | None = None) -> int:
             deployed.functions["finalize"],
             lambda: StorageError(f"injected fault: the emulator was started with --fail-finalize {args.fail_finalize}"),
             times=fail_worker_times(args.fail_finalize),
-            when=lambda event: event.get("warm") is not True,  # the step itself, not WarmFinalize's warm-up
         )
     if args.fail_wal is not None:
         lambdas.fail(

@@ -61,13 +61,8 @@ DEFAULT_WORKER_LANES = 4
 # Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
 # chunks of its item as one create-only PUT (smaller runs at the item's ends: braid.format.staging.rounds.pack_sizes),
 # so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
-# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (1, 5, 5, 5, 5, 5, 3, 2, 1).
+# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (5, 5, 4, 4, 4, 4, 3, 2, 1).
 CHUNKS_PER_PACK = 5
-# The final round's items run in an inline Map of the backup execution when they are this few (AWS runs
-# at most 40 iterations of an inline Map at once): no Distributed Map run to start after stream end
-# (braid.pipeline.item_sizing.inline_chunks_per_item). Its iterations' events go into the execution's
-# history, which a final round adds once per backup.
-INLINE_MAP_MAX_ITEMS = 40
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
 WORKER_MEMORY_MB = 1769
@@ -86,7 +81,12 @@ WAL_MEMORY_MB = 512
 WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
 WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
 WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
-WORKER_RETRIES = 3
+# 3 attempts: each may start a new execution environment (a timed-out one is replaced), whose Init phase runs
+# outside the function's timeout for up to LAMBDA_INIT_SECONDS; 3 x (60 + 10) s plus the backoffs leave the
+# EXPRESS child a margin of ~50 s (4 attempts would not fit: review 3, L6; tests/infra checks the sum).
+WORKER_RETRIES = 2
+# "The Init phase is limited to 10 seconds" (Lambda, "Understanding the Lambda execution environment lifecycle").
+LAMBDA_INIT_SECONDS = 10
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
@@ -105,9 +105,9 @@ FINALIZE_MEMORY_MB = 1769
 
 # The prune's map (braid.pipeline.sweep): each item deletes one slice of a
 # removed backup's chunks (PRUNE_SLICE_CHUNKS: a LIST and a DeleteObjects per
-# 1,000, ~10 s) or collects one leftover; attempts x timeout plus backoffs
-# (2 s doubling) stay inside an EXPRESS child's 300 s (tests/infra checks).
-SWEEP_TIMEOUT_SECONDS = 90
+# 1,000, ~10 s) or collects one leftover; attempts x (timeout + Lambda's Init) plus
+# backoffs (2 s doubling) stay inside an EXPRESS child's 300 s (tests/infra checks).
+SWEEP_TIMEOUT_SECONDS = 80
 SWEEP_RETRIES = 2
 PRUNE_SLICE_CHUNKS = 16384
 PRUNE_MAX_CONCURRENCY = 20  # items at once: S3 deletes ~3,500 keys/s per prefix, each item is one backup's prefix
@@ -129,9 +129,6 @@ class PlanKey(StrEnum):
     PLANNED_CHUNKS = "planned_chunks"
     IDLE_SECONDS = "idle_seconds"
     WAIT_SECONDS = "wait_seconds"  # WaitForSegments' wait, SleepUntilWoken's timeout
-    INLINE = "inline"  # the round runs as ProcessFinalRound (an inline Map)
-    INLINE_ITEMS = "inline_items"  # its items
-    FINAL = "final"  # planned after stream end: WarmFinalize first
     WAKE_CHUNKS = "wake_chunks"
     WAKE_AFTER_SECONDS = "wake_after_seconds"
     WAKE_OBJECT = "wake_object"  # full S3 key of the wake record SleepUntilWoken writes

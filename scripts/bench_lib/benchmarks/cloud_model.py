@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import api_quota, retention_cost, s3proxy, scale_sim, wal_model
+from bench_lib import api_quota, optimisations, retention_cost, s3proxy, scale_sim, wal_model
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -280,17 +280,17 @@ def counts(sim: Simulation, memory_mb: int) -> dict[str, float]:
     GB-months (the `counts` of each JSON row, so a reader can price them on their own table)."""
     gb = memory_mb / 1024
     requests = sim.requests() + sim.agent_requests
-    requests["GET"] += sim.turns["map"] - sim.turns["inline"]  # the Distributed Map's ItemReader reads each round file (not an inline map's)
+    requests["GET"] += sim.turns["map"]  # the Distributed Map's ItemReader reads each round file
     requests["PUT"] += sim.turns["sleep"]  # SleepUntilWoken writes the wake record (braid.format.staging.wake)
     workers_started = sim.containers  # cold starts: the run's peak concurrency (scale_sim.COLD_START_SECONDS)
     return {
         "worker_gb_s": sim.worker_seconds * gb + workers_started * COLD_START_SECONDS * gb,
         "coordinator_gb_s": sum(i.billed_seconds * FUNCTIONS[i.function][0] / 1024 for i in sim.invocations if i.function != "worker"),
-        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]) + sim.turns["warm"],
+        "lambda_requests": sim.items + len([i for i in sim.invocations if i.function != "worker"]),
         "s3_put_class_requests": requests["PUT"] + requests["LIST"],  # DELETE is free (PRICES)
         "s3_get_class_requests": requests["GET"] + requests["HEAD"],
         "express_requests": sim.express_items,
-        "express_gb_s": (sim.worker_seconds - sim.inline_seconds) * ASSUME["express_memory_gb"],
+        "express_gb_s": sim.worker_seconds * ASSUME["express_memory_gb"],
         "standard_transitions": sim.transitions,
         "kms_requests": 1 + workers_started + 1,  # GenerateDataKey, Decrypt per worker container, Finalize
         "staging_gb_months": sim.staged_byte_seconds / 1e9 / (30 * 86400),
@@ -353,7 +353,6 @@ def simulated_row(
         "segments": sim.segments,
         "chunks": sim.chunks,
         "items": sim.items,
-        "inline_items": sim.inline_items,  # the final round's, run as an inline Map
         "worker_containers": sim.containers,  # cold starts: the run's peak concurrency
         "rounds": sim.turns["map"],
         "plan_calls": len(sim.by_function("plan")),
@@ -386,6 +385,24 @@ def sensitivity_rows(
     return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
 
 
+def optimisation_table(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
+) -> Table:
+    """Each pipeline policy off against all on, 1 TiB x 500 workers x 50/300/1,000 MB/s at the published network rate
+    (bench_lib.optimisations): what it saves, and whether the rule keeps it."""
+    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
+        rows = optimisations.rows(options, lambda sim: sum(price(sim, memory).values()), log)
+    return Table(
+        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end (worst of"
+        f" {optimisations.PHASES} end phases) it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
+        f" {scale_sim.lambda_network_mb_s(memory):g} MB/s per worker; kept if it saves >= ${optimisations.KEEP_USD_PER_TIB}/TiB or"
+        f" >= {optimisations.KEEP_SECONDS:g} s at some rate (the 'all on' row: $/TiB and seconds themselves)",
+        list(rows[0]),
+        [list(row.values()) for row in rows],
+    )
+
+
 def run(ctx: Context) -> Section:
     args = ctx.args
     chunk = args.chunk_size
@@ -404,7 +421,7 @@ def run(ctx: Context) -> Section:
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "worker_memory_mb", "lambda_network_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
-               "segments", "chunks", "items", "inline_items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
+               "segments", "chunks", "items", "worker_containers", "rounds", "plan_calls", "s3_requests", "finalize_seconds"]
     section.tables.append(Table(
         "per backup size x fan-out x stream rate: $ per TiB, seconds from stream end to the verified manifest (worst and best of"
         " `end_phases` stream ends spread over one round period), largest history (events), largest Lambda duration over its timeout",
@@ -439,6 +456,7 @@ def run(ctx: Context) -> Section:
              "PASS" if max(r["max_timeout_fraction"] for r in rows) <= 0.5 else "MISS"],
         ],
     ))
+    section.tables.append(optimisation_table(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm))
     section.tables.extend(policy_tables())
     section.tables.append(describe_table())
     wal_tables, wal_facts = wal_section(ctx, arm, measured.ratio, key["cost_per_tib"])
@@ -468,7 +486,7 @@ def run(ctx: Context) -> Section:
         "prices": ", ".join(f"{k} ${v:.10g}" for k, v in PRICES.items()),
         "assumptions": ", ".join(f"{k}={v}" for k, v in ASSUME.items()),
         "simulation assumptions": ", ".join(
-            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS", "INLINE_MAP_START_SECONDS",
+            f"{k}={getattr(scale_sim, k)}" for k in ("REQUEST_SECONDS", "REQUEST_CPU_SECONDS", "MAP_START_SECONDS",
                                                      "INVOKE_OVERHEAD_SECONDS", "COLD_START_SECONDS", "LAMBDA_S3_MB_S", "LAMBDA_NIC_MB_S")
         ),
         "history events per state (scale_sim.EVENTS)": json.dumps(scale_sim.EVENTS),

@@ -2,18 +2,15 @@
 
 Correctness never rests on the map's own bookkeeping (on moto a failed
 DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
-reads the plan rounds and the workers' results itself (in parallel:
-StagingArea reads many records at once; the planner merged each map's
-results into the results index, a fold per map, as the stream arrived, so
-these are a round file and a fold per map and the last map's records, not
-one record per item), requires the rounds to tile every
-input through its stream-end length and a result for every planned chunk
-that matches its place in the plan, and `finalize_backup` then checks every
-stored chunk's presence and size by LIST (1,000 per request; S3 verified
-each chunk's CRC64NVME on its PUT) before it writes the manifest last,
-create-only, and reads it back to compare with the bytes it sealed. Only
-then is staging deleted and "Backup Completed" emitted. Its requests are O(rounds / 32) deep, so a
-10 TiB backup finalizes in about a quarter of a minute (tests/cloud/test_scale_simulation.py).
+reads the plan rounds and the workers' results itself (StagingArea.read_results:
+the results index, a fold per map, and the records no fold holds, many at
+once), requires the rounds to tile every input through its stream-end
+length and a result for every planned chunk that matches its place in the
+plan, and `finalize_backup` then checks every stored chunk's presence and
+size by LIST (1,000 per request; S3 verified each chunk's CRC64NVME on its
+PUT) before it writes the manifest last, create-only, and reads it back to
+compare with the bytes it sealed. Only then is staging deleted and "Backup
+Completed" emitted.
 
 The event is best-effort: once the manifest is published the backup exists,
 so a failed PutEvents is reported (`notify_failed`: the handler logs it and
@@ -29,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from braid.contract import BACKUP_COMPLETED, ENGINE_STEPFUNCTIONS
@@ -72,17 +69,7 @@ class Summary:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "backup": self.backup,
-            "repository": self.repository,
-            "manifest": self.manifest,
-            "inputs": self.inputs,
-            "chunks": self.chunks,
-            "plaintext_bytes": self.plaintext_bytes,
-            "stored_bytes": self.stored_bytes,
-            "ratio": round(self.ratio, 4),
-            "seconds": round(self.seconds, 3),
-        }
+        return {**asdict(self), "ratio": round(self.ratio, 4), "seconds": round(self.seconds, 3)}
 
 
 def summarize(manifest: Manifest, store_url: str, seconds: float) -> Summary:

@@ -27,14 +27,7 @@ The round cap keeps every map's state output (a null per item) far below the
 
 from __future__ import annotations
 
-from braid import contract
-
 MAX_ITEMS_PER_ROUND = 10_000
-# The most chunks an item of an inline final round carries. A Distributed Map takes ~2 s from the
-# state's start to its first child running (scripts/bench_lib/scale_sim.MAP_START_SECONDS), where an
-# inline Map's iterations start at once; ~4 chunks of an item's time is what that start is worth, so
-# a final round up to INLINE_MAP_MAX_ITEMS x 4 chunks finishes sooner inline, a larger one spread wide.
-INLINE_MAX_CHUNKS_PER_ITEM = 4
 
 
 def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item: int, *, streaming: bool = False) -> int:
@@ -55,21 +48,3 @@ def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item
     wanted = -(-ready_chunks // max(1, max_concurrency))
     return max(1, min(max_chunks_per_item, wanted))
 
-
-def inline_chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item: int) -> int | None:
-    """Chunks per item for a final round small enough to run as an inline Map, else None.
-
-    After stream end the tail is what the last round takes: an inline Map
-    (contract.INLINE_MAP_MAX_ITEMS at once, never more than the fan-out)
-    starts its items at once, where a Distributed Map first starts a map run.
-    Worth it while its items stay short (INLINE_MAX_CHUNKS_PER_ITEM); the
-    caller still checks the items it cut fit (they never span segments, so a
-    round of many small segments may cut more).
-    """
-    slots = min(contract.INLINE_MAP_MAX_ITEMS, max(1, max_concurrency))
-    if ready_chunks <= 0:
-        return None
-    per_item = max(chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item), -(-ready_chunks // slots))
-    if per_item > min(INLINE_MAX_CHUNKS_PER_ITEM, max(1, max_chunks_per_item)):
-        return None
-    return per_item

@@ -21,10 +21,7 @@ the loop's turns, not the backup's size, are what must be bounded:
   `ROUND_MAX_SECONDS` since the last round, so a slow stream is still
   processed as it arrives; `round_due`). Every round costs the same
   whatever it carries, so rounds of a fixed volume bound a TiB's rounds
-  at any stream rate (the figures: docs/design/2026-11-cloud-figures.md). The target stays below what one inline final round carries
-  (contract.INLINE_MAP_MAX_ITEMS items of item_sizing.INLINE_MAX_CHUNKS_PER_ITEM,
-  160 chunks), less a segment: what is left to plan when the stream ends
-  still fits the inline round that skips a map run's start.
+  at any stream rate (the figures: docs/design/2026-11-cloud-figures.md).
 
 - **A Plan call that would watch long sleeps instead** (`sleep_plan`):
   when the next round is more than `SLEEP_BREAK_EVEN_SECONDS` away (at the

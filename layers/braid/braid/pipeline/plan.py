@@ -19,6 +19,8 @@ which the format allows: an input's chunks are ordered by offset.
 
 A map item is a run of consecutive parts of one segment ("a few chunks",
 see braid.pipeline.item_sizing for why), never spanning two segments.
+What to do next is decided by braid.pipeline.decide, which does no I/O;
+this module reads staging for it and carries out its actions.
 """
 
 from __future__ import annotations
@@ -28,19 +30,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from braid import contract
 from braid.contract import PlanKey, PlanState
-from braid.errors import BackupError, IntegrityError
+from braid.errors import BackupError
 from braid.format.ids import BackupRef
-from braid.format.lease import heartbeat_seconds
-from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd, rounds_prefix
+from braid.format.staging import MapItem, SegmentRecord, SessionRecord, StagingArea, StreamEnd
 from braid.format.staging.wake import ONLY_AT_END
+from braid.pipeline.decide import Action, Observation, PlanRound, Poll, Rules, Step, Wait, adopt, decide
 from braid.pipeline.failure import describe_error
-from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND, chunks_per_item, inline_chunks_per_item
-from braid.pipeline.pacing import POLL_INTERVAL_SECONDS, round_due, sleep_plan
-from braid.pipeline.plan_cursor import PlanCursor, check_continues, fresh_cursor, lease_digest, recover_cursor, stream_complete
+from braid.pipeline.item_sizing import MAX_ITEMS_PER_ROUND
+from braid.pipeline.pacing import Sleep
+from braid.pipeline.plan_cursor import PlanCursor, check_continues, lease_digest, recover_cursor
 from braid.pipeline.policies import ALL_ON, Policies
-from braid.pipeline.replan import check_last_map, check_of, hold_after_failure, watch_hold
+from braid.pipeline.replan import check_last_map, hold_after_failure, watch_hold
 from braid.ports.store import ObjectStore
 
 
@@ -57,9 +58,6 @@ class PlanStatus:
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
     cursor: PlanCursor | None = field(default=None, compare=False)
-    # A final round to run as an inline Map (the round file's items, in the state): see _plan_round.
-    inline_items: tuple[MapItem, ...] = ()
-    final: bool = False  # a round planned after stream end (the state machine warms Finalize's container for it)
     # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
     wake_chunks: int = ONLY_AT_END
     wake_after_seconds: int = 0
@@ -75,17 +73,10 @@ class PlanStatus:
             PlanKey.PLANNED_CHUNKS: self.planned_chunks,
             PlanKey.IDLE_SECONDS: self.idle_seconds,
             PlanKey.WAIT_SECONDS: self.wait_seconds,
-            PlanKey.INLINE: bool(self.inline_items),
-            PlanKey.FINAL: self.final,
-            PlanKey.INLINE_ITEMS: [item.to_json() for item in self.inline_items],
             PlanKey.WAKE_CHUNKS: self.wake_chunks,
             PlanKey.WAKE_AFTER_SECONDS: self.wake_after_seconds,
             **({PlanKey.CURSOR: self.cursor.to_json()} if self.cursor is not None else {}),
         }
-
-
-class StagingStalledError(IntegrityError):
-    """The agent stopped completing segments before the stream ended."""
 
 
 class StreamAbandonedError(BackupError):
@@ -101,56 +92,11 @@ def check_not_abandoned(ref: BackupRef, end: StreamEnd | None) -> None:
         raise StreamAbandonedError(f"the agent abandoned backup {ref}: {end.abandoned}")
 
 
-def items_for_segments(
-    records: list[SegmentRecord], chunk_size: int, first_index: int, per_item: int, *, cut: bool = False, policies: Policies = ALL_ON,
-) -> list[MapItem]:
-    """Cut segments into items of `per_item` consecutive parts; indexes follow record order.
-
-    Takes records StagingArea.read_segment_records checked (one part checksum per part).
-    `cut`: the items may stop at a pack boundary once the stream has ended (MapItem.cut): a streaming round's.
-    `policies`: decide each item's packs (Policies.packs), written into the item.
-    """
-    items = []
-    index = first_index
-    for record in records:
-        part = 1
-        while part <= record.chunks:
-            count = min(per_item, record.chunks - part + 1)
-            checksums = tuple(record.chunk_checksums[part - 1 : part - 1 + count])
-            items.append(
-                MapItem(
-                    record.key, record.input_index, record.segment, record.offset, record.length, chunk_size, part, count, index, checksums,
-                    cut=cut, packs=policies.packs(count),
-                )
-            )
-            part += count
-            index += count
-    return items
-
-
-def select_ready(ready: list[SegmentRecord], per_item: int, max_items: int) -> list[SegmentRecord]:
-    """Whole segments, in order, while the round stays within `max_items` (at least one)."""
-    chosen: list[SegmentRecord] = []
-    items = 0
-    for record in ready:
-        needed = -(-record.chunks // per_item)
-        if chosen and items + needed > max_items:
-            break
-        chosen.append(record)
-        items += needed
-    return chosen
-
-
 def idle_since_progress(previous: Mapping[str, Any] | None) -> int:
     """Seconds the planner has waited without progress, carried in its previous result (the state's `plan`)."""
     if not previous or previous.get(PlanKey.STATUS) != PlanState.WAITING:
         return 0
     return int(previous.get(PlanKey.IDLE_SECONDS, 0))
-
-
-def next_wait(idle_seconds: int, poll_seconds: int) -> int:
-    """Poll quickly right after progress, then back off to `poll_seconds` (state transitions cost)."""
-    return max(1, min(poll_seconds, 1 + idle_seconds))
 
 
 def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
@@ -162,27 +108,14 @@ def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | No
 
 
 def plan_next_round(
-    store: ObjectStore,
-    ref: BackupRef,
-    *,
-    max_concurrency: int,
-    max_chunks_per_item: int,
-    poll_seconds: int,
-    stall_seconds: int,
-    idle_seconds: int = 0,
-    max_items: int = MAX_ITEMS_PER_ROUND,
-    cursor: Mapping[str, Any] | None = None,
-    watch_seconds: float = 0.0,
-    min_round_seconds: float = 0.0,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
-    may_sleep: bool = False,
-    purge: Callable[[str], object] | None = None,
-    index_results: bool = True,
-    policies: Policies = ALL_ON,
+    store: ObjectStore, ref: BackupRef, *, max_concurrency: int, max_chunks_per_item: int, poll_seconds: int, stall_seconds: int,
+    idle_seconds: int = 0, max_items: int = MAX_ITEMS_PER_ROUND, cursor: Mapping[str, Any] | None = None, watch_seconds: float = 0.0,
+    min_round_seconds: float = 0.0, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+    may_sleep: bool = False, purge: Callable[[str], object] | None = None, policies: Policies = ALL_ON,
 ) -> PlanStatus:
     """One Plan call: watch staging for up to `watch_seconds`, return a round as soon as one is due.
 
+    The I/O shell around braid.pipeline.decide.decide: it reads staging, decides, acts.
     `cursor`: what the previous call returned (None: rebuilt from the round
     files, once). `min_round_seconds`: pacing (0 plans whatever is ready at
     once, as a direct call expects). `clock`/`sleep`: epoch seconds and the
@@ -190,85 +123,77 @@ def plan_next_round(
     `may_sleep`: return "sleeping" rather than watch when the next round is far
     off (pacing.sleep_plan), for a state machine that waits for the agent's wake.
     `purge(key)`: removes every version of one staged segment (StagingArea.remove_segments).
-    `index_results`: merge each map's finished results into the results index (braid.pipeline.replan); off, Finalize
-    reads every item's record.
     `policies`: the optimisations the execution input chose (braid.pipeline.policies).
     """
-    may_sleep = may_sleep and policies.sleep_until_woken
     area = StagingArea(store, ref)
     session = area.read_session()
     now = clock()
-    if cursor is None:
-        state = recover_cursor(area, session, now, idle_seconds) if store_has_rounds(area) else replace(fresh_cursor(session, now), progress=now - idle_seconds)
-    else:
-        state = PlanCursor.from_json(cursor, len(session.inputs))
-    deadline = now + max(0.0, watch_seconds)
+    state = recover_cursor(area, session, now, idle_seconds) if cursor is None else PlanCursor.from_json(cursor, len(session.inputs))
+    rules = Rules(
+        ref, session, max_concurrency, max_chunks_per_item, poll_seconds, stall_seconds, deadline=now + max(0.0, watch_seconds),
+        watching=watch_seconds > 0, max_items=max_items, min_round_seconds=min_round_seconds,
+        may_sleep=may_sleep and policies.sleep_until_woken, policies=policies,
+    )
     # Fold only while the stream arrives: after its end the next step is the final round or Finalize, which
     # reads those few records faster itself (one vCPU against the planner's 256 MB share of one).
-    fold = index_results and state.check is not None and area.read_stream_end() is None
+    fold = policies.results_index and state.check is not None and area.read_stream_end() is None
     checked = check_last_map(area, state, now, fold=fold, purge=purge)
-    state, carry = checked.state, list(checked.remainders)
+    state = checked.state
     if checked.again:
         return _map_again(state, checked.again)
-    ready: list[SegmentRecord] = []
-    lease_read_at = float("-inf")
+    seen = Observation(carry=checked.remainders)
     while True:
         now = clock()
+        state, seen, again = _observe(area, session, state, seen, now)
+        if again:
+            return _map_again(state, again)
+        state, action = decide(state, seen, now, rules)
+        if action is Step.READ_LEASE:
+            seen = replace(seen, lease=lease_digest(area.read_agent_lease()), lease_read_at=now)
+            state, action = decide(state, seen, now, rules)
+        if not isinstance(action, Poll):
+            return _act(area, state, action, now, rules)
+        sleep(action.seconds)
+
+
+def _observe(
+    area: StagingArea, session: SessionRecord, state: PlanCursor, seen: Observation, now: float,
+) -> tuple[PlanCursor, Observation, list[MapItem] | None]:
+    """Watch the hold (a resume releases it, maybe with items to map again), or read what is new; refuse an abandoned stream."""
+    if state.held is not None:
+        state, again = watch_hold(area, state, now)
         if state.held is not None:
-            state, again = watch_hold(area, state, now)
-            if again:
-                return _map_again(state, again)
-            if state.held is None:
-                continue  # released: plan on from the cursor
-            check_not_abandoned(ref, area.read_stream_end())  # an explicit abandon ends the hold
-            if now + POLL_INTERVAL_SECONDS > deadline:
-                return PlanStatus(PlanState.HELD, round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
-            sleep(POLL_INTERVAL_SECONDS)
-            continue
-        found_new = _read_new_records(area, session, state, ready)
-        if found_new:
-            state = replace(state, progress=now)
-        end = area.read_stream_end()
-        check_not_abandoned(ref, end)  # before planning more work for a stream that will never end
-        ready, state = _skip_empty(ready, state)
-        due = (
-            end is not None or state.last_round is None
-            or round_due(now - state.last_round, now - state.started, sum(r.chunks for r in ready), min_round_seconds)
+            check_not_abandoned(area.ref, area.read_stream_end())  # an explicit abandon ends the hold
+        if again or state.held is not None:
+            return state, seen, again
+    ready = _read_new_records(area, session, state, seen.ready)
+    seen = replace(seen, ready=ready, found_new=len(ready) > len(seen.ready), end=area.read_stream_end())
+    check_not_abandoned(area.ref, seen.end)  # before planning more work for a stream that will never end
+    return state, seen, None
+
+
+def _act(area: StagingArea, state: PlanCursor, action: Action, now: float, rules: Rules) -> PlanStatus:
+    """Carry out what `decide` returned (all but polling): the status the state machine reads."""
+    if isinstance(action, PlanRound):
+        found = area.write_round(state.rounds + 1, list(action.items))
+        after = adopt(state, found, now, rules.ref)
+        return PlanStatus(
+            PlanState.READY, round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks,
+            cursor=after,
         )
-        if (ready and due) or carry:  # what cut items left (only once the stream has ended) is planned at once
-            return _plan_round(area, session, state, ready, end, now, max_concurrency, max_chunks_per_item, max_items, carry, policies)
-        if end is not None and not ready and stream_complete(ref, state, end, session):
-            return PlanStatus(PlanState.DONE, round=state.rounds, planned_chunks=state.chunks, cursor=state)
-        if now - lease_read_at >= heartbeat_seconds(stall_seconds):
-            lease_read_at = now
-            digest = lease_digest(area.read_agent_lease())
-            if digest and digest != state.lease:
-                state = replace(state, lease=digest, progress=now)
-        idle = now - state.progress
-        if idle >= stall_seconds:
-            raise StagingStalledError(
-                f"backup {ref}: no new staged segment and no lease renewal from the agent for {idle:.0f} s and the stream"
-                " has not ended; the agent stopped uploading. Run the backup again (or resume it sooner with --resume)"
-            )
-        if may_sleep and end is None:
-            asleep = sleep_plan(
-                planned_chunks=state.chunks, ready_chunks=sum(r.chunks for r in ready),
-                since_last_seconds=None if state.last_round is None else now - state.last_round, age_seconds=now - state.started,
-                stall_seconds=stall_seconds, min_round_seconds=min_round_seconds,
-            )
-            if asleep is not None:
-                return PlanStatus(
-                    PlanState.SLEEPING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle), wait_seconds=asleep.timeout_seconds,
-                    cursor=state, wake_chunks=asleep.wake_chunks, wake_after_seconds=asleep.wake_after_seconds,
-                )
-        pause = min(POLL_INTERVAL_SECONDS, float(poll_seconds))
-        if now + pause > deadline:
-            wait = next_wait(int(idle), poll_seconds) if watch_seconds <= 0 else 1
-            return PlanStatus(
-                PlanState.WAITING, round=state.rounds, planned_chunks=state.chunks, idle_seconds=int(idle) + wait, wait_seconds=wait,
-                cursor=state,
-            )
-        sleep(pause)
+    if isinstance(action, Sleep):
+        return _status(
+            state, PlanState.SLEEPING, idle_seconds=int(now - state.progress), wait_seconds=action.timeout_seconds,
+            wake_chunks=action.wake_chunks, wake_after_seconds=action.wake_after_seconds,
+        )
+    if isinstance(action, Wait):
+        return _status(state, PlanState.WAITING, idle_seconds=action.idle_seconds, wait_seconds=action.seconds)
+    assert action in (Step.HOLD, Step.DONE), action
+    return _status(state, PlanState.HELD, wait_seconds=1) if action is Step.HOLD else _status(state, PlanState.DONE)
+
+
+def _status(state: PlanCursor, status: PlanState, **fields: Any) -> PlanStatus:
+    return PlanStatus(status, round=state.rounds, planned_chunks=state.chunks, cursor=state, **fields)
 
 
 def hold_step_failure(
@@ -284,8 +209,7 @@ def hold_step_failure(
     carried = carried_cursor(previous)
     state = PlanCursor.from_json(carried, len(session.inputs)) if carried is not None else recover_cursor(area, session, now)
     name, message = describe_error(error)
-    state = hold_after_failure(area, state, now, step, name, message)
-    return PlanStatus(PlanState.HELD, round=state.rounds, planned_chunks=state.chunks, wait_seconds=1, cursor=state)
+    return _status(hold_after_failure(area, state, now, step, name, message), PlanState.HELD, wait_seconds=1)
 
 
 def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
@@ -297,89 +221,15 @@ def _map_again(state: PlanCursor, items: list[MapItem]) -> PlanStatus:
     )
 
 
-def store_has_rounds(area: StagingArea) -> bool:
-    return next(iter(area.store.list(rounds_prefix(area.ref))), None) is not None
-
-
-def _read_new_records(area: StagingArea, session: SessionRecord, state: PlanCursor, ready: list[SegmentRecord]) -> bool:
-    """Append to `ready` each input's next records beyond the cursor and what is already in `ready`; True if any."""
-    found = False
+def _read_new_records(area: StagingArea, session: SessionRecord, state: PlanCursor, ready: tuple[SegmentRecord, ...]) -> tuple[SegmentRecord, ...]:
+    """`ready` and each input's next records beyond the cursor and it, each checked to continue the one before."""
+    found = list(ready)
     for index in range(len(session.inputs)):
-        following = state.segments[index] + sum(1 for r in ready if r.input_index == index)
-        while (record := area.read_segment_record(session, index, following)) is not None:
-            check_continues(area.ref, _advanced(state, ready, index), record, session)
-            ready.append(record)
-            following += 1
-            found = True
-    ready.sort(key=lambda r: (r.input_index, r.segment))
-    return found
-
-
-def _advanced(state: PlanCursor, ready: list[SegmentRecord], index: int) -> PlanCursor:
-    """The cursor as if every ready record of input `index` were planned (to check the next one continues them)."""
-    mine = [r for r in ready if r.input_index == index]
-    if not mine:
-        return state
-    segments, offsets = list(state.segments), list(state.offsets)
-    segments[index] = mine[-1].segment + 1
-    offsets[index] = mine[-1].offset + mine[-1].length
-    return replace(state, segments=tuple(segments), offsets=tuple(offsets))
-
-
-def _skip_empty(ready: list[SegmentRecord], state: PlanCursor) -> tuple[list[SegmentRecord], PlanCursor]:
-    """Records without parts (an empty input) need no item: move the cursor past them now."""
-    while True:
-        empty = [r for r in ready if r.chunks == 0 and r.segment == state.segments[r.input_index]]
-        if not empty:
-            return ready, state
-        for record in empty:
-            state = state.with_empty(record)
-            ready = [r for r in ready if r is not record]
-
-
-def _finishing(carry: list[MapItem], per_item: int) -> list[MapItem]:
-    """What cut items left, as items of whole packs of about `per_item` chunks (MapItem.split)."""
-    return [piece for item in carry for piece in item.split(per_item)]
-
-
-def _plan_round(
-    area: StagingArea,
-    session: SessionRecord,
-    state: PlanCursor,
-    ready: list[SegmentRecord],
-    end: StreamEnd | None,
-    now: float,
-    max_concurrency: int,
-    max_chunks_per_item: int,
-    max_items: int,
-    carry: list[MapItem] | None = None,
-    policies: Policies = ALL_ON,
-) -> PlanStatus:
-    """The next round: `carry` (what cut items left, split into items of whole packs) and the ready segments' items.
-
-    A streaming round's items are cut items (MapItem.cut); a round after stream end is sized to spread over
-    every worker, and runs inline when small enough."""
-    carry = carry or []
-    ready_chunks = sum(r.chunks for r in ready) + sum(item.count for item in carry)
-    per_item = chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item, streaming=end is None)
-    # After stream end, a round small enough runs as an inline Map: its items start at once, with no
-    # Distributed Map run to start first (~2 s of the time after stream end; item_sizing).
-    inline_per_item = inline_chunks_per_item(ready_chunks, max_concurrency, max_chunks_per_item) if end is not None and policies.inline_final_round else None
-    items = []
-    if inline_per_item is not None:
-        items = _finishing(carry, inline_per_item) + items_for_segments(ready, session.chunk_size, state.chunks, inline_per_item, policies=policies)
-    inline = 0 < len(items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)
-    if not inline:
-        chosen = select_ready(ready, per_item, max_items)  # each input's chosen records continue its cursor
-        cut = end is None and policies.cut_items
-        items = _finishing(carry, per_item) + items_for_segments(chosen, session.chunk_size, state.chunks, per_item, cut=cut, policies=policies)
-    found = area.write_round(state.rounds + 1, items)
-    inline = inline and len(found.items) <= min(contract.INLINE_MAP_MAX_ITEMS, max_concurrency)  # an adopted round as well
-    planned = [item for item in found.items if not item.finishes_cut]
-    if planned and planned[0].first_index != state.chunks:
-        raise IntegrityError(f"plan round {found.key} of {area.ref} starts chunk indexes at {planned[0].first_index}, expected {state.chunks}")
-    after = replace(state.with_round(found, now), check=check_of(found.key, found.number))
-    return PlanStatus(
-        PlanState.READY, round=found.number, items_key=found.key, items=len(found.items), chunks=found.chunk_count, planned_chunks=after.chunks, cursor=after,
-        inline_items=found.items if inline else (), final=end is not None and policies.warm_finalize,
-    )
+        after = state
+        for earlier in (r for r in ready if r.input_index == index):
+            after = after.past(earlier)
+        while (record := area.read_segment_record(session, index, after.segments[index])) is not None:
+            check_continues(area.ref, after, record, session)
+            found.append(record)
+            after = after.past(record)
+    return tuple(sorted(found, key=lambda r: (r.input_index, r.segment)))

@@ -101,10 +101,10 @@ class PlanCursor:
             last_round=now, progress=now,
         )
 
-    def with_empty(self, record: SegmentRecord) -> PlanCursor:
-        """Past a segment with no parts (an empty input's only record): nothing to plan, but it counts."""
+    def past(self, record: SegmentRecord) -> PlanCursor:
+        """The cursor as if `record` were planned: an empty input's record (nothing to plan, but it counts), or one read."""
         segments, offsets = list(self.segments), list(self.offsets)
-        segments[record.input_index] = record.segment + 1
+        segments[record.input_index], offsets[record.input_index] = record.segment + 1, record.offset + record.length
         return replace(self, segments=tuple(segments), offsets=tuple(offsets))
 
 

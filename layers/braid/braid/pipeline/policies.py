@@ -5,14 +5,15 @@ and written into the execution input (`"policies": {name: true|false}`,
 every name, JSON booleans only: braid.pipeline.execution_input). The planner
 applies it where it decides (braid.pipeline.plan) and writes each outcome
 into the data it produces: a map item's pack sizes (`packs`) and `cut`
-flag, a round's `inline`/`final`, a "sleeping" status. Workers, Finalize
+flag, a "sleeping" status with its wake record. Workers, Finalize
 and the state machine read those outcomes and never recompute them, so a
 policy cannot change under a running backup. Off (`braid backup
 --no-policy NAME`): the behaviour a plain planner would have.
 
 Each one stays only while it pays at the published network rate: it saves
 >= $0.01/TiB or >= 2 s after stream end (issue 22; measured by `scripts/bench
-cloud-model`, figures in docs/design/2026-11-28-optimisations.md).
+cloud-model`, figures in docs/design/2026-11-28-optimisations.md; the head
+pack, the inline final round and WarmFinalize did not, and were removed).
 """
 
 from __future__ import annotations
@@ -30,16 +31,13 @@ from braid.format.staging.rounds import PACK_TAPER, pack_sizes
 class Policies:
     # Packs of 1, 2 and 3 chunks at an item's end, so its last PUTs overlap the codec (format.staging.rounds.pack_sizes).
     taper: bool = True
-    # A one-chunk first pack for items of two full packs or more: a cut item stops sooner after stream end.
-    head_pack: bool = True
     # Streaming rounds' items stop at a pack boundary once the stream has ended; finishing items spread the rest wide.
     cut_items: bool = True
-    # A small final round runs as an inline Map (no Distributed Map run to start: pipeline.item_sizing).
-    inline_final_round: bool = True
-    # A round planned after stream end first starts Finalize's container (the WarmFinalize state).
-    warm_finalize: bool = True
     # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
     sleep_until_woken: bool = True
+    # After each map the planner merges its finished items' results into one fold, the results index, which Finalize
+    # reads instead of a record per item (braid.pipeline.replan; off: only the cut results the planner planned after).
+    results_index: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -55,7 +53,7 @@ class Policies:
 
     def packs(self, count: int) -> tuple[int, ...]:
         """The pack sizes of a planned item of `count` chunks, as these policies decide them."""
-        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else (), head=self.head_pack))
+        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else ()))
 
     def to_json(self) -> dict[str, bool]:
         return asdict(self)

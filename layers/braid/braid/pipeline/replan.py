@@ -98,18 +98,24 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bo
     if attempt < limit:
         retry = area.write_retry(int(check["round"]), attempt + 1, again)
         return MapChecked(replace(state, check=check_of(retry.key, int(check["round"]), attempt + 1, limit)), again)
-    request = area.read_resume_request()
-    released_by = request.nonce if request is not None else ""
     failure = area.first_failure()
     first = min(unfinished, key=lambda i: i.first_index)
     cause = failure.describe() if failure is not None else f"chunks {first.first_index}..{first.end_index - 1}: no result after every retry"
-    until = now + HOLD_SECONDS
     if remainders:
         # A resume maps the unfinished items of the checked file again, so the remainders join that file: held, the
         # re-plans are spent (attempt = limit >= 1), so it is this round's retry file of `attempt`, never its round file.
         area.write_retry(int(check["round"]), attempt, [*items, *remainders])
-    area.write_hold(HoldRecord(cause, _when(now), _when(until), released_by, len(unfinished)))
-    return MapChecked(replace(state, held={"until": until, "released_by": released_by}))
+    return MapChecked(_hold(area, state, now, cause, len(unfinished)))
+
+
+def _hold(area: StagingArea, state: PlanCursor, now: float, cause: str, items: int) -> PlanCursor:
+    """Write the HoldRecord (`items` unfinished; 0: a step failed) and the cursor that watches it; a resume request
+    already there does not release it (its nonce is the hold's `released_by`)."""
+    request = area.read_resume_request()
+    released_by = request.nonce if request is not None else ""
+    until = now + HOLD_SECONDS
+    area.write_hold(HoldRecord(cause, _when(now), _when(until), released_by, items))
+    return replace(state, held={"until": until, "released_by": released_by})
 
 
 def hold_after_failure(area: StagingArea, state: PlanCursor, now: float, step: str, error: str, message: str) -> PlanCursor:
@@ -124,11 +130,7 @@ def hold_after_failure(area: StagingArea, state: PlanCursor, now: float, step: s
     backup can never finish skip the hold (the state machine sends those to
     Cleanup: an abandoned stream, an ended hold, a stalled agent, an
     execution not named after its backup)."""
-    request = area.read_resume_request()
-    released_by = request.nonce if request is not None else ""
-    until = now + HOLD_SECONDS
-    area.write_hold(HoldRecord(f"{step} failed: {error}: {message}", _when(now), _when(until), released_by, 0))
-    return replace(state, held={"until": until, "released_by": released_by})
+    return _hold(area, state, now, f"{step} failed: {error}: {message}", 0)
 
 
 def watch_hold(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCursor, list[MapItem] | None]:
@@ -137,13 +139,12 @@ def watch_hold(area: StagingArea, state: PlanCursor, now: float) -> tuple[PlanCu
     if held is None:
         return state, None
     request = area.read_resume_request()
-    if check is None and request is not None and request.nonce != held["released_by"]:
-        area.clear_hold()  # a coordinator's hold: no map to repeat, the planner carries on from its cursor
-        return replace(state, held=None, progress=now), None
-    if check is not None and request is not None and request.nonce != held["released_by"]:
-        _, unfinished = area.finished_items(area.read_items(str(check["key"]), int(check["round"])))
+    if request is not None and request.nonce != held["released_by"]:
+        # Released. A coordinator's hold, or one after its map finished, has nothing to map again: the planner carries
+        # on from its cursor.
+        unfinished = area.finished_items(area.read_items(str(check["key"]), int(check["round"])))[1] if check is not None else []
         area.clear_hold()
-        if not unfinished:  # held after its map finished (a coordinator failed): nothing to map again
+        if not unfinished or check is None:
             return replace(state, held=None, check=None, progress=now), None
         attempt = int(check["attempt"]) + 1
         retry = area.write_retry(int(check["round"]), attempt, unfinished)

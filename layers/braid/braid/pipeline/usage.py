@@ -18,13 +18,6 @@ Who counts what (docs/format.md, Usage):
   request the execution's role makes); at the end Finalize and
   BackupSucceeded (2). Express duration is each child's Worker duration,
   billed in 100 ms steps at 64 MB (braid.format.usage.express_gb_seconds).
-  A final round run inline (ProcessFinalRound) is the Map state's own
-  transition, no Express child and no ItemReader; each of its Workers is a
-  state of the execution, and its result record carries that transition
-  (INLINE_WORKER_TRANSITIONS), which is how its duration is known not to be
-  an Express child's. A round planned after stream end first passes
-  WarmFinalize and FinalRoundInline? (2), the former an asynchronous
-  invoke of Finalize (one invocation; its few milliseconds are not seen).
   A call that says "sleeping" leads to SleepUntilWoken (1), whose S3 PUT
   of the wake record the execution's role makes (braid.format.staging.wake).
   Task retries (each one another transition) and failed workers' attempts
@@ -36,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from braid.contract import PlanState
 from braid.errors import IntegrityError
-from braid.format.usage import FunctionUse, Usage, express_gb_seconds
+from braid.format.usage import Usage, express_gb_seconds
 
 START_TRANSITIONS = 2  # Identify, Prepare
 PLAN_TRANSITIONS = 2  # PlanSegments, SegmentsReady?
@@ -45,9 +39,6 @@ FINISH_TRANSITIONS = 2  # Finalize, BackupSucceeded
 WORKER = "worker"
 ITEM_READER = {"s3:GetObject": 1}  # the Distributed Map reads the round file once
 WAKE_WRITER = {"s3:PutObject": 1}  # SleepUntilWoken writes the wake record once
-INLINE_WORKER_TRANSITIONS = 1  # a Worker in the inline map: its Task state, in the execution's own bill
-WARM_TRANSITIONS = 2  # a round after stream end: WarmFinalize, FinalRoundInline?
-FINALIZE = "finalize"
 
 
 def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
@@ -60,28 +51,24 @@ def carried_usage(state: Mapping[str, Any] | None, where: str) -> Usage | None:
         raise IntegrityError(f"the execution's state holds a malformed usage: {exc}") from None
 
 
-def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int, *, inline: bool = False, final: bool = False) -> Usage:
+def plan_call_usage(previous: Usage | None, own: Usage, status: str, items: int) -> Usage:
     """One PlanSegments call's usage added to the calls before it: its states, and the map it starts."""
     usage = (previous or Usage()) + own + Usage(transitions=PLAN_TRANSITIONS)
-    if status == "ready" and final:  # WarmFinalize (an invoke of Finalize whose duration no step sees) and FinalRoundInline?
-        usage = usage + Usage(transitions=WARM_TRANSITIONS, functions={FINALIZE: FunctionUse(invocations=1)})
-    if status == "ready" and inline:  # ProcessFinalRound; each Worker state counts itself
-        usage = usage + Usage(transitions=1)
-    elif status == "ready":
+    if status == PlanState.READY:
         usage = usage + Usage(requests=dict(ITEM_READER), transitions=1, express_requests=items)
-    elif status == "sleeping":  # SleepUntilWoken
+    elif status == PlanState.SLEEPING:  # SleepUntilWoken
         usage = usage + Usage(requests=dict(WAKE_WRITER), transitions=1)
-    elif status != "done":  # waiting, or held: WaitForSegments
+    elif status != PlanState.DONE:  # waiting, or held: WaitForSegments
         usage = usage + Usage(transitions=1)
     return usage
 
 
 def workers_usage(items: Iterable[Usage]) -> Usage:
-    """The workers' usage records added up, with each one's Express child duration (none for a Worker run inline)."""
+    """The workers' usage records added up, with each one's Express child duration."""
     total = Usage()
     for item in items:
         worker = item.functions.get(WORKER)
-        child = express_gb_seconds(worker.seconds) if worker is not None and not item.transitions else 0.0
+        child = express_gb_seconds(worker.seconds) if worker is not None else 0.0
         total = total + item + Usage(express_gb_seconds=child)
     return total
 

@@ -42,7 +42,6 @@ from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
 from braid.format.staging.rounds import PACK_TAPER, pack_sizes
-from braid.format.usage import Usage
 from braid.pipeline.item_flow import ChunkLanes, store_item_chunks
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
@@ -63,7 +62,6 @@ class WorkerEvent:
     repository: str
     level: int
     item: MapItem
-    inline: bool = False  # run by the execution's inline map (a Task state it bills), not an Express child
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> WorkerEvent:
@@ -71,12 +69,9 @@ class WorkerEvent:
             ref = BackupRef.parse(str(event["backup"]))
             prefix, repository, level = str(event.get("prefix", "")), str(event["repository"]), int(event["level"])
             item = MapItem.from_json(event["item"])
-            inline = event.get("inline", False)
-            if not isinstance(inline, bool):
-                raise ValueError(f"inline must be true or false, not {inline!r}")
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"invalid worker event: {exc}") from None
-        return cls(ref, prefix, repository, level, item, inline)
+        return cls(ref, prefix, repository, level, item)
 
 
 class DataKeyCache:
@@ -184,14 +179,10 @@ def process_item(
     lanes: ChunkLanes,
     meter: InvocationMeter | None = None,
     chunks_per_pack: int = CHUNKS_PER_PACK,
-    transitions: int = 0,
 ) -> ItemOutcome:
-    """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries,
-    with `transitions` (the Step Functions state transitions its own state bills: a Worker of the inline map)."""
+    """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries."""
     try:
-        return _process_item(
-            store, ref, item, key=key, level=level, lanes=lanes, meter=meter, chunks_per_pack=chunks_per_pack, transitions=transitions,
-        )
+        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter, chunks_per_pack=chunks_per_pack)
     except Exception as exc:
         record_failure(store, ref, item, exc)
         raise
@@ -215,7 +206,6 @@ def _process_item(
     lanes: ChunkLanes,
     meter: InvocationMeter | None,
     chunks_per_pack: int,
-    transitions: int = 0,
 ) -> ItemOutcome:
     check_item(ref, item)
     if max(item.packs) > chunks_per_pack:
@@ -233,8 +223,6 @@ def _process_item(
     )
     # The usage so far and the record's own PUT, which is counted before it is made.
     usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
-    if usage is not None and transitions:
-        usage = usage + Usage(transitions=transitions)
     result = ItemResult(item.first_index, entries, usage)
     StagingArea(store, ref).write_result(result)
     return ItemOutcome(

@@ -98,29 +98,23 @@ class StagingArea(StagingResults):
     # -- segments ------------------------------------------------------------
     def read_segment_records(self, session: SessionRecord) -> list[SegmentRecord]:
         """Every record, each checked against the session, sorted by (input, segment)."""
-        records = []
-        for info in self.store.list(segment_records_prefix(self.ref)):
-            raw = self._get(info.key)
-            if raw is None:  # deleted between LIST and GET: staging is being removed
-                continue
-            record = SegmentRecord.from_bytes(raw, info.key)
-            if info.key != segment_record_key(self.ref, record.input_index, record.segment):
-                raise IntegrityError(f"segment record {info.key} describes in{record.input_index}/seg{record.segment}, not its own segment")
-            record.check(self.ref, session)
-            records.append(record)
-        return sorted(records, key=lambda r: (r.input_index, r.segment))
+        records = [self._segment_record(session, info.key) for info in self.store.list(segment_records_prefix(self.ref))]
+        return sorted((r for r in records if r is not None), key=lambda r: (r.input_index, r.segment))
 
     def read_segment_record(self, session: SessionRecord, input_index: int, segment: int) -> SegmentRecord | None:
         """One record by its key, checked as read_segment_records checks each; None until the agent wrote it.
 
         The planner reads records this way, one past its cursor per input, so
         what it reads grows with what is new, not with the backup."""
-        key = segment_record_key(self.ref, input_index, segment)
+        return self._segment_record(session, segment_record_key(self.ref, input_index, segment))
+
+    def _segment_record(self, session: SessionRecord, key: str) -> SegmentRecord | None:
+        """The record at `key`, checked to be that segment's and the session's (None: not there, or deleted since a LIST)."""
         raw = self._get(key)
         if raw is None:
             return None
         record = SegmentRecord.from_bytes(raw, key)
-        if (record.input_index, record.segment) != (input_index, segment):
+        if key != segment_record_key(self.ref, record.input_index, record.segment):
             raise IntegrityError(f"segment record {key} describes in{record.input_index}/seg{record.segment}, not its own segment")
         record.check(self.ref, session)
         return record

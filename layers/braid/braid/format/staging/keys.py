@@ -3,7 +3,7 @@
 One builder per kind of object, so the agent, the pipeline and the cleanup
 all name the same objects the same way; the parsers are the inverse of the
 builders for the kinds that are found by listing (segment objects, whose
-multipart uploads are listed too, plan rounds and folds). docs/format.md lists the
+multipart uploads are listed too, and plan rounds). docs/format.md lists the
 layout.
 """
 
@@ -31,7 +31,6 @@ WAKE = "wake"
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
 _SEGMENT = re.compile(r"in(\d+)/seg(\d{5,})", re.ASCII)
 _ROUND = re.compile(r"plans/round-(\d{5,})\.json", re.ASCII)
-_FOLD = re.compile(r"folds/round-(\d{5,})-(\d{2,})\.json", re.ASCII)
 
 
 def session_key(ref: BackupRef) -> str:
@@ -137,12 +136,6 @@ def fold_key(ref: BackupRef, round_number: int, attempt: int) -> str:
 
 def folds_prefix(ref: BackupRef) -> str:
     return f"{staging_prefix(ref)}{FOLDS}"
-
-
-def parse_fold_round(ref: BackupRef, key: str) -> int | None:
-    """The round number of a fold's key, or None for any other key."""
-    match = _relative_match(ref, key, _FOLD)
-    return int(match.group(1)) if match else None
 
 
 def _relative_match(ref: BackupRef, key: str, pattern: re.Pattern[str]) -> re.Match[str] | None:

@@ -43,20 +43,12 @@ class StagingResults(StagingReads):
         items = [item for found in rounds for item in found.items]
         known = self._read_folds()
         missing = [item for item in items if item.first_index not in known]
-        if missing:
-            present = self._result_keys()
-            for item in missing:
-                if result_key(self.ref, item.first_index) not in present and not item.finishes_cut:
-                    raise self._never_stored(item)
-            # An item finishing a cut one without a record is for the cut item's chain to judge (_item_results).
-            missing = [item for item in missing if result_key(self.ref, item.first_index) in present]
-            keys = [result_key(self.ref, item.first_index) for item in missing]
-            for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-                if raw is None:
-                    if item.finishes_cut:
-                        continue
-                    raise self._never_stored(item)
+        keys = [result_key(self.ref, item.first_index) for item in missing]
+        for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
+            if raw is not None:
                 known[item.first_index] = ItemResult.from_bytes(raw, key)
+            elif not item.finishes_cut:  # one finishing a cut item without a record: for the cut item's chain to judge
+                raise self._never_stored(item)
         entries: list[ChunkEntry] = []
         for item in items:
             if item.finishes_cut:

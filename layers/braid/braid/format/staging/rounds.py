@@ -6,9 +6,8 @@ ItemReader reads, so a map item's JSON names are part of the state machine's
 contract (the worker event carries one). A result record
 `results/<first index>.json` lists the ChunkEntry of every chunk of one item.
 (A worker's failure record is in braid.format.staging.failures.) A fold
-`folds/round-RRRRR-AA.json` (RoundFold) is the result records of one map's
-finished items merged by the planner after that map, so Finalize reads a
-few folds instead of one record per item.
+`folds/round-RRRRR-AA.json` (RoundFold, the results index) is the result
+records of one map's finished items merged by the planner after that map.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class ChunkSlice:
 PACK_TAPER = (1, 2, 3)
 
 
-def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER, *, head: bool = True) -> list[int]:
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
     """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
 
     A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
@@ -52,19 +51,13 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
     encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
     chunks at the end all finish with the last one-chunk PUT, where one pack of
-    `chunks_per_pack` would keep the worker ~1 s longer. An item of at
-    least two full packs also starts with a pack of one chunk: a cut item
-    (MapItem.cut) whose map starts just after the stream ended stores one
-    chunk rather than a whole pack before it stops, and its pack PUT is
-    overlapped by the codec like any but the last. The rest are packs
-    as even as possible, larger first. A pure function of the item's layout
-    (MapItem.layout), so a retried worker, and the items that finish a cut
-    one, form the same packs: the same stored objects. `taper` () and `head`
-    False are the policies off (braid.pipeline.policies).
+    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
+    as even as possible, larger first. The planner writes the result into
+    each item (MapItem.packs): a retried worker, and the items that finish a
+    cut one, store the same packs. `taper` () is the policy off
+    (braid.pipeline.policies).
     """
-    limit = max(1, chunks_per_pack)
-    first = [1] if head and limit > 1 and count >= 2 * limit else []
-    return first + _tapered(count - len(first), limit, taper)
+    return _tapered(count, max(1, chunks_per_pack), taper)
 
 
 def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
@@ -362,16 +355,10 @@ def _at_pack_boundary(item: MapItem, done: int) -> bool:
 class RoundFold:
     """The results index: the result records of one map's finished items, merged by the planner right after that map.
 
-    Why: Finalize needs every item's ChunkEntries; reading one record per item
-    at the end (~10,600 at 10 TiB) was most of the time after stream end
-    (measured: docs/design/2026-11-28-results-index.md). The planner runs after
-    every map anyway, so it merges the map's results while the stream still
-    arrives. A fold is only a faster copy: Finalize checks each result in it
-    against its planned item exactly as it checks a record, reads the record
-    itself for any item no fold covers, and checks every chunk's presence and
-    size by LIST, so a stale, partial or missing fold can cost time, never
-    correctness. The one exception is a cut item's result (MapItem.cut): the
-    fold keeps the prefix the planner planned the rest after.
+    A faster copy for Finalize (why, measured: docs/design/2026-11-28-results-index.md): each result in it is
+    checked against its planned item exactly as a record is, and an item no fold covers is read from its record,
+    so a missing fold costs time, never correctness. A cut item's result (MapItem.cut) in a fold is the prefix
+    the planner planned the rest after, whatever a late attempt rewrites its record to.
     """
 
     round: int
