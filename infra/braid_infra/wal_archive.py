@@ -22,12 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from aws_cdk import Duration
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda_event_sources as sources
 from aws_cdk import aws_s3 as s3
-from aws_cdk import aws_s3_notifications as s3n
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 
 WAL_OBJECTS = f"{layout.WAL}*"  # archived WAL files and each archive's archive.json
 WAL_STAGING_OBJECTS = f"{layout.WAL_STAGING}*"  # raw pushed WAL files, until the worker stored them
-NOTIFICATIONS_HANDLER = "BucketNotificationsHandler"  # the stack-wide function CDK adds to set bucket notifications
 WAL_CONTEXT = "*@wal/*"  # braid.format.wal.wal_context_name: NAME@wal/FILE (a backup's is NAME@ID: no "/")
 
 FUNCTION = "walarchive"
@@ -79,11 +77,7 @@ class WalArchive(Construct):
         self.function.add_event_source(
             sources.SqsEventSource(self.queue, batch_size=BATCH_SIZE, max_batching_window=BATCH_WINDOW, report_batch_item_failures=True)
         )
-        storage.bucket.add_event_notification(
-            s3.EventType.OBJECT_CREATED,
-            s3n.SqsDestination(self.queue),
-            s3.NotificationKeyFilter(prefix=storage.prefix_pattern(layout.WAL_STAGING)),
-        )
+        self._notify(storage)
         self._grant(keys)
         self.alarms = [
             cloudwatch.Alarm(
@@ -107,6 +101,38 @@ class WalArchive(Construct):
                 alarm_description="Braid: pushed WAL waits more than 5 minutes for the WAL worker",
             ),
         ]
+
+    def _notify(self, storage: Storage) -> None:
+        """The bucket's own NotificationConfiguration (CloudFormation's, not CDK's custom resource, which adds a
+        deploy-time Lambda): every object created under wal-staging/ to the queue. The queue lets S3 send only for
+        this account's buckets (aws:SourceAccount: the bucket's ARN would make a dependency cycle), and the bucket
+        is created after that permission, as S3 checks it when the configuration is set."""
+        stack = Stack.of(self)
+        policy = self.queue.add_to_resource_policy(
+            iam.PolicyStatement(
+                sid="S3NotifiesStagedWal",
+                principals=[iam.ServicePrincipal("s3.amazonaws.com")],
+                actions=["sqs:SendMessage"],
+                resources=[self.queue.queue_arn],
+                conditions={"StringEquals": {"aws:SourceAccount": stack.account}},
+            )
+        )
+        bucket = storage.bucket.node.default_child
+        assert isinstance(bucket, s3.CfnBucket) and policy.policy_dependable is not None
+        bucket.notification_configuration = s3.CfnBucket.NotificationConfigurationProperty(
+            queue_configurations=[
+                s3.CfnBucket.QueueConfigurationProperty(
+                    event="s3:ObjectCreated:*",
+                    queue=self.queue.queue_arn,
+                    filter=s3.CfnBucket.NotificationFilterProperty(
+                        s3_key=s3.CfnBucket.S3KeyFilterProperty(
+                            rules=[s3.CfnBucket.FilterRuleProperty(name="prefix", value=storage.prefix_pattern(layout.WAL_STAGING))]
+                        )
+                    ),
+                )
+            ]
+        )
+        storage.bucket.node.add_dependency(policy.policy_dependable)
 
     def _s3(self, actions: list[str], *patterns: str) -> None:
         self.role.add_to_policy(iam.PolicyStatement(actions=actions, resources=[self.storage.arn(p) for p in patterns]))
@@ -141,12 +167,6 @@ def acknowledge_wal_findings(stack: BraidStack) -> None:
     for own in (OWN_WAL_STAGING, OWN_WAL):
         printed = own.replace("${", "<").replace("}", ">")  # as cdk-nag prints the policy variable
         acknowledge(agent, wildcard(f"{bucket}/{printed}"), "A host stages and checks WAL files (named per file at run time) only of the name it is tagged with.")
-    handler = next(c for c in stack.node.children if c.node.id.startswith(NOTIFICATIONS_HANDLER))
-    acknowledge(
-        handler.node.find_child("Role"),
-        "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AWSLambdaBasicExecutionRole]",
-        "CDK's own handler that sets the bucket's notification configuration at deploy time; it only writes its logs.",
-    )
     restore = stack.access.restore_role.node.find_child("DefaultPolicy")
     for pattern in (WAL_OBJECTS, WAL_STAGING_OBJECTS):
         acknowledge(restore, wildcard(f"{bucket}/{pattern}"), "wal-fetch reads WAL files, named per backup name and file at run time (read-only).")

@@ -149,7 +149,7 @@ def test_the_deployers_services_cover_every_resource_type_of_the_template() -> N
     services = set(re.findall(r"^\| `([a-z0-9]+)` \|", section("What the deployer needs"), re.M))
     kinds = {r["Type"] for r in template()["Resources"].values()}
     named = {"CloudWatch": "cloudwatch", "Logs": "logs", "S3": "s3", "KMS": "kms", "IAM": "iam", "Lambda": "lambda",
-             "StepFunctions": "states", "Events": "events", "SNS": "sns", "Scheduler": "scheduler", "SSM": "ssm"}
+             "StepFunctions": "states", "Events": "events", "SNS": "sns", "Scheduler": "scheduler", "SSM": "ssm", "SQS": "sqs"}
     needed = {named[kind.split("::")[1]] for kind in kinds}
     assert needed <= services, needed - services
 

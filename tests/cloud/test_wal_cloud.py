@@ -12,6 +12,7 @@ checked against the rendered IAM policies.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
@@ -87,7 +88,11 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
     files = [write_segment(tmp_path, name, marker=MARKER) for name in SEGMENTS]
     history = tmp_path / HISTORY
     history.write_bytes(b"1\t0/3000000\tbefore the bad DELETE\n" + MARKER + b"\n")
-    files.append(history)
+    label = tmp_path / "000000010000000000000002.00000028.backup"
+    label.write_bytes(b"START WAL LOCATION: 0/2000028 (file 000000010000000000000002)\n" + MARKER + b"\n")
+    partial = tmp_path / "000000010000000000000006.partial"
+    partial.write_bytes(MARKER + bytes(range(256)) * 64)
+    files += [history, label, partial]  # every kind PostgreSQL archives
     for path in files:
         done = push(cloud, path)
         assert (done.code, done.stderr) == (0, ""), done.stderr
@@ -200,3 +205,36 @@ def test_staged_wal_is_fetched_checked_and_kept_until_processed(stuck: Emulator,
     assert not stuck.keys(archived_key(SEGMENTS[0]))
     dest.unlink()
     assert fetch(stuck, SEGMENTS[0], dest).code == 0 and dest.read_bytes() == path.read_bytes()
+
+
+def test_a_damaged_staged_file_is_not_fetched(stuck: Emulator, tmp_path: Path) -> None:
+    """A staged object whose bytes do not match the SHA-256 S3 kept: wal-fetch fails with one line (never exit 1:
+    PostgreSQL would take it for the end of the archive) and writes no DEST."""
+    name = "000000010000000000000020"
+    data = segment_bytes(name)
+    wrong = hashlib.sha256(b"other bytes").digest()
+    stuck.client("s3").put_object(
+        Bucket=stuck.bucket, Key=f"wal-staging/pg/{name}", Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=base64.b64encode(wrong).decode()
+    )
+    dest = tmp_path / "RECOVERYXLOG"
+    got = fetch(stuck, name, dest)
+    assert got.code >= 2 and got.stderr.count("\n") == 1 and ("SHA-256" in got.stderr or "checksum" in got.stderr), got.stderr
+    assert not dest.exists()
+
+
+def test_a_base_backup_without_its_wal_waits_for_it_archived_or_staged(stuck: Emulator, tmp_path: Path) -> None:
+    """`pg_basebackup -X none` through the stack: the agent publishes nothing until the backup's WAL range is archived,
+    and a segment still in staging counts (durable; this emulator's WAL worker never finishes one)."""
+    from tests.test_pgdata_restore import base_backup
+
+    tar = base_backup(wal=False)  # its backup_label starts in 000000010000000000000009
+    refused = braid(stuck, "host-agent-pg", "backup", "--name", "pg", "--wal-wait", "0", "--quiet", stdin=tar)
+    assert refused.code == 11, refused.stderr
+    assert "carries no WAL (pg_basebackup -X none)" in refused.stderr and "missing 000000010000000000000009; nothing was published" in refused.stderr
+    assert not stuck.keys("manifests/pg/")
+    segment = write_segment(tmp_path, "000000010000000000000009", size=16 << 20)
+    assert push(stuck, segment).code == 0
+    assert stuck.keys("wal-staging/pg/000000010000000000000009") and not stuck.keys(archived_key(segment.name))
+    published = braid(stuck, "host-agent-pg", "backup", "--name", "pg", "--wal-wait", "0", "--quiet", stdin=tar)
+    assert published.code == 0, published.stderr
+    assert stuck.keys("manifests/pg/")

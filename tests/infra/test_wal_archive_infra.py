@@ -53,12 +53,20 @@ def test_the_worker_takes_batches_and_reports_failures_per_message(template: Tem
 
 
 def test_s3_notifies_the_queue_of_every_staged_wal_file_and_nothing_else(template: Template) -> None:
-    notifications = only(template, "Custom::S3BucketNotifications", "StorageRepositoryNotifications")["Properties"]["NotificationConfiguration"]
-    (queue,) = notifications["QueueConfigurations"]
-    assert queue["Events"] == ["s3:ObjectCreated:*"]
-    assert queue["Filter"] == {"Key": {"FilterRules": [{"Name": "prefix", "Value": "wal-staging/"}]}}
-    assert queue["QueueArn"]["Fn::GetAtt"][0].startswith("WalArchiveQueue")
-    assert set(notifications) == {"QueueConfigurations"}
+    bucket = only(template, "AWS::S3::Bucket", "StorageRepository")
+    (queue,) = bucket["Properties"]["NotificationConfiguration"]["QueueConfigurations"]
+    assert queue["Event"] == "s3:ObjectCreated:*"
+    assert queue["Filter"] == {"S3Key": {"Rules": [{"Name": "prefix", "Value": "wal-staging/"}]}}
+    assert queue["Queue"]["Fn::GetAtt"][0].startswith("WalArchiveQueue")
+    assert set(bucket["Properties"]["NotificationConfiguration"]) == {"QueueConfigurations"}
+    # CloudFormation's own configuration: no deploy-time Lambda of CDK's; S3 may send only from this account, and the
+    # bucket is made after that permission (S3 checks it when the configuration is set).
+    assert not resources_of(template.to_json(), "Custom::S3BucketNotifications")
+    assert any(d.startswith("WalArchiveQueuePolicy") for d in bucket["DependsOn"])
+    policy = only(template, "AWS::SQS::QueuePolicy", "WalArchiveQueuePolicy")["Properties"]["PolicyDocument"]["Statement"]
+    (sending,) = [s for s in policy if s.get("Sid") == "S3NotifiesStagedWal"]
+    assert sending["Principal"] == {"Service": "s3.amazonaws.com"} and sending["Action"] == "sqs:SendMessage"
+    assert sending["Condition"] == {"StringEquals": {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}}
 
 
 def test_a_dead_lettered_file_and_a_backlog_page_someone(template: Template) -> None:

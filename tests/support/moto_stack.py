@@ -258,11 +258,20 @@ def create_queues(session: Any, template: dict[str, Any], resolver: Any) -> dict
 
 
 def apply_notifications(s3: Any, template: dict[str, Any], resolver: Any) -> None:
-    """CDK's Custom::S3BucketNotifications, as its handler applies it at deploy time."""
-    for resource in resources_of(template, "Custom::S3BucketNotifications").values():
-        props = resource["Properties"]
-        configuration = resolver.render(props["NotificationConfiguration"])
-        s3.put_bucket_notification_configuration(Bucket=resolver.render(props["BucketName"]), NotificationConfiguration=configuration)
+    """Each bucket's NotificationConfiguration (queues: the WAL queue), as CloudFormation sets it."""
+    for lid, resource in resources_of(template, "AWS::S3::Bucket").items():
+        configuration = resource.get("Properties", {}).get("NotificationConfiguration")
+        if not configuration or lid not in resolver.refs:
+            continue
+        queues = [
+            {
+                "QueueArn": resolver.render(q["Queue"]),
+                "Events": [q["Event"]],
+                **({"Filter": {"Key": {"FilterRules": q["Filter"]["S3Key"]["Rules"]}}} if "Filter" in q else {}),
+            }
+            for q in configuration.get("QueueConfigurations", [])
+        ]
+        s3.put_bucket_notification_configuration(Bucket=resolver.refs[lid], NotificationConfiguration={"QueueConfigurations": queues})
 
 
 def event_sources(template: dict[str, Any], resolver: Any, queues: dict[str, dict[str, str]]) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.wake import PipelineWaker
 from braid.agent.watch import WATCH_INTERVAL_SECONDS, ExecutionWatch, PipelineStopped
-from braid.engine.driver import drive, pool_size
+from braid.engine.driver import after_stream, drive, pool_size
 from braid.engine.lease import BackupLease
 from braid.engine.port import BackupRequest
 from braid.engine.stream import expected_bytes, expected_chunks
@@ -205,8 +205,8 @@ class CloudEngine:
                     open_timeout=request.open_timeout,
                     progress=report,
                     gate=request.gate,
-                    # What the stream carried (backup_label, backup_manifest, ...), staged before stream-end for Finalize.
-                    on_captured=lambda captured: area.write_captured(captured.members) if captured.members else None,
+                    # A -X none backup's WAL, archived or staged; then what the stream carried, staged for Finalize.
+                    on_captured=after_stream(request.wal_gate, area.write_captured),
                 )
         except PipelineStopped:
             raise  # the pipeline gave the backup up and removes its staging: nothing to resume or abandon

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -176,3 +176,16 @@ def _waiting_note(progress: ProgressFn | None, backup: str, timeout: float) -> C
         )
 
     return note
+
+
+def after_stream(wal_gate: Callable[[Captured], None] | None, stage: Callable[[Mapping[str, bytes]], None]) -> Callable[[Captured], None]:
+    """The cloud agent's `on_captured`: a -X none base backup's WAL range must be archived or staged first
+    (`wal_gate`, braid.ops.wal_wait: its error abandons the backup), then what the stream carried is staged for Finalize."""
+
+    def captured(found: Captured) -> None:
+        if wal_gate is not None:
+            wal_gate(found)
+        if found.members:
+            stage(found.members)
+
+    return captured

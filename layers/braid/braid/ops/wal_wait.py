@@ -8,6 +8,10 @@ it fails with WalRangeMissingError (exit 11, like a failed producer: the
 backup is not published, its chunks are removed) naming the first missing
 segments. A backup that carries its WAL (-X fetch: segments under pg_wal/
 in its tar) or that is not a PostgreSQL base backup passes at once.
+With the stack (`include_staged`), a segment still in `wal-staging/NAME/`
+counts: it is durable there, and the WAL worker archives it within seconds
+(braid.ops.wal_stage); the agent checks before it writes the stream-end
+record, so a backup refused here is abandoned and nothing is published.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Callable
 
 from braid.engine.capture import Captured
 from braid.errors import ProducerError
+from braid.format.layout import wal_staging_prefix
 from braid.ops.wal import wal_range_present
 from braid.ports.store import ObjectStore
 
@@ -30,8 +35,21 @@ class WalRangeMissingError(ProducerError):
     """A -X none base backup whose WAL range is not (yet) in the archive: nothing was published."""
 
 
+def staged_names(store: ObjectStore, name: str) -> set[str]:
+    """The WAL files staged for `name` (one LIST: key names only)."""
+    prefix = wal_staging_prefix(name)
+    return {info.key[len(prefix) :] for info in store.list(prefix)}
+
+
 def wait_for_wal_range(
-    store: ObjectStore, name: str, captured: Captured, timeout: float, *, sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic
+    store: ObjectStore,
+    name: str,
+    captured: Captured,
+    timeout: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    include_staged: bool = False,
 ) -> None:
     """Return once the WAL range of the base backup in `captured` is archived under `name`; WalRangeMissingError after `timeout`."""
     wal = captured.wal
@@ -41,6 +59,9 @@ def wait_for_wal_range(
     deadline = clock() + timeout
     while True:
         missing = wal_range_present(store, name, wal.timeline, wal.start_lsn, stop)
+        if missing and include_staged:
+            staged = staged_names(store, name)
+            missing = [segment for segment in missing if segment not in staged]
         if not missing or clock() >= deadline:
             break
         sleep(POLL)
@@ -53,6 +74,6 @@ def wait_for_wal_range(
         )
 
 
-def wal_gate(store: ObjectStore, name: str, timeout: float) -> Callable[[Captured], None]:
-    """The BackupRequest.wal_gate of a backup of `name`."""
-    return lambda captured: wait_for_wal_range(store, name, captured, timeout)
+def wal_gate(store: ObjectStore, name: str, timeout: float, *, include_staged: bool = False) -> Callable[[Captured], None]:
+    """The BackupRequest.wal_gate of a backup of `name` (`include_staged`: with the stack, staged WAL counts)."""
+    return lambda captured: wait_for_wal_range(store, name, captured, timeout, include_staged=include_staged)

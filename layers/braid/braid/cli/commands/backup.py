@@ -157,7 +157,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
             resumable=producer is None,
             open_timeout=args.open_timeout,
             lineage=lineage,
-            wal_gate=None if cloud else _wal_gate(repository, ref, args),
+            wal_gate=_wal_gate(repository, ref, args, staged=cloud),
             labels=labels,
             rate_limit=None if cloud or not args.rate_limit else parse_size(args.rate_limit),
         )
@@ -214,11 +214,12 @@ def _cloud_incremental(
     return _outcome(manifest, args, ref, progress)
 
 
-def _wal_gate(repository: Repository, ref: BackupRef, args: argparse.Namespace) -> Callable[[Captured], None]:
-    """A PostgreSQL base backup without its WAL (-X none) is published once its WAL range is archived (local engine)."""
+def _wal_gate(repository: Repository, ref: BackupRef, args: argparse.Namespace, *, staged: bool = False) -> Callable[[Captured], None]:
+    """A PostgreSQL base backup without its WAL (-X none) is published once its WAL range is archived (with the stack:
+    archived or staged, checked by the agent before its stream-end record)."""
     from braid.ops.wal_wait import wal_gate
 
-    return wal_gate(repository.store, ref.name, max(0.0, args.wal_wait))
+    return wal_gate(repository.store, ref.name, max(0.0, args.wal_wait), include_staged=staged)
 
 
 def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> tuple[Lineage, OpenedBackup | None]:
