@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from bench_lib import scale_sim  # noqa: E402
+from braid import contract  # noqa: E402
 from braid.agent.cloud_engine import CloudOptions  # noqa: E402
 from braid.cli.parser import build_parser  # noqa: E402
 from braid.errors import UsageError  # noqa: E402
@@ -53,6 +54,8 @@ def test_no_policy_switches_one_off_for_the_backup_and_refuses_an_unknown_name()
         build_parser().parse_args(["backup", "--name", "db", "--no-policy", "turbo", "-"])
     with pytest.raises(UsageError, match="unknown policy turbo: the policies are taper, "):
         Policies.without(["turbo"])
+    # The parser offers the contract's names, which are exactly the policies' fields (the CLI loads no pipeline).
+    assert Policies.names() == contract.PIPELINE_POLICIES
 
 
 def test_the_packs_policies_decide_the_layout_written_into_each_item() -> None:

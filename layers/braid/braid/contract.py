@@ -117,6 +117,12 @@ MOVE_SLICE_CHUNKS = 50
 # -- the backup execution's state: what PlanSegments returns into `$.plan` ------
 # The Plan function writes these keys (braid.pipeline.plan.PlanStatus, functions/plan/app.py) and the state machine
 # reads them by JSONPath (braid_infra.pipeline: plan_path); tests/infra checks every `$.plan.X` it reads is one of them.
+# The cloud pipeline's optimisations, each a named policy with an off switch (`braid backup --no-policy NAME`):
+# braid.pipeline.policies.Policies has exactly these fields (a test holds it); named here so the CLI's parser
+# need not import the pipeline.
+PIPELINE_POLICIES = ("taper", "cut_items", "sleep_until_woken", "results_index")
+
+
 class PlanKey(StrEnum):
     STATUS = "status"  # a PlanState
     ROUND = "round"

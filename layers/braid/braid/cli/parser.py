@@ -27,7 +27,6 @@ from braid.cli.pgdata_options import add_pgdata_options
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
 from braid.errors import EXIT_CODES, UsageError
-from braid.pipeline.policies import Policies
 
 if TYPE_CHECKING:
     Subparsers = argparse._SubParsersAction["_Parser"]  # what declares the commands (argparse names its type only privately)
@@ -318,8 +317,8 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-part-ramp", action="store_true", help="send full-size staging parts from the first chunk (the part ramp policy off)")
-    cloud.add_argument("--no-policy", action="append", choices=Policies.names(), metavar="NAME",
-                       help=f"switch one of the pipeline's optimisations off for this backup (repeatable): {', '.join(Policies.names())}")
+    cloud.add_argument("--no-policy", action="append", choices=contract.PIPELINE_POLICIES, metavar="NAME",
+                       help=f"switch one of the pipeline's optimisations off for this backup (repeatable): {', '.join(contract.PIPELINE_POLICIES)}")
     cloud.add_argument("--no-wait", action="store_true", help="return once the stream is staged; follow with 'braid status'")
     cloud.add_argument("--stall-timeout", type=_stall_timeout, metavar="SECONDS",
                        help=f"the pipeline gives the backup up after SECONDS without upload progress (default {contract.DEFAULT_STALL_SECONDS})")

@@ -216,10 +216,17 @@ def _cloud_incremental(
 
 def _wal_gate(repository: Repository, ref: BackupRef, args: argparse.Namespace, *, staged: bool = False) -> Callable[[Captured], None]:
     """A PostgreSQL base backup without its WAL (-X none) is published once its WAL range is archived (with the stack:
-    archived or staged, checked by the agent before its stream-end record)."""
-    from braid.ops.wal_wait import wal_gate
+    archived or staged, checked by the agent before its stream-end record). The archive's code loads only when a
+    stream ends, so a backup that is no base backup never loads it (tests/cloud/test_agent_startup.py)."""
 
-    return wal_gate(repository.store, ref.name, max(0.0, args.wal_wait), include_staged=staged)
+    def gate(captured: Captured) -> None:
+        if captured.wal is None:  # no PostgreSQL base backup in the stream: nothing to wait for
+            return
+        from braid.ops.wal_wait import wal_gate
+
+        wal_gate(repository.store, ref.name, max(0.0, args.wal_wait), include_staged=staged)(captured)
+
+    return gate
 
 
 def _lineage(repository: Repository, args: argparse.Namespace, ref: BackupRef, cloud: bool) -> tuple[Lineage, OpenedBackup | None]:
