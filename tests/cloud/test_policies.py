@@ -94,6 +94,7 @@ def test_the_optimisation_table_keeps_what_saves_a_cent_per_tib_or_two_seconds_a
         "cut_items": [(0.609, 11.9), (0.609, 11.9), (0.609, 11.9)],  # under both bars at every rate: removed
         "sleep_until_woken": [(0.61, 10.0), (0.609, 10.0), (0.60, 10.0)],  # a cent per TiB at 50 MB/s: kept
     }
+    off.update({name: [on] * 3 for name in Policies.names() if name not in off})  # any other policy: worth nothing here
 
     def measured(policies: Policies, rate: float, options: object, price: object) -> tuple[float, float]:
         (name,) = [n for n in Policies.names() if not getattr(policies, n)] or [None]
@@ -102,6 +103,7 @@ def test_the_optimisation_table_keeps_what_saves_a_cent_per_tib_or_two_seconds_a
     monkeypatch.setattr(optimisations, "measured", measured)
     rows = {row["optimisation"]: row for row in optimisations.rows({}, lambda sim: 0.0)}
     assert [name for name, row in rows.items() if row["kept"]] == ["taper", "sleep_until_woken"]
+    assert set(rows) == {*Policies.names(), "all on"}  # a row for every policy there is
     assert (rows["taper"]["saves_seconds_after_stream_end"], rows["taper"]["saves_usd_per_tib"]) == (2.0, -0.01)
     assert (rows["sleep_until_woken"]["saves_usd_per_tib"], rows["sleep_until_woken"]["saves_usd_per_tib_at_300"]) == (0.01, 0.009)
     assert (rows["cut_items"]["saves_seconds_after_stream_end"], rows["cut_items"]["kept"]) == (1.9, False)
