@@ -98,6 +98,7 @@ def test_the_optimisation_table_keeps_what_saves_a_cent_per_tib_or_two_seconds_a
         "sleep_until_woken": [(0.61, 10.0), (0.609, 10.0), (0.60, 10.0)],  # a cent per TiB at 50 MB/s: kept
         "results_index": [(0.60, 12.0), (0.60, 11.5), (0.60, 11.0)],  # 2 s later off at 50 MB/s: kept
     }
+    off.update({name: [on] * 3 for name in Policies.names() if name not in off})  # any other policy: worth nothing here
 
     def measured(policies: Policies, rate: float, options: object, price: object) -> tuple[float, float]:
         (name,) = [n for n in Policies.names() if not getattr(policies, n)] or [None]
@@ -106,6 +107,7 @@ def test_the_optimisation_table_keeps_what_saves_a_cent_per_tib_or_two_seconds_a
     monkeypatch.setattr(optimisations, "measured", measured)
     rows = {row["optimisation"]: row for row in optimisations.rows({}, lambda sim: 0.0)}
     assert [name for name, row in rows.items() if row["kept"]] == ["taper", "sleep_until_woken", "results_index"]
+    assert set(rows) == {*Policies.names(), "all on"}  # a row for every policy there is
     assert (rows["taper"]["saves_seconds_after_stream_end"], rows["taper"]["saves_usd_per_tib"]) == (2.0, -0.01)
     assert (rows["sleep_until_woken"]["saves_usd_per_tib"], rows["sleep_until_woken"]["saves_usd_per_tib_at_300"]) == (0.01, 0.009)
     assert (rows["cut_items"]["saves_seconds_after_stream_end"], rows["cut_items"]["kept"]) == (1.9, False)
