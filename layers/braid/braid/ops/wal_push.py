@@ -22,7 +22,7 @@ from braid.format.digests import sha256
 from braid.format.keys import encryption_context
 from braid.format.layout import wal_key
 from braid.format.repository import Repository
-from braid.format.wal import SEGMENT, WalFile, segment_identity, wal_context_name
+from braid.format.wal import SEGMENT, SegmentIdentity, WalFile, segment_identity, wal_context_name
 from braid.format.wal_object import StoredWal, encode_wal
 from braid.ops.wal import ArchiveInfo, read_archive_info, record_archive_info
 from braid.ports.keys import KeyService
@@ -50,9 +50,9 @@ def read_wal_file(path: Path) -> bytes:
         raise InputError(f"cannot read WAL file {path}: {exc.strerror or exc}") from None
 
 
-def check_identity(repository: Repository, name: str, file: WalFile, data: bytes) -> ArchiveInfo | None:
-    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them.
-    Returns the archive's record (None for a file that is not a segment)."""
+def segment_identity_of(file: WalFile, data: bytes) -> SegmentIdentity | None:
+    """A segment's identity from its first page header, once the segment is whole and where its name says (None for a
+    file that is not a segment); InputError otherwise."""
     if file.kind != SEGMENT:
         return None
     identity = segment_identity(data[:64])
@@ -62,15 +62,29 @@ def check_identity(repository: Repository, name: str, file: WalFile, data: bytes
         raise InputError(f"{file.name} is {len(data)} bytes, but its header says segments are {identity.segment_size}: not a whole segment")
     if identity.page_address != file.segno(identity.segment_size) * identity.segment_size:
         raise InputError(f"{file.name} holds the WAL of another position (its header says {identity.page_address:X}): renamed or recycled")
-    recorded = read_archive_info(repository.store, name) or record_archive_info(
-        repository.store, ArchiveInfo(name, identity.system_identifier, identity.segment_size)
-    )
+    return identity
+
+
+def check_cluster(name: str, file: WalFile, identity: SegmentIdentity, recorded: ArchiveInfo) -> None:
+    """IntegrityError when the segment is of another cluster (or segment size) than the archive of `name` records."""
     if (recorded.system_identifier, recorded.segment_size) != (identity.system_identifier, identity.segment_size):
         raise IntegrityError(
             f"{file.name} is from the cluster with system identifier {identity.system_identifier} (segments of {identity.segment_size} bytes),"
             f" but the WAL archive of {name!r} belongs to {recorded.system_identifier} ({recorded.segment_size} bytes):"
             " archive a new cluster under a new --name"
         )
+
+
+def check_identity(repository: Repository, name: str, file: WalFile, data: bytes) -> ArchiveInfo | None:
+    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them.
+    Returns the archive's record (None for a file that is not a segment)."""
+    identity = segment_identity_of(file, data)
+    if identity is None:
+        return None
+    recorded = read_archive_info(repository.store, name) or record_archive_info(
+        repository.store, ArchiveInfo(name, identity.system_identifier, identity.segment_size)
+    )
+    check_cluster(name, file, identity, recorded)
     return recorded
 
 

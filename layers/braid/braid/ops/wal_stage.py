@@ -19,12 +19,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from braid.errors import AlreadyExistsError, InputError, IntegrityError, WalConflictError
+from braid.errors import AlreadyExistsError, IntegrityError, WalConflictError
 from braid.format.layout import wal_key, wal_staging_key
 from braid.format.repository import Repository
-from braid.format.wal import SEGMENT, WalFile, segment_identity
+from braid.format.wal import WalFile
 from braid.ops.wal import ArchiveInfo, read_archive_info
-from braid.ops.wal_push import ALREADY, PushResult, read_wal_file
+from braid.ops.wal_push import ALREADY, PushResult, check_cluster, read_wal_file, segment_identity_of
 from braid.ports.wal_staging import WalStaging
 
 STAGED = "staged"
@@ -33,23 +33,13 @@ STAGED = "staged"
 def check_staged_identity(repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None) -> None:
     """braid.ops.wal_push.check_identity without writing (the worker records the first segment's cluster), against
     `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment)."""
-    if file.kind != SEGMENT:
-        return
-    identity = segment_identity(data[:64])
+    identity = segment_identity_of(file, data)
     if identity is None:
-        raise InputError(f"{file.name} does not start with a WAL segment header: not a PostgreSQL WAL segment")
-    if len(data) != identity.segment_size:
-        raise InputError(f"{file.name} is {len(data)} bytes, but its header says segments are {identity.segment_size}: not a whole segment")
-    if identity.page_address != file.segno(identity.segment_size) * identity.segment_size:
-        raise InputError(f"{file.name} holds the WAL of another position (its header says {identity.page_address:X}): renamed or recycled")
+        return
     if recorded is None:
         recorded = read_archive_info(repository.store, name)
-    if recorded is not None and (recorded.system_identifier, recorded.segment_size) != (identity.system_identifier, identity.segment_size):
-        raise IntegrityError(
-            f"{file.name} is from the cluster with system identifier {identity.system_identifier} (segments of {identity.segment_size} bytes),"
-            f" but the WAL archive of {name!r} belongs to {recorded.system_identifier} ({recorded.segment_size} bytes):"
-            " archive a new cluster under a new --name"
-        )
+    if recorded is not None:
+        check_cluster(name, file, identity, recorded)
 
 
 def _conflict(file: WalFile, name: str, where: str, stored: str, pushed: str) -> WalConflictError:
