@@ -381,9 +381,13 @@ def test_the_data_key_is_never_logged_by_the_pipeline_nor_printed_by_the_agent(e
     powertools = [doc for doc in json_documents(logs) if doc.get("service") == "braid"]
 
     # The capture is real: the handlers logged this backup, its retries included, through Powertools.
-    mine = [line for line in powertools if line.get("backup") == faulted.ref]
+    # Log lines only: Powertools' metric documents carry the service too, and no message. The emulator runs every
+    # handler in one process, so their invocations share Powertools' logger: one starting on another thread (the WAL
+    # worker taking S3's test event) can replace a line's keys. A line of no backup may be this one's.
+    lines = [doc for doc in powertools if "message" in doc]
+    mine = [line for line in lines if line.get("backup") in (faulted.ref, None)]
     assert {line["message"] for line in mine} >= {"data key staged", "item stored", "backup published"}, sorted({line["message"] for line in mine})
-    assert any("retrying in" in line["message"] for line in powertools)
+    assert any("retrying in" in line["message"] for line in lines)
     for label, text in {"pipeline logs": logs, "agent": faulted.backup.stderr.encode(), "restore": faulted.restore.stderr.encode()}.items():
         for what, secret in secrets.items():
             b64 = base64.b64encode(secret)
