@@ -22,17 +22,13 @@ from braid.format.staging import (
     SessionRecord,
     StagingArea,
     StreamEnd,
-    parse_round_key,
     parse_segment_key,
-    result_key,
-    round_key,
     segment_key,
     segment_record_key,
     session_key,
     stream_end_key,
-    wrapped_key_key,
 )
-from braid.format.staging.keys import fold_key
+from braid.format.staging.keys import fold_key, parse_round_key, result_key, round_key, wrapped_key_key
 from braid.ports.pipeline import PlainStoreJanitor
 
 CHUNK = 100

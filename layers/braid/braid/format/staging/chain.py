@@ -1,17 +1,11 @@
 """The staging records of a backup's captured members and of an incremental's parent (staging protocol 3).
 
 - `captured.json` + `captured/N` (agent, before stream-end.json): the small
-  members its stream carried (braid.engine.capture: backup_label,
-  backup_manifest, PG_VERSION, the head of global/pg_control,
-  xtrabackup_checkpoints), one raw object each, and an index naming each
-  member with its object's size and SHA-256. Finalize reads them, records the
-  PostgreSQL facts in the manifest and encrypts the metadata exactly as the
-  local engine does, then removes staging by version.
+  members its stream carried (braid.engine.capture), one object each, and an
+  index naming each with its size and SHA-256; Finalize reads them.
 - `parent.json` + `parent/backup_manifest` (Prepare, for an incremental):
-  the parent's values the agent asked for in its session ("parent_values"),
-  read from the parent's encrypted metadata once the whole chain
-  authenticated, or the reason the chain is refused. The agent, which holds
-  no key, waits for it before it starts the producer.
+  the parent values the session asked for ("parent_values"), or why the chain
+  is refused; the agent, which holds no key, waits for it before its producer.
 """
 
 from __future__ import annotations
@@ -24,20 +18,8 @@ from braid.format.canonical import canonical_json
 from braid.format.digests import sha256
 from braid.format.fields import Fields
 from braid.format.metadata import MEMBER_LIMITS
-from braid.format.staging.keys import CAPTURED_INDEX, PARENT, captured_index_key, captured_member_key, parent_manifest_key, parent_record_key
+from braid.format.staging.keys import PARENT
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
-
-__all__ = [
-    "CAPTURED_INDEX",
-    "PARENT",
-    "PARENT_VALUES",
-    "CapturedIndex",
-    "ParentRecord",
-    "captured_index_key",
-    "captured_member_key",
-    "parent_manifest_key",
-    "parent_record_key",
-]
 
 # What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders).
 PARENT_VALUES = ("parent_manifest", "parent_lsn")

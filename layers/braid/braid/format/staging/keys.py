@@ -1,10 +1,8 @@
-"""Every key of a backup's staging area, and the parsers listings need.
+"""Every key of a backup's staging area, and the parsers listings need (layout: docs/format.md).
 
 One builder per kind of object, so the agent, the pipeline and the cleanup
-all name the same objects the same way; the parsers are the inverse of the
-builders for the kinds that are found by listing (segment objects, whose
-multipart uploads are listed too, and plan rounds). docs/format.md lists the
-layout.
+name the same objects the same way; the parsers invert the builders of the
+kinds found by listing (segment objects and plan rounds).
 """
 
 from __future__ import annotations
@@ -73,21 +71,13 @@ def wrapped_key_key(ref: BackupRef) -> str:
 
 
 def agent_lease_key(ref: BackupRef) -> str:
-    """The agent's heartbeat while it uploads (braid.format.lease).
-
-    S3 lists no object for the parts of a multipart upload in progress, so
-    between two completed segments (2 GiB apart) a slow upload would show no
-    activity at all; this small object, rewritten every minute, does. It
-    goes with the rest of staging when Finalize or Cleanup removes it.
-    """
+    """The agent's heartbeat while it uploads (braid.format.lease): rewritten every minute, it shows activity that
+    S3 lists nothing for (the parts of a multipart upload in progress). It goes with the rest of staging."""
     return f"{staging_prefix(ref)}{AGENT_LEASE}"
 
 
 def wake_key(ref: BackupRef) -> str:
-    """Where the sleeping pipeline leaves its task token for the agent (WakeRecord, braid.agent.wake).
-
-    Written by the state machine itself (SleepUntilWoken, an S3 PutObject that waits for its token), read by the
-    agent after each segment record and at the stream's end; it goes with the rest of staging."""
+    """Where the sleeping pipeline's state machine leaves its task token for the agent (WakeRecord, braid.agent.wake)."""
     return f"{staging_prefix(ref)}{WAKE}"
 
 
