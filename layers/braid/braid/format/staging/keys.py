@@ -14,16 +14,12 @@ from braid.format.layout import STAGING, staging_prefix
 
 SESSION = "session.json"
 STREAM_END = "stream-end.json"
-WRAPPED_KEY = "key.json"
 AGENT_LEASE = "lease"
 SEGMENT_RECORDS = "segments/"
 ROUNDS = "plans/round-"
 RESULTS = "results/"
 FAILURES = "failures/"
-RETRIES = "plans/retry-"
 FOLDS = "folds/"
-HELD = "held.json"
-RESUME = "resume.json"
 WAKE = "wake"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
@@ -67,7 +63,7 @@ def stream_end_key(ref: BackupRef) -> str:
 
 
 def wrapped_key_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{WRAPPED_KEY}"
+    return f"{staging_prefix(ref)}key.json"
 
 
 def agent_lease_key(ref: BackupRef) -> str:
@@ -116,7 +112,7 @@ def retry_key(ref: BackupRef, round_number: int, attempt: int) -> str:
     """Items of round `round_number` that had no result after its map, planned again (`attempt` 1, 2, ...).
 
     Not under `plans/round-`: they reuse their round's chunk indexes, so they are no round of the ledger."""
-    return f"{staging_prefix(ref)}{RETRIES}{round_number:05d}-{attempt:02d}.json"
+    return f"{staging_prefix(ref)}plans/retry-{round_number:05d}-{attempt:02d}.json"
 
 
 def fold_key(ref: BackupRef, round_number: int, attempt: int) -> str:
@@ -136,21 +132,20 @@ def _relative_match(ref: BackupRef, key: str, pattern: re.Pattern[str]) -> re.Ma
 
 def held_key(ref: BackupRef) -> str:
     """Written by the planner when items still fail after its re-plans: the backup waits for `--resume` (HoldRecord)."""
-    return f"{staging_prefix(ref)}{HELD}"
+    return f"{staging_prefix(ref)}held.json"
 
 
 def resume_key(ref: BackupRef) -> str:
     """Written by `braid backup --resume`: a new request (its nonce) releases a hold (ResumeRequest)."""
-    return f"{staging_prefix(ref)}{RESUME}"
+    return f"{staging_prefix(ref)}resume.json"
 
 
 # -- an incremental's records (braid.format.staging.chain, protocol 3) --------------------------------------------------
-CAPTURED_INDEX = "captured.json"
 PARENT = "parent.json"
 
 
 def captured_index_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{CAPTURED_INDEX}"
+    return f"{staging_prefix(ref)}captured.json"
 
 
 def captured_member_key(ref: BackupRef, number: int) -> str:
