@@ -84,16 +84,9 @@ class ParentRecord:
     unavailable: str | None = None
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, object] = {"protocol": PROTOCOL, "parent": self.parent}
-        if self.lsn is not None:
-            doc["parent_lsn"] = self.lsn
-        if self.manifest is not None:
-            doc["parent_manifest"] = {"size": self.manifest[0], "sha256": self.manifest[1]}
-        if self.refused is not None:
-            doc["refused"] = self.refused
-        if self.unavailable is not None:
-            doc["unavailable"] = self.unavailable
-        return canonical_json(doc)
+        manifest = None if self.manifest is None else {"size": self.manifest[0], "sha256": self.manifest[1]}
+        doc = {"parent_lsn": self.lsn, "parent_manifest": manifest, "refused": self.refused, "unavailable": self.unavailable}
+        return canonical_json({"protocol": PROTOCOL, "parent": self.parent, **{k: v for k, v in doc.items() if v is not None}})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> ParentRecord:
@@ -105,13 +98,7 @@ class ParentRecord:
         if "parent_manifest" in f.doc:
             m = Fields(f.doc["parent_manifest"], f"{what}, parent_manifest", ("size", "sha256"))
             manifest = (m.count("size"), m.text("sha256"))
-        return cls(
-            f.text("parent"),
-            f.text("parent_lsn") if "parent_lsn" in f.doc else None,
-            manifest,
-            f.text("refused") if "refused" in f.doc else None,
-            f.text("unavailable") if "unavailable" in f.doc else None,
-        )
+        return cls(f.text("parent"), f.optional_text("parent_lsn"), manifest, f.optional_text("refused"), f.optional_text("unavailable"))
 
     def check_manifest(self, data: bytes, where: str) -> bytes:
         if self.manifest is None or len(data) != self.manifest[0] or sha256(data).hex() != self.manifest[1]:

@@ -165,7 +165,7 @@ class StreamEnd:
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
         what = f"stream-end record {where}"
         f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned", "usage"))
-        abandoned = f.text("abandoned") if "abandoned" in f.doc else None
+        abandoned = f.optional_text("abandoned")
         if abandoned is not None and not abandoned.strip():
             raise IntegrityError(f"{what} is malformed: abandoned must give a reason")
         try:
