@@ -13,7 +13,6 @@ from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.staging.protocol import document
 
-# A failure record is for a person to read; a traceback-sized message is cut.
 MAX_FAILURE_CAUSE = 2000
 
 

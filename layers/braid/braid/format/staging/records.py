@@ -11,7 +11,6 @@ IntegrityError.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
@@ -154,12 +153,9 @@ class StreamEnd:
     usage: Usage | None = field(default=None, compare=False)
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"lengths": self.lengths, "segments": self.segments}
-        if self.abandoned is not None:
-            doc["abandoned"] = self.abandoned
-        if self.usage is not None:
-            doc["usage"] = self.usage.to_json()
-        return canonical_json(doc)
+        usage = None if self.usage is None else self.usage.to_json()
+        doc = {"lengths": self.lengths, "segments": self.segments, "abandoned": self.abandoned, "usage": usage}
+        return canonical_json({k: v for k, v in doc.items() if v is not None})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
