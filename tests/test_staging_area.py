@@ -22,17 +22,13 @@ from braid.format.staging import (
     SessionRecord,
     StagingArea,
     StreamEnd,
-    parse_round_key,
     parse_segment_key,
-    result_key,
-    round_key,
     segment_key,
     segment_record_key,
     session_key,
     stream_end_key,
-    wrapped_key_key,
 )
-from braid.format.staging.keys import fold_key
+from braid.format.staging.keys import fold_key, parse_round_key, result_key, round_key, wrapped_key_key
 from braid.ports.pipeline import PlainStoreJanitor
 
 CHUNK = 100
@@ -224,6 +220,7 @@ def test_stream_end_round_trips_and_is_absent_until_written(area: StagingArea) -
         (b'{"lengths": [1]}', "missing segments"),
         (b'{"lengths": [1, 2], "segments": [1]}', "2 lengths for 1 segment counts"),
         (b'{"lengths": [-1], "segments": [1]}', "lengths must be a list of non-negative integers"),
+        (b'{"lengths": [1], "segments": [1], "abandoned": 5}', "abandoned must be a string, not 5"),
     ],
 )
 def test_a_malformed_stream_end_names_its_key(area: StagingArea, body: bytes, complaint: str) -> None:

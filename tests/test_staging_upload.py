@@ -35,10 +35,10 @@ from braid.format.staging import (
     SessionRecord,
     StagingArea,
     StreamEnd,
-    segment_records_prefix,
     session_key,
     stream_end_key,
 )
+from braid.format.staging.keys import segment_records_prefix
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.ports.multipart import MultipartStore, StoredPart
 from braid.ports.pipeline import MultipartJanitor

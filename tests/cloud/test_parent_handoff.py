@@ -204,3 +204,14 @@ def test_the_new_records_are_read_strictly_and_speak_this_protocol_only() -> Non
     parent = BackupRef.parse("db@20260101T000000.000Z-00000000")
     incremental = replace(session, backup="db@20260102T000000.000Z-00000000", lineage=Lineage.incremental(parent, Lineage()))
     assert SessionRecord.from_bytes(incremental.to_bytes()) == incremental
+
+
+def test_a_parent_record_names_only_its_present_fields_and_reads_back() -> None:
+    record = ParentRecord("db@1", lsn="0/5000028", manifest=(12, "a" * 64))
+    raw = record.to_bytes()
+    assert raw == b'{"parent":"db@1","parent_lsn":"0/5000028","parent_manifest":{"sha256":"' + b"a" * 64 + b'","size":12},"protocol":4}'
+    assert ParentRecord.from_bytes(raw, "parent.json") == record
+    refused = ParentRecord("db@1", refused="the incremental's parent is missing")
+    assert ParentRecord.from_bytes(refused.to_bytes(), "parent.json") == refused
+    with pytest.raises(IntegrityError, match="parent record parent.json is malformed: refused must be a string, not 1"):
+        ParentRecord.from_bytes(b'{"parent":"db@1","protocol":4,"refused":1}', "parent.json")

@@ -28,13 +28,10 @@ from braid.format.staging import (
     MapItem,
     RoundFold,
     StagingArea,
-    failure_key,
-    result_key,
     segment_record_key,
-    segments_prefix,
     stream_end_key,
 )
-from braid.format.staging.keys import fold_key, folds_prefix
+from braid.format.staging.keys import failure_key, fold_key, folds_prefix, result_key, segments_prefix
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader

@@ -54,6 +54,10 @@ class Fields:
             raise self._fail(name, "a string")
         return value
 
+    def optional_text(self, name: str) -> str | None:
+        """A string, or None when the field is absent."""
+        return self.text(name) if name in self.doc else None
+
     def texts(self, name: str, default: list[str] | None = None) -> list[str]:
         value = self.doc.get(name, default)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

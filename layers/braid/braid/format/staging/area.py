@@ -24,21 +24,18 @@ from collections.abc import Callable, Iterable, Mapping
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
-from braid.format.staging.chain import (
-    CapturedIndex,
-    ParentRecord,
-    captured_index_key,
-    captured_member_key,
-    parent_manifest_key,
-    parent_record_key,
-)
+from braid.format.staging.chain import CapturedIndex, ParentRecord
 from braid.format.staging.failures import ItemFailure
 from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     agent_lease_key,
+    captured_index_key,
+    captured_member_key,
     failure_key,
     failures_prefix,
     held_key,
+    parent_manifest_key,
+    parent_record_key,
     parse_round_key,
     parse_segment_key,
     result_key,
@@ -111,10 +108,9 @@ class StagingArea(StagingResults):
 
     def _segment_record(self, session: SessionRecord, key: str) -> SegmentRecord | None:
         """The record at `key`, checked to be that segment's and the session's (None: not there, or deleted since a LIST)."""
-        raw = self._get(key)
-        if raw is None:
+        record = self._read(key, SegmentRecord.from_bytes)
+        if record is None:
             return None
-        record = SegmentRecord.from_bytes(raw, key)
         if key != segment_record_key(self.ref, record.input_index, record.segment):
             raise IntegrityError(f"segment record {key} describes in{record.input_index}/seg{record.segment}, not its own segment")
         record.check(self.ref, session)
@@ -135,9 +131,7 @@ class StagingArea(StagingResults):
     # -- stream end ----------------------------------------------------------
     def read_stream_end(self) -> StreamEnd | None:
         """None until the agent saw every input end."""
-        key = stream_end_key(self.ref)
-        raw = self._get(key)
-        return None if raw is None else StreamEnd.from_bytes(raw, key)
+        return self._read(stream_end_key(self.ref), StreamEnd.from_bytes)
 
     def write_stream_end(self, end: StreamEnd) -> None:
         self.store.put(stream_end_key(self.ref), end.to_bytes())
@@ -152,11 +146,9 @@ class StagingArea(StagingResults):
 
     def read_captured(self) -> dict[str, bytes]:
         """The staged members, each checked against its index; empty when the agent staged none."""
-        key = captured_index_key(self.ref)
-        raw = self._get(key)
-        if raw is None:
+        index = self._read(captured_index_key(self.ref), CapturedIndex.from_bytes)
+        if index is None:
             return {}
-        index = CapturedIndex.from_bytes(raw, key)
         keys = [captured_member_key(self.ref, number) for number in range(len(index.names))]
         found: dict[str, bytes] = {}
         for name, member_key, data in zip(index.names, keys, self._get_many(keys), strict=True):
@@ -173,11 +165,9 @@ class StagingArea(StagingResults):
 
     def read_parent(self) -> tuple[ParentRecord, bytes | None] | None:
         """Prepare's answer and the parent's backup_manifest (checked against it); None until Prepare wrote it."""
-        key = parent_record_key(self.ref)
-        raw = self._get(key)
-        if raw is None:
+        record = self._read(parent_record_key(self.ref), ParentRecord.from_bytes)
+        if record is None:
             return None
-        record = ParentRecord.from_bytes(raw, key)
         if record.manifest is None:
             return record, None
         manifest_key = parent_manifest_key(self.ref)
@@ -194,9 +184,7 @@ class StagingArea(StagingResults):
     # -- the sleeping pipeline's wake record ----------------------------------
     def read_wake(self) -> WakeRecord | None:
         """The token the sleeping pipeline left for the agent (None: it is not sleeping, or never slept)."""
-        key = wake_key(self.ref)
-        raw = self._get(key)
-        return None if raw is None else WakeRecord.from_bytes(raw, key)
+        return self._read(wake_key(self.ref), WakeRecord.from_bytes)
 
     # -- data key ------------------------------------------------------------
     def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:
@@ -294,8 +282,7 @@ class StagingArea(StagingResults):
         self.store.put(held_key(self.ref), hold.to_bytes())
 
     def read_hold(self) -> HoldRecord | None:
-        raw = self._get(held_key(self.ref))
-        return None if raw is None else HoldRecord.from_bytes(raw, held_key(self.ref))
+        return self._read(held_key(self.ref), HoldRecord.from_bytes)
 
     def clear_hold(self) -> None:
         self.store.delete([held_key(self.ref)])
@@ -304,8 +291,7 @@ class StagingArea(StagingResults):
         self.store.put(resume_key(self.ref), request.to_bytes())
 
     def read_resume_request(self) -> ResumeRequest | None:
-        raw = self._get(resume_key(self.ref))
-        return None if raw is None else ResumeRequest.from_bytes(raw, resume_key(self.ref))
+        return self._read(resume_key(self.ref), ResumeRequest.from_bytes)
 
     # -- failures ------------------------------------------------------------
     def write_failure(self, failure: ItemFailure) -> str:

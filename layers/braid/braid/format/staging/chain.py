@@ -1,17 +1,11 @@
 """The staging records of a backup's captured members and of an incremental's parent (staging protocol 3).
 
 - `captured.json` + `captured/N` (agent, before stream-end.json): the small
-  members its stream carried (braid.engine.capture: backup_label,
-  backup_manifest, PG_VERSION, the head of global/pg_control,
-  xtrabackup_checkpoints), one raw object each, and an index naming each
-  member with its object's size and SHA-256. Finalize reads them, records the
-  PostgreSQL facts in the manifest and encrypts the metadata exactly as the
-  local engine does, then removes staging by version.
+  members its stream carried (braid.engine.capture), one object each, and an
+  index naming each with its size and SHA-256; Finalize reads them.
 - `parent.json` + `parent/backup_manifest` (Prepare, for an incremental):
-  the parent's values the agent asked for in its session ("parent_values"),
-  read from the parent's encrypted metadata once the whole chain
-  authenticated, or the reason the chain is refused. The agent, which holds
-  no key, waits for it before it starts the producer.
+  the parent values the session asked for ("parent_values"), or why the chain
+  is refused; the agent, which holds no key, waits for it before its producer.
 """
 
 from __future__ import annotations
@@ -24,20 +18,8 @@ from braid.format.canonical import canonical_json
 from braid.format.digests import sha256
 from braid.format.fields import Fields
 from braid.format.metadata import MEMBER_LIMITS
-from braid.format.staging.keys import CAPTURED_INDEX, PARENT, captured_index_key, captured_member_key, parent_manifest_key, parent_record_key
+from braid.format.staging.keys import PARENT
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
-
-__all__ = [
-    "CAPTURED_INDEX",
-    "PARENT",
-    "PARENT_VALUES",
-    "CapturedIndex",
-    "ParentRecord",
-    "captured_index_key",
-    "captured_member_key",
-    "parent_manifest_key",
-    "parent_record_key",
-]
 
 # What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders).
 PARENT_VALUES = ("parent_manifest", "parent_lsn")
@@ -102,16 +84,9 @@ class ParentRecord:
     unavailable: str | None = None
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, object] = {"protocol": PROTOCOL, "parent": self.parent}
-        if self.lsn is not None:
-            doc["parent_lsn"] = self.lsn
-        if self.manifest is not None:
-            doc["parent_manifest"] = {"size": self.manifest[0], "sha256": self.manifest[1]}
-        if self.refused is not None:
-            doc["refused"] = self.refused
-        if self.unavailable is not None:
-            doc["unavailable"] = self.unavailable
-        return canonical_json(doc)
+        manifest = None if self.manifest is None else {"size": self.manifest[0], "sha256": self.manifest[1]}
+        doc = {"parent_lsn": self.lsn, "parent_manifest": manifest, "refused": self.refused, "unavailable": self.unavailable}
+        return canonical_json({"protocol": PROTOCOL, "parent": self.parent, **{k: v for k, v in doc.items() if v is not None}})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> ParentRecord:
@@ -123,13 +98,7 @@ class ParentRecord:
         if "parent_manifest" in f.doc:
             m = Fields(f.doc["parent_manifest"], f"{what}, parent_manifest", ("size", "sha256"))
             manifest = (m.count("size"), m.text("sha256"))
-        return cls(
-            f.text("parent"),
-            f.text("parent_lsn") if "parent_lsn" in f.doc else None,
-            manifest,
-            f.text("refused") if "refused" in f.doc else None,
-            f.text("unavailable") if "unavailable" in f.doc else None,
-        )
+        return cls(f.text("parent"), f.optional_text("parent_lsn"), manifest, f.optional_text("refused"), f.optional_text("unavailable"))
 
     def check_manifest(self, data: bytes, where: str) -> bytes:
         if self.manifest is None or len(data) != self.manifest[0] or sha256(data).hex() != self.manifest[1]:

@@ -7,13 +7,12 @@ read: the cause is cut to MAX_FAILURE_CAUSE characters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.staging.protocol import document
 
-# A failure record is for a person to read; a traceback-sized message is cut.
 MAX_FAILURE_CAUSE = 2000
 
 
@@ -27,8 +26,7 @@ class ItemFailure:
     cause: str
 
     def to_bytes(self) -> bytes:
-        doc = {"first_index": self.first_index, "count": self.count, "error": self.error, "cause": self.cause[:MAX_FAILURE_CAUSE]}
-        return canonical_json(doc)
+        return canonical_json({**asdict(self), "cause": self.cause[:MAX_FAILURE_CAUSE]})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> ItemFailure:

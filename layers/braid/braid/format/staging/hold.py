@@ -1,20 +1,16 @@
-"""A held backup: items failed past every retry (or a coordinating step failed), finished work kept, waiting for `--resume`.
+"""A held backup: items failed past every re-plan (or a coordinating step failed), finished work kept, waiting for `--resume`.
 
-The planner re-plans items that have no result after their map (each item
-already had its worker's retries), twice; if some still fail, it writes a
-HoldRecord and the execution waits (bounded: `until`) instead of failing,
-so nothing finished is thrown away: stored chunks, result records and the
-staged segments of unfinished items all stay. The agent, polling its
-execution, reads the record and stops with the worker's error and the way
-back in; `braid backup --resume NAME@ID` writes a ResumeRequest with a new
-nonce, which makes the planner plan the unfinished items again (and only
-them). An explicit abandon (the agent's abandoned stream-end) or the end of
-the hold fails the execution, and Cleanup removes everything.
+The planner writes a HoldRecord and the execution waits (until `until`)
+instead of failing, keeping stored chunks, result records and the unfinished
+items' staged segments. `braid backup --resume NAME@ID` writes a
+ResumeRequest with a new nonce: the planner plans the unfinished items again
+(only them). An abandoned stream-end or the hold's end fails the execution,
+and Cleanup removes everything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
@@ -31,9 +27,7 @@ class HoldRecord:
     items: int  # map items without a result (0: a coordinating step failed)
 
     def to_bytes(self) -> bytes:
-        return canonical_json(
-            {"cause": self.cause, "since": self.since, "until": self.until, "released_by": self.released_by, "items": self.items}
-        )
+        return canonical_json(asdict(self))
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str) -> HoldRecord:

@@ -1,10 +1,8 @@
-"""Every key of a backup's staging area, and the parsers listings need.
+"""Every key of a backup's staging area, and the parsers listings need (layout: docs/format.md).
 
 One builder per kind of object, so the agent, the pipeline and the cleanup
-all name the same objects the same way; the parsers are the inverse of the
-builders for the kinds that are found by listing (segment objects, whose
-multipart uploads are listed too, and plan rounds). docs/format.md lists the
-layout.
+name the same objects the same way; the parsers invert the builders of the
+kinds found by listing (segment objects and plan rounds).
 """
 
 from __future__ import annotations
@@ -16,16 +14,12 @@ from braid.format.layout import STAGING, staging_prefix
 
 SESSION = "session.json"
 STREAM_END = "stream-end.json"
-WRAPPED_KEY = "key.json"
 AGENT_LEASE = "lease"
 SEGMENT_RECORDS = "segments/"
 ROUNDS = "plans/round-"
 RESULTS = "results/"
 FAILURES = "failures/"
-RETRIES = "plans/retry-"
 FOLDS = "folds/"
-HELD = "held.json"
-RESUME = "resume.json"
 WAKE = "wake"
 
 # Relative to the staging prefix: `in<I>/seg<SSSSS>`, as segment_key writes them.
@@ -69,25 +63,17 @@ def stream_end_key(ref: BackupRef) -> str:
 
 
 def wrapped_key_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{WRAPPED_KEY}"
+    return f"{staging_prefix(ref)}key.json"
 
 
 def agent_lease_key(ref: BackupRef) -> str:
-    """The agent's heartbeat while it uploads (braid.format.lease).
-
-    S3 lists no object for the parts of a multipart upload in progress, so
-    between two completed segments (2 GiB apart) a slow upload would show no
-    activity at all; this small object, rewritten every minute, does. It
-    goes with the rest of staging when Finalize or Cleanup removes it.
-    """
+    """The agent's heartbeat while it uploads (braid.format.lease): rewritten every minute, it shows activity that
+    S3 lists nothing for (the parts of a multipart upload in progress). It goes with the rest of staging."""
     return f"{staging_prefix(ref)}{AGENT_LEASE}"
 
 
 def wake_key(ref: BackupRef) -> str:
-    """Where the sleeping pipeline leaves its task token for the agent (WakeRecord, braid.agent.wake).
-
-    Written by the state machine itself (SleepUntilWoken, an S3 PutObject that waits for its token), read by the
-    agent after each segment record and at the stream's end; it goes with the rest of staging."""
+    """Where the sleeping pipeline's state machine leaves its task token for the agent (WakeRecord, braid.agent.wake)."""
     return f"{staging_prefix(ref)}{WAKE}"
 
 
@@ -126,7 +112,7 @@ def retry_key(ref: BackupRef, round_number: int, attempt: int) -> str:
     """Items of round `round_number` that had no result after its map, planned again (`attempt` 1, 2, ...).
 
     Not under `plans/round-`: they reuse their round's chunk indexes, so they are no round of the ledger."""
-    return f"{staging_prefix(ref)}{RETRIES}{round_number:05d}-{attempt:02d}.json"
+    return f"{staging_prefix(ref)}plans/retry-{round_number:05d}-{attempt:02d}.json"
 
 
 def fold_key(ref: BackupRef, round_number: int, attempt: int) -> str:
@@ -146,21 +132,20 @@ def _relative_match(ref: BackupRef, key: str, pattern: re.Pattern[str]) -> re.Ma
 
 def held_key(ref: BackupRef) -> str:
     """Written by the planner when items still fail after its re-plans: the backup waits for `--resume` (HoldRecord)."""
-    return f"{staging_prefix(ref)}{HELD}"
+    return f"{staging_prefix(ref)}held.json"
 
 
 def resume_key(ref: BackupRef) -> str:
     """Written by `braid backup --resume`: a new request (its nonce) releases a hold (ResumeRequest)."""
-    return f"{staging_prefix(ref)}{RESUME}"
+    return f"{staging_prefix(ref)}resume.json"
 
 
 # -- an incremental's records (braid.format.staging.chain, protocol 3) --------------------------------------------------
-CAPTURED_INDEX = "captured.json"
 PARENT = "parent.json"
 
 
 def captured_index_key(ref: BackupRef) -> str:
-    return f"{staging_prefix(ref)}{CAPTURED_INDEX}"
+    return f"{staging_prefix(ref)}captured.json"
 
 
 def captured_member_key(ref: BackupRef, number: int) -> str:

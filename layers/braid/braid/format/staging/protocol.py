@@ -11,24 +11,14 @@ Decoding is strict everywhere: an integer must be a JSON integer (`true`,
 `"0"` and `4.9` are refused, never coerced), a string a JSON string, and a
 document names exactly its fields.
 
-Versions:
-  1  (no "protocol" field) until 2026-11-28.
-  2  "protocol" in session.json and the execution input; each map item
-     carries its pack sizes ("packs", decided by the planner); "part" renamed
-     where it meant a chunk: "first_chunk" (was "first_part"),
-     "segment_chunks" ("segment_parts"), "chunks" and "chunk_checksums" in a
-     segment record ("parts", "part_checksums"). A multipart part is still a
-     part ("part_chunks", "ramp_parts").
-  3  incremental chains and captured members on the cloud path: session.json
-     may carry "lineage" and "parent_values"; captured.json + captured/N
-     (agent: the small members its stream carried) and parent.json +
-     parent/backup_manifest (Prepare: an incremental's parent values), each
-     record with "protocol" (braid.format.staging.chain).
-  4  one results index: the planner's folds (folds/round-RRRRR-AA.json) are
-     the only merge of result records; compacted/rounds-FFFFF-LLLLL.json and
-     the planner cursor's "compacted" are gone.
-     The execution input carries "policies" (braid.pipeline.policies): the
-     optimisations chosen for the backup, each true or false.
+Versions (docs/format.md, "Cloud staging"):
+  1  no "protocol" field (until 2026-11-28).
+  2  "protocol" in session.json and the execution input; map items carry
+     their "packs"; "part" renamed where it meant a chunk ("first_chunk",
+     "segment_chunks", a segment record's "chunks" and "chunk_checksums").
+  3  incremental chains and captured members (braid.format.staging.chain).
+  4  the planner's folds are the one results index (compacted/ is gone);
+     the execution input carries "policies" (braid.pipeline.policies).
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ step that asked (braid.ports.usage).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from braid.errors import NotFoundError
 from braid.format.ids import BackupRef
@@ -19,6 +21,8 @@ from braid.ports.usage import in_context
 # Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
 READ_THREADS = 32
 READ_THREAD_NAME = "braid-staging-read"
+
+T = TypeVar("T")
 
 
 class StagingReads:
@@ -39,12 +43,13 @@ class StagingReads:
         except NotFoundError:
             return None
 
-    def _get_many(self, keys: list[str]) -> list[bytes | None]:
-        """Several small records at once (READ_THREADS in flight), in the order asked.
+    def _read(self, key: str, parse: Callable[[bytes, str], T]) -> T | None:
+        """The record at `key` as `parse(raw, key)` reads it; None when there is none."""
+        raw = self._get(key)
+        return None if raw is None else parse(raw, key)
 
-        Finalize reads one result record per map item and one file per round:
-        thousands for a 10 TiB backup, which one at a time would take minutes
-        of request latency; READ_THREADS at once make it seconds."""
+    def _get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several small records at once (READ_THREADS in flight, not one request's latency after another), in the order asked."""
         if len(keys) <= 1:
             return [self._get(key) for key in keys]
         with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:

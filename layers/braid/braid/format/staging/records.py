@@ -11,7 +11,6 @@ IntegrityError.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
@@ -22,10 +21,6 @@ from braid.format.staging.chain import PARENT_VALUES
 from braid.format.staging.keys import segment_key
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
 from braid.format.usage import Usage
-
-
-def _encode(record: Any) -> bytes:
-    return canonical_json(asdict(record))
 
 
 @dataclass(frozen=True)
@@ -39,15 +34,10 @@ class SessionRecord:
     level: int
     inputs: list[str]  # sources as the user named them
     created: str
-    # Chunks per multipart part of a segment (its last part may hold fewer).
-    # Only the agent reads it, to send a resumed upload's parts as before: the
-    # pipeline reads chunks by byte offset, so `segment_chunks` and a segment
-    # record's `chunks` and `chunk_checksums` count chunks whatever this is.
+    # Chunks per multipart part (the last may hold fewer). Agent-only, to send a resumed upload's parts as before:
+    # the pipeline reads chunks by byte offset, so every chunk count is in chunks whatever this is.
     part_chunks: int = 1
-    # One-chunk parts that start each input's first segment, before parts of
-    # `part_chunks` (braid.agent.segments.PartLayout): a short stream still
-    # has many parts in flight. Agent-only, like part_chunks; absent (0) in
-    # sessions of agents without the ramp.
+    # One-chunk parts that start each input's first segment (braid.agent.segments.PartLayout); agent-only, 0 if absent.
     ramp_parts: int = 0
     # An incremental's place in its chain (braid.format.chain), sealed by Finalize; absent: a full backup.
     lineage: Lineage = field(default_factory=Lineage)
@@ -118,7 +108,7 @@ class SegmentRecord:
     chunk_checksums: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        return _encode(self)
+        return canonical_json(asdict(self))
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "segment record") -> SegmentRecord:
@@ -126,14 +116,8 @@ class SegmentRecord:
         names = ("input_index", "segment", "key", "offset", "length", "chunks", "checksum")
         f = Fields(document(raw, what), what, names, optional=("chunk_checksums",))
         return cls(
-            f.count("input_index"),
-            f.count("segment"),
-            f.text("key"),
-            f.count("offset"),
-            f.count("length"),
-            f.count("chunks"),
-            f.text("checksum"),
-            f.texts("chunk_checksums", []),
+            f.count("input_index"), f.count("segment"), f.text("key"), f.count("offset"), f.count("length"), f.count("chunks"),
+            f.text("checksum"), f.texts("chunk_checksums", []),
         )
 
     def check(self, ref: BackupRef, session: SessionRecord) -> None:
@@ -156,12 +140,9 @@ class SegmentRecord:
 class StreamEnd:
     """Written by the agent when every input ended: how long each was, in how many segments.
 
-    Or written instead of that, with `abandoned` set, when the agent gives
-    the stream up for good (its producer failed, the stream was empty, it
-    cannot be resumed): the pipeline then fails at its next poll, with the
-    reason as the cause, rather than waiting to time out, and removes the
-    staging. Lengths and segments are then what the agent had sent so far.
-    The field is absent from an ordinary record, which is unchanged.
+    Or, with `abandoned` (absent from an ordinary record) set, when the agent gives the stream up for good: the
+    pipeline fails at its next poll with the reason as the cause and removes the staging; lengths and segments are
+    then what the agent had sent so far.
     """
 
     lengths: list[int]  # per input, in input order
@@ -172,18 +153,15 @@ class StreamEnd:
     usage: Usage | None = field(default=None, compare=False)
 
     def to_bytes(self) -> bytes:
-        doc: dict[str, Any] = {"lengths": self.lengths, "segments": self.segments}
-        if self.abandoned is not None:
-            doc["abandoned"] = self.abandoned
-        if self.usage is not None:
-            doc["usage"] = self.usage.to_json()
-        return canonical_json(doc)
+        usage = None if self.usage is None else self.usage.to_json()
+        doc = {"lengths": self.lengths, "segments": self.segments, "abandoned": self.abandoned, "usage": usage}
+        return canonical_json({k: v for k, v in doc.items() if v is not None})
 
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
         what = f"stream-end record {where}"
         f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned", "usage"))
-        abandoned = f.text("abandoned") if "abandoned" in f.doc else None
+        abandoned = f.optional_text("abandoned")
         if abandoned is not None and not abandoned.strip():
             raise IntegrityError(f"{what} is malformed: abandoned must give a reason")
         try:

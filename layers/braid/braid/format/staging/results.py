@@ -70,17 +70,15 @@ class StagingResults(StagingReads):
         done = 0
         while done < item.count:
             index = item.first_index + done
-            result = known.get(index)
+            result = known.get(index) or self._result(index)
             if result is None:
-                raw = self._get(result_key(self.ref, index))
-                if raw is None:
-                    longer = self._longer_prefix(item, done)
-                    if longer is None:
-                        raise self._never_stored(item.piece(done, item.count - done))
-                    found.append(longer)
-                    done += len(longer.entries)
-                    continue
-                result = known[index] = ItemResult.from_bytes(raw, result_key(self.ref, index))
+                longer = self._longer_prefix(item, done)
+                if longer is None:
+                    raise self._never_stored(item.piece(done, item.count - done))
+                found.append(longer)
+                done += len(longer.entries)
+                continue
+            known[index] = result
             if done == 0:
                 result.check(item, str(self.ref))
             else:
@@ -99,14 +97,14 @@ class StagingResults(StagingReads):
         that stored further than the prefix the planner read: a planner call retried after a late attempt), else None.
 
         Its entries before `done` are the same stored packs (create-only, identical layout), so only the rest is used."""
-        raw = self._get(result_key(self.ref, item.first_index))
-        if raw is None:
-            return None
-        own = ItemResult.from_bytes(raw, result_key(self.ref, item.first_index))
-        if len(own.entries) <= done:
+        own = self._result(item.first_index)
+        if own is None or len(own.entries) <= done:
             return None
         own.check(item, str(self.ref))
         return ItemResult(item.first_index + done, own.entries[done:], None)
+
+    def _result(self, index: int) -> ItemResult | None:
+        return self._read(result_key(self.ref, index), ItemResult.from_bytes)
 
     def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
         """The result records of `items` that exist, read back and match their item, by first chunk index.

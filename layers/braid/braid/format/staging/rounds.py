@@ -1,18 +1,15 @@
-"""The records the pipeline writes to staging: plan rounds (map items) and item results.
+"""The records the pipeline writes to staging: plan rounds (map items), item results and their folds.
 
-A round file `plans/round-NNNNN.json` is a JSON array of map items; it is
-both the ledger of chunk-index assignment and what the Distributed Map's
-ItemReader reads, so a map item's JSON names are part of the state machine's
-contract (the worker event carries one). A result record
-`results/<first index>.json` lists the ChunkEntry of every chunk of one item.
-(A worker's failure record is in braid.format.staging.failures.) A fold
-`folds/round-RRRRR-AA.json` (RoundFold, the results index) is the result
-records of one map's finished items merged by the planner after that map.
+A round file `plans/round-NNNNN.json` (a JSON array of map items) is both
+the ledger of chunk indexes and what the Distributed Map's ItemReader reads,
+so a map item's JSON names are the state machine's contract (the worker
+event carries one). Layout of the rest: docs/format.md, "Cloud staging".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
@@ -43,19 +40,11 @@ PACK_TAPER = (1, 2, 3)
 def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
     """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
 
-    A pack's PUT starts when its last chunk is encoded (braid.pipeline.item_flow),
-    so only the last packs' PUTs are not overlapped by the codec, and the item
-    (a worker billed by the second) ends with the PUT that ends last. A pack
-    ending j chunks before the item's last ends its PUT at about the codec's
-    end - j x (codec s per chunk) + its size x (PUT s per chunk); at the usual
-    stored ratio (~0.53) one chunk's PUT over one S3 stream takes ~0.9 of its
-    encoding (scripts/bench_lib/scale_sim.item_seconds), so packs of 1, 2 and 3
-    chunks at the end all finish with the last one-chunk PUT, where one pack of
-    `chunks_per_pack` would keep the worker ~1 s longer. The rest are packs
-    as even as possible, larger first. The planner writes the result into
-    each item (MapItem.packs): a retried worker, and the items that finish a
-    cut one, store the same packs. `taper` () is the policy off
-    (braid.pipeline.policies).
+    The last packs hold `taper` chunks (smallest last), the rest are as even as possible, larger first: only the
+    last packs' PUTs are not overlapped by the codec, and small ones all end with the last one-chunk PUT
+    (measured: docs/design/2026-11-28-optimisations.md). The planner writes the result into each item
+    (MapItem.packs): a retried worker, and the items that finish a cut one, store the same packs. `taper` () is
+    the policy off (braid.pipeline.policies).
     """
     return _tapered(count, max(1, chunks_per_pack), taper)
 
@@ -78,23 +67,17 @@ def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
 class MapItem:
     """One Distributed Map item: `count` consecutive chunks of one segment, stored as `packs`.
 
-    `packs`: chunks per stored pack, in order, decided by the planner when it
-    plans the item (pack_sizes is its policy) and written into the round file:
-    the worker and Finalize read them and never recompute them, so a retried
-    worker and a finishing item form the same objects whatever code they run.
+    `packs`: chunks per stored pack, decided by the planner (pack_sizes) and written into the round file; the
+    worker and Finalize never recompute them, so a retried worker and a finishing item form the same objects
+    whatever code they run.
 
-    `layout`: the (first chunk, count) of the item whose packs these chunks
-    are, when it is not this item's own: an item that finishes the chunks a
-    cut item left (see `cut`) stores them in exactly the packs the cut item
-    would have, so a late attempt of the cut item and the items that finish
-    it can only ever meet identical objects (create-only PUTs,
-    braid.engine.chunk_worker.put_pack).
+    `layout`: the (first chunk, count) of the item whose packs these chunks are, when not this item's own: an
+    item finishing what a cut item left stores exactly the cut item's packs, so a late attempt of the cut item
+    and its finishing items only ever meet identical objects (create-only PUTs, braid.engine.chunk_worker.put_pack).
 
-    `cut`: the item is planned while the stream still arrives, and its worker
-    stops at a pack boundary once the stream has ended, writing a result for
-    the packs it stored (ItemResult.is_cut): the planner gives the rest to
-    the final round, spread over many workers, so a long streaming item never
-    holds back the time after stream end.
+    `cut`: planned while the stream arrives, the item's worker stops at a pack boundary once the stream has
+    ended, writing a result for the packs it stored (ItemResult.is_cut); the planner spreads the rest over the
+    final round's workers, so a long streaming item never holds back the time after stream end.
     """
 
     segment: str  # repository-relative key of the segment object
@@ -253,10 +236,7 @@ class Round:
 
     @classmethod
     def from_bytes(cls, raw: bytes, number: int, key: str) -> Round:
-        return cls.from_json(document(raw, f"plan round {key}"), number, key)
-
-    @classmethod
-    def from_json(cls, docs: Any, number: int, key: str) -> Round:
+        docs = document(raw, f"plan round {key}")
         if not isinstance(docs, list) or not docs:
             raise IntegrityError(f"plan round {key} is not a non-empty list of map items")
         try:
@@ -331,7 +311,7 @@ class ItemResult:
     def check(self, item: MapItem, backup: str) -> None:
         """The record must describe exactly the chunks the plan gave the item, or, for a cut item, its first whole packs."""
         expected = item.chunks()
-        if len(self.entries) != len(expected) and not (item.cut and 0 < len(self.entries) < len(expected) and _at_pack_boundary(item, len(self.entries))):
+        if len(self.entries) != len(expected) and not (item.cut and 0 < len(self.entries) < len(expected) and len(self.entries) in accumulate(item.packs)):
             raise IntegrityError(f"result for chunks {item.first_index}.. of {backup} lists {len(self.entries)} chunks, the plan {len(expected)}")
         for planned, entry in zip(expected, self.entries, strict=False):
             if (entry.index, entry.input_index, entry.offset, entry.length) != (planned.index, item.input_index, planned.offset, planned.length):
@@ -339,16 +319,6 @@ class ItemResult:
                     f"result for chunk {planned.index} of {backup} describes chunk {entry.index} of input {entry.input_index}"
                     f" at {entry.offset}+{entry.length}; the plan says input {item.input_index} at {planned.offset}+{planned.length}"
                 )
-
-
-def _at_pack_boundary(item: MapItem, done: int) -> bool:
-    """Whether the item's first `done` chunks are whole packs."""
-    total = 0
-    for size in item.packs:
-        total += size
-        if total == done:
-            return True
-    return False
 
 
 @dataclass(frozen=True)

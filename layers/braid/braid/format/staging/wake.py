@@ -1,20 +1,15 @@
-"""The wake record: how a sleeping backup pipeline asks the agent to wake it.
+"""The wake record `<staging>/wake`: how a sleeping backup pipeline asks the agent to wake it.
 
-While the stream arrives slowly, the planner would otherwise watch staging
-in a Lambda billed by the second for hours. It sleeps instead: the state machine's SleepUntilWoken state writes this
-record, `<staging>/wake`, holding the state's task token, and waits for it
-(an S3 PutObject with `.waitForTaskToken`; a timeout wakes it in any case).
-The agent reads the record after each segment record it writes and at the
-stream's end, and sends the token back (SendTaskSuccess) once what the
-planner asked for has arrived.
+The state machine's SleepUntilWoken state writes it (an S3 PutObject with
+`.waitForTaskToken`; a timeout wakes it in any case) instead of a planner
+watching a slow stream; the agent reads it after each segment record and at
+the stream's end and sends the token back (SendTaskSuccess) once due.
 
-The body is what the state machine can write with one intrinsic
-(`States.Format`): `CHUNKS AFTER TOKEN`, three fields separated by single
-spaces. CHUNKS: wake once the agent has recorded this many chunks in all
-(-1: only at the stream's end); AFTER: and not sooner than this many
-seconds after the agent first read this token (by the agent's own clock, so
-a skewed clock can delay a round, never hurry one); TOKEN: the task token
-(no spaces). The stream's end always wakes.
+The body is what one `States.Format` can write: `CHUNKS AFTER TOKEN`, single
+spaces. Wake once the agent has recorded CHUNKS chunks in all (-1: only at
+the stream's end) and AFTER seconds have passed since it first read this
+token (by its own clock: a skewed clock delays a round, never hurries one).
+The stream's end always wakes. TOKEN has no spaces.
 """
 
 from __future__ import annotations
