@@ -70,19 +70,8 @@ class RunReport:
 
     @staticmethod
     def _report(r: VerificationRecord, failures: int) -> dict[str, Any]:
-        return {
-            "backup": r.backup,
-            "mode": r.mode,
-            "ok": r.ok,
-            "corrupt": r.corrupt,
-            "selection": r.selection.to_json(),
-            "chunks_total": r.chunks_total,
-            "chunks_checked": r.chunks_checked,
-            "bytes_checked": r.bytes_checked,
-            "failure_count": r.failure_count,
-            "failures": r.failures[:failures],
-            "at": r.at,
-        }
+        shown = {k: v for k, v in r.to_json().items() if k not in ("engine", "outcome")}
+        return {**shown, "ok": r.ok, "failures": r.failures[:failures]}
 
 
 def _worker_error(row: Mapping[str, Any]) -> str:
