@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -34,12 +34,7 @@ class MaintenanceReport:
     oldest_staging_hours: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "prune_run": self.prune_run,
-            "oldest_staging": self.oldest_staging,
-            "oldest_staging_hours": round(self.oldest_staging_hours, 2),
-        }
+        return {"ok": True, **asdict(self), "oldest_staging_hours": round(self.oldest_staging_hours, 2)}
 
 
 def oldest_staging_hours(store: ObjectStore, now: datetime) -> tuple[str | None, float]:

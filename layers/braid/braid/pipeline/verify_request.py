@@ -10,11 +10,10 @@ The execution input (what `braid verify` and the daily schedule start):
 
 "latest" is each name's newest backup (the daily schedule). The run's work
 objects live under `verify-runs/RUN/` (RUN: the execution's name,
-braid.format.layout.verify_run_prefix): `plan.json` (per backup: the chunk
-selection, totals, and the outcomes already known: a quick check's, or a
-backup that would not open) and `items.json` (what the map's ItemReader
-reads). The map's results come back through its ResultWriter, failed
-items included with the worker's own error, and RecordVerify folds them.
+braid.format.layout.verify_run_prefix): `plan.json` (per backup: the
+selection, totals and the outcomes known already) and `items.json` (the
+map's items), whose results, failed items included, come back through the
+map's ResultWriter for RecordVerify.
 """
 
 from __future__ import annotations

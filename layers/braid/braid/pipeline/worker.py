@@ -173,7 +173,30 @@ def process_item(
 ) -> ItemOutcome:
     """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries."""
     try:
-        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter, chunks_per_pack=chunks_per_pack)
+        check_item(ref, item)
+        if max(item.packs) > chunks_per_pack:
+            raise IntegrityError(f"map item for chunks {item.first_index}.. of {ref} has a pack of {max(item.packs)} chunks; this worker holds {chunks_per_pack}")
+        started = time.monotonic()
+        pieces = item.chunks()
+        entries = tuple(
+            store_item_chunks(
+                lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
+                input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
+                buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
+                fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
+                check=lambda piece, data: check_part(ref, item, piece, data),
+            )
+        )
+        # The usage so far and the record's own PUT, which is counted before it is made.
+        usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
+        result = ItemResult(item.first_index, entries, usage)
+        StagingArea(store, ref).write_result(result)
+        return ItemOutcome(
+            result,
+            bytes_in=sum(e.length for e in entries),
+            bytes_out=sum(e.stored_length for e in entries),
+            seconds=time.monotonic() - started,
+        )
     except Exception as exc:
         record_failure(store, ref, item, exc)
         raise
@@ -185,40 +208,3 @@ def record_failure(store: ObjectStore, ref: BackupRef, item: MapItem, exc: Excep
         StagingArea(store, ref).write_failure(ItemFailure(item.first_index, item.count, type(exc).__name__, str(exc)))
     except Exception:  # the original error is what the map must see
         pass
-
-
-def _process_item(
-    store: ObjectStore,
-    ref: BackupRef,
-    item: MapItem,
-    *,
-    key: DataKey,
-    level: int,
-    lanes: ChunkLanes,
-    meter: InvocationMeter | None,
-    chunks_per_pack: int,
-) -> ItemOutcome:
-    check_item(ref, item)
-    if max(item.packs) > chunks_per_pack:
-        raise IntegrityError(f"map item for chunks {item.first_index}.. of {ref} has a pack of {max(item.packs)} chunks; this worker holds {chunks_per_pack}")
-    started = time.monotonic()
-    pieces = item.chunks()
-    entries = tuple(
-        store_item_chunks(
-            lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
-            input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
-            buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
-            fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
-            check=lambda piece, data: check_part(ref, item, piece, data),
-        )
-    )
-    # The usage so far and the record's own PUT, which is counted before it is made.
-    usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
-    result = ItemResult(item.first_index, entries, usage)
-    StagingArea(store, ref).write_result(result)
-    return ItemOutcome(
-        result,
-        bytes_in=sum(e.length for e in entries),
-        bytes_out=sum(e.stored_length for e in entries),
-        seconds=time.monotonic() - started,
-    )
