@@ -6,11 +6,8 @@ what every backup of the stack may run at once, together. When a planner plans a
 round it registers its backup (a small object, staging/_running/NAME/ID/STAMP,
 renewed every REFRESH_SECONDS), counts the backups registered in the last
 REGISTRATION_SECONDS (one LIST) and runs the round's map at
-budget // running, at most its --fan-out. Several backups finishing together
-therefore stay within the budget instead of throttling each other into holds;
-a backup starting later takes its share at its next round, and the invokes
-that overlap meanwhile ride it out on the worker's throttle retry
-(braid_infra.steps.WORKER_THROTTLE_RETRY).
+budget // running, at most its --fan-out (why, and the figures:
+docs/design/2026-11-28-account-budget-and-precompression.md).
 
 A planner that is done removes its registrations; one that failed is no longer
 counted after REGISTRATION_SECONDS, and the next planner (or its own backup's

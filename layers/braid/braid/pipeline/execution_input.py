@@ -36,6 +36,7 @@ from braid import contract
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError, check_protocol
+from braid.pipeline.failure import invalid_input
 from braid.pipeline.policies import Policies
 
 DEFAULT_MAX_CONCURRENCY = 100
@@ -123,7 +124,7 @@ class ExecutionInput:
         Refuses (ExecutionMismatchError) a backup other than the running execution's."""
         what = f"pipeline input of {event.get('backup')!r}" if isinstance(event, Mapping) else "pipeline input"
         check_protocol(dict(event), what)
-        try:
+        with invalid_input("invalid pipeline input"):
             request = cls(
                 backup=_typed(event, "backup", str, None),
                 prefix=_typed(event, "prefix", str, ""),
@@ -133,8 +134,6 @@ class ExecutionInput:
                 stall_seconds=_typed(event, "stall_seconds", int, DEFAULT_STALL_SECONDS),
                 policies=Policies.from_json(event["policies"]) if "policies" in event else Policies(),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"invalid pipeline input: {exc}") from None
         check_execution(event, request.ref)
         return request
 

@@ -6,18 +6,30 @@ failure) and the Hold step (which keeps the backup for `--resume`) both
 name the error from it.
 
 The Hold state calls the Plan function with an explicit entry
-(`hold_entry`): the state machine says the call is a hold.
+(`hold_entry`): the state machine says the call is a hold. `invalid_input`
+turns what reading an event or a document raised into one UsageError.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from braid.contract import HOLD_ENTRY, HOLD_STATE
 from braid.errors import UsageError
+
+
+@contextmanager
+def invalid_input(what: str, *errors: type[Exception]) -> Iterator[None]:
+    """Any of `errors` (default KeyError, TypeError, ValueError) raised inside, as UsageError("WHAT: the error")."""
+    caught = errors or (KeyError, TypeError, ValueError)
+    try:
+        yield
+    except caught as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 def describe_error(error: Mapping[str, Any] | None) -> tuple[str, str]:

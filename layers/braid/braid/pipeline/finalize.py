@@ -1,24 +1,17 @@
 """Finalize: check every planned chunk, publish the manifest, drop staging.
 
-Correctness never rests on the map's own bookkeeping (on moto a failed
-DISTRIBUTED item even turns into null and the map "succeeds"): Finalize
-reads the plan rounds and the workers' results itself (StagingArea.read_results:
-the results index, a fold per map, and the records no fold holds, many at
-once), requires the rounds to tile every input through its stream-end
-length and a result for every planned chunk that matches its place in the
-plan, and `finalize_backup` then checks every stored chunk's presence and
-size by LIST (1,000 per request; S3 verified each chunk's CRC64NVME on its
-PUT) before it writes the manifest last, create-only, and reads it back to
-compare with the bytes it sealed. Only then is staging deleted and "Backup
-Completed" emitted.
-
-The event is best-effort: once the manifest is published the backup exists,
-so a failed PutEvents is reported (`notify_failed`: the handler logs it and
-counts a NotificationsFailed metric) and the summary is still returned; it
-must never turn a complete backup into a failed execution.
-
-Re-running Finalize after it published (a Lambda retry) is safe: the
-published manifest is authenticated and the remaining steps are repeated.
+Correctness never rests on the map's own bookkeeping: Finalize reads the
+plan rounds and the workers' results itself (StagingArea.read_results),
+requires the rounds to tile every input through its stream-end length and
+a result for every planned chunk that matches its place in the plan, and
+`finalize_backup` then checks every stored chunk's presence and size by
+LIST before it writes the manifest last, create-only, and reads it back.
+Only then is staging deleted and "Backup Completed" emitted, best-effort:
+the backup exists once published, so a failed PutEvents is reported
+(`notify_failed`: the handler logs it and counts NotificationsFailed) and
+never fails a complete backup. Re-running Finalize after it published (a
+Lambda retry) is safe: the published manifest is authenticated and the
+remaining steps are repeated.
 """
 
 from __future__ import annotations

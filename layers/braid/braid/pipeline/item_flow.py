@@ -1,37 +1,23 @@
 """How one map item's chunks flow through a worker: read ahead, encode, PUT packs.
 
-A worker on one vCPU bills GB-seconds whether its CPU compresses or waits,
-so the item is a pipeline that keeps the codec fed from the first second to
-the last PUT:
-
 - **Reads run ahead of the codec**, in chunk order, up to `lanes` ranged
-  GETs at once. One S3 stream carries less than the NIC (scale_sim:
-  LAMBDA_S3_MB_S against LAMBDA_NIC_MB_S), and the codec waits for nothing
-  but the item's start: so the first FIRST_RANGED_CHUNKS chunks, which the
-  codec waits for, are each read as up to CHUNK_RANGES ranged GETs at once,
-  one chunk after the other (the whole NIC for the chunk needed now; a GET
-  per range is cheap beside the worker's time); the rest one GET each,
-  which then arrive before they are needed.
-- **Encoders** (ENCODERS threads, each with its own codec: zstd and
-  AES-GCM release the GIL) take the chunks in order and write each frame
-  over the buffer its plaintext came in.
-- **A pack's PUT starts as soon as its last chunk is encoded**, on the same
-  I/O threads, while the codec goes on with the next pack; the frames are
-  sent from their buffers, which return to the pool when S3 answered.
+  GETs at once; each of the first FIRST_RANGED_CHUNKS chunks, which the
+  codec waits for, is read as up to CHUNK_RANGES ranged GETs at once, the
+  rest one GET each (why: docs/design/2026-11-cloud-figures.md).
+- **Encoders** (ENCODERS threads, each with its own codec) take the chunks
+  in order and write each frame over the buffer its plaintext came in.
+- **A pack's PUT starts as soon as its last chunk is encoded**, on the I/O
+  threads, while the codec goes on; its buffers return to the pool when S3
+  answered.
 
-Packs are runs of consecutive chunks that the caller fixes from the item
-alone (braid.pipeline.worker.pack_sizes), so a retried worker forms the same
-objects.
-
-Memory is bounded by chunk buffers: at most `lanes` read ahead plus two
-packs (one filling, one being sent), each a stored chunk's size
-(braid.agent.limits budgets the worker's memory from the same numbers), kept
-for the container's lifetime so the pages are made once.
-
-Every task runs in the invocation's context (braid.ports.usage.in_context),
-so its requests count for the invocation. A failure waits for every task
-already started before it is raised, so no thread still writes into a buffer
-the container's next invocation takes.
+Packs are runs of consecutive chunks fixed from the item alone
+(braid.pipeline.worker.pack_sizes), so a retried worker forms the same
+objects. Memory is bounded by chunk buffers: at most `lanes` read ahead
+plus two packs (braid.agent.limits budgets the worker's memory from the same
+numbers), kept for the container's lifetime. Every task runs in the
+invocation's context (braid.ports.usage.in_context). A failure waits for
+every task already started before it is raised, so no thread still writes
+into a buffer the container's next invocation takes.
 """
 
 from __future__ import annotations

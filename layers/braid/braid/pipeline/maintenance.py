@@ -1,27 +1,20 @@
 """Scheduled maintenance: start the prune run, and say how old the oldest staged backup is.
 
 Run by an EventBridge schedule (functions/verify), without the host. It
-verifies nothing itself: the verify state machine does that on its own
-schedule (braid_infra.verify_pipeline) and leaves a record beside each
-backup. Retention is not done here either: a prune of TiBs does not fit one
+neither verifies (the verify state machine does, on its own schedule:
+braid_infra.verify_pipeline) nor prunes: a prune of TiBs does not fit one
 function, so this starts the prune state machine (braid.pipeline.prune_plan,
-infra/braid_infra/prune_pipeline.py) with the schedule's rules. The prune
-planner distrusts every backup whose newest verify record failed
-(braid.ops.verification.failed_verifications): those count towards no rule
-and are never removed, so a corrupt latest backup never pushes out the
-older good one, whoever started the prune.
-
-It also measures the age of the oldest backup still in staging (from the
-ids under `staging/`, two LISTs with a delimiter per name: no object is
-read): a backup staged for more than a day is stuck, held, or abandoned
-by a host that died, and the stack alarms on it (braid_infra.monitoring).
+which distrusts every backup whose newest verify record failed) with the
+schedule's rules. It also measures the age of the oldest backup still in
+staging (from the ids under `staging/`, two LISTs with a delimiter per name:
+no object is read), which the stack alarms on past a day (braid_infra.monitoring).
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,12 +34,7 @@ class MaintenanceReport:
     oldest_staging_hours: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "prune_run": self.prune_run,
-            "oldest_staging": self.oldest_staging,
-            "oldest_staging_hours": round(self.oldest_staging_hours, 2),
-        }
+        return {"ok": True, **asdict(self), "oldest_staging_hours": round(self.oldest_staging_hours, 2)}
 
 
 def oldest_staging_hours(store: ObjectStore, now: datetime) -> tuple[str | None, float]:

@@ -2,14 +2,10 @@
 
 One Logger, Tracer and Metrics per container, named from braid.contract, so
 the stack's alarms and dashboards (infra/) and the code agree on the service
-and namespace without each handler repeating them. `pipeline_handler` wraps
-a handler the same way for every function: structured JSON logs with the
-Lambda context, the backup the event names on every line (also the lines a
-failed parse logs), an X-Ray segment, and the handler's metrics flushed as
-EMF when it returns or raises.
-
-Only the handlers (functions/*/app.py) import this: the steps themselves
-stay free of Powertools and run anywhere.
+and namespace. `pipeline_handler` wraps every handler alike: structured JSON
+logs with the Lambda context and the event's backup on every line, an X-Ray
+segment, and its metrics flushed as EMF when it returns or raises. Only the
+handlers (functions/*/app.py) import this: the steps run anywhere.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """PlanPrune: the first step of a scheduled prune run, and the only one that decides.
 
-The prune state machine (infra/braid_infra/prune_pipeline.py) runs
-
     Identify ─► PlanPrune ─► anything to sweep? ─yes─► Sweep (Distributed Map) ─┐
                                    │ no                                          │
                                    └──────────────────────────► TallyPrune ◄─────┘
 
-PlanPrune judges from the catalog with braid.ops.retention's own planning
-(`plan_prune(..., from_catalog=True)`, so every guarantee and check there
-applies here too): only backups whose manifest authenticates count towards
-a rule, the newest readable backup of each name is kept, unreadable ones
-are reported and announced, never removed. It then removes the manifests
-of the backups the policy lets go (catalog marker first), all of them
-before any chunk is touched: from that moment they do not exist, so a
-failed or slow sweep never leaves a listed backup with missing chunks.
-
-What is left is plain deletion, fanned out as map items, written to S3
-for the map's ItemReader: each removed backup's `data/NAME/ID/` prefix cut
-into slices of `slice_chunks` chunks by key range (a 10 TiB backup of
-163,840 chunks is 10 items, each a few LIST pages and DeleteObjects of
-1,000), and one item per leftover candidate of a backup that never
-published, which the sweep judges again just before deleting
-(braid.pipeline.sweep). The plan itself is kept beside the items for
-TallyPrune, so the state machine passes only small JSON.
-
-It also decides which kept backups move to a cheaper storage class (each
-name's stored policy, else the stack's `braid:storageClass`,
-braid.ops.storage_class): their chunks are cut into slices of
-MOVE_SLICE_CHUNKS as "move" items, and TallyPrune records each backup
-whose slices all moved. The early-deletion charge its removals cause is
-computed here, from the storage records, before the manifests (and the
-records with them) are removed, and kept in the plan for the report.
+It plans with braid.ops.retention's own `plan_prune(..., from_catalog=True)`
+(every guarantee there applies, docs/cloud.md), then removes the manifests
+of the backups let go, all of them before any chunk is touched. The rest is
+written to S3 as the map's items: slices of each removed backup's
+`data/NAME/ID/` (`slice_chunks` chunks each, by key range), one item per
+leftover candidate (judged again by braid.pipeline.sweep), and "move" slices
+(MOVE_SLICE_CHUNKS) of kept backups due a cheaper storage class
+(braid.ops.storage_class). The plan, with the early-deletion charges
+computed before the manifests went, stays beside the items for TallyPrune.
 """
 
 from __future__ import annotations
@@ -54,6 +36,7 @@ from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, plan_prune, remove_manifest
 from braid.ops.storage_class import StoragePlan, plan_storage
 from braid.ops.verification import failed_verifications
+from braid.pipeline.failure import invalid_input
 from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher
 
@@ -81,7 +64,7 @@ class SweepItem:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
-        try:
+        with invalid_input("not a prune map item", IntegrityError, KeyError, TypeError, ValueError):
             f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until", "storage_class"))
             item = cls(
                 f.count("n"),
@@ -91,10 +74,6 @@ class SweepItem:
                 str(f.doc.get("until", "")),
                 str(f.doc.get("storage_class", "")),
             )
-        except IntegrityError as exc:
-            raise UsageError(f"not a prune map item: {exc.message}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"not a prune map item: {exc}") from None
         if item.kind not in (BACKUP, LEFTOVER, MOVE):
             raise UsageError(f"not a prune map item: unknown kind {item.kind!r}")
         if (item.kind == MOVE) != (item.storage_class in MOVABLE):
@@ -127,19 +106,18 @@ def policy_from_event(event: Mapping[str, Any]) -> RetentionPolicy:
     removes no backup (it still collects leftovers of backups that never
     completed: those are not backups).
     """
-    try:
+    with invalid_input("the schedule's retention settings are not numbers", TypeError, ValueError):
         counts = {rule: int(event[rule]) for rule in COUNT_RULES if event.get(rule) is not None}
         within = event.get("keep_within")
         keep_days = event.get("keep_days")
-        return RetentionPolicy.of(
+        policy = RetentionPolicy.of(
             keep_days=float(keep_days) if keep_days is not None else None,
             orphan_grace_hours=float(event.get("orphan_grace_hours", 48)),
             keep_within=Duration.parse(str(within)) if within is not None else None,
             stored=not counts and within is None and keep_days is None,
             **counts,
         )
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"the schedule's retention settings are not numbers: {exc}") from None
+    return policy
 
 
 def distrusted_from_event(event: Mapping[str, Any]) -> dict[BackupRef, str]:

@@ -1,30 +1,20 @@
 """TallyPrune: the last step of a scheduled prune run: what happened, said once, loudly if anything failed.
 
-The map tolerates failed items (a backup's data whose sweep failed has no
-manifest: the next run collects it as a leftover, once idle past the grace
-period), so the map's own status says little; the items' result records
-do. TallyPrune reads the run's plan and items, counts an item without a
-result record as failed, and writes the run's report
-(`prune/RUN/report.json`: what was pruned, collected, spared, refused,
-which backups still hold data, and the unreadable ones the plan met). A
-run with failed or refused items publishes a "Prune Failed" event and
-counts `PruneFailures`, which an alarm watches.
-
-It also keeps the catalog small and fresh, since hosts in the cloud only
-read it (`list` then reads one snapshot and a day or two of log): the
-snapshot is rebuilt from the manifests, as the maintenance did before, and
-then superseded snapshots and log days every kept snapshot has folded in
-are collected (braid.ops.catalog.catalog_leftovers). Finalize does not
-refresh the snapshot: that would mean reading and rewriting the whole
-snapshot (MBs at 10,000 backups) for every backup, while the log already
-makes a new backup visible at once. Its working files (plan, items,
-results) go last; the report stays (the bucket's lifecycle expires `prune/`).
+The map tolerates failed items (their data, having no manifest, is the next
+run's leftover), so its status says little; the items' result records do.
+TallyPrune counts an item without one as failed, writes the run's report
+(`prune/RUN/report.json`), and publishes "Prune Failed" (counted in
+`PruneFailures`, which an alarm watches) when items failed or were refused.
+It also rebuilds the catalog snapshot hosts read and collects what no
+reader needs any more (braid.ops.catalog.catalog_leftovers); Finalize does
+not, as the log already shows a new backup. Its working files go last; the
+report stays (the bucket's lifecycle expires `prune/`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -74,24 +64,7 @@ class PruneReport:
         return lines
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "run": self.run,
-            "pruned": self.pruned,
-            "incomplete": self.incomplete,
-            "collected": self.collected,
-            "spared": self.spared,
-            "refused": self.refused,
-            "unreadable": self.unreadable,
-            "locked": self.locked,
-            "failed_items": self.failed_items,
-            "objects_deleted": self.objects_deleted,
-            "moved": self.moved,
-            "move_incomplete": self.move_incomplete,
-            "objects_moved": self.objects_moved,
-            "storage": self.storage,
-            "catalog": self.catalog,
-        }
+        return {"ok": self.ok, **asdict(self)}
 
 
 def _json(repository: Repository, key: str) -> Any:

@@ -1,27 +1,11 @@
 """The backup execution's usage: each step's own, carried to Finalize, plus what the state machine bills.
 
-Who counts what (docs/format.md, Usage):
-
-- every Lambda invocation meters itself (braid.ports.usage.InvocationMeter:
-  its requests, its duration at its memory): Prepare returns its usage in
-  `$.prepared.usage`; each PlanSegments call adds its own to the previous
-  call's and returns the sum in `$.plan.usage`; a Worker writes its own
-  into its item's result record; Finalize meters itself up to sealing;
-- the agent writes its requests into the stream-end record;
-- Step Functions is not asked (a Standard execution's history would cost
-  a request per 1,000 events): its bill follows from the states the
-  definition runs (infra/braid_infra/pipeline.py), which the steps know.
-  Per execution: Identify and Prepare (2 transitions); per PlanSegments
-  call, that state and SegmentsReady? (2), then WaitForSegments (1) when it
-  waits or ProcessChunks (1) when it maps a round, whose Express children
-  are one request per item, and whose ItemReader GETs the round file (an S3
-  request the execution's role makes); at the end Finalize and
-  BackupSucceeded (2). Express duration is each child's Worker duration,
-  billed in 100 ms steps at 64 MB (braid.format.usage.express_gb_seconds).
-  A call that says "sleeping" leads to SleepUntilWoken (1), whose S3 PUT
-  of the wake record the execution's role makes (braid.format.staging.wake).
-  Task retries (each one another transition) and failed workers' attempts
-  are not seen by any step, so these are lower bounds when a step retried.
+Who counts what is docs/format.md's (Usage): every Lambda invocation meters
+itself (braid.ports.usage.InvocationMeter) and passes its usage on in the
+execution's state or its item's result record; the agent's requests come in
+the stream-end record; Step Functions is not asked: its bill follows from
+the states the definition runs (infra/braid_infra/pipeline.py), counted
+here. Retries are seen by no step, so the figures are then lower bounds.
 """
 
 from __future__ import annotations

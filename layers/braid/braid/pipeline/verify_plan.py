@@ -1,15 +1,12 @@
 """PlanVerify: which backups, which of their chunks, and (deep) the map items that check them.
 
-Quick mode needs no map: presence and size of every selected chunk come from
-one LIST of the backup's data prefix (1,000 keys a request), and only the
-stored checksum, which S3's LIST does not return (it names the algorithm,
-not the value), takes a HEAD per stored object (a pack of up to
-CHUNKS_PER_PACK chunks, docs/format.md); all of it here, on a thread pool
-(braid.ops.verify.check_entries). Deep mode authenticates each manifest
-here (a forged chunk list must not "verify" forged chunks), checks each
-input's chained checksum against its chunks' keyed checksums when every
-chunk is selected, and writes the items the workers check. A rotating
-verify takes the part after its previous record's (braid.ops.verification).
+Quick mode checks everything here (braid.ops.verify.check_entries: one LIST
+of the data prefix, then QUICK_WORKERS HEADs at once for the stored
+checksums, docs/cloud.md). Deep mode authenticates each manifest here (a
+forged chunk list must not "verify" forged chunks), checks each input's
+chained checksum when every chunk is selected, and writes the items the
+workers check. A rotating verify takes the part after its previous
+record's (braid.ops.verification).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """RecordVerify: fold a run's outcomes into one verify record per backup, and announce failures.
 
-The outcomes are PlanVerify's (quick checks, backups that would not open)
-and, for a deep run, every map item's from the map's ResultWriter export.
-A failed item (its worker failed past its retries, or its EXPRESS child
-timed out) is a failure of each of its chunks, with the worker's own error:
-the map tolerates failed items so that one bad item does not hide what
-the others found, and so nothing is silently skipped. Chunks planned but
-accounted for by no outcome at all (an export that lost results) are
-failures too: a verify that did not check a chunk never says it did.
-
-Each backup's record goes beside it (braid.ops.verification); a failed one
-is published as a "Verify Failed" event (docs/cloud.md's event table) and
-counted in the VerifyFailures metric (the handler), which trips an alarm.
-The run's work objects are deleted last.
+The outcomes are PlanVerify's and, for a deep run, every map item's from the
+map's ResultWriter export. A failed item (its worker failed past its
+retries, or its EXPRESS child timed out) is a failure of each of its chunks,
+with the worker's own error; chunks planned but accounted for by no outcome
+(an export that lost results) are failures too: a verify that did not check
+a chunk never says it did. Each backup's record goes beside it
+(braid.ops.verification); a failed one is published as "Verify Failed" and
+counted in the VerifyFailures metric (the handler). The run's work objects
+are deleted last.
 """
 
 from __future__ import annotations
@@ -70,19 +66,8 @@ class RunReport:
 
     @staticmethod
     def _report(r: VerificationRecord, failures: int) -> dict[str, Any]:
-        return {
-            "backup": r.backup,
-            "mode": r.mode,
-            "ok": r.ok,
-            "corrupt": r.corrupt,
-            "selection": r.selection.to_json(),
-            "chunks_total": r.chunks_total,
-            "chunks_checked": r.chunks_checked,
-            "bytes_checked": r.bytes_checked,
-            "failure_count": r.failure_count,
-            "failures": r.failures[:failures],
-            "at": r.at,
-        }
+        shown = {k: v for k, v in r.to_json().items() if k not in ("engine", "outcome")}
+        return {**shown, "ok": r.ok, "failures": r.failures[:failures]}
 
 
 def _worker_error(row: Mapping[str, Any]) -> str:

@@ -10,23 +10,23 @@ The execution input (what `braid verify` and the daily schedule start):
 
 "latest" is each name's newest backup (the daily schedule). The run's work
 objects live under `verify-runs/RUN/` (RUN: the execution's name,
-braid.format.layout.verify_run_prefix): `plan.json` (per backup: the chunk
-selection, totals, and the outcomes already known: a quick check's, or a
-backup that would not open) and `items.json` (what the map's ItemReader
-reads). The map's results come back through its ResultWriter, failed
-items included with the worker's own error, and RecordVerify folds them.
+braid.format.layout.verify_run_prefix): `plan.json` (per backup: the
+selection, totals and the outcomes known already) and `items.json` (the
+map's items), whose results, failed items included, come back through the
+map's ResultWriter for RecordVerify.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
 from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.verification import Selection
+from braid.pipeline.failure import invalid_input
 
 CHUNKS_PER_ITEM = 8  # a 64 MiB chunk takes ~1 s to fetch, authenticate and decompress: an item stays well inside a worker's 60 s
 PLAN_OBJECT = "plan.json"
@@ -49,7 +49,7 @@ class VerifyRequest:
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> VerifyRequest:
-        try:
+        with invalid_input("invalid verify request", TypeError, ValueError, UsageError):
             backups = event.get("backups", "latest")
             if isinstance(backups, str):
                 if backups not in ("all", "latest"):
@@ -69,8 +69,6 @@ class VerifyRequest:
                 prefix=str(event.get("prefix", "")),
                 max_concurrency=int(event.get("max_concurrency", DEFAULT_MAX_CONCURRENCY)),
             )
-        except (TypeError, ValueError, UsageError) as exc:
-            raise UsageError(f"invalid verify request: {exc}") from None
         if request.sample_percent is not None and not 0 < request.sample_percent <= 100:
             raise UsageError(f"invalid verify request: sample_percent must be in (0, 100], not {request.sample_percent}")
         if request.rotate is not None and request.rotate < 1:
@@ -92,10 +90,9 @@ class VerifyItem:
 
     @classmethod
     def from_json(cls, doc: Any) -> VerifyItem:
-        try:
-            return cls(str(BackupRef.parse(str(doc["backup"]))), tuple(int(i) for i in doc["chunks"]))
-        except (KeyError, TypeError, ValueError, UsageError) as exc:
-            raise UsageError(f"invalid verify item: {exc}") from None
+        with invalid_input("invalid verify item", KeyError, TypeError, ValueError, UsageError):
+            item = cls(str(BackupRef.parse(str(doc["backup"]))), tuple(int(i) for i in doc["chunks"]))
+        return item
 
 
 def items_of(backup: str, indices: Iterable[int], per_item: int = CHUNKS_PER_ITEM) -> list[VerifyItem]:
@@ -118,26 +115,17 @@ class ItemOutcome:
     corrupt: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "backup": self.backup,
-            "chunks_checked": self.chunks_checked,
-            "bytes_checked": self.bytes_checked,
-            "failures": [[i, m] for i, m in self.failures],
-            "corrupt": self.corrupt,
-        }
+        return {**asdict(self), "failures": [[i, m] for i, m in self.failures]}
 
     @classmethod
     def from_json(cls, doc: Any) -> ItemOutcome:
-        try:
+        with invalid_input("invalid verify outcome", IntegrityError, KeyError, TypeError, ValueError):
             f = Fields(doc, "verify outcome", ("backup", "chunks_checked", "bytes_checked", "failures", "corrupt"))
             failures = [(i, m) for i, m in f.objects("failures")]
             if any(type(i) is not int or not isinstance(m, str) for i, m in failures):
                 raise ValueError(f"failures must be [index, message] pairs, not {doc['failures']!r}")
-            return cls(f.text("backup"), f.count("chunks_checked"), f.count("bytes_checked"), failures, f.flag("corrupt"))
-        except IntegrityError as exc:
-            raise UsageError(f"invalid verify outcome: {exc.message}") from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"invalid verify outcome: {exc}") from None
+            outcome = cls(f.text("backup"), f.count("chunks_checked"), f.count("bytes_checked"), failures, f.flag("corrupt"))
+        return outcome
 
 
 @dataclass(frozen=True)

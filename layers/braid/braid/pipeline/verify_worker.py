@@ -1,16 +1,11 @@
 """VerifyWorker: deep-check one map item, a few chunks of one backup.
 
-Each chunk is fetched, its stored checksum and length checked, then it is
-authenticated (AES-256-GCM under the backup's data key), decompressed, and
-its plaintext's keyed checksum and length compared with the manifest's:
-braid.ops.verify.check_entries, the very code the host-side verify runs.
-Nothing leaves the worker but the outcome (counts and messages); no
-plaintext is written anywhere.
-
-The manifest is opened (authenticated) and its data key unwrapped once per
-container and backup (OpenedBackups), as the backup worker's DataKeyCache
-does: KMS Decrypt is billed and throttled per request, and a deep verify
-of a TiB backup runs thousands of items through few containers.
+Each chunk is fetched, authenticated, decompressed and checked against the
+manifest by braid.ops.verify.check_entries, the very code the host-side
+verify runs; nothing leaves the worker but the outcome (counts and
+messages), and no plaintext is written anywhere. The manifest is opened
+and its data key unwrapped once per container and backup (OpenedBackups):
+KMS Decrypt is billed and throttled per request.
 """
 
 from __future__ import annotations
@@ -60,7 +55,6 @@ class OpenedBackups:
         self._capacity = capacity
         self._cache: OrderedDict[tuple[str, str], OpenedBackup] = OrderedDict()
         self._lock = threading.Lock()
-        self.opens = 0
 
     def get(self, store: ObjectStore, ref: BackupRef) -> OpenedBackup:
         slot = (store.url, str(ref))
@@ -69,7 +63,6 @@ class OpenedBackups:
                 self._cache.move_to_end(slot)
                 return self._cache[slot]
             manifest, key = open_backup(Repository.open(store), ref, self._keys)
-            self.opens += 1
             opened = OpenedBackup(manifest, key, {c.index: c for c in manifest.chunks()})
             self._cache[slot] = opened
             while len(self._cache) > self._capacity:

@@ -2,25 +2,16 @@
 
 Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
 input's last, so the range follows from the part number). The item's chunks
-are stored in packs of up to CHUNKS_PER_PACK consecutive chunks (smaller
-towards the item's end, see pack_sizes), one create-only PUT each (`braid.engine.chunk_worker.put_pack`: the same frames
-the local engine writes), so a retried or late worker can never replace a
-published pack. Packs follow from the item alone, and round files fix the
-items, so a retry forms the same packs.
-The item's result goes to staging (an ItemResult record, see
-braid.format.staging); the Lambda returns almost nothing.
-
-The item's chunks flow through braid.pipeline.item_flow: ranged GETs read
-ahead of the codec (the first chunks in several ranges at once, since the
-codec waits for them), encoders write each frame over the buffer its part was
-read into, and each pack's PUT starts as soon as its last chunk is encoded.
-zstd and AES-GCM `encrypt_into` release the GIL, so on one vCPU the worker
-bills about the CPU time instead of CPU + I/O (see item_sizing).
+are stored in packs of up to CHUNKS_PER_PACK consecutive chunks (pack_sizes),
+one create-only PUT each (braid.engine.chunk_worker.put_pack: the frames the
+local engine writes), so a retried or late worker forms the same packs and
+never replaces a published one. They flow through braid.pipeline.item_flow.
+The item's result goes to staging (an ItemResult record); the Lambda returns
+almost nothing.
 
 A worker that fails writes its error to staging (an ItemFailure record)
 before it re-raises, so Cleanup can tell a person the worker's real error;
 on AWS the map itself reports only States.ExceedToleratedFailureThreshold.
-
 The data key is unwrapped once per container and backup (DataKeyCache):
 KMS Decrypt is billed and throttled per request.
 """
@@ -35,13 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
-from braid.errors import IntegrityError, NotFoundError, UsageError
+from braid.errors import IntegrityError, NotFoundError
 from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.chunk import Buffer, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
 from braid.format.staging.rounds import PACK_TAPER, pack_sizes
+from braid.pipeline.failure import invalid_input
 from braid.pipeline.item_flow import ChunkLanes, store_item_chunks
 from braid.pipeline.prepare import load_data_key
 from braid.ports.keys import KeyService
@@ -65,12 +57,10 @@ class WorkerEvent:
 
     @classmethod
     def from_event(cls, event: Mapping[str, Any]) -> WorkerEvent:
-        try:
+        with invalid_input("invalid worker event"):
             ref = BackupRef.parse(str(event["backup"]))
             prefix, repository, level = str(event.get("prefix", "")), str(event["repository"]), int(event["level"])
             item = MapItem.from_json(event["item"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"invalid worker event: {exc}") from None
         return cls(ref, prefix, repository, level, item)
 
 
@@ -82,7 +72,6 @@ class DataKeyCache:
         self._capacity = capacity
         self._cache: OrderedDict[tuple[str, str], tuple[DataKey, WrappedKey]] = OrderedDict()
         self._lock = threading.Lock()
-        self.unwraps = 0
 
     def get(self, store: ObjectStore, ref: BackupRef, repository_id: str) -> tuple[DataKey, WrappedKey]:
         slot = (store.url, str(ref))
@@ -91,7 +80,6 @@ class DataKeyCache:
                 self._cache.move_to_end(slot)
                 return self._cache[slot]
             found = load_data_key(store, self._keys, ref, repository_id)
-            self.unwraps += 1
             self._cache[slot] = found
             while len(self._cache) > self._capacity:
                 self._cache.popitem(last=False)
@@ -185,7 +173,30 @@ def process_item(
 ) -> ItemOutcome:
     """Store the item's chunks and write its result record; `meter`: the invocation's, whose usage the record carries."""
     try:
-        return _process_item(store, ref, item, key=key, level=level, lanes=lanes, meter=meter, chunks_per_pack=chunks_per_pack)
+        check_item(ref, item)
+        if max(item.packs) > chunks_per_pack:
+            raise IntegrityError(f"map item for chunks {item.first_index}.. of {ref} has a pack of {max(item.packs)} chunks; this worker holds {chunks_per_pack}")
+        started = time.monotonic()
+        pieces = item.chunks()
+        entries = tuple(
+            store_item_chunks(
+                lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
+                input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
+                buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
+                fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
+                check=lambda piece, data: check_part(ref, item, piece, data),
+            )
+        )
+        # The usage so far and the record's own PUT, which is counted before it is made.
+        usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
+        result = ItemResult(item.first_index, entries, usage)
+        StagingArea(store, ref).write_result(result)
+        return ItemOutcome(
+            result,
+            bytes_in=sum(e.length for e in entries),
+            bytes_out=sum(e.stored_length for e in entries),
+            seconds=time.monotonic() - started,
+        )
     except Exception as exc:
         record_failure(store, ref, item, exc)
         raise
@@ -197,40 +208,3 @@ def record_failure(store: ObjectStore, ref: BackupRef, item: MapItem, exc: Excep
         StagingArea(store, ref).write_failure(ItemFailure(item.first_index, item.count, type(exc).__name__, str(exc)))
     except Exception:  # the original error is what the map must see
         pass
-
-
-def _process_item(
-    store: ObjectStore,
-    ref: BackupRef,
-    item: MapItem,
-    *,
-    key: DataKey,
-    level: int,
-    lanes: ChunkLanes,
-    meter: InvocationMeter | None,
-    chunks_per_pack: int,
-) -> ItemOutcome:
-    check_item(ref, item)
-    if max(item.packs) > chunks_per_pack:
-        raise IntegrityError(f"map item for chunks {item.first_index}.. of {ref} has a pack of {max(item.packs)} chunks; this worker holds {chunks_per_pack}")
-    started = time.monotonic()
-    pieces = item.chunks()
-    entries = tuple(
-        store_item_chunks(
-            lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
-            input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
-            buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
-            fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),
-            check=lambda piece, data: check_part(ref, item, piece, data),
-        )
-    )
-    # The usage so far and the record's own PUT, which is counted before it is made.
-    usage = meter.usage(pending={RESULT_PUT: 1}) if meter is not None else None
-    result = ItemResult(item.first_index, entries, usage)
-    StagingArea(store, ref).write_result(result)
-    return ItemOutcome(
-        result,
-        bytes_in=sum(e.length for e in entries),
-        bytes_out=sum(e.stored_length for e in entries),
-        seconds=time.monotonic() - started,
-    )
