@@ -1,23 +1,17 @@
 """How one map item's chunks flow through a worker: read ahead, encode, PUT packs.
 
-- **Reads run ahead of the codec**, in chunk order, up to `lanes` ranged
-  GETs at once; each of the first FIRST_RANGED_CHUNKS chunks, which the
-  codec waits for, is read as up to CHUNK_RANGES ranged GETs at once, the
-  rest one GET each (why: docs/design/2026-11-cloud-figures.md).
-- **Encoders** (ENCODERS threads, each with its own codec) take the chunks
-  in order and write each frame over the buffer its plaintext came in.
-- **A pack's PUT starts as soon as its last chunk is encoded**, on the I/O
-  threads, while the codec goes on; its buffers return to the pool when S3
-  answered.
-
-Packs are runs of consecutive chunks fixed from the item alone
-(braid.pipeline.worker.pack_sizes), so a retried worker forms the same
-objects. Memory is bounded by chunk buffers: at most `lanes` read ahead
-plus two packs (braid.agent.limits budgets the worker's memory from the same
-numbers), kept for the container's lifetime. Every task runs in the
-invocation's context (braid.ports.usage.in_context). A failure waits for
-every task already started before it is raised, so no thread still writes
-into a buffer the container's next invocation takes.
+Reads run ahead of the codec, in chunk order, up to `lanes` ranged GETs at
+once (each of the first FIRST_RANGED_CHUNKS chunks, which the codec waits
+for, as up to CHUNK_RANGES ranged GETs: docs/design/2026-11-cloud-figures.md);
+ENCODERS threads write each frame over its plaintext's buffer; a pack's PUT
+starts once its last chunk is encoded, and its buffers return to the pool
+when S3 answered. Packs are fixed by the item alone (MapItem.packs), so a
+retried worker forms the same objects. Memory is bounded: `lanes` chunk
+buffers read ahead plus two packs (braid.agent.limits budgets the same),
+kept for the container's lifetime. Every task runs in the invocation's
+context (braid.ports.usage.in_context); a failure waits for every task
+already started, so no thread still writes into a buffer the next
+invocation takes.
 """
 
 from __future__ import annotations

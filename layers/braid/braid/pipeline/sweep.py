@@ -1,23 +1,13 @@
 """Sweep: one item of a prune run's map: delete a slice of a removed backup, move a slice of a kept one, or collect a leftover.
 
-Runs as the worker of the prune state machine's Distributed Map (EXPRESS
-children, retried on transient errors), so every step here is safe to run
-twice and late:
-
-- A slice of a removed backup (its manifest gone, PlanPrune) is deleted a
-  LIST page and a DeleteObjects at a time, from its lower bound to its upper.
-  A manifest found first refuses the item (ids are never reused: something
-  is badly wrong) rather than delete a published backup's chunks. The
-  open-ended last slice also removes the backup's staging, as Cleanup does.
-- A move slice is moved object by object to its storage class
-  (braid.ops.storage_class.move_objects, which skips objects in the class
-  already), unless the backup's manifest is gone by now.
-- A leftover is judged again exactly as `braid prune` does
-  (braid.ops.leftovers.collect_leftover): a manifest that appeared since
-  the plan, or any activity within the grace period, spares it.
-
-Each item ends by writing its result record; TallyPrune counts an item
-without one as failed.
+Every step is safe to run twice and late (EXPRESS children, retried):
+a removed backup's slice is deleted a LIST page and a DeleteObjects at a
+time, refused if a manifest is found (ids are never reused); a move slice
+moves to its storage class (braid.ops.storage_class.move_objects) unless
+the manifest is gone by now; a leftover is judged again exactly as
+`braid prune` does (braid.ops.leftovers.collect_leftover). Each item ends
+by writing its result record; TallyPrune counts an item without one as
+failed.
 """
 
 from __future__ import annotations
