@@ -66,14 +66,7 @@ class SweepItem:
     def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
         with invalid_input("not a prune map item", IntegrityError, KeyError, TypeError, ValueError):
             f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until", "storage_class"))
-            item = cls(
-                f.count("n"),
-                f.text("kind"),
-                f.text("backup"),
-                str(f.doc.get("after", "")),
-                str(f.doc.get("until", "")),
-                str(f.doc.get("storage_class", "")),
-            )
+            item = cls(f.count("n"), f.text("kind"), f.text("backup"), *(str(doc.get(name, "")) for name in ("after", "until", "storage_class")))
         if item.kind not in (BACKUP, LEFTOVER, MOVE):
             raise UsageError(f"not a prune map item: unknown kind {item.kind!r}")
         if (item.kind == MOVE) != (item.storage_class in MOVABLE):
