@@ -124,15 +124,11 @@ def store_item_chunks(
 ) -> list[ChunkEntry]:
     """Read, encode and store the chunks of `packs` (consecutive runs, in order); their entries, in order.
 
-    `fetch_range` reads part of a chunk into the view it is given (or returns
-    the bytes, which are then copied there) and raises if it gets fewer;
-    `check` raises if a whole chunk is not what the agent staged. `stop`
-    (a cut item's, braid.format.staging.MapItem.cut) is asked when the codec
-    reaches each pack after the first: True stores that pack and none after
-    it, and the entries are those of the packs before it (a pack a racing
-    encoder stored past the cut is left for the items that finish the cut
-    one: they store the same pack, create-only, and accept it). See the
-    module docstring for the flow."""
+    `fetch_range` reads part of a chunk into the view it is given (or returns the bytes, then copied there) and
+    raises if it gets fewer; `check` raises if a whole chunk is not what the agent staged. `stop` (a cut item's,
+    MapItem.cut) is asked as the codec reaches each pack after the first: True ends the item there, its entries
+    those of the packs before (a pack a racing encoder stored past the cut is stored again, create-only, by the
+    items that finish the cut one)."""
     flow = _ItemFlow(lanes, store, ref, input_index, buffer_size, key, level, fetch_range, check, chunks_per_pack, stop)
     try:
         return flow.run([piece for pack in packs for piece in pack], packs)

@@ -76,12 +76,8 @@ class SweepItem:
 
 
 def slices(ref: BackupRef, chunks: int, slice_chunks: int) -> list[tuple[str, str]]:
-    """Key ranges (after, until] that together cover `data/NAME/ID/` whatever its keys, `slice_chunks` chunks each.
-
-    The bounds are chunk keys, so slices are even for chunks named by
-    index; the last is open above, so an object of any other name (the
-    lease) is still swept, by exactly one slice.
-    """
+    """Key ranges (after, until] covering `data/NAME/ID/` whatever its keys, `slice_chunks` chunk keys apart; the last
+    is open above, so an object of any other name (the lease) is still swept, by exactly one slice."""
     bounds = [chunk_key(ref, end - 1) for end in range(slice_chunks, chunks, slice_chunks)]
     lows = ["", *bounds]
     highs = [*bounds, ""]

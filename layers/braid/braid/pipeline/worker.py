@@ -132,11 +132,8 @@ def packs_of(pieces: Sequence[ChunkSlice], sizes: Iterable[int]) -> list[list[Ch
 
 
 class StreamEnded:
-    """Whether the backup's stream has ended, read from staging until it has (then remembered): a cut item's stop test.
-
-    One GET of the stream-end record per pack boundary: it is what lets a streaming
-    item be long without holding back the time after stream end (MapItem.cut).
-    The encoders ask one at a time, so no GET follows the one that found the end."""
+    """Whether the backup's stream has ended (a cut item's stop test): one GET of the stream-end record per pack
+    boundary until it has, then remembered; the encoders ask one at a time, so no GET follows the one that found it."""
 
     def __init__(self, area: StagingArea) -> None:
         self._area = area
