@@ -81,9 +81,8 @@ class ChunkLanes:
     def take(self, size: int) -> WritableBuffer:
         """A pooled buffer of at least `size` bytes (the pool's largest first), or a new one."""
         with self._lock:
-            fitting = [b for b in self._free if len(b) >= size]
-            if fitting:
-                buffer = fitting[0]
+            buffer = next((b for b in self._free if len(b) >= size), None)
+            if buffer is not None:
                 self._free.remove(buffer)
                 return buffer
             if self._free:

@@ -79,9 +79,7 @@ def idle_since_progress(previous: Mapping[str, Any] | None) -> int:
 
 def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The cursor the previous Plan call left in the state (`$.plan.cursor`), if any."""
-    if not previous:
-        return None
-    cursor = previous.get(PlanKey.CURSOR)
+    cursor = previous.get(PlanKey.CURSOR) if previous else None
     return cursor if isinstance(cursor, Mapping) else None
 
 

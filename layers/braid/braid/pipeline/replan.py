@@ -3,9 +3,11 @@
 The Plan call after each map checks the map's items file itself (the map
 tolerates failed items): an item is finished when its result record
 exists. Its staged segments whose chunks are all stored are deleted at
-once; the finished results are folded into the results index while the
-stream arrives (`fold`; cut results always: docs/design/2026-11-28-results-index.md);
-unfinished items are planned again `MAX_REPLANS` times; then the backup is
+once (`--resume` trusts segment records, not the objects); the finished
+results are folded into the results index while the stream arrives
+(`fold`; cut results always: docs/design/2026-11-28-results-index.md);
+unfinished items are planned again `MAX_REPLANS` times (each item already
+had its worker's retries inside its EXPRESS child); then the backup is
 *held*: a HoldRecord names the first failed worker's error, and the
 execution waits up to `HOLD_SECONDS` for a ResumeRequest
 (`braid backup --resume NAME@ID`) that plans them again. The end of the
