@@ -992,7 +992,7 @@ def _run_items(
             if spans is not None:  # when the item's worker ran, on the virtual clock
                 spans.append((now + start + began, now + start + began + seconds))
             entries = []
-            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK, timeline.packs)[:stored]:  # one object per pack, as the worker stores them
+            for pack in packs_of(item.chunks(), timeline.packs)[:stored]:  # one object per pack, as the worker stores them
                 offset = 0
                 for piece in pack:
                     size = max(1, int(piece.length * ratio))
