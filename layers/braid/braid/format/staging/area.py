@@ -25,8 +25,6 @@ from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFou
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.staging.chain import CapturedIndex, ParentRecord
-from braid.format.staging.failures import ItemFailure
-from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
     agent_lease_key,
     captured_index_key,
@@ -52,7 +50,7 @@ from braid.format.staging.keys import (
     wake_key,
     wrapped_key_key,
 )
-from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.results import StagingResults
 from braid.format.staging.rounds import MapItem, Round
 from braid.format.staging.wake import WakeRecord

@@ -60,48 +60,27 @@ class StagingResults(StagingReads):
         return entries
 
     def _item_results(self, item: MapItem, known: dict[int, ItemResult]) -> list[ItemResult]:
-        """The results that store `item`'s chunks, in order: its own, and, after a cut one, the results of the items
-        that finished it, each checked against its chunks of the item (whole packs of the item's layout).
+        """The results that store `item`'s chunks, in order, each checked against the chunks it covers: its own, and,
+        after a cut one, those of the items that finished it (whole packs of its layout), followed by first chunk
+        index wherever they were planned and read directly when no fold holds them.
 
-        Those are followed by first chunk index, wherever they were planned (a later round, or a retry file), and
-        read directly when no fold holds them: the cut result is the one the planner folded, so the rest start
-        exactly where the planner planned them."""
+        When none starts where the prefix the planner folded ends, the item's own record may list more (a later
+        attempt stored further: a planner call retried after a late attempt); its entries are the same stored packs
+        (create-only, identical layout), so only the rest is used."""
         found: list[ItemResult] = []
         done = 0
         while done < item.count:
-            index = item.first_index + done
-            result = known.get(index) or self._result(index)
+            rest = item.piece(done, item.count - done)
+            result = known.get(rest.first_index) or self._result(rest.first_index)
+            if result is None and done and (own := self._result(item.first_index)) is not None and len(own.entries) > done:
+                own.check(item, str(self.ref))
+                result = ItemResult(rest.first_index, own.entries[done:], None)
             if result is None:
-                longer = self._longer_prefix(item, done)
-                if longer is None:
-                    raise self._never_stored(item.piece(done, item.count - done))
-                found.append(longer)
-                done += len(longer.entries)
-                continue
-            known[index] = result
-            if done == 0:
-                result.check(item, str(self.ref))
-            else:
-                if not 0 < len(result.entries) <= item.count - done:
-                    raise IntegrityError(
-                        f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
-                    )
-                rest = item.piece(done, len(result.entries))
-                result.check(rest, str(self.ref))
+                raise self._never_stored(rest)
+            result.check(rest, str(self.ref))
             found.append(result)
             done += len(result.entries)
         return found
-
-    def _longer_prefix(self, item: MapItem, done: int) -> ItemResult | None:
-        """The chunks of a cut item from `done` on, from its own record when that lists more than `done` (a later attempt
-        that stored further than the prefix the planner read: a planner call retried after a late attempt), else None.
-
-        Its entries before `done` are the same stored packs (create-only, identical layout), so only the rest is used."""
-        own = self._result(item.first_index)
-        if own is None or len(own.entries) <= done:
-            return None
-        own.check(item, str(self.ref))
-        return ItemResult(item.first_index + done, own.entries[done:], None)
 
     def _result(self, index: int) -> ItemResult | None:
         return self._read(result_key(self.ref, index), ItemResult.from_bytes)

@@ -46,11 +46,7 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     (MapItem.packs): a retried worker, and the items that finish a cut one, store the same packs. `taper` () is
     the policy off (braid.pipeline.policies).
     """
-    return _tapered(count, max(1, chunks_per_pack), taper)
-
-
-def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
-    """Packs of at most `limit`, as even as possible, larger first, ending in `taper` (smallest last)."""
+    limit = max(1, chunks_per_pack)
     tail: list[int] = []
     left = count
     for size in taper:
@@ -245,10 +241,6 @@ class Round:
             raise IntegrityError(f"plan round {key}: {exc.message}") from None
 
 
-def entry_to_json(entry: ChunkEntry) -> dict[str, Any]:
-    return {**entry.to_json(), "input_index": entry.input_index}
-
-
 _ENTRY_COUNTS = ("index", "input_index", "offset", "length", "stored_length", "pack", "pack_offset")
 
 
@@ -286,7 +278,8 @@ class ItemResult:
         return cls.from_json(document(raw, f"result record {where}"), where)
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        chunks = [{**e.to_json(), "input_index": e.input_index} for e in self.entries]
+        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": chunks}
         if self.usage is not None:
             doc["usage"] = self.usage.to_json()
         return doc
