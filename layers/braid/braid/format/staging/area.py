@@ -11,9 +11,9 @@ one reader with one validation and each failure one typed error:
     create-only write lost    AlreadyExistsError (session), or the winner is
                               adopted (wrapped key, rounds)
 
-The worker results and the planner's results index (folds) of them are its
-base's, StagingResults (braid.format.staging.results); how records are read
-(one, or many at once), StagingReads' (braid.format.staging.reads).
+How records are read (one, or many at once), the worker results and the
+planner's results index (folds) of them are its base's, StagingResults
+(braid.format.staging.results).
 """
 
 from __future__ import annotations

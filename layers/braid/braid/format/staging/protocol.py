@@ -10,16 +10,8 @@ of meeting records it would misread.
 Decoding is strict everywhere: an integer must be a JSON integer (`true`,
 `"0"` and `4.9` are refused, never coerced), a string a JSON string, and a
 document names exactly its fields. Record is that rule once for the flat
-records: a dataclass's fields are its document.
-
-Versions (docs/format.md, "Cloud staging"):
-  1  no "protocol" field (until 2026-11-28).
-  2  "protocol" in session.json and the execution input; map items carry
-     their "packs"; "part" renamed where it meant a chunk ("first_chunk",
-     "segment_chunks", a segment record's "chunks" and "chunk_checksums").
-  3  incremental chains and captured members (braid.format.staging.chain).
-  4  the planner's folds are the one results index (compacted/ is gone);
-     the execution input carries "policies" (braid.pipeline.policies).
+records: a dataclass's fields are its document. What each version changed:
+docs/format.md, "Cloud staging".
 """
 
 from __future__ import annotations

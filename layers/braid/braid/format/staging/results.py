@@ -1,4 +1,8 @@
-"""StagingResults: the worker results of one backup's staging, and the planner's results index of them.
+"""StagingResults: how one backup's staging is read, its worker results and the planner's results index of them.
+
+A missing record reads as None (callers decide whether that is an error),
+and many small records are read READ_THREADS at once, in the order asked,
+each read counted for the step that asked (braid.ports.usage).
 
 What a worker wrote for its map item (ItemResult) and what the planner
 merged of those records after each map (RoundFold: the results index) are
@@ -11,18 +15,57 @@ naming the first chunk without one. The base of StagingArea
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from braid.errors import IntegrityError
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.ids import BackupRef
+from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
 from braid.format.staging.keys import fold_key, folds_prefix, result_key, results_prefix
-from braid.format.staging.reads import StagingReads
 from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
+from braid.ports.store import ObjectStore
+from braid.ports.usage import in_context
+
+# Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
+READ_THREADS = 32
+READ_THREAD_NAME = "braid-staging-read"
+
+T = TypeVar("T")
 
 
-class StagingResults(StagingReads):
-    """Result records and the results index (folds) of one backup's staging: written, read back and checked."""
+class StagingResults:
+    """One backup's staging in a store, how its records are read (one, or many at once), and its result records and
+    results index (folds): written, read back and checked."""
+
+    def __init__(self, store: ObjectStore, ref: BackupRef) -> None:
+        self.store = store
+        self.ref = ref
+
+    @property
+    def prefix(self) -> str:
+        """Repository-relative prefix of every object of this backup's staging."""
+        return staging_prefix(self.ref)
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except NotFoundError:
+            return None
+
+    def _read(self, key: str, parse: Callable[[bytes, str], T]) -> T | None:
+        """The record at `key` as `parse(raw, key)` reads it; None when there is none."""
+        raw = self._get(key)
+        return None if raw is None else parse(raw, key)
+
+    def _get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several small records at once (READ_THREADS in flight, not one request's latency after another), in the order asked."""
+        if len(keys) <= 1:
+            return [self._get(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:
+            return list(pool.map(in_context(self._get), keys))  # the reads count for the step that asked (braid.ports.usage)
 
     # -- results -------------------------------------------------------------
     def write_result(self, result: ItemResult) -> str:
