@@ -37,6 +37,7 @@ from braid.format.staging.keys import (
     parse_round_key,
     parse_segment_key,
     result_key,
+    results_prefix,
     resume_key,
     retry_key,
     round_key,
@@ -301,7 +302,7 @@ class StagingArea(StagingResults):
     def first_failure(self) -> ItemFailure | None:
         """The failure of the lowest item that never stored a result (a retry that then succeeded is no failure);
         None when no worker recorded one. A malformed record is skipped: this only explains a failure."""
-        done = self._result_keys()
+        done = {info.key for info in self.store.list(results_prefix(self.ref))}
         for info in sorted(self.store.list(failures_prefix(self.ref)), key=lambda i: i.key):
             raw = self._get(info.key)
             if raw is None:

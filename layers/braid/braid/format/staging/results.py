@@ -23,7 +23,7 @@ from braid.errors import IntegrityError, NotFoundError
 from braid.format.ids import BackupRef
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.keys import fold_key, folds_prefix, result_key, results_prefix
+from braid.format.staging.keys import fold_key, folds_prefix, result_key
 from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
 from braid.ports.store import ObjectStore
@@ -88,10 +88,8 @@ class StagingResults:
         missing = [item for item in items if item.first_index not in known]
         keys = [result_key(self.ref, item.first_index) for item in missing]
         for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-            if raw is not None:
+            if raw is not None:  # else _item_results names the first chunk without a result
                 known[item.first_index] = ItemResult.from_bytes(raw, key)
-            elif not item.finishes_cut:  # one finishing a cut item without a record: for the cut item's chain to judge
-                raise self._never_stored(item)
         entries: list[ChunkEntry] = []
         for item in items:
             if item.finishes_cut:
@@ -185,14 +183,8 @@ class StagingResults:
 
         A cut item (MapItem.cut) counts whole once its worker wrote its result, and the items that finish it
         are not counted again: progress may run a pack or two ahead at the very end, never past the plan."""
-        present = self._result_keys()
-        return sum(
-            item.count for found in rounds for item in found.items
-            if not item.finishes_cut and result_key(self.ref, item.first_index) in present
-        )
-
-    def _result_keys(self) -> set[str]:
-        return {info.key for info in self.store.list(results_prefix(self.ref))}
+        finished, _ = self.finished_items(item for found in rounds for item in found.items if not item.finishes_cut)
+        return sum(item.count for item in finished)
 
     def finished_items(self, items: Iterable[MapItem]) -> tuple[list[MapItem], list[MapItem]]:
         """(finished, unfinished): by whether the item's result record exists.
