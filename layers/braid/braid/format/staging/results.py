@@ -23,7 +23,7 @@ from braid.errors import IntegrityError, NotFoundError
 from braid.format.ids import BackupRef
 from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.keys import fold_key, folds_prefix, result_key
+from braid.format.staging.keys import FOLDS, fold_key, result_key, staging_key
 from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
 from braid.ports.store import ObjectStore
@@ -163,7 +163,7 @@ class StagingResults:
 
     def _read_folds(self) -> dict[int, ItemResult]:
         """The results of every fold, by first chunk index (a malformed fold is an IntegrityError naming it)."""
-        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)))
+        keys = sorted(info.key for info in self.store.list(staging_key(self.ref, FOLDS)))
         folded: dict[int, ItemResult] = {}
         for key, raw in zip(keys, self._get_many(keys), strict=True):
             if raw is None:  # deleted between LIST and GET: staging is being removed
