@@ -55,9 +55,10 @@ def document(raw: bytes, what: str) -> Any:
         raise IntegrityError(f"{what} is malformed: not JSON") from None
 
 
-def _usage(f: Fields, name: str) -> Usage:
+def optional_usage(f: Fields, name: str) -> Usage | None:
+    """The Usage at `name` (braid.format.usage), or None when the field is absent."""
     try:
-        return Usage.from_json(f.doc[name], name)
+        return Usage.from_json(f.doc[name], name) if name in f.doc else None
     except ValueError as exc:
         raise IntegrityError(f"{f.what} is malformed: {exc}") from None
 
@@ -69,7 +70,7 @@ _READERS: dict[str, Callable[[Fields, str], Any]] = {
     "str | None": Fields.optional_text,
     "list[int]": Fields.counts,
     "list[str]": Fields.texts,
-    "Usage | None": _usage,
+    "Usage | None": optional_usage,
 }
 
 

@@ -49,12 +49,9 @@ class SessionRecord:
     parent_values: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        doc = {**asdict(self), "protocol": PROTOCOL}
-        doc.pop("lineage")
-        doc.pop("parent_values")
-        if self.lineage.is_incremental:
-            doc["lineage"] = self.lineage.to_json()
-            doc["parent_values"] = self.parent_values
+        doc = {**asdict(self), "protocol": PROTOCOL, "lineage": self.lineage.to_json()}
+        if not self.lineage.is_incremental:
+            del doc["lineage"], doc["parent_values"]
         return canonical_json(doc)
 
     @classmethod

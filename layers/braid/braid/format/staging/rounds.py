@@ -17,7 +17,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.protocol import document
+from braid.format.staging.protocol import document, optional_usage
 from braid.format.usage import Usage
 
 
@@ -114,7 +114,7 @@ class MapItem:
         """The item's chunks after its first `done` (a cut result), in this item's packs, never cut again."""
         if not 0 < done < self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no remainder after {done} chunks")
-        return replace(self._sub(done, self.count - done), cut=False)
+        return replace(self.piece(done, self.count - done), cut=False)
 
     def split(self, chunks: int) -> list[MapItem]:
         """The item as consecutive items of whole packs, each of about `chunks` chunks at most (one pack at least), same layout."""
@@ -123,20 +123,17 @@ class MapItem:
         taken = 0
         for size in self.packs:
             if taken and taken + size > max(1, chunks):
-                pieces.append(self._sub(start, taken))
+                pieces.append(self.piece(start, taken))
                 start, taken = start + taken, 0
             taken += size
         if taken:
-            pieces.append(self._sub(start, taken))
+            pieces.append(self.piece(start, taken))
         return pieces
 
     def piece(self, start: int, count: int) -> MapItem:
         """Chunks `start`..`start + count - 1` of this item as an item of its own, in this item's packs (which it must not split)."""
         if start < 0 or count < 1 or start + count > self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no chunks {self.first_index + start}+{count}")
-        return self._sub(start, count)
-
-    def _sub(self, start: int, count: int) -> MapItem:
         return MapItem(
             self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
             self.first_chunk + start, count, self.first_index + start, self.checksums[start : start + count],
@@ -289,10 +286,7 @@ class ItemResult:
         what = f"{kind} {where}"
         f = Fields(doc, what, ("first_index", "count", "chunks"), optional=("usage",))
         entries = tuple(entry_from_json(c, f"{what} chunk {n}") for n, c in enumerate(f.objects("chunks")))
-        try:
-            usage = Usage.from_json(doc["usage"], f"{what}: usage") if "usage" in doc else None
-        except ValueError as exc:
-            raise IntegrityError(f"{what} is malformed: {exc}") from None
+        usage = optional_usage(f, "usage")
         if f.count("count") != len(entries):
             raise IntegrityError(f"{what} is truncated")
         return cls(f.count("first_index"), entries, usage)
