@@ -121,12 +121,8 @@ class StagingArea(StagingResults):
 
     def segment_objects(self) -> list[tuple[int, int, ObjectInfo]]:
         """Completed segment objects as (input, segment, info), recorded or not (a resume needs both)."""
-        found = []
-        for info in self.store.list(staging_key(self.ref, SEGMENTS)):
-            parsed = parse_segment_key(self.ref, info.key)
-            if parsed is not None:
-                found.append((*parsed, info))
-        return found
+        listed = ((parse_segment_key(self.ref, info.key), info) for info in self.store.list(staging_key(self.ref, SEGMENTS)))
+        return [(*parsed, info) for parsed, info in listed if parsed is not None]
 
     # -- stream end ----------------------------------------------------------
     def read_stream_end(self) -> StreamEnd | None:

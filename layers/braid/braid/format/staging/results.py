@@ -1,15 +1,12 @@
 """StagingResults: how one backup's staging is read, its worker results and the planner's results index of them.
 
-A missing record reads as None (callers decide whether that is an error),
-and many small records are read READ_THREADS at once, in the order asked,
-each read counted for the step that asked (braid.ports.usage).
-
-What a worker wrote for its map item (ItemResult) and what the planner
-merged of those records after each map (RoundFold: the results index) are
-read and checked here against the planned items by one reader
-(`read_results`), so Finalize gets every chunk's entry or an IntegrityError
-naming the first chunk without one. The base of StagingArea
-(braid.format.staging.area), which adds the other records.
+A missing record reads as None (callers decide whether that is an error);
+many small records are read READ_THREADS at once, in the order asked, each
+read counted for the step that asked (braid.ports.usage). A worker's result
+(ItemResult) and the planner's merge of them after each map (RoundFold: the
+results index) are checked against the planned items by one reader,
+`read_results`: Finalize gets every chunk's entry or an IntegrityError
+naming the first chunk without one. The base of StagingArea.
 """
 
 from __future__ import annotations
@@ -117,7 +114,10 @@ class StagingResults:
                 own.check(item, str(self.ref))
                 result = ItemResult(rest.first_index, own.entries[done:], None)
             if result is None:
-                raise self._never_stored(rest)
+                raise IntegrityError(
+                    f"chunks {rest.first_index}..{rest.end_index - 1} of backup {self.ref} were never stored:"
+                    " their worker failed or did not run (see the execution's map run)"
+                )
             result.check(rest, str(self.ref))
             found.append(result)
             done += len(result.entries)
@@ -171,12 +171,6 @@ class StagingResults:
             for result in RoundFold.from_bytes(raw, key).results:
                 folded[result.first_index] = result
         return folded
-
-    def _never_stored(self, item: MapItem) -> IntegrityError:
-        return IntegrityError(
-            f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
-            " their worker failed or did not run (see the execution's map run)"
-        )
 
     def processed_chunks(self, rounds: Iterable[Round]) -> int:
         """Chunks with a result so far (the agent's progress): one LIST, no GET.

@@ -40,6 +40,4 @@ class WakeRecord:
 
     def due(self, recorded_chunks: int, seen_for_seconds: float, ended: bool) -> bool:
         """Whether the agent should send the token now."""
-        if ended:
-            return True
-        return self.chunks != ONLY_AT_END and recorded_chunks >= self.chunks and seen_for_seconds >= self.after_seconds
+        return ended or (self.chunks != ONLY_AT_END and recorded_chunks >= self.chunks and seen_for_seconds >= self.after_seconds)
