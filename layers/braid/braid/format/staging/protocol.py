@@ -78,11 +78,9 @@ _READERS: dict[str, Callable[[Fields, str], Any]] = {
 class Record:
     """A flat staging record: a frozen dataclass stored as the canonical JSON object of its fields, by name.
 
-    A None field is left out; a field with a default may be absent, any other
-    must be there, and an unknown one is refused. Each is read strictly by its
-    annotation (`int`: a non-negative JSON integer; `str`, `list[int]`,
-    `list[str]`, `str | None`, `Usage | None`); an IntegrityError names KIND,
-    the key and the field.
+    A None field is left out; a field with a default may be absent, any other must be there, an unknown one is
+    refused. Each is read by its annotation (_READERS: an `int` is a non-negative JSON integer); an IntegrityError
+    names KIND, the key and the field.
     """
 
     KIND: ClassVar[str]  # what the record is called in errors, before its key

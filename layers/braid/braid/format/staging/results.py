@@ -74,12 +74,9 @@ class StagingResults:
     def read_results(self, rounds: Iterable[Round], usages: list[Usage] | None = None) -> list[ChunkEntry]:
         """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
 
-        Each item's result comes from the results index (the folds: a LIST and
-        a GET per map), else from the item's own record (one GET per item no
-        fold covers: the last map's, and all of them when the planner indexed
-        none). A result from a fold is checked against its planned item
-        exactly as a record is. `usages`, if given, receives each result's
-        usage (those that have one)."""
+        Each item's result comes from the results index (the folds: a LIST and a GET per map), else from its own
+        record (one GET per item no fold covers), and is checked against its planned item either way. `usages`, if
+        given, receives each result's usage (those that have one)."""
         items = [item for found in rounds for item in found.items]
         known = self._read_folds()
         missing = [item for item in items if item.first_index not in known]
@@ -191,8 +188,6 @@ class StagingResults:
         keys = [result_key(self.ref, item.first_index) for item in items]
         prefix = os.path.commonprefix([min(keys), max(keys)])
         present = {info.key for info in self.store.list(prefix)}
-        finished: list[MapItem] = []
-        unfinished: list[MapItem] = []
-        for item, key in zip(items, keys, strict=True):
-            (finished if key in present else unfinished).append(item)
-        return finished, unfinished
+        stored = [key in present for key in keys]
+        finished = [item for item, done in zip(items, stored, strict=True) if done]
+        return finished, [item for item, done in zip(items, stored, strict=True) if not done]
