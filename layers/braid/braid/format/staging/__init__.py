@@ -8,10 +8,11 @@ each segment once its chunks are all stored, Finalize and Cleanup delete the
 rest, and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
-keys: every key and the parsers listings need; records: the flat records
-(the agent's, a hold, a worker's failure); chain: captured members and an
-incremental's parent values; rounds: the plan and the workers' results;
-area: StagingArea, the one reader and writer of all of them.
+keys: every key and the parsers listings need; protocol: the version and
+the strict codec; records: the flat records (the agent's, a hold, a worker's
+failure); chain: captured members and an incremental's parent values;
+rounds: the plan and the workers' results; wake: the wake record; area:
+StagingArea (on results' StagingResults), the one reader and writer of all.
 """
 
 from braid.format.staging.area import StagingArea

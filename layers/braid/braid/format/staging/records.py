@@ -63,7 +63,6 @@ class SessionRecord:
         Fields(doc, what, names, optional=("part_chunks", "ramp_parts", "protocol", *chain))
         check_protocol(doc, what)
         f = Fields(doc, what, (*names, "part_chunks", "protocol"), optional=("ramp_parts", *chain))
-        part_chunks = f.count("part_chunks")
         ramp_parts = f.count("ramp_parts") if "ramp_parts" in f.doc else 0
         lineage = Lineage()
         if "lineage" in f.doc:
@@ -76,7 +75,7 @@ class SessionRecord:
             raise IntegrityError(f"{what} is malformed: parent_values {values!r} (only an incremental asks for {', '.join(PARENT_VALUES)})")
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_chunks"), f.count("level"), f.texts("inputs"),
-            f.text("created"), part_chunks, ramp_parts, lineage, values,
+            f.text("created"), f.count("part_chunks"), ramp_parts, lineage, values,
         )
 
     def check(self, ref: BackupRef, where: str) -> None:
