@@ -34,7 +34,7 @@ class PlanCursor:
     lease: str = ""  # digest of the agent's lease as last read
     # The last map's items file, checked by the next call: {"key", "round", "attempt", "limit"} (braid.pipeline.replan).
     check: Mapping[str, Any] | None = None
-    # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (braid.format.staging.hold).
+    # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (HoldRecord, braid.format.staging.records).
     held: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
