@@ -758,7 +758,7 @@ def memoized() -> Iterator[dict[tuple[Any, ...], Simulation]]:
     the sensitivity table's deployed memory at the published rate is the main table's 1 TiB x 500 x 300 MB/s
     row, ...). A simulation's figures depend only on its inputs (simulation_key: its arguments and the
     network rate; a given CoordinatorCpu makes them independent of machine load), so a second run would
-    only repeat the first. Not used by the tests, which may change the module's assumptions between runs."""
+    only repeat the first (to ~1e-7 s: record timestamps vary in length by a byte or two). Not used by the tests, which may change the module's assumptions between runs."""
     global _MEMO
     saved, _MEMO = _MEMO, {} if _MEMO is None else _MEMO
     try:
