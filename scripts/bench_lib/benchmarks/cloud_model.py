@@ -436,9 +436,11 @@ def optimisation_table(
     options = sim_options(cpu_arm, ratio, lanes, chunk, cpu_speed)  # the main table's: its "all on" runs are that table's
     with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
         rows = optimisations.rows(options, lambda sim: sum(price(sim, memory).values()), log)
+    n = optimisations.PHASES
+    phases = f"worst of {n} end phases" if n > 1 else "one stream end, the exact 1 TiB: optimisations.PHASES"
     return Table(
-        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end (worst of"
-        f" {optimisations.PHASES} end phases) it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
+        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end ({phases})"
+        f" it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
         f" {scale_sim.lambda_network_mb_s(memory):g} MB/s per worker; kept if it saves >= ${optimisations.KEEP_USD_PER_TIB}/TiB or"
         f" >= {optimisations.KEEP_SECONDS:g} s at some rate (the 'all on' row: $/TiB and seconds themselves)",
         list(rows[0]),
