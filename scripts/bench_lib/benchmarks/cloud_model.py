@@ -578,7 +578,7 @@ def _run(ctx: Context) -> Section:
     notes.append(
         f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
         " at 500 workers (scale_sim.end_phase_sizes: a stream ending just after a round started waits for that round), one end"
-        " (the exact size) for the other rows, the sensitivity and pre-compression rows and the optimisation table (ROW_PHASES);"
+        " (the exact size) for the other rows and the sensitivity and pre-compression rows (ROW_PHASES, SENSITIVITY_PHASES);"
         " `seconds_after_stream_end_best` is the luckiest phase; cost and counts are the exact-size run's"
     )
     notes.append(
