@@ -39,11 +39,12 @@ class RetryPolicy:
 
 
 # Worker items retry within their EXPRESS child's 5 minutes: 3 attempts of
-# at most WORKER_TIMEOUT_SECONDS (60 s), each after up to 10 s of INIT outside
+# at most WORKER_TIMEOUT_SECONDS (55 s), each after up to 10 s of INIT outside
 # its timeout, plus backoffs of at most 2 + 4 s, plus the throttle retry's
-# 2 + 4 + 8 + 16 + 16 + 16 s: 3 x 70 + 6 + 62 = 278 s < 300 s, so even a worker
-# that times out every time fails its item inside the child instead of the
-# child timing out (tests/infra checks the sum). Each attempt's AWS requests are
+# 2 + 4 + 8 + 16 + 16 + 16 s: 3 x 65 + 6 + 62 = 263 s <= 270 s, 30 s and more
+# inside the child's 300 s (review 3, L6: scheduling), so even a worker that
+# times out every time fails its item inside the child instead of the child
+# timing out (tests/infra checks the sum). Each attempt's AWS requests are
 # first retried by the function's client (braid.adapters.aws.clients.PIPELINE:
 # 5 attempts); STEP_RETRY covers only Lambda's own invoke failures, when no
 # request was made.

@@ -85,6 +85,20 @@ def host_rate(codec: dict[str, Any] | None, uplink_mb_s: float) -> float:
     return min(uplink_mb_s / codec["staged_ratio"], HOST_CORES * compress_mb_s)
 
 
+def cases(
+    codecs: list[dict[str, Any]], *, cpu_arm: float, arm: float, chunk: int, uplinks: tuple[float, ...],
+) -> list[tuple[float, dict[str, Any] | None, float, float, float]]:
+    """Each row's (uplink, codec or None, stream MB/s the host reaches (simulated at it rounded to 0.1), worker CPU per chunk on arm64, staged ratio)."""
+    found = []
+    for uplink in uplinks:
+        for codec in [None, *codecs]:
+            staged = 1.0 if codec is None else codec["staged_ratio"]
+            per_chunk = chunk / codec["chunk_bytes"] if codec else 0.0
+            worker_cpu = cpu_arm + (codec["decompress_cpu"] * per_chunk / arm if codec else 0.0)
+            found.append((uplink, codec, host_rate(codec, uplink), worker_cpu, staged))
+    return found
+
+
 def rows(
     codecs: list[dict[str, Any]], *, cpu_arm: float, stored_ratio: float, arm: float, memory: int, network: float,
     options: dict[str, Any], simulated_row: Any, uplinks: tuple[float, ...] = (300.0,), tib: float = 1, workers: int = 500, log: Any = None,
@@ -95,33 +109,29 @@ def rows(
     (the decompression's CPU is scaled by it); `simulated_row`: benchmarks.cloud_model.simulated_row."""
     chunk = options["chunk_size"]
     found = []
-    for uplink in uplinks:
-        for codec in [None, *codecs]:
-            staged = 1.0 if codec is None else codec["staged_ratio"]
-            per_chunk = chunk / codec["chunk_bytes"] if codec else 0.0
-            worker_cpu = cpu_arm + (codec["decompress_cpu"] * per_chunk / arm if codec else 0.0)
-            rate = host_rate(codec, uplink)
-            row = simulated_row(  # one stream end: the rows compare bytes and cost (the tail's phases are the main table's)
-                tib, workers, round(rate, 1), memory, network, {**options, "worker_cpu": worker_cpu, "staged_ratio": staged}, log, phases=1,
-            )
-            host_cpu = codec["compress_cpu"] * per_chunk * (tib * TIB / chunk) if codec else 0.0
-            found.append({
-                "codec": codec["codec"] if codec else "none",
-                "uplink_mb_s": uplink,
-                "staged_ratio": round(staged, 4),  # measured: the CLI's output over one chunk of the bench data
-                "host_cpu_vs_zstd3": round(codec["compress_cpu"] / codec["zstd3_cpu"], 3) if codec else 0.0,  # measured
-                "host_cpu_vs_zstd3_assumed": ISSUE_CPU_VS_ZSTD3 if codec else 0.0,
-                "host_cpu_seconds_per_tib": round(host_cpu / tib, 1),  # this machine's cores
-                "host_upload_seconds_per_tib": round(TIB / (rate * 1e6), 1),
-                "stream_mb_s": row["stream_mb_s"],
-                "worker_read_mb_per_chunk": round(chunk * staged / 1e6, 2),
-                "worker_write_mb_per_chunk": round(chunk * stored_ratio / 1e6, 2),
-                "worker_moved_mb_per_chunk": round(chunk * (staged + stored_ratio) / 1e6, 2),
-                "worker_cpu_per_chunk_arm": round(worker_cpu, 4),
-                "lambda_network_mb_s": row["lambda_network_mb_s"],
-                "cost_per_tib": row["cost_per_tib"],
-                "worker_cost_per_tib": row["costs_per_tib"]["lambda compute (worker)"],
-                "staging_cost_per_tib": row["costs_per_tib"]["staging storage"],
-                "seconds_after_stream_end": row["seconds_after_stream_end"],
-            })
+    for uplink, codec, rate, worker_cpu, staged in cases(codecs, cpu_arm=cpu_arm, arm=arm, chunk=chunk, uplinks=uplinks):
+        per_chunk = chunk / codec["chunk_bytes"] if codec else 0.0
+        row = simulated_row(  # one stream end: the rows compare bytes and cost (the tail's phases are the main table's)
+            tib, workers, round(rate, 1), memory, network, {**options, "worker_cpu": worker_cpu, "staged_ratio": staged}, log, phases=1,
+        )
+        host_cpu = codec["compress_cpu"] * per_chunk * (tib * TIB / chunk) if codec else 0.0
+        found.append({
+            "codec": codec["codec"] if codec else "none",
+            "uplink_mb_s": uplink,
+            "staged_ratio": round(staged, 4),  # measured: the CLI's output over one chunk of the bench data
+            "host_cpu_vs_zstd3": round(codec["compress_cpu"] / codec["zstd3_cpu"], 3) if codec else 0.0,  # measured
+            "host_cpu_vs_zstd3_assumed": ISSUE_CPU_VS_ZSTD3 if codec else 0.0,
+            "host_cpu_seconds_per_tib": round(host_cpu / tib, 1),  # this machine's cores
+            "host_upload_seconds_per_tib": round(TIB / (rate * 1e6), 1),
+            "stream_mb_s": row["stream_mb_s"],
+            "worker_read_mb_per_chunk": round(chunk * staged / 1e6, 2),
+            "worker_write_mb_per_chunk": round(chunk * stored_ratio / 1e6, 2),
+            "worker_moved_mb_per_chunk": round(chunk * (staged + stored_ratio) / 1e6, 2),
+            "worker_cpu_per_chunk_arm": round(worker_cpu, 4),
+            "lambda_network_mb_s": row["lambda_network_mb_s"],
+            "cost_per_tib": row["cost_per_tib"],
+            "worker_cost_per_tib": row["costs_per_tib"]["lambda compute (worker)"],
+            "staging_cost_per_tib": row["costs_per_tib"]["staging storage"],
+            "seconds_after_stream_end": row["seconds_after_stream_end"],
+        })
     return found

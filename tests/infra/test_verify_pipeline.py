@@ -68,7 +68,10 @@ def test_every_worker_attempt_and_its_backoff_fit_the_express_child(template: di
     backoffs = sum(min(retry["IntervalSeconds"] * retry["BackoffRate"] ** i, retry["MaxDelaySeconds"]) for i in range(retry["MaxAttempts"]))
     backoffs += sum(min(throttled["IntervalSeconds"] * throttled["BackoffRate"] ** i, throttled["MaxDelaySeconds"]) for i in range(throttled["MaxAttempts"]))
     # Each attempt may start a new environment, whose Init runs outside the timeout (review 3, L6).
-    assert attempts * (contract.WORKER_TIMEOUT_SECONDS + contract.LAMBDA_INIT_SECONDS) + backoffs < contract.EXPRESS_CHILD_SECONDS
+    # The EXPRESS child's 300 s less a 30 s margin for scheduling (review 3, L6).
+    timeout = [f["Properties"]["Timeout"] for f in resources_of(template, "AWS::Lambda::Function").values() if "Braid verify worker" in f["Properties"]["Description"]]
+    assert timeout == [contract.WORKER_TIMEOUT_SECONDS] and contract.EXPRESS_CHILD_SECONDS == 300
+    assert attempts * (contract.WORKER_TIMEOUT_SECONDS + contract.LAMBDA_INIT_SECONDS) + backoffs <= 270
     assert "StorageError" in retry["ErrorEquals"] and "Sandbox.Timedout" in retry["ErrorEquals"]
 
 

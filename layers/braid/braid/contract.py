@@ -74,9 +74,12 @@ WORKER_MEMORY_MB = 1769
 # with back-off (LAMBDA_THROTTLED).
 DEFAULT_WORKER_CONCURRENCY = 500
 # Seconds per worker attempt, and retries after the first: attempts x (timeout + Lambda's 10 s INIT, which
-# runs outside the timeout) plus the backoffs (2 s doubling) and the throttle retry's must stay inside an
-# EXPRESS child's 300 s (tests/infra). Two retries leave the throttle retry a minute of back-off.
-WORKER_TIMEOUT_SECONDS = 60
+# runs outside the timeout) plus the backoffs (2 s doubling) and the throttle retry's must leave an EXPRESS
+# child's 300 s a 30 s margin for scheduling (review 3, L6; tests/infra): 3 x (55 + 10) + (2 + 4) + 62 = 263 s
+# <= 270 s. Two retries leave the throttle retry a minute of back-off (braid_infra.steps.WORKER_THROTTLE_RETRY).
+# 55 s is 2.5x the model's longest item at the published 76 MB/s: 16 chunks of 64 MiB in and 0.54 of them
+# out is 1.65 GB over the function's network, 21.9 s (scripts/bench_lib/scale_sim.item_seconds; max_timeout_fraction 0.40).
+WORKER_TIMEOUT_SECONDS = 55
 WORKER_RETRIES = 2
 LAMBDA_INIT_SECONDS = 10  # "The Init phase is limited to 10 seconds" (Lambda, Understanding the execution environment lifecycle)
 # The WAL worker (infra/braid_infra/wal_archive.py), which scripts/bench_lib/wal_model.py prices: it is network-bound

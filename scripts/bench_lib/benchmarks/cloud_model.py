@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_lib import account_model, api_quota, optimisations, precompression, retention_cost, s3proxy, scale_sim, wal_model
+from bench_lib import account_model, api_quota, optimisations, precompression, retention_cost, s3proxy, scale_sim, sim_pool, wal_model
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
@@ -61,17 +61,25 @@ from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
 from braid.pipeline.worker import pack_sizes
 
 NAME = "cloud-model"
-HELP = "cloud model: $ per TiB and seconds after stream end at 1 and 10 TiB, 100/500/1000 workers, 50/300/1000 MB/s (scale simulation + measured worker CPU)"
+HELP = "cloud model: $ per TiB and seconds after stream end at 1 TiB x 100/500/1000 workers x 50/300/1000 MB/s and 10 TiB (scale simulation + measured worker CPU)"
 ORDER = 40
 IN_ALL = True
 TIME_TARGET = 15.0  # seconds after stream end, 1 TiB at 500 workers
 COST_TARGET = 0.30  # $ per TiB, 1 TiB at 500 workers
 SIZES_TIB = (1, 10)
-# Stream ends sampled per row (scale_sim.end_phase_sizes): the time after stream end is the worst of them. Every phase
-# of the 1 TiB rows, which the targets judge; one for 10 TiB, whose simulation takes ~16 s a run.
-PHASED_SIZES = {1: scale_sim.END_PHASES}
 WORKERS = (100, 500, 1000)
 STREAM_MB_S = (50, 300, 1000)
+# The main table's rows (TiB, workers, stream MB/s): 1 TiB at every fan-out and rate; 10 TiB at the stack's default
+# fan-out and 300 MB/s only. One 10 TiB simulation takes ~100 s on a loaded 2-core machine (ten 1 TiB ones), and the
+# issue asks for $/TiB "at 10 TiB"; tests/cloud/test_scale_simulation.py runs 10 TiB at 50 MB/s against the quotas.
+ROWS = tuple((1, workers, rate) for workers in WORKERS for rate in STREAM_MB_S) + ((10, 500, 300),)
+# Stream ends sampled per row (scale_sim.end_phase_sizes): its time after stream end is the worst of them, its cost
+# and counts the exact size's (the first). Every phase (scale_sim.END_PHASES, 6) for 1 TiB at 500 workers, the rows the
+# targets judge; one (the exact size) for the others, which show how cost and counts scale with fan-out and size.
+# Each phase is a whole simulation (5-15 s at 1 TiB, ~100 s at 10 TiB): all six for every row kept the bench past the
+# acceptance check's 25 minutes; the tail's worst phase is judged where the targets are.
+ROW_PHASES = {(1, 500): scale_sim.END_PHASES}
+PHASED_SIZES = {1: scale_sim.END_PHASES}  # simulated_row's default by size (tests, precompression: one phase otherwise)
 
 # The one price table (braid.format.prices: us-east-1 list prices, what `braid show` prices a backup's usage with), by the model's names.
 PRICES = {
@@ -251,9 +259,14 @@ def measure(ctx: Context, memory_lanes: tuple[int, int], notes: list[str]) -> tu
         if server.secure_endpoint and server.ca_bundle:
             endpoints.insert(0, ("https", server.secure_endpoint, {**env, "AWS_CA_BUNDLE": str(server.ca_bundle)}))
         found = []
-        for transport, endpoint, child_env in endpoints:
+        for n, (transport, endpoint, child_env) in enumerate(endpoints):
             ctx.log(f"cloud-model: timing process_item ({doc['per_item']} chunks per item, {doc['lanes']} lanes) against {server.kind} over {transport} ...")
-            proc = subprocess.run([str(ctx.python), "-c", _MEASURE, json.dumps({**doc, "endpoint": endpoint})], env=child_env, capture_output=True, text=True)
+            # The first transport's figure is the model's (best of up to 3 passes); the other, only compared with it in the
+            # notes, is measured once (each pass moves the whole data set through the local server: minutes on a loaded machine).
+            reps = doc["reps"] if n == 0 else 1
+            proc = subprocess.run(
+                [str(ctx.python), "-c", _MEASURE, json.dumps({**doc, "reps": reps, "endpoint": endpoint})], env=child_env, capture_output=True, text=True,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(f"worker measurement over {transport} failed: {proc.stderr.strip().splitlines()[-3:]}")
             found.append(summarize(json.loads(proc.stdout.strip().splitlines()[-1]), chunk, transport))
@@ -323,18 +336,40 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
 # Below ~1,200 MB the worker does not fit its buffers (scripts/bench pack-memory: ~1,130 MB at peak).
 SENSITIVITY_MEMORY_MB = (1280, 1769, 3008, 10240)
 SENSITIVITY_NETWORK_MB_S = (50.0, 150.0, 300.0)
+# One stream end per sensitivity row (the exact 1 TiB): the table chooses the worker's memory by what it costs, which
+# is the exact size's run in every row; its time after stream end is then that phase's, not the worst of six (the main
+# table's 1 TiB x 500 x 300 MB/s row has the worst). The deployed memory at the published rate is that row's simulation.
+SENSITIVITY_PHASES = 1
+
+
+def sim_options(cpu_arm: float, ratio: float, lanes: int, chunk: int, cpu_speed: float) -> dict[str, Any]:
+    """scale_sim.simulate's options for every table: the measured worker, the worker's calibration and the coordinators'
+    CPU calibrated once per process (the same objects everywhere, so the tables share simulations: scale_sim.memoized)."""
+    return {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(),
+            "cpu_speed": cpu_speed, "coordinators": scale_sim.calibrate_coordinators()}
+
+
+def at_memory(options: dict[str, Any], memory: int) -> dict[str, Any]:
+    """`options` for a worker of `memory` MB: below a full vCPU (scale_sim.FULL_VCPU_MB) its CPU per chunk grows in
+    proportion; above it the single-threaded codec gains nothing."""
+    return {**options, "worker_cpu": options["worker_cpu"] * max(1.0, scale_sim.FULL_VCPU_MB / memory)}
+
+
+def row_requests(tib: float, workers: int, rate: float, memory: int, network: float, options: dict[str, Any], phases: int) -> list[sim_pool.Request]:
+    """The simulations simulated_row(tib, workers, rate, memory, network, options, phases=phases) runs."""
+    scaled = at_memory(options, memory)
+    sizes = scale_sim.end_phase_sizes(tib, rate, phases, scaled.get("chunk_size", 64 * 2**20))
+    return [sim_pool.Request(size, rate, workers, network, scaled) for size in sizes]
 
 
 def simulated_row(
     tib: float, workers: int, rate: float, memory: int, network: float, options: dict[str, Any], log: Any = None, phases: int | None = None,
 ) -> dict[str, Any]:
-    """One (size, workers, stream rate) through the simulation at `memory` MB and `network` MB/s per function, priced.
-
-    Below a full vCPU (scale_sim.FULL_VCPU_MB) the worker's CPU per chunk grows in proportion; above it the
-    single-threaded codec gains nothing."""
+    """One (size, workers, stream rate) through the simulation at `memory` MB and `network` MB/s per function, priced
+    (the worker's CPU per chunk at `memory`: at_memory), worst of `phases` stream ends (default PHASED_SIZES by size)."""
     if log:
         log(f"cloud-model: simulating {tib} TiB at {rate} MB/s, {workers} workers, {memory} MB, {network:g} MB/s network ...")
-    scaled = {**options, "worker_cpu": options["worker_cpu"] * max(1.0, scale_sim.FULL_VCPU_MB / memory)}
+    scaled = at_memory(options, memory)
     with scale_sim.network(network):
         sims = scale_sim.simulate_end_phases(tib, rate, workers, phases or PHASED_SIZES.get(tib, 1), **scaled)
     sim = sims[0]  # exactly `tib`: priced
@@ -372,11 +407,11 @@ def rows_for(
     """Every (size, workers, stream rate) through the simulation at the published network rate, priced; the JSON rows.
 
     `cpu_speed`: Graviton2 vs this machine, for the coordinators' measured CPU (the worker's is `cpu_arm`, already scaled)."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed,
-               "coordinators": scale_sim.calibrate_coordinators()}
+    options = sim_options(cpu_arm, ratio, lanes, chunk, cpu_speed)
     network = scale_sim.lambda_network_mb_s(memory)
     return [
-        simulated_row(tib, workers, rate, memory, network, options, log) for tib in SIZES_TIB for workers in WORKERS for rate in STREAM_MB_S
+        simulated_row(tib, workers, rate, memory, network, options, log, phases=ROW_PHASES.get((tib, workers), 1))
+        for tib, workers, rate in ROWS
     ]
 
 
@@ -384,10 +419,13 @@ def sensitivity_rows(
     cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, log: Any = None, cpu_speed: float = scale_sim.ARM_SPEED,
 ) -> list[dict[str, Any]]:
     """1 TiB x 500 workers x 300 MB/s over worker memory (at its published network rate) and over network rate (at `memory`)."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed,
-               "coordinators": scale_sim.calibrate_coordinators()}
-    cases = [(m, scale_sim.lambda_network_mb_s(m)) for m in SENSITIVITY_MEMORY_MB] + [(memory, n) for n in SENSITIVITY_NETWORK_MB_S]
-    return [simulated_row(1, 500, 300, m, n, options, log) for m, n in cases]
+    options = sim_options(cpu_arm, ratio, lanes, chunk, cpu_speed)
+    return [simulated_row(1, 500, 300, m, n, options, log, phases=SENSITIVITY_PHASES) for m, n in sensitivity_cases(memory)]
+
+
+def sensitivity_cases(memory: int) -> list[tuple[int, float]]:
+    """The sensitivity table's (worker memory MB, network MB/s)."""
+    return [(m, scale_sim.lambda_network_mb_s(m)) for m in SENSITIVITY_MEMORY_MB] + [(memory, n) for n in SENSITIVITY_NETWORK_MB_S]
 
 
 def optimisation_table(
@@ -395,12 +433,14 @@ def optimisation_table(
 ) -> Table:
     """Each pipeline policy off against all on, 1 TiB x 500 workers x 50/300/1,000 MB/s at the published network rate
     (bench_lib.optimisations): what it saves, and whether the rule keeps it."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(), "cpu_speed": cpu_speed}
+    options = sim_options(cpu_arm, ratio, lanes, chunk, cpu_speed)  # the main table's: its "all on" runs are that table's
     with scale_sim.network(scale_sim.lambda_network_mb_s(memory)):
         rows = optimisations.rows(options, lambda sim: sum(price(sim, memory).values()), log)
+    n = optimisations.PHASES
+    phases = f"worst of {n} end phases" if n > 1 else "one stream end, the exact 1 TiB: optimisations.PHASES"
     return Table(
-        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end (worst of"
-        f" {optimisations.PHASES} end phases) it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
+        f"optimisations (braid.pipeline.policies), each off against all on: $/TiB and seconds after stream end ({phases})"
+        f" it saves at 1 TiB x {optimisations.WORKERS} workers x each stream rate, at"
         f" {scale_sim.lambda_network_mb_s(memory):g} MB/s per worker; kept if it saves >= ${optimisations.KEEP_USD_PER_TIB}/TiB or"
         f" >= {optimisations.KEEP_SECONDS:g} s at some rate (the 'all on' row: $/TiB and seconds themselves)",
         list(rows[0]),
@@ -408,7 +448,38 @@ def optimisation_table(
     )
 
 
+def simulation_plan(
+    cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, codecs: list[dict[str, Any]],
+) -> list[sim_pool.Request]:
+    """Every simulation the tables below ask for (sim_pool.prefetch runs them at once before the tables are built)."""
+    options = sim_options(cpu_arm, ratio, lanes, chunk, arm)
+    network = scale_sim.lambda_network_mb_s(memory)
+    plan = [
+        r for tib, workers, rate in ROWS
+        for r in row_requests(tib, workers, rate, memory, network, options, ROW_PHASES.get((tib, workers), 1))
+    ]
+    plan += [r for m, n in sensitivity_cases(memory) for r in row_requests(1, 500, 300, m, n, options, SENSITIVITY_PHASES)]
+    for _, _, rate, worker_cpu, staged in precompression.cases(codecs, cpu_arm=cpu_arm, arm=arm, chunk=chunk, uplinks=PRECOMPRESSION_UPLINKS_MB_S):
+        plan += row_requests(1, 500, round(rate, 1), memory, network, {**options, "worker_cpu": worker_cpu, "staged_ratio": staged}, 1)
+    for rate in CONCURRENT_STREAM_MB_S:
+        for size in scale_sim.end_phase_sizes(1, rate, 3, chunk):
+            plan.append(sim_pool.Request(size, rate, 500, network, {**options, "budget": contract.DEFAULT_WORKER_CONCURRENCY, "others": 2}))
+            plan.append(sim_pool.Request(size, rate, 500, network, options))
+    for policies in optimisations.variants():
+        for rate in optimisations.RATES:
+            sizes = scale_sim.end_phase_sizes(1, rate, optimisations.PHASES, chunk)
+            plan += [sim_pool.Request(size, rate, optimisations.WORKERS, network, {**options, "policies": policies}) for size in sizes]
+    return plan
+
+
 def run(ctx: Context) -> Section:
+    """The worker measured, then every table's simulations at once (sim_pool.prefetch, each distinct one once:
+    scale_sim.memoized), then the tables."""
+    with scale_sim.memoized():
+        return _run(ctx)
+
+
+def _run(ctx: Context) -> Section:
     args = ctx.args
     chunk = args.chunk_size
     memory, lanes = worker_spec(ctx.root)
@@ -423,6 +494,10 @@ def run(ctx: Context) -> Section:
     zstd_here = None if args.arm_speed else zstd_seconds(ctx, chunk)
     arm = args.arm_speed or (zstd_here / (chunk / 1e6 / ASSUME["graviton_zstd3_mb_s"]) if zstd_here else ASSUME["arm_speed"])
     cpu_arm = measured.cpu_per_chunk / arm
+    codecs = measure_codecs(ctx, chunk, notes)
+    ctx.log("cloud-model: calibrating the coordinators' CPU (scale_sim.calibrate_coordinators) ...")
+    plan = simulation_plan(cpu_arm, measured.ratio, memory, lanes, chunk, arm, codecs)
+    sim_pool.prefetch(plan, log=ctx.log)
     rows = rows_for(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     columns = ["tib", "workers", "stream_mb_s", "worker_memory_mb", "lambda_network_mb_s", "cost_per_tib", "seconds_after_stream_end", "seconds_after_stream_end_best", "end_phases",
                "max_history_events", "max_timeout_fraction",
@@ -440,7 +515,7 @@ def run(ctx: Context) -> Section:
         columns,
         [[row[c] for c in columns] for row in sensitivity],
     ))
-    section.tables.append(precompression_table(ctx, cpu_arm, measured.ratio, memory, lanes, chunk, arm, notes))
+    section.tables.append(precompression_table(ctx, cpu_arm, measured.ratio, memory, lanes, chunk, arm, codecs))
     section.tables.append(concurrent_table(cpu_arm, measured.ratio, memory, lanes, chunk, arm, ctx.log))
     key = next(r for r in rows if (r["tib"], r["workers"], r["stream_mb_s"]) == (1, 500, 300))
     section.tables.append(Table(
@@ -502,7 +577,8 @@ def run(ctx: Context) -> Section:
     }
     notes.append(
         f"seconds after stream end: the worst of {scale_sim.END_PHASES} stream ends spread over one round period for the 1 TiB rows"
-        " (scale_sim.end_phase_sizes: a stream ending just after a round started waits for that round), one end for the 10 TiB rows;"
+        " at 500 workers (scale_sim.end_phase_sizes: a stream ending just after a round started waits for that round), one end"
+        " (the exact size) for the other rows and the sensitivity and pre-compression rows (ROW_PHASES, SENSITIVITY_PHASES);"
         " `seconds_after_stream_end_best` is the luckiest phase; cost and counts are the exact-size run's"
     )
     notes.append(
@@ -544,8 +620,7 @@ def concurrent_row(found: dict[str, Any], memory: int) -> dict[str, Any]:
 
 def concurrent_table(cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, log: Any = None) -> Table:
     """Three 1 TiB backups at once, each asking for 500 workers, sharing the stack's worker budget (bench_lib.account_model)."""
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(),
-               "cpu_speed": arm, "coordinators": scale_sim.calibrate_coordinators()}
+    options = sim_options(cpu_arm, ratio, lanes, chunk, arm)
     rows = []
     for rate in CONCURRENT_STREAM_MB_S:
         if log:
@@ -562,8 +637,8 @@ def concurrent_table(cpu_arm: float, ratio: float, memory: int, lanes: int, chun
     )
 
 
-def precompression_table(ctx: Context, cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, notes: list[str]) -> Table:
-    """Host-side pre-compression, modelled (bench_lib.precompression): 1 TiB at 500 workers, per host uplink and codec."""
+def measure_codecs(ctx: Context, chunk: int, notes: list[str]) -> list[dict[str, Any]]:
+    """The pre-compression codecs measured on one chunk of the bench data (bench_lib.precompression.measure_codecs)."""
     source = ctx.scratch("cloud-model") / "precompress-chunk.bin"
     with open(ctx.dataset().path, "rb") as handle:
         source.write_bytes(handle.read(chunk))
@@ -573,8 +648,14 @@ def precompression_table(ctx: Context, cpu_arm: float, ratio: float, memory: int
         source.unlink(missing_ok=True)
     if not codecs:
         notes.append("pre-compression: no zstd/lz4 CLI here, so no codec was measured; only the row without it is shown")
-    options = {"chunk_size": chunk, "worker_cpu": cpu_arm, "ratio": ratio, "lanes": lanes, "calibration": scale_sim.calibrate_worker(),
-               "cpu_speed": arm, "coordinators": scale_sim.calibrate_coordinators()}
+    return codecs
+
+
+def precompression_table(
+    ctx: Context, cpu_arm: float, ratio: float, memory: int, lanes: int, chunk: int, arm: float, codecs: list[dict[str, Any]],
+) -> Table:
+    """Host-side pre-compression, modelled (bench_lib.precompression): 1 TiB at 500 workers, per host uplink and codec."""
+    options = sim_options(cpu_arm, ratio, lanes, chunk, arm)
     found = precompression.rows(
         codecs, cpu_arm=cpu_arm, stored_ratio=ratio, arm=arm, memory=memory, network=scale_sim.lambda_network_mb_s(memory),
         options=options, simulated_row=simulated_row, uplinks=PRECOMPRESSION_UPLINKS_MB_S, log=ctx.log,
