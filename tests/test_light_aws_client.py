@@ -28,6 +28,13 @@ PRECONDITION = b"<Error><Code>PreconditionFailed</Code><Message>At least one of 
 NO_SUCH_KEY = b"<Error><Code>NoSuchKey</Code><Message>The specified key does not exist.</Message></Error>"
 
 
+@pytest.fixture(autouse=True)
+def unhooked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other tests in this process may have imported moto, whose in-process stub turns the light clients off
+    (braid.adapters.aws.light_clients._hooked, tested on its own): these tests are about the light clients."""
+    monkeypatch.setattr("braid.adapters.aws.light_clients._hooked", lambda: False)
+
+
 @dataclass
 class Script:
     answers: list[tuple[int, bytes, dict[str, str]]] = field(default_factory=list)  # taken in order; then 200 with no body

@@ -24,6 +24,13 @@ from braid.adapters.aws.light_clients import LightStepFunctions
 from braid.adapters.aws.light_s3 import LightS3
 
 
+@pytest.fixture(autouse=True)
+def unhooked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other tests in this process may have imported moto, whose in-process stub turns the light clients off
+    (braid.adapters.aws.light_clients._hooked, tested on its own): these tests are about the light clients."""
+    monkeypatch.setattr("braid.adapters.aws.light_clients._hooked", lambda: False)
+
+
 @pytest.fixture
 def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No AWS settings at all: an empty home, no AWS_* variables."""
@@ -176,4 +183,28 @@ def test_no_region_and_the_opt_out_get_botocores_client(clean: Path, monkeypatch
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     assert isinstance(s3_client(light=True), LightS3)
     monkeypatch.setenv("BRAID_AWS_CLIENT", "botocore")
+    assert not isinstance(s3_client(light=True), LightS3)
+
+
+def test_handlers_added_to_botocore_turn_the_light_clients_off(clean: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto's in-process stub (or a benchmark's shim) in botocore's built-in handlers expects every request: botocore's client then."""
+    import botocore.handlers
+
+    from braid.adapters.aws import light_clients
+
+    monkeypatch.undo()  # the autouse fixture's stand-in for _hooked, too
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(clean))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "A")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", [h for h in botocore.handlers.BUILTIN_HANDLERS if str(getattr(h[1], "__module__", "")).startswith("botocore")])
+    assert isinstance(s3_client(light=True), LightS3)
+
+    def foreign(**_: Any) -> None:
+        pass
+
+    monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", [*botocore.handlers.BUILTIN_HANDLERS, ("before-send", foreign)])
+    assert light_clients._hooked()
     assert not isinstance(s3_client(light=True), LightS3)

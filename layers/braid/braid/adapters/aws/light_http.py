@@ -54,6 +54,11 @@ USER_AGENT = "braid-light/1"  # unsigned; tells the client apart in a server's l
 
 Body = bytes | Any  # bytes, or braid.adapters.aws.s3_body's reader (views(), seek())
 ErrorParser = Callable[[int, Mapping[str, str], bytes], tuple[str, str]]
+# What botocore's `before-sign` handlers are to its clients: called with (operation, headers, body) before each
+# attempt is signed; may change `headers` in place and returns the body to send. Empty in the product: the
+# benchmark's s3proxy shim (scripts/bench_lib/s3compat) adds one.
+RequestHook = Callable[[str, dict[str, str], "Body | None"], "Body | None"]
+REQUEST_HOOKS: list[RequestHook] = []
 
 
 def retryable(code: str | None, status: int | None) -> bool:
@@ -224,8 +229,11 @@ class Transport:
         while True:
             count_request(self.counted_as, operation, _PROCESS)
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            sent = {"Host": host, "User-Agent": USER_AGENT, **headers}
+            for hook in REQUEST_HOOKS:
+                body = hook(operation, sent, body)
             signed = sign(
-                method, url, {"Host": host, "User-Agent": USER_AGENT, **headers}, self.credentials.get(), region=region or self.region, service=self.signing_name,
+                method, url, sent, self.credentials.get(), region=region or self.region, service=self.signing_name,
                 timestamp=stamp, payload_hash=payload_hash, s3=self.s3,
             )
             if body is not None and not isinstance(body, bytes):
@@ -256,7 +264,7 @@ class Transport:
                 }
                 failure = ClientError(document, operation)
                 retry = retryable(code, response.status) or (response.status == 200)  # a 200 that carries an error: botocore retries it
-                reason = code or f"HTTP {response.status}"
+                reason = error["Code"]  # as botocore reads it: a bodiless answer's code is its status ("503")
             if not retry or attempt >= self.retries.attempts or not self.quota.acquire(RETRY_COST):
                 raise failure
             delay = self.retries.delay(attempt, self._rng)
