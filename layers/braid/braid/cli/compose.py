@@ -62,7 +62,7 @@ def open_repository(url: str, *, light: bool = False) -> Repository:
     A local repository whose config this user cannot read (permissions, an
     I/O error) is an unreadable repository (exit 3), not a failed write.
     """
-    store = open_store(url, light=light)
+    store = open_store(url, light=True) if light and is_s3_url(url) else open_store(url)
     if not isinstance(store, LocalStore):
         return Repository.open(store)
     try:
