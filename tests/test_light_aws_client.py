@@ -259,3 +259,14 @@ def test_each_listing_asks_what_botocore_asks(name: str, params: dict[str, Any],
     assert (seen[0][0], ours.path, sorted(parse_qsl(ours.query, keep_blank_values=True))) == (
         caught[0].method, theirs.path, sorted(parse_qsl(theirs.query, keep_blank_values=True)))
     assert seen[0][2] == _plain(caught[0].headers)
+
+
+def test_a_complete_that_answers_200_with_an_error_is_retried(light: tuple[S3Store, list[dict[str, Any]], list[float]], server: tuple[str, Script]) -> None:
+    """S3 can fail a CompleteMultipartUpload after sending 200: botocore reads the <Error> body and retries; so does the light client."""
+    store, notices, _ = light
+    _, script = server
+    failed = b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>'
+    done = b"<CompleteMultipartUploadResult><Bucket>bucket</Bucket><Key>repo/k</Key><ETag>\"e-1\"</ETag></CompleteMultipartUploadResult>"
+    script.answers = [(200, failed, {}), (200, done, {})]
+    answer = store.client.complete_multipart_upload(Bucket="bucket", Key="repo/k", UploadId="u", MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"e"'}]})
+    assert answer["ETag"] == '"e-1"' and [n["reason"] for n in notices] == ["InternalError"]

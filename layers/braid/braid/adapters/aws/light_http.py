@@ -66,6 +66,14 @@ def retryable(code: str | None, status: int | None) -> bool:
     return code in TRANSIENT_CODES or code in THROTTLED_CODES or status in TRANSIENT_STATUS or status in THROTTLING_STATUS
 
 
+def _is_error_document(body: bytes) -> bool:
+    """A 200 whose XML root is <Error> (S3 may answer CompleteMultipartUpload so, after its headers went out)."""
+    head = body[:1024].lstrip()
+    if head.startswith(b"<?xml"):
+        head = head[head.find(b"?>") + 2 :].lstrip()
+    return head.startswith(b"<Error>")
+
+
 class RetryQuota:
     """botocore.retries.quota.RetryQuota: a retry takes 14, a success gives back what its retries took, or 1."""
 
@@ -250,7 +258,7 @@ class Transport:
                 failure = ConnectionClosedError(endpoint_url=url, error=exc)
                 reason, retry = type(failure).__name__, True
             else:
-                if response.status < 300 and not (operation == "CompleteMultipartUpload" and response.body.lstrip().startswith(b"<Error")):
+                if response.status < 300 and not (operation == "CompleteMultipartUpload" and _is_error_document(response.body)):
                     self.quota.release(RETRY_COST if attempt > 1 else NO_RETRY_INCREMENT)  # what the last retry took, as botocore
                     return response
                 code, message = self.error_parser(response.status, response.headers, response.body)
