@@ -7,8 +7,10 @@ The real CLI runs as a separate process against a moto server on loopback
 
 The pattern a new command follows (see docs/design/agent-startup.md): the
 command's module imports its adapters inside the handler; AWS clients come
-from braid.adapters.aws.clients, built on the process's one botocore
-session (never `boto3`, which adds s3transfer and its resource layer).
+from braid.adapters.aws.clients: for a cloud backup and `wal-push` the light
+clients (braid.adapters.aws.light_clients: no botocore but its exception
+classes), else built on the process's one botocore session (never `boto3`,
+which adds s3transfer and its resource layer).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import boto3
 import pytest
 from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from tests.test_startup import DRIVER, found
+from tests.wal_segments import write_segment
 
 pytestmark = [pytest.mark.cloud]
 
@@ -32,6 +35,12 @@ BUCKET = "startup"
 # Never on a cloud backup's path: the agent holds no key, computes no digest and compresses nothing, and builds its
 # clients on botocore.
 NOT_FOR_THE_AGENT = ("boto3", "s3transfer", "zstandard", "cryptography", "braid.engine.local", "braid.ops", "aws_lambda_powertools", "rich")
+# botocore's client machinery and what it loads (~0.4 CPU-s): the light clients need none of it. botocore.exceptions
+# (its error classes, which every adapter catches; a few ms, loading nothing else of botocore) is all that stays.
+BOTOCORE_CLIENT = (
+    "botocore.session", "botocore.client", "botocore.loaders", "botocore.endpoint", "botocore.httpsession", "botocore.auth",
+    "botocore.regions", "botocore.handlers", "botocore.compat", "urllib3", "dateutil", "jmespath", "awscrt.auth", "awscrt.http",
+)
 
 
 @pytest.fixture
@@ -47,6 +56,9 @@ def cloud_repo(aws_env: None) -> Iterator[tuple[str, dict[str, str]]]:
     endpoint = f"http://{host}:{port}"
     env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     try:
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()  # moto's state is per process
         sfn = boto3.client("stepfunctions", endpoint_url=endpoint)
         arn = sfn.create_state_machine(
             name="startup", roleArn="arn:aws:iam::123456789012:role/startup",
@@ -72,10 +84,29 @@ def _loaded(tmp_path: Path, env: dict[str, str], *words: str) -> set[str]:
     return set(json.loads(record.read_text()))
 
 
-def test_a_cloud_backup_loads_botocore_but_not_boto3_or_the_local_engine(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
+def test_a_cloud_backup_loads_no_botocore_client_nor_boto3_nor_the_local_engine(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
     url, env = cloud_repo
     modules = _loaded(tmp_path, env, "backup", "--repo", url, "--name", "db", "--no-wait", "--allow-empty", "--quiet")
-    assert {"braid.agent.uploader", "braid.adapters.aws.stepfunctions", "botocore.session"} <= modules  # the run happened
+    assert {"braid.agent.uploader", "braid.adapters.aws.stepfunctions", "braid.adapters.aws.light_s3"} <= modules  # the run happened
+    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT) == []
+    assert found(modules, ("botocore",)) == [m for m in sorted(modules) if m == "botocore" or m.startswith(("botocore.exceptions", "botocore.vendored"))]
+
+
+def test_a_cloud_wal_push_loads_no_botocore_client(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
+    """`wal-push` on a repository with a pipeline stages the segment: PutObject and HeadObject through the light client."""
+    url, env = cloud_repo
+    path = write_segment(tmp_path, "000000010000000000000003")
+    modules = _loaded(tmp_path, env, "wal-push", "--repo", url, "--name", "pg", str(path))
+    assert {"braid.ops.wal_stage", "braid.adapters.aws.wal_staging", "braid.adapters.aws.light_s3"} <= modules  # the push happened
+    assert found(modules, ("boto3", "s3transfer", *BOTOCORE_CLIENT, "braid.agent")) == []
+
+
+def test_with_the_opt_out_a_cloud_backup_builds_botocores_clients(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
+    """BRAID_AWS_CLIENT=botocore: the full clients, on the process's one botocore session (the pins above are not vacuous)."""
+    url, env = cloud_repo
+    modules = _loaded(tmp_path, {**env, "BRAID_AWS_CLIENT": "botocore"}, "backup", "--repo", url, "--name", "db", "--no-wait", "--allow-empty", "--quiet")
+    assert {"braid.agent.uploader", "botocore.session", "botocore.client"} <= modules
+    assert "braid.adapters.aws.light_s3" not in modules
     assert found(modules, NOT_FOR_THE_AGENT) == []
 
 

@@ -426,6 +426,10 @@ def test_two_pipes_back_up_and_restore_identically_and_list_show_verify_work(clo
     assert sorted(set(staged_parts(cloud, ref_prefix(ref)))) == sorted(staged_parts(cloud, ref_prefix(ref)))  # each part sent once
     assert_within_policy(cloud, "agent-pipes", "agent")
     assert_within_policy(cloud, "restore-pipes", "restore")
+    # The agent's every request went through its light client (no botocore: its start-up), restore's through botocore.
+    agent = cloud.requests(caller="agent-pipes")
+    assert {r["service"] for r in agent} >= {"s3", "states"} and {r["client"] for r in agent} == {"light"}
+    assert {r["client"] for r in cloud.requests(caller="restore-pipes")} == {"botocore"}
 
 
 def test_backup_of_stdin_needs_nothing_but_the_exported_environment(cloud: Emulator) -> None:

@@ -162,6 +162,8 @@ class Middleware:
         method = environ.get("REQUEST_METHOD", "")
         caller, service = _credential(environ.get("HTTP_AUTHORIZATION", ""))
         record: dict[str, Any] = {"t": round(time.time(), 3), "service": service, "caller": caller}
+        # Which client sent it: the agent's light one (braid.adapters.aws.light_http.USER_AGENT) or botocore's.
+        record["client"] = "light" if environ.get("HTTP_USER_AGENT", "").startswith("braid-light/") else "botocore"
         denied = self._authorize(caller, service, environ)
         if denied is not None:
             if service == "s3":

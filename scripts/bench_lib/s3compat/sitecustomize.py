@@ -14,6 +14,12 @@ answers with "501 NotImplemented" or a 500:
 - the per-part ChecksumCRC64NVME elements in CompleteMultipartUpload's XML
   body (s3proxy's parser rejects unknown fields).
 
+The agent's light client (braid.adapters.aws.light_http, no botocore) gets
+the same edits through its REQUEST_HOOKS. Both are registered when their
+module is first imported (an import hook), not here: importing
+botocore.handlers at start-up would load botocore's client machinery into
+every process and turn the agent's light client off.
+
 Everything else the agent sends (UploadPart with its CRC64NVME header, PUT
 with CRC64NVME and If-None-Match) goes out unchanged: s3proxy accepts those
 headers but neither verifies the checksum nor honours If-None-Match. The
@@ -25,9 +31,10 @@ flattered by the shim.
 import os
 
 if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
+    import importlib.abc
+    import importlib.util
     import re
-
-    import botocore.handlers
+    import sys
 
     _STRIP = {
         "CreateMultipartUpload": ("x-amz-checksum-algorithm", "x-amz-checksum-type", "x-amz-sdk-checksum-algorithm"),
@@ -50,4 +57,45 @@ if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
                     if header in request.headers:
                         del request.headers[header]
 
-    botocore.handlers.BUILTIN_HANDLERS.append(("before-sign.s3", _s3proxy_compat))
+    def _light_compat(operation, headers, body):
+        strip = {h.lower() for h in _STRIP.get(operation, ())}
+        for name in [n for n in headers if n.lower() in strip]:
+            del headers[name]
+        if operation == "CompleteMultipartUpload" and isinstance(body, bytes):
+            body = _PART_CHECKSUM.sub(b"", body)
+            for name in [n for n in headers if n.lower() == "content-length"]:
+                headers[name] = str(len(body))
+        return body
+
+    _REGISTER = {
+        "botocore.handlers": lambda module: module.BUILTIN_HANDLERS.append(("before-sign.s3", _s3proxy_compat)),
+        "braid.adapters.aws.light_http": lambda module: module.REQUEST_HOOKS.append(_light_compat),
+    }
+
+    class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        """Registers the shim in a module as it is first imported."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name not in _REGISTER:
+                return None
+            sys.meta_path.remove(self)
+            try:
+                spec = importlib.util.find_spec(name)
+            finally:
+                sys.meta_path.insert(0, self)
+            if spec is None or spec.loader is None:
+                return None
+            real = spec.loader
+
+            class _Loader(importlib.abc.Loader):
+                def create_module(self, spec):
+                    return real.create_module(spec)
+
+                def exec_module(self, module):
+                    real.exec_module(module)
+                    _REGISTER[name](module)
+
+            spec.loader = _Loader()
+            return spec
+
+    sys.meta_path.insert(0, _AfterImport())

@@ -42,23 +42,27 @@ def repo_url(arg: str | None) -> str:
     return url
 
 
-def open_store(url: str) -> ObjectStore:
+def open_store(url: str, *, light: bool = False) -> ObjectStore:
+    """`light`: the agent's S3 client without botocore where it applies (braid.adapters.aws.light_clients)."""
     if is_s3_url(url):
         from braid.adapters.aws.s3 import S3Store
 
-        return S3Store.from_url(url)  # its client reports retries to store.retries
+        return S3Store.from_url(url, light=light)  # its client reports retries to store.retries
     if "://" in url:
         raise UsageError(f"unsupported repository URL {url!r}: use a directory path or s3://BUCKET/PREFIX")
     return LocalStore(Path(url).expanduser().absolute())
 
 
-def open_repository(url: str) -> Repository:
+def open_repository(url: str, *, light: bool = False) -> Repository:
     """The repository at `url`; a missing directory says how to create one rather than "no config".
+
+    `light`: an s3:// repository's client is the agent's light one where it
+    applies (`braid backup`, `wal-push`: their start-up; docs/design/agent-startup.md).
 
     A local repository whose config this user cannot read (permissions, an
     I/O error) is an unreadable repository (exit 3), not a failed write.
     """
-    store = open_store(url)
+    store = open_store(url, light=True) if light and is_s3_url(url) else open_store(url)
     if not isinstance(store, LocalStore):
         return Repository.open(store)
     try:

@@ -16,19 +16,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-import botocore.handlers
-import botocore.session
-from botocore.client import BaseClient
-from botocore.config import Config
-from botocore.exceptions import DataNotFoundError, NoRegionError, UnknownServiceError
-from botocore.loaders import Loader, instance_cache
-
 from braid.adapters.aws.retries import CONFLICT_ATTEMPTS, RetrySettings, install_retries
 from braid.errors import UsageError
 from braid.ports.progress import ProgressFn
 from braid.ports.usage import RequestTally, count_request
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
+    import botocore.session
+    from botocore.client import BaseClient
     from types_boto3_cloudformation.client import CloudFormationClient
     from types_boto3_events.client import EventBridgeClient
     from types_boto3_kms.client import KMSClient
@@ -88,30 +83,37 @@ def process_requests() -> dict[str, int]:
     return _PROCESS.counts()
 
 
-class _ModelLoader(Loader):
+def _model_loader(extra: list[str] | None) -> Any:
     """botocore's loader, minus the walk over every service it ships to check one name.
 
     `Loader.load_service_model` lists all ~440 directories under
     botocore/data (about 2,600 stat and listdir calls, ~35 ms of CPU per
     model type) only to refuse an unknown name; listing the one service's
     own directory tells the same (UnknownServiceError, a DataNotFoundError).
+    Made here, not at import: botocore loads only when a full client is made
+    (the agent's light clients need none of it: braid.adapters.aws.light_clients).
     """
+    from botocore.exceptions import DataNotFoundError, UnknownServiceError
+    from botocore.loaders import Loader, instance_cache
 
-    @instance_cache
-    def load_service_model(self, service_name: str, type_name: str, api_version: str | None = None) -> Any:
-        if api_version is None:
-            try:
-                api_version = self.determine_latest_version(service_name, type_name)
-            except DataNotFoundError:
-                raise UnknownServiceError(service_name=service_name, known_service_names="(see botocore/data)") from None
-        model = self.load_data(os.path.join(service_name, api_version, type_name))
-        loader: Any = self  # botocore's own (untyped) helpers for the `.sdk-extras` files, as its method uses them
-        loader._extras_processor.process(model, loader._find_extras(service_name, type_name, api_version))
-        return model
+    class _ModelLoader(Loader):
+        @instance_cache
+        def load_service_model(self, service_name: str, type_name: str, api_version: str | None = None) -> Any:
+            if api_version is None:
+                try:
+                    api_version = self.determine_latest_version(service_name, type_name)
+                except DataNotFoundError:
+                    raise UnknownServiceError(service_name=service_name, known_service_names="(see botocore/data)") from None
+            model = self.load_data(os.path.join(service_name, api_version, type_name))
+            loader: Any = self  # botocore's own (untyped) helpers for the `.sdk-extras` files, as its method uses them
+            loader._extras_processor.process(model, loader._find_extras(service_name, type_name, api_version))
+            return model
+
+    return _ModelLoader(extra_search_paths=extra)
 
 
 _SESSION_ENV = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
-_sessions: dict[tuple[object, ...], botocore.session.Session] = {}
+_sessions: dict[tuple[object, ...], Any] = {}
 _sessions_lock = threading.Lock()
 
 
@@ -127,6 +129,9 @@ def shared_session() -> botocore.session.Session:
     environment changes (tests) or handlers were added to botocore's
     built-in list since (moto, the benchmark's shim register there).
     """
+    import botocore.handlers
+    import botocore.session
+
     key = (*(os.environ.get(name) for name in _SESSION_ENV), len(botocore.handlers.BUILTIN_HANDLERS))
     with _sessions_lock:
         session = _sessions.get(key)
@@ -134,7 +139,7 @@ def shared_session() -> botocore.session.Session:
             session = botocore.session.get_session()
             data_path = session.get_config_variable("data_path")  # AWS_DATA_PATH, as botocore's own loader honours it
             extra = [os.path.expanduser(os.path.expandvars(p)) for p in data_path.split(os.pathsep)] if data_path else None
-            session.register_component("data_loader", _ModelLoader(extra_search_paths=extra))
+            session.register_component("data_loader", _model_loader(extra))
             _sessions.clear()
             _sessions[key] = session
         return session
@@ -162,6 +167,9 @@ def aws_client(
     attempt still fits.
     `AWS_ENDPOINT_URL` (an emulator, s3proxy) is honoured by boto3 itself.
     """
+    from botocore.config import Config
+    from botocore.exceptions import NoRegionError
+
     retry_config: Any = {"mode": retries.mode, "total_max_attempts": retries.attempts}
     settings = Config(
         retries=retry_config,
@@ -186,31 +194,47 @@ def aws_client(
     return client
 
 
-def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, **options: Any) -> S3Client:
+def s3_client(*, concurrency: int = 10, retries: RetrySettings = HOST, light: bool = False, **options: Any) -> S3Client:
     """An S3 client sized for `concurrency` threads sharing it.
 
     The pool must hold one connection per thread plus a few for records and
     listings, or urllib3 discards and reopens connections; connections open
     lazily, so a generous floor costs nothing when a caller does not say how
     many threads it runs.
+
+    `light`: the agent's client without botocore (braid.adapters.aws.light_clients:
+    the same methods, answers and errors for the calls a cloud backup and
+    `wal-push` make), when this host's credentials and settings are ones it
+    covers; else, and for any other call, botocore's.
     """
-    client = aws_client(
-        "s3",
-        retries=retries,
-        pool=max(64, concurrency + 8),
-        read_timeout=120,
-        # We send CRC64NVME ourselves on every write; botocore's default
-        # CRC32 (with aws-chunked trailers) would be redundant work, and some
-        # S3-compatible servers do not accept trailers.
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_supported",
-        # SigV4 would otherwise SHA-256 every payload byte on http endpoints
-        # (emulators, s3proxy): over 1 CPU-second per GiB on the host. Every
-        # write carries a CRC64NVME that S3 verifies, which covers integrity.
-        s3={"payload_signing_enabled": False},
-        **options,
-    )
-    return cast("S3Client", client)
+    pool = max(64, concurrency + 8)
+
+    def full() -> S3Client:
+        client = aws_client(
+            "s3",
+            retries=retries,
+            pool=pool,
+            read_timeout=120,
+            # We send CRC64NVME ourselves on every write; botocore's default
+            # CRC32 (with aws-chunked trailers) would be redundant work, and some
+            # S3-compatible servers do not accept trailers.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_supported",
+            # SigV4 would otherwise SHA-256 every payload byte on http endpoints
+            # (emulators, s3proxy): over 1 CPU-second per GiB on the host. Every
+            # write carries a CRC64NVME that S3 verifies, which covers integrity.
+            s3={"payload_signing_enabled": False},
+            **options,
+        )
+        return cast("S3Client", client)
+
+    if light:
+        from braid.adapters.aws.light_clients import light_client
+
+        made = light_client("s3", full, retries=retries, pool=pool, read_timeout=120, **options)
+        if made is not None:
+            return cast("S3Client", made)
+    return full()
 
 
 def kms_client(*, retries: RetrySettings = HOST, **options: Any) -> KMSClient:
@@ -218,8 +242,19 @@ def kms_client(*, retries: RetrySettings = HOST, **options: Any) -> KMSClient:
     return cast("KMSClient", aws_client("kms", retries=retries, read_timeout=30, **options))
 
 
-def stepfunctions_client(*, retries: RetrySettings = HOST, **options: Any) -> SFNClient:
-    return cast("SFNClient", aws_client("stepfunctions", retries=retries, **options))
+def stepfunctions_client(*, retries: RetrySettings = HOST, light: bool = False, **options: Any) -> SFNClient:
+    """A Step Functions client; `light` as for s3_client (StartExecution, DescribeExecution, SendTaskSuccess)."""
+
+    def full() -> SFNClient:
+        return cast("SFNClient", aws_client("stepfunctions", retries=retries, **options))
+
+    if light:
+        from braid.adapters.aws.light_clients import light_client
+
+        made = light_client("stepfunctions", full, retries=retries, pool=10, read_timeout=60, **options)
+        if made is not None:
+            return cast("SFNClient", made)
+    return full()
 
 
 def events_client(*, retries: RetrySettings = PIPELINE, **options: Any) -> EventBridgeClient:

@@ -27,16 +27,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from botocore.client import BaseClient
-from botocore.exceptions import ClientError
-from botocore.retries import quota, standard
-from botocore.retries.base import BaseRetryBackoff
+from botocore.exceptions import ClientError  # botocore.exceptions alone: a few ms, nothing else of botocore
 
 from braid.adapters.aws.errors import error_code
 from braid.errors import UsageError
 from braid.ports.progress import ProgressFn
+
+if TYPE_CHECKING:
+    from botocore.client import BaseClient
 
 T = TypeVar("T")
 
@@ -104,13 +104,15 @@ class RetryNotice:
         }
 
 
-class _JitteredBackoff(BaseRetryBackoff):
-    def __init__(self, settings: RetrySettings, rng: random.Random) -> None:
-        self._settings = settings
-        self._rng = rng
+def _jittered_backoff(settings: RetrySettings, rng: random.Random) -> Any:
+    """botocore's backoff interface with our full jitter (made here: botocore.retries loads with a full client only)."""
+    from botocore.retries.base import BaseRetryBackoff
 
-    def delay_amount(self, context: Any) -> float:
-        return self._settings.delay(int(context.attempt_number), self._rng)
+    class _JitteredBackoff(BaseRetryBackoff):
+        def delay_amount(self, context: Any) -> float:
+            return settings.delay(int(context.attempt_number), rng)
+
+    return _JitteredBackoff()
 
 
 class _ReportingRetries:
@@ -164,12 +166,14 @@ def install_retries(
     "total_max_attempts": settings.attempts}` (braid.adapters.aws.clients
     does): the adaptive mode's rate limiter stays as botocore registered it.
     """
+    from botocore.retries import quota, standard
+
     service = client.meta.service_model.service_id.hyphenize()
     checker = standard.RetryQuotaChecker(quota.RetryQuota(initial_capacity=max(quota.RetryQuota.INITIAL_CAPACITY, threads * (settings.attempts - 1) * _RETRY_COST)))
     handler = standard.RetryHandler(
         retry_policy=standard.RetryPolicy(
             retry_checker=standard.StandardRetryConditions(max_attempts=settings.attempts),
-            retry_backoff=_JitteredBackoff(settings, rng or random.Random()),
+            retry_backoff=_jittered_backoff(settings, rng or random.Random()),
         ),
         retry_event_adapter=standard.RetryEventAdapter(),
         retry_quota=checker,  # type: ignore[arg-type]  # the stubs name the quota; botocore passes its checker

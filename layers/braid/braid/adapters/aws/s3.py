@@ -162,13 +162,13 @@ class S3Store:
         return {"ObjectLockMode": self.object_lock.mode, "ObjectLockRetainUntilDate": self.object_lock.retain_until(ref)}
 
     @classmethod
-    def from_url(cls, url: str, client: S3Client | None = None, **client_options: Any) -> S3Store:
-        """The store an `s3://bucket/prefix` URL names, with a client of its own unless given one."""
+    def from_url(cls, url: str, client: S3Client | None = None, *, light: bool = False, **client_options: Any) -> S3Store:
+        """The store an `s3://bucket/prefix` URL names, with a client of its own unless given one (`light`: s3_client's)."""
         bucket, prefix = parse_s3_url(url)
         if client is not None:
             return cls(client, bucket, prefix)
         relay = ProgressRelay()
-        return cls(s3_client(on_retry=relay, **client_options), bucket, prefix, retries=relay)
+        return cls(s3_client(on_retry=relay, light=light, **client_options), bucket, prefix, retries=relay)
 
     @property
     def url(self) -> str:

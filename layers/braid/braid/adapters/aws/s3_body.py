@@ -37,6 +37,10 @@ class _ViewReader(io.RawIOBase):
         self._length = total
         self._pos = 0
 
+    def views(self) -> list[memoryview]:
+        """The body's buffers in order (the light client sends them straight to the socket)."""
+        return list(self._views)
+
     def readable(self) -> bool:
         return True
 

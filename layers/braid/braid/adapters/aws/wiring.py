@@ -40,7 +40,8 @@ def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfun
         raise RepositoryError(f"repository {repository.url} names no pipeline: run 'braid init --repo {repository.url} --stack NAME'")
     if not isinstance(options, CloudOptions):
         options = CloudOptions.from_cli(options)
-    client = stepfunctions or stepfunctions_client(region=repository.config.cloud.get("region"), on_retry=store.retries)
+    light = getattr(store.client, "light", False) is True  # the store's is the agent's light client (LightS3.light): so is this one
+    client = stepfunctions or stepfunctions_client(region=repository.config.cloud.get("region"), on_retry=store.retries, light=light)
     return CloudEngine(
         repository,
         options,

@@ -117,7 +117,7 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
     for source in sources:
         source.check()
     inputs = len(sources) if producer is None else (args.pipes or 1)
-    repository = open_repository(repo_url(args.repo))
+    repository = open_repository(repo_url(args.repo), light=True)
     if chunk_size is None:
         chunk_size = default_chunk_size(repository.url)
     cloud = _uses_pipeline(repository, args)
@@ -268,7 +268,7 @@ def _abandon(args: argparse.Namespace) -> int:
     ref = BackupRef.parse(args.abandon)
     if ref.is_latest or args.resume or args.run or args.input or args.name:
         raise UsageError("--abandon takes the exact NAME@ID of a held backup, and nothing else to back up")
-    engine = _engine_for(open_repository(repo_url(args.repo)), args)
+    engine = _engine_for(open_repository(repo_url(args.repo), light=True), args)
     if not isinstance(engine, CloudEngine):
         raise UsageError("--abandon gives up a held cloud backup; this is a local repository")
     with Progress.for_command(args) as progress:
@@ -285,7 +285,7 @@ def _resume_command_backup(args: argparse.Namespace, ref: BackupRef, progress: P
         raise UsageError("--input and a command after -- exclude each other: the command's output is the backup")
     from braid.agent.cloud_engine import CloudEngine
 
-    engine = _engine_for(open_repository(repo_url(args.repo)), args)
+    engine = _engine_for(open_repository(repo_url(args.repo), light=True), args)
     if not isinstance(engine, CloudEngine):
         raise UsageError("--resume continues a cloud backup; a local backup of a command cannot be resumed: run it again")
     manifest = engine.resume_staged(ref, progress)
@@ -316,7 +316,7 @@ def _published(manifest: Manifest, args: argparse.Namespace, progress: Progress)
 def cmd_status(args: argparse.Namespace) -> int:
     from braid.adapters.aws.wiring import cloud_engine
 
-    repository = open_repository(repo_url(args.repo))
+    repository = open_repository(repo_url(args.repo), light=True)
     if not repository.config.cloud:
         raise UsageError("status follows cloud pipeline executions; this is a local repository: use braid show NAME@ID / braid list")
     ref = _newest(repository, BackupRef.parse(args.backup))

@@ -36,7 +36,7 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
         return 0
     from braid.cli.compose import open_repository, repo_url
 
-    repository = open_repository(repo_url(args.repo))
+    repository = open_repository(repo_url(args.repo), light=True)  # paid once per WAL segment: no botocore where it applies
     result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level)
     if args.json:
         from braid.cli.render import print_json
