@@ -208,3 +208,26 @@ def test_handlers_added_to_botocore_turn_the_light_clients_off(clean: Path, monk
     monkeypatch.setattr(botocore.handlers, "BUILTIN_HANDLERS", [*botocore.handlers.BUILTIN_HANDLERS, ("before-send", foreign)])
     assert light_clients._hooked()
     assert not isinstance(s3_client(light=True), LightS3)
+
+
+def test_temporary_credentials_are_fetched_again_five_minutes_before_they_expire(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backup outlives an instance role's credentials: the cache resolves again near expiry, and keeps static ones."""
+    now = [1_000_000.0]
+    monkeypatch.setattr(light_credentials.time, "time", lambda: now[0])
+    fresh = light_credentials.Resolved(light_credentials.Credentials("ASIANEW", "new", "t2"), "instance-role", now[0] + 3600)
+    calls: list[int] = []
+
+    def resolve() -> light_credentials.Resolved:
+        calls.append(1)
+        return fresh
+
+    monkeypatch.setattr(light_credentials, "resolve", resolve)
+    first = light_credentials.Resolved(light_credentials.Credentials("ASIAOLD", "old", "t1"), "instance-role", now[0] + 900)
+    cache = light_credentials.CredentialCache(first)
+    assert cache.get().access_key == "ASIAOLD" and not calls  # 15 minutes left: kept
+    now[0] += 601  # 4 min 59 s left
+    assert cache.get().access_key == "ASIANEW" and len(calls) == 1
+    assert cache.get().access_key == "ASIANEW" and len(calls) == 1  # the new ones last an hour
+    static = light_credentials.CredentialCache(light_credentials.Resolved(light_credentials.Credentials("AKIA", "s", None), "env"))
+    now[0] += 10**9
+    assert static.get().access_key == "AKIA" and len(calls) == 1  # no expiry: never resolved again
