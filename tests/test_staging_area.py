@@ -28,7 +28,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.staging.keys import fold_key, parse_round_key, result_key, round_key, wrapped_key_key
+from braid.format.staging.keys import WRAPPED_KEY, fold_key, parse_round_key, result_key, round_key, staging_key
 from braid.ports.pipeline import PlainStoreJanitor
 
 CHUNK = 100
@@ -73,7 +73,7 @@ def test_listing_parsers_invert_the_key_builders() -> None:
     assert parse_round_key(ref, round_key(ref, 7)) == 7
     for key in (session_key(ref), segment_record_key(ref, 3, 12), segment_key(other, 3, 12), f"{segment_key(ref, 3, 12)}.tmp"):
         assert parse_segment_key(ref, key) is None
-    for key in (round_key(other, 7), result_key(ref, 7), stream_end_key(ref), wrapped_key_key(ref)):
+    for key in (round_key(other, 7), result_key(ref, 7), stream_end_key(ref), staging_key(ref, WRAPPED_KEY)):
         assert parse_round_key(ref, key) is None
 
 
@@ -252,8 +252,8 @@ def test_a_wrapped_key_bound_elsewhere_or_malformed_is_refused(area: StagingArea
     area.write_wrapped_key(wrapped_of(area))
     with pytest.raises(IntegrityError, match=f"staged data key of {area.ref} is bound to .*, not to this backup"):
         area.read_wrapped_key("another-repository")
-    area.store.put(wrapped_key_key(area.ref), b'{"key_id": "k1"}')
-    with pytest.raises(IntegrityError, match=f"staged data key {wrapped_key_key(area.ref)} of {area.ref} is malformed"):
+    area.store.put(staging_key(area.ref, WRAPPED_KEY), b'{"key_id": "k1"}')
+    with pytest.raises(IntegrityError, match=f"staged data key {staging_key(area.ref, WRAPPED_KEY)} of {area.ref} is malformed"):
         area.read_wrapped_key(REPOSITORY)
 
 

@@ -38,7 +38,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.staging.keys import segment_records_prefix
+from braid.format.staging.keys import SEGMENT_RECORDS, staging_key
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.ports.multipart import MultipartStore, StoredPart
 from braid.ports.pipeline import MultipartJanitor
@@ -215,7 +215,7 @@ def run(
 
 
 def records(store: ObjectStore) -> list[SegmentRecord]:
-    found = [SegmentRecord.from_bytes(store.get(info.key)) for info in store.list(segment_records_prefix(REF))]
+    found = [SegmentRecord.from_bytes(store.get(info.key)) for info in store.list(staging_key(REF, SEGMENT_RECORDS))]
     return sorted(found, key=lambda r: (r.input_index, r.segment))
 
 
@@ -590,7 +590,7 @@ def test_a_resume_racing_the_removal_of_its_staging_finds_nothing_to_resume(tmp_
     data = stream(CHUNK * 8 + 77)
     run(store, [data])
     area = StagingArea(store, REF)
-    first_record = next(info.key for info in store.list(segment_records_prefix(REF)))
+    first_record = next(info.key for info in store.list(staging_key(REF, SEGMENT_RECORDS)))
     store.trigger = stream_end_key(REF) if trigger == "stream-end" else first_record
     with pytest.raises(NotFoundError, match="staging was removed"):
         resume(store, inputs=["/pipe0"])

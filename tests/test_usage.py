@@ -212,7 +212,7 @@ def test_records_carry_usage_optionally() -> None:
     assert ItemResult.from_bytes(ItemResult(0, entries).to_bytes(), "r").usage is None  # an older worker's record
     doc = json.loads(with_usage.to_bytes())
     doc["usage"]["transitions"] = 1
-    with pytest.raises(IntegrityError, match="result record results/x.json is malformed: result record results/x.json: usage must be"):
+    with pytest.raises(IntegrityError, match="result record results/x.json is malformed: usage must be"):
         ItemResult.from_bytes(json.dumps(doc).encode(), "results/x.json")
 
     end = StreamEnd([10], [1], usage=USAGE)

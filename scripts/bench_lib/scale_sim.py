@@ -22,7 +22,7 @@ invocation makes. What is synthetic, and said so:
   measured by scripts/bench cloud-model, assumed 0.45 s on arm64 here);
 - time: a virtual clock. `plan_next_round` takes the clock and its sleep,
   so a 61-hour watch runs in seconds; each request adds `REQUEST_SECONDS`,
-  reads done in parallel (braid.format.staging.reads.READ_THREADS) add it once per wave,
+  reads done in parallel (braid.format.staging.results.READ_THREADS) add it once per wave,
   and the Python CPU of each invocation is scaled by the function's share of
   a vCPU (botocore's per request too). That CPU is priced from the work the
   call did, counted (record bytes read and written, requests, keys listed),
@@ -74,7 +74,7 @@ from braid.format.manifest import ChunkEntry
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.staging import ItemResult, MapItem, Round, SegmentRecord, SessionRecord, StagingArea, StreamEnd, segment_key
 from braid.format.staging.keys import agent_lease_key, running_key, running_prefix, stream_end_key
-from braid.format.staging.reads import READ_THREAD_NAME, READ_THREADS
+from braid.format.staging.results import READ_THREAD_NAME, READ_THREADS
 from braid.format.staging.wake import WakeRecord
 from braid.format.timestamps import utc_now
 from braid.pipeline import account_budget, item_flow
@@ -1050,7 +1050,7 @@ def _run_items(
             if spans is not None:  # when the item's worker ran, on the virtual clock
                 spans.append((now + start + began, now + start + began + seconds))
             entries = []
-            for pack in packs_of(item.chunks(), CHUNKS_PER_PACK, timeline.packs)[:stored]:  # one object per pack, as the worker stores them
+            for pack in packs_of(item.chunks(), timeline.packs)[:stored]:  # one object per pack, as the worker stores them
                 offset = 0
                 for piece in pack:
                     size = max(1, int(piece.length * ratio))

@@ -29,7 +29,7 @@ from braid.format.staging import (
     session_key,
     stream_end_key,
 )
-from braid.format.staging.keys import agent_lease_key, fold_key, folds_prefix
+from braid.format.staging.keys import FOLDS, agent_lease_key, fold_key, staging_key
 from braid.pipeline import pacing
 from braid.pipeline.decide import StagingStalledError, items_for_segments
 from braid.pipeline.failure import HoldEntry, hold_entry
@@ -195,7 +195,7 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
     # The last map's items file, one LIST of its results, the stream end (is it the last map?) and the
     # map's result records (folded into one); then the watch's reads.
     assert (checked.status, store.gets, store.lists) == ("waiting", 1 + 1 + 2 + 4, 1)
-    assert len(list(store.list(folds_prefix(ref)))) == 40
+    assert len(list(store.list(staging_key(ref, FOLDS)))) == 40
     store.gets = store.lists = 0
     idle = watch(store, ref, clock, checked.to_json()["cursor"], seconds=0)
     # session, the next segment record (not there), stream end, the lease: whatever came before.
@@ -210,7 +210,7 @@ def test_a_planner_with_its_cursor_reads_only_what_is_new(tmp_path: Path) -> Non
     finish(store, ref, last)
     assert watch(store, ref, clock, last.to_json()["cursor"], seconds=0).status == "done"
     # The last map is not folded (Finalize comes next and reads its few records itself).
-    assert fold_key(ref, 41, 0) not in {info.key for info in store.list(folds_prefix(ref))}
+    assert fold_key(ref, 41, 0) not in {info.key for info in store.list(staging_key(ref, FOLDS))}
     # The round files, which a call without a cursor rebuilds it from, agree.
     indexes = sorted(c.index for r in StagingArea(store, ref).read_rounds() for item in r.items for c in item.chunks())
     assert indexes == list(range(161))
@@ -236,7 +236,7 @@ def test_with_the_results_index_off_the_planner_folds_nothing_and_finalize_reads
         store, ref, max_concurrency=2, max_chunks_per_item=3, poll_seconds=5, stall_seconds=3600, cursor=cursor,
         watch_seconds=0, clock=clock, sleep=clock.sleep, policies=Policies.without(["results_index"]),
     )
-    assert checked.status == "waiting" and list(store.list(folds_prefix(ref))) == []
+    assert checked.status == "waiting" and list(store.list(staging_key(ref, FOLDS))) == []
     area = StagingArea(store, ref)
     rounds = area.read_rounds()
     expected = [entry for found in rounds for item in found.items for entry in result_of(item).entries]

@@ -31,7 +31,7 @@ from braid.format.staging import (
     segment_record_key,
     stream_end_key,
 )
-from braid.format.staging.keys import failure_key, fold_key, folds_prefix, result_key, segments_prefix
+from braid.format.staging.keys import FOLDS, SEGMENTS, failure_key, fold_key, result_key, staging_key
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader
@@ -231,7 +231,7 @@ def test_the_planner_removes_each_finished_segment_through_purge_by_version(stag
     """Plan's early removal goes through `purge` (on S3: every version of exactly that key), never a plain delete."""
     prepare_backup(staged.store, staged.keys, staged.ref)
     key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
-    segments = sorted(info.key for info in staged.store.list(segments_prefix(staged.ref)))
+    segments = sorted(info.key for info in staged.store.list(staging_key(staged.ref, SEGMENTS)))
     purged: list[str] = []
     deletes: list[list[str]] = []
     plain_delete = staged.store.delete
@@ -345,7 +345,7 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
         if name != stream_end_key(staged.ref):
             staged.store.put(name, body)
     status = plan(first.to_json()["cursor"])  # checks round 1's map and folds it (the stream still arrives), then plans the rest
-    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0)]
+    assert [info.key for info in staged.store.list(staging_key(staged.ref, FOLDS))] == [fold_key(staged.ref, 1, 0)]
     # The stream ends before round 2's workers run: round 2 was planned while it arrived, so its items are cut
     # items, and each worker stops after its first pack; the planner gives their last packs to round 3.
     staged.store.put(stream_end_key(staged.ref), later[stream_end_key(staged.ref)])
@@ -357,7 +357,7 @@ def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
             process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes)
         status = plan(status.to_json()["cursor"])
     # After stream end only the cut results are folded: the prefixes the planner planned the rest after.
-    assert [info.key for info in staged.store.list(folds_prefix(staged.ref))] == [fold_key(staged.ref, 1, 0), fold_key(staged.ref, 2, 0)]
+    assert [info.key for info in staged.store.list(staging_key(staged.ref, FOLDS))] == [fold_key(staged.ref, 1, 0), fold_key(staged.ref, 2, 0)]
     folded = RoundFold.from_bytes(staged.store.get(fold_key(staged.ref, 2, 0)), "fold")
     two_chunk = [item for item in second if item.count > 1]
     assert two_chunk and [(r.first_index, len(r.entries)) for r in folded.results] == [(item.first_index, 1) for item in two_chunk]

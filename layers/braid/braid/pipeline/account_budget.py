@@ -1,17 +1,13 @@
 """Concurrent backups share the account's worker concurrency: each map runs at most its backup's share of one budget.
 
-The budget is the worker's reserved concurrency when the stack reserves one, else
-contract.DEFAULT_WORKER_CONCURRENCY (braid.adapters.aws.lambda_env.worker_concurrency):
-what every backup of the stack may run at once, together. When a planner plans a
-round it registers its backup (a small object, staging/_running/NAME/ID/STAMP,
-renewed every REFRESH_SECONDS), counts the backups registered in the last
-REGISTRATION_SECONDS (one LIST) and runs the round's map at
-budget // running, at most its --fan-out (why, and the figures:
-docs/design/2026-11-28-account-budget-and-precompression.md).
-
-A planner that is done removes its registrations; one that failed is no longer
-counted after REGISTRATION_SECONDS, and the next planner (or its own backup's
-staging removal: StagingArea.remove) deletes them.
+The budget (braid.adapters.aws.lambda_env.worker_concurrency) is what every
+backup of the stack may run at once, together. A planner planning a round
+registers its backup (staging/_running/NAME/ID/STAMP, renewed every
+REFRESH_SECONDS), counts the backups registered in the last
+REGISTRATION_SECONDS (one LIST) and runs the map at budget // running, at
+most its --fan-out (docs/design/2026-11-28-account-budget-and-precompression.md).
+A planner that is done removes its registrations; a failed one's expire,
+and the next planner (or its staging's removal) deletes them.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Cleanup: after any failure, leave nothing half-done and say why.
 
-Aborts multipart uploads (S3 bills their parts until aborted), deletes the
-backup's partial chunks and its staging, emits "Backup Failed", and returns
-the error and a cause a person can act on, which the state machine's Fail
-state reports and the agent prints.
-
-Two guards:
-
-- if the manifest was already published (Finalize failed after publishing,
-  e.g. while deleting staging), the backup exists and its chunks are kept;
-  only staging goes;
-- if the execution is not named after the backup its input names (someone
-  started an execution with another backup's name in its input), nothing of
-  that backup is touched and no event is sent: Cleanup only reports.
-
-The cause names the worker's own error when a worker left a failure record
-in staging (on AWS the map reports only States.ExceedToleratedFailureThreshold).
-A Fail state may not report an error name that begins with "States." (AWS
-reserves them), so such errors are reported as "BackupFailed", the original
-name kept in the cause.
+Aborts multipart uploads, deletes the backup's partial chunks and its
+staging, emits "Backup Failed", and returns the error and a cause a person
+can act on (the Fail state reports it; the agent prints it). A published
+manifest (Finalize failed after publishing) keeps the backup's chunks: only
+staging goes. An execution not named after its input's backup touches
+nothing and sends no event: it only reports. The cause names the first
+failed worker's own error from staging; an error named `States.*` (AWS
+reserves them for a Fail state) is reported as "BackupFailed", its name
+kept in the cause.
 """
 
 from __future__ import annotations

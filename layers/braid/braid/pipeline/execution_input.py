@@ -1,28 +1,19 @@
 """The input of one backup's Step Functions execution: the agent ↔ pipeline contract.
 
-The agent starts one execution per backup, named by the backup id, with this
-document as input. Everything else the pipeline needs is in S3 under the
-backup's staging prefix (see braid.format.staging), so the input stays tiny
-and the same execution can be followed, or found again, from any host.
+The agent starts one execution per backup, named `NAME@ID`, with this tiny
+document as input; everything else is in staging (braid.format.staging):
 
     {"protocol": 4, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
      "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600,
      "policies": {"taper": true, ...}}
 
-`protocol` is the staging protocol the agent speaks
-(braid.format.staging.protocol): the pipeline refuses another
-(ProtocolMismatchError, naming both). Integers must be JSON integers.
-`policies`: the optimisations the agent chose for this backup
-(braid.pipeline.policies; absent: every one on).
-
-`prefix` is the repository's key prefix inside the stack's bucket ("" for
-the bucket root), so one stack can serve several repositories in a bucket.
-
-The state machine's first state adds `{"execution": {"name": $$.Execution.Name}}`
-to the state (overwriting anything the input put there), and every step
-checks that name against `backup` (`check_execution`): an execution started
-under one backup's name cannot make the pipeline process, or Cleanup
-delete, another backup.
+`protocol`: the staging protocol the agent speaks (another is refused:
+ProtocolMismatchError). `policies`: braid.pipeline.policies (absent: all
+on). `prefix`: the repository's key prefix in the bucket ("": its root).
+Integers must be JSON integers. The first state adds
+`{"execution": {"name": $$.Execution.Name}}`, and every step checks it
+against `backup` (`check_execution`): an execution started under one
+backup's name cannot process, or clean up, another backup.
 """
 
 from __future__ import annotations

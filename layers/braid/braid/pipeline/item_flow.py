@@ -1,23 +1,17 @@
 """How one map item's chunks flow through a worker: read ahead, encode, PUT packs.
 
-- **Reads run ahead of the codec**, in chunk order, up to `lanes` ranged
-  GETs at once; each of the first FIRST_RANGED_CHUNKS chunks, which the
-  codec waits for, is read as up to CHUNK_RANGES ranged GETs at once, the
-  rest one GET each (why: docs/design/2026-11-cloud-figures.md).
-- **Encoders** (ENCODERS threads, each with its own codec) take the chunks
-  in order and write each frame over the buffer its plaintext came in.
-- **A pack's PUT starts as soon as its last chunk is encoded**, on the I/O
-  threads, while the codec goes on; its buffers return to the pool when S3
-  answered.
-
-Packs are runs of consecutive chunks fixed from the item alone
-(braid.pipeline.worker.pack_sizes), so a retried worker forms the same
-objects. Memory is bounded by chunk buffers: at most `lanes` read ahead
-plus two packs (braid.agent.limits budgets the worker's memory from the same
-numbers), kept for the container's lifetime. Every task runs in the
-invocation's context (braid.ports.usage.in_context). A failure waits for
-every task already started before it is raised, so no thread still writes
-into a buffer the container's next invocation takes.
+Reads run ahead of the codec, in chunk order, up to `lanes` ranged GETs at
+once (each of the first FIRST_RANGED_CHUNKS chunks, which the codec waits
+for, as up to CHUNK_RANGES ranged GETs: docs/design/2026-11-cloud-figures.md);
+ENCODERS threads write each frame over its plaintext's buffer; a pack's PUT
+starts once its last chunk is encoded, and its buffers return to the pool
+when S3 answered. Packs are fixed by the item alone (MapItem.packs), so a
+retried worker forms the same objects. Memory is bounded: `lanes` chunk
+buffers read ahead plus two packs (braid.agent.limits budgets the same),
+kept for the container's lifetime. Every task runs in the invocation's
+context (braid.ports.usage.in_context); a failure waits for every task
+already started, so no thread still writes into a buffer the next
+invocation takes.
 """
 
 from __future__ import annotations
@@ -87,9 +81,8 @@ class ChunkLanes:
     def take(self, size: int) -> WritableBuffer:
         """A pooled buffer of at least `size` bytes (the pool's largest first), or a new one."""
         with self._lock:
-            fitting = [b for b in self._free if len(b) >= size]
-            if fitting:
-                buffer = fitting[0]
+            buffer = next((b for b in self._free if len(b) >= size), None)
+            if buffer is not None:
                 self._free.remove(buffer)
                 return buffer
             if self._free:
@@ -130,15 +123,11 @@ def store_item_chunks(
 ) -> list[ChunkEntry]:
     """Read, encode and store the chunks of `packs` (consecutive runs, in order); their entries, in order.
 
-    `fetch_range` reads part of a chunk into the view it is given (or returns
-    the bytes, which are then copied there) and raises if it gets fewer;
-    `check` raises if a whole chunk is not what the agent staged. `stop`
-    (a cut item's, braid.format.staging.MapItem.cut) is asked when the codec
-    reaches each pack after the first: True stores that pack and none after
-    it, and the entries are those of the packs before it (a pack a racing
-    encoder stored past the cut is left for the items that finish the cut
-    one: they store the same pack, create-only, and accept it). See the
-    module docstring for the flow."""
+    `fetch_range` reads part of a chunk into the view it is given (or returns the bytes, then copied there) and
+    raises if it gets fewer; `check` raises if a whole chunk is not what the agent staged. `stop` (a cut item's,
+    MapItem.cut) is asked as the codec reaches each pack after the first: True ends the item there, its entries
+    those of the packs before (a pack a racing encoder stored past the cut is stored again, create-only, by the
+    items that finish the cut one)."""
     flow = _ItemFlow(lanes, store, ref, input_index, buffer_size, key, level, fetch_range, check, chunks_per_pack, stop)
     try:
         return flow.run([piece for pack in packs for piece in pack], packs)

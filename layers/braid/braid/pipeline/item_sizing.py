@@ -24,8 +24,6 @@ def chunks_per_item(ready_chunks: int, max_concurrency: int, max_chunks_per_item
     """
     if streaming:
         return max(1, max_chunks_per_item)
-    if ready_chunks <= 0:
-        return 1
     wanted = -(-ready_chunks // max(1, max_concurrency))
     return max(1, min(max_chunks_per_item, wanted))
 

@@ -62,13 +62,8 @@ def add_metrics(values: Mapping[str, tuple[MetricUnit, float]]) -> None:
 
 
 def count_for_backup_name(metric: str, backup_name: str) -> None:
-    """One count of `metric` under its own dimensions, service and backup name, written at once.
-
-    A metric of its own: a backup_name dimension on the handler's shared
-    metrics would split every other metric per name too. Per name, because
-    "no backup of pg for a day" is the alarm a DBA needs, and a fleet-wide
-    count stays up while one database silently stops backing up.
-    """
+    """One count of `metric` under its own dimensions (service, backup name), written at once: a backup_name
+    dimension on the shared metrics would split every other metric per name (docs/design/2026-11-cloud-figures.md)."""
     with single_metric(
         name=metric, unit=MetricUnit.Count, value=1, namespace=contract.METRICS_NAMESPACE, default_dimensions={"service": contract.SERVICE_NAME}
     ) as named:

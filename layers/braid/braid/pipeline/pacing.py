@@ -1,44 +1,22 @@
 """Pacing: how often the backup execution plans a round, and how long one Plan call watches.
 
-The backup runs as one Standard execution (NAME@ID), and AWS fails an
-execution whose history reaches 25,000 events. Each turn of the
-Plan → SegmentsReady? → WaitForSegments|ProcessChunks loop adds a fixed
-number of events (9 for a wait, 13 for a map: scripts/bench_lib/scale_sim.py), so
-the loop's turns, not the backup's size, are what must be bounded:
+AWS fails an execution whose history reaches 25,000 events, and each turn
+of the Plan loop adds a fixed number (9 for a wait, 13 for a map), so the
+loop's turns, not the backup's size, are bounded (the reasoning and
+figures: docs/design/2026-11-cloud-figures.md):
 
-- **A Plan call watches for up to `WATCH_SECONDS`** (polling every
-  `POLL_INTERVAL_SECONDS` a few small objects: the next segment record of
-  each input, the stream-end record, now and then the agent's lease), so an
-  idle turn happens at most every ~7 minutes, however slow the stream, and
-  the end of the stream is noticed within seconds, not after a Wait.
-- **Rounds are spaced by `round_interval`**: at least `MIN_ROUND_SECONDS`
-  apart, and never more than `ROUND_SPREAD` rounds per doubling of the
-  execution's age, so a long execution plans proportionally bigger rounds.
-  Over an execution of T seconds that is about
-  ROUND_SPREAD × (1 + ln(T / (ROUND_SPREAD × MIN_ROUND_SECONDS))) rounds.
-  After stream end nothing waits: what is ready is planned at once.
-- **And a round waits for `ROUND_TARGET_CHUNKS`** ready chunks (or
-  `ROUND_MAX_SECONDS` since the last round, so a slow stream is still
-  processed as it arrives; `round_due`). Every round costs the same
-  whatever it carries, so rounds of a fixed volume bound a TiB's rounds
-  at any stream rate (the figures: docs/design/2026-11-cloud-figures.md).
+- a Plan call watches for up to `WATCH_SECONDS`, polling what is new every
+  `POLL_INTERVAL_SECONDS`;
+- rounds are `round_interval` apart at least (`MIN_ROUND_SECONDS`, and at
+  most `ROUND_SPREAD` rounds per doubling of the execution's age), and a
+  streaming round waits for `ROUND_TARGET_CHUNKS` ready chunks or
+  `ROUND_MAX_SECONDS` (`round_due`); after stream end nothing waits;
+- a call whose next round is over `SLEEP_BREAK_EVEN_SECONDS` away sleeps
+  instead (`sleep_plan`): the state machine waits in SleepUntilWoken for
+  the agent's wake (braid.format.staging.wake) or the sleep's timeout, at
+  most `SLEEP_MAX_SECONDS` and a quarter of the stall window.
 
-- **A Plan call that would watch long sleeps instead** (`sleep_plan`):
-  when the next round is more than `SLEEP_BREAK_EVEN_SECONDS` away (at the
-  stream's average rate so far), it returns "sleeping" and the state
-  machine waits in SleepUntilWoken for the agent to send back the task
-  token it leaves in staging (braid.format.staging.wake): once the round's
-  chunks are recorded, or the stream ends, or at the sleep's timeout (the
-  time-based due, at most `SLEEP_MAX_SECONDS` and a quarter of the stall
-  window, so a dead agent is still noticed; each timeout is another ~13
-  history events, so the cap is as long as stall detection allows).
-  `SLEEP_BREAK_EVEN_SECONDS` is how long a Plan call may watch for what
-  a sleep costs.
-
-The largest backup stays under half the history quota:
-tests/cloud/test_scale_simulation.py counts it by running the planner, and
-`scripts/bench cloud-model` prints it (dated figures:
-docs/design/2026-11-cloud-figures.md).
+tests/cloud/test_scale_simulation.py counts the largest backup's events.
 """
 
 from __future__ import annotations

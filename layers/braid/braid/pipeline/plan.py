@@ -1,33 +1,22 @@
 """Planning: from completed staging segments to Distributed Map items.
 
-The planner runs in a loop while the agent uploads. Each call watches
-staging for a while (braid.pipeline.pacing), reading only what is new (the
-next segment record of each input, the stream-end record: the cursor of
-braid.pipeline.plan_cursor says where), and once a round is due takes every
-segment the agent has completed since the last round, assigns those
-segments' chunks the next global chunk indexes, and writes them as one
-*round* (braid.format.staging: `plans/round-NNNNN.json`, a JSON array of
-map items, which is also what the Distributed Map's ItemReader reads).
-Requests per call grow with what is new, never with the backup.
-
-Round files are the ledger. They are written create-only and numbered, so
-index assignment is persisted and deterministic: a retried or racing planner
-that finds round N already written adopts it instead of renumbering, and the
-next round starts where the last one ended. Global indexes are therefore
-contiguous from 0 (the manifest requires that) but not ordered across inputs,
-which the format allows: an input's chunks are ordered by offset.
-
-A map item is a run of consecutive parts of one segment ("a few chunks",
-see braid.pipeline.item_sizing for why), never spanning two segments.
-What to do next is decided by braid.pipeline.decide, which does no I/O;
-this module reads staging for it and carries out its actions.
+Each Plan call watches staging for a while (braid.pipeline.pacing), reading
+only what is new beyond its cursor (braid.pipeline.plan_cursor), and when a
+round is due writes the segments completed since the last round as one
+*round* (`plans/round-NNNNN.json`, the map's items: braid.format.staging),
+their chunks numbered by the next global chunk indexes. Round files are the
+ledger: created once and numbered, so a retried or racing planner adopts
+round N rather than renumbering; indexes are contiguous from 0, in offset
+order within an input. An item is a run of consecutive parts of one
+segment (braid.pipeline.item_sizing). braid.pipeline.decide decides,
+without I/O; this module reads staging for it and acts.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from braid.contract import PlanKey, PlanState
@@ -57,26 +46,15 @@ class PlanStatus:
     planned_chunks: int = 0  # over all rounds so far
     idle_seconds: int = 0  # waited since the last progress (stall detection)
     wait_seconds: int = 0
-    cursor: PlanCursor | None = field(default=None, compare=False)
     # "sleeping": what the agent wakes the pipeline for (braid.format.staging.wake); wait_seconds is the sleep's timeout.
     wake_chunks: int = ONLY_AT_END
     wake_after_seconds: int = 0
+    cursor: PlanCursor | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         """The state's `$.plan` (braid.contract.PlanKey names every key)."""
-        return {
-            PlanKey.STATUS: self.status,
-            PlanKey.ROUND: self.round,
-            PlanKey.ITEMS_KEY: self.items_key,
-            PlanKey.ITEMS: self.items,
-            PlanKey.CHUNKS: self.chunks,
-            PlanKey.PLANNED_CHUNKS: self.planned_chunks,
-            PlanKey.IDLE_SECONDS: self.idle_seconds,
-            PlanKey.WAIT_SECONDS: self.wait_seconds,
-            PlanKey.WAKE_CHUNKS: self.wake_chunks,
-            PlanKey.WAKE_AFTER_SECONDS: self.wake_after_seconds,
-            **({PlanKey.CURSOR: self.cursor.to_json()} if self.cursor is not None else {}),
-        }
+        doc: dict[str, Any] = {PlanKey(f.name): getattr(self, f.name) for f in fields(self) if f.name != PlanKey.CURSOR}
+        return {**doc, PlanKey.CURSOR: self.cursor.to_json()} if self.cursor is not None else doc
 
 
 class StreamAbandonedError(BackupError):
@@ -101,9 +79,7 @@ def idle_since_progress(previous: Mapping[str, Any] | None) -> int:
 
 def carried_cursor(previous: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """The cursor the previous Plan call left in the state (`$.plan.cursor`), if any."""
-    if not previous:
-        return None
-    cursor = previous.get(PlanKey.CURSOR)
+    cursor = previous.get(PlanKey.CURSOR) if previous else None
     return cursor if isinstance(cursor, Mapping) else None
 
 
@@ -192,8 +168,8 @@ def _act(area: StagingArea, state: PlanCursor, action: Action, now: float, rules
     return _status(state, PlanState.HELD, wait_seconds=1) if action is Step.HOLD else _status(state, PlanState.DONE)
 
 
-def _status(state: PlanCursor, status: PlanState, **fields: Any) -> PlanStatus:
-    return PlanStatus(status, round=state.rounds, planned_chunks=state.chunks, cursor=state, **fields)
+def _status(state: PlanCursor, status: PlanState, **given: Any) -> PlanStatus:
+    return PlanStatus(status, round=state.rounds, planned_chunks=state.chunks, cursor=state, **given)
 
 
 def hold_step_failure(

@@ -1,27 +1,19 @@
-"""The planner's cursor: what earlier Plan calls already did, carried in the execution's state.
+"""The planner's cursor: what earlier Plan calls already did, carried in the execution's state (`$.plan.cursor`).
 
-Without it every Plan call re-read every segment record and every round
-(O(n) per call, O(n²) per backup: the review's multi-TiB failure). With it a
-call reads only what is new: for each input the *next* segment record by
-its key (segments are planned in order, so a record that is not there yet
-stops that input), and the stream-end record.
-
-The cursor lives in the state (`$.plan.cursor`), a few hundred bytes. The
-round files stay the ledger: a Plan call without a cursor (the first one, or
-one invoked directly) rebuilds it from them once, and a retried call that
-finds its round already written adopts that round and moves the cursor by
-it (StagingArea.write_round), so indexes are never assigned twice.
-
-It also carries the clocks of pacing and stall detection: when the
-execution began, when the last round was planned, and when the agent last
-showed progress (a new segment, or a refreshed lease).
+With it a call reads only what is new, O(1) per call rather than O(n):
+for each input the *next* segment record by its key (segments are planned
+in order), and the stream-end record. The round files stay the ledger: a
+call without a cursor rebuilds it from them once, and a retried call that
+finds its round written adopts it (StagingArea.write_round), so indexes
+are never assigned twice. It also carries the clocks of pacing and stall
+detection: the first call, the last round, the agent's last progress.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from braid.errors import IntegrityError, UsageError
@@ -42,27 +34,16 @@ class PlanCursor:
     lease: str = ""  # digest of the agent's lease as last read
     # The last map's items file, checked by the next call: {"key", "round", "attempt", "limit"} (braid.pipeline.replan).
     check: Mapping[str, Any] | None = None
-    # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (braid.format.staging.hold).
+    # Set while the backup is held: {"until": epoch seconds, "released_by": nonce} (HoldRecord, braid.format.staging.records).
     held: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rounds": self.rounds,
-            "chunks": self.chunks,
-            "segments": list(self.segments),
-            "offsets": list(self.offsets),
-            "started": self.started,
-            "last_round": self.last_round,
-            "progress": self.progress,
-            "lease": self.lease,
-            "check": dict(self.check) if self.check is not None else None,
-            "held": dict(self.held) if self.held is not None else None,
-        }
+        return {**asdict(self), "segments": list(self.segments), "offsets": list(self.offsets)}
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any], inputs: int) -> PlanCursor:
         try:
-            f = Fields(dict(doc), "planner cursor", ("rounds", "chunks", "segments", "offsets", "started", "progress"), _OPTIONAL)
+            f = Fields(dict(doc), "planner cursor", ("rounds", "chunks", "segments", "offsets", "started", "progress"), ("last_round", "lease", "check", "held"))
             last = doc.get("last_round")
             lease = doc.get("lease", "")
             if not isinstance(lease, str):
@@ -193,9 +174,6 @@ def rounds_cover_stream(ref: BackupRef, rounds: Iterable[Round], end: StreamEnd,
             offset += seg_length
         if offset != length or any(i == index and s >= count for i, s in spans):
             raise IntegrityError(f"backup {ref}: input {index} is {length} bytes by stream-end, its planned segments hold {offset}")
-
-
-_OPTIONAL = ("last_round", "lease", "check", "held")
 
 
 def _seconds(value: Any, name: str) -> float:

@@ -1,19 +1,14 @@
 """The cloud pipeline's optimisations: each a named policy, in one place, with an off switch.
 
-Contract: `Policies` is decided once, by the agent, when it starts a backup,
-and written into the execution input (`"policies": {name: true|false}`,
-every name, JSON booleans only: braid.pipeline.execution_input). The planner
-applies it where it decides (braid.pipeline.plan) and writes each outcome
-into the data it produces: a map item's pack sizes (`packs`) and `cut`
-flag, a "sleeping" status with its wake record. Workers, Finalize
-and the state machine read those outcomes and never recompute them, so a
-policy cannot change under a running backup. Off (`braid backup
---no-policy NAME`): the behaviour a plain planner would have.
-
-Each one stays only while it pays at the published network rate: it saves
->= $0.01/TiB or >= 2 s after stream end (issue 22; measured by `scripts/bench
-cloud-model`, figures in docs/design/2026-11-28-optimisations.md; the head
-pack, the inline final round and WarmFinalize did not, and were removed).
+`Policies` is decided once, by the agent, and written into the execution
+input (`"policies": {name: true|false}`, every name:
+braid.pipeline.execution_input). The planner applies it where it decides
+and writes each outcome into what it produces (an item's `packs` and `cut`,
+a "sleeping" status); workers, Finalize and the state machine read those
+outcomes and never recompute them, so a policy cannot change under a
+running backup. Off (`braid backup --no-policy NAME`): what a plain planner
+does. Each stays only while it pays (issue 22's bar, measured by `scripts/bench
+cloud-model`: docs/design/2026-11-28-optimisations.md).
 """
 
 from __future__ import annotations

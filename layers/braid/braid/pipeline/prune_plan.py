@@ -66,14 +66,7 @@ class SweepItem:
     def from_json(cls, doc: Mapping[str, Any]) -> SweepItem:
         with invalid_input("not a prune map item", IntegrityError, KeyError, TypeError, ValueError):
             f = Fields(dict(doc), "prune map item", ("n", "kind", "backup"), ("after", "until", "storage_class"))
-            item = cls(
-                f.count("n"),
-                f.text("kind"),
-                f.text("backup"),
-                str(f.doc.get("after", "")),
-                str(f.doc.get("until", "")),
-                str(f.doc.get("storage_class", "")),
-            )
+            item = cls(f.count("n"), f.text("kind"), f.text("backup"), *(str(doc.get(name, "")) for name in ("after", "until", "storage_class")))
         if item.kind not in (BACKUP, LEFTOVER, MOVE):
             raise UsageError(f"not a prune map item: unknown kind {item.kind!r}")
         if (item.kind == MOVE) != (item.storage_class in MOVABLE):
@@ -83,12 +76,8 @@ class SweepItem:
 
 
 def slices(ref: BackupRef, chunks: int, slice_chunks: int) -> list[tuple[str, str]]:
-    """Key ranges (after, until] that together cover `data/NAME/ID/` whatever its keys, `slice_chunks` chunks each.
-
-    The bounds are chunk keys, so slices are even for chunks named by
-    index; the last is open above, so an object of any other name (the
-    lease) is still swept, by exactly one slice.
-    """
+    """Key ranges (after, until] covering `data/NAME/ID/` whatever its keys, `slice_chunks` chunk keys apart; the last
+    is open above, so an object of any other name (the lease) is still swept, by exactly one slice."""
     bounds = [chunk_key(ref, end - 1) for end in range(slice_chunks, chunks, slice_chunks)]
     lows = ["", *bounds]
     highs = [*bounds, ""]

@@ -117,9 +117,9 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
     items = [SweepItem.from_json(doc) for doc in _json(repository, prune_items_key(run))]
     results = _results(repository, run)
     report = PruneReport(
-        run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])), locked=list(plan.get("locked", []))
+        run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])), locked=list(plan.get("locked", [])),
+        storage=dict(plan.get("storage", {})),
     )
-    report.storage = dict(plan.get("storage", {}))
     incomplete: set[str] = set()
     refused: set[str] = set()
     moves: dict[str, tuple[str, bool]] = {}  # backup -> (class, every slice moved)
@@ -133,7 +133,7 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
             if outcome not in (MOVED, GONE):
                 report.failed_items += 1
             continue
-        if outcome is None or outcome not in (DELETED, REFUSED, COLLECTED, SPARED):
+        if outcome not in (DELETED, REFUSED, COLLECTED, SPARED):
             report.failed_items += 1
             if item.kind == BACKUP:
                 incomplete.add(item.backup)

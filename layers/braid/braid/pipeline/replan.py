@@ -1,31 +1,17 @@
 """Failure keeps finished work: items without a result are planned again, then held for `--resume`.
 
-The map tolerates failed items (ToleratedFailurePercentage 100: on AWS a
-failing item would otherwise fail the whole map, and on moto a failed item
-is a null), and the Plan call after each map checks the map's items file
-itself: an item is finished when its result record exists. Then:
-
-- the staged segments whose chunks are all stored are deleted at once
-  (raw bytes need not wait for Finalize; `--resume` trusts segment records,
-  not the objects);
-- the finished items' result records are merged into the results index,
-  one fold per map (braid.format.staging.RoundFold), so Finalize reads a
-  fold per map instead of a record per item: the merge happens while the
-  stream still arrives, off the time after stream end. Not once the stream
-  has ended, nor with the index off (`fold=False`): the next step is the
-  final round or Finalize, which reads those few records faster itself
-  (one vCPU against the planner's 256 MB share of one). Cut results are
-  folded always: they are the prefixes the planner planned after;
-- unfinished items are planned again, `MAX_REPLANS` times (each item
-  already had its worker's retries inside its EXPRESS child);
-- if some are still unfinished, the backup is *held*: a HoldRecord in
-  staging names the first failed worker's error, and the execution waits up
-  to `HOLD_SECONDS` for a ResumeRequest (`braid backup --resume NAME@ID`)
-  that plans them again, only them; the end of the hold, or an abandon by
-  the agent, fails the execution and Cleanup removes the backup.
-
-Held, the execution adds ~9 history events per Plan watch (420 s): ~1,900
-over the 24-hour hold.
+The Plan call after each map checks the map's items file itself (the map
+tolerates failed items): an item is finished when its result record
+exists. Its staged segments whose chunks are all stored are deleted at
+once (`--resume` trusts segment records, not the objects); the finished
+results are folded into the results index while the stream arrives
+(`fold`; cut results always: docs/design/2026-11-28-results-index.md);
+unfinished items are planned again `MAX_REPLANS` times (each item already
+had its worker's retries inside its EXPRESS child); then the backup is
+*held*: a HoldRecord names the first failed worker's error, and the
+execution waits up to `HOLD_SECONDS` for a ResumeRequest
+(`braid backup --resume NAME@ID`) that plans them again. The end of the
+hold, or an abandon, fails the execution and Cleanup removes the backup.
 """
 
 from __future__ import annotations
@@ -69,19 +55,17 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bo
     """Check the last map's items: fold the finished items' results (unless `fold` is False), find what cut items
     left, re-plan unfinished items, and hold the backup (write the HoldRecord) when the re-plans are spent.
 
-    A cut item (MapItem.cut) whose worker stopped at stream end left its
-    last packs: they come back as `remainders`, items in the cut item's
-    pack layout, for the round the same Plan call plans next (the stream has
-    ended, so that is the final round, spread over many workers). The cut
-    results the remainders follow are folded even after stream end, so
-    Finalize reads exactly the prefix the planner planned after, whatever a
-    late attempt of the cut item writes over its record later. With
-    unfinished items as well, the remainders go into their retry file.
+    What a cut item (MapItem.cut) left comes back as `remainders`, in its
+    pack layout, for the final round the same Plan call plans; its cut
+    result is folded even after stream end, so Finalize reads exactly the
+    prefix planned after. With unfinished items, the remainders join their
+    retry file.
     """
     check = state.check
     if check is None or state.held is not None:  # held: watch_hold decides
         return MapChecked(state)
-    items = area.read_items(str(check["key"]), int(check["round"]))
+    number, attempt, limit = int(check["round"]), int(check["attempt"]), int(check["limit"])
+    items = area.read_items(str(check["key"]), number)
     finished, unfinished = area.finished_items(items)
     may_be_cut = [item for item in finished if item.cut]
     read = area.read_item_results(finished if fold else may_be_cut)
@@ -89,22 +73,21 @@ def check_last_map(area: StagingArea, state: PlanCursor, now: float, *, fold: bo
     remainders = tuple(item.remainder(len(read[item.first_index].entries)) for item in cut)
     pending = {item.segment for item in [*unfinished, *remainders]}
     if fold or cut:
-        area.fold_results(int(check["round"]), int(check["attempt"]), finished if fold else cut, read)
+        area.fold_results(number, attempt, finished if fold else cut, read)
     area.remove_segments((item.segment for item in finished if item.segment not in pending), purge)
     if not unfinished:
         return MapChecked(replace(state, check=None), None, remainders)
-    attempt, limit = int(check["attempt"]), int(check["limit"])
     again = [*unfinished, *remainders]
     if attempt < limit:
-        retry = area.write_retry(int(check["round"]), attempt + 1, again)
-        return MapChecked(replace(state, check=check_of(retry.key, int(check["round"]), attempt + 1, limit)), again)
+        retry = area.write_retry(number, attempt + 1, again)
+        return MapChecked(replace(state, check=check_of(retry.key, number, attempt + 1, limit)), again)
     failure = area.first_failure()
     first = min(unfinished, key=lambda i: i.first_index)
     cause = failure.describe() if failure is not None else f"chunks {first.first_index}..{first.end_index - 1}: no result after every retry"
     if remainders:
         # A resume maps the unfinished items of the checked file again, so the remainders join that file: held, the
         # re-plans are spent (attempt = limit >= 1), so it is this round's retry file of `attempt`, never its round file.
-        area.write_retry(int(check["round"]), attempt, [*items, *remainders])
+        area.write_retry(number, attempt, [*items, *remainders])
     return MapChecked(_hold(area, state, now, cause, len(unfinished)))
 
 
@@ -121,15 +104,10 @@ def _hold(area: StagingArea, state: PlanCursor, now: float, cause: str, items: i
 def hold_after_failure(area: StagingArea, state: PlanCursor, now: float, step: str, error: str, message: str) -> PlanCursor:
     """A coordinating step (PlanSegments, ProcessChunks, Finalize) failed after Prepare: hold the backup, as for items.
 
-    Why: the work already done (stored chunks, results, staged segments) is
-    hours of a large backup; one bad minute of S3 or KMS in a coordinator must
-    not throw it away. The HoldRecord names the step and its error for a
-    person; the execution then waits for `braid backup --resume` (which
-    continues from the cursor: the last map's unfinished items, more rounds,
-    or Finalize again) until the hold ends. Only errors that say this
-    backup can never finish skip the hold (the state machine sends those to
-    Cleanup: an abandoned stream, an ended hold, a stalled agent, an
-    execution not named after its backup)."""
+    The HoldRecord names the step and its error; a resume continues from the
+    cursor. Errors that say the backup can never finish (an abandoned stream,
+    an ended hold, a stalled agent, a misnamed execution) skip the hold: the
+    state machine sends those to Cleanup."""
     return _hold(area, state, now, f"{step} failed: {error}: {message}", 0)
 
 

@@ -1,23 +1,13 @@
 """Sweep: one item of a prune run's map: delete a slice of a removed backup, move a slice of a kept one, or collect a leftover.
 
-Runs as the worker of the prune state machine's Distributed Map (EXPRESS
-children, retried on transient errors), so every step here is safe to run
-twice and late:
-
-- A slice of a removed backup (its manifest gone, PlanPrune) is deleted a
-  LIST page and a DeleteObjects at a time, from its lower bound to its upper.
-  A manifest found first refuses the item (ids are never reused: something
-  is badly wrong) rather than delete a published backup's chunks. The
-  open-ended last slice also removes the backup's staging, as Cleanup does.
-- A move slice is moved object by object to its storage class
-  (braid.ops.storage_class.move_objects, which skips objects in the class
-  already), unless the backup's manifest is gone by now.
-- A leftover is judged again exactly as `braid prune` does
-  (braid.ops.leftovers.collect_leftover): a manifest that appeared since
-  the plan, or any activity within the grace period, spares it.
-
-Each item ends by writing its result record; TallyPrune counts an item
-without one as failed.
+Every step is safe to run twice and late (EXPRESS children, retried):
+a removed backup's slice is deleted a LIST page and a DeleteObjects at a
+time, refused if a manifest is found (ids are never reused); a move slice
+moves to its storage class (braid.ops.storage_class.move_objects) unless
+the manifest is gone by now; a leftover is judged again exactly as
+`braid prune` does (braid.ops.leftovers.collect_leftover). Each item ends
+by writing its result record; TallyPrune counts an item without one as
+failed.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from braid.format.layout import data_prefix, manifest_key, prune_result_key
 from braid.format.staging import StagingArea
 from braid.ops.leftovers import collect_leftover
 from braid.ops.storage_class import move_objects
-from braid.pipeline.prune_plan import BACKUP, MOVE, SweepItem
+from braid.pipeline.prune_plan import BACKUP, LEFTOVER, MOVE, SweepItem
 from braid.ports.pipeline import StagingJanitor
 from braid.ports.store import ObjectStore, list_after
 
@@ -75,32 +65,22 @@ def _delete_pages(store: ObjectStore, keys: Iterator[str]) -> int:
     return deleted
 
 
-def sweep_slice(store: ObjectStore, janitor: StagingJanitor, ref: BackupRef, after: str, until: str) -> str | int:
-    """Delete one slice of a removed backup's objects: how many, or REFUSED if it has a manifest. The open-ended
-    last slice also removes its staging as Cleanup does (StagingArea.remove: open uploads aborted, versions
-    purged), so a versioned bucket keeps no noncurrent copy of raw database bytes."""
-    if store.head(manifest_key(ref)) is not None:
-        return REFUSED
-    deleted = _delete_pages(store, _in_slice(store, data_prefix(ref), after, until))
-    if not until:
-        deleted += StagingArea(store, ref).remove(janitor)
-    return deleted
-
-
 def sweep_item(store: ObjectStore, janitor: StagingJanitor, item: SweepItem, *, run: str, now: datetime, grace: timedelta) -> SweepResult:
-    """Carry out one item and record its outcome (the record is what TallyPrune counts)."""
+    """Carry out one item and record its outcome (the record is what TallyPrune counts).
+
+    The open-ended last slice of a removed backup also removes its staging as Cleanup does (StagingArea.remove: open
+    uploads aborted, versions purged), so a versioned bucket keeps no noncurrent copy of raw database bytes."""
     ref = BackupRef.parse(item.backup)
-    if item.kind == BACKUP:
-        done = sweep_slice(store, janitor, ref, item.after, item.until)
-        result = SweepResult(item.n, item.kind, item.backup, REFUSED if done == REFUSED else DELETED, 0 if isinstance(done, str) else done)
+    published = item.kind != LEFTOVER and store.head(manifest_key(ref)) is not None
+    if item.kind == BACKUP and published:
+        outcome, objects = REFUSED, 0
+    elif item.kind == BACKUP:
+        objects = _delete_pages(store, _in_slice(store, data_prefix(ref), item.after, item.until))
+        outcome, objects = DELETED, objects + (0 if item.until else StagingArea(store, ref).remove(janitor))
     elif item.kind == MOVE:
-        if store.head(manifest_key(ref)) is None:
-            result = SweepResult(item.n, item.kind, item.backup, GONE)
-        else:
-            moved = move_objects(store, ref, item.storage_class, after=item.after, until=item.until)
-            result = SweepResult(item.n, item.kind, item.backup, MOVED, moved)
+        outcome, objects = (MOVED, move_objects(store, ref, item.storage_class, after=item.after, until=item.until)) if published else (GONE, 0)
     else:
-        collected = collect_leftover(store, ref, now, grace, janitor)
-        result = SweepResult(item.n, item.kind, item.backup, COLLECTED if collected else SPARED)
+        outcome, objects = COLLECTED if collect_leftover(store, ref, now, grace, janitor) else SPARED, 0
+    result = SweepResult(item.n, item.kind, item.backup, outcome, objects)
     store.put(prune_result_key(run, item.n), json.dumps(result.to_json(), sort_keys=True).encode())
     return result

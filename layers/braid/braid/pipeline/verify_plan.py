@@ -55,10 +55,7 @@ def chosen_backups(repository: Repository, request: VerifyRequest) -> list[Backu
     if request.backups == "all":
         return repository.backups()
     if request.backups == "latest":
-        newest: dict[str, BackupRef] = {}
-        for ref in repository.backups():  # oldest first
-            newest[ref.name] = ref
-        return sorted(newest.values())
+        return sorted({ref.name: ref for ref in repository.backups()}.values())  # oldest first: each name's newest stays
     return [repository.resolve(BackupRef.parse(b)) for b in request.backups]
 
 

@@ -47,13 +47,9 @@ class RunReport:
         return [r for r in self.records if not r.ok]
 
     def to_json(self, budget: int = OUTPUT_BUDGET) -> dict[str, Any]:
-        """The execution's output: `braid verify` prints these reports (braid.cli.render.print_verify_reports).
-
-        Step Functions caps a state's output at 256 KiB: a run over thousands
-        of backups (--all) first lists fewer failures per backup, then only
-        the backups that failed, counting the rest ("omitted_ok"); every
-        record beside its backup stays whole.
-        """
+        """The execution's output (braid.cli.render.print_verify_reports prints it), under Step Functions' 256 KiB: a run
+        over thousands of backups first lists fewer failures per backup, then only the failed backups, counting the rest
+        ("omitted_ok"); every record beside its backup stays whole."""
         for failures, only_failed in ((REPORTED_FAILURES, False), (1, False), (1, True)):
             reports = [self._report(r, failures) for r in self.records if not (only_failed and r.ok)]
             reports += [{"backup": g["backup"], "mode": g["mode"], "ok": False, "corrupt": False, "failures": [g["error"]]} for g in self.gone]
@@ -83,12 +79,8 @@ def _worker_error(row: Mapping[str, Any]) -> str:
 
 
 def export_key(s3_key: str) -> str:
-    """The repository-relative key of an object the map's ResultWriter exported.
-
-    Step Functions names the full S3 key; the stack points the ResultWriter
-    at `verify-runs/` under the repository's prefix, so the relative key
-    starts there.
-    """
+    """The repository-relative key of an object the map's ResultWriter exported: the stack points it at `verify-runs/`
+    under the repository's prefix, and Step Functions names the full S3 key."""
     at = s3_key.find(VERIFY_RUNS)
     if at < 0 or (at > 0 and s3_key[at - 1] != "/"):
         raise UsageError(f"the verify map exported its results to {s3_key}, outside {VERIFY_RUNS}: redeploy the stack")

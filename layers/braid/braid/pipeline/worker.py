@@ -1,19 +1,14 @@
 """Worker: one map item, a few consecutive parts of a staging segment.
 
-Each chunk is a ranged GET of its part (every part is chunk_size bytes but an
-input's last, so the range follows from the part number). The item's chunks
-are stored in packs of up to CHUNKS_PER_PACK consecutive chunks (pack_sizes),
-one create-only PUT each (braid.engine.chunk_worker.put_pack: the frames the
-local engine writes), so a retried or late worker forms the same packs and
-never replaces a published one. They flow through braid.pipeline.item_flow.
-The item's result goes to staging (an ItemResult record); the Lambda returns
-almost nothing.
-
-A worker that fails writes its error to staging (an ItemFailure record)
-before it re-raises, so Cleanup can tell a person the worker's real error;
-on AWS the map itself reports only States.ExceedToleratedFailureThreshold.
-The data key is unwrapped once per container and backup (DataKeyCache):
-KMS Decrypt is billed and throttled per request.
+Each chunk is a ranged GET of its part. The item's chunks are stored in the
+packs the planner chose (MapItem.packs), one create-only PUT each
+(braid.engine.chunk_worker.put_pack), so a retried or late worker forms the
+same packs and never replaces a published one; they flow through
+braid.pipeline.item_flow. The item's result goes to staging (an ItemResult
+record); a failing worker first writes an ItemFailure record, so Cleanup
+can name its real error (on AWS the map reports only
+States.ExceedToleratedFailureThreshold). The data key is unwrapped once per
+container and backup (DataKeyCache): KMS Decrypt is billed per request.
 """
 
 from __future__ import annotations
@@ -21,8 +16,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, pairwise
 from typing import Any
 
 from braid.contract import CHUNKS_PER_PACK
@@ -130,23 +126,14 @@ def check_part(ref: BackupRef, item: MapItem, piece: ChunkSlice, data: Buffer) -
         )
 
 
-def packs_of(pieces: Iterable[ChunkSlice], chunks_per_pack: int, sizes: Iterable[int] | None = None) -> list[list[ChunkSlice]]:
-    """The item's chunks as packs of consecutive chunks: `sizes` (MapItem.packs), else sized by pack_sizes."""
-    ordered = list(pieces)
-    packs = []
-    first = 0
-    for size in sizes if sizes is not None else pack_sizes(len(ordered), chunks_per_pack):
-        packs.append(ordered[first : first + size])
-        first += size
-    return packs
+def packs_of(pieces: Sequence[ChunkSlice], sizes: Iterable[int]) -> list[list[ChunkSlice]]:
+    """The item's chunks as packs of consecutive chunks, of `sizes` (MapItem.packs)."""
+    return [list(pieces[start:end]) for start, end in pairwise([0, *accumulate(sizes)])]
 
 
 class StreamEnded:
-    """Whether the backup's stream has ended, read from staging until it has (then remembered): a cut item's stop test.
-
-    One GET of the stream-end record per pack boundary: it is what lets a streaming
-    item be long without holding back the time after stream end (MapItem.cut).
-    The encoders ask one at a time, so no GET follows the one that found the end."""
+    """Whether the backup's stream has ended (a cut item's stop test): one GET of the stream-end record per pack
+    boundary until it has, then remembered; the encoders ask one at a time, so no GET follows the one that found it."""
 
     def __init__(self, area: StagingArea) -> None:
         self._area = area
@@ -180,7 +167,7 @@ def process_item(
         pieces = item.chunks()
         entries = tuple(
             store_item_chunks(
-                lanes, store, ref, packs_of(pieces, chunks_per_pack, item.packs), chunks_per_pack=chunks_per_pack,
+                lanes, store, ref, packs_of(pieces, item.packs), chunks_per_pack=chunks_per_pack,
                 input_index=item.input_index, stop=StreamEnded(StagingArea(store, ref)) if item.cut else None,
                 buffer_size=stored_size(str(ref), max(piece.length for piece in pieces)), key=key, level=level,
                 fetch_range=lambda piece, start, length, view: read_part_range(store, ref, item, piece, start, length, view),

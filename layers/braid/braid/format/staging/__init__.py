@@ -8,17 +8,16 @@ each segment once its chunks are all stored, Finalize and Cleanup delete the
 rest, and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
-keys: every key and the parsers listings need; records: what the agent
-writes; chain: captured members and an incremental's parent values; rounds:
-what the pipeline writes; failures: what a failed worker writes; area:
-StagingArea, the one reader and writer of all of them.
+keys: every key and the parsers listings need; protocol: the version and
+the strict codec; records: the flat records (the agent's, a hold, a worker's
+failure); chain: captured members and an incremental's parent values;
+rounds: the plan and the workers' results; wake: the wake record; area:
+StagingArea (on results' StagingResults), the one reader and writer of all.
 """
 
 from braid.format.staging.area import StagingArea
-from braid.format.staging.failures import ItemFailure
-from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import parse_segment_key, segment_key, segment_record_key, session_key, stream_end_key, wake_key
-from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.rounds import ChunkSlice, ItemResult, MapItem, Round, RoundFold
 from braid.format.staging.wake import WakeRecord
 

@@ -11,9 +11,9 @@ one reader with one validation and each failure one typed error:
     create-only write lost    AlreadyExistsError (session), or the winner is
                               adopted (wrapped key, rounds)
 
-The worker results and the planner's results index (folds) of them are its
-base's, StagingResults (braid.format.staging.results); how records are read
-(one, or many at once), StagingReads' (braid.format.staging.reads).
+How records are read (one, or many at once), the worker results and the
+planner's results index (folds) of them are its base's, StagingResults
+(braid.format.staging.results).
 """
 
 from __future__ import annotations
@@ -25,34 +25,34 @@ from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFou
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
 from braid.format.staging.chain import CapturedIndex, ParentRecord
-from braid.format.staging.failures import ItemFailure
-from braid.format.staging.hold import HoldRecord, ResumeRequest
 from braid.format.staging.keys import (
+    CAPTURED,
+    FAILURES,
+    HELD,
+    PARENT,
+    PARENT_MANIFEST,
+    RESULTS,
+    RESUME,
+    ROUNDS,
+    SEGMENT_RECORDS,
+    SEGMENTS,
+    WRAPPED_KEY,
     agent_lease_key,
-    captured_index_key,
     captured_member_key,
     failure_key,
-    failures_prefix,
-    held_key,
-    parent_manifest_key,
-    parent_record_key,
     parse_round_key,
     parse_segment_key,
     result_key,
-    resume_key,
     retry_key,
     round_key,
-    rounds_prefix,
     running_prefix,
     segment_record_key,
-    segment_records_prefix,
-    segments_prefix,
     session_key,
+    staging_key,
     stream_end_key,
     wake_key,
-    wrapped_key_key,
 )
-from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.results import StagingResults
 from braid.format.staging.rounds import MapItem, Round
 from braid.format.staging.wake import WakeRecord
@@ -96,7 +96,7 @@ class StagingArea(StagingResults):
     # -- segments ------------------------------------------------------------
     def read_segment_records(self, session: SessionRecord) -> list[SegmentRecord]:
         """Every record, each checked against the session, sorted by (input, segment)."""
-        records = [self._segment_record(session, info.key) for info in self.store.list(segment_records_prefix(self.ref))]
+        records = [self._segment_record(session, info.key) for info in self.store.list(staging_key(self.ref, SEGMENT_RECORDS))]
         return sorted((r for r in records if r is not None), key=lambda r: (r.input_index, r.segment))
 
     def read_segment_record(self, session: SessionRecord, input_index: int, segment: int) -> SegmentRecord | None:
@@ -121,12 +121,8 @@ class StagingArea(StagingResults):
 
     def segment_objects(self) -> list[tuple[int, int, ObjectInfo]]:
         """Completed segment objects as (input, segment, info), recorded or not (a resume needs both)."""
-        found = []
-        for info in self.store.list(segments_prefix(self.ref)):
-            parsed = parse_segment_key(self.ref, info.key)
-            if parsed is not None:
-                found.append((*parsed, info))
-        return found
+        listed = ((parse_segment_key(self.ref, info.key), info) for info in self.store.list(staging_key(self.ref, SEGMENTS)))
+        return [(*parsed, info) for parsed, info in listed if parsed is not None]
 
     # -- stream end ----------------------------------------------------------
     def read_stream_end(self) -> StreamEnd | None:
@@ -142,11 +138,11 @@ class StagingArea(StagingResults):
         index = CapturedIndex.of(members)
         for number, name in enumerate(index.names):
             self.store.put(captured_member_key(self.ref, number), members[name])
-        self.store.put(captured_index_key(self.ref), index.to_bytes())
+        self.store.put(staging_key(self.ref, CAPTURED), index.to_bytes())
 
     def read_captured(self) -> dict[str, bytes]:
         """The staged members, each checked against its index; empty when the agent staged none."""
-        index = self._read(captured_index_key(self.ref), CapturedIndex.from_bytes)
+        index = self._read(staging_key(self.ref, CAPTURED), CapturedIndex.from_bytes)
         if index is None:
             return {}
         keys = [captured_member_key(self.ref, number) for number in range(len(index.names))]
@@ -160,17 +156,17 @@ class StagingArea(StagingResults):
     def write_parent(self, record: ParentRecord, manifest: bytes | None = None) -> None:
         """Prepare's answer for an incremental: the parent's backup_manifest first, then the record naming it."""
         if manifest is not None:
-            self.store.put(parent_manifest_key(self.ref), manifest)
-        self.store.put(parent_record_key(self.ref), record.to_bytes())
+            self.store.put(staging_key(self.ref, PARENT_MANIFEST), manifest)
+        self.store.put(staging_key(self.ref, PARENT), record.to_bytes())
 
     def read_parent(self) -> tuple[ParentRecord, bytes | None] | None:
         """Prepare's answer and the parent's backup_manifest (checked against it); None until Prepare wrote it."""
-        record = self._read(parent_record_key(self.ref), ParentRecord.from_bytes)
+        record = self._read(staging_key(self.ref, PARENT), ParentRecord.from_bytes)
         if record is None:
             return None
         if record.manifest is None:
             return record, None
-        manifest_key = parent_manifest_key(self.ref)
+        manifest_key = staging_key(self.ref, PARENT_MANIFEST)
         data = self._get(manifest_key)
         if data is None:
             raise IntegrityError(f"the parent's backup_manifest of {self.ref} is missing from staging ({manifest_key})")
@@ -189,7 +185,7 @@ class StagingArea(StagingResults):
     # -- data key ------------------------------------------------------------
     def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:
         """The staged wrapped key, checked to be bound to this backup; None before Prepare ran."""
-        key = wrapped_key_key(self.ref)
+        key = staging_key(self.ref, WRAPPED_KEY)
         raw = self._get(key)
         if raw is None:
             return None
@@ -207,7 +203,7 @@ class StagingArea(StagingResults):
         if wrapped.context != encryption_context(repository_id, str(self.ref)):
             raise IntegrityError(f"refusing to stage a data key bound to {wrapped.context} for {self.ref}")
         try:
-            self.store.put(wrapped_key_key(self.ref), canonical_json(wrapped.to_json()), create_only=True)
+            self.store.put(staging_key(self.ref, WRAPPED_KEY), canonical_json(wrapped.to_json()), create_only=True)
             return wrapped
         except AlreadyExistsError:
             winner = self.read_wrapped_key(repository_id)
@@ -225,7 +221,7 @@ class StagingArea(StagingResults):
         have = {r.number for r in rounds}
         numbered = [
             (number, info.key)
-            for info in self.store.list(rounds_prefix(self.ref))
+            for info in self.store.list(staging_key(self.ref, ROUNDS))
             if (number := parse_round_key(self.ref, info.key)) is not None and number not in have
         ]
         for (number, key), raw in zip(numbered, self._get_many([key for _, key in numbered]), strict=True):
@@ -279,19 +275,19 @@ class StagingArea(StagingResults):
 
     # -- hold and resume -----------------------------------------------------
     def write_hold(self, hold: HoldRecord) -> None:
-        self.store.put(held_key(self.ref), hold.to_bytes())
+        self.store.put(staging_key(self.ref, HELD), hold.to_bytes())
 
     def read_hold(self) -> HoldRecord | None:
-        return self._read(held_key(self.ref), HoldRecord.from_bytes)
+        return self._read(staging_key(self.ref, HELD), HoldRecord.from_bytes)
 
     def clear_hold(self) -> None:
-        self.store.delete([held_key(self.ref)])
+        self.store.delete([staging_key(self.ref, HELD)])
 
     def write_resume_request(self, request: ResumeRequest) -> None:
-        self.store.put(resume_key(self.ref), request.to_bytes())
+        self.store.put(staging_key(self.ref, RESUME), request.to_bytes())
 
     def read_resume_request(self) -> ResumeRequest | None:
-        return self._read(resume_key(self.ref), ResumeRequest.from_bytes)
+        return self._read(staging_key(self.ref, RESUME), ResumeRequest.from_bytes)
 
     # -- failures ------------------------------------------------------------
     def write_failure(self, failure: ItemFailure) -> str:
@@ -303,8 +299,8 @@ class StagingArea(StagingResults):
     def first_failure(self) -> ItemFailure | None:
         """The failure of the lowest item that never stored a result (a retry that then succeeded is no failure);
         None when no worker recorded one. A malformed record is skipped: this only explains a failure."""
-        done = self._result_keys()
-        for info in sorted(self.store.list(failures_prefix(self.ref)), key=lambda i: i.key):
+        done = {info.key for info in self.store.list(staging_key(self.ref, RESULTS))}
+        for info in sorted(self.store.list(staging_key(self.ref, FAILURES)), key=lambda i: i.key):
             raw = self._get(info.key)
             if raw is None:
                 continue

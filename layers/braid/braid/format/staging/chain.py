@@ -1,11 +1,10 @@
-"""The staging records of a backup's captured members and of an incremental's parent (staging protocol 3).
+"""The staging records of a backup's captured members and of an incremental's parent (protocol 3; docs/format.md).
 
-- `captured.json` + `captured/N` (agent, before stream-end.json): the small
-  members its stream carried (braid.engine.capture), one object each, and an
-  index naming each with its size and SHA-256; Finalize reads them.
-- `parent.json` + `parent/backup_manifest` (Prepare, for an incremental):
-  the parent values the session asked for ("parent_values"), or why the chain
-  is refused; the agent, which holds no key, waits for it before its producer.
+`captured.json` + `captured/N`: the small members the agent's stream carried
+(braid.engine.capture), indexed with their size and SHA-256, for Finalize.
+`parent.json` + `parent/backup_manifest`: Prepare's answer to an
+incremental's agent (which holds no key), the parent values it asked for or
+why the chain is refused; the agent waits for it before its producer.
 """
 
 from __future__ import annotations

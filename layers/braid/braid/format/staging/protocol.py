@@ -9,24 +9,22 @@ of meeting records it would misread.
 
 Decoding is strict everywhere: an integer must be a JSON integer (`true`,
 `"0"` and `4.9` are refused, never coerced), a string a JSON string, and a
-document names exactly its fields.
-
-Versions (docs/format.md, "Cloud staging"):
-  1  no "protocol" field (until 2026-11-28).
-  2  "protocol" in session.json and the execution input; map items carry
-     their "packs"; "part" renamed where it meant a chunk ("first_chunk",
-     "segment_chunks", a segment record's "chunks" and "chunk_checksums").
-  3  incremental chains and captured members (braid.format.staging.chain).
-  4  the planner's folds are the one results index (compacted/ is gone);
-     the execution input carries "policies" (braid.pipeline.policies).
+document names exactly its fields. Record is that rule once for the flat
+records: a dataclass's fields are its document. What each version changed:
+docs/format.md, "Cloud staging".
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, ClassVar, Self
 
 from braid.errors import IntegrityError, UsageError
+from braid.format.canonical import canonical_json
+from braid.format.fields import Fields
+from braid.format.usage import Usage
 
 PROTOCOL = 4
 
@@ -55,3 +53,46 @@ def document(raw: bytes, what: str) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise IntegrityError(f"{what} is malformed: not JSON") from None
+
+
+def optional_usage(f: Fields, name: str) -> Usage | None:
+    """The Usage at `name` (braid.format.usage), or None when the field is absent."""
+    try:
+        return Usage.from_json(f.doc[name], name) if name in f.doc else None
+    except ValueError as exc:
+        raise IntegrityError(f"{f.what} is malformed: {exc}") from None
+
+
+# How a Record reads a field, by its annotation.
+_READERS: dict[str, Callable[[Fields, str], Any]] = {
+    "int": Fields.count,
+    "str": Fields.text,
+    "str | None": Fields.optional_text,
+    "list[int]": Fields.counts,
+    "list[str]": Fields.texts,
+    "Usage | None": optional_usage,
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    """A flat staging record: a frozen dataclass stored as the canonical JSON object of its fields, by name.
+
+    A None field is left out; a field with a default may be absent, any other must be there, an unknown one is
+    refused. Each is read by its annotation (_READERS: an `int` is a non-negative JSON integer); an IntegrityError
+    names KIND, the key and the field.
+    """
+
+    KIND: ClassVar[str]  # what the record is called in errors, before its key
+
+    def to_bytes(self) -> bytes:
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        return canonical_json({k: v.to_json() if isinstance(v, Usage) else v for k, v in doc.items() if v is not None})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str = "") -> Self:
+        what = f"{cls.KIND} {where}".rstrip()
+        specs = fields(cls)
+        optional = tuple(f.name for f in specs if f.default is not MISSING or f.default_factory is not MISSING)
+        doc = Fields(document(raw, what), what, tuple(f.name for f in specs if f.name not in optional), optional)
+        return cls(**{f.name: _READERS[str(f.type)](doc, f.name) for f in specs if f.name in doc.doc})

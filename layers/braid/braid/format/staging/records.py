@@ -1,11 +1,12 @@
-"""The records the agent writes to staging: session, segment records, stream end.
+"""The flat staging records: the agent's session, segment records and stream end; the planner's hold, a resume
+request, a worker's failure.
 
-Each record has one `to_bytes`, one `from_bytes` that checks every field's
-type and range (a damaged or hand-edited object fails here, with the key in
-the message, instead of as a TypeError three calls later), and one `check`
-against what it must agree with (the backup, the session). StagingArea calls
-both, so the agent and the pipeline refuse the same objects with the same
-IntegrityError.
+Each has one `to_bytes`, one `from_bytes` that checks every field's type
+and range (braid.format.staging.protocol.Record: a damaged or hand-edited
+object fails here, with the key in the message), and the agent's a `check`
+against what they must agree with (the backup, the session). StagingArea
+calls both, so the agent and the pipeline refuse the same objects with the
+same IntegrityError.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from braid.format.fields import Fields
 from braid.format.ids import BackupRef
 from braid.format.staging.chain import PARENT_VALUES
 from braid.format.staging.keys import segment_key
-from braid.format.staging.protocol import PROTOCOL, check_protocol, document
+from braid.format.staging.protocol import PROTOCOL, Record, check_protocol, document
 from braid.format.usage import Usage
+
+MAX_FAILURE_CAUSE = 2000
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,9 @@ class SessionRecord:
     parent_values: list[str] = field(default_factory=list)
 
     def to_bytes(self) -> bytes:
-        doc = {**asdict(self), "protocol": PROTOCOL}
-        doc.pop("lineage")
-        doc.pop("parent_values")
-        if self.lineage.is_incremental:
-            doc["lineage"] = self.lineage.to_json()
-            doc["parent_values"] = self.parent_values
+        doc = {**asdict(self), "protocol": PROTOCOL, "lineage": self.lineage.to_json()}
+        if not self.lineage.is_incremental:
+            del doc["lineage"], doc["parent_values"]
         return canonical_json(doc)
 
     @classmethod
@@ -63,7 +63,6 @@ class SessionRecord:
         Fields(doc, what, names, optional=("part_chunks", "ramp_parts", "protocol", *chain))
         check_protocol(doc, what)
         f = Fields(doc, what, (*names, "part_chunks", "protocol"), optional=("ramp_parts", *chain))
-        part_chunks = f.count("part_chunks")
         ramp_parts = f.count("ramp_parts") if "ramp_parts" in f.doc else 0
         lineage = Lineage()
         if "lineage" in f.doc:
@@ -76,7 +75,7 @@ class SessionRecord:
             raise IntegrityError(f"{what} is malformed: parent_values {values!r} (only an incremental asks for {', '.join(PARENT_VALUES)})")
         return cls(
             f.text("backup"), f.text("repository"), f.count("chunk_size"), f.count("segment_chunks"), f.count("level"), f.texts("inputs"),
-            f.text("created"), part_chunks, ramp_parts, lineage, values,
+            f.text("created"), f.count("part_chunks"), ramp_parts, lineage, values,
         )
 
     def check(self, ref: BackupRef, where: str) -> None:
@@ -92,8 +91,10 @@ class SessionRecord:
 
 
 @dataclass(frozen=True)
-class SegmentRecord:
+class SegmentRecord(Record):
     """Written by the agent once a segment's multipart upload completed."""
+
+    KIND = "segment record"
 
     input_index: int
     segment: int
@@ -106,19 +107,6 @@ class SegmentRecord:
     # worker checks the bytes it fetched against them before encoding, so
     # what gets encrypted is exactly what left the database host.
     chunk_checksums: list[str] = field(default_factory=list)
-
-    def to_bytes(self) -> bytes:
-        return canonical_json(asdict(self))
-
-    @classmethod
-    def from_bytes(cls, raw: bytes, where: str = "segment record") -> SegmentRecord:
-        what = f"segment record {where}"
-        names = ("input_index", "segment", "key", "offset", "length", "chunks", "checksum")
-        f = Fields(document(raw, what), what, names, optional=("chunk_checksums",))
-        return cls(
-            f.count("input_index"), f.count("segment"), f.text("key"), f.count("offset"), f.count("length"), f.count("chunks"),
-            f.text("checksum"), f.texts("chunk_checksums", []),
-        )
 
     def check(self, ref: BackupRef, session: SessionRecord) -> None:
         """Refuse a record that points outside its own staging object or has impossible sizes."""
@@ -137,13 +125,15 @@ class SegmentRecord:
 
 
 @dataclass(frozen=True)
-class StreamEnd:
+class StreamEnd(Record):
     """Written by the agent when every input ended: how long each was, in how many segments.
 
     Or, with `abandoned` (absent from an ordinary record) set, when the agent gives the stream up for good: the
     pipeline fails at its next poll with the reason as the cause and removes the staging; lengths and segments are
     then what the agent had sent so far.
     """
+
+    KIND = "stream-end record"
 
     lengths: list[int]  # per input, in input order
     segments: list[int]  # segment count per input
@@ -152,28 +142,67 @@ class StreamEnd:
     # optional: absent from older agents' records, and not part of what makes two ends equal.
     usage: Usage | None = field(default=None, compare=False)
 
-    def to_bytes(self) -> bytes:
-        usage = None if self.usage is None else self.usage.to_json()
-        doc = {"lengths": self.lengths, "segments": self.segments, "abandoned": self.abandoned, "usage": usage}
-        return canonical_json({k: v for k, v in doc.items() if v is not None})
-
     @classmethod
     def from_bytes(cls, raw: bytes, where: str = "stream-end.json") -> StreamEnd:
-        what = f"stream-end record {where}"
-        f = Fields(document(raw, what), what, ("lengths", "segments"), optional=("abandoned", "usage"))
-        abandoned = f.optional_text("abandoned")
-        if abandoned is not None and not abandoned.strip():
-            raise IntegrityError(f"{what} is malformed: abandoned must give a reason")
-        try:
-            usage = Usage.from_json(f.doc["usage"], "usage") if "usage" in f.doc else None
-        except ValueError as exc:
-            raise IntegrityError(f"{what} is malformed: {exc}") from None
-        end = cls(f.counts("lengths"), f.counts("segments"), abandoned, usage)
+        end = super().from_bytes(raw, where)
+        if end.abandoned is not None and not end.abandoned.strip():
+            raise IntegrityError(f"{cls.KIND} {where} is malformed: abandoned must give a reason")
         if len(end.lengths) != len(end.segments):
-            raise IntegrityError(f"{what} is malformed: {len(end.lengths)} lengths for {len(end.segments)} segment counts")
+            raise IntegrityError(f"{cls.KIND} {where} is malformed: {len(end.lengths)} lengths for {len(end.segments)} segment counts")
         return end
 
     def check(self, ref: BackupRef, session: SessionRecord) -> None:
         """The record describes the session's inputs, no more, no fewer."""
         if len(self.lengths) != len(session.inputs):
             raise IntegrityError(f"stream-end record of {ref} describes {len(self.lengths)} inputs; the session has {len(session.inputs)}")
+
+
+@dataclass(frozen=True)
+class HoldRecord(Record):
+    """Written by the planner when items failed past every re-plan (or a coordinating step failed): the execution
+    waits until `until`, keeping finished work and the unfinished items' segments, for `braid backup --resume`."""
+
+    KIND = "hold record"
+
+    cause: str  # the first failed worker's error, or "STEP failed: ERROR: MESSAGE", for a person
+    since: str  # Braid timestamp
+    until: str  # Braid timestamp: after it the pipeline fails and removes the backup
+    released_by: str  # the nonce of the resume request the hold predates ("" for none): a request with another nonce releases it
+    items: int  # map items without a result (0: a coordinating step failed)
+
+
+@dataclass(frozen=True)
+class ResumeRequest(Record):
+    """Written by `braid backup --resume NAME@ID`: a new nonce releases a hold, and the planner plans the
+    unfinished items again (only them)."""
+
+    KIND = "resume request"
+
+    nonce: str
+
+    @classmethod
+    def from_bytes(cls, raw: bytes, where: str = "") -> ResumeRequest:
+        request = super().from_bytes(raw, where)
+        if not request.nonce:
+            raise IntegrityError(f"{cls.KIND} {where} is malformed: empty nonce")
+        return request
+
+
+@dataclass(frozen=True)
+class ItemFailure(Record):
+    """A worker's `failures/<first index>.json`: the error it raised for one map item (its last attempt's), written
+    before it re-raises so Cleanup can name it (Step Functions reports only the map's). For a person: the cause is
+    cut to MAX_FAILURE_CAUSE characters."""
+
+    KIND = "failure record"
+
+    first_index: int
+    count: int
+    error: str
+    cause: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cause", self.cause[:MAX_FAILURE_CAUSE])
+
+    def describe(self) -> str:
+        return f"chunks {self.first_index}..{self.first_index + self.count - 1}: {self.error}: {self.cause}"

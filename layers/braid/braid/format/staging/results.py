@@ -1,28 +1,68 @@
-"""StagingResults: the worker results of one backup's staging, and the planner's results index of them.
+"""StagingResults: how one backup's staging is read, its worker results and the planner's results index of them.
 
-What a worker wrote for its map item (ItemResult) and what the planner
-merged of those records after each map (RoundFold: the results index) are
-read and checked here against the planned items by one reader
-(`read_results`), so Finalize gets every chunk's entry or an IntegrityError
-naming the first chunk without one. The base of StagingArea
-(braid.format.staging.area), which adds the other records.
+A missing record reads as None (callers decide whether that is an error);
+many small records are read READ_THREADS at once, in the order asked, each
+read counted for the step that asked (braid.ports.usage). A worker's result
+(ItemResult) and the planner's merge of them after each map (RoundFold: the
+results index) are checked against the planned items by one reader,
+`read_results`: Finalize gets every chunk's entry or an IntegrityError
+naming the first chunk without one. The base of StagingArea.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from braid.errors import IntegrityError
+from braid.errors import IntegrityError, NotFoundError
+from braid.format.ids import BackupRef
+from braid.format.layout import staging_prefix
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.keys import fold_key, folds_prefix, result_key, results_prefix
-from braid.format.staging.reads import StagingReads
+from braid.format.staging.keys import FOLDS, fold_key, result_key, staging_key
 from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
 from braid.format.usage import Usage
+from braid.ports.store import ObjectStore
+from braid.ports.usage import in_context
+
+# Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
+READ_THREADS = 32
+READ_THREAD_NAME = "braid-staging-read"
+
+T = TypeVar("T")
 
 
-class StagingResults(StagingReads):
-    """Result records and the results index (folds) of one backup's staging: written, read back and checked."""
+class StagingResults:
+    """One backup's staging in a store, how its records are read (one, or many at once), and its result records and
+    results index (folds): written, read back and checked."""
+
+    def __init__(self, store: ObjectStore, ref: BackupRef) -> None:
+        self.store = store
+        self.ref = ref
+
+    @property
+    def prefix(self) -> str:
+        """Repository-relative prefix of every object of this backup's staging."""
+        return staging_prefix(self.ref)
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.store.get(key)
+        except NotFoundError:
+            return None
+
+    def _read(self, key: str, parse: Callable[[bytes, str], T]) -> T | None:
+        """The record at `key` as `parse(raw, key)` reads it; None when there is none."""
+        raw = self._get(key)
+        return None if raw is None else parse(raw, key)
+
+    def _get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several small records at once (READ_THREADS in flight, not one request's latency after another), in the order asked."""
+        if len(keys) <= 1:
+            return [self._get(key) for key in keys]
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(keys)), thread_name_prefix=READ_THREAD_NAME) as pool:
+            return list(pool.map(in_context(self._get), keys))  # the reads count for the step that asked (braid.ports.usage)
 
     # -- results -------------------------------------------------------------
     def write_result(self, result: ItemResult) -> str:
@@ -34,21 +74,16 @@ class StagingResults(StagingReads):
     def read_results(self, rounds: Iterable[Round], usages: list[Usage] | None = None) -> list[ChunkEntry]:
         """Every planned chunk's entry, checked against its item; an error names the first chunk without one.
 
-        Each item's result comes from the results index (the folds: a LIST and
-        a GET per map), else from the item's own record (one GET per item no
-        fold covers: the last map's, and all of them when the planner indexed
-        none). A result from a fold is checked against its planned item
-        exactly as a record is. `usages`, if given, receives each result's
-        usage (those that have one)."""
+        Each item's result comes from the results index (the folds: a LIST and a GET per map), else from its own
+        record (one GET per item no fold covers), and is checked against its planned item either way. `usages`, if
+        given, receives each result's usage (those that have one)."""
         items = [item for found in rounds for item in found.items]
         known = self._read_folds()
         missing = [item for item in items if item.first_index not in known]
         keys = [result_key(self.ref, item.first_index) for item in missing]
         for item, key, raw in zip(missing, keys, self._get_many(keys), strict=True):
-            if raw is not None:
+            if raw is not None:  # else _item_results names the first chunk without a result
                 known[item.first_index] = ItemResult.from_bytes(raw, key)
-            elif not item.finishes_cut:  # one finishing a cut item without a record: for the cut item's chain to judge
-                raise self._never_stored(item)
         entries: list[ChunkEntry] = []
         for item in items:
             if item.finishes_cut:
@@ -60,48 +95,30 @@ class StagingResults(StagingReads):
         return entries
 
     def _item_results(self, item: MapItem, known: dict[int, ItemResult]) -> list[ItemResult]:
-        """The results that store `item`'s chunks, in order: its own, and, after a cut one, the results of the items
-        that finished it, each checked against its chunks of the item (whole packs of the item's layout).
+        """The results that store `item`'s chunks, in order, each checked against the chunks it covers: its own, and,
+        after a cut one, those of the items that finished it (whole packs of its layout), followed by first chunk
+        index wherever they were planned and read directly when no fold holds them.
 
-        Those are followed by first chunk index, wherever they were planned (a later round, or a retry file), and
-        read directly when no fold holds them: the cut result is the one the planner folded, so the rest start
-        exactly where the planner planned them."""
+        When none starts where the prefix the planner folded ends, the item's own record may list more (a later
+        attempt stored further: a planner call retried after a late attempt); its entries are the same stored packs
+        (create-only, identical layout), so only the rest is used."""
         found: list[ItemResult] = []
         done = 0
         while done < item.count:
-            index = item.first_index + done
-            result = known.get(index) or self._result(index)
+            rest = item.piece(done, item.count - done)
+            result = known.get(rest.first_index) or self._result(rest.first_index)
+            if result is None and done and (own := self._result(item.first_index)) is not None and len(own.entries) > done:
+                own.check(item, str(self.ref))
+                result = ItemResult(rest.first_index, own.entries[done:], None)
             if result is None:
-                longer = self._longer_prefix(item, done)
-                if longer is None:
-                    raise self._never_stored(item.piece(done, item.count - done))
-                found.append(longer)
-                done += len(longer.entries)
-                continue
-            known[index] = result
-            if done == 0:
-                result.check(item, str(self.ref))
-            else:
-                if not 0 < len(result.entries) <= item.count - done:
-                    raise IntegrityError(
-                        f"result for chunks {index}.. of {self.ref} lists {len(result.entries)} chunks, the rest of its cut item {item.count - done}"
-                    )
-                rest = item.piece(done, len(result.entries))
-                result.check(rest, str(self.ref))
+                raise IntegrityError(
+                    f"chunks {rest.first_index}..{rest.end_index - 1} of backup {self.ref} were never stored:"
+                    " their worker failed or did not run (see the execution's map run)"
+                )
+            result.check(rest, str(self.ref))
             found.append(result)
             done += len(result.entries)
         return found
-
-    def _longer_prefix(self, item: MapItem, done: int) -> ItemResult | None:
-        """The chunks of a cut item from `done` on, from its own record when that lists more than `done` (a later attempt
-        that stored further than the prefix the planner read: a planner call retried after a late attempt), else None.
-
-        Its entries before `done` are the same stored packs (create-only, identical layout), so only the rest is used."""
-        own = self._result(item.first_index)
-        if own is None or len(own.entries) <= done:
-            return None
-        own.check(item, str(self.ref))
-        return ItemResult(item.first_index + done, own.entries[done:], None)
 
     def _result(self, index: int) -> ItemResult | None:
         return self._read(result_key(self.ref, index), ItemResult.from_bytes)
@@ -143,7 +160,7 @@ class StagingResults(StagingReads):
 
     def _read_folds(self) -> dict[int, ItemResult]:
         """The results of every fold, by first chunk index (a malformed fold is an IntegrityError naming it)."""
-        keys = sorted(info.key for info in self.store.list(folds_prefix(self.ref)))
+        keys = sorted(info.key for info in self.store.list(staging_key(self.ref, FOLDS)))
         folded: dict[int, ItemResult] = {}
         for key, raw in zip(keys, self._get_many(keys), strict=True):
             if raw is None:  # deleted between LIST and GET: staging is being removed
@@ -152,25 +169,13 @@ class StagingResults(StagingReads):
                 folded[result.first_index] = result
         return folded
 
-    def _never_stored(self, item: MapItem) -> IntegrityError:
-        return IntegrityError(
-            f"chunks {item.first_index}..{item.end_index - 1} of backup {self.ref} were never stored:"
-            " their worker failed or did not run (see the execution's map run)"
-        )
-
     def processed_chunks(self, rounds: Iterable[Round]) -> int:
         """Chunks with a result so far (the agent's progress): one LIST, no GET.
 
         A cut item (MapItem.cut) counts whole once its worker wrote its result, and the items that finish it
         are not counted again: progress may run a pack or two ahead at the very end, never past the plan."""
-        present = self._result_keys()
-        return sum(
-            item.count for found in rounds for item in found.items
-            if not item.finishes_cut and result_key(self.ref, item.first_index) in present
-        )
-
-    def _result_keys(self) -> set[str]:
-        return {info.key for info in self.store.list(results_prefix(self.ref))}
+        finished, _ = self.finished_items(item for found in rounds for item in found.items if not item.finishes_cut)
+        return sum(item.count for item in finished)
 
     def finished_items(self, items: Iterable[MapItem]) -> tuple[list[MapItem], list[MapItem]]:
         """(finished, unfinished): by whether the item's result record exists.
@@ -183,8 +188,6 @@ class StagingResults(StagingReads):
         keys = [result_key(self.ref, item.first_index) for item in items]
         prefix = os.path.commonprefix([min(keys), max(keys)])
         present = {info.key for info in self.store.list(prefix)}
-        finished: list[MapItem] = []
-        unfinished: list[MapItem] = []
-        for item, key in zip(items, keys, strict=True):
-            (finished if key in present else unfinished).append(item)
-        return finished, unfinished
+        stored = [key in present for key in keys]
+        finished = [item for item, done in zip(items, stored, strict=True) if done]
+        return finished, [item for item, done in zip(items, stored, strict=True) if not done]

@@ -17,7 +17,7 @@ from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.manifest import ChunkEntry
-from braid.format.staging.protocol import document
+from braid.format.staging.protocol import document, optional_usage
 from braid.format.usage import Usage
 
 
@@ -46,11 +46,7 @@ def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[
     (MapItem.packs): a retried worker, and the items that finish a cut one, store the same packs. `taper` () is
     the policy off (braid.pipeline.policies).
     """
-    return _tapered(count, max(1, chunks_per_pack), taper)
-
-
-def _tapered(count: int, limit: int, taper: tuple[int, ...]) -> list[int]:
-    """Packs of at most `limit`, as even as possible, larger first, ending in `taper` (smallest last)."""
+    limit = max(1, chunks_per_pack)
     tail: list[int] = []
     left = count
     for size in taper:
@@ -118,7 +114,7 @@ class MapItem:
         """The item's chunks after its first `done` (a cut result), in this item's packs, never cut again."""
         if not 0 < done < self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no remainder after {done} chunks")
-        return replace(self._sub(done, self.count - done), cut=False)
+        return replace(self.piece(done, self.count - done), cut=False)
 
     def split(self, chunks: int) -> list[MapItem]:
         """The item as consecutive items of whole packs, each of about `chunks` chunks at most (one pack at least), same layout."""
@@ -127,20 +123,17 @@ class MapItem:
         taken = 0
         for size in self.packs:
             if taken and taken + size > max(1, chunks):
-                pieces.append(self._sub(start, taken))
+                pieces.append(self.piece(start, taken))
                 start, taken = start + taken, 0
             taken += size
         if taken:
-            pieces.append(self._sub(start, taken))
+            pieces.append(self.piece(start, taken))
         return pieces
 
     def piece(self, start: int, count: int) -> MapItem:
         """Chunks `start`..`start + count - 1` of this item as an item of its own, in this item's packs (which it must not split)."""
         if start < 0 or count < 1 or start + count > self.count:
             raise IntegrityError(f"map item for chunks {self.first_index}..{self.end_index - 1} has no chunks {self.first_index + start}+{count}")
-        return self._sub(start, count)
-
-    def _sub(self, start: int, count: int) -> MapItem:
         return MapItem(
             self.segment, self.input_index, self.segment_index, self.segment_offset, self.segment_length, self.chunk_size,
             self.first_chunk + start, count, self.first_index + start, self.checksums[start : start + count],
@@ -245,10 +238,6 @@ class Round:
             raise IntegrityError(f"plan round {key}: {exc.message}") from None
 
 
-def entry_to_json(entry: ChunkEntry) -> dict[str, Any]:
-    return {**entry.to_json(), "input_index": entry.input_index}
-
-
 _ENTRY_COUNTS = ("index", "input_index", "offset", "length", "stored_length", "pack", "pack_offset")
 
 
@@ -286,7 +275,8 @@ class ItemResult:
         return cls.from_json(document(raw, f"result record {where}"), where)
 
     def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": [entry_to_json(e) for e in self.entries]}
+        chunks = [{**e.to_json(), "input_index": e.input_index} for e in self.entries]
+        doc: dict[str, Any] = {"first_index": self.first_index, "count": len(self.entries), "chunks": chunks}
         if self.usage is not None:
             doc["usage"] = self.usage.to_json()
         return doc
@@ -296,10 +286,7 @@ class ItemResult:
         what = f"{kind} {where}"
         f = Fields(doc, what, ("first_index", "count", "chunks"), optional=("usage",))
         entries = tuple(entry_from_json(c, f"{what} chunk {n}") for n, c in enumerate(f.objects("chunks")))
-        try:
-            usage = Usage.from_json(doc["usage"], f"{what}: usage") if "usage" in doc else None
-        except ValueError as exc:
-            raise IntegrityError(f"{what} is malformed: {exc}") from None
+        usage = optional_usage(f, "usage")
         if f.count("count") != len(entries):
             raise IntegrityError(f"{what} is truncated")
         return cls(f.count("first_index"), entries, usage)

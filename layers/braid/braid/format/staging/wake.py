@@ -1,15 +1,12 @@
-"""The wake record `<staging>/wake`: how a sleeping backup pipeline asks the agent to wake it.
+"""The wake record `<staging>/wake`: how a sleeping backup pipeline asks the agent to wake it (docs/format.md).
 
-The state machine's SleepUntilWoken state writes it (an S3 PutObject with
-`.waitForTaskToken`; a timeout wakes it in any case) instead of a planner
-watching a slow stream; the agent reads it after each segment record and at
-the stream's end and sends the token back (SendTaskSuccess) once due.
-
-The body is what one `States.Format` can write: `CHUNKS AFTER TOKEN`, single
-spaces. Wake once the agent has recorded CHUNKS chunks in all (-1: only at
-the stream's end) and AFTER seconds have passed since it first read this
-token (by its own clock: a skewed clock delays a round, never hurries one).
-The stream's end always wakes. TOKEN has no spaces.
+SleepUntilWoken writes it with its task token (a timeout wakes it in any
+case); the agent sends the token back once due. The body is one
+`States.Format`: `CHUNKS AFTER TOKEN`, single spaces, TOKEN without any:
+wake once CHUNKS chunks are recorded in all (-1: only at the stream's end)
+and AFTER seconds passed since the agent first read the token (its own
+clock: a skewed clock delays a round, never hurries one), or once the
+stream ended.
 """
 
 from __future__ import annotations
@@ -43,6 +40,4 @@ class WakeRecord:
 
     def due(self, recorded_chunks: int, seen_for_seconds: float, ended: bool) -> bool:
         """Whether the agent should send the token now."""
-        if ended:
-            return True
-        return self.chunks != ONLY_AT_END and recorded_chunks >= self.chunks and seen_for_seconds >= self.after_seconds
+        return ended or (self.chunks != ONLY_AT_END and recorded_chunks >= self.chunks and seen_for_seconds >= self.after_seconds)
