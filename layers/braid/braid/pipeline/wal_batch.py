@@ -66,16 +66,25 @@ def records_of(body: str) -> Iterator[StagedRecord]:
         yield found
 
 
-def process_batch(event: Mapping[str, Any], process: Callable[[StagedRecord], Processed]) -> tuple[dict[str, list[dict[str, str]]], list[Processed]]:
-    """Process every message's records; the SQS partial batch response and what was done."""
-    failures: list[dict[str, str]] = []
-    done: list[Processed] = []
+def process_batch(
+    event: Mapping[str, Any], process: Callable[[list[StagedRecord]], list[Processed | BackupError]]
+) -> tuple[dict[str, list[dict[str, str]]], list[Processed]]:
+    """Process every message's records at once (`process`: one result per record); the SQS partial batch response and what was done."""
+    failures: dict[str, bool] = {}  # every message in order: whether it failed
+    records: list[tuple[str, StagedRecord]] = []
     for message in event.get("Records") or []:
         message_id = str(message.get("messageId", ""))
+        failures[message_id] = False
         try:
-            for record in records_of(str(message.get("body", ""))):
-                done.append(process(record))
-        except (BackupError, ValueError, KeyError, TypeError) as exc:
+            records += [(message_id, record) for record in records_of(str(message.get("body", "")))]
+        except (ValueError, KeyError, TypeError) as exc:
             log.error("message %s failed and is retried: %s: %s", message_id, type(exc).__name__, exc)
-            failures.append({"itemIdentifier": message_id})
-    return {"batchItemFailures": failures}, done
+            failures[message_id] = True
+    done: list[Processed] = []
+    for (message_id, record), result in zip(records, process([r for _m, r in records]), strict=True):
+        if isinstance(result, BackupError):
+            log.error("message %s failed and is retried: %s: %s: %s", message_id, record.file.name, type(result).__name__, result)
+            failures[message_id] = True
+        else:
+            done.append(result)
+    return {"batchItemFailures": [{"itemIdentifier": m} for m, failed in failures.items() if failed]}, done
