@@ -2,8 +2,9 @@
 
 Counted, not assumed: every S3 and KMS request of a pushed segment comes
 from running the real code (braid.ops.wal_stage.stage_wal on the host,
-braid.ops.wal_process.process_staged in the WAL worker) over synthetic
-16 MiB segments against counting stores (`count_requests`). What the
+braid.ops.wal_pack_process.process_staged_files in the WAL worker, one full
+batch, the policy wal-pack on or off) over synthetic segments against
+counting stores (`count_requests`). What the
 stack deploys comes from braid.contract (the worker's memory, timeout,
 batch size and batching window). Prices are the one table
 (braid.format.prices, us-east-1 list prices) plus SQS's, which it lacks.
@@ -188,10 +189,12 @@ def _segment(name: str, size: int) -> bytes:
     return header + os.urandom(size - len(header))
 
 
-def count_requests(segments: int = 8, size: int = 1 * MiB) -> Requests:
+def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True) -> Requests:
     """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), then
-    process them as the WAL worker does (one container: the repository and archive record read once)."""
+    process them as the WAL worker does: one full batch (one container: the repository and archive record read
+    once), with the policy `wal-pack` on (`pack`) or off."""
     from braid.ops.wal import ArchiveInfo
+    from braid.ops.wal_pack_process import process_staged_files
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
 
@@ -225,8 +228,11 @@ def count_requests(segments: int = 8, size: int = 1 * MiB) -> Requests:
         container = Repository.open(CountingStore(root / "repo", Counter()))  # once per container, not per segment
         container = Repository(CountingStore(root / "repo", worker), container.config)
         keys = CountingKeys(worker)
-        for name in names[1:]:
-            process_staged(container, keys, staging, "pg", WalFile.parse(name), known=known)
+        batch = [(WalFile.parse(name), None) for name in names[1:]]
+        pack_files = contract.WAL_PACK_FILES if pack else 1
+        for start in range(0, len(batch), contract.WAL_BATCH_SIZE):
+            done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
+            assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
     per = float(segments)
     return Requests(
@@ -247,21 +253,30 @@ def measure_codec_cpu(data: bytes, level: int = 3) -> float:
     return best
 
 
-def segment_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], memory_mb: int = contract.WAL_MEMORY_MB) -> float:
+def segment_seconds(
+    codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], memory_mb: int = contract.WAL_MEMORY_MB, *, overlap: bool = False
+) -> float:
     """The WAL worker's billed seconds for one segment: its GET and PUT at the function's network rate, the codec
-    at the vCPU share `memory_mb` buys, and each request's round trip (KMS's too)."""
+    at the vCPU share `memory_mb` buys, and each request's round trip (KMS's too). With `overlap` (modelled, not
+    built: a second lane reads the next staged file while this one is encoded) the GET hides behind the codec."""
     network = scale_sim.lambda_network_mb_s(memory_mb) * 1e6
-    transfer = SEGMENT * (1 + stored_ratio) / network
+    get, put = SEGMENT / network, SEGMENT * stored_ratio / network
     cpu = codec_cpu * scale_sim.FULL_VCPU_MB / min(memory_mb, scale_sim.FULL_VCPU_MB)
-    return transfer + cpu + sum(worker_requests.values()) * scale_sim.REQUEST_SECONDS  # a DELETE is free but takes its round trip
+    work = (max(get, cpu) if overlap else get + cpu) + put
+    return work + sum(worker_requests.values()) * scale_sim.REQUEST_SECONDS  # a DELETE is free but takes its round trip
 
 
-def cost_per_tib(requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False) -> dict[str, float]:
-    """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging."""
+def cost_per_tib(
+    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: int = 1
+) -> dict[str, float]:
+    """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
+    `overlap` and `bundle` are modelled, not built: the worker's two lanes, and `--async` staging `bundle` ready
+    segments per PUT (one S3 event, one SQS message per bundle)."""
     n = SEGMENTS_PER_TIB
-    host = requests.host_async if asynchronous else requests.host
+    host = dict(requests.host_async if asynchronous else requests.host)
+    host["s3_put_class"] = host.get("s3_put_class", 0) / bundle
     batch = contract.WAL_BATCH_SIZE
-    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker)
+    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
     staged_gb_months = (TIB / 1e9) * ASSUME["staged_seconds_p50"] / (30 * 86400)
     return {
@@ -271,8 +286,8 @@ def cost_per_tib(requests: Requests, codec_cpu: float, stored_ratio: float, *, a
         "worker s3 GET-class": n * requests.worker.get("s3_get_class", 0) * PRICES["s3_get_class"],
         "kms requests": n * (host.get("kms_request", 0) + requests.worker.get("kms_request", 0)) * PRICES["kms_request"],
         # S3's SendMessage per file; per batch one ReceiveMessage (a full batch) and one DeleteMessageBatch.
-        "sqs requests": n * (1 + 2 / batch) * PRICES["sqs_request"],
-        "lambda invocations": n / batch * PRICES["lambda_request"],
+        "sqs requests": n * (1 / bundle + 2 / batch / bundle) * PRICES["sqs_request"],
+        "lambda invocations": n / batch / bundle * PRICES["lambda_request"],
         "lambda GB-seconds": n * gb_s * PRICES["lambda_gb_s"],
         "staging storage": staged_gb_months * PRICES["s3_storage_gb_month"],
     }
@@ -308,3 +323,28 @@ def table_rows(requests: Requests, codec_cpu: float, stored_ratio: float, backup
         })
     return rows
 
+
+
+# The WAL path's policies: `wal-pack` is built (braid.ops.wal_pack_process, counted by running it); the other two are
+# modelled from the counted requests: `async-bundle` (wal-push --async stages up to WAL_BATCH_SIZE ready segments per
+# PUT, at a backlog) and `worker-overlap` (the worker reads the next staged file while it encodes this one).
+POLICIES = ("wal-pack", "async-bundle", "worker-overlap")
+BUILT = {"wal-pack": True, "async-bundle": False, "worker-overlap": False}
+
+
+def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
+    """$ per TiB per mode with each policy alone, all off, and all on: rows of the `wal policies` table."""
+    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))]
+    rows = []
+    for label, on in sets:
+        requests = packed if "wal-pack" in on else unpacked
+        for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
+            bundle = contract.WAL_BATCH_SIZE if asynchronous and "async-bundle" in on else 1
+            if not asynchronous and "async-bundle" in on and len(on) == 1:
+                continue  # the policy is --async's alone
+            total = sum(cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap="worker-overlap" in on, bundle=bundle).values())
+            rows.append({
+                "policies": label, "mode": mode, "built": all(BUILT[p] for p in on), "wal_cost_per_tib": round(total, 4),
+                "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
+            })
+    return rows

@@ -68,6 +68,23 @@ def archived_key(name: str) -> str:
     return f"wal/pg/history/{name}" if name.endswith(".history") else f"wal/pg/{name[:16]}/{name}"
 
 
+def archived(emulator: Emulator) -> dict[str, list[str]]:
+    """Every file archived under wal/pg/, with the keys holding it: its own object's, or a pack's (policy wal-pack)."""
+    from braid.ops.wal_packed import packed_members
+
+    found: dict[str, list[str]] = {}
+    for key in emulator.keys("wal/pg/"):
+        members = packed_members("pg", key)
+        for name in [m.name for m in members] if members else [key.rpartition("/")[2]]:
+            found.setdefault(name, []).append(key)
+    return found
+
+
+def etags(emulator: Emulator, prefix: str) -> dict[str, str]:
+    s3 = emulator.client("s3")
+    return {key: s3.head_object(Bucket=emulator.bucket, Key=key)["ETag"] for key in emulator.keys(prefix)}
+
+
 def push(emulator: Emulator, path: Path, caller: str = AGENT) -> Any:
     return braid(emulator, caller, "wal-push", "--name", "pg", str(path))
 
@@ -97,10 +114,12 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
         done = push(cloud, path)
         assert (done.code, done.stderr) == (0, ""), done.stderr
     # Durable at exit 0: staged (or already archived, if the worker was quick).
-    assert all(cloud.keys(f"wal-staging/pg/{p.name}") or cloud.keys(archived_key(p.name)) for p in files)
+    assert all(cloud.keys(f"wal-staging/pg/{p.name}") or p.name in archived(cloud) for p in files)
 
     # The first batch fails (--fail-wal first=1); SQS delivers it again and the worker archives every file.
-    wait_for("every file archived", lambda: all(cloud.keys(archived_key(p.name)) for p in files), cloud)
+    wait_for("every file archived", lambda: all(p.name in archived(cloud) for p in files), cloud)
+    singles = [history, label, partial]  # never packed: only whole segments are
+    assert all(archived(cloud)[p.name] == [archived_key(p.name)] for p in singles)
     wait_for("staging purged, every version", lambda: not versions(cloud, "wal-staging/"), cloud)
     assert len(cloud.requests(service="lambda", op="Invoke")) >= 2, "the failed batch was delivered again"
     assert cloud.keys("wal/pg/archive.json")
@@ -114,23 +133,23 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
         assert (got.code, got.stderr) == (0, ""), got.stderr
         assert dest.read_bytes() == path.read_bytes()
 
-    before = cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"]
+    before = etags(cloud, "wal/pg/")
     again = push(cloud, files[0])  # PostgreSQL re-archives after a crash: the same bytes are accepted
     assert (again.code, again.stderr) == (0, "")
     wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
-    assert cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"] == before
+    assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
 
-    other = tmp_path / "other" / SEGMENTS[0]
+    other = tmp_path / "other" / label.name  # a file stored alone: the host's HEAD finds it and refuses other bytes
     other.parent.mkdir()
-    other.write_bytes(segment_bytes(SEGMENTS[0], seed=7))
+    other.write_bytes(label.read_bytes() + b"other\n")
     refused = push(cloud, other)
     assert refused.code == 7, refused.stderr
-    pushed, archived = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(files[0].read_bytes()).hexdigest()
-    assert f"archived sha256:{archived}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
+    pushed, stored = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(label.read_bytes()).hexdigest()
+    assert f"archived sha256:{stored}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
     assert refused.stderr.count("\n") == 1
     wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
     dest = tmp_path / "after-conflict"
-    assert fetch(cloud, SEGMENTS[0], dest).code == 0 and dest.read_bytes() == files[0].read_bytes(), "nothing was overwritten"
+    assert fetch(cloud, label.name, dest).code == 0 and dest.read_bytes() == label.read_bytes(), "nothing was overwritten"
     assert not any(MARKER in body for body in all_bytes(cloud, "wal-staging/"))
 
     missing = fetch(cloud, "0000000100000000000000FE", tmp_path / "missing")
@@ -147,16 +166,51 @@ def test_a_bad_file_in_a_batch_fails_alone_and_is_kept(cloud: Emulator, tmp_path
     good = [write_segment(tmp_path, name) for name in ("00000001000000000000000A", "00000001000000000000000B")]
     for path in good:
         assert push(cloud, path).code == 0
-    wait_for("the good files archived", lambda: all(cloud.keys(archived_key(p.name)) for p in good), cloud)
-    assert not cloud.keys(archived_key("000000010000000000000009"))
+    wait_for("the good files archived", lambda: all(p.name in archived(cloud) for p in good), cloud)
+    assert "000000010000000000000009" not in archived(cloud)
     assert cloud.keys(bad) == [bad], "the file that failed is kept for the retry"
     # An operator removes the bad object (by version: no raw copy stays); the file pushed by braid then archives.
     (version,) = [v["VersionId"] for v in s3.list_object_versions(Bucket=cloud.bucket, Prefix=bad).get("Versions", [])]
     s3.delete_object(Bucket=cloud.bucket, Key=bad, VersionId=version)
     path = write_segment(tmp_path, "000000010000000000000009")
     assert push(cloud, path).code == 0
-    wait_for("the file archived", lambda: cloud.keys(archived_key("000000010000000000000009")), cloud)
+    wait_for("the file archived", lambda: "000000010000000000000009" in archived(cloud), cloud)
     wait_for("its staged version removed", lambda: not versions(cloud, bad), cloud)
+
+
+def test_segments_of_one_batch_are_one_pack_and_a_conflict_on_a_packed_file_is_refused_by_the_worker(cloud: Emulator, tmp_path: Path) -> None:
+    """Policy wal-pack: whole segments of one directory batched together are one object under one data key; fetch reads
+    each from it; a duplicate push is accepted and a push of other bytes (which the host's HEAD cannot see inside a
+    pack) is refused by the worker: nothing archived again, nothing replaced, no raw bytes left."""
+    names = ["000000010000000000000040", "000000010000000000000041"]
+    s3 = cloud.client("s3")
+    data = {name: segment_bytes(name, marker=MARKER) for name in names}
+    for name in names:  # staged back to back, as wal-push stages them: one batch (the batching window waits for the second)
+        digest = base64.b64encode(hashlib.sha256(data[name]).digest()).decode()
+        s3.put_object(Bucket=cloud.bucket, Key=f"wal-staging/pg/{name}", Body=data[name], ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
+    wait_for("both archived", lambda: all(name in archived(cloud) for name in names), cloud)
+    pack = "wal/pg/0000000100000000/pack-00000040-00000041"
+    assert [archived(cloud)[name] for name in names] == [[pack], [pack]]
+    wait_for("staging purged, every version", lambda: not versions(cloud, "wal-staging/"), cloud)
+    assert not any(MARKER in body for body in all_bytes(cloud, "wal/") + all_bytes(cloud, "wal-staging/")), "plaintext WAL left in the bucket"
+    for name in names:
+        got = fetch(cloud, name, tmp_path / name)
+        assert (got.code, got.stderr) == (0, "") and (tmp_path / name).read_bytes() == data[name], got.stderr
+
+    before = etags(cloud, "wal/pg/")
+    duplicate = tmp_path / "again" / names[0]
+    duplicate.parent.mkdir()
+    duplicate.write_bytes(data[names[0]])
+    assert push(cloud, duplicate).code == 0
+    wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
+    other = tmp_path / "other" / names[1]
+    other.parent.mkdir()
+    other.write_bytes(segment_bytes(names[1], seed=7))
+    assert push(cloud, other).code == 0, "staged: durable; the worker compares it with the pack's copy"
+    wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
+    assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
+    dest = tmp_path / "after-conflict"
+    assert fetch(cloud, names[1], dest).code == 0 and dest.read_bytes() == data[names[1]]
 
 
 def test_wal_push_of_another_name_is_denied(cloud: Emulator, tmp_path: Path) -> None:
