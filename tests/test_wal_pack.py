@@ -232,3 +232,4 @@ def test_a_duplicate_pack_put_is_compared_not_replaced(cloud, tmp_path: Path) ->
     staging.put_archived = racing  # type: ignore[method-assign]
     assert [d.outcome for d in process_staged_files(repository, keys, staging, "pg", files, pack_files=10)] == [ALREADY, ALREADY]  # type: ignore[union-attr]
     assert not staging.objects
+

@@ -136,7 +136,7 @@ class CountingStaging:
         found = self.archived.get(key)
         return None if found is None else found[1]
 
-    def put_archived(self, key: str, blob: bytes, sha256: str) -> None:
+    def put_archived(self, key: str, blob: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
         self.counts["stored_bytes"] += len(blob)
         if key in self.archived:

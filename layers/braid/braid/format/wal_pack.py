@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from braid.errors import IntegrityError, UsageError
@@ -158,18 +158,22 @@ class StoredPack:
         return out
 
 
-def encode_pack(key: DataKey, wrapped: WrappedKey, bound: str, files: Sequence[tuple[str, bytes | memoryview]], level: int = 3) -> bytes:
-    """The stored pack of `files` ((name, plaintext) in key order) under one fresh data key bound to `bound`."""
+def encode_pack(key: DataKey, wrapped: WrappedKey, bound: str, files: Iterable[tuple[str, bytes | memoryview]], level: int = 3) -> bytearray:
+    """The stored pack of `files` ((name, plaintext) in key order) under one fresh data key bound to `bound`.
+
+    `files` may be a generator that lets go of each plaintext once taken: the frames go straight into the
+    one buffer returned (the index, which follows the key, is fitted in front at the end), so a batch's
+    pack never needs its frames twice in memory.
+    """
     codec = ChunkCodec(key, level)
-    frames: list[bytes] = []
+    frames = bytearray()
     entries: list[PackEntry] = []
-    offset = 0
     for position, (file_name, plaintext) in enumerate(files):
         encoded = codec.encode(bound, position, WAL_INPUT, plaintext)
-        frame = bytes(encoded.stored)  # the codec reuses its buffer on the next encode
-        entries.append(PackEntry(file_name, offset, len(frame), len(plaintext), hashlib.sha256(plaintext).hexdigest(), encoded.plaintext_mac.hex()))
-        frames.append(frame)
-        offset += len(frame)
+        entries.append(PackEntry(file_name, len(frames), len(encoded.stored), len(plaintext), hashlib.sha256(plaintext).hexdigest(), encoded.plaintext_mac.hex()))
+        frames += encoded.stored
+        del plaintext
     key_doc = canonical_json(wrapped.to_json())
     index = canonical_json({"files": [e.to_json() for e in entries]})
-    return b"".join((_HEAD.pack(MAGIC, VERSION, 0, 0, len(key_doc)), key_doc, _LENGTH.pack(len(index)), index, *frames))
+    frames[0:0] = b"".join((_HEAD.pack(MAGIC, VERSION, 0, 0, len(key_doc)), key_doc, _LENGTH.pack(len(index)), index))
+    return frames

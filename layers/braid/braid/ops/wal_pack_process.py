@@ -23,7 +23,8 @@ prune counts files by name). A pack's PUT failing fails its files alone.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from braid.errors import AlreadyExistsError, BackupError, WalConflictError
@@ -42,6 +43,22 @@ from braid.ports.wal_staging import WalStaging
 Result = Processed | BackupError
 
 
+@dataclass
+class _Item:
+    """A staged file read for packing: its place in the batch, its bytes until its frame is encoded."""
+
+    index: int
+    file: WalFile
+    data: bytes
+    version: str | None
+    size: int = 0
+
+    def take(self) -> bytes:
+        """The bytes, let go of here (the pack's buffer holds the frame): the batch holds each file once."""
+        data, self.data = self.data, b""
+        return data
+
+
 def process_staged_files(
     repository: Repository,
     keys: KeyService,
@@ -55,7 +72,7 @@ def process_staged_files(
 ) -> list[Result]:
     """Process the staged `files` ((file, version)) of `name`; one result per file, in order."""
     results: list[Result | None] = [None] * len(files)
-    to_pack: dict[str, list[tuple[int, WalFile, bytes, str | None]]] = {}
+    to_pack: dict[str, list[_Item]] = {}
     for i, (file, version) in enumerate(files):
         try:
             staged = staging.read_staged(wal_staging_key(name, file), version)
@@ -64,7 +81,7 @@ def process_staged_files(
                 continue
             info = check_staged(repository, name, file, staged.data, known)
             if pack_files > 1 and file.kind == SEGMENT and info is not None and info.may_hold_packs:
-                to_pack.setdefault(file.name[:16], []).append((i, file, staged.data, staged.version))
+                to_pack.setdefault(file.name[:16], []).append(_Item(i, file, staged.data, staged.version, len(staged.data)))
             else:
                 results[i] = archive_alone(repository, keys, staging, name, file, staged.data, staged.version, level)
         except BackupError as exc:
@@ -76,31 +93,29 @@ def process_staged_files(
 
 
 def _pack_directory(
-    repository: Repository, keys: KeyService, staging: WalStaging, name: str, directory: str,
-    found: list[tuple[int, WalFile, bytes, str | None]], pack_files: int, level: int,
+    repository: Repository, keys: KeyService, staging: WalStaging, name: str, directory: str, found: list[_Item], pack_files: int, level: int
 ) -> list[tuple[int, Result]]:
     done: list[tuple[int, Result]] = []
     try:
         copies: dict[str, list[str]] = {}
-        for file, key in archived_files(repository.store, name, directory_prefix(name, found[0][1].name)):
+        for file, key in archived_files(repository.store, name, directory_prefix(name, found[0].file.name)):
             copies.setdefault(file.name, []).append(key)
     except BackupError as exc:
-        return [(i, exc) for i, *_rest in found]
-    new: dict[str, tuple[int, WalFile, bytes, str | None]] = {}
+        return [(item.index, exc) for item in found]
+    new: dict[str, _Item] = {}
     for item in found:
-        i, file, data, version = item
-        if file.name in new:  # the same file twice in one batch (two events): the first one's copy is enough
-            done.append((i, Processed(name, file.name, GONE)))
-        elif file.name in copies:
-            done.append((i, _compare(repository, keys, staging, name, file, data, version, copies[file.name])))
+        if item.file.name in new:  # the same file twice in one batch (two events): the first one's copy is enough
+            done.append((item.index, Processed(name, item.file.name, GONE)))
+        elif item.file.name in copies:
+            done.append((item.index, _compare(repository, keys, staging, name, item.file, item.data, item.version, copies[item.file.name])))
         else:
-            new[file.name] = item
+            new[item.file.name] = item
     ordered = [new[n] for n in sorted(new)]
     for start in range(0, len(ordered), pack_files):
         group = ordered[start : start + pack_files]
         if len(group) == 1:
-            i, file, data, version = group[0]
-            done.append((i, _guard(partial(archive_alone, repository, keys, staging, name, file, data, version, level))))
+            (item,) = group
+            done.append((item.index, _guard(partial(archive_alone, repository, keys, staging, name, item.file, item.take(), item.version, level))))
             continue
         done += _store_pack(repository, keys, staging, name, directory, group, level)
     return done
@@ -141,26 +156,40 @@ def _compare(
 
 
 def _store_pack(
-    repository: Repository, keys: KeyService, staging: WalStaging, name: str, directory: str,
-    group: list[tuple[int, WalFile, bytes, str | None]], level: int,
+    repository: Repository, keys: KeyService, staging: WalStaging, name: str, directory: str, group: list[_Item], level: int
 ) -> list[tuple[int, Result]]:
-    basename = pack_basename([file for _i, file, _data, _version in group])
-    key = f"{directory_prefix(name, group[0][1].name)}{basename}"
+    basename = pack_basename([item.file for item in group])
+    key = f"{directory_prefix(name, group[0].file.name)}{basename}"
     bound = pack_context_name(name, directory, basename)
+
+    def taken() -> Iterator[tuple[str, bytes]]:
+        for item in group:
+            yield item.file.name, item.take()
+
     try:
         data_key, wrapped = keys.generate_data_key(encryption_context(repository.config.id, bound))
-        blob = encode_pack(data_key, wrapped, bound, [(file.name, data) for _i, file, data, _version in group], level)
+        blob = encode_pack(data_key, wrapped, bound, taken(), level)
         try:
             staging.put_archived(key, blob, "")
             stored = len(blob) // len(group)
         except AlreadyExistsError:  # the same pack from an earlier delivery: its members are compared one by one
-            return [(i, _compare(repository, keys, staging, name, file, data, version, [key])) for i, file, data, version in group]
-    except BackupError as exc:
-        return [(i, exc) for i, *_rest in group]
+            return [(item.index, _compare_packed(repository, keys, staging, name, item, key)) for item in group]
+        finally:
+            del blob
+    except BackupError as exc:  # the staged objects stay: the redelivery packs them again
+        return [(item.index, exc) for item in group]
     done: list[tuple[int, Result]] = []
-    for i, file, data, version in group:  # a removal that fails fails its message: the redelivery finds the pack
-        done.append((i, _guard(partial(_removed, staging, name, file, version, Processed(name, file.name, STORED, len(data), stored)))))
+    for item in group:  # a removal that fails fails its message: the redelivery finds the pack
+        done.append((item.index, _guard(partial(_removed, staging, name, item.file, item.version, Processed(name, item.file.name, STORED, item.size, stored)))))
     return done
+
+
+def _compare_packed(repository: Repository, keys: KeyService, staging: WalStaging, name: str, item: _Item, key: str) -> Result:
+    """A member of a pack found stored at `key` (its bytes were let go of): the pack holds what S3 verified was staged."""
+    staged = staging.read_staged(wal_staging_key(name, item.file), item.version)
+    if staged is None or staged.data is None:
+        return Processed(name, item.file.name, GONE)
+    return _compare(repository, keys, staging, name, item.file, staged.data, item.version, [key])
 
 
 def _removed(staging: WalStaging, name: str, file: WalFile, version: str | None, done: Processed) -> Processed:
