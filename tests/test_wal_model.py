@@ -46,7 +46,8 @@ def test_the_wal_cost_per_tib_is_the_sum_of_its_priced_counts(requests: wal_mode
     (row, _async) = wal_model.table_rows(requests, cpu, ratio, backup_cost_per_tib=0.64)
     network = 76e6  # bytes/s of a function below 2 GB (published measurements; scale_sim)
     batch = contract.WAL_BATCH_SIZE
-    seconds = 2**24 * (1 + ratio) / network + cpu * 1769 / contract.WAL_MEMORY_MB + (1 + 2 / batch + 1 / batch + 1) * 0.015
+    # worker-overlap: the staged GET hides behind the codec (at 512 MB the codec is the longer); the pack's PUT follows.
+    seconds = max(2**24 / network, cpu * 1769 / contract.WAL_MEMORY_MB) + 2**24 * ratio / network + (1 + 2 / batch + 1 / batch + 1) * 0.015
     by_hand = SEGMENTS * (
         (1 + 2 / batch) * PUT  # the host's staged PUT; per batch the worker's LIST and the pack's PUT
         + (3 + 1) * GET
@@ -81,14 +82,14 @@ def test_each_policy_on_and_off_by_hand(requests: wal_model.Requests, unpacked: 
         ("wal-pack", "wal-push"): by_hand(3, 1, 2 / batch, 1 / batch, False, 1),
         ("wal-pack", "wal-push --async"): by_hand(2, 1, 2 / batch, 1 / batch, False, 1),
         ("async-bundle", "wal-push --async"): by_hand(2, 1 / batch, 1, 1, False, 1 / batch),
-        ("worker-overlap", "wal-push"): by_hand(3, 1, 1, 1, True, 1),
+        ("worker-overlap", "wal-push"): by_hand(3, 1, 1, 1, False, 1),  # it reads a pack's members: without packs, no change
         ("wal-pack + worker-overlap", "wal-push"): by_hand(3, 1, 2 / batch, 1 / batch, True, 1),
         ("all", "wal-push --async"): by_hand(2, 1 / batch, 2 / batch, 1 / batch, True, 1 / batch),
     }
     for key, value in expected.items():
         assert rows[key]["wal_cost_per_tib"] == pytest.approx(value, abs=1e-3), key
         assert rows[key]["wal_over_backup"] == pytest.approx(value / 0.64, abs=1e-3), key
-    assert rows[("wal-pack", "wal-push")]["built"] and not rows[("async-bundle", "wal-push --async")]["built"]
+    assert rows[("wal-pack + worker-overlap", "wal-push")]["built"] and not rows[("async-bundle", "wal-push --async")]["built"]
     assert rows[("wal-pack", "wal-push")]["wal_cost_per_tib"] < rows[("none (before)", "wal-push")]["wal_cost_per_tib"] - 0.4
 
 

@@ -233,3 +233,49 @@ def test_a_duplicate_pack_put_is_compared_not_replaced(cloud, tmp_path: Path) ->
     assert [d.outcome for d in process_staged_files(repository, keys, staging, "pg", files, pack_files=10)] == [ALREADY, ALREADY]  # type: ignore[union-attr]
     assert not staging.objects
 
+
+
+def test_worker_overlap_reads_the_next_member_while_this_one_is_checked_and_off_takes_turns(tmp_path: Path) -> None:
+    import threading
+
+    class WatchedStore(LocalStore):
+        """archive.json is read on the main thread while a member is checked (known=None): it waits for the next member's read."""
+
+        waited: list[bool] = []
+        armed = False
+
+        def get(self, key: str) -> bytes:
+            if key.endswith("archive.json") and WatchedStore.armed and staging.reads:  # the first member's check
+                WatchedStore.armed = False
+                WatchedStore.waited.append(next_read.wait(30))
+            return super().get(key)
+
+    class WatchedStaging(StoreStaging):
+        reads: list[tuple[str, str]] = []
+
+        def read_staged(self, key, version=None):  # type: ignore[no-untyped-def]
+            self.reads.append((key.rpartition("/")[2], threading.current_thread().name))
+            if len(self.reads) == 2:
+                next_read.set()
+            return super().read_staged(key, version)
+
+    next_read = threading.Event()
+    keys = LocalKeyFile.create(tmp_path / "master.key")
+    config = RepositoryConfig.new({"type": "local", "key_id": keys.key_id}, "2026-11-28T00:00:00Z", {"stack": "Braid"})
+    repository = Repository.create(WatchedStore(tmp_path / "repo"), config)
+    staging = WatchedStaging(repository.store)  # type: ignore[arg-type]
+    process_staged_files(repository, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[:1]), pack_files=10)
+    files = _stage(repository, staging, tmp_path, NAMES[1:3])
+    staging.reads.clear()
+    WatchedStore.armed = True
+    done = process_staged_files(repository, keys, staging, "pg", files, pack_files=10, overlap=True)  # known=None: checked by a GET
+    assert [d.outcome for d in done] == [STORED, STORED]  # type: ignore[union-attr]
+    assert WatchedStore.waited == [True], "the second member was read while the first was checked"
+    assert {thread for _name, thread in staging.reads} == {"wal-read_0"}
+
+    next_read.set()  # off: the reads take turns with the codec, on the function's own thread
+    files = _stage(repository, staging, tmp_path, NAMES[3:5])
+    staging.reads.clear()
+    done = process_staged_files(repository, keys, staging, "pg", files, pack_files=10, overlap=False)
+    assert [d.outcome for d in done] == [STORED, STORED] and staging.puts[-1].endswith("pack-00000006-00000007")  # type: ignore[union-attr]
+    assert {thread for _name, thread in staging.reads} == {threading.current_thread().name}

@@ -5,7 +5,8 @@ ReportBatchItemFailures), each message an S3 "object created" notification
 for `wal-staging/NAME/FILE` (braid_infra.wal_archive). The batch's files
 are compressed and encrypted under KMS data keys and stored create-only
 under `wal/`: whole segments of one directory as one pack per batch (policy
-`wal-pack`, off with BRAID_WAL_PACK=off), other files one object each; each
+`wal-pack`, off with BRAID_WAL_PACK=off; each pack's next file read during
+the codec: `worker-overlap`, off with BRAID_WAL_OVERLAP=off), other files one object each; each
 staged version is then deleted by id (braid.ops.wal_pack_process).
 Returns the partial batch response: the messages to deliver again.
 """
@@ -32,6 +33,7 @@ _known: dict[str, dict[str, ArchiveInfo]] = {}  # per container and prefix: each
 
 def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
     pack_files = 1 if os.environ.get(contract.ENV_WAL_PACK, "on") == "off" else contract.WAL_PACK_FILES
+    overlap = os.environ.get(contract.ENV_WAL_OVERLAP, "on") != "off"
     results: dict[int, Processed | BackupError] = {}
     groups: dict[tuple[str, str], list[int]] = {}
     for i, record in enumerate(records):
@@ -42,7 +44,9 @@ def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
             _repositories[prefix] = (Repository.open(store), S3WalStaging(store))
         repository, staging = _repositories[prefix]
         files = [(records[i].file, records[i].version) for i in members]
-        done = process_staged_files(repository, key_service(), staging, name, files, pack_files=pack_files, known=_known.setdefault(prefix, {}))
+        done = process_staged_files(
+            repository, key_service(), staging, name, files, pack_files=pack_files, overlap=overlap, known=_known.setdefault(prefix, {})
+        )
         results.update(zip(members, done, strict=True))
     for result in results.values():
         if isinstance(result, Processed):

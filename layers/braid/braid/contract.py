@@ -89,6 +89,8 @@ WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for 
 # packs of up to WAL_PACK_FILES, one PUT and one KMS data key each. Off when the function's ENV_WAL_PACK is "off".
 WAL_PACK_FILES = WAL_BATCH_SIZE
 ENV_WAL_PACK = "BRAID_WAL_PACK"
+# Its policy `worker-overlap`: a second lane reads a pack's next staged file while the codec encodes this one ("off": turns).
+ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900
