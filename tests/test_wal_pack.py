@@ -171,15 +171,31 @@ def test_a_damaged_pack_is_refused_and_another_copy_is_read(cloud, tmp_path: Pat
     key = staging.puts[-1]
     path = Path(repository.store.root) / key  # type: ignore[attr-defined]
     raw = bytearray(path.read_bytes())
-    raw[-5] ^= 1
+    raw[-5] ^= 1  # in the last member's frame
     path.chmod(0o600)
     path.write_bytes(bytes(raw))
+    assert bytes(fetch_wal_bytes(repository, keys, "pg", NAMES[1])) == (tmp_path / NAMES[1]).read_bytes(), "its other member still reads"
     with pytest.raises(IntegrityError, match="WAL pack .*00000005"):
         fetch_wal_bytes(repository, keys, "pg", NAMES[2])
-    moved = key.replace("pack-00000004-00000005", "pack-00000005-00000006")  # a pack copied under other members' names
+    moved = key.replace("pack-00000004-00000005", "pack-00000006-00000007")  # a pack copied under other members' names
     repository.store.put(moved, bytes(path.read_bytes()), create_only=True)
-    with pytest.raises(IntegrityError):
-        fetch_wal_bytes(repository, keys, "pg", "000000010000000000000006")
+    with pytest.raises(IntegrityError, match="the pack.s index lists .* its key"):
+        fetch_wal_bytes(repository, keys, "pg", NAMES[3])
+    repository.store.delete([moved])
+    other = key.replace("wal/pg/", "wal/pg2/")  # the same members under another name: the key's context refuses it
+    repository.store.put(other, bytes(path.read_bytes()), create_only=True)
+    with pytest.raises(IntegrityError, match="moved or copied"):
+        fetch_wal_bytes(repository, keys, "pg2", NAMES[1])
+
+    class Unlisted(LocalStore):  # two deliveries racing: the second one's LIST saw no pack yet
+        def list(self, prefix: str):  # type: ignore[no-untyped-def]
+            return iter(())
+
+    racing = Repository(Unlisted(repository.store.root), repository.config)  # type: ignore[attr-defined]
+    process_staged_files(racing, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[2:4]), pack_files=10)
+    assert staging.puts[-1].endswith("pack-00000005-00000006")
+    assert bytes(fetch_wal_bytes(repository, keys, "pg", NAMES[2])) == (tmp_path / NAMES[2]).read_bytes(), "the good copy is read"
+    assert sorted(f.name for f, _key in archived_files(repository.store, "pg")).count(NAMES[2]) == 2
 
 
 def test_prune_verify_and_fetch_through_the_cli_on_a_mixed_archive(tmp_path: Path, repo: Path) -> None:
