@@ -32,9 +32,11 @@ def unpacked() -> wal_model.Requests:
 
 
 def test_requests_per_segment_are_counted_from_the_code(requests: wal_model.Requests, unpacked: wal_model.Requests) -> None:
-    # wal-push: config.json and archive.json read, the staged PUT, the archive's HEAD after it.
-    assert requests.host == unpacked.host == {"s3_get_class": 3.0, "s3_put_class": 1.0}
-    assert requests.host_async == {"s3_get_class": 2.0, "s3_put_class": 1.0}  # the resident pusher reads config.json once
+    # wal-push: config.json and archive.json read, the staged PUT, the archive's HEAD after it, and (the record is
+    # version 2: the archive may hold packs, whether or not the worker packs) one LIST of the directory's packs.
+    assert requests.host == unpacked.host == {"s3_get_class": 3.0, "s3_put_class": 2.0}
+    # The resident pusher reads config.json once and lists a directory's packs once: here once for the batch's segments.
+    assert requests.host_async == unpacked.host_async == {"s3_get_class": 2.0, "s3_put_class": pytest.approx(1 + 1 / contract.WAL_BATCH_SIZE)}
     # The worker, policy wal-pack off: per file the staged GET, one data key, the create-only PUT, the staged version's DELETE (free).
     assert unpacked.worker == {"s3_get_class": 1.0, "kms_request": 1.0, "s3_put_class": 1.0, "s3_delete_free": 1.0}
     # On: per batch of 10 one LIST of the directory (copies archived already), one data key and one PUT: the pack.
@@ -49,7 +51,7 @@ def test_the_wal_cost_per_tib_is_the_sum_of_its_priced_counts(requests: wal_mode
     # worker-overlap: the staged GET hides behind the codec (at 512 MB the codec is the longer); the pack's PUT follows.
     seconds = max(2**24 / network, cpu * 1769 / contract.WAL_MEMORY_MB) + 2**24 * ratio / network + (1 + 2 / batch + 1 / batch + 1) * 0.015
     by_hand = SEGMENTS * (
-        (1 + 2 / batch) * PUT  # the host's staged PUT; per batch the worker's LIST and the pack's PUT
+        (2 + 2 / batch) * PUT  # the host's staged PUT and LIST of packs; per batch the worker's LIST and the pack's PUT
         + (3 + 1) * GET
         + KMS / batch
         + (1 + 2 / batch) * SQS
@@ -59,8 +61,8 @@ def test_the_wal_cost_per_tib_is_the_sum_of_its_priced_counts(requests: wal_mode
     assert row["segment_seconds"] == pytest.approx(seconds, abs=1e-3)
     assert row["wal_cost_per_tib"] == pytest.approx(by_hand, abs=1e-3)
     assert row["wal_over_backup"] == pytest.approx(by_hand / 0.64, abs=1e-3)
-    # The host's PUT per 16 MiB segment alone is half the backup path's whole TiB: the figure a bundle would cut.
-    assert row["costs_per_tib"]["host s3 PUT-class"] == pytest.approx(SEGMENTS * PUT)
+    # The host's PUT and LIST per 16 MiB segment alone are the backup path's whole TiB: the figure a bundle would cut.
+    assert row["costs_per_tib"]["host s3 PUT-class"] == pytest.approx(SEGMENTS * 2 * PUT)
 
 
 def test_each_policy_on_and_off_by_hand(requests: wal_model.Requests, unpacked: wal_model.Requests) -> None:
@@ -76,15 +78,16 @@ def test_each_policy_on_and_off_by_hand(requests: wal_model.Requests, unpacked: 
             + messages * INVOKE / batch + seconds * contract.WAL_MEMORY_MB / 1024 * GB_S
         ) + 0.023 * (2**40 / 1e9) * contract.WAL_BATCH_WINDOW_SECONDS / (30 * 86400)
 
+    sync, pusher = 2, 1 + 1 / batch  # the staged PUT and, per push or per directory in the pusher's life, the LIST of packs
     expected = {
-        ("none (before)", "wal-push"): by_hand(3, 1, 1, 1, False, 1),
-        ("none (before)", "wal-push --async"): by_hand(2, 1, 1, 1, False, 1),
-        ("wal-pack", "wal-push"): by_hand(3, 1, 2 / batch, 1 / batch, False, 1),
-        ("wal-pack", "wal-push --async"): by_hand(2, 1, 2 / batch, 1 / batch, False, 1),
-        ("async-bundle", "wal-push --async"): by_hand(2, 1 / batch, 1, 1, False, 1 / batch),
-        ("worker-overlap", "wal-push"): by_hand(3, 1, 1, 1, False, 1),  # it reads a pack's members: without packs, no change
-        ("wal-pack + worker-overlap", "wal-push"): by_hand(3, 1, 2 / batch, 1 / batch, True, 1),
-        ("all", "wal-push --async"): by_hand(2, 1 / batch, 2 / batch, 1 / batch, True, 1 / batch),
+        ("none (before)", "wal-push"): by_hand(3, sync, 1, 1, False, 1),
+        ("none (before)", "wal-push --async"): by_hand(2, pusher, 1, 1, False, 1),
+        ("wal-pack", "wal-push"): by_hand(3, sync, 2 / batch, 1 / batch, False, 1),
+        ("wal-pack", "wal-push --async"): by_hand(2, pusher, 2 / batch, 1 / batch, False, 1),
+        ("async-bundle", "wal-push --async"): by_hand(2, pusher / batch, 1, 1, False, 1 / batch),
+        ("worker-overlap", "wal-push"): by_hand(3, sync, 1, 1, False, 1),  # it reads a pack's members: without packs, no change
+        ("wal-pack + worker-overlap", "wal-push"): by_hand(3, sync, 2 / batch, 1 / batch, True, 1),
+        ("all", "wal-push --async"): by_hand(2, pusher / batch, 2 / batch, 1 / batch, True, 1 / batch),
     }
     for key, value in expected.items():
         assert rows[key]["wal_cost_per_tib"] == pytest.approx(value, abs=1e-3), key

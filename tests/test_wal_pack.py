@@ -6,6 +6,7 @@ and prune's deletes are the store's) and the in-memory staging of tests/test_wal
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from tests.wal_segments import write_segment
 
 from braid.adapters.local.keys import LocalKeyFile
 from braid.adapters.local.store import LocalStore
-from braid.errors import AlreadyExistsError, IntegrityError, StorageError, WalNotArchivedError
+from braid.errors import AlreadyExistsError, IntegrityError, StorageError, WalConflictError, WalNotArchivedError
 from braid.format.layout import wal_staging_key
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.wal import WalFile
@@ -23,8 +24,9 @@ from braid.format.wal_pack import pack_basename, pack_members
 from braid.ops.wal import archived_files, read_archive_info, wal_range_present
 from braid.ops.wal_fetch import fetch_wal_bytes
 from braid.ops.wal_pack_process import process_staged_files
+from braid.ops.wal_packed import PackListing
 from braid.ops.wal_process import ALREADY, CONFLICT, GONE, STORED, Processed
-from braid.ops.wal_stage import stage_wal
+from braid.ops.wal_stage import STAGED, stage_wal
 
 NAMES = [f"0000000100000000000000{n:02X}" for n in range(3, 8)]
 
@@ -115,7 +117,11 @@ def test_a_version_1_archive_is_never_packed(cloud, tmp_path: Path) -> None:  # 
     from tests.wal_segments import SYSID
 
     repository.store.put("wal/pg/archive.json", info % SYSID, create_only=True)
+    lists: list[str] = []
+    listing = repository.store.list
+    repository.store.list = lambda prefix: lists.append(prefix) or listing(prefix)  # type: ignore[method-assign]
     files = _stage(repository, staging, tmp_path, NAMES[:3])
+    assert lists == [], "a version 1 record holds no packs: wal-push does not list them"
     assert [d.outcome for d in process_staged_files(repository, keys, staging, "pg", files, pack_files=10)] == [STORED] * 3  # type: ignore[union-attr]
     assert all("pack-" not in key for key in staging.puts)
 
@@ -158,10 +164,53 @@ def test_a_redelivery_after_the_pack_is_already_and_a_conflict_is_refused(cloud,
     assert process_staged_files(repository, keys, staging, "pg", files, pack_files=10)[0].outcome == GONE  # type: ignore[union-attr]
     other = tmp_path / "other"
     other.mkdir()
-    conflict = _stage(repository, staging, other, NAMES[1:2], seed=9)  # the host's HEAD misses a packed file: the worker refuses it
-    (refused,) = process_staged_files(repository, keys, staging, "pg", conflict, pack_files=10)
+    pushed = write_segment(other, NAMES[1], marker=b"PLAINTEXT-MARKER", seed=9)
+    with pytest.raises(WalConflictError) as refused_push:  # the host's HEAD misses a packed file: its pack's index answers
+        stage_wal(repository, staging, "pg", pushed)
+    stored, digest = hashlib.sha256((tmp_path / NAMES[1]).read_bytes()).hexdigest(), hashlib.sha256(pushed.read_bytes()).hexdigest()
+    assert f"archived sha256:{stored}" in str(refused_push.value) and f"pushed sha256:{digest}" in str(refused_push.value)
+    assert refused_push.value.exit_code == 7
+    conflict = [(WalFile.parse(NAMES[1]), staging.objects[wal_staging_key("pg", WalFile.parse(NAMES[1]))][2])]
+    (refused,) = process_staged_files(repository, keys, staging, "pg", conflict, pack_files=10)  # PUT first: the worker refuses it too
     assert refused.outcome == CONFLICT and "archived sha256:" in refused.detail and not staging.objects  # type: ignore[union-attr]
     assert bytes(fetch_wal_bytes(repository, keys, "pg", NAMES[1])) == (tmp_path / NAMES[1]).read_bytes(), "nothing was overwritten"
+
+
+def test_a_push_of_a_packed_file_is_compared_with_its_packs_index(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """wal-push of a file inside a pack: the same bytes are ALREADY (the staged copy left for the worker), other bytes
+    exit 7 naming both checksums; the async pusher's listing lists a directory once; a version 1 record never lists."""
+    repository, keys, staging = cloud
+    process_staged_files(repository, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[:1]), pack_files=10)
+    process_staged_files(repository, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[1:4]), pack_files=10)
+    assert staging.puts[-1].endswith("pack-00000004-00000005-00000006") and not staging.objects
+    lists: list[str] = []
+    listing = repository.store.list
+    repository.store.list = lambda prefix: lists.append(prefix) or listing(prefix)  # type: ignore[method-assign]
+    assert stage_wal(repository, staging, "pg", tmp_path / NAMES[1]).outcome == ALREADY
+    assert lists == ["wal/pg/0000000100000000/pack-"] and wal_staging_key("pg", WalFile.parse(NAMES[1])) in staging.objects
+    process_staged_files(repository, keys, staging, "pg", [(WalFile.parse(NAMES[1]), None)], pack_files=10)  # the worker removes it
+    assert not staging.objects
+    lists.clear()  # the worker listed the directory too
+    packs = PackListing()
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in NAMES[2:4]:
+        with pytest.raises(WalConflictError, match=rf"{name} is already archived under 'pg' with different content \(archived sha256:[0-9a-f]{{64}}, pushed sha256:"):
+            stage_wal(repository, staging, "pg", write_segment(other, name, seed=5), packs)
+    assert lists == ["wal/pg/0000000100000000/pack-"], "one LIST for both files: the pusher's listing"
+    assert stage_wal(repository, staging, "pg", write_segment(other, NAMES[4]), packs).outcome == STAGED
+    assert len(lists) == 1
+
+
+def test_a_damaged_pack_head_fails_the_push_with_its_own_line(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    repository, keys, staging = cloud
+    process_staged_files(repository, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[:1]), pack_files=10)
+    process_staged_files(repository, keys, staging, "pg", _stage(repository, staging, tmp_path, NAMES[1:3]), pack_files=10)
+    key = staging.puts[-1]
+    (Path(repository.store.root) / key).write_bytes(b"XXXX" + repository.store.get(key)[4:])
+    with pytest.raises(IntegrityError, match=rf"WAL pack .*{key}: not a Braid WAL pack \(bad magic\)") as damaged:
+        stage_wal(repository, staging, "pg", tmp_path / NAMES[1])  # never taken for "not archived": it cannot be compared
+    assert damaged.value.exit_code == IntegrityError.exit_code
 
 
 def test_a_damaged_pack_is_refused_and_another_copy_is_read(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

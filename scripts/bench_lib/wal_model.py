@@ -195,6 +195,7 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
     once), with the policy `wal-pack` on (`pack`) or off."""
     from braid.ops.wal import ArchiveInfo
     from braid.ops.wal_pack_process import process_staged_files
+    from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
 
@@ -222,8 +223,9 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         pusher: Counter[str] = Counter()
         resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
         resident_staging = CountingStaging(pusher)
+        packs = PackListing()  # the pusher lists each directory's packs once in its life (LIST: PUT-class)
         for path in files[1:]:
-            stage_wal(Repository(CountingStore(root / "repo", pusher), resident.config), resident_staging, "pg", path)
+            stage_wal(Repository(CountingStore(root / "repo", pusher), resident.config), resident_staging, "pg", path, packs)
         staging.counts = worker
         container = Repository.open(CountingStore(root / "repo", Counter()))  # once per container, not per segment
         container = Repository(CountingStore(root / "repo", worker), container.config)

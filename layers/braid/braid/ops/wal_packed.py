@@ -11,11 +11,13 @@ decodes.
 
 from __future__ import annotations
 
+import threading
+
 from braid.errors import IntegrityError
 from braid.format.layout import directory_prefix, wal_prefix
 from braid.format.repository import Repository
 from braid.format.wal import SEGMENT, WalFile
-from braid.format.wal_pack import StoredPack, pack_context_name, pack_members
+from braid.format.wal_pack import PACK_PREFIX, StoredPack, pack_context_name, pack_members
 from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
@@ -37,8 +39,31 @@ def packs_holding(store: ObjectStore, name: str, file: WalFile) -> list[str]:
     """The keys of the packs that hold `file` (a segment), in key order: one LIST of its directory."""
     if file.kind != SEGMENT or file.segment is None:
         return []
-    return [info.key for info in store.list(directory_prefix(name, file.segment))
-            if any(m.name == file.name for m in packed_members(name, info.key) or ())]
+    return _holding(name, file, [info.key for info in store.list(directory_prefix(name, file.segment))])
+
+
+def _holding(name: str, file: WalFile, keys: list[str]) -> list[str]:
+    return [key for key in keys if any(m.name == file.name for m in packed_members(name, key) or ())]
+
+
+class PackListing:
+    """The pack keys of each directory, listed once and kept (the async pusher: one LIST per directory in its life).
+    A pack written after its directory was listed is not seen (the WAL worker still compares before it packs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[tuple[str, str], list[str]] = {}
+
+    def holding(self, store: ObjectStore, name: str, file: WalFile) -> list[str]:
+        """packs_holding, from this listing (listed on the first look at `file`'s directory)."""
+        if file.kind != SEGMENT or file.segment is None:
+            return []
+        with self._lock:  # the pusher's threads share it: one LIST per directory, not one per thread
+            keys = self._keys.get((name, file.name[:16]))
+            if keys is None:
+                keys = [info.key for info in store.list(directory_prefix(name, file.segment) + PACK_PREFIX) if packed_members(name, info.key)]
+                self._keys[(name, file.name[:16])] = keys
+        return _holding(name, file, keys)
 
 
 def read_pack_head(store: ObjectStore, name: str, key: str) -> StoredPack:
