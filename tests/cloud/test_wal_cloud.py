@@ -178,10 +178,11 @@ def test_a_bad_file_in_a_batch_fails_alone_and_is_kept(cloud: Emulator, tmp_path
     wait_for("its staged version removed", lambda: not versions(cloud, bad), cloud)
 
 
-def test_segments_of_one_batch_are_one_pack_and_a_conflict_on_a_packed_file_is_refused_by_the_worker(cloud: Emulator, tmp_path: Path) -> None:
+def test_segments_of_one_batch_are_one_pack_and_a_conflicting_push_of_a_packed_file_exits_7(cloud: Emulator, tmp_path: Path) -> None:
     """Policy wal-pack: whole segments of one directory batched together are one object under one data key; fetch reads
     each from it; a duplicate push is accepted and a push of other bytes (which the host's HEAD cannot see inside a
-    pack) is refused by the worker: nothing archived again, nothing replaced, no raw bytes left."""
+    pack: the LIST of the directory's packs and the pack's index answer) exits 7 naming both checksums; the worker
+    drops its staged bytes: nothing archived again, nothing replaced, no raw bytes left."""
     names = ["000000010000000000000040", "000000010000000000000041"]
     s3 = cloud.client("s3")
     data = {name: segment_bytes(name, marker=MARKER) for name in names}
@@ -201,12 +202,18 @@ def test_segments_of_one_batch_are_one_pack_and_a_conflict_on_a_packed_file_is_r
     duplicate = tmp_path / "again" / names[0]
     duplicate.parent.mkdir()
     duplicate.write_bytes(data[names[0]])
-    assert push(cloud, duplicate).code == 0
+    again = push(cloud, duplicate)
+    assert (again.code, again.stderr) == (0, ""), again.stderr
     wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
     other = tmp_path / "other" / names[1]
     other.parent.mkdir()
     other.write_bytes(segment_bytes(names[1], seed=7))
-    assert push(cloud, other).code == 0, "staged: durable; the worker compares it with the pack's copy"
+    refused = push(cloud, other)
+    assert refused.code == 7, refused.stderr
+    pushed, stored = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(data[names[1]]).hexdigest()
+    assert f"{names[1]} is already archived under 'pg' with different content" in refused.stderr
+    assert f"archived sha256:{stored}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
+    assert refused.stderr.count("\n") == 1
     wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
     assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
     dest = tmp_path / "after-conflict"
