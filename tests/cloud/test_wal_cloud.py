@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -214,6 +216,20 @@ def test_segments_of_one_batch_are_one_pack_and_a_conflicting_push_of_a_packed_f
     assert f"{names[1]} is already archived under 'pg' with different content" in refused.stderr
     assert f"archived sha256:{stored}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
     assert refused.stderr.count("\n") == 1
+    wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
+    spool = tmp_path / "spool"
+    try:  # the resident pusher (its own LIST of the directory's packs) refuses them the same way
+        by_pusher = braid(cloud, AGENT, "wal-push", "--name", "pg", "--async", "--spool", str(spool), str(other))
+    finally:
+        for lock in spool.glob("*/pusher.lock"):  # it would idle out after a minute
+            text = lock.read_text().strip()
+            if text:
+                try:
+                    os.kill(int(text), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    assert by_pusher.code == 7 and "could not archive" in by_pusher.stderr, by_pusher.stderr
+    assert f"archived sha256:{stored}" in by_pusher.stderr and f"pushed sha256:{pushed}" in by_pusher.stderr
     wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
     assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
     dest = tmp_path / "after-conflict"
