@@ -23,35 +23,77 @@ SEGMENTS = 2**40 // 2**24  # 16 MiB segments in a TiB
 
 @pytest.fixture(scope="module")
 def requests() -> wal_model.Requests:
-    return wal_model.count_requests(segments=4)
+    return wal_model.count_requests()  # one full batch, the policy wal-pack on
 
 
-def test_requests_per_segment_are_counted_from_the_code(requests: wal_model.Requests) -> None:
-    # wal-push: config.json and archive.json read, the staged PUT, the archive's HEAD after it.
-    assert requests.host == {"s3_get_class": 3.0, "s3_put_class": 1.0}
-    assert requests.host_async == {"s3_get_class": 2.0, "s3_put_class": 1.0}  # the resident pusher reads config.json once
-    # The worker: the staged GET, one data key, the create-only PUT, the staged version's DELETE (free).
-    assert requests.worker == {"s3_get_class": 1.0, "kms_request": 1.0, "s3_put_class": 1.0, "s3_delete_free": 1.0}
+@pytest.fixture(scope="module")
+def unpacked() -> wal_model.Requests:
+    return wal_model.count_requests(pack=False)
+
+
+def test_requests_per_segment_are_counted_from_the_code(requests: wal_model.Requests, unpacked: wal_model.Requests) -> None:
+    # wal-push: config.json and archive.json read, the staged PUT, the archive's HEAD after it, and (the record is
+    # version 2: the archive may hold packs, whether or not the worker packs) one LIST of the directory's packs.
+    assert requests.host == unpacked.host == {"s3_get_class": 3.0, "s3_put_class": 2.0}
+    # The resident pusher reads config.json once and lists a directory's packs once: here once for the batch's segments.
+    assert requests.host_async == unpacked.host_async == {"s3_get_class": 2.0, "s3_put_class": pytest.approx(1 + 1 / contract.WAL_BATCH_SIZE)}
+    # The worker, policy wal-pack off: per file the staged GET, one data key, the create-only PUT, the staged version's DELETE (free).
+    assert unpacked.worker == {"s3_get_class": 1.0, "kms_request": 1.0, "s3_put_class": 1.0, "s3_delete_free": 1.0}
+    # On: per batch of 10 one LIST of the directory (copies archived already), one data key and one PUT: the pack.
+    assert requests.worker == {"s3_get_class": 1.0, "kms_request": 0.1, "s3_put_class": 0.2, "s3_delete_free": 1.0}
 
 
 def test_the_wal_cost_per_tib_is_the_sum_of_its_priced_counts(requests: wal_model.Requests) -> None:
     cpu, ratio = 0.1125, 0.54
     (row, _async) = wal_model.table_rows(requests, cpu, ratio, backup_cost_per_tib=0.64)
     network = 76e6  # bytes/s of a function below 2 GB (published measurements; scale_sim)
-    seconds = 2**24 * (1 + ratio) / network + cpu * 1769 / contract.WAL_MEMORY_MB + 4 * 0.015
+    batch = contract.WAL_BATCH_SIZE
+    # worker-overlap: the staged GET hides behind the codec (at 512 MB the codec is the longer); the pack's PUT follows.
+    seconds = max(2**24 / network, cpu * 1769 / contract.WAL_MEMORY_MB) + 2**24 * ratio / network + (1 + 2 / batch + 1 / batch + 1) * 0.015
     by_hand = SEGMENTS * (
-        (1 + 1) * PUT  # the host's staged PUT, the worker's archived PUT
+        (2 + 2 / batch) * PUT  # the host's staged PUT and LIST of packs; per batch the worker's LIST and the pack's PUT
         + (3 + 1) * GET
-        + KMS
-        + (1 + 2 / contract.WAL_BATCH_SIZE) * SQS
-        + INVOKE / contract.WAL_BATCH_SIZE
+        + KMS / batch
+        + (1 + 2 / batch) * SQS
+        + INVOKE / batch
         + seconds * contract.WAL_MEMORY_MB / 1024 * GB_S
     ) + 0.023 * (2**40 / 1e9) * contract.WAL_BATCH_WINDOW_SECONDS / (30 * 86400)
     assert row["segment_seconds"] == pytest.approx(seconds, abs=1e-3)
     assert row["wal_cost_per_tib"] == pytest.approx(by_hand, abs=1e-3)
     assert row["wal_over_backup"] == pytest.approx(by_hand / 0.64, abs=1e-3)
-    # Two PUTs of a 16 MiB object alone cost more than half the backup path's whole TiB: the figure that packing would cut.
-    assert row["costs_per_tib"]["host s3 PUT-class"] == pytest.approx(SEGMENTS * PUT)
+    # The host's PUT and LIST per 16 MiB segment alone are the backup path's whole TiB: the figure a bundle would cut.
+    assert row["costs_per_tib"]["host s3 PUT-class"] == pytest.approx(SEGMENTS * 2 * PUT)
+
+
+def test_each_policy_on_and_off_by_hand(requests: wal_model.Requests, unpacked: wal_model.Requests) -> None:
+    cpu, ratio, batch = 0.1125, 0.54, contract.WAL_BATCH_SIZE
+    rows = {(r["policies"], r["mode"]): r for r in wal_model.policy_rows(requests, unpacked, cpu, ratio, 0.64)}
+    get, put, codec = 2**24 / 76e6, 2**24 * ratio / 76e6, cpu * 1769 / contract.WAL_MEMORY_MB
+
+    def by_hand(host_gets: float, host_puts: float, worker_puts: float, kms: float, overlap: bool, messages: float) -> float:
+        trips = 1 + worker_puts + kms + 1  # the staged GET, the PUT-class requests, KMS, the DELETE
+        seconds = (max(get, codec) if overlap else get + codec) + put + trips * 0.015
+        return SEGMENTS * (
+            (host_puts + worker_puts) * PUT + (host_gets + 1) * GET + kms * KMS + messages * (1 + 2 / batch) * SQS
+            + messages * INVOKE / batch + seconds * contract.WAL_MEMORY_MB / 1024 * GB_S
+        ) + 0.023 * (2**40 / 1e9) * contract.WAL_BATCH_WINDOW_SECONDS / (30 * 86400)
+
+    sync, pusher = 2, 1 + 1 / batch  # the staged PUT and, per push or per directory in the pusher's life, the LIST of packs
+    expected = {
+        ("none (before)", "wal-push"): by_hand(3, sync, 1, 1, False, 1),
+        ("none (before)", "wal-push --async"): by_hand(2, pusher, 1, 1, False, 1),
+        ("wal-pack", "wal-push"): by_hand(3, sync, 2 / batch, 1 / batch, False, 1),
+        ("wal-pack", "wal-push --async"): by_hand(2, pusher, 2 / batch, 1 / batch, False, 1),
+        ("async-bundle", "wal-push --async"): by_hand(2, pusher / batch, 1, 1, False, 1 / batch),
+        ("worker-overlap", "wal-push"): by_hand(3, sync, 1, 1, False, 1),  # it reads a pack's members: without packs, no change
+        ("wal-pack + worker-overlap", "wal-push"): by_hand(3, sync, 2 / batch, 1 / batch, True, 1),
+        ("all", "wal-push --async"): by_hand(2, pusher / batch, 2 / batch, 1 / batch, True, 1 / batch),
+    }
+    for key, value in expected.items():
+        assert rows[key]["wal_cost_per_tib"] == pytest.approx(value, abs=1e-3), key
+        assert rows[key]["wal_over_backup"] == pytest.approx(value / 0.64, abs=1e-3), key
+    assert rows[("wal-pack + worker-overlap", "wal-push")]["built"] and not rows[("async-bundle", "wal-push --async")]["built"]
+    assert rows[("wal-pack", "wal-push")]["wal_cost_per_tib"] < rows[("none (before)", "wal-push")]["wal_cost_per_tib"] - 0.4
 
 
 def test_the_p99_to_the_final_form_is_within_a_minute(requests: wal_model.Requests) -> None:
@@ -80,3 +122,5 @@ def test_cloud_model_prints_the_wal_table_with_its_stable_names(tmp_path: Path) 
     verdict = "PASS" if wal["rows"][0]["wal_cost_per_tib"] <= 0.64 else "MISS"
     assert targets["WAL $ per TiB (wal-push) <= the backup path's"][""] == verdict
     assert "encode_wal measured here" in facts["wal codec CPU per 16 MiB segment on arm64"]
+    policies = tables[3].to_json()
+    assert policies["key"] == "wal_policies" and {r["policies"] for r in policies["rows"]} >= {"none (before)", "wal-pack", "all"}

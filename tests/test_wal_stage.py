@@ -199,10 +199,8 @@ def test_sqs_messages_name_staged_files_and_each_failure_is_reported_alone() -> 
     assert list(records_of(_event(test=True))) == []
     assert [r.file.name for r in records_of(_event("wal-staging/pg/00000002.history"))] == ["00000002.history"]
 
-    def process(record):  # type: ignore[no-untyped-def]
-        if record.file.name.endswith("5"):
-            raise StorageError("S3 failed")
-        return Processed(record.name, record.file.name, STORED)
+    def process(records):  # type: ignore[no-untyped-def]
+        return [StorageError("S3 failed") if r.file.name.endswith("5") else Processed(r.name, r.file.name, STORED) for r in records]
 
     messages = {"Records": [
         {"messageId": "m1", "body": _event("wal-staging/pg/000000010000000000000004")},

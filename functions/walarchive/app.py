@@ -2,41 +2,58 @@
 
 Event: an SQS batch (the event source mapping on the stack's WAL queue, with
 ReportBatchItemFailures), each message an S3 "object created" notification
-for `wal-staging/NAME/FILE` (braid_infra.wal_archive). Each file is
-compressed and encrypted under its own KMS data key, stored create-only
-under `wal/`, and its staged version deleted by id (braid.ops.wal_process).
+for `wal-staging/NAME/FILE` (braid_infra.wal_archive). The batch's files
+are compressed and encrypted under KMS data keys and stored create-only
+under `wal/`: whole segments of one directory as one pack per batch (policy
+`wal-pack`, off with BRAID_WAL_PACK=off; each pack's next file read during
+the codec: `worker-overlap`, off with BRAID_WAL_OVERLAP=off), other files one object each; each
+staged version is then deleted by id (braid.ops.wal_pack_process).
 Returns the partial batch response: the messages to deliver again.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from braid import contract
 from braid.adapters.aws.lambda_env import key_service, repository_store
 from braid.adapters.aws.wal_staging import S3WalStaging
+from braid.errors import BackupError
 from braid.format.repository import Repository
 from braid.ops.wal import ArchiveInfo
-from braid.ops.wal_process import CONFLICT, STORED, Processed, process_staged
+from braid.ops.wal_pack_process import process_staged_files
+from braid.ops.wal_process import CONFLICT, STORED, Processed
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
 from braid.pipeline.wal_batch import StagedRecord, process_batch
 
 _repositories: dict[str, tuple[Repository, S3WalStaging]] = {}  # per container: config.json read once per repository prefix
-_known: dict[tuple[str, str], ArchiveInfo] = {}  # per container: each archive's identity record (never changes once written)
+_known: dict[str, dict[str, ArchiveInfo]] = {}  # per container and prefix: each archive's identity record (never changes)
 
 
-def _process(record: StagedRecord) -> Processed:
-    if record.prefix not in _repositories:
-        store = repository_store(record.prefix)
-        _repositories[record.prefix] = (Repository.open(store), S3WalStaging(store))
-    repository, staging = _repositories[record.prefix]
-    known = {name: info for (prefix, name), info in _known.items() if prefix == record.prefix}
-    done = process_staged(repository, key_service(), staging, record.name, record.file, record.version, known=known)
-    for name, info in known.items():
-        _known[(record.prefix, name)] = info
-    logger.info("WAL file processed", extra={"name": done.name, "file": done.file, "outcome": done.outcome})
-    if done.outcome == CONFLICT:
-        logger.error("a push with other bytes was refused; the archive keeps its copy", extra={"detail": done.detail})
-    return done
+def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
+    pack_files = 1 if os.environ.get(contract.ENV_WAL_PACK, "on") == "off" else contract.WAL_PACK_FILES
+    overlap = os.environ.get(contract.ENV_WAL_OVERLAP, "on") != "off"
+    results: dict[int, Processed | BackupError] = {}
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, record in enumerate(records):
+        groups.setdefault((record.prefix, record.name), []).append(i)
+    for (prefix, name), members in groups.items():
+        if prefix not in _repositories:
+            store = repository_store(prefix)
+            _repositories[prefix] = (Repository.open(store), S3WalStaging(store))
+        repository, staging = _repositories[prefix]
+        files = [(records[i].file, records[i].version) for i in members]
+        done = process_staged_files(
+            repository, key_service(), staging, name, files, pack_files=pack_files, overlap=overlap, known=_known.setdefault(prefix, {})
+        )
+        results.update(zip(members, done, strict=True))
+    for result in results.values():
+        if isinstance(result, Processed):
+            logger.info("WAL file processed", extra={"name": result.name, "file": result.file, "outcome": result.outcome})
+            if result.outcome == CONFLICT:
+                logger.error("a push with other bytes was refused; the archive keeps its copy", extra={"detail": result.detail})
+    return [results[i] for i in range(len(records))]
 
 
 @pipeline_handler

@@ -100,6 +100,20 @@ class WalArchive(Construct):
                 treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
                 alarm_description="Braid: pushed WAL waits more than 5 minutes for the WAL worker",
             ),
+            cloudwatch.Alarm(
+                self,
+                "ConflictsAlarm",
+                metric=cloudwatch.Metric(
+                    namespace=contract.METRICS_NAMESPACE, metric_name="WalConflicts", dimensions_map={"service": contract.SERVICE_NAME},
+                    period=Duration.minutes(5), statistic="Sum",
+                ),
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                alarm_description="Braid: the WAL worker refused a pushed WAL file whose name is archived with other bytes (a packed file;"
+                " the archive kept its copy): a second cluster pushing under the same name? (docs/format.md, policy wal-pack)",
+            ),
         ]
 
     def _notify(self, storage: Storage) -> None:

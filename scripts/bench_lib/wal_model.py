@@ -2,8 +2,9 @@
 
 Counted, not assumed: every S3 and KMS request of a pushed segment comes
 from running the real code (braid.ops.wal_stage.stage_wal on the host,
-braid.ops.wal_process.process_staged in the WAL worker) over synthetic
-16 MiB segments against counting stores (`count_requests`). What the
+braid.ops.wal_pack_process.process_staged_files in the WAL worker, one full
+batch, the policy wal-pack on or off) over synthetic segments against
+counting stores (`count_requests`). What the
 stack deploys comes from braid.contract (the worker's memory, timeout,
 batch size and batching window). Prices are the one table
 (braid.format.prices, us-east-1 list prices) plus SQS's, which it lacks.
@@ -135,7 +136,7 @@ class CountingStaging:
         found = self.archived.get(key)
         return None if found is None else found[1]
 
-    def put_archived(self, key: str, blob: bytes, sha256: str) -> None:
+    def put_archived(self, key: str, blob: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
         self.counts["stored_bytes"] += len(blob)
         if key in self.archived:
@@ -188,10 +189,13 @@ def _segment(name: str, size: int) -> bytes:
     return header + os.urandom(size - len(header))
 
 
-def count_requests(segments: int = 8, size: int = 1 * MiB) -> Requests:
+def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True) -> Requests:
     """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), then
-    process them as the WAL worker does (one container: the repository and archive record read once)."""
+    process them as the WAL worker does: one full batch (one container: the repository and archive record read
+    once), with the policy `wal-pack` on (`pack`) or off."""
     from braid.ops.wal import ArchiveInfo
+    from braid.ops.wal_pack_process import process_staged_files
+    from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
 
@@ -219,14 +223,18 @@ def count_requests(segments: int = 8, size: int = 1 * MiB) -> Requests:
         pusher: Counter[str] = Counter()
         resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
         resident_staging = CountingStaging(pusher)
+        packs = PackListing()  # the pusher lists each directory's packs once in its life (LIST: PUT-class)
         for path in files[1:]:
-            stage_wal(Repository(CountingStore(root / "repo", pusher), resident.config), resident_staging, "pg", path)
+            stage_wal(Repository(CountingStore(root / "repo", pusher), resident.config), resident_staging, "pg", path, packs)
         staging.counts = worker
         container = Repository.open(CountingStore(root / "repo", Counter()))  # once per container, not per segment
         container = Repository(CountingStore(root / "repo", worker), container.config)
         keys = CountingKeys(worker)
-        for name in names[1:]:
-            process_staged(container, keys, staging, "pg", WalFile.parse(name), known=known)
+        batch = [(WalFile.parse(name), None) for name in names[1:]]
+        pack_files = contract.WAL_PACK_FILES if pack else 1
+        for start in range(0, len(batch), contract.WAL_BATCH_SIZE):
+            done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
+            assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
     per = float(segments)
     return Requests(
@@ -247,21 +255,31 @@ def measure_codec_cpu(data: bytes, level: int = 3) -> float:
     return best
 
 
-def segment_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], memory_mb: int = contract.WAL_MEMORY_MB) -> float:
+def segment_seconds(
+    codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], memory_mb: int = contract.WAL_MEMORY_MB, *, overlap: bool = False
+) -> float:
     """The WAL worker's billed seconds for one segment: its GET and PUT at the function's network rate, the codec
-    at the vCPU share `memory_mb` buys, and each request's round trip (KMS's too)."""
+    at the vCPU share `memory_mb` buys, and each request's round trip (KMS's too). With `overlap` (the policy
+    worker-overlap: a second lane reads a pack's next staged file while this one is encoded) the GET hides behind
+    the codec; the PUT of the pack still follows it."""
     network = scale_sim.lambda_network_mb_s(memory_mb) * 1e6
-    transfer = SEGMENT * (1 + stored_ratio) / network
+    get, put = SEGMENT / network, SEGMENT * stored_ratio / network
     cpu = codec_cpu * scale_sim.FULL_VCPU_MB / min(memory_mb, scale_sim.FULL_VCPU_MB)
-    return transfer + cpu + sum(worker_requests.values()) * scale_sim.REQUEST_SECONDS  # a DELETE is free but takes its round trip
+    work = (max(get, cpu) if overlap else get + cpu) + put
+    return work + sum(worker_requests.values()) * scale_sim.REQUEST_SECONDS  # a DELETE is free but takes its round trip
 
 
-def cost_per_tib(requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False) -> dict[str, float]:
-    """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging."""
+def cost_per_tib(
+    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: int = 1
+) -> dict[str, float]:
+    """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
+    `overlap`: the worker's policy worker-overlap; `bundle` is modelled, not built: `--async` staging `bundle` ready
+    segments per PUT (one S3 event, one SQS message per bundle)."""
     n = SEGMENTS_PER_TIB
-    host = requests.host_async if asynchronous else requests.host
+    host = dict(requests.host_async if asynchronous else requests.host)
+    host["s3_put_class"] = host.get("s3_put_class", 0) / bundle
     batch = contract.WAL_BATCH_SIZE
-    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker)
+    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
     staged_gb_months = (TIB / 1e9) * ASSUME["staged_seconds_p50"] / (30 * 86400)
     return {
@@ -271,30 +289,32 @@ def cost_per_tib(requests: Requests, codec_cpu: float, stored_ratio: float, *, a
         "worker s3 GET-class": n * requests.worker.get("s3_get_class", 0) * PRICES["s3_get_class"],
         "kms requests": n * (host.get("kms_request", 0) + requests.worker.get("kms_request", 0)) * PRICES["kms_request"],
         # S3's SendMessage per file; per batch one ReceiveMessage (a full batch) and one DeleteMessageBatch.
-        "sqs requests": n * (1 + 2 / batch) * PRICES["sqs_request"],
-        "lambda invocations": n / batch * PRICES["lambda_request"],
+        "sqs requests": n * (1 / bundle + 2 / batch / bundle) * PRICES["sqs_request"],
+        "lambda invocations": n / batch / bundle * PRICES["lambda_request"],
         "lambda GB-seconds": n * gb_s * PRICES["lambda_gb_s"],
         "staging storage": staged_gb_months * PRICES["s3_storage_gb_month"],
     }
 
 
-def p99_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float]) -> dict[str, float]:
+def p99_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], *, overlap: bool = True) -> dict[str, float]:
     """The worst case of a full batch, by step: the p99 from a push's exit 0 to its final encrypted object."""
     return {
         "s3 event to sqs (assumed p99)": ASSUME["s3_event_p99_seconds"],
         "long poll": ASSUME["poll_seconds"],
         "batching window": float(contract.WAL_BATCH_WINDOW_SECONDS),
         "cold start": scale_sim.COLD_START_SECONDS,
-        "full batch, one file after another": contract.WAL_BATCH_SIZE * segment_seconds(codec_cpu, stored_ratio, worker_requests),
+        "full batch, one file after another": contract.WAL_BATCH_SIZE * segment_seconds(codec_cpu, stored_ratio, worker_requests, overlap=overlap),
     }
 
 
-def table_rows(requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
-    """The `wal` table's rows (stable names): one per archive_command mode."""
+def table_rows(
+    requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None, *, overlap: bool = True
+) -> list[dict[str, Any]]:
+    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (the worker's policies on)."""
     rows = []
-    p99 = p99_seconds(codec_cpu, stored_ratio, requests.worker)
+    p99 = p99_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap)
     for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous)
+        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap)
         total = sum(costs.values())
         rows.append({
             "mode": mode,
@@ -302,9 +322,35 @@ def table_rows(requests: Requests, codec_cpu: float, stored_ratio: float, backup
             "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
             "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
             "p99_seconds_to_final": round(sum(p99.values()), 2),
-            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, requests.worker), 3),
+            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap), 3),
             "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
             "p99_steps": {k: round(v, 3) for k, v in p99.items()},
         })
     return rows
 
+
+
+# The WAL path's policies: `wal-pack` (requests counted by running braid.ops.wal_pack_process) and `worker-overlap`
+# (its second lane: the staged GET hidden behind the codec, priced here) are built; `async-bundle` (wal-push --async
+# staging up to WAL_BATCH_SIZE ready segments per PUT, at a backlog) is modelled from the counted requests, not built.
+POLICIES = ("wal-pack", "async-bundle", "worker-overlap")
+BUILT = {"wal-pack": True, "async-bundle": False, "worker-overlap": True}
+
+
+def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
+    """$ per TiB per mode with each policy alone, all off, and all on: rows of the `wal policies` table."""
+    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))]
+    rows = []
+    for label, on in sets:
+        requests = packed if "wal-pack" in on else unpacked
+        for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
+            bundle = contract.WAL_BATCH_SIZE if asynchronous and "async-bundle" in on else 1
+            if not asynchronous and "async-bundle" in on and len(on) == 1:
+                continue  # the policy is --async's alone
+            overlap = {"worker-overlap", "wal-pack"} <= on  # the second lane reads a pack's members: alone, it has nothing to overlap
+            total = sum(cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundle).values())
+            rows.append({
+                "policies": label, "mode": mode, "built": all(BUILT[p] for p in on), "wal_cost_per_tib": round(total, 4),
+                "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
+            })
+    return rows

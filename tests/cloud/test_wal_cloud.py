@@ -15,6 +15,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -68,6 +70,23 @@ def archived_key(name: str) -> str:
     return f"wal/pg/history/{name}" if name.endswith(".history") else f"wal/pg/{name[:16]}/{name}"
 
 
+def archived(emulator: Emulator) -> dict[str, list[str]]:
+    """Every file archived under wal/pg/, with the keys holding it: its own object's, or a pack's (policy wal-pack)."""
+    from braid.ops.wal_packed import packed_members
+
+    found: dict[str, list[str]] = {}
+    for key in emulator.keys("wal/pg/"):
+        members = packed_members("pg", key)
+        for name in [m.name for m in members] if members else [key.rpartition("/")[2]]:
+            found.setdefault(name, []).append(key)
+    return found
+
+
+def etags(emulator: Emulator, prefix: str) -> dict[str, str]:
+    s3 = emulator.client("s3")
+    return {key: s3.head_object(Bucket=emulator.bucket, Key=key)["ETag"] for key in emulator.keys(prefix)}
+
+
 def push(emulator: Emulator, path: Path, caller: str = AGENT) -> Any:
     return braid(emulator, caller, "wal-push", "--name", "pg", str(path))
 
@@ -97,10 +116,12 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
         done = push(cloud, path)
         assert (done.code, done.stderr) == (0, ""), done.stderr
     # Durable at exit 0: staged (or already archived, if the worker was quick).
-    assert all(cloud.keys(f"wal-staging/pg/{p.name}") or cloud.keys(archived_key(p.name)) for p in files)
+    assert all(cloud.keys(f"wal-staging/pg/{p.name}") or p.name in archived(cloud) for p in files)
 
     # The first batch fails (--fail-wal first=1); SQS delivers it again and the worker archives every file.
-    wait_for("every file archived", lambda: all(cloud.keys(archived_key(p.name)) for p in files), cloud)
+    wait_for("every file archived", lambda: all(p.name in archived(cloud) for p in files), cloud)
+    singles = [history, label, partial]  # never packed: only whole segments are
+    assert all(archived(cloud)[p.name] == [archived_key(p.name)] for p in singles)
     wait_for("staging purged, every version", lambda: not versions(cloud, "wal-staging/"), cloud)
     assert len(cloud.requests(service="lambda", op="Invoke")) >= 2, "the failed batch was delivered again"
     assert cloud.keys("wal/pg/archive.json")
@@ -114,23 +135,23 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
         assert (got.code, got.stderr) == (0, ""), got.stderr
         assert dest.read_bytes() == path.read_bytes()
 
-    before = cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"]
+    before = etags(cloud, "wal/pg/")
     again = push(cloud, files[0])  # PostgreSQL re-archives after a crash: the same bytes are accepted
     assert (again.code, again.stderr) == (0, "")
     wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
-    assert cloud.client("s3").head_object(Bucket=cloud.bucket, Key=archived_key(files[0].name))["ETag"] == before
+    assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
 
-    other = tmp_path / "other" / SEGMENTS[0]
+    other = tmp_path / "other" / label.name  # a file stored alone: the host's HEAD finds it and refuses other bytes
     other.parent.mkdir()
-    other.write_bytes(segment_bytes(SEGMENTS[0], seed=7))
+    other.write_bytes(label.read_bytes() + b"other\n")
     refused = push(cloud, other)
     assert refused.code == 7, refused.stderr
-    pushed, archived = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(files[0].read_bytes()).hexdigest()
-    assert f"archived sha256:{archived}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
+    pushed, stored = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(label.read_bytes()).hexdigest()
+    assert f"archived sha256:{stored}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
     assert refused.stderr.count("\n") == 1
     wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
     dest = tmp_path / "after-conflict"
-    assert fetch(cloud, SEGMENTS[0], dest).code == 0 and dest.read_bytes() == files[0].read_bytes(), "nothing was overwritten"
+    assert fetch(cloud, label.name, dest).code == 0 and dest.read_bytes() == label.read_bytes(), "nothing was overwritten"
     assert not any(MARKER in body for body in all_bytes(cloud, "wal-staging/"))
 
     missing = fetch(cloud, "0000000100000000000000FE", tmp_path / "missing")
@@ -147,16 +168,72 @@ def test_a_bad_file_in_a_batch_fails_alone_and_is_kept(cloud: Emulator, tmp_path
     good = [write_segment(tmp_path, name) for name in ("00000001000000000000000A", "00000001000000000000000B")]
     for path in good:
         assert push(cloud, path).code == 0
-    wait_for("the good files archived", lambda: all(cloud.keys(archived_key(p.name)) for p in good), cloud)
-    assert not cloud.keys(archived_key("000000010000000000000009"))
+    wait_for("the good files archived", lambda: all(p.name in archived(cloud) for p in good), cloud)
+    assert "000000010000000000000009" not in archived(cloud)
     assert cloud.keys(bad) == [bad], "the file that failed is kept for the retry"
     # An operator removes the bad object (by version: no raw copy stays); the file pushed by braid then archives.
     (version,) = [v["VersionId"] for v in s3.list_object_versions(Bucket=cloud.bucket, Prefix=bad).get("Versions", [])]
     s3.delete_object(Bucket=cloud.bucket, Key=bad, VersionId=version)
     path = write_segment(tmp_path, "000000010000000000000009")
     assert push(cloud, path).code == 0
-    wait_for("the file archived", lambda: cloud.keys(archived_key("000000010000000000000009")), cloud)
+    wait_for("the file archived", lambda: "000000010000000000000009" in archived(cloud), cloud)
     wait_for("its staged version removed", lambda: not versions(cloud, bad), cloud)
+
+
+def test_segments_of_one_batch_are_one_pack_and_a_conflicting_push_of_a_packed_file_exits_7(cloud: Emulator, tmp_path: Path) -> None:
+    """Policy wal-pack: whole segments of one directory batched together are one object under one data key; fetch reads
+    each from it; a duplicate push is accepted and a push of other bytes (which the host's HEAD cannot see inside a
+    pack: the LIST of the directory's packs and the pack's index answer) exits 7 naming both checksums; the worker
+    drops its staged bytes: nothing archived again, nothing replaced, no raw bytes left."""
+    names = ["000000010000000000000040", "000000010000000000000041"]
+    s3 = cloud.client("s3")
+    data = {name: segment_bytes(name, marker=MARKER) for name in names}
+    for name in names:  # staged back to back, as wal-push stages them: one batch (the batching window waits for the second)
+        digest = base64.b64encode(hashlib.sha256(data[name]).digest()).decode()
+        s3.put_object(Bucket=cloud.bucket, Key=f"wal-staging/pg/{name}", Body=data[name], ChecksumAlgorithm="SHA256", ChecksumSHA256=digest)
+    wait_for("both archived", lambda: all(name in archived(cloud) for name in names), cloud)
+    pack = "wal/pg/0000000100000000/pack-00000040-00000041"
+    assert [archived(cloud)[name] for name in names] == [[pack], [pack]]
+    wait_for("staging purged, every version", lambda: not versions(cloud, "wal-staging/"), cloud)
+    assert not any(MARKER in body for body in all_bytes(cloud, "wal/") + all_bytes(cloud, "wal-staging/")), "plaintext WAL left in the bucket"
+    for name in names:
+        got = fetch(cloud, name, tmp_path / name)
+        assert (got.code, got.stderr) == (0, "") and (tmp_path / name).read_bytes() == data[name], got.stderr
+
+    before = etags(cloud, "wal/pg/")
+    duplicate = tmp_path / "again" / names[0]
+    duplicate.parent.mkdir()
+    duplicate.write_bytes(data[names[0]])
+    again = push(cloud, duplicate)
+    assert (again.code, again.stderr) == (0, ""), again.stderr
+    wait_for("the duplicate's staged copy removed by the worker", lambda: not versions(cloud, "wal-staging/"), cloud)
+    other = tmp_path / "other" / names[1]
+    other.parent.mkdir()
+    other.write_bytes(segment_bytes(names[1], seed=7))
+    refused = push(cloud, other)
+    assert refused.code == 7, refused.stderr
+    pushed, stored = hashlib.sha256(other.read_bytes()).hexdigest(), hashlib.sha256(data[names[1]]).hexdigest()
+    assert f"{names[1]} is already archived under 'pg' with different content" in refused.stderr
+    assert f"archived sha256:{stored}" in refused.stderr and f"pushed sha256:{pushed}" in refused.stderr
+    assert refused.stderr.count("\n") == 1
+    wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
+    spool = tmp_path / "spool"
+    try:  # the resident pusher (its own LIST of the directory's packs) refuses them the same way
+        by_pusher = braid(cloud, AGENT, "wal-push", "--name", "pg", "--async", "--spool", str(spool), str(other))
+    finally:
+        for lock in spool.glob("*/pusher.lock"):  # it would idle out after a minute
+            text = lock.read_text().strip()
+            if text:
+                try:
+                    os.kill(int(text), signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+    assert by_pusher.code == 7 and "could not archive" in by_pusher.stderr, by_pusher.stderr
+    assert f"archived sha256:{stored}" in by_pusher.stderr and f"pushed sha256:{pushed}" in by_pusher.stderr
+    wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
+    assert etags(cloud, "wal/pg/") == before, "nothing archived again, nothing replaced"
+    dest = tmp_path / "after-conflict"
+    assert fetch(cloud, names[1], dest).code == 0 and dest.read_bytes() == data[names[1]]
 
 
 def test_wal_push_of_another_name_is_denied(cloud: Emulator, tmp_path: Path) -> None:

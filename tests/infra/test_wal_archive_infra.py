@@ -75,7 +75,9 @@ def test_a_dead_lettered_file_and_a_backlog_page_someone(template: Template) -> 
     backlog = next(p for lid, p in alarms.items() if lid.startswith("WalArchiveBacklogAlarm"))
     assert dead["MetricName"] == "ApproximateNumberOfMessagesVisible" and dead["Threshold"] == 1
     assert backlog["MetricName"] == "ApproximateAgeOfOldestMessage" and backlog["Threshold"] == 300
-    for props in (dead, backlog):
+    conflicts = next(p for lid, p in alarms.items() if lid.startswith("WalArchiveConflictsAlarm"))  # policy wal-pack: the worker refuses
+    assert (conflicts["MetricName"], conflicts["Namespace"], conflicts["Threshold"]) == ("WalConflicts", "Braid", 1)
+    for props in (dead, backlog, conflicts):
         assert props["AlarmActions"] and "MonitoringAlarms" in json.dumps(props["AlarmActions"])
     errors = [lid for lid in resources_of(template.to_json(), "AWS::CloudWatch::Alarm") if lid.startswith("MonitoringWalarchiveErrors")]
     assert errors, "the WAL worker's Errors alarm, as every function's"
@@ -104,3 +106,13 @@ def test_the_worker_uses_kms_only_for_wal_files_and_hosts_not_at_all(template: T
     deletes = {(a, r) for a, r in s3_grants(template, "FunctionsWalarchiveRole") if a.startswith("s3:Delete")}
     assert deletes == {("s3:DeleteObjectVersion", "wal-staging/*")}
     assert "s3:ListBucketVersions" not in actions(worker), "one version per staged key: deleted by the id it was read with"
+
+
+def test_a_packs_key_context_is_within_the_worker_s_kms_grant_and_a_backup_s_is_not() -> None:
+    from fnmatch import fnmatchcase
+
+    from braid.format.wal_pack import pack_context_name
+    
+    bound = pack_context_name("pg", "0000000100000000", "pack-00000004-00000005")
+    assert bound == "pg@wal/0000000100000000/pack-00000004-00000005" and fnmatchcase(bound, wal_archive.WAL_CONTEXT)  # IAM StringLike: * spans "/"
+    assert not fnmatchcase("pg@20261128T080000.000Z-00000001", wal_archive.WAL_CONTEXT)

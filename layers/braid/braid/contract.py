@@ -88,6 +88,12 @@ WAL_MEMORY_MB = 512
 WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
 WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
 WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
+# The WAL worker's policy `wal-pack` (braid.ops.wal_pack_process): a batch's whole segments of one directory stored as
+# packs of up to WAL_PACK_FILES, one PUT and one KMS data key each. Off when the function's ENV_WAL_PACK is "off".
+WAL_PACK_FILES = WAL_BATCH_SIZE
+ENV_WAL_PACK = "BRAID_WAL_PACK"
+# Its policy `worker-overlap`: a second lane reads a pack's next staged file while the codec encodes this one ("off": turns).
+ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

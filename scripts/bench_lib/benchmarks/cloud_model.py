@@ -680,7 +680,9 @@ def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: flo
         data = handle.read(wal_model.SEGMENT)
     codec_cpu = wal_model.measure_codec_cpu(data, ctx.args.level) / arm if len(data) == wal_model.SEGMENT else wal_model.ASSUME["codec_cpu_seconds"]
     requests = wal_model.count_requests()
+    unpacked = wal_model.count_requests(pack=False)
     rows = wal_model.table_rows(requests, codec_cpu, ratio, backup_cost_per_tib)
+    policies = wal_model.policy_rows(requests, unpacked, codec_cpu, ratio, backup_cost_per_tib)
     tables = [
         Table(
             "wal: WAL through the stack (wal-push stages, the WAL worker archives in batches), $ per TiB of WAL beside the backup"
@@ -703,10 +705,18 @@ def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: flo
                  "PASS" if rows[0]["p99_seconds_to_final"] <= WAL_P99_TARGET else "MISS"],
             ],
         ),
+        Table(
+            "wal policies: $ per TiB of WAL with each policy alone, none and all (wal-pack built and counted from its code;"
+            " async-bundle and worker-overlap modelled, not built: bench_lib.wal_model.POLICIES)",
+            list(policies[0]),
+            [list(row.values()) for row in policies],
+            key="wal_policies",
+        ),
     ]
     facts = {
         "wal codec CPU per 16 MiB segment on arm64": f"{codec_cpu:.3f} s (encode_wal measured here / {arm:.3f})",
         "wal requests per segment, counted (host wal-push / --async / WAL worker)": f"{requests.host} / {requests.host_async} / {requests.worker}",
+        "wal worker requests per segment, policy wal-pack off": f"{unpacked.worker}",
         "wal worker (braid.contract)": f"{contract.WAL_MEMORY_MB} MB, batches of {contract.WAL_BATCH_SIZE}, window {contract.WAL_BATCH_WINDOW_SECONDS} s",
         "wal assumptions": ", ".join(f"{k}={v}" for k, v in wal_model.ASSUME.items()),
     }

@@ -23,6 +23,7 @@ from pathlib import Path
 from braid.errors import BackupError
 from braid.format.wal import WalFile
 from braid.ops.wal_async import ERROR, LOCK, OK, QUEUE
+from braid.ops.wal_packed import PackListing
 
 IDLE_EXIT = 60.0
 RETRY_AFTER = 2.0
@@ -46,6 +47,7 @@ class Pusher:
         self.repository = open_repository(options.repo)
         # With the stack the host stages raw bytes and holds no key (braid.ops.wal_stage).
         self.keys = None if wal_staging_for(self.repository) else open_key_service(self.repository, options.key_file)
+        self.packs = PackListing()  # with the stack: each directory's packs listed once in this pusher's life (braid.ops.wal_stage)
         self.in_flight: dict[str, Future[None]] = {}
         self.failed: dict[str, float] = {}
         self.stored: set[str] = set()  # stored in this pusher's life: a .ready file not yet renamed is not pushed twice
@@ -80,7 +82,7 @@ class Pusher:
         from braid.cli.commands.wal import push_to
 
         try:
-            push_to(self.repository, self.options.key_file, None, self.options.name, path, self.options.level, self.keys)
+            push_to(self.repository, self.options.key_file, None, self.options.name, path, self.options.level, self.keys, self.packs)
         except BackupError as exc:
             self.failed[file] = time.monotonic()
             _write_marker(self.spool / ERROR / file, f"{exc}\n")

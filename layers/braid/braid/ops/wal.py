@@ -20,7 +20,8 @@ from braid.format.wal import DEFAULT_SEGMENT_SIZE, HISTORY, SEGMENT, WalFile, ch
 from braid.ports.store import ObjectStore
 
 INFO_FORMAT = "braid-wal-archive"
-INFO_VERSION = 1
+INFO_VERSION = 2  # 2: the archive may hold packs (braid.format.wal_pack); 1: one object per file, still read
+READ_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,17 @@ class ArchiveInfo:
     name: str
     system_identifier: int
     segment_size: int
+    version: int = INFO_VERSION
+
+    @property
+    def may_hold_packs(self) -> bool:
+        """Whether the WAL worker may pack into this archive: a reader older than version 2 refuses its record."""
+        return self.version >= 2
 
     def to_bytes(self) -> bytes:
         doc = {
             "format": INFO_FORMAT,
-            "version": INFO_VERSION,
+            "version": self.version,
             "name": self.name,
             "system_identifier": str(self.system_identifier),
             "segment_size": self.segment_size,
@@ -50,13 +57,13 @@ class ArchiveInfo:
     def from_bytes(cls, raw: bytes, where: str) -> ArchiveInfo:
         try:
             doc = json.loads(raw)
-            if doc.get("format") != INFO_FORMAT or doc.get("version") != INFO_VERSION:
-                raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}, expected {INFO_FORMAT} {INFO_VERSION}")
+            if doc.get("format") != INFO_FORMAT or doc.get("version") not in READ_VERSIONS:
+                raise ValueError(f"format {doc.get('format')!r} version {doc.get('version')!r}, expected {INFO_FORMAT} {READ_VERSIONS}")
             f = Fields(doc, "record", ("format", "version", "name", "system_identifier", "segment_size"))
             system = f.text("system_identifier")  # a decimal string: 64 bits exceed what JSON readers keep exact
             if not system.isdigit():
                 raise ValueError(f"system_identifier must be a decimal string, not {system!r}")
-            return cls(f.text("name"), int(system), check_segment_size(f.count("segment_size")))
+            return cls(f.text("name"), int(system), check_segment_size(f.count("segment_size")), int(doc["version"]))
         except (ValueError, KeyError, TypeError, AttributeError, UsageError) as exc:
             raise IntegrityError(f"{where} is not a valid WAL archive record: {exc}") from None
 
@@ -93,11 +100,17 @@ def segment_size_of(store: ObjectStore, name: str) -> int:
 
 
 def archived_files(store: ObjectStore, name: str, prefix: str | None = None) -> Iterator[tuple[WalFile, str]]:
-    """Every archived WAL file of `name` (under `prefix`, a key prefix inside its archive), with its key, in key order."""
+    """Every archived WAL file of `name` (under `prefix`, a key prefix inside its archive), with its key, in key order;
+    each member of a pack (braid.format.wal_pack) with the pack's key. A file archived twice is yielded twice."""
+    from braid.ops.wal_packed import packed_members
+
     for info in store.list(prefix or wal_prefix(name)):
         file = wal_file_of_key(name, info.key)
         if file is not None:
             yield file, info.key
+            continue
+        for member in packed_members(name, info.key) or ():
+            yield member, info.key
 
 
 def segments_in_range(timeline: int, first: int, last: int, segment_size: int) -> list[str]:

@@ -5,7 +5,8 @@ their keyed checksum before DEST exists: they are written to a temporary
 file beside DEST, synced, and renamed onto it, so DEST is never partial.
 A file not in the archive is WalNotArchivedError (exit 1: PostgreSQL's
 "end of the archive"); every other failure keeps its own code (>= 2).
-With the stack (`staging` given), a file the WAL worker has not stored yet
+A file not stored alone is looked for in the packs of its directory
+(braid.ops.wal_packed). With the stack (`staging` given), a file the WAL worker has not stored yet
 is served from its staged raw form, checked against its SHA-256
 (braid.ops.wal_stage); the archive is asked again when the staged object
 went meanwhile (the worker stored it between the two looks).
@@ -38,6 +39,11 @@ def fetch_wal_bytes(repository: Repository, keys: KeyService, name: str, file_na
             raw = store.get(key)
             break
         except NotFoundError:
+            from braid.ops.wal_packed import fetch_packed  # a file the WAL worker stored in a pack
+
+            packed = fetch_packed(repository, keys, name, file)
+            if packed is not None:
+                return packed
             if staging is not None:
                 from braid.ops.wal_stage import fetch_staged
 

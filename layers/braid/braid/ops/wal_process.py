@@ -70,20 +70,32 @@ def process_staged(
     staged = staging.read_staged(staged_key, version)
     if staged is None or staged.data is None:
         return Processed(name, file.name, GONE)
-    data = staged.data
+    check_staged(repository, name, file, staged.data, known)
+    return archive_alone(repository, keys, staging, name, file, staged.data, staged.version, level)
+
+
+def check_staged(repository: Repository, name: str, file: WalFile, data: bytes, known: dict[str, ArchiveInfo] | None) -> ArchiveInfo | None:
+    """A segment's cluster against the archive's record (the first segment writes it); the record, cached in `known`."""
     if known is not None and name in known:
         check_staged_identity(repository, name, file, data, known[name])
-    else:
-        info = check_identity(repository, name, file, data)
-        if known is not None and info is not None:
-            known[name] = info
+        return known[name]
+    info = check_identity(repository, name, file, data)
+    if known is not None and info is not None:
+        known[name] = info
+    return info
+
+
+def archive_alone(
+    repository: Repository, keys: KeyService, staging: WalStaging, name: str, file: WalFile, data: bytes, version: str | None, level: int = 3
+) -> Processed:
+    """Store `file` as one object (create-only; a copy already there is compared), then remove its staged `version`."""
     digest = hashlib.sha256(data).hexdigest()
     try:
         outcome, stored_size = _archive(repository, keys, staging, name, file, data, digest, level)
         detail = ""
     except WalConflictError as exc:  # the archive keeps what it has; the refused raw bytes go all the same
         outcome, stored_size, detail = CONFLICT, 0, str(exc)
-    staging.remove_staged(staged_key, staged.version)
+    staging.remove_staged(wal_staging_key(name, file), version)
     return Processed(name, file.name, outcome, len(data), stored_size, detail)
 
 

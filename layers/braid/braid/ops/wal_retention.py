@@ -54,18 +54,23 @@ class WalPrunePlan:
     remove: list[tuple[WalFile, str]] = field(default_factory=list)  # (file, key), in key order
     kept_from: list[BackupStart] = field(default_factory=list)
     reason: str | None = None  # set when nothing is removed on purpose
+    stays: set[str] = field(default_factory=set)  # files with another copy kept (in a pack a kept backup needs)
+
+    def files(self) -> list[str]:
+        """The names of the files removed, once each (a file may be archived twice: alone and in a pack), in order."""
+        return sorted({file.name for file, _key in self.remove} - self.stays)
 
     def describe(self) -> str:
         if not self.remove:
             return f"no WAL of {self.name} to remove" + (f" ({self.reason})" if self.reason else "")
-        names = [file.name for file, _key in self.remove]
+        names = self.files()
         starts = ", ".join(f"{s.ref} from timeline {s.timeline}" for s in self.kept_from)
         return f"{len(names)} WAL file(s) of {self.name}, {names[0]} .. {names[-1]}, that no kept backup needs (kept: {starts})"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "files": [file.name for file, _key in self.remove],
+            "files": self.files(),
             "kept_from": [{"backup": str(s.ref), "timeline": s.timeline, "segno": s.segno} for s in self.kept_from],
             **({"reason": self.reason} if self.reason else {}),
         }
@@ -103,7 +108,13 @@ def plan_wal_prune(repository: Repository, name: str, kept: Iterable[BackupRef],
             plan.reason = f"{ref} records no WAL start (a backup taken before Braid recorded it, or not from pg_basebackup)"
             return plan
         plan.kept_from.append(BackupStart(ref, start[0], segment_of(start[1], size)))
-    plan.remove = [(file, key) for file, key in archived_files(store, name) if removable(file, plan.kept_from, size)]
+    by_key: dict[str, list[WalFile]] = {}
+    for file, key in archived_files(store, name):
+        by_key.setdefault(key, []).append(file)
+    # A pack goes only when no kept backup needs any file in it.
+    plan.remove = [(file, key) for key, files in by_key.items() if all(removable(f, plan.kept_from, size) for f in files) for file in files]
+    gone = {key for _file, key in plan.remove}
+    plan.stays = {file.name for key, files in by_key.items() if key not in gone for file in files}
     return plan
 
 
@@ -118,4 +129,4 @@ def first_needed(start: BackupStart, segment_size: int) -> str:
 
 def execute_wal_prune(repository: Repository, plans: Iterable[WalPrunePlan]) -> None:
     for plan in plans:
-        repository.store.delete(key for _file, key in plan.remove)
+        repository.store.delete(dict.fromkeys(key for _file, key in plan.remove))

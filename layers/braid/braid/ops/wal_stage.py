@@ -8,7 +8,12 @@ rules as braid.ops.wal_push hold without a key, by SHA-256: the file
 archived or staged with the same bytes is accepted; with other bytes it is
 refused (WalConflictError naming both checksums) and nothing is replaced.
 The archive is checked again after a staged PUT, so a file the worker
-stored between the first check and the PUT is still compared.
+stored between the first check and the PUT is still compared. In an
+archive whose record says it may hold packs (version 2), a file with no
+object of its own is looked for in its directory's packs (one LIST of
+`wal/NAME/DIR/pack-`; the async pusher lists a directory once, PackListing)
+and compared with the plaintext SHA-256 the pack's index records (a ranged
+GET of the pack's head: the index is not encrypted, so no key is needed).
 
 `fetch_staged` serves a file the worker has not processed yet, checked
 against its SHA-256 (the archived form is preferred: braid.ops.wal_fetch).
@@ -24,22 +29,27 @@ from braid.format.layout import wal_key, wal_staging_key
 from braid.format.repository import Repository
 from braid.format.wal import WalFile
 from braid.ops.wal import ArchiveInfo, read_archive_info
+from braid.ops.wal_packed import PackListing, read_pack_head
 from braid.ops.wal_push import ALREADY, PushResult, check_cluster, read_wal_file, segment_identity_of
 from braid.ports.wal_staging import WalStaging
 
 STAGED = "staged"
 
 
-def check_staged_identity(repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None) -> None:
+def check_staged_identity(
+    repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None
+) -> ArchiveInfo | None:
     """braid.ops.wal_push.check_identity without writing (the worker records the first segment's cluster), against
-    `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment)."""
+    `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment).
+    Returns the record it checked against (None for a file that is not a segment, or before the first segment)."""
     identity = segment_identity_of(file, data)
     if identity is None:
-        return
+        return None
     if recorded is None:
         recorded = read_archive_info(repository.store, name)
     if recorded is not None:
         check_cluster(name, file, identity, recorded)
+    return recorded
 
 
 def _conflict(file: WalFile, name: str, where: str, stored: str, pushed: str) -> WalConflictError:
@@ -75,16 +85,43 @@ def _check_archived(staging: WalStaging, name: str, file: WalFile, digest: str) 
     return True
 
 
-def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path) -> PushResult:
+def _check_packed(repository: Repository, name: str, file: WalFile, digest: str, packs: PackListing) -> bool:
+    """Whether a pack holds `file` (with these bytes: WalConflictError naming both checksums when with others), by
+    the plaintext SHA-256 its index records; the first pack whose head parses answers (IntegrityError when none does)."""
+    first: IntegrityError | None = None
+    for key in packs.holding(repository.store, name, file):
+        try:
+            entry = read_pack_head(repository.store, name, key).entry(file.name, f"WAL pack {repository.store.url}/{key}")[1]
+        except IntegrityError as exc:
+            first = first or exc
+            continue
+        if entry.sha256 != digest:
+            raise _conflict(file, name, "archived", entry.sha256, digest)
+        return True
+    if first is not None:
+        raise first
+    return False
+
+
+def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None) -> PushResult:
     """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
 
-    The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive. A duplicate of a
-    file already processed is staged again and found archived; the worker then removes the copy (braid.ops.wal_process).
+    The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive (and, in an archive
+    that may hold packs, one LIST of the file's directory's packs, or `packs`' listing kept by the caller). A
+    duplicate of a file already processed is staged again and found archived; the worker then removes the copy
+    (braid.ops.wal_process, braid.ops.wal_pack_process).
     """
     file = WalFile.parse(path.name)
     data = read_wal_file(path)
-    check_staged_identity(repository, name, file, data)
+    recorded = check_staged_identity(repository, name, file, data)
     digest = hashlib.sha256(data).hexdigest()
+
+    def archived() -> bool:  # its own object (HEAD), else, where the record allows packs, a pack's member
+        if _check_archived(staging, name, file, digest):
+            return True
+        may_hold_packs = recorded is not None and recorded.may_hold_packs
+        return may_hold_packs and _check_packed(repository, name, file, digest, packs or PackListing())
+
     key = wal_staging_key(name, file)
     outcome = STAGED
     try:
@@ -93,11 +130,11 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
         found = _compare_staged(staging, name, file, digest, len(data))
         if found is not None:
             return found
-        outcome = ALREADY  # processed meanwhile: the archive says whether with these bytes
-        if not _check_archived(staging, name, file, digest):  # pragma: no cover - gone from staging and not archived
+        if not archived():  # pragma: no cover - processed meanwhile, else gone from staging and not archived
             raise
+        return PushResult(file.name, key, ALREADY, len(data), len(data))
     # Archived before (this push was a duplicate, or another push won): that copy stays, and must hold these bytes.
-    if _check_archived(staging, name, file, digest):
+    if archived():
         outcome = ALREADY
     return PushResult(file.name, key, outcome, len(data), len(data))
 

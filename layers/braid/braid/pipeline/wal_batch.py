@@ -2,7 +2,7 @@
 
 Each message's body is one S3 event notification (its `Records`: bucket,
 URL-encoded key, version id when the bucket is versioned) or S3's test
-event (ignored). Every record is processed (braid.ops.wal_process); a
+event (ignored). Every record is processed (braid.ops.wal_pack_process); a
 message any of whose records failed is reported in `batchItemFailures`
 (the event source mapping's ReportBatchItemFailures), so SQS redelivers
 only it after its visibility timeout and, after maxReceiveCount
@@ -66,16 +66,22 @@ def records_of(body: str) -> Iterator[StagedRecord]:
         yield found
 
 
-def process_batch(event: Mapping[str, Any], process: Callable[[StagedRecord], Processed]) -> tuple[dict[str, list[dict[str, str]]], list[Processed]]:
-    """Process every message's records; the SQS partial batch response and what was done."""
-    failures: list[dict[str, str]] = []
-    done: list[Processed] = []
+Batch = tuple[dict[str, list[dict[str, str]]], list[Processed]]
+
+
+def process_batch(event: Mapping[str, Any], process: Callable[[list[StagedRecord]], list[Processed | BackupError]]) -> Batch:
+    """Process every message's records at once (`process`: one result per record); the SQS partial batch response and what was done."""
+    failures = {str(m.get("messageId", "")): False for m in event.get("Records") or []}  # in order: whether it failed
+    records: list[tuple[str, StagedRecord]] = []
     for message in event.get("Records") or []:
-        message_id = str(message.get("messageId", ""))
         try:
-            for record in records_of(str(message.get("body", ""))):
-                done.append(process(record))
-        except (BackupError, ValueError, KeyError, TypeError) as exc:
-            log.error("message %s failed and is retried: %s: %s", message_id, type(exc).__name__, exc)
-            failures.append({"itemIdentifier": message_id})
-    return {"batchItemFailures": failures}, done
+            records += [(str(message.get("messageId", "")), record) for record in records_of(str(message.get("body", "")))]
+        except (ValueError, KeyError, TypeError) as exc:
+            log.error("message %s failed and is retried: %s: %s", message.get("messageId"), type(exc).__name__, exc)
+            failures[str(message.get("messageId", ""))] = True
+    results = process([record for _m, record in records])
+    for (message_id, record), result in zip(records, results, strict=True):
+        if isinstance(result, BackupError):
+            log.error("message %s failed and is retried: %s: %s: %s", message_id, record.file.name, type(result).__name__, result)
+            failures[message_id] = True
+    return {"batchItemFailures": [{"itemIdentifier": m} for m, failed in failures.items() if failed]}, [r for r in results if isinstance(r, Processed)]

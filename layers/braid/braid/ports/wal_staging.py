@@ -45,7 +45,7 @@ class WalStaging(Protocol):
         such object, "" when it has none recorded (stored by a host, braid.ops.wal_push)."""
         ...
 
-    def put_archived(self, key: str, blob: bytes, sha256: str) -> None:
+    def put_archived(self, key: str, blob: bytes | bytearray, sha256: str) -> None:
         """Create the archived object `key` (create-only: AlreadyExistsError), recording the plaintext's `sha256`."""
         ...
 

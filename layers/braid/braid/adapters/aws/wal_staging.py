@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Any
+from typing import Any, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -106,10 +106,11 @@ class S3WalStaging:
             raise self.store.error(exc, "reading metadata of", key, "s3:GetObject on wal/NAME/*") from None
         return str((response.get("Metadata") or {}).get(SHA256_METADATA, ""))
 
-    def put_archived(self, key: str, blob: bytes, sha256: str) -> None:
+    def put_archived(self, key: str, blob: bytes | bytearray, sha256: str) -> None:
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=self.store.object_key(key), Body=blob, ChecksumAlgorithm="SHA256",
+                # botocore takes a bytearray as a blob (its validator: bytes, bytearray, str): a pack is not copied again.
+                Bucket=self.bucket, Key=self.store.object_key(key), Body=cast(bytes, blob), ChecksumAlgorithm="SHA256",
                 ChecksumSHA256=base64.b64encode(hashlib.sha256(blob).digest()).decode(), IfNoneMatch="*",
                 Metadata={SHA256_METADATA: sha256},
             )

@@ -16,6 +16,7 @@ from braid.errors import UsageError
 
 if TYPE_CHECKING:
     from braid.format.repository import Repository
+    from braid.ops.wal_packed import PackListing
     from braid.ops.wal_push import PushResult
     from braid.ports.keys import KeyService
 
@@ -46,17 +47,18 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
 
 def push_to(
-    repository: Repository, key_file: str | None, engine: str | None, name: str, path: Path, level: int, keys: KeyService | None = None
+    repository: Repository, key_file: str | None, engine: str | None, name: str, path: Path, level: int, keys: KeyService | None = None,
+    packs: PackListing | None = None,
 ) -> PushResult:
     """Stage the file (a repository with a pipeline: braid.ops.wal_stage), else encode and store it here (braid.ops.wal_push),
-    with `keys` when the caller holds them open (the async pusher)."""
+    with `keys` when the caller holds them open and `packs` when it keeps the packs' listing (the async pusher)."""
     from braid.cli.compose import open_key_service, wal_staging_for
 
     staging = wal_staging_for(repository, engine)
     if staging is not None:
         from braid.ops.wal_stage import stage_wal
 
-        return stage_wal(repository, staging, name, path)
+        return stage_wal(repository, staging, name, path, packs)
     from braid.ops.wal_push import push_wal
 
     return push_wal(repository, keys or open_key_service(repository, key_file), name, path, level=level)
