@@ -77,11 +77,11 @@ def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorde
     assert (d["backup"], d["mode"], d["ok"], d["chunks_checked"], d["bytes_checked"]) == (ref, "deep", True, 3, 12 * MiB + 5)
     assert host_read_chunks(cloud, "restore-good") == []  # the host downloaded nothing
     # Quick needs no map: one LIST of the backup's objects (presence, size), a HEAD per pack (S3's LIST has no
-    # checksum value; the worker stored the 3 chunks as two packs, docs/format.md), no GET; deep reads each chunk's frame once.
+    # checksum value; the worker stored the 3 chunks as one pack, docs/format.md), no GET; deep reads each chunk's frame once.
     name, _, ident = ref.partition("@")
     planner = [r for r in cloud.requests() if r["caller"].startswith("emulatedpipeline-FunctionsVerifyplanRole")]
     chunk_requests = [r["op"] for r in planner if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
-    assert sorted(chunk_requests) == ["HeadObject"] * len(pack_sizes(3, CHUNKS_PER_PACK)) == ["HeadObject"] * 2
+    assert sorted(chunk_requests) == ["HeadObject"] * len(pack_sizes(3, CHUNKS_PER_PACK)) == ["HeadObject"]
     assert len([r for r in planner if r["op"] == "ListObjects" and r.get("prefix") == f"data/{name}/{ident}/"]) == 1
     worker_reads = [r for r in cloud.requests(op="GetObject") if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
     assert len(worker_reads) == 3 and all(r["caller"].startswith("emulatedpipeline-FunctionsVerifyworkerRole") for r in worker_reads)

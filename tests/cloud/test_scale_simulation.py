@@ -100,9 +100,9 @@ def test_the_worker_makes_a_get_per_chunk_range_a_put_per_pack_and_one_result_pu
         gets = chunks + min(chunks, ranged) * (ranges - 1)  # the first chunks in ranges, the rest one GET each
         puts = len(pack_sizes(chunks, contract.CHUNKS_PER_PACK)) + 1  # a PUT per pack and the result record's
         assert dict(calibration.of(chunks)) == {"GET": gets, "PUT": puts}, chunks
-    # An item of 16 chunks (the default while streaming): 25 GETs, 5 packs (5, 5, 3, 2, 1) and the result.
-    assert pack_sizes(16, contract.CHUNKS_PER_PACK) == [5, 5, 3, 2, 1]
-    assert dict(calibration.of(16)) == {"GET": 25, "PUT": 6}
+    # An item of 16 chunks (the default while streaming): 25 GETs, 4 packs (4, 4, 4, 4) and the result.
+    assert pack_sizes(16, contract.CHUNKS_PER_PACK) == [4, 4, 4, 4]
+    assert dict(calibration.of(16)) == {"GET": 25, "PUT": 5}
 
 
 def test_a_round_runs_its_items_on_warm_containers_first_and_starts_only_the_rest() -> None:
