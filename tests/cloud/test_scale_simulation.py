@@ -118,8 +118,8 @@ def test_ten_tib_starts_containers_for_its_busiest_round_not_for_every_item(ten_
 
 
 def test_the_simulated_ledger_stores_one_object_per_pack(ten_tib: Simulation) -> None:
-    # Every chunk PUT the simulation stores is a pack of up to CHUNKS_PER_PACK chunks (smaller at each item's end):
-    # a 16-chunk item stores 5 packs (5, 5, 3, 2, 1), so at least 2.5 chunks per PUT on average.
+    # Every chunk PUT the simulation stores is a pack of up to CHUNKS_PER_PACK chunks, as even as possible: a 16-chunk
+    # item stores 4 packs (4, 4, 4, 4), so at least 2.5 chunks per PUT on average even with cut and final-round items.
     assert ten_tib.chunks / contract.CHUNKS_PER_PACK <= ten_tib.packs < ten_tib.chunks / 2.5
 
 
