@@ -12,9 +12,11 @@ ends spread over one round period (scale_sim.end_phase_sizes). The rule (issue
 
 PHASES stays 3 although each phase is a 1 TiB simulation (5-15 s) per policy
 and rate: cut items pay only when the stream ends while a round is in
-flight, so at the exact size alone (one phase) they, and the taper, showed
-0 s saved and "kept: False" (a run on 2026-11-28 evening). The "all on" runs
-are the main table's (the same sizes, phases 0, 2, 4 of its 6).
+flight, so at the exact size alone (one phase) they showed 0 s saved and
+"kept: False" (a run on 2026-11-28 evening). The "all on" runs are the main
+table's (the same sizes, phases 0, 2, 4 of its 6). A policy the rule
+removed (head pack, the taper, ...) is no longer a policy, so it has no row:
+its last figures are in docs/design/2026-11-28-optimisations.md.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def received(cloud: Emulator, url: str) -> list[dict[str, Any]]:
 
 def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorded(cloud: Emulator, tmp_path: Path) -> None:
     ref = backup(cloud, "good", 12 * MiB + 5, 1)
-    assert [manifest_chunk(cloud, ref, i)["pack"] for i in range(3)] == [0, 0, 2]  # one item of 3 chunks: packs of 2 and 1
+    assert [manifest_chunk(cloud, ref, i)["pack"] for i in range(3)] == [0, 0, 0]  # one item of 3 chunks: one pack of 3
 
     quick = verify(cloud, "restore-good", ref, "--json")
     deep = verify(cloud, "restore-good", ref, "--deep", "--json")
@@ -77,11 +77,11 @@ def test_quick_and_deep_verify_of_a_good_backup_run_in_the_cloud_and_are_recorde
     assert (d["backup"], d["mode"], d["ok"], d["chunks_checked"], d["bytes_checked"]) == (ref, "deep", True, 3, 12 * MiB + 5)
     assert host_read_chunks(cloud, "restore-good") == []  # the host downloaded nothing
     # Quick needs no map: one LIST of the backup's objects (presence, size), a HEAD per pack (S3's LIST has no
-    # checksum value; the worker stored the 3 chunks as two packs, docs/format.md), no GET; deep reads each chunk's frame once.
+    # checksum value; the worker stored the 3 chunks as one pack, docs/format.md), no GET; deep reads each chunk's frame once.
     name, _, ident = ref.partition("@")
     planner = [r for r in cloud.requests() if r["caller"].startswith("emulatedpipeline-FunctionsVerifyplanRole")]
     chunk_requests = [r["op"] for r in planner if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
-    assert sorted(chunk_requests) == ["HeadObject"] * len(pack_sizes(3, CHUNKS_PER_PACK)) == ["HeadObject"] * 2
+    assert sorted(chunk_requests) == ["HeadObject"] * len(pack_sizes(3, CHUNKS_PER_PACK)) == ["HeadObject"]
     assert len([r for r in planner if r["op"] == "ListObjects" and r.get("prefix") == f"data/{name}/{ident}/"]) == 1
     worker_reads = [r for r in cloud.requests(op="GetObject") if str(r.get("key") or "").startswith(f"data/{name}/{ident}/")]
     assert len(worker_reads) == 3 and all(r["caller"].startswith("emulatedpipeline-FunctionsVerifyworkerRole") for r in worker_reads)
@@ -113,7 +113,7 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
     ref = backup(cloud, "flipped", 12 * MiB + 5, 2)
     s3 = cloud.client("s3")
     second = manifest_chunk(cloud, ref, 1)
-    assert second["pack"] == 0  # chunks 0 and 1 are one pack: the flip is in its second frame
+    assert second["pack"] == 0  # chunks 0-2 are one pack: the flip is in its second frame
     key = chunk_key(ref, second["pack"])
     body = bytearray(s3.get_object(Bucket=cloud.bucket, Key=key)["Body"].read())
     body[second["pack_offset"] + second["stored_length"] // 2] ^= 0x01
@@ -124,10 +124,10 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
     deep = verify(cloud, "restore-flipped", ref, "--deep")
 
     assert quick.code == 6, quick.stderr
-    assert f"pack of chunks 0-1 of backup {ref}: stored checksum mismatch (corrupt in the repository)" in quick.stdout
+    assert f"pack of chunks 0-2 of backup {ref}: stored checksum mismatch (corrupt in the repository)" in quick.stdout
     note, error = quick.stderr.strip().splitlines()
     assert note.startswith("verifying in the cloud: arn:aws:states:") and ":execution:Braid-Verify:verify-" in note
-    assert error == f"braid: error: 1 of 1 backup(s) failed verification; first: pack of chunks 0-1 of backup {ref}: stored checksum mismatch (corrupt in the repository)"
+    assert error == f"braid: error: 1 of 1 backup(s) failed verification; first: pack of chunks 0-2 of backup {ref}: stored checksum mismatch (corrupt in the repository)"
     assert deep.code == 6, deep.stderr
     assert f"{ref}: FAILED (deep, 2/3 chunks)" in deep.stdout and f"chunk 1 of backup {ref}: stored size or checksum mismatch" in deep.stdout
     assert host_read_chunks(cloud, "restore-flipped") == []
@@ -142,23 +142,23 @@ def test_a_flipped_byte_fails_quick_and_deep_verify_naming_the_chunk_and_announc
 
 
 def test_a_deleted_pack_fails_quick_and_deep_verify_and_restore_naming_its_chunks(cloud: Emulator, tmp_path: Path) -> None:
-    ref = backup(cloud, "deleted", 22 * MiB + 5, 3)  # 5 chunks: packs of chunks 0-1, 2-3 and 4
-    assert manifest_chunk(cloud, ref, 3)["pack"] == 2
-    cloud.client("s3").delete_object(Bucket=cloud.bucket, Key=chunk_key(ref, 2))
+    ref = backup(cloud, "deleted", 27 * MiB + 5, 3)  # 6 chunks, one item: packs of chunks 0-2 and 3-5
+    assert [manifest_chunk(cloud, ref, i)["pack"] for i in range(6)] == [0, 0, 0, 3, 3, 3]
+    cloud.client("s3").delete_object(Bucket=cloud.bucket, Key=chunk_key(ref, 3))
 
     quick = verify(cloud, "restore-deleted", ref, "--json")
     deep = verify(cloud, "restore-deleted", ref, "--deep", "--json")
 
-    for run, mode, first in ((quick, "quick", "pack of chunks 2-3"), (deep, "deep", "chunk 2")):
+    for run, mode, first in ((quick, "quick", "pack of chunks 3-5"), (deep, "deep", "chunk 3")):
         assert run.code == 6, run.stderr
         (report,) = reports(run)
         assert (report["mode"], report["ok"], report["chunks_checked"]) == (mode, False, 3)
         assert report["failures"][0].startswith(f"{first} of backup {ref} is missing from the repository"), report
         assert f"failed verification; first: {first} of backup" in run.stderr
-    assert deep.stdout and any(f.startswith(f"chunk 3 of backup {ref} is missing") for f in reports(deep)[0]["failures"])
+    assert deep.stdout and any(f.startswith(f"chunk 5 of backup {ref} is missing") for f in reports(deep)[0]["failures"])
     restored = braid(cloud, "restore-deleted", "restore", ref, "--output", str(tmp_path / "out"))
     assert restored.code == 6 and not (tmp_path / "out").exists()
-    assert f"braid: error: chunk 2 of backup {ref} is missing from the repository (its pack {chunk_key(ref, 2)} is gone)" in restored.stderr, restored.stderr
+    assert f"braid: error: chunk 3 of backup {ref} is missing from the repository (its pack {chunk_key(ref, 3)} is gone)" in restored.stderr, restored.stderr
 
 
 def test_rotation_covers_every_chunk_over_its_runs_and_a_sample_checks_a_share(cloud: Emulator) -> None:

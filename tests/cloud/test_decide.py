@@ -114,7 +114,7 @@ def backups(draw: st.DrawFn) -> tuple[list[list[SegmentRecord]], list[tuple[int,
     knobs = {
         "max_concurrency": draw(st.integers(1, 6)), "max_chunks_per_item": draw(st.integers(1, 8)), "max_items": draw(st.integers(1, 5)),
         "min_round_seconds": draw(st.sampled_from([0.0, 10.0])), "may_sleep": draw(st.booleans()),
-        "policies": replace(ALL_ON, cut_items=draw(st.booleans()), taper=draw(st.booleans())),
+        "policies": replace(ALL_ON, cut_items=draw(st.booleans())),
     }
     return inputs, order, knobs
 

@@ -30,7 +30,7 @@ from braid.pipeline.worker import process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from support.staged_stream import kms_repository, stage_stream
 
-LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [5, 5, 3, 2, 1]
+LAYOUT = pack_sizes(PARTS, contract.CHUNKS_PER_PACK)  # [4, 4, 4, 4]
 
 
 class EndAfter:
@@ -74,7 +74,7 @@ def test_a_cut_item_stops_at_its_first_pack_boundary_once_the_stream_has_ended(s
 
 
 def test_a_stream_that_ends_during_the_item_cuts_it_at_the_next_pack_boundary(staged: Item) -> None:  # noqa: F811
-    store = hiding(staged, hidden=2)  # not ended at the first two pack boundaries (after 5 and 10 chunks)
+    store = hiding(staged, hidden=2)  # not ended at the first two pack boundaries (after 4 and 8 chunks)
     item = replace(staged.item, cut=True)
     outcome = process_item(store, staged.ref, item, key=staged.key, level=3, lanes=ChunkLanes(3))  # type: ignore[arg-type]
 
@@ -107,7 +107,7 @@ def test_the_remainder_is_stored_in_the_cut_items_packs_and_a_late_full_attempt_
 
     rest = item.remainder(done)
     assert (rest.first_index, rest.count, rest.layout, rest.cut) == (item.first_index + done, PARTS - done, (1, PARTS), False)
-    pieces = rest.split(2)  # whole packs, at most ~2 chunks each: [3], [2], [1]
+    pieces = rest.split(2)  # whole packs, one pack at least each: [4], [4]
     assert [p.count for p in pieces] == LAYOUT[2:] and all(p.finishes_cut for p in pieces)
     finished = [process_item(staged.store, staged.ref, p, key=staged.key, level=3, lanes=ChunkLanes(2)).result for p in pieces]
     entries = cut.entries + tuple(e for r in finished for e in r.entries)

@@ -1,4 +1,4 @@
-"""The worker's item pipeline (braid.pipeline.item_flow): reads ahead in ranges, tapered packs, bounded buffers, clean failure."""
+"""The worker's item pipeline (braid.pipeline.item_flow): reads ahead in ranges, even packs, bounded buffers, clean failure."""
 
 from __future__ import annotations
 
@@ -112,17 +112,18 @@ def plaintext_of(store: Any, ref: BackupRef, key: DataKey, entries: tuple[ChunkE
     )
 
 
-def test_packs_shrink_towards_the_items_end_and_cover_it_in_order() -> None:
-    assert pack_sizes(32, 5) == [5, 5, 4, 4, 4, 4, 3, 2, 1]  # a streaming item: one segment
-    assert pack_sizes(16, 5) == [5, 5, 3, 2, 1]
-    assert pack_sizes(9, 5) == [3, 3, 2, 1]
-    assert pack_sizes(1, 5) == [1] and pack_sizes(2, 5) == [1, 1] and pack_sizes(4, 5) == [1, 2, 1]
+def test_packs_are_as_even_as_possible_larger_first_and_cover_the_item_in_order() -> None:
+    assert pack_sizes(32, 5) == [5, 5, 5, 5, 4, 4, 4]  # a streaming item: one segment
+    assert pack_sizes(16, 5) == [4, 4, 4, 4]
+    assert pack_sizes(9, 5) == [5, 4]
+    assert pack_sizes(1, 5) == [1] and pack_sizes(2, 5) == [2] and pack_sizes(4, 5) == [4] and pack_sizes(0, 5) == []
     assert pack_sizes(16, 1) == [1] * 16
     for count in range(1, 70):
         for limit in (1, 2, 3, 5, 8):
             sizes = pack_sizes(count, limit)
             assert sum(sizes) == count and max(sizes) <= limit and min(sizes) >= 1
-            assert sizes[-1] == 1  # the last PUT is one chunk's
+            assert len(sizes) == -(-count // limit)  # the fewest PUTs the limit allows
+            assert sizes == sorted(sizes, reverse=True) and sizes[0] - sizes[-1] <= 1  # even, larger first
 
 
 def test_ranges_cover_a_chunk_exactly_and_small_chunks_are_one_read() -> None:

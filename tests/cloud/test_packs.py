@@ -40,7 +40,7 @@ from support.staged_stream import stage_stream
 CHUNK = 4096
 K = contract.CHUNKS_PER_PACK
 SEGMENT_PARTS = 16
-# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 5, 5, 3, 2, 1) and one of 3 (packs of 2 and 1);
+# 18 chunks and a bit: one segment of 16 (one item, in packs of pack_sizes: 4, 4, 4, 4) and one of 3 (one pack of 3);
 # compressible, each chunk its own.
 DATA = b"".join(b"row %06d of chunk %d; " % (n, n // 160) for n in range(3200))[: 18 * CHUNK + 1234]
 CHUNKS = 19
@@ -104,7 +104,7 @@ def rewrite(p: Published, key: str, change: bytes) -> None:
 
 def test_the_worker_stores_runs_of_chunks_per_pack_and_a_restore_is_byte_identical(published: Published, tmp_path: Path) -> None:
     objects = stored_objects(published.manifest)
-    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [5, 5, 3, 2, 1, 2, 1]
+    assert 2 <= K < SEGMENT_PARTS and LAYOUT == [4, 4, 4, 4, 3]
     firsts = [sum(LAYOUT[:n]) for n in range(len(LAYOUT))]
     assert [o.chunks for o in objects] == [tuple(range(first, first + size)) for first, size in zip(firsts, LAYOUT, strict=True)]
     assert [info.key for info in published.store.list(data_prefix(published.ref))] == [o.key for o in objects]
@@ -152,10 +152,10 @@ def test_a_missing_pack_stops_a_restore_naming_its_first_chunk(published: Publis
 
 
 def test_a_truncated_pack_is_caught_by_size(published: Published, tmp_path: Path) -> None:
-    pack = chunk_key(published.ref, SEGMENT_PARTS)  # the second segment's first pack, of 2 chunks
+    pack = chunk_key(published.ref, SEGMENT_PARTS)  # the second segment's only pack, of its 3 chunks
     raw = published.store.get(pack)
     rewrite(published, pack, raw[:-1])
-    expected = f"pack of chunks {SEGMENT_PARTS}-{SEGMENT_PARTS + 1} of backup {published.ref} is {len(raw) - 1} bytes"
+    expected = f"pack of chunks {SEGMENT_PARTS}-{CHUNKS - 1} of backup {published.ref} is {len(raw) - 1} bytes"
     quick = verify_backup(published.store, published.manifest, None, deep=False)
     assert quick.failures == [f"{expected}, manifest says {len(raw)}"]
     with pytest.raises(IntegrityError, match=f"^{expected} in the repository, the manifest says {len(raw)}; nothing was restored"):
@@ -187,7 +187,8 @@ def test_a_late_worker_accepts_its_pack_only_when_it_is_exactly_its_chunks(publi
 
     def longer(task: ChunkTask) -> bytes:
         data = plaintext(task)
-        return data[:-1] + b"!" if task.index == FIRST + 1 else data  # compresses to another length
+        # 64 incompressible bytes in place of compressible text: the frame compresses to another length
+        return data[:-64] + hashlib.shake_256(b"longer").digest(64) if task.index == FIRST + 1 else data
 
     last = FIRST + WIDE - 1
     with pytest.raises(IntegrityError, match=rf"^pack {pack} of backup {published.ref} \(chunks {FIRST}-{last}\) already exists with different content: {len(original)} bytes, these chunks encode to"):

@@ -185,7 +185,7 @@ def test_the_new_records_are_read_strictly_and_speak_this_protocol_only() -> Non
     ref = BackupRef.new("db")
     index = CapturedIndex.of({"backup_label": LABEL})
     doc = json.loads(index.to_bytes())
-    assert doc["protocol"] == PROTOCOL == 4
+    assert doc["protocol"] == PROTOCOL == 5
     with pytest.raises(ProtocolMismatchError, match=f"speaks staging protocol 2; this braid speaks protocol {PROTOCOL}"):
         CapturedIndex.from_bytes(json.dumps({**doc, "protocol": 2}).encode(), "captured.json")
     with pytest.raises(IntegrityError, match="member 'etc/passwd' .* is not one Braid captures"):
@@ -209,9 +209,9 @@ def test_the_new_records_are_read_strictly_and_speak_this_protocol_only() -> Non
 def test_a_parent_record_names_only_its_present_fields_and_reads_back() -> None:
     record = ParentRecord("db@1", lsn="0/5000028", manifest=(12, "a" * 64))
     raw = record.to_bytes()
-    assert raw == b'{"parent":"db@1","parent_lsn":"0/5000028","parent_manifest":{"sha256":"' + b"a" * 64 + b'","size":12},"protocol":4}'
+    assert raw == b'{"parent":"db@1","parent_lsn":"0/5000028","parent_manifest":{"sha256":"' + b"a" * 64 + b'","size":12},"protocol":5}'
     assert ParentRecord.from_bytes(raw, "parent.json") == record
     refused = ParentRecord("db@1", refused="the incremental's parent is missing")
     assert ParentRecord.from_bytes(refused.to_bytes(), "parent.json") == refused
     with pytest.raises(IntegrityError, match="parent record parent.json is malformed: refused must be a string, not 1"):
-        ParentRecord.from_bytes(b'{"parent":"db@1","protocol":4,"refused":1}', "parent.json")
+        ParentRecord.from_bytes(b'{"parent":"db@1","protocol":5,"refused":1}', "parent.json")

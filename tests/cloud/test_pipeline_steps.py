@@ -35,13 +35,14 @@ from braid.format.staging.keys import FOLDS, SEGMENTS, failure_key, fold_key, re
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError
 from braid.format.timestamps import utc_now
 from braid.ops.chunk_reader import ChunkReader
+from braid.pipeline import policies as policies_module
 from braid.pipeline.cleanup import HINTS, actionable_cause, cleanup_step
 from braid.pipeline.execution_input import ExecutionInput, ExecutionMismatchError
 from braid.pipeline.finalize import finalize_step
 from braid.pipeline.item_flow import ENCODERS
 from braid.pipeline.plan import plan_next_round
 from braid.pipeline.prepare import load_data_key, prepare_backup
-from braid.pipeline.worker import ChunkLanes, pack_sizes, process_item
+from braid.pipeline.worker import ChunkLanes, process_item
 from braid.ports.pipeline import PlainStoreJanitor, RecordingPublisher
 from support.staged_stream import stage_stream
 
@@ -164,7 +165,7 @@ def test_each_part_of_a_pack_is_read_into_its_own_pooled_buffer_and_the_frames_a
     key, _ = load_data_key(staged.store, staged.keys, staged.ref, staged.repository_id)
     assert plan_next_round(staged.store, staged.ref, max_concurrency=4, max_chunks_per_item=2, poll_seconds=1, stall_seconds=60).status == "ready"
     items = StagingArea(staged.store, staged.ref).read_rounds()[0].items
-    assert [item.count for item in items][:2] == [2, 2]  # two-chunk items: two packs of one each (pack_sizes)
+    assert [item.count for item in items][:2] == [2, 2]  # two-chunk items: one pack of two each (pack_sizes)
     lanes = ChunkLanes(1)
 
     first = process_item(staged.store, staged.ref, items[0], key=key, level=3, lanes=lanes).result.entries
@@ -173,9 +174,9 @@ def test_each_part_of_a_pack_is_read_into_its_own_pooled_buffer_and_the_frames_a
     second = process_item(staged.store, staged.ref, items[1], key=key, level=3, lanes=lanes).result.entries
     buffers = lanes.pooled
     assert {id(b) for b in before} <= {id(b) for b in buffers} and len(buffers) <= 2  # the same pages for every item
-    for entry in second:  # each pack was sent from the buffer its part was read into (its frame at the start)
-        pack = staged.store.get(chunk_key(staged.ref, entry.pack))
-        assert entry.compression == "zstd" and any(bytes(memoryview(b)[: entry.stored_length]) == pack for b in buffers)
+    for entry in second:  # each frame of the pack was sent from the buffer its part was read into (the frame at its start)
+        frame = staged.store.get(chunk_key(staged.ref, entry.pack))[entry.pack_offset : entry.pack_offset + entry.stored_length]
+        assert entry.compression == "zstd" and any(bytes(memoryview(b)[: entry.stored_length]) == frame for b in buffers)
     entries = [*first, *second] + [e for item in items[2:] for e in process_item(staged.store, staged.ref, item, key=key, level=3, lanes=lanes).result.entries]
     codec = ChunkCodec(key)
     plaintext = [
@@ -322,10 +323,13 @@ def test_each_published_backup_is_counted_under_its_name_for_the_freshness_alarm
 # -- results folded by the planner: Finalize reads folds, and still checks every chunk -------------
 
 
-def stream_in_two_rounds(staged: Staged) -> tuple[DataKey, list[MapItem]]:
+def stream_in_two_rounds(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> tuple[DataKey, list[MapItem]]:
     """Plan and process the first segment before the rest of the stream is staged, then the rest.
 
+    The planner lays out packs of one chunk here (CHUNKS_PER_PACK 1), so this small stream's two-chunk items have a
+    pack boundary to be cut at, as a real stream's 16-chunk items (4 packs) do.
     Returns the data key and the first round's items (the round whose results the planner folds)."""
+    monkeypatch.setattr(policies_module, "CHUNKS_PER_PACK", 1)
     area = StagingArea(staged.store, staged.ref)
     later = {key: staged.store.get(key) for key in (segment_record_key(staged.ref, 0, 1), segment_record_key(staged.ref, 0, 2), stream_end_key(staged.ref))}
     staged.store.delete(list(later))
@@ -377,8 +381,8 @@ def publishes_the_stream(staged: Staged, key: DataKey) -> None:
     assert b"".join(bytes(reader.read(chunk, bytearray(CHUNK))) for chunk in manifest.chunks()) == DATA
 
 
-def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(staged: Staged) -> None:
-    key, first_items = stream_in_two_rounds(staged)
+def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> None:
+    key, first_items = stream_in_two_rounds(staged, monkeypatch)
     area = StagingArea(staged.store, staged.ref)
     # A late worker of a folded item rewrites its record after the fold (here one that even disagrees with
     # the stored chunk), and another folded item's record is gone: the fold, checked against the plan and
@@ -390,10 +394,10 @@ def test_finalize_publishes_from_the_folds_and_a_late_worker_changes_nothing(sta
     publishes_the_stream(staged, key)
 
 
-def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(staged: Staged) -> None:
+def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> None:
     """The planner planned a cut item's last packs after the prefix it read; a late attempt that stores the whole item
     (it never saw the stream end) rewrites the record, and meets the very packs the finishing items stored."""
-    key, _ = stream_in_two_rounds(staged)
+    key, _ = stream_in_two_rounds(staged, monkeypatch)
     area = StagingArea(staged.store, staged.ref)
     cut = [item for item in area.read_rounds()[1].items if item.count > 1][0]
     prefix = ItemResult.from_bytes(staged.store.get(result_key(staged.ref, cut.first_index)), "cut")
@@ -404,8 +408,8 @@ def test_a_late_attempt_of_a_cut_item_cannot_move_where_finalize_follows_it(stag
     publishes_the_stream(staged, key)
 
 
-def test_finalize_refuses_a_cut_item_whose_last_packs_were_never_stored(staged: Staged) -> None:
-    stream_in_two_rounds(staged)
+def test_finalize_refuses_a_cut_item_whose_last_packs_were_never_stored(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream_in_two_rounds(staged, monkeypatch)
     area = StagingArea(staged.store, staged.ref)
     finishing = [item for item in area.read_rounds()[2].items if item.finishes_cut]
     staged.store.delete([result_key(staged.ref, finishing[0].first_index)])
@@ -460,15 +464,15 @@ def test_finalize_withdraws_a_manifest_that_reads_back_other_than_written(staged
     assert (published.chunk_count, published.plaintext_bytes, summary.chunks) == (5, len(DATA), 5)
 
 
-def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagrees_with_the_plan(staged: Staged) -> None:
-    _, first_items = stream_in_two_rounds(staged)
+def test_finalize_refuses_a_folded_chunk_that_is_missing_or_a_fold_that_disagrees_with_the_plan(staged: Staged, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, first_items = stream_in_two_rounds(staged, monkeypatch)
     area = StagingArea(staged.store, staged.ref)
     fold = RoundFold.from_bytes(staged.store.get(fold_key(staged.ref, 1, 0)), "fold")
     chunk = chunk_key(staged.ref, first_items[0].first_index)
     stored = staged.store.get(chunk)
     staged.store.delete([chunk])
     # The item's first chunk begins its first pack: the pack (keyed by that chunk) is what went missing.
-    start, size = first_items[0].first_index, pack_sizes(first_items[0].count, contract.CHUNKS_PER_PACK)[0]
+    start, size = first_items[0].first_index, first_items[0].packs[0]  # as the planner laid it out
     first_pack = f"pack of chunks {start}-{start + size - 1}" if size > 1 else f"chunk {start}"
     with pytest.raises(IntegrityError, match=f"{first_pack} of backup {staged.ref} is missing from the repository"):
         finalize_step(staged.store, staged.keys, PlainStoreJanitor(), RecordingPublisher(), staged.ref)

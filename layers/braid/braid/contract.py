@@ -59,9 +59,9 @@ DEFAULT_EVENT_BUS = "default"
 # feed the codec, with the packs' PUTs on the same NIC (figures: docs/design/2026-11-cloud-figures.md).
 DEFAULT_WORKER_LANES = 4
 # Chunks per stored object (a pack, docs/format.md) at most: the worker stores each run of consecutive
-# chunks of its item as one create-only PUT (smaller runs at the item's ends: braid.format.staging.rounds.pack_sizes),
+# chunks of its item as one create-only PUT (as even as possible, larger first: braid.format.staging.rounds.pack_sizes),
 # so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
-# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 9 packs (5, 5, 4, 4, 4, 4, 3, 2, 1).
+# PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 7 packs (5, 5, 5, 5, 4, 4, 4).
 CHUNKS_PER_PACK = 5
 # The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
 # cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
@@ -129,7 +129,7 @@ MOVE_SLICE_CHUNKS = 50
 # The cloud pipeline's optimisations, each a named policy with an off switch (`braid backup --no-policy NAME`):
 # braid.pipeline.policies.Policies has exactly these fields (a test holds it); named here so the CLI's parser
 # need not import the pipeline.
-PIPELINE_POLICIES = ("taper", "cut_items", "sleep_until_woken", "results_index")
+PIPELINE_POLICIES = ("cut_items", "sleep_until_woken", "results_index")
 
 
 class PlanKey(StrEnum):

@@ -3,9 +3,9 @@
 The agent starts one execution per backup, named `NAME@ID`, with this tiny
 document as input; everything else is in staging (braid.format.staging):
 
-    {"protocol": 4, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
+    {"protocol": 5, "backup": "NAME@ID", "prefix": "repo/prefix", "max_concurrency": 100,
      "max_chunks_per_item": 16, "poll_seconds": 15, "stall_seconds": 3600,
-     "policies": {"taper": true, ...}}
+     "policies": {"cut_items": true, ...}}
 
 `protocol`: the staging protocol the agent speaks (another is refused:
 ProtocolMismatchError). `policies`: braid.pipeline.policies (absent: all

@@ -19,13 +19,11 @@ from typing import Any
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import IntegrityError, UsageError
 from braid.format.fields import Fields
-from braid.format.staging.rounds import PACK_TAPER, pack_sizes
+from braid.format.staging.rounds import pack_sizes
 
 
 @dataclass(frozen=True)
 class Policies:
-    # Packs of 1, 2 and 3 chunks at an item's end, so its last PUTs overlap the codec (format.staging.rounds.pack_sizes).
-    taper: bool = True
     # Streaming rounds' items stop at a pack boundary once the stream has ended; finishing items spread the rest wide.
     cut_items: bool = True
     # A planner far from its next round sleeps until the agent wakes it (SleepUntilWoken, pipeline.pacing.sleep_plan).
@@ -48,7 +46,7 @@ class Policies:
 
     def packs(self, count: int) -> tuple[int, ...]:
         """The pack sizes of a planned item of `count` chunks, as these policies decide them."""
-        return tuple(pack_sizes(count, CHUNKS_PER_PACK, PACK_TAPER if self.taper else ()))
+        return tuple(pack_sizes(count, CHUNKS_PER_PACK))
 
     def to_json(self) -> dict[str, bool]:
         return asdict(self)

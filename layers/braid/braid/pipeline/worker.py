@@ -28,7 +28,7 @@ from braid.format.chunk import Buffer, stored_size
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey, WrappedKey
 from braid.format.staging import ChunkSlice, ItemFailure, ItemResult, MapItem, StagingArea, segment_key
-from braid.format.staging.rounds import PACK_TAPER, pack_sizes
+from braid.format.staging.rounds import pack_sizes
 from braid.pipeline.failure import invalid_input
 from braid.pipeline.item_flow import ChunkLanes, store_item_chunks
 from braid.pipeline.prepare import load_data_key
@@ -36,7 +36,7 @@ from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore, read_range
 from braid.ports.usage import InvocationMeter
 
-__all__ = ["PACK_TAPER", "ChunkLanes", "DataKeyCache", "WorkerEvent", "pack_sizes", "packs_of", "process_item"]
+__all__ = ["ChunkLanes", "DataKeyCache", "WorkerEvent", "pack_sizes", "packs_of", "process_item"]
 
 RESULT_PUT = "s3:PutObject"  # the request that writes the result record
 

@@ -26,7 +26,7 @@ from braid.format.canonical import canonical_json
 from braid.format.fields import Fields
 from braid.format.usage import Usage
 
-PROTOCOL = 4
+PROTOCOL = 5
 
 
 class ProtocolMismatchError(UsageError):

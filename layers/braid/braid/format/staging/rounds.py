@@ -33,30 +33,17 @@ class ChunkSlice:
     checksum: str  # CRC64NVME (base64) of the chunk as the agent read it
 
 
-# Chunks in an item's last packs, the very last first: see pack_sizes.
-PACK_TAPER = (1, 2, 3)
+def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK) -> list[int]:
+    """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, as even as possible, larger first.
 
-
-def pack_sizes(count: int, chunks_per_pack: int = CHUNKS_PER_PACK, taper: tuple[int, ...] = PACK_TAPER) -> list[int]:
-    """Chunks per pack, in order, for an item of `count` chunks: `chunks_per_pack` at most, smaller towards the end.
-
-    The last packs hold `taper` chunks (smallest last), the rest are as even as possible, larger first: only the
-    last packs' PUTs are not overlapped by the codec, and small ones all end with the last one-chunk PUT
-    (measured: docs/design/2026-11-28-optimisations.md). The planner writes the result into each item
-    (MapItem.packs): a retried worker, and the items that finish a cut one, store the same packs. `taper` () is
-    the policy off (braid.pipeline.policies).
+    The fewest packs (PUTs) the limit allows (16 chunks of 5 at most: 4, 4, 4, 4). The planner writes the result
+    into each item (MapItem.packs): a retried worker, and the items that finish a cut one, store the same packs.
+    Smaller packs at an item's end (the taper) were measured not to pay and removed:
+    docs/design/2026-11-28-optimisations.md.
     """
     limit = max(1, chunks_per_pack)
-    tail: list[int] = []
-    left = count
-    for size in taper:
-        if left <= 0:
-            break
-        tail.append(min(size, limit, left))
-        left -= tail[-1]
-    packs = -(-left // limit) if left > 0 else 0
-    head = [left // packs + (1 if n < left % packs else 0) for n in range(packs)] if packs else []
-    return head + tail[::-1]
+    packs = -(-count // limit) if count > 0 else 0
+    return [count // packs + (1 if n < count % packs else 0) for n in range(packs)] if packs else []
 
 
 @dataclass(frozen=True)
