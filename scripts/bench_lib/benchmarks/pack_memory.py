@@ -38,6 +38,7 @@ from braid.format.checksum import crc64nvme, encode_crc64nvme
 from braid.format.ids import BackupRef
 from braid.format.keys import DataKey
 from braid.format.staging import MapItem, segment_key
+from braid.format.staging.rounds import pack_sizes
 from braid.pipeline.worker import ChunkLanes, process_item
 
 doc = json.loads(sys.argv[1])
@@ -88,7 +89,7 @@ class SyntheticStore:
 
 
 ref = BackupRef.new("bench")
-item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, chunk * count, chunk, 1, count, 0, (crc,) * count)
+item = MapItem(segment_key(ref, 0, 0), 0, 0, 0, chunk * count, chunk, 1, count, 0, (crc,) * count, packs=tuple(pack_sizes(count, k)))
 lanes = ChunkLanes(contract.DEFAULT_WORKER_LANES)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cpu0, wall0 = time.process_time(), time.perf_counter()
