@@ -3,13 +3,13 @@
 All arm64 (Graviton: cheaper per GB-s and as fast for zstd/AES here), one
 shared layer, Powertools configured through the environment, X-Ray active.
 
-Memory: the worker gets 1,769 MB, the size at which Lambda grants one full
-vCPU. Its bytes need less (the chunks it reads ahead, two packs' frames and
-its encoders' buffers: ~1,130 MB at peak with 64 MiB chunks, measured by
-scripts/bench pack-memory), but it is CPU-bound, and
-below a full vCPU a GB-s buys proportionally less CPU, so the bill per chunk
-stays the same while each item takes longer. The coordinating functions
-(prepare, plan, cleanup) move only small JSON and get 256 MB.
+Memory: the worker gets contract.WORKER_MEMORY_MB (1,472 MB), chosen from the
+cost model's sensitivity table: at Lambda's published network rate it is
+network-bound, so less memory bills fewer GB-s for the same seconds; its
+bytes (the chunks it reads ahead, two packs' frames and its encoders'
+buffers: ~1,125 MB process peak with 64 MiB chunks, scripts/bench
+pack-memory) fit with headroom. The verify worker keeps 1,769 MB. The
+coordinating functions (prepare, plan, cleanup) move only small JSON and get 256 MB.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ SPECS = {
     "verifyplan": FunctionSpec("verifyplan", 1024, Duration.minutes(15), "Braid verify planner: pick the chunks to check; quick verify"),
     # Deep checks decrypt and decompress: CPU-bound as the backup worker, in the same EXPRESS 5 minutes.
     "verifyworker": FunctionSpec(
-        "verifyworker", contract.WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid verify worker: deep-check a few chunks"
+        "verifyworker", contract.VERIFY_WORKER_MEMORY_MB, Duration.seconds(contract.WORKER_TIMEOUT_SECONDS), "Braid verify worker: deep-check a few chunks"
     ),
     "verifyrecord": FunctionSpec("verifyrecord", 512, Duration.minutes(5), "Braid verify recorder: verify records, events, metric"),
     # The scheduled maintenance only starts the prune run (its planner distrusts failed verifications).

@@ -278,6 +278,12 @@ def test_the_model_assumes_the_published_lambda_network_rate_and_can_vary_it() -
     assert slow.pack_ends[-1] >= 16 * 64 * 2**20 / 1e6 / scale_sim.LAMBDA_NIC_MB_S
     assert slow.pack_ends[-1] > 1.9 * fast.pack_ends[-1] and scale_sim.LAMBDA_NIC_MB_S <= 80
     assert 1769 in cloud_model.SENSITIVITY_MEMORY_MB and 300.0 in cloud_model.SENSITIVITY_NETWORK_MB_S
+    # The deployed memory is in the table, holds the default 64 MiB chunks' buffers, and every smaller memory in the
+    # table does not (so it is the least the table can choose; its cost is the table's to show).
+    from braid.agent.limits import max_worker_chunk_size
+    assert contract.WORKER_MEMORY_MB in cloud_model.SENSITIVITY_MEMORY_MB
+    assert max_worker_chunk_size(contract.WORKER_MEMORY_MB) >= 64 * 2**20
+    assert all(max_worker_chunk_size(m) < 64 * 2**20 for m in cloud_model.SENSITIVITY_MEMORY_MB if m < contract.WORKER_MEMORY_MB)
 
 
 # AWS's published us-east-1 list prices (arm64 Lambda), as a reader would look them up, apart from the model's own table

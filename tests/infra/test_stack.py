@@ -426,7 +426,7 @@ def test_functions_are_arm64_with_the_layer_and_powertools(template: Template) -
         assert props["TracingConfig"] == {"Mode": "Active"}, lid
         assert props["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"] == "braid"
     template.has_resource_properties("AWS::Lambda::LayerVersion", {"CompatibleArchitectures": ["arm64"], "CompatibleRuntimes": ["python3.14"]})
-    template.has_resource_properties("AWS::Lambda::Function", {"Description": Match.string_like_regexp("Worker"), "MemorySize": 1769})
+    template.has_resource_properties("AWS::Lambda::Function", {"Description": Match.string_like_regexp("Worker"), "MemorySize": 1472})
 
 
 class Placeholders(Resolver):

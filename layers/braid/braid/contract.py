@@ -63,9 +63,14 @@ DEFAULT_WORKER_LANES = 4
 # so chunk PUTs cost about 1/k. Bounded by memory: two packs' frames wait in their chunk buffers for the
 # PUT (braid.pipeline.item_flow.chunk_buffers, braid.agent.limits). An item of 32 chunks is 7 packs (5, 5, 5, 5, 4, 4, 4).
 CHUNKS_PER_PACK = 5
-# The worker's memory: 1,769 MB is where Lambda grants one full vCPU; the
-# cost model (scripts/bench cloud-model) prices exactly what the stack deploys.
-WORKER_MEMORY_MB = 1769
+# The worker's memory, chosen from `scripts/bench cloud-model`'s sensitivity table (which prices exactly what
+# the stack deploys): at the published ~76 MB/s per function below 2 GB the worker is network-bound, so a GB-s
+# less is cheaper with the same tail. The least memory whose budget holds the default 64 MiB chunks' buffers
+# (braid.agent.limits: 256 MB + 18 x 64 MiB = 1,408 MB) plus one chunk of headroom: 1,472 MB, $0.551/TiB
+# against $0.638 at 1,769 MB (0.86x), +0.1 s after stream end (docs/design/2026-11-28-worker-memory.md).
+WORKER_MEMORY_MB = 1472
+# The verify worker keeps 1,769 MB (one full vCPU) until its own peak is measured at less.
+VERIFY_WORKER_MEMORY_MB = 1769
 # The most worker invocations one map runs at once: every map's MaxConcurrency (--fan-out) is clamped to it.
 # Reserving it is opt-in (CDK context braid:worker-concurrency=N reserves N and clamps to N): a reservation
 # must leave the account 100 unreserved, so a default one would fail `cdk deploy` on accounts with a low

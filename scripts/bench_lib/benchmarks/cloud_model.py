@@ -56,6 +56,7 @@ from bench_lib.report import Section, Table
 from bench_lib.scale_sim import COLD_START_SECONDS, FUNCTIONS, TIB, Simulation
 from bench_lib.timing import run_command
 from braid import contract
+from braid.agent.limits import max_worker_chunk_size
 from braid.format.prices import DEFAULT as PRICE_TABLE
 from braid.pipeline.execution_input import DEFAULT_MAX_CHUNKS_PER_ITEM
 from braid.pipeline.worker import pack_sizes
@@ -334,7 +335,7 @@ def price(sim: Simulation, memory_mb: int) -> dict[str, float]:
 # The sensitivity table: (worker memory MB, network MB/s) at 1 TiB x 500 workers x 300 MB/s. Memory sizes with the
 # published rate at that size (scale_sim.lambda_network_mb_s), then the deployed memory at other network rates.
 # Below ~1,200 MB the worker does not fit its buffers (scripts/bench pack-memory: ~1,130 MB at peak).
-SENSITIVITY_MEMORY_MB = (1280, 1769, 3008, 10240)
+SENSITIVITY_MEMORY_MB = (1280, 1472, 1769, 3008, 10240)
 SENSITIVITY_NETWORK_MB_S = (50.0, 150.0, 300.0)
 # One stream end per sensitivity row (the exact 1 TiB): the table chooses the worker's memory by what it costs, which
 # is the exact size's run in every row; its time after stream end is then that phase's, not the worst of six (the main
@@ -420,7 +421,9 @@ def sensitivity_rows(
 ) -> list[dict[str, Any]]:
     """1 TiB x 500 workers x 300 MB/s over worker memory (at its published network rate) and over network rate (at `memory`)."""
     options = sim_options(cpu_arm, ratio, lanes, chunk, cpu_speed)
-    return [simulated_row(1, 500, 300, m, n, options, log, phases=SENSITIVITY_PHASES) for m, n in sensitivity_cases(memory)]
+    rows = [simulated_row(1, 500, 300, m, n, options, log, phases=SENSITIVITY_PHASES) for m, n in sensitivity_cases(memory)]
+    # A memory is a choice only if its budget holds the chunks' buffers (braid.agent.limits): 1,280 MB does not hold 64 MiB.
+    return [{**row, "largest_chunk_mib": max_worker_chunk_size(row["worker_memory_mb"], lanes) // 2**20} for row in rows]
 
 
 def sensitivity_cases(memory: int) -> list[tuple[int, float]]:
@@ -511,9 +514,10 @@ def _run(ctx: Context) -> Section:
     sensitivity = sensitivity_rows(cpu_arm, measured.ratio, memory, lanes, chunk, ctx.log, cpu_speed=arm)
     section.tables.append(Table(
         "sensitivity, 1 TiB at 500 workers, 300 MB/s: worker memory (at its published network rate) and network rate (at the"
-        " deployed memory); a network-bound worker is billed per GB-s for the seconds its bytes take",
-        columns,
-        [[row[c] for c in columns] for row in sensitivity],
+        " deployed memory); a network-bound worker is billed per GB-s for the seconds its bytes take; largest_chunk_mib: the"
+        " largest chunk whose buffers that memory holds (the default is 64 MiB)",
+        [*columns, "largest_chunk_mib"],
+        [[row[c] for c in [*columns, "largest_chunk_mib"]] for row in sensitivity],
     ))
     section.tables.append(precompression_table(ctx, cpu_arm, measured.ratio, memory, lanes, chunk, arm, codecs))
     section.tables.append(concurrent_table(cpu_arm, measured.ratio, memory, lanes, chunk, arm, ctx.log))

@@ -124,7 +124,7 @@ def check_sizes(chunk_size: int, segment_chunks: int, min_part_size: int = MIN_P
 
 
 def max_worker_chunk_size(memory_mb: int = contract.WORKER_MEMORY_MB, lanes: int = contract.DEFAULT_WORKER_LANES) -> int:
-    """The largest chunk size (whole MiB) whose buffers the worker holds in its memory: 84 MiB for the stack's worker."""
+    """The largest chunk size (whole MiB) whose buffers the worker holds in its memory: 67 MiB for the stack's worker."""
     per_chunk = (memory_mb - WORKER_BASE_MB) * MiB // chunk_buffers(lanes, contract.CHUNKS_PER_PACK)
     return per_chunk // MiB * MiB
 
