@@ -33,7 +33,7 @@ from typing import Any
 
 from braid.adapters.aws import light_credentials
 from braid.adapters.aws.light_credentials import CredentialCache, Unsupported
-from braid.adapters.aws.light_http import Transport
+from braid.adapters.aws.light_http import FullClientFallback, Transport
 from braid.adapters.aws.retries import RetrySettings
 
 ENV_CLIENT = "BRAID_AWS_CLIENT"  # "botocore": never the light clients (a diagnosis, or a set-up they get wrong)
@@ -74,26 +74,13 @@ def _json_error(status: int, headers: Mapping[str, str], body: bytes) -> tuple[s
     return code, str(document.get("message") or document.get("Message") or "")
 
 
-class LightStepFunctions:
+class LightStepFunctions(FullClientFallback):
     """StartExecution, DescribeExecution and SendTaskSuccess (AWS JSON 1.0); everything else through botocore's client."""
 
     def __init__(self, transport: Transport, url: str, full: Callable[[], Any]) -> None:
         self._transport = transport
         self._url = url
-        self._make_full = full
-        self._full: Any = None
-        self._lock = threading.Lock()
-
-    def full(self) -> Any:
-        with self._lock:
-            if self._full is None:
-                self._full = self._make_full()
-            return self._full
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.full(), name)
+        FullClientFallback.__init__(self, full)
 
     def _call(self, operation: str, params: Mapping[str, Any]) -> dict[str, Any]:
         import hashlib

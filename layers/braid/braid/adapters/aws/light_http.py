@@ -280,3 +280,23 @@ class Transport:
                 self.on_retry(RetryNotice(self.label, operation, reason, attempt, delay).to_event())
             self.sleep(delay)
             attempt += 1
+
+
+class FullClientFallback:
+    """What a light client does not cover goes to botocore's client, built once on first use (thread-safe)."""
+
+    def __init__(self, full: Callable[[], Any]) -> None:
+        self._make_full = full
+        self._full: Any = None
+        self._full_lock = threading.Lock()
+
+    def full(self) -> Any:
+        with self._full_lock:
+            if self._full is None:
+                self._full = self._make_full()
+            return self._full
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.full(), name)

@@ -24,7 +24,6 @@ import base64
 import datetime
 import email.utils
 import hashlib
-import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -33,7 +32,7 @@ from xml.etree import ElementTree
 
 from botocore.exceptions import ClientError, FlexibleChecksumError, IncompleteReadError
 
-from braid.adapters.aws.light_http import Response, Transport
+from braid.adapters.aws.light_http import FullClientFallback, Response, Transport
 from braid.adapters.aws.sigv4 import UNSIGNED_PAYLOAD
 
 _BODY_HEADERS = {
@@ -166,7 +165,7 @@ class _Paginator:
         return self._pages(**params)
 
 
-class LightS3:
+class LightS3(FullClientFallback):
     """An S3 client for the calls above; `full` builds botocore's client for everything else."""
 
     light = True  # what braid.adapters.aws.wiring looks for: make the Step Functions client light too
@@ -174,23 +173,8 @@ class LightS3:
     def __init__(self, transport: Transport, endpoint: str | None, full: Callable[[], Any]) -> None:
         self._transport = transport
         self._endpoint = endpoint.rstrip("/") if endpoint else None
-        self._make_full = full
-        self._full: Any = None
-        self._full_lock = threading.Lock()
+        FullClientFallback.__init__(self, full)
         self._regions: dict[str, str] = {}  # bucket -> region, learnt from a redirect
-
-    # -- what the light client does not cover: botocore's client ------------------
-
-    def full(self) -> Any:
-        with self._full_lock:
-            if self._full is None:
-                self._full = self._make_full()
-            return self._full
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.full(), name)
 
     # -- requests -------------------------------------------------------------------
 
