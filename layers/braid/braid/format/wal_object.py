@@ -31,6 +31,16 @@ MAGIC = b"BRDW"
 VERSION = 1
 MAC_BYTES = 16
 _HEAD = struct.Struct(">4sBBHI")
+
+
+def read_head(view: memoryview, magic: bytes, version: int, kind: str, where: str) -> int:
+    """The key length of a WAL object or pack head (magic, version, flags, reserved, key length), its kind checked."""
+    found, found_version, _flags, _reserved, key_length = _HEAD.unpack_from(view)
+    if found != magic:
+        raise IntegrityError(f"{where}: not a Braid {kind} (bad magic)")
+    if found_version != version:
+        raise IntegrityError(f"{where}: {kind} version {found_version} is not supported by this Braid")
+    return int(key_length)
 WAL_INDEX = 0
 WAL_INPUT = 0
 
@@ -48,11 +58,7 @@ class StoredWal:
         view = memoryview(raw)
         if len(view) < _HEAD.size:
             raise IntegrityError(f"{where}: stored WAL file is truncated ({len(view)} bytes)")
-        magic, version, _flags, _reserved, key_length = _HEAD.unpack_from(view)
-        if magic != MAGIC:
-            raise IntegrityError(f"{where}: not a Braid WAL object (bad magic)")
-        if version != VERSION:
-            raise IntegrityError(f"{where}: WAL object version {version} is not supported by this Braid")
+        key_length = read_head(view, MAGIC, VERSION, "WAL object", where)
         mac_at = _HEAD.size + key_length
         if len(view) < mac_at + MAC_BYTES:
             raise IntegrityError(f"{where}: stored WAL file is truncated ({len(view)} bytes)")

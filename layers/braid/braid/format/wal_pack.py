@@ -31,6 +31,7 @@ from braid.format.canonical import canonical_json
 from braid.format.chunk import ChunkCodec
 from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.wal import SEGMENT, WalFile
+from braid.format.wal_object import read_head
 
 MAGIC = b"BRWP"
 VERSION = 1
@@ -108,11 +109,7 @@ class StoredPack:
         """The head (at least `head_length` bytes of the object) of the pack whose key names `members`."""
         view = memoryview(head)
         try:
-            magic, version, _flags, _reserved, key_length = _HEAD.unpack_from(view)
-            if magic != MAGIC:
-                raise IntegrityError(f"{where}: not a Braid WAL pack (bad magic)")
-            if version != VERSION:
-                raise IntegrityError(f"{where}: WAL pack version {version} is not supported by this Braid")
+            key_length = read_head(view, MAGIC, VERSION, "WAL pack", where)
             at = _HEAD.size + key_length
             wrapped = WrappedKey.from_json(json.loads(bytes(view[_HEAD.size : at])))
             (index_length,) = _LENGTH.unpack_from(view, at)
