@@ -30,11 +30,10 @@ flattered by the shim.
 
 import os
 
+_REGISTER = {}  # module name -> callbacks run on it as it is first imported
+
 if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
-    import importlib.abc
-    import importlib.util
     import re
-    import sys
 
     _STRIP = {
         "CreateMultipartUpload": ("x-amz-checksum-algorithm", "x-amz-checksum-type", "x-amz-sdk-checksum-algorithm"),
@@ -67,10 +66,19 @@ if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
                 headers[name] = str(len(body))
         return body
 
-    _REGISTER = {
-        "botocore.handlers": lambda module: module.BUILTIN_HANDLERS.append(("before-sign.s3", _s3proxy_compat)),
-        "braid.adapters.aws.light_http": lambda module: module.REQUEST_HOOKS.append(_light_compat),
-    }
+    _REGISTER.setdefault("botocore.handlers", []).append(lambda module: module.BUILTIN_HANDLERS.append(("before-sign.s3", _s3proxy_compat)))
+    _REGISTER.setdefault("braid.adapters.aws.light_http", []).append(lambda module: module.REQUEST_HOOKS.append(_light_compat))
+
+if os.environ.get("BRAID_BENCH_TIMELINE"):  # bench_lib.timeline: every request's start, end and connection
+    import braid_bench_timeline
+
+    for _name, _hook in braid_bench_timeline.REGISTER.items():
+        _REGISTER.setdefault(_name, []).append(_hook)
+
+if _REGISTER:
+    import importlib.abc
+    import importlib.util
+    import sys
 
     class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """Registers the shim in a module as it is first imported."""
@@ -93,7 +101,8 @@ if os.environ.get("BRAID_BENCH_S3COMPAT") == "1":
 
                 def exec_module(self, module):
                     real.exec_module(module)
-                    _REGISTER[name](module)
+                    for hook in _REGISTER[name]:
+                        hook(module)
 
             spec.loader = _Loader()
             return spec
