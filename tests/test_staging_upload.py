@@ -848,10 +848,11 @@ def test_part_layout_ramps_then_groups() -> None:
 
 
 def test_the_default_ramp_fills_the_pipe_from_the_same_buffers() -> None:
-    """At the defaults (4-chunk parts, --concurrency 11) the first 11 chunks go one per part; one-chunk parts get no ramp."""
-    assert default_ramp_parts(default_part_chunks(64 * 1024**2, 1, DEFAULT_CONCURRENCY), DEFAULT_CONCURRENCY, 32) == DEFAULT_CONCURRENCY
-    assert default_ramp_parts(1, DEFAULT_CONCURRENCY, 32) == 0
-    assert default_ramp_parts(4, 11, 8) == 8  # never more than a segment's chunks
+    """At the defaults (4-chunk parts) the whole first segment goes one chunk per part; one-chunk parts get no ramp."""
+    segment = default_segment_chunks(64 * 1024**2)
+    assert default_ramp_parts(default_part_chunks(64 * 1024**2, 1, DEFAULT_CONCURRENCY), segment) == segment == 32
+    assert default_ramp_parts(1, 32) == 0
+    assert default_ramp_parts(4, 8) == 8  # never more than a segment's chunks
 
 
 def test_start_records_the_default_ramp_in_the_session(s3: tuple[S3Store, S3Calls]) -> None:
@@ -862,7 +863,7 @@ def test_start_records_the_default_ramp_in_the_session(s3: tuple[S3Store, S3Call
     )
     upload.abort()
     session = SessionRecord.from_bytes(store.get(session_key(REF)))
-    assert (session.part_chunks, session.ramp_parts) == (4, DEFAULT_CONCURRENCY)
+    assert (session.part_chunks, session.ramp_parts) == (4, default_segment_chunks(64 * 1024**2))  # the whole first segment
 
 
 def test_the_part_ramp_policy_is_switched_off_by_no_part_ramp_and_the_session_records_it(s3: tuple[S3Store, S3Calls]) -> None:

@@ -71,7 +71,7 @@ def test_the_manifest_counts_what_the_backup_sent(cloud: Emulator) -> None:
 
     # The agent's upload: a part per few chunks (braid.agent.limits), one multipart upload per segment, exactly as sent.
     part_chunks = default_part_chunks(5 * MiB, 1, DEFAULT_CONCURRENCY)
-    layout = PartLayout(part_chunks, default_ramp_parts(part_chunks, DEFAULT_CONCURRENCY, default_segment_chunks(5 * MiB)))
+    layout = PartLayout(part_chunks, default_ramp_parts(part_chunks, default_segment_chunks(5 * MiB)))
     assert chunks == math.ceil(size / (5 * MiB)) and part_chunks > 1
     assert requests["s3:UploadPart"] == log["UploadPart"] == layout.parts(chunks)
     assert requests["s3:CreateMultipartUpload"] == log["CreateMultipartUpload"] == requests["s3:CompleteMultipartUpload"] >= 1

@@ -82,20 +82,24 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
     return chunks
 
 
-def default_ramp_parts(part_chunks: int, concurrency: int, segment_chunks: int) -> int:
-    """One-chunk parts that start each input's first segment: as many as --concurrency sends at once.
+def default_ramp_parts(part_chunks: int, segment_chunks: int) -> int:
+    """One-chunk parts that start each input's first segment: the whole of it (2 GiB at the defaults).
 
     Parts of `part_chunks` chunks leave only MIN_PARTS_IN_FLIGHT of them in
-    flight in the same buffers (two of 256 MiB at the defaults): a stream of
-    512 MiB would go out as two parts, over two connections. Its first
-    `concurrency` chunks go as one-chunk parts instead, all in flight at
-    once, so a short stream fills the pipe; a long one then sends the larger
-    parts (a TiB: 4,096 + 11 UploadParts rather than 4,096). Same buffers:
-    a one-chunk part never needs more than the larger parts do.
+    flight in the same buffers (two or three of 256 MiB at the defaults), and
+    the chunks of the part being filled wait, unsent, for the rest of it:
+    after a ramp of --concurrency parts, a 2 GiB stream went out three parts
+    at a time, and its last 256 MiB part alone (docs/design/agent-line-rate.md,
+    the timeline). A first segment of one-chunk parts keeps --concurrency of
+    them in flight, so a stream of up to a segment goes out exactly as boto3's
+    multipart upload at the same memory; a longer one sends the larger parts
+    from its second segment on (a TiB: 4,096 + 24 UploadParts rather than
+    4,096, at 64 MiB chunks). Same buffers: a one-chunk part never needs more
+    than the larger parts do.
     """
     if part_chunks <= 1:
         return 0
-    return min(concurrency, segment_chunks)
+    return segment_chunks
 
 
 def check_part_chunks(part_chunks: int, inputs: int, concurrency: int) -> None:

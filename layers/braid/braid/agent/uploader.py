@@ -31,9 +31,10 @@ part goes out without waiting one more round trip);
 `part_chunks` is chosen so that every input's unfinished part and three parts
 being sent fit (braid.agent.limits.default_part_chunks; one is enough never to
 deadlock, three keep the upload as fast as one chunk per part). Each input's
-first segment starts with the session's `ramp_parts` one-chunk parts
-(braid.agent.segments.PartLayout), so a short stream still has --concurrency
-parts in flight; the larger parts follow from the same buffers.
+first segment is the session's `ramp_parts` one-chunk parts (the whole
+segment at the defaults, braid.agent.segments.PartLayout), so a stream of up
+to a segment has --concurrency parts in flight throughout; the larger parts
+follow from the same buffers.
 
 Resume: braid.agent.resume reads what the store holds; re-read chunks that
 match a stored part are skipped, completed segments are checked as a whole.
@@ -106,7 +107,7 @@ class StagingUpload(PartSender):
         if part_chunks is None:
             part_chunks = default_part_chunks(chunk_size, len(inputs), concurrency)
             if ramp_parts is None:
-                ramp_parts = default_ramp_parts(part_chunks, concurrency, segment_chunks)
+                ramp_parts = default_ramp_parts(part_chunks, segment_chunks)
         session = SessionRecord(
             backup=str(area.ref),
             repository=repository_id,
