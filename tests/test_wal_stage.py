@@ -57,6 +57,12 @@ class MemoryStaging:
             raise IntegrityError(f"staged WAL {key} does not match its SHA-256: damaged")
         return StagedWal(key, len(found[0]), found[1], found[2], found[0])
 
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        found = self.objects.get(key)
+        if found is None or (version is not None and found[2] != version):
+            return None
+        return found[0][start : start + length]
+
     def archived_sha256(self, key: str) -> str | None:
         found = self.archived.get(key)
         return None if found is None else found[1]

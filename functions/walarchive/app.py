@@ -56,7 +56,7 @@ def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
         batch = Batch(repository, keys, staging, name, known=known)
         for i in members:
             if records[i].bundle:  # a staged bundle (wal-push --async at a backlog): its members as one pack
-                results[i] = process_bundle(batch, records[i].file, records[i].version, pack_files=pack_files)
+                results[i] = process_bundle(batch, records[i].file, records[i].version, pack_files=pack_files, overlap=overlap)
     for result in results.values():
         if isinstance(result, Processed):
             for file in result.files():

@@ -137,6 +137,11 @@ class CountingStaging:
         found = self.staged_objects.get(key)
         return None if found is None else StagedWal(key, len(found[0]), found[1], found[2], found[0])
 
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        self.counts["s3_get_class"] += 1
+        found = self.staged_objects.get(key)
+        return None if found is None else found[0][start : start + length]
+
     def archived_sha256(self, key: str) -> str | None:
         self.counts["s3_get_class"] += 1
         found = self.archived.get(key)
@@ -220,7 +225,8 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         config = RepositoryConfig.new({"type": "kms", "key_id": "arn:aws:kms:us-east-1:000000000000:key/model"}, "2026-11-28T00:00:00Z", {"stack": "Braid"})
         Repository.create(CountingStore(root / "repo", setup), config)
         # The first segment records the archive; the counted ones start a slot (whole bundles: a backlog).
-        names = ["000000010000000000000001"] + [f"0000000100000000{0x0A + n:08X}" for n in range(segments)]
+        first_slot = BUNDLE_FILES * -(-2 // BUNDLE_FILES)  # the first whole slot after the first segment's
+        names = ["000000010000000000000001"] + [f"0000000100000000{first_slot + n:08X}" for n in range(segments)]
         files = []
         for name in names:
             (root / name).write_bytes(_segment(name, size))
@@ -252,35 +258,40 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
             assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
-        # async-bundle: the same segments again, as a new cluster's archive would get them (a second name), bundled.
+        # async-bundle: two whole slots of segments (a backlog) to a new cluster's archive (a second name), bundled.
         bundler: Counter[str] = Counter()
         bundled = CountingStaging(setup)
         stage_wal(Repository(CountingStore(root / "repo", setup), resident.config), bundled, "pg2", files[0])
         process_staged(first, CountingKeys(setup), bundled, "pg2", WalFile.parse(names[0]), known=known)
         bundled.counts = bundler
         slots: dict[str, list[Path]] = {}
-        for path in files[1:]:
+        for n in range(2 * BUNDLE_FILES):
+            path = root / "bundled" / f"0000000100000000{first_slot + n:08X}"
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(_segment(path.name, size))
             slots.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
         bundle_packs = PackListing()
         for members in slots.values():
             results = stage_bundle(Repository(CountingStore(root / "repo", bundler), resident.config), bundled, "pg2", members, bundle_packs)
             assert all(not isinstance(r, Exception) for r in results), results
         messages = len(bundled.staged_objects)
-        assert messages == len(slots) and all(len(m) == BUNDLE_FILES for m in slots.values()), "whole bundles, one object each"
+        assert messages == len(slots) == 2 and all(len(m) == BUNDLE_FILES for m in slots.values()), "whole bundles, one object each"
         worker_bundle: Counter[str] = Counter()
         bundled.counts = worker_bundle
         step = Batch(Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known)
         for key in list(bundled.staged_objects):
             slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
-            done_bundle = process_bundle(step, slot, None, pack_files=pack_files)
+            done_bundle = process_bundle(step, slot, bundled.staged_objects[key][2], pack_files=pack_files)  # the event's version
             assert not isinstance(done_bundle, Exception), done_bundle
         assert not bundled.staged_objects, "every staged bundle was processed and removed"
-    per = float(segments)
 
-    def each(counts: Counter[str]) -> dict[str, float]:
+    def each(counts: Counter[str], per: float = float(segments)) -> dict[str, float]:
         return {k: v / per for k, v in counts.items() if k != "stored_bytes"}
 
-    return Requests(each(host), each(pusher), each(worker), each(bundler), each(worker_bundle), messages / per)
+    bundled_segments = 2.0 * BUNDLE_FILES
+    return Requests(
+        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments
+    )
 
 
 def measure_codec_cpu(data: bytes, level: int = 3) -> float:
@@ -314,15 +325,16 @@ def cost_per_tib(
     requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False
 ) -> dict[str, float]:
     """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
-    `overlap`: the worker's policy worker-overlap (a bundle is one GET: nothing to overlap); `bundle`: `--async`'s
-    policy async-bundle at a backlog (whole bundles: one staged object, S3 event and SQS message each)."""
+    `overlap`: the worker's policy worker-overlap (a pack's, or a bundle's, next member read during the codec);
+    `bundle`: `--async`'s policy async-bundle at a backlog (whole bundles: one staged object, S3 event and SQS
+    message each)."""
     n = SEGMENTS_PER_TIB
     bundled = bundle and asynchronous
     host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host
     worker = requests.worker_bundle if bundled else requests.worker
     messages = requests.bundle_messages if bundled else 1.0  # staged objects per segment: S3 events, SQS messages
     batch = contract.WAL_BATCH_SIZE
-    seconds = segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap and not bundled)
+    seconds = segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
     staged_gb_months = (TIB / 1e9) * ASSUME["staged_seconds_p50"] / (30 * 86400)
     return {
@@ -343,8 +355,8 @@ def p99_seconds(
     codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], *, overlap: bool = True, files_per_message: int = 1
 ) -> dict[str, float]:
     """The worst case of a full batch, by step: the p99 from a push's exit 0 to its final encrypted object (a batch of
-    bundles holds `files_per_message` segments per message, read with one GET each: nothing to overlap)."""
-    seconds = segment_seconds(codec_cpu, stored_ratio, worker_requests, overlap=overlap and files_per_message == 1)
+    bundles holds `files_per_message` segments per message)."""
+    seconds = segment_seconds(codec_cpu, stored_ratio, worker_requests, overlap=overlap)
     return {
         "s3 event to sqs (assumed p99)": ASSUME["s3_event_p99_seconds"],
         "long poll": ASSUME["poll_seconds"],
@@ -373,7 +385,7 @@ def table_rows(
             "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
             "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
             "p99_seconds_to_final": round(sum(p99.values()), 2),
-            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap and not asynchronous), 3),
+            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap), 3),
             "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
             "p99_steps": {k: round(v, 3) for k, v in p99.items()},
         })

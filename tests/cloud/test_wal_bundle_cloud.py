@@ -27,9 +27,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 SIXTEEN = 16 << 20
 
 
-def slot(start: int) -> list[str]:
-    """The names of one whole slot of segments from `start` (a multiple of BUNDLE_FILES)."""
-    assert start % BUNDLE_FILES == 0
+def slot(segno: int) -> list[str]:
+    """The names of the whole slot of segments that holds segment number `segno` (braid.format.wal_bundle.bundle_slot)."""
+    start = segno - segno % BUNDLE_FILES
     return [f"0000000100000000{n:08X}" for n in range(start, start + BUNDLE_FILES)]
 
 
@@ -117,7 +117,7 @@ def stuck(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Emulator]:
 
 
 def test_a_staged_bundle_is_read_by_fetch_the_gate_and_the_hosts_check(stuck: Emulator, tmp_path: Path) -> None:
-    names = slot(5)  # 000000010000000000000005..09: the base backup below starts in ...09
+    names = slot(9)  # the base backup below starts in 000000010000000000000009
     paths = backlog(tmp_path / "pg_wal", names, SIXTEEN)
     push_backlog(stuck, paths, tmp_path / "spool")
     bundle = f"wal-staging/pg/{names[0]}.bundle"
@@ -151,7 +151,7 @@ def test_a_staged_bundle_is_read_by_fetch_the_gate_and_the_hosts_check(stuck: Em
 
 
 def test_with_the_policy_off_the_pusher_stages_one_object_per_segment(stuck: Emulator, tmp_path: Path) -> None:
-    names = slot(0x0A)
+    names = slot(0x30)
     paths = backlog(tmp_path / "pg_wal", names, SIXTEEN)
     push_backlog(stuck, paths, tmp_path / "spool", BRAID_WAL_BUNDLE="off")
     assert sorted(k for k in stuck.keys("wal-staging/pg/") if k[len("wal-staging/pg/") :] in names) == [f"wal-staging/pg/{n}" for n in names]

@@ -34,7 +34,7 @@ from braid.format.wal_object import read_head
 
 MAGIC = b"BRWB"
 VERSION = 1
-BUNDLE_FILES = 5  # the slot's width: the most segments one bundle holds (docs/design/wal-archive.md: the WAL worker's p99)
+BUNDLE_FILES = 7  # the slot's width: the most segments one bundle holds (docs/design/wal-archive.md: the WAL worker's p99)
 SUFFIX = ".bundle"
 _HEAD = struct.Struct(">4sBBHI")
 DIGEST = 32

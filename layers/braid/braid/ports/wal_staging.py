@@ -40,6 +40,11 @@ class WalStaging(Protocol):
         stored SHA-256 (IntegrityError otherwise); None when it is not there."""
         ...
 
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        """Up to `length` bytes of the staged object (that `version`, else the current one) from `start`, unchecked (a
+        staged bundle's reader checks them against its index, braid.format.wal_bundle); None when it is not there."""
+        ...
+
     def archived_sha256(self, key: str) -> str | None:
         """The plaintext SHA-256 (hex) recorded with the archived object at `key`: None when there is no
         such object, "" when it has none recorded (stored by a host, braid.ops.wal_push)."""

@@ -95,6 +95,19 @@ class S3WalStaging:
             raise IntegrityError(f"staged WAL {self.store.url}/{key} does not match its SHA-256 (stored {staged.sha256}, read {actual}): damaged")
         return staged
 
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key), "Range": f"bytes={start}-{start + max(length, 1) - 1}"}
+        if version:
+            params["VersionId"] = version
+        try:
+            return bytes(self.client.get_object(**params)["Body"].read())
+        except ClientError as exc:
+            if self._missing(exc) or error_code(exc) in ("NoSuchVersion", "InvalidArgument"):
+                return None
+            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject (and s3:GetObjectVersion) on wal-staging/NAME/*") from None
+        except BotoCoreError as exc:
+            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject on wal-staging/NAME/*") from None
+
     def archived_sha256(self, key: str) -> str | None:
         try:
             response = self.client.head_object(Bucket=self.bucket, Key=self.store.object_key(key))
