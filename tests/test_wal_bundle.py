@@ -14,7 +14,7 @@ from tests.test_wal_pack import CountingKeys, StoreStaging
 from tests.wal_segments import segment_bytes, write_segment
 
 from braid.adapters.local.store import LocalStore
-from braid.errors import AlreadyExistsError, IntegrityError, UsageError, WalConflictError
+from braid.errors import AlreadyExistsError, IntegrityError, StorageError, UsageError, WalConflictError
 from braid.format.layout import wal_staged_bundle, wal_staged_file, wal_staging_bundle_key, wal_staging_key
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.wal import WalFile
@@ -171,6 +171,29 @@ def test_with_the_pack_policy_off_a_bundles_members_are_one_object_each(cloud, t
     assert staging.puts[-3:] == [f"wal/pg/0000000100000000/{n}" for n in SLOT[:3]] and not staging.objects
 
 
+def test_a_worker_stopped_after_the_pack_leaves_the_bundle_and_the_redelivery_removes_it(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The DELETE of the bundle fails (as a worker killed between the pack's PUT and it): the message fails, the bundle
+    stays; the redelivery finds every member packed, compares them by their authenticated bytes and removes it."""
+    repository, keys, staging = cloud
+    paths = _members(tmp_path, SLOT[:4])
+    stage_bundle(repository, staging, "pg", paths)
+    key = wal_staging_bundle_key("pg", SLOT[0])
+    remove = staging.remove_staged
+
+    def stopped(key: str, version: str | None) -> None:
+        raise StorageError(f"injected: DELETE {key} failed")
+
+    staging.remove_staged = stopped  # type: ignore[method-assign]
+    failed = process_bundle(Batch(repository, keys, staging, "pg"), WalFile.parse(SLOT[0]), None, pack_files=10)
+    assert isinstance(failed, StorageError) and key in staging.objects
+    packs = [k for k in staging.puts if "pack-" in k]
+    staging.remove_staged = remove  # type: ignore[method-assign]
+    again = process_bundle(Batch(repository, keys, staging, "pg"), WalFile.parse(SLOT[0]), None, pack_files=10, overlap=False)
+    assert isinstance(again, Processed) and [m.outcome for m in again.members] == [ALREADY] * 4
+    assert [k for k in staging.puts if "pack-" in k] == packs, "nothing packed again"
+    assert not staging.objects, "no raw byte left"
+
+
 def test_a_bad_member_fails_the_bundle_but_the_good_ones_are_stored_first(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     repository, keys, staging = cloud
     paths = _members(tmp_path, SLOT[:2]) + [write_segment(tmp_path, SLOT[2], sysid=42)]  # another cluster's segment
@@ -178,7 +201,7 @@ def test_a_bad_member_fails_the_bundle_but_the_good_ones_are_stored_first(cloud,
     key = wal_staging_bundle_key("pg", SLOT[0])
     staging.put_staged(key, blob, hashlib.sha256(blob).hexdigest())
     failed = process_bundle(Batch(repository, keys, staging, "pg"), WalFile.parse(SLOT[0]), None, pack_files=10)
-    assert isinstance(failed, IntegrityError) or "system identifier" in str(failed), failed
+    assert isinstance(failed, IntegrityError) and f"{SLOT[2]} is from the cluster with system identifier 42" in str(failed), failed
     assert key in staging.objects, "the bundle stays for the redelivery and the dead-letter queue"
     for name in SLOT[:2]:  # the good members are in their final form
         assert bytes(fetch_wal_bytes(repository, keys, "pg", name)) == (tmp_path / name).read_bytes()

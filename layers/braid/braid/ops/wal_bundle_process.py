@@ -103,7 +103,10 @@ def process_bundle(batch: Batch, slot: WalFile, version: str | None, *, pack_fil
         failed.append(exc)
     if failed:
         return failed[0]
-    b.staging.remove_staged(key, version)  # every member is in its final form: the raw bytes go
+    try:
+        b.staging.remove_staged(key, version)  # every member is in its final form: the raw bytes go
+    except BackupError as exc:  # the redelivery finds every member archived, compares them and removes it
+        return exc
     outcome = STORED if any(d.outcome == STORED for d in done) else ALREADY
     return Processed(b.name, label, outcome, sum(d.size for d in done), sum(d.stored_size for d in done), members=tuple(done))
 
