@@ -261,3 +261,22 @@ def test_a_version_2_archive_and_a_single_segment_are_never_bundled(tmp_path: Pa
     assert sorted(staging.objects) == [wal_staging_key("pg", WalFile.parse(n)) for n in SLOT[:3]], "a reader of version 2 reads no bundle"
     with pytest.raises(AlreadyExistsError):
         repository.store.put("wal/pg/archive.json", b"{}", create_only=True)
+
+
+def test_the_pusher_groups_a_slots_wanted_segments_only_where_the_policy_and_the_record_allow(tmp_path: Path) -> None:
+    from braid.cli.wal_pusher import Pusher
+    from braid.ops.wal import ArchiveInfo
+
+    wanted = [(n, tmp_path / n) for n in [*SLOT[:3], NEXT, "00000002.history", f"{SLOT[3]}.partial"]]
+    pusher = object.__new__(Pusher)
+    pusher.bundling, pusher.bundled, pusher.record_read = True, set(), 0.0
+    pusher.record = ArchiveInfo("pg", 1, 1 << 20, 3)
+    units = pusher.tasks(wanted)
+    assert [[f for f, _p in unit] for unit in units] == [SLOT[:3], [NEXT], ["00000002.history"], [f"{SLOT[3]}.partial"]]
+    pusher.bundled.add(SLOT[0])  # bundled once in this pusher's life: its later segments go alone
+    assert all(len(unit) == 1 for unit in pusher.tasks(wanted))
+    pusher.bundled.clear()
+    pusher.record = ArchiveInfo("pg", 1, 1 << 20, 2)  # an archive whose readers may predate bundles
+    assert all(len(unit) == 1 for unit in pusher.tasks(wanted))
+    pusher.record, pusher.bundling = ArchiveInfo("pg", 1, 1 << 20, 3), False  # BRAID_WAL_BUNDLE=off
+    assert all(len(unit) == 1 for unit in pusher.tasks(wanted))

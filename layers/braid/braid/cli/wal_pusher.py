@@ -31,10 +31,12 @@ from braid.contract import ENV_WAL_BUNDLE
 from braid.errors import BackupError
 from braid.format.wal import SEGMENT, WalFile
 from braid.format.wal_bundle import bundle_slot
+from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_async import ERROR, LOCK, OK, QUEUE
 from braid.ops.wal_packed import PackListing
 
 IDLE_EXIT = 60.0
+RECORD_EVERY = 10.0  # seconds between reads of a missing archive record (the worker writes it from the first segment)
 RETRY_AFTER = 2.0
 SCAN_PAUSE = 0.02
 MARKER_MAX_AGE = 7 * 86_400.0
@@ -60,6 +62,8 @@ class Pusher:
         # The policy async-bundle, decided here: only with the stack (a local repository stores each file as it comes).
         self.bundling = self.staging is not None and os.environ.get(ENV_WAL_BUNDLE, "on") != "off"
         self.bundled: set[str] = set()  # slots bundled in this pusher's life: a slot has at most one bundle
+        self.record: ArchiveInfo | None = None  # the archive's record, once it exists (create-only: it never changes)
+        self.record_read = -RECORD_EVERY
         self.packs = PackListing()  # with the stack: each directory's packs listed once in this pusher's life (braid.ops.wal_stage)
         self.in_flight: dict[str, Future[None]] = {}
         self.failed: dict[str, float] = {}
@@ -91,9 +95,22 @@ class Pusher:
             result.append((file, path))
         return result
 
+    def may_bundle(self) -> bool:
+        """async-bundle is on and the archive's record allows bundles (version 3; read until it exists, at most every
+        RECORD_EVERY seconds): in an older archive a slot's files go one unit each, in parallel, as before."""
+        if not self.bundling:
+            return False
+        if self.record is None and time.monotonic() - self.record_read >= RECORD_EVERY:
+            self.record_read = time.monotonic()
+            try:
+                self.record = read_archive_info(self.repository.store, self.options.name)
+            except BackupError:
+                self.record = None  # each file's own push reports it
+        return self.record is not None and self.record.may_stage_bundles
+
     def tasks(self, wanted: list[tuple[str, Path]]) -> list[list[tuple[str, Path]]]:
         """`wanted` as units of work, in order: the segments of one slot together (a bundle), with async-bundle on."""
-        if not self.bundling:
+        if len(wanted) < 2 or not self.may_bundle():
             return [[item] for item in wanted]
         units: list[list[tuple[str, Path]]] = []
         slots: dict[str, list[tuple[str, Path]]] = {}
