@@ -14,7 +14,7 @@ from tests.test_wal_pack import CountingKeys, StoreStaging
 from tests.wal_segments import segment_bytes, write_segment
 
 from braid.adapters.local.store import LocalStore
-from braid.errors import AlreadyExistsError, IntegrityError, StorageError, UsageError, WalConflictError
+from braid.errors import AlreadyExistsError, BackupError, IntegrityError, StorageError, UsageError, WalConflictError
 from braid.format.layout import wal_staged_bundle, wal_staged_file, wal_staging_bundle_key, wal_staging_key
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.wal import WalFile
@@ -41,7 +41,7 @@ class BucketStaging(StoreStaging):
 
     ranges = 0
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         assert hashlib.sha256(data).hexdigest() == sha256, "S3 refuses bytes that do not match the PUT's checksum"
         self.store.put(key, data, create_only=True)
         self.versions += 1
@@ -280,3 +280,14 @@ def test_the_pusher_groups_a_slots_wanted_segments_only_where_the_policy_and_the
     assert all(len(unit) == 1 for unit in pusher.tasks(wanted))
     pusher.record, pusher.bundling = ArchiveInfo("pg", 1, 1 << 20, 3), False  # BRAID_WAL_BUNDLE=off
     assert all(len(unit) == 1 for unit in pusher.tasks(wanted))
+
+
+def test_a_file_that_cannot_be_bundled_fails_alone_and_the_others_are_bundled(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    repository, _keys, staging = cloud
+    paths = _members(tmp_path, SLOT[:2]) + [write_segment(tmp_path, SLOT[2], sysid=42), tmp_path / SLOT[3], *_members(tmp_path, SLOT[4:5])]
+    results = stage_bundle(repository, staging, "pg", paths)
+    assert [getattr(r, "outcome", None) for r in results] == [BUNDLED, BUNDLED, None, None, BUNDLED]
+    assert isinstance(results[2], IntegrityError) and "system identifier 42" in str(results[2])
+    assert isinstance(results[3], BackupError) and str(results[3]) == f"WAL file {tmp_path / SLOT[3]} not found"
+    head = parse_head(repository.store.get(wal_staging_bundle_key("pg", SLOT[0])), "test")
+    assert head.names == [SLOT[0], SLOT[1], SLOT[4]] and list(staging.objects) == [wal_staging_bundle_key("pg", SLOT[0])]

@@ -39,7 +39,7 @@ class MemoryStaging:
         self.removed: list[tuple[str, str | None]] = []
         self.versions = 0
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         if key in self.objects:
             raise AlreadyExistsError(key)
         self.versions += 1

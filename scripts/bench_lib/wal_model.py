@@ -120,7 +120,7 @@ class CountingStaging:
         self.archived: dict[str, tuple[bytes, str]] = {}
         self._version = 0
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
         if key in self.staged_objects:
             raise AlreadyExistsError(key)

@@ -88,19 +88,56 @@ def _check_members(slot: str, names: Sequence[str]) -> None:
         raise UsageError(f"a WAL bundle holds 1 to {BUNDLE_FILES} distinct whole segments of slot {slot}, in order: not {list(names)}")
 
 
+class BundleWriter:
+    """A bundle built in one buffer: its members' bytes written in place (`member`), then its head (`finish`).
+
+    The index's length does not depend on the members' SHA-256 (64 hex digits each), so the head's room is known
+    from the names and lengths alone and no member is copied twice: a pusher holds a bundle once."""
+
+    def __init__(self, names: Sequence[str], lengths: Sequence[int]) -> None:
+        if not names or len(names) != len(lengths):
+            raise UsageError("a WAL bundle holds at least one segment, each with its length")
+        self.slot = bundle_slot(WalFile.parse(names[0]))
+        _check_members(self.slot, names)
+        self.names, self.lengths = list(names), list(lengths)
+        self.offsets = [sum(self.lengths[:i]) for i in range(len(names))]
+        self.head = len(self._head(["0" * 64] * len(names)))
+        self.digests: list[str] = []  # each member's SHA-256, once `finish` took them
+        self.buffer = bytearray(self.head + sum(self.lengths))
+
+    def _head(self, digests: Sequence[str]) -> bytes:
+        entries = [
+            {"name": n, "offset": o, "length": n_bytes, "sha256": d}
+            for n, o, n_bytes, d in zip(self.names, self.offsets, self.lengths, digests, strict=True)
+        ]
+        index = canonical_json({"slot": self.slot, "members": entries})
+        return _HEAD.pack(MAGIC, VERSION, 0, 0, len(index)) + index + hashlib.sha256(index).digest()
+
+    def member(self, position: int) -> memoryview:
+        """Where member `position`'s bytes go."""
+        start = self.head + self.offsets[position]
+        return memoryview(self.buffer)[start : start + self.lengths[position]]
+
+    def finish(self) -> bytearray:
+        """The whole bundle: the head, with each member's SHA-256 of the bytes now in place, then the members."""
+        self.digests = []
+        for position in range(len(self.names)):
+            with self.member(position) as view:
+                self.digests.append(hashlib.sha256(view).hexdigest())
+        head = self._head(self.digests)
+        assert len(head) == self.head, "the index's length does not depend on the digests"
+        self.buffer[: self.head] = head
+        return self.buffer
+
+
 def encode_bundle(members: Sequence[tuple[str, bytes]]) -> bytes:
     """The bundle of `members` ((segment name, raw bytes), ascending, one slot): head, then the bytes."""
     if not members:
         raise UsageError("a WAL bundle holds at least one segment")
-    slot = bundle_slot(WalFile.parse(members[0][0]))
-    _check_members(slot, [n for n, _ in members])
-    entries, offset = [], 0
-    for member_name, data in members:
-        entries.append({"name": member_name, "offset": offset, "length": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-        offset += len(data)
-    index = canonical_json({"slot": slot, "members": entries})
-    head = _HEAD.pack(MAGIC, VERSION, 0, 0, len(index)) + index + hashlib.sha256(index).digest()
-    return b"".join([head, *(data for _, data in members)])
+    writer = BundleWriter([n for n, _ in members], [len(d) for _, d in members])
+    for position, (_name, data) in enumerate(members):
+        writer.member(position)[:] = data
+    return bytes(writer.finish())
 
 
 def head_length(raw: bytes | memoryview, where: str) -> int:

@@ -26,14 +26,14 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from braid.errors import AlreadyExistsError, BackupError, NotFoundError
+from braid.errors import AlreadyExistsError, BackupError, InputError, NotFoundError
 from braid.format.layout import wal_staging_bundle_key, wal_staging_key
 from braid.format.repository import Repository
 from braid.format.wal import SEGMENT, WalFile
-from braid.format.wal_bundle import HEAD_READ, BundleIndex, WalBundle, bundle_slot, encode_bundle, head_length, parse_head
+from braid.format.wal_bundle import HEAD_READ, BundleIndex, BundleWriter, WalBundle, bundle_slot, head_length, parse_head
 from braid.ops.wal import read_archive_info
 from braid.ops.wal_packed import PackListing
-from braid.ops.wal_push import ALREADY, PushResult, read_wal_file
+from braid.ops.wal_push import ALREADY, PushResult
 from braid.ports.store import ObjectStore
 from braid.ports.wal_staging import WalStaging
 
@@ -81,6 +81,24 @@ def staged_bundle_members(store: ObjectStore, key: str) -> list[str]:
     return [] if index is None else index.names
 
 
+def _read_into(path: Path, view: memoryview) -> None:
+    """The file's bytes into `view`, which is its size when it was listed: InputError when it is not that size now."""
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            filled = 0
+            while filled < len(view):
+                got = handle.readinto(view[filled:])
+                if not got:
+                    break
+                filled += got
+            if filled != len(view) or handle.read(1):
+                raise InputError(f"WAL file {path} changed size while it was read (was {len(view)} bytes): not a finished WAL file")
+    except FileNotFoundError:
+        raise InputError(f"WAL file {path} not found") from None
+    except OSError as exc:
+        raise InputError(f"cannot read WAL file {path}: {exc.strerror or exc}") from None
+
+
 def stage_bundle(
     repository: Repository, staging: WalStaging, name: str, paths: Sequence[Path], packs: PackListing | None = None
 ) -> list[PushResult | BackupError]:
@@ -105,28 +123,41 @@ def stage_bundle(
         done = alone(range(len(paths)))
         return [done[i] for i in range(len(paths))]
     results: dict[int, PushResult | BackupError] = {}
-    members: list[tuple[int, bytes]] = []
-    for i, (file, path) in enumerate(zip(files, paths, strict=True)):
+    sizes: dict[int, int] = {}
+    for i, path in enumerate(paths):
         try:
-            data = read_wal_file(path)
-            check_staged_identity(repository, name, file, data, recorded)
+            sizes[i] = path.stat().st_size
+        except FileNotFoundError:
+            results[i] = InputError(f"WAL file {path} not found")
+        except OSError as exc:
+            results[i] = InputError(f"cannot read WAL file {path}: {exc.strerror or exc}")
+    members = sorted(sizes)
+    if len(members) < 2:
+        results.update(alone(members))
+        return [results[i] for i in range(len(paths))]
+    writer = BundleWriter([files[i].name for i in members], [sizes[i] for i in members])
+    for position, i in enumerate(members):  # each file read in place: the pusher holds the bundle once
+        try:
+            with writer.member(position) as view:
+                _read_into(paths[i], view)
+                check_staged_identity(repository, name, files[i], view, recorded)
         except BackupError as exc:
             results[i] = exc
-            continue
-        members.append((i, data))
-    if len(members) < 2:
-        results.update(alone([i for i, _ in members]))
+    if any(i in results for i in members):  # a file that cannot be bundled: the others again, without it
+        del writer
+        rest = [i for i in members if i not in results]
+        again = stage_bundle(repository, staging, name, [paths[i] for i in rest], packs)
+        results.update(zip(rest, again, strict=True))
         return [results[i] for i in range(len(paths))]
-    key = wal_staging_bundle_key(name, bundle_slot(files[members[0][0]]))
-    digests = {i: hashlib.sha256(data).hexdigest() for i, data in members}
-    sizes = {i: len(data) for i, data in members}
-    blob = encode_bundle([(files[i].name, data) for i, data in members])
-    del members
+    key = wal_staging_bundle_key(name, writer.slot)
+    blob = writer.finish()
+    digests = dict(zip(members, writer.digests, strict=True))
+    del writer
     try:
         staging.put_staged(key, blob, hashlib.sha256(blob).hexdigest())
     except AlreadyExistsError:  # the slot's bundle was staged before (an earlier pusher): each file alone, compared with it
         del blob
-        results.update(alone(sorted(digests)))
+        results.update(alone(members))
         return [results[i] for i in range(len(paths))]
     except BackupError as exc:
         return [results.get(i, exc) for i in range(len(paths))]

@@ -50,7 +50,7 @@ def read_wal_file(path: Path) -> bytes:
         raise InputError(f"cannot read WAL file {path}: {exc.strerror or exc}") from None
 
 
-def segment_identity_of(file: WalFile, data: bytes) -> SegmentIdentity | None:
+def segment_identity_of(file: WalFile, data: bytes | memoryview) -> SegmentIdentity | None:
     """A segment's identity from its first page header, once the segment is whole and where its name says (None for a
     file that is not a segment); InputError otherwise."""
     if file.kind != SEGMENT:

@@ -38,7 +38,7 @@ STAGED = "staged"
 
 
 def check_staged_identity(
-    repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None
+    repository: Repository, name: str, file: WalFile, data: bytes | memoryview, recorded: ArchiveInfo | None = None
 ) -> ArchiveInfo | None:
     """braid.ops.wal_push.check_identity without writing (the worker records the first segment's cluster), against
     `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment).

@@ -26,7 +26,7 @@ class StagedWal:
 
 
 class WalStaging(Protocol):
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         """Create `key` with `data`, which the store checks against `sha256` (hex) before keeping it;
         AlreadyExistsError when a current object is there (nothing replaced)."""
         ...

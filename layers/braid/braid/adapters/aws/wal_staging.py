@@ -47,10 +47,10 @@ class S3WalStaging:
     def _missing(self, exc: ClientError) -> bool:
         return error_code(exc) in NOT_FOUND_CODES or http_status(exc) == 404
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=self.store.object_key(key), Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256), IfNoneMatch="*"
+                Bucket=self.bucket, Key=self.store.object_key(key), Body=cast(bytes, data), ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256), IfNoneMatch="*"
             )
         except ClientError as exc:
             if error_code(exc) == "PreconditionFailed" or http_status(exc) in (409, 412):
