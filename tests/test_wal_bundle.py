@@ -291,3 +291,13 @@ def test_a_file_that_cannot_be_bundled_fails_alone_and_the_others_are_bundled(cl
     assert isinstance(results[3], BackupError) and str(results[3]) == f"WAL file {tmp_path / SLOT[3]} not found"
     head = parse_head(repository.store.get(wal_staging_bundle_key("pg", SLOT[0])), "test")
     assert head.names == [SLOT[0], SLOT[1], SLOT[4]] and list(staging.objects) == [wal_staging_bundle_key("pg", SLOT[0])]
+
+
+def test_a_host_with_the_key_records_version_2_and_the_worker_version_3(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Only the stack's archives may stage bundles: a host that stores files itself keeps the record older readers read."""
+    from braid.ops.wal_push import push_wal
+
+    repository, keys, _staging = cloud
+    assert read_archive_info(repository.store, "pg").version == 3  # type: ignore[union-attr]
+    push_wal(repository, keys, "local", write_segment(tmp_path, FIRST))
+    assert read_archive_info(repository.store, "local").version == 2  # type: ignore[union-attr]
