@@ -86,7 +86,7 @@ def test_a_batch_is_one_pack_one_key_and_every_reader_finds_its_files(cloud, tmp
     repository, keys, staging = cloud
     first = _stage(repository, staging, tmp_path, NAMES[:1])
     assert process_staged_files(repository, keys, staging, "pg", first, pack_files=10)[0].outcome == STORED  # type: ignore[union-attr]
-    assert read_archive_info(repository.store, "pg").version == 2  # type: ignore[union-attr]
+    assert read_archive_info(repository.store, "pg").version == 3  # type: ignore[union-attr]
     CountingKeys.generated = 0
     files = _stage(repository, staging, tmp_path, NAMES[1:])
     done = process_staged_files(repository, keys, staging, "pg", files, pack_files=10)

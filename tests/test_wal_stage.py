@@ -39,7 +39,7 @@ class MemoryStaging:
         self.removed: list[tuple[str, str | None]] = []
         self.versions = 0
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         if key in self.objects:
             raise AlreadyExistsError(key)
         self.versions += 1
@@ -56,6 +56,12 @@ class MemoryStaging:
         if hashlib.sha256(found[0]).hexdigest() != found[1]:
             raise IntegrityError(f"staged WAL {key} does not match its SHA-256: damaged")
         return StagedWal(key, len(found[0]), found[1], found[2], found[0])
+
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        found = self.objects.get(key)
+        if found is None or (version is not None and found[2] != version):
+            return None
+        return found[0][start : start + length]
 
     def archived_sha256(self, key: str) -> str | None:
         found = self.archived.get(key)

@@ -7,7 +7,9 @@ are compressed and encrypted under KMS data keys and stored create-only
 under `wal/`: whole segments of one directory as one pack per batch (policy
 `wal-pack`, off with BRAID_WAL_PACK=off; each pack's next file read during
 the codec: `worker-overlap`, off with BRAID_WAL_OVERLAP=off), other files one object each; each
-staged version is then deleted by id (braid.ops.wal_pack_process).
+staged version is then deleted by id (braid.ops.wal_pack_process). A staged bundle's members
+(`wal-push --async` at a backlog) become one pack, and the bundle is deleted once all of them
+are in their final form (braid.ops.wal_bundle_process).
 Returns the partial batch response: the messages to deliver again.
 """
 
@@ -22,7 +24,8 @@ from braid.adapters.aws.wal_staging import S3WalStaging
 from braid.errors import BackupError
 from braid.format.repository import Repository
 from braid.ops.wal import ArchiveInfo
-from braid.ops.wal_pack_process import process_staged_files
+from braid.ops.wal_bundle_process import process_bundle
+from braid.ops.wal_pack_process import Batch, process_staged_files
 from braid.ops.wal_process import CONFLICT, STORED, Processed
 from braid.pipeline.observability import LambdaContext, MetricUnit, add_metrics, logger, pipeline_handler
 from braid.pipeline.wal_batch import StagedRecord, process_batch
@@ -43,27 +46,35 @@ def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
             store = repository_store(prefix)
             _repositories[prefix] = (Repository.open(store), S3WalStaging(store))
         repository, staging = _repositories[prefix]
-        files = [(records[i].file, records[i].version) for i in members]
+        known, keys = _known.setdefault(prefix, {}), key_service()
+        files = [i for i in members if not records[i].bundle]
         done = process_staged_files(
-            repository, key_service(), staging, name, files, pack_files=pack_files, overlap=overlap, known=_known.setdefault(prefix, {})
-        )
-        results.update(zip(members, done, strict=True))
+            repository, keys, staging, name, [(records[i].file, records[i].version) for i in files], pack_files=pack_files,
+            overlap=overlap, known=known,
+        ) if files else []
+        results.update(zip(files, done, strict=True))
+        batch = Batch(repository, keys, staging, name, known=known)
+        for i in members:
+            if records[i].bundle:  # a staged bundle (wal-push --async at a backlog): its members as one pack
+                results[i] = process_bundle(batch, records[i].file, records[i].version, pack_files=pack_files, overlap=overlap)
     for result in results.values():
         if isinstance(result, Processed):
-            logger.info("WAL file processed", extra={"name": result.name, "file": result.file, "outcome": result.outcome})
-            if result.outcome == CONFLICT:
-                logger.error("a push with other bytes was refused; the archive keeps its copy", extra={"detail": result.detail})
+            for file in result.files():
+                logger.info("WAL file processed", extra={"name": file.name, "file": file.file, "outcome": file.outcome})
+                if file.outcome == CONFLICT:
+                    logger.error("a push with other bytes was refused; the archive keeps its copy", extra={"detail": file.detail})
     return [results[i] for i in range(len(records))]
 
 
 @pipeline_handler
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, list[dict[str, str]]]:
     response, done = process_batch(event, _process)
+    files = [file for d in done for file in d.files()]
     add_metrics(
         {
-            "WalFilesArchived": (MetricUnit.Count, sum(1 for d in done if d.outcome == STORED)),
-            "WalBytesArchived": (MetricUnit.Bytes, sum(d.size for d in done if d.outcome == STORED)),
-            "WalConflicts": (MetricUnit.Count, sum(1 for d in done if d.outcome == CONFLICT)),
+            "WalFilesArchived": (MetricUnit.Count, sum(1 for d in files if d.outcome == STORED)),
+            "WalBytesArchived": (MetricUnit.Bytes, sum(d.size for d in files if d.outcome == STORED)),
+            "WalConflicts": (MetricUnit.Count, sum(1 for d in files if d.outcome == CONFLICT)),
             "WalBatchFailures": (MetricUnit.Count, len(response["batchItemFailures"])),
         }
     )

@@ -1,8 +1,10 @@
 """The WAL path on AWS, priced (scripts/bench cloud-model's `wal` table): $ per TiB of WAL and p99 seconds to the final form.
 
 Counted, not assumed: every S3 and KMS request of a pushed segment comes
-from running the real code (braid.ops.wal_stage.stage_wal on the host,
-braid.ops.wal_pack_process.process_staged_files in the WAL worker, one full
+from running the real code (braid.ops.wal_stage.stage_wal on the host, and
+braid.ops.wal_bundled.stage_bundle for `--async`'s bundles;
+braid.ops.wal_pack_process.process_staged_files and
+braid.ops.wal_bundle_process.process_bundle in the WAL worker, one full
 batch, the policy wal-pack on or off) over synthetic segments against
 counting stores (`count_requests`). What the
 stack deploys comes from braid.contract (the worker's memory, timeout,
@@ -100,6 +102,10 @@ class CountingStore(LocalStore):
         self.counts["s3_put_class"] += 1
         super().put(key, data, **options)
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        self.counts["s3_get_class"] += 1
+        return super().get_range(key, start, length)
+
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         self.counts["s3_put_class"] += 1  # LIST is priced as a PUT-class request
         return super().list(prefix)
@@ -114,7 +120,7 @@ class CountingStaging:
         self.archived: dict[str, tuple[bytes, str]] = {}
         self._version = 0
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
         if key in self.staged_objects:
             raise AlreadyExistsError(key)
@@ -130,6 +136,11 @@ class CountingStaging:
         self.counts["s3_get_class"] += 1
         found = self.staged_objects.get(key)
         return None if found is None else StagedWal(key, len(found[0]), found[1], found[2], found[0])
+
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        self.counts["s3_get_class"] += 1
+        found = self.staged_objects.get(key)
+        return None if found is None else found[0][start : start + length]
 
     def archived_sha256(self, key: str) -> str | None:
         self.counts["s3_get_class"] += 1
@@ -173,11 +184,16 @@ class CountingKeys:
 
 @dataclass(frozen=True)
 class Requests:
-    """Requests per segment, counted from the real code, by price class: the host's and the WAL worker's."""
+    """Requests per segment, counted from the real code, by price class: the host's and the WAL worker's; with the
+    policy async-bundle, the pusher's and the worker's for bundles (`bundle_messages`: staged objects, so S3 events
+    and SQS messages, per segment)."""
 
     host: dict[str, float]
     host_async: dict[str, float]
     worker: dict[str, float]
+    host_bundle: dict[str, float]
+    worker_bundle: dict[str, float]
+    bundle_messages: float
 
 
 def _segment(name: str, size: int) -> bytes:
@@ -190,11 +206,15 @@ def _segment(name: str, size: int) -> bytes:
 
 
 def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True) -> Requests:
-    """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), then
-    process them as the WAL worker does: one full batch (one container: the repository and archive record read
-    once), with the policy `wal-pack` on (`pack`) or off."""
+    """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), as the
+    `--async` pusher does (one process: each alone, then, policy async-bundle, in bundles of a slot), then process
+    them as the WAL worker does: one full batch (one container: the repository and archive record read once), each
+    bundle by its step, with the policy `wal-pack` on (`pack`) or off."""
+    from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
     from braid.ops.wal import ArchiveInfo
-    from braid.ops.wal_pack_process import process_staged_files
+    from braid.ops.wal_bundle_process import process_bundle
+    from braid.ops.wal_bundled import stage_bundle
+    from braid.ops.wal_pack_process import Batch, process_staged_files
     from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
@@ -204,7 +224,9 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         setup: Counter[str] = Counter()
         config = RepositoryConfig.new({"type": "kms", "key_id": "arn:aws:kms:us-east-1:000000000000:key/model"}, "2026-11-28T00:00:00Z", {"stack": "Braid"})
         Repository.create(CountingStore(root / "repo", setup), config)
-        names = [f"0000000100000000000000{n + 1:02X}" for n in range(segments + 1)]
+        # The first segment records the archive; the counted ones start a slot (whole bundles: a backlog).
+        first_slot = BUNDLE_FILES * -(-2 // BUNDLE_FILES)  # the first whole slot after the first segment's
+        names = ["000000010000000000000001"] + [f"0000000100000000{first_slot + n:08X}" for n in range(segments)]
         files = []
         for name in names:
             (root / name).write_bytes(_segment(name, size))
@@ -236,9 +258,39 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
             assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
-    per = float(segments)
+        # async-bundle: two whole slots of segments (a backlog) to a new cluster's archive (a second name), bundled.
+        bundler: Counter[str] = Counter()
+        bundled = CountingStaging(setup)
+        stage_wal(Repository(CountingStore(root / "repo", setup), resident.config), bundled, "pg2", files[0])
+        process_staged(first, CountingKeys(setup), bundled, "pg2", WalFile.parse(names[0]), known=known)
+        bundled.counts = bundler
+        slots: dict[str, list[Path]] = {}
+        for n in range(2 * BUNDLE_FILES):
+            path = root / "bundled" / f"0000000100000000{first_slot + n:08X}"
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(_segment(path.name, size))
+            slots.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
+        bundle_packs = PackListing()
+        for members in slots.values():
+            results = stage_bundle(Repository(CountingStore(root / "repo", bundler), resident.config), bundled, "pg2", members, bundle_packs)
+            assert all(not isinstance(r, Exception) for r in results), results
+        messages = len(bundled.staged_objects)
+        assert messages == len(slots) == 2 and all(len(m) == BUNDLE_FILES for m in slots.values()), "whole bundles, one object each"
+        worker_bundle: Counter[str] = Counter()
+        bundled.counts = worker_bundle
+        step = Batch(Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known)
+        for key in list(bundled.staged_objects):
+            slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
+            done_bundle = process_bundle(step, slot, bundled.staged_objects[key][2], pack_files=pack_files)  # the event's version
+            assert not isinstance(done_bundle, Exception), done_bundle
+        assert not bundled.staged_objects, "every staged bundle was processed and removed"
+
+    def each(counts: Counter[str], per: float = float(segments)) -> dict[str, float]:
+        return {k: v / per for k, v in counts.items() if k != "stored_bytes"}
+
+    bundled_segments = 2.0 * BUNDLE_FILES
     return Requests(
-        {k: v / per for k, v in host.items()}, {k: v / per for k, v in pusher.items()}, {k: v / per for k, v in worker.items() if k != "stored_bytes"}
+        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments
     )
 
 
@@ -270,51 +322,62 @@ def segment_seconds(
 
 
 def cost_per_tib(
-    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: int = 1
+    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False
 ) -> dict[str, float]:
     """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
-    `overlap`: the worker's policy worker-overlap; `bundle` is modelled, not built: `--async` staging `bundle` ready
-    segments per PUT (one S3 event, one SQS message per bundle)."""
+    `overlap`: the worker's policy worker-overlap (a pack's, or a bundle's, next member read during the codec);
+    `bundle`: `--async`'s policy async-bundle at a backlog (whole bundles: one staged object, S3 event and SQS
+    message each)."""
     n = SEGMENTS_PER_TIB
-    host = dict(requests.host_async if asynchronous else requests.host)
-    host["s3_put_class"] = host.get("s3_put_class", 0) / bundle
+    bundled = bundle and asynchronous
+    host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host
+    worker = requests.worker_bundle if bundled else requests.worker
+    messages = requests.bundle_messages if bundled else 1.0  # staged objects per segment: S3 events, SQS messages
     batch = contract.WAL_BATCH_SIZE
-    seconds = segment_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap)
+    seconds = segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
     staged_gb_months = (TIB / 1e9) * ASSUME["staged_seconds_p50"] / (30 * 86400)
     return {
         "host s3 PUT-class": n * host.get("s3_put_class", 0) * PRICES["s3_put_class"],
         "host s3 GET-class": n * host.get("s3_get_class", 0) * PRICES["s3_get_class"],
-        "worker s3 PUT-class": n * requests.worker.get("s3_put_class", 0) * PRICES["s3_put_class"],
-        "worker s3 GET-class": n * requests.worker.get("s3_get_class", 0) * PRICES["s3_get_class"],
-        "kms requests": n * (host.get("kms_request", 0) + requests.worker.get("kms_request", 0)) * PRICES["kms_request"],
-        # S3's SendMessage per file; per batch one ReceiveMessage (a full batch) and one DeleteMessageBatch.
-        "sqs requests": n * (1 / bundle + 2 / batch / bundle) * PRICES["sqs_request"],
-        "lambda invocations": n / batch / bundle * PRICES["lambda_request"],
+        "worker s3 PUT-class": n * worker.get("s3_put_class", 0) * PRICES["s3_put_class"],
+        "worker s3 GET-class": n * worker.get("s3_get_class", 0) * PRICES["s3_get_class"],
+        "kms requests": n * (host.get("kms_request", 0) + worker.get("kms_request", 0)) * PRICES["kms_request"],
+        # S3's SendMessage per staged object; per batch one ReceiveMessage (a full batch) and one DeleteMessageBatch.
+        "sqs requests": n * messages * (1 + 2 / batch) * PRICES["sqs_request"],
+        "lambda invocations": n * messages / batch * PRICES["lambda_request"],
         "lambda GB-seconds": n * gb_s * PRICES["lambda_gb_s"],
         "staging storage": staged_gb_months * PRICES["s3_storage_gb_month"],
     }
 
 
-def p99_seconds(codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], *, overlap: bool = True) -> dict[str, float]:
-    """The worst case of a full batch, by step: the p99 from a push's exit 0 to its final encrypted object."""
+def p99_seconds(
+    codec_cpu: float, stored_ratio: float, worker_requests: Mapping[str, float], *, overlap: bool = True, files_per_message: int = 1
+) -> dict[str, float]:
+    """The worst case of a full batch, by step: the p99 from a push's exit 0 to its final encrypted object (a batch of
+    bundles holds `files_per_message` segments per message)."""
+    seconds = segment_seconds(codec_cpu, stored_ratio, worker_requests, overlap=overlap)
     return {
         "s3 event to sqs (assumed p99)": ASSUME["s3_event_p99_seconds"],
         "long poll": ASSUME["poll_seconds"],
         "batching window": float(contract.WAL_BATCH_WINDOW_SECONDS),
         "cold start": scale_sim.COLD_START_SECONDS,
-        "full batch, one file after another": contract.WAL_BATCH_SIZE * segment_seconds(codec_cpu, stored_ratio, worker_requests, overlap=overlap),
+        "full batch, one file after another": contract.WAL_BATCH_SIZE * files_per_message * seconds,
     }
 
 
 def table_rows(
     requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None, *, overlap: bool = True
 ) -> list[dict[str, Any]]:
-    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (the worker's policies on)."""
+    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on; `--async` at a
+    backlog, so in whole bundles)."""
+    from braid.format.wal_bundle import BUNDLE_FILES
+
     rows = []
-    p99 = p99_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap)
     for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap)
+        worker = requests.worker_bundle if asynchronous else requests.worker
+        p99 = p99_seconds(codec_cpu, stored_ratio, worker, overlap=overlap, files_per_message=BUNDLE_FILES if asynchronous else 1)
+        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=True)
         total = sum(costs.values())
         rows.append({
             "mode": mode,
@@ -322,19 +385,19 @@ def table_rows(
             "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
             "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
             "p99_seconds_to_final": round(sum(p99.values()), 2),
-            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, requests.worker, overlap=overlap), 3),
+            "segment_seconds": round(segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap), 3),
             "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
             "p99_steps": {k: round(v, 3) for k, v in p99.items()},
         })
     return rows
 
 
-
-# The WAL path's policies: `wal-pack` (requests counted by running braid.ops.wal_pack_process) and `worker-overlap`
-# (its second lane: the staged GET hidden behind the codec, priced here) are built; `async-bundle` (wal-push --async
-# staging up to WAL_BATCH_SIZE ready segments per PUT, at a backlog) is modelled from the counted requests, not built.
+# The WAL path's policies, each built and its requests counted by running its code: `wal-pack`
+# (braid.ops.wal_pack_process), `worker-overlap` (its second lane: the staged GET hidden behind the codec, priced
+# here) and `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
+# braid.ops.wal_bundled, braid.ops.wal_bundle_process).
 POLICIES = ("wal-pack", "async-bundle", "worker-overlap")
-BUILT = {"wal-pack": True, "async-bundle": False, "worker-overlap": True}
+BUILT = {"wal-pack": True, "async-bundle": True, "worker-overlap": True}
 
 
 def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
@@ -344,10 +407,10 @@ def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_r
     for label, on in sets:
         requests = packed if "wal-pack" in on else unpacked
         for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-            bundle = contract.WAL_BATCH_SIZE if asynchronous and "async-bundle" in on else 1
             if not asynchronous and "async-bundle" in on and len(on) == 1:
                 continue  # the policy is --async's alone
             overlap = {"worker-overlap", "wal-pack"} <= on  # the second lane reads a pack's members: alone, it has nothing to overlap
+            bundle = "async-bundle" in on
             total = sum(cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundle).values())
             rows.append({
                 "policies": label, "mode": mode, "built": all(BUILT[p] for p in on), "wal_cost_per_tib": round(total, 4),

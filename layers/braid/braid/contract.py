@@ -99,6 +99,9 @@ WAL_PACK_FILES = WAL_BATCH_SIZE
 ENV_WAL_PACK = "BRAID_WAL_PACK"
 # Its policy `worker-overlap`: a second lane reads a pack's next staged file while the codec encodes this one ("off": turns).
 ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
+# `wal-push --async`'s policy `async-bundle` (braid.cli.wal_pusher): at a backlog, the ready segments of one slot
+# (braid.format.wal_bundle.BUNDLE_FILES wide) staged in one PUT. Off when the pusher's environment sets it to "off".
+ENV_WAL_BUNDLE = "BRAID_WAL_BUNDLE"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

@@ -689,8 +689,9 @@ def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: flo
     policies = wal_model.policy_rows(requests, unpacked, codec_cpu, ratio, backup_cost_per_tib)
     tables = [
         Table(
-            "wal: WAL through the stack (wal-push stages, the WAL worker archives in batches), $ per TiB of WAL beside the backup"
-            " path's (1 TiB at 500 workers, 300 MB/s), p99 seconds from exit 0 to the final encrypted object",
+            "wal: WAL through the stack (wal-push stages, the WAL worker archives in batches; --async at a backlog stages"
+            " bundles), $ per TiB of WAL beside the backup path's (1 TiB at 500 workers, 300 MB/s, the worker at the deployed"
+            f" {contract.WORKER_MEMORY_MB} MB), p99 seconds from exit 0 to the final encrypted object",
             WAL_COLUMNS,
             [[row[c] for c in WAL_COLUMNS] for row in rows],
         ),
@@ -705,13 +706,17 @@ def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: flo
             [
                 ["WAL $ per TiB (wal-push) <= the backup path's", rows[0]["wal_cost_per_tib"], rows[0]["backup_cost_per_tib"],
                  "PASS" if rows[0]["wal_cost_per_tib"] <= backup_cost_per_tib else "MISS"],
+                ["WAL $ per TiB (wal-push --async, bundles) <= the backup path's", rows[1]["wal_cost_per_tib"], rows[1]["backup_cost_per_tib"],
+                 "PASS" if rows[1]["wal_cost_per_tib"] <= backup_cost_per_tib else "MISS"],
                 ["p99 s from push to final form", rows[0]["p99_seconds_to_final"], f"<= {WAL_P99_TARGET:.0f}",
                  "PASS" if rows[0]["p99_seconds_to_final"] <= WAL_P99_TARGET else "MISS"],
+                ["p99 s from push to final form (--async, a batch of bundles)", rows[1]["p99_seconds_to_final"], f"<= {WAL_P99_TARGET:.0f}",
+                 "PASS" if rows[1]["p99_seconds_to_final"] <= WAL_P99_TARGET else "MISS"],
             ],
         ),
         Table(
-            "wal policies: $ per TiB of WAL with each policy alone, none and all (wal-pack built and counted from its code;"
-            " async-bundle and worker-overlap modelled, not built: bench_lib.wal_model.POLICIES)",
+            "wal policies: $ per TiB of WAL with each policy alone, none and all (each built; requests counted from its code,"
+            " worker-overlap's hidden GET priced: bench_lib.wal_model.POLICIES)",
             list(policies[0]),
             [list(row.values()) for row in policies],
             key="wal_policies",
@@ -721,6 +726,9 @@ def wal_section(ctx: Context, arm: float, ratio: float, backup_cost_per_tib: flo
         "wal codec CPU per 16 MiB segment on arm64": f"{codec_cpu:.3f} s (encode_wal measured here / {arm:.3f})",
         "wal requests per segment, counted (host wal-push / --async / WAL worker)": f"{requests.host} / {requests.host_async} / {requests.worker}",
         "wal worker requests per segment, policy wal-pack off": f"{unpacked.worker}",
+        "wal requests per segment, policy async-bundle (pusher / WAL worker / staged objects)": (
+            f"{requests.host_bundle} / {requests.worker_bundle} / {requests.bundle_messages:g}"
+        ),
         "wal worker (braid.contract)": f"{contract.WAL_MEMORY_MB} MB, batches of {contract.WAL_BATCH_SIZE}, window {contract.WAL_BATCH_WINDOW_SECONDS} s",
         "wal assumptions": ", ".join(f"{k}={v}" for k, v in wal_model.ASSUME.items()),
     }

@@ -8,6 +8,13 @@ overwriting); each stored file gets `ok/FILE`, each failure `error/FILE`
 (one line), which the waiting wal-push reports. A failed file is tried
 again after a pause. With nothing to do for IDLE_EXIT seconds it exits:
 the next wal-push starts another.
+
+Policy `async-bundle` (with the stack; off with BRAID_WAL_BUNDLE=off in the
+pusher's environment, contract.ENV_WAL_BUNDLE): when two or more wanted
+segments share a slot (braid.format.wal_bundle: a backlog), they are staged
+in ONE PUT (braid.ops.wal_bundled.stage_bundle) and each gets its `ok`
+marker only after that PUT succeeded. A slot is bundled once in a pusher's
+life; one wanted segment (a quiet cluster) is staged alone, as before.
 """
 
 from __future__ import annotations
@@ -20,12 +27,16 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from braid.contract import ENV_WAL_BUNDLE
 from braid.errors import BackupError
-from braid.format.wal import WalFile
+from braid.format.wal import SEGMENT, WalFile
+from braid.format.wal_bundle import bundle_slot
+from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_async import ERROR, LOCK, OK, QUEUE
 from braid.ops.wal_packed import PackListing
 
 IDLE_EXIT = 60.0
+RECORD_EVERY = 10.0  # seconds between reads of a missing archive record (the worker writes it from the first segment)
 RETRY_AFTER = 2.0
 SCAN_PAUSE = 0.02
 MARKER_MAX_AGE = 7 * 86_400.0
@@ -46,7 +57,13 @@ class Pusher:
         self.wal = Path(options.wal_dir)
         self.repository = open_repository(options.repo)
         # With the stack the host stages raw bytes and holds no key (braid.ops.wal_stage).
-        self.keys = None if wal_staging_for(self.repository) else open_key_service(self.repository, options.key_file)
+        self.staging = wal_staging_for(self.repository)
+        self.keys = None if self.staging else open_key_service(self.repository, options.key_file)
+        # The policy async-bundle, decided here: only with the stack (a local repository stores each file as it comes).
+        self.bundling = self.staging is not None and os.environ.get(ENV_WAL_BUNDLE, "on") != "off"
+        self.bundled: set[str] = set()  # slots bundled in this pusher's life: a slot has at most one bundle
+        self.record: ArchiveInfo | None = None  # the archive's record, once it exists (create-only: it never changes)
+        self.record_read = -RECORD_EVERY
         self.packs = PackListing()  # with the stack: each directory's packs listed once in this pusher's life (braid.ops.wal_stage)
         self.in_flight: dict[str, Future[None]] = {}
         self.failed: dict[str, float] = {}
@@ -78,20 +95,76 @@ class Pusher:
             result.append((file, path))
         return result
 
+    def may_bundle(self) -> bool:
+        """async-bundle is on and the archive's record allows bundles (version 3; read until it exists, at most every
+        RECORD_EVERY seconds): in an older archive a slot's files go one unit each, in parallel, as before."""
+        if not self.bundling:
+            return False
+        if self.record is None and time.monotonic() - self.record_read >= RECORD_EVERY:
+            self.record_read = time.monotonic()
+            try:
+                self.record = read_archive_info(self.repository.store, self.options.name)
+            except BackupError:
+                self.record = None  # each file's own push reports it
+        return self.record is not None and self.record.may_stage_bundles
+
+    def tasks(self, wanted: list[tuple[str, Path]]) -> list[list[tuple[str, Path]]]:
+        """`wanted` as units of work, in order: the segments of one slot together (a bundle), with async-bundle on."""
+        if len(wanted) < 2 or not self.may_bundle():
+            return [[item] for item in wanted]
+        units: list[list[tuple[str, Path]]] = []
+        slots: dict[str, list[tuple[str, Path]]] = {}
+        for file, path in wanted:
+            slot = _slot(file)
+            if slot is None or slot in self.bundled:
+                units.append([(file, path)])
+            elif slot in slots:
+                slots[slot].append((file, path))
+            else:
+                slots[slot] = [(file, path)]
+                units.append(slots[slot])
+        return units
+
+    def store_bundle(self, members: list[tuple[str, Path]]) -> None:
+        from braid.ops.wal_bundled import stage_bundle
+
+        assert self.staging is not None
+        slot = _slot(members[0][0])
+        if slot is not None:
+            self.bundled.add(slot)
+        try:
+            results = stage_bundle(self.repository, self.staging, self.options.name, [path for _f, path in members], self.packs)
+        except Exception as exc:  # a bug: reported for every member like any failure, never taken for success
+            for file, _path in members:
+                self.failed[file] = time.monotonic()
+                _write_marker(self.spool / ERROR / file, f"unexpected {type(exc).__name__}: {exc}\n")
+            raise
+        for (file, _path), result in zip(members, results, strict=True):
+            if isinstance(result, BackupError):
+                self._failed(file, result)
+            else:
+                self._stored(file)
+
+    def _failed(self, file: str, exc: BackupError) -> None:
+        self.failed[file] = time.monotonic()
+        _write_marker(self.spool / ERROR / file, f"{exc}\n")
+        print(f"braid wal-push --async: {file}: {exc}", file=sys.stderr, flush=True)
+
     def store(self, file: str, path: Path) -> None:
         from braid.cli.commands.wal import push_to
 
         try:
             push_to(self.repository, self.options.key_file, None, self.options.name, path, self.options.level, self.keys, self.packs)
         except BackupError as exc:
-            self.failed[file] = time.monotonic()
-            _write_marker(self.spool / ERROR / file, f"{exc}\n")
-            print(f"braid wal-push --async: {file}: {exc}", file=sys.stderr, flush=True)
+            self._failed(file, exc)
             return
         except Exception as exc:  # a bug: reported for the file like any failure, never taken for success
             self.failed[file] = time.monotonic()
             _write_marker(self.spool / ERROR / file, f"unexpected {type(exc).__name__}: {exc}\n")
             raise
+        self._stored(file)
+
+    def _stored(self, file: str) -> None:
         _write_marker(self.spool / OK / file, "")  # only now: the file is durable in the repository
         self.stored.add(file)
         try:
@@ -107,14 +180,25 @@ class Pusher:
                     if future.done():
                         del self.in_flight[file]
                         future.result()
-                free = self.options.workers - len(self.in_flight)
-                for file, path in self.wanted()[:free]:
-                    self.in_flight[file] = pool.submit(self.store, file, path)
+                free = self.options.workers - len(set(self.in_flight.values()))
+                for unit in self.tasks(self.wanted())[: max(free, 0)]:
+                    future = pool.submit(self.store_bundle, unit) if len(unit) > 1 else pool.submit(self.store, *unit[0])
+                    for file, _path in unit:
+                        self.in_flight[file] = future
                 if self.in_flight:
                     idle_since = time.monotonic()
                 elif time.monotonic() - idle_since > IDLE_EXIT:
                     return
                 time.sleep(SCAN_PAUSE)
+
+
+def _slot(file: str) -> str | None:
+    """The bundle slot of a whole segment (braid.format.wal_bundle), None for any other file."""
+    try:
+        parsed = WalFile.parse(file)
+    except BackupError:
+        return None
+    return bundle_slot(parsed) if parsed.kind == SEGMENT else None
 
 
 def _order(file: str) -> tuple[int, str]:

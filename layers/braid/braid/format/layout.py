@@ -21,6 +21,7 @@
     wal/NAME/TTTTTTTTXXXXXXXX/FILE       an archived WAL segment (.partial, .backup) in its directory
     wal/NAME/history/TTTTTTTT.history    a timeline history file
     wal-staging/NAME/FILE                cloud path only: a pushed WAL file, raw, until the WAL worker stores it under wal/
+    wal-staging/NAME/SLOT.bundle         cloud path only: raw segments `wal-push --async` staged together (braid.format.wal_bundle)
 
 Manifests sit apart from data so `list` reads a few small objects, never a
 listing of every chunk. Every repository key is built and parsed here (the
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from braid.errors import UsageError
 from braid.format.ids import BackupRef, validate_name
-from braid.format.wal import HISTORY, WalFile
+from braid.format.wal import HISTORY, SEGMENT, WalFile
 
 CONFIG = "config.json"
 MANIFESTS = "manifests/"
@@ -341,6 +342,19 @@ def wal_staging_prefix(name: str) -> str:
 def wal_staging_key(name: str, file: WalFile) -> str:
     """Where a pushed `file` of `name` waits, raw, for the WAL worker (flat: one object per file name)."""
     return f"{wal_staging_prefix(name)}{file.name}"
+
+
+def wal_staging_bundle_key(name: str, slot: str) -> str:
+    """Where the bundle of segment slot `slot` (its first segment's name, braid.format.wal_bundle.bundle_slot) waits."""
+    return f"{wal_staging_prefix(name)}{slot}.bundle"
+
+
+def wal_staged_bundle(key: str) -> tuple[str, WalFile] | None:
+    """The (name, slot's first segment) a `wal-staging/NAME/SLOT.bundle` key holds, or None for any other key."""
+    if not key.startswith(WAL_STAGING) or not key.endswith(".bundle"):
+        return None
+    found = wal_staged_file(key[: -len(".bundle")])
+    return None if found is None or found[1].kind != SEGMENT else found
 
 
 def wal_staged_file(key: str) -> tuple[str, WalFile] | None:

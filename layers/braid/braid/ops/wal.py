@@ -20,8 +20,10 @@ from braid.format.wal import DEFAULT_SEGMENT_SIZE, HISTORY, SEGMENT, WalFile, ch
 from braid.ports.store import ObjectStore
 
 INFO_FORMAT = "braid-wal-archive"
-INFO_VERSION = 2  # 2: the archive may hold packs (braid.format.wal_pack); 1: one object per file, still read
-READ_VERSIONS = (1, 2)
+# 3: its staging may hold bundles (braid.format.wal_bundle); 2: the archive may hold packs (braid.format.wal_pack);
+# 1: one object per file. All three are read; a Braid that predates bundles refuses a version 3 record.
+INFO_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class ArchiveInfo:
     def may_hold_packs(self) -> bool:
         """Whether the WAL worker may pack into this archive: a reader older than version 2 refuses its record."""
         return self.version >= 2
+
+    @property
+    def may_stage_bundles(self) -> bool:
+        """Whether `wal-push --async` may stage bundles for this archive: every reader of its staging reads them."""
+        return self.version >= 3
 
     def to_bytes(self) -> bytes:
         doc = {

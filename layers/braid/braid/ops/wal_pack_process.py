@@ -150,7 +150,7 @@ def _pack_directory(batch: Batch, directory: str, items: list[_Staged], pack_fil
     return results
 
 
-def _same_bytes(batch: Batch, file: WalFile, data: bytes, key: str) -> None:
+def same_bytes(batch: Batch, file: WalFile, data: bytes, key: str) -> None:
     """Nothing when the archived copy at `key` holds `data`; WalConflictError when it holds other bytes."""
     if key.rpartition("/")[2] == file.name:
         compare_archived(batch.repository, batch.keys, batch.name, file, data)
@@ -170,7 +170,7 @@ def _compare_staged(batch: Batch, item: _Staged, key: str) -> Processed:
         return Processed(batch.name, item.file.name, GONE)
     check_staged(batch.repository, batch.name, item.file, staged.data, batch.known)
     try:
-        _same_bytes(batch, item.file, staged.data, key)
+        same_bytes(batch, item.file, staged.data, key)
         outcome, detail = ALREADY, ""
     except WalConflictError as exc:  # the archive keeps what it has; the refused raw bytes go all the same
         outcome, detail = CONFLICT, str(exc)

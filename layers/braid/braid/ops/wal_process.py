@@ -52,6 +52,11 @@ class Processed:
     size: int = 0
     stored_size: int = 0
     detail: str = ""
+    members: tuple[Processed, ...] = ()  # a staged bundle's (braid.ops.wal_bundle_process): each member's outcome
+
+    def files(self) -> tuple[Processed, ...]:
+        """The WAL files this result is about: a bundle's members, else itself."""
+        return self.members or (self,)
 
 
 def process_staged(
@@ -91,7 +96,7 @@ def archive_alone(
     """Store `file` as one object (create-only; a copy already there is compared), then remove its staged `version`."""
     digest = hashlib.sha256(data).hexdigest()
     try:
-        outcome, stored_size = _archive(repository, keys, staging, name, file, data, digest, level)
+        outcome, stored_size = archive_object(repository, keys, staging, name, file, data, digest, level)
         detail = ""
     except WalConflictError as exc:  # the archive keeps what it has; the refused raw bytes go all the same
         outcome, stored_size, detail = CONFLICT, 0, str(exc)
@@ -99,7 +104,7 @@ def archive_alone(
     return Processed(name, file.name, outcome, len(data), stored_size, detail)
 
 
-def _archive(
+def archive_object(
     repository: Repository, keys: KeyService, staging: WalStaging, name: str, file: WalFile, data: bytes, digest: str, level: int
 ) -> tuple[str, int]:
     bound = wal_context_name(name, file.name)

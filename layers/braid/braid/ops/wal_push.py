@@ -24,11 +24,14 @@ from braid.format.layout import wal_key
 from braid.format.repository import Repository
 from braid.format.wal import SEGMENT, SegmentIdentity, WalFile, segment_identity, wal_context_name
 from braid.format.wal_object import StoredWal, encode_wal
-from braid.ops.wal import ArchiveInfo, read_archive_info, record_archive_info
+from braid.ops.wal import INFO_VERSION, ArchiveInfo, read_archive_info, record_archive_info
 from braid.ports.keys import KeyService
 
 STORED = "stored"
 ALREADY = "already archived"
+# A host with the key stores each file alone and stages nothing: its archive's record says only what version 2 says
+# (its readers may predate bundles); the WAL worker writes version 3 (braid.ops.wal.INFO_VERSION).
+LOCAL_INFO_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ def read_wal_file(path: Path) -> bytes:
         raise InputError(f"cannot read WAL file {path}: {exc.strerror or exc}") from None
 
 
-def segment_identity_of(file: WalFile, data: bytes) -> SegmentIdentity | None:
+def segment_identity_of(file: WalFile, data: bytes | memoryview) -> SegmentIdentity | None:
     """A segment's identity from its first page header, once the segment is whole and where its name says (None for a
     file that is not a segment); InputError otherwise."""
     if file.kind != SEGMENT:
@@ -75,14 +78,14 @@ def check_cluster(name: str, file: WalFile, identity: SegmentIdentity, recorded:
         )
 
 
-def check_identity(repository: Repository, name: str, file: WalFile, data: bytes) -> ArchiveInfo | None:
-    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them.
-    Returns the archive's record (None for a file that is not a segment)."""
+def check_identity(repository: Repository, name: str, file: WalFile, data: bytes, version: int = INFO_VERSION) -> ArchiveInfo | None:
+    """A segment must be whole and of the cluster (and segment size) the archive records; the first one records them
+    (a record of `version`). Returns the archive's record (None for a file that is not a segment)."""
     identity = segment_identity_of(file, data)
     if identity is None:
         return None
     recorded = read_archive_info(repository.store, name) or record_archive_info(
-        repository.store, ArchiveInfo(name, identity.system_identifier, identity.segment_size)
+        repository.store, ArchiveInfo(name, identity.system_identifier, identity.segment_size, version)
     )
     check_cluster(name, file, identity, recorded)
     return recorded
@@ -92,7 +95,7 @@ def push_wal(repository: Repository, keys: KeyService, name: str, path: Path, *,
     """Archive the WAL file at `path` under `name`; returns once it is durable (or was already archived with these bytes)."""
     file = WalFile.parse(path.name)
     data = read_wal_file(path)
-    check_identity(repository, name, file, data)
+    check_identity(repository, name, file, data, LOCAL_INFO_VERSION)
     key = wal_key(name, file)
     bound = wal_context_name(name, file.name)
     existing = compare_archived(repository, keys, name, file, data)

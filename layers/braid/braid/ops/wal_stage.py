@@ -16,7 +16,8 @@ and compared with the plaintext SHA-256 the pack's index records (a ranged
 GET of the pack's head: the index is not encrypted, so no key is needed).
 
 `fetch_staged` serves a file the worker has not processed yet, checked
-against its SHA-256 (the archived form is preferred: braid.ops.wal_fetch).
+against its SHA-256 (the archived form is preferred: braid.ops.wal_fetch),
+alone or from its slot's staged bundle (braid.ops.wal_bundled).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ STAGED = "staged"
 
 
 def check_staged_identity(
-    repository: Repository, name: str, file: WalFile, data: bytes, recorded: ArchiveInfo | None = None
+    repository: Repository, name: str, file: WalFile, data: bytes | memoryview, recorded: ArchiveInfo | None = None
 ) -> ArchiveInfo | None:
     """braid.ops.wal_push.check_identity without writing (the worker records the first segment's cluster), against
     `recorded` when the caller has the archive's record, else the one in the repository (None before the first segment).
@@ -52,7 +53,7 @@ def check_staged_identity(
     return recorded
 
 
-def _conflict(file: WalFile, name: str, where: str, stored: str, pushed: str) -> WalConflictError:
+def conflict(file: WalFile, name: str, where: str, stored: str, pushed: str) -> WalConflictError:
     return WalConflictError(
         f"{file.name} is already {where} under {name!r} with different content ({where} sha256:{stored}, pushed sha256:{pushed});"
         " nothing was overwritten: a second cluster writing to the same name?"
@@ -66,7 +67,7 @@ def _compare_staged(staging: WalStaging, name: str, file: WalFile, digest: str, 
     if staged is None:
         return None
     if staged.sha256 != digest:
-        raise _conflict(file, name, "staged", staged.sha256, digest)
+        raise conflict(file, name, "staged", staged.sha256, digest)
     return PushResult(file.name, staged_key, ALREADY, size, staged.size)
 
 
@@ -81,7 +82,7 @@ def _check_archived(staging: WalStaging, name: str, file: WalFile, digest: str) 
             " push it from a host that holds the repository's key to compare it"
         )
     if archived != digest:
-        raise _conflict(file, name, "archived", archived, digest)
+        raise conflict(file, name, "archived", archived, digest)
     return True
 
 
@@ -96,18 +97,40 @@ def _check_packed(repository: Repository, name: str, file: WalFile, digest: str,
             first = first or exc
             continue
         if entry.sha256 != digest:
-            raise _conflict(file, name, "archived", entry.sha256, digest)
+            raise conflict(file, name, "archived", entry.sha256, digest)
         return True
     if first is not None:
         raise first
     return False
 
 
+def already_stored(
+    repository: Repository, staging: WalStaging, name: str, file: WalFile, digest: str, recorded: ArchiveInfo | None,
+    packs: PackListing | None, *, bundled: bool = True,
+) -> bool:
+    """Whether `file` is archived (its own object: a HEAD; else, where the record allows packs, a pack's member) or,
+    with `bundled` where the record allows bundles, in its slot's staged bundle (a ranged GET of its head), with
+    these bytes; WalConflictError naming both SHA-256 sums when with others."""
+    if _check_archived(staging, name, file, digest):
+        return True
+    if recorded is not None and recorded.may_hold_packs and _check_packed(repository, name, file, digest, packs or PackListing()):
+        return True
+    if not (bundled and recorded is not None and recorded.may_stage_bundles):
+        return False
+    from braid.ops.wal_bundled import bundled_sha256
+
+    found = bundled_sha256(repository.store, name, file)
+    if found is not None and found != digest:
+        raise conflict(file, name, "staged", found, digest)
+    return found is not None
+
+
 def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None) -> PushResult:
     """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
 
     The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive (and, in an archive
-    that may hold packs, one LIST of the file's directory's packs, or `packs`' listing kept by the caller). A
+    that may hold packs, one LIST of the file's directory's packs, or `packs`' listing kept by the caller; in one
+    that may stage bundles, a ranged GET of the segment's slot's bundle head, a 404 but at a backlog). A
     duplicate of a file already processed is staged again and found archived; the worker then removes the copy
     (braid.ops.wal_process, braid.ops.wal_pack_process).
     """
@@ -115,13 +138,6 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
     data = read_wal_file(path)
     recorded = check_staged_identity(repository, name, file, data)
     digest = hashlib.sha256(data).hexdigest()
-
-    def archived() -> bool:  # its own object (HEAD), else, where the record allows packs, a pack's member
-        if _check_archived(staging, name, file, digest):
-            return True
-        may_hold_packs = recorded is not None and recorded.may_hold_packs
-        return may_hold_packs and _check_packed(repository, name, file, digest, packs or PackListing())
-
     key = wal_staging_key(name, file)
     outcome = STAGED
     try:
@@ -130,16 +146,20 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
         found = _compare_staged(staging, name, file, digest, len(data))
         if found is not None:
             return found
-        if not archived():  # pragma: no cover - processed meanwhile, else gone from staging and not archived
+        if not already_stored(repository, staging, name, file, digest, recorded, packs):  # pragma: no cover - processed meanwhile
             raise
         return PushResult(file.name, key, ALREADY, len(data), len(data))
     # Archived before (this push was a duplicate, or another push won): that copy stays, and must hold these bytes.
-    if archived():
+    if already_stored(repository, staging, name, file, digest, recorded, packs):
         outcome = ALREADY
     return PushResult(file.name, key, outcome, len(data), len(data))
 
 
 def fetch_staged(staging: WalStaging, name: str, file: WalFile) -> bytes | None:
-    """The verified raw bytes of a `file` still in staging, or None when it is not staged."""
+    """The verified raw bytes of a `file` still in staging (alone, else in its slot's bundle), or None when it is not staged."""
     staged = staging.read_staged(wal_staging_key(name, file))
-    return None if staged is None else staged.data
+    if staged is not None:
+        return staged.data
+    from braid.ops.wal_bundled import fetch_bundled
+
+    return fetch_bundled(staging, name, file)

@@ -9,7 +9,7 @@ backup is not published, its chunks are removed) naming the first missing
 segments. A backup that carries its WAL (-X fetch: segments under pg_wal/
 in its tar) or that is not a PostgreSQL base backup passes at once.
 With the stack (`include_staged`), a segment still in `wal-staging/NAME/`
-counts: it is durable there, and the WAL worker archives it within seconds
+counts, alone or in a bundle: it is durable there, and the WAL worker archives it within seconds
 (braid.ops.wal_stage); the agent checks before it writes the stream-end
 record, so a backup refused here is abandoned and nothing is published.
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from braid.engine.capture import Captured
 from braid.errors import ProducerError
-from braid.format.layout import wal_staging_prefix
+from braid.format.layout import wal_staged_bundle, wal_staging_prefix
 from braid.ops.wal import wal_range_present
 from braid.ports.store import ObjectStore
 
@@ -36,9 +36,17 @@ class WalRangeMissingError(ProducerError):
 
 
 def staged_names(store: ObjectStore, name: str) -> set[str]:
-    """The WAL files staged for `name` (one LIST: key names only)."""
+    """The WAL files staged for `name`: one LIST (key names), and each staged bundle's members (a ranged GET of its head)."""
+    from braid.ops.wal_bundled import staged_bundle_members
+
     prefix = wal_staging_prefix(name)
-    return {info.key[len(prefix) :] for info in store.list(prefix)}
+    names: set[str] = set()
+    for info in store.list(prefix):
+        if wal_staged_bundle(info.key) is not None:
+            names.update(staged_bundle_members(store, info.key))
+        else:
+            names.add(info.key[len(prefix) :])
+    return names
 
 
 def wait_for_wal_range(

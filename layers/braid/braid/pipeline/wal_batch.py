@@ -20,7 +20,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from braid.errors import BackupError
-from braid.format.layout import WAL_STAGING, wal_staged_file
+from braid.format.layout import WAL_STAGING, wal_staged_bundle, wal_staged_file
 from braid.format.wal import WalFile
 from braid.ops.wal_process import Processed
 
@@ -29,23 +29,26 @@ log = logging.getLogger("braid.wal")
 
 @dataclass(frozen=True)
 class StagedRecord:
-    """One S3 event record: the repository prefix, the archive's name, the file and the version created."""
+    """One S3 event record: the repository prefix, the archive's name, the file and the version created; for a staged
+    bundle (`bundle`), `file` is its slot's first segment (braid.format.wal_bundle)."""
 
     prefix: str
     name: str
     file: WalFile
     version: str | None
+    bundle: bool = False
 
 
 def staged_record(s3_key: str, version: str | None) -> StagedRecord | None:
-    """The record an S3 key under `[PREFIX/]wal-staging/NAME/FILE` names, or None for any other key."""
+    """The record an S3 key under `[PREFIX/]wal-staging/NAME/FILE` (or `.../SLOT.bundle`) names, or None for any other key."""
     at = s3_key.rfind(WAL_STAGING)
     if at < 0 or (at > 0 and s3_key[at - 1] != "/"):
         return None
-    found = wal_staged_file(s3_key[at:])
+    bundle = wal_staged_bundle(s3_key[at:])
+    found = bundle or wal_staged_file(s3_key[at:])
     if found is None:
         return None
-    return StagedRecord(s3_key[: max(at - 1, 0)], found[0], found[1], version or None)
+    return StagedRecord(s3_key[: max(at - 1, 0)], found[0], found[1], version or None, bundle is not None)
 
 
 def records_of(body: str) -> Iterator[StagedRecord]:

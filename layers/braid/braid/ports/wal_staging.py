@@ -26,7 +26,7 @@ class StagedWal:
 
 
 class WalStaging(Protocol):
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         """Create `key` with `data`, which the store checks against `sha256` (hex) before keeping it;
         AlreadyExistsError when a current object is there (nothing replaced)."""
         ...
@@ -38,6 +38,11 @@ class WalStaging(Protocol):
     def read_staged(self, key: str, version: str | None = None) -> StagedWal | None:
         """The staged object (that `version`, else the current one) with its bytes, checked against its
         stored SHA-256 (IntegrityError otherwise); None when it is not there."""
+        ...
+
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        """Up to `length` bytes of the staged object (that `version`, else the current one) from `start`, unchecked (a
+        staged bundle's reader checks them against its index, braid.format.wal_bundle); None when it is not there."""
         ...
 
     def archived_sha256(self, key: str) -> str | None:

@@ -47,10 +47,10 @@ class S3WalStaging:
     def _missing(self, exc: ClientError) -> bool:
         return error_code(exc) in NOT_FOUND_CODES or http_status(exc) == 404
 
-    def put_staged(self, key: str, data: bytes, sha256: str) -> None:
+    def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=self.store.object_key(key), Body=data, ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256), IfNoneMatch="*"
+                Bucket=self.bucket, Key=self.store.object_key(key), Body=cast(bytes, data), ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256), IfNoneMatch="*"
             )
         except ClientError as exc:
             if error_code(exc) == "PreconditionFailed" or http_status(exc) in (409, 412):
@@ -94,6 +94,19 @@ class S3WalStaging:
         if actual != staged.sha256 or len(data) != staged.size:
             raise IntegrityError(f"staged WAL {self.store.url}/{key} does not match its SHA-256 (stored {staged.sha256}, read {actual}): damaged")
         return staged
+
+    def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key), "Range": f"bytes={start}-{start + max(length, 1) - 1}"}
+        if version:
+            params["VersionId"] = version
+        try:
+            return bytes(self.client.get_object(**params)["Body"].read())
+        except ClientError as exc:
+            if self._missing(exc) or error_code(exc) in ("NoSuchVersion", "InvalidArgument"):
+                return None
+            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject (and s3:GetObjectVersion) on wal-staging/NAME/*") from None
+        except BotoCoreError as exc:
+            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject on wal-staging/NAME/*") from None
 
     def archived_sha256(self, key: str) -> str | None:
         try:
