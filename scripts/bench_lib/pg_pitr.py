@@ -170,7 +170,7 @@ def measure(host: PgHost, scale: int, reps: int, wal_size: int, log: Callable[[s
         log(f"pg: pgbench -i -s {scale}")
         host.run("pgbench", "-i", "-q", "-s", str(scale), "postgres")
         host.psql("CHECKPOINT")
-        cluster = _du(host.data)
+        cluster = _du(host.data) - _du(host.data / "pg_wal")  # what both tools copy (pg_basebackup -X fetch adds only the backup's WAL)
         backup, backup_id = _backups(host, reps, log)
         braid_bytes = _du(host.repo / "data") // reps  # each rep's backup is a full one
         pgbr_bytes = _du(host.work / "pgbr" / "repo" / "backup") // reps

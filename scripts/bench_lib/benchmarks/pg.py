@@ -133,7 +133,7 @@ def _pitr(ctx: Context, section: Section, braid: Path, pgbin: Path) -> None:
         rows, key="pitr",
     ))
     section.facts.update({
-        "pitr_cluster_bytes": figures.cluster_bytes,
+        "pitr_data_directory_bytes_without_pg_wal": figures.cluster_bytes,
         "pitr_braid_stored_bytes_per_backup": figures.braid_backup_bytes,
         "pitr_pgbackrest_stored_bytes_per_backup": figures.pgbackrest_backup_bytes,
         "recovery_wal_bytes": figures.wal_bytes,
