@@ -23,10 +23,15 @@ archive-async=y for its archive-push and archive-get.
   says recovery ended and it promoted (`database system is ready to
   accept connections`). Each run must have replayed to the end of the
   WAL written (`redo done at` in its log), or the bench fails.
+
+Each backup and restore run also gives the CPU seconds (user + system) of
+the commands it started, from getrusage(RUSAGE_CHILDREN): the client
+side only (pg_basebackup's walsender and the server are not counted).
 """
 
 from __future__ import annotations
 
+import resource
 import shutil
 import subprocess
 import time
@@ -43,10 +48,17 @@ UPDATE_SCRIPT = "\\set a random(1, {last})\nUPDATE pgbench_accounts SET abalance
 
 @dataclass
 class Runs:
-    """Seconds of each side's runs, in the order they ran."""
+    """Seconds of each side's runs, in the order they ran, and the CPU seconds of the commands each run started."""
 
     braid: list[float] = field(default_factory=list)
     pgbackrest: list[float] = field(default_factory=list)
+    braid_cpu: list[float] = field(default_factory=list)
+    pgbackrest_cpu: list[float] = field(default_factory=list)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the commands run as postgres, through runuser, waited for
+    return usage.ru_utime + usage.ru_stime
 
 
 @dataclass
@@ -75,10 +87,12 @@ def _remove(host: PgHost, path: Path) -> None:
 def _interleaved(reps: int, braid: Callable[[int], float], pgbackrest: Callable[[int], float], log: Callable[[str], None], what: str) -> Runs:
     runs = Runs()
     for rep in range(reps):
-        order = [("braid", braid, runs.braid), ("pgbackrest", pgbackrest, runs.pgbackrest)]
-        for side, fn, into in order if rep % 2 == 0 else order[::-1]:
+        order = [("braid", braid, runs.braid, runs.braid_cpu), ("pgbackrest", pgbackrest, runs.pgbackrest, runs.pgbackrest_cpu)]
+        for side, fn, into, cpu in order if rep % 2 == 0 else order[::-1]:
+            before = _children_cpu()
             into.append(fn(rep))
-            log(f"pg: {what} {rep + 1}/{reps} {side}: {into[-1]:.2f} s")
+            cpu.append(_children_cpu() - before)
+            log(f"pg: {what} {rep + 1}/{reps} {side}: {into[-1]:.2f} s, {cpu[-1]:.2f} s of client CPU")
     return runs
 
 
