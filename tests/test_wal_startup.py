@@ -36,3 +36,27 @@ def test_an_async_wal_push_answered_from_the_spool_loads_no_crypto_and_no_reposi
             os.kill(int(pid), signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+def test_a_wal_fetch_served_from_the_prefetch_spool_loads_no_crypto_and_no_repository(tmp_path: Path, repo: Path) -> None:
+    spool, wal = tmp_path / "spool", tmp_path / "pg_wal"
+    wal.mkdir()
+    args = ("wal-fetch", "--repo", str(repo), "--name", "pg", "--spool", str(spool))
+    loaded(tmp_path, "wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(tmp_path, SEG)))
+    loaded(tmp_path, *args, SEG, str(wal / "RECOVERYXLOG"))  # fetched from the archive; the spool is made
+    box = next(spool.glob("fetch-*"))
+    nxt = "000000010000000000000004"
+    (box / nxt).write_bytes(b"verified bytes")  # as the prefetcher leaves a segment it fetched and checked
+    modules = loaded(tmp_path, *args, nxt, str(wal / "RECOVERYXLOG"))
+    assert (wal / "RECOVERYXLOG").read_bytes() == b"verified bytes" and not (box / nxt).exists()
+    assert found(modules, ("cryptography", "zstandard", "braid.format.repository", "braid.adapters", "braid.ops.wal_fetch")) == []
+    lock = box / "prefetch.lock"
+    pid = lock.read_text().strip() if lock.exists() else ""
+    if pid.isdigit():
+        import os
+        import signal
+
+        try:
+            os.kill(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass

@@ -4,7 +4,9 @@
 # aes-256-cbc, process-max 2), `braid wal-push --async` and `braid wal-push`, one cluster, one run.
 # Each archive_command runs inside a wrapper that logs its start and end. Prints the WAL rate pgbench
 # makes here ("pgbench MB/s"), then per side, from a backlog of SEGMENTS (24) segments written with
-# archiving paused: "side  calls  drain_MB_s  p50_s  p99_s  drain_s".
+# archiving paused: "side  calls  drain_MB_s  p50_s  p99_s  drain_s". Before those, the same pgbench with
+# archive_command = braid wal-push --async, the .ready files counted every 0.2 s:
+# "backlog  braid-async  wal_MB_s  COUNT COUNT ...".
 #   pg_archive.sh BRAID PGBIN WORKDIR SECONDS   (as root: PostgreSQL runs as postgres)
 set -euo pipefail
 braid=$1 pgbin=$2 W=$3 seconds=$4
@@ -12,11 +14,14 @@ bindir=$(dirname "$braid")
 mkdir -p "$W" && chown postgres: "$W" && chmod 0755 "$W"
 as_pg() { runuser -u postgres -- env -i HOME="$W" PATH="$bindir:$pgbin:/usr/bin:/bin" LANG=C.UTF-8 PGHOST="$W" PGPORT=54349 PGUSER=postgres "$@"; }
 psql_() { as_pg psql -Atc "$1" postgres; }
+sampler=
+pushers() { for lock in "$W"/$1/*/pusher.lock; do [ -s "$lock" ] && kill "$(cat "$lock")" 2>/dev/null || true; done; }
 stop() { [ -f "$W/data/postmaster.pid" ] && as_pg pg_ctl -D "$W/data" -m immediate stop >/dev/null 2>&1 || true
-         for lock in "$W"/spool/*/pusher.lock; do [ -s "$lock" ] && kill "$(cat "$lock")" 2>/dev/null || true; done; }
+         [ -n "$sampler" ] && kill "$sampler" 2>/dev/null || true
+         pushers 'spool*'; }
 trap stop EXIT
 as_pg mkdir -p "$W/data" "$W/cp" "$W/pgbr/repo" "$W/pgbr/spool" "$W/pgbr/log" "$W/pgbr/lock"
-as_pg install -d -m 0700 "$W/spool"
+as_pg install -d -m 0700 "$W/spool" "$W/spool-backlog"
 chmod 0700 "$W/data"
 as_pg initdb -D "$W/data" -U postgres --auth=trust >/dev/null
 cat > "$W/timed.sh" <<'EOF'
@@ -81,6 +86,23 @@ lsn0=$(psql_ "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
 as_pg pgbench -n -c 8 -j 2 -T "$seconds" postgres >/dev/null 2>&1
 lsn1=$(psql_ "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
 printf 'pgbench\t%.2f\n' "$(awk -v b=$((lsn1 - lsn0)) -v s="$seconds" 'BEGIN { print b / s / 1e6 }')"
+# The backlog under the same load with archive_command = braid wal-push --async: the .ready files in
+# archive_status counted every 0.2 s while pgbench runs and until the last segment is archived.
+# Its own spool, so that the drain rows below start their pusher cold as before.
+psql_ "ALTER SYSTEM SET archive_command = '$W/timed.sh $W/latency.log backlog ${commands[braid-async]/$W\/spool /$W/spool-backlog }'" >/dev/null
+psql_ "SELECT pg_reload_conf()" >/dev/null
+( while :; do n=$(ls "$W/data/pg_wal/archive_status" | grep -c '\.ready$' || true); echo "$n"; sleep 0.2; done ) > "$W/backlog.txt" &
+sampler=$!
+lsn0=$(psql_ "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+as_pg pgbench -n -c 8 -j 2 -T "$seconds" postgres >/dev/null 2>&1
+lsn1=$(psql_ "SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
+seg=$(psql_ "SELECT pg_walfile_name(pg_current_wal_lsn())")
+psql_ "SELECT pg_switch_wal()" >/dev/null
+wait_archived "$seg"
+kill "$sampler" && wait "$sampler" 2>/dev/null || true
+sampler=
+pushers spool-backlog
+printf 'backlog\tbraid-async\t%.2f\t%s\n' "$(awk -v b=$((lsn1 - lsn0)) -v s="$seconds" 'BEGIN { print b / s / 1e6 }')" "$(tr '\n' ' ' < "$W/backlog.txt")"
 psql_ "CREATE TABLE filler (id int, pad text)" >/dev/null
 # Per side: archiving paused (an empty archive_command keeps the WAL), SEGMENTS segments written at once,
 # then the side's command: how fast it drains the backlog, and each call's latency.

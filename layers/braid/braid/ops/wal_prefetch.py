@@ -20,14 +20,15 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from braid.errors import BackupError, WalNotArchivedError
-from braid.format.repository import Repository
+from braid.errors import BackupError
 from braid.format.wal import SEGMENT, WalFile, segment_name
-from braid.ops.wal import segment_size_of
-from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
-from braid.ports.keys import KeyService
-from braid.ports.wal_staging import WalStaging
+
+if TYPE_CHECKING:  # a call served from the spool loads no cryptography, zstd or repository code
+    from braid.format.repository import Repository
+    from braid.ports.keys import KeyService
+    from braid.ports.wal_staging import WalStaging
 
 LOCK = "prefetch.lock"
 POSITION = "position"
@@ -52,6 +53,8 @@ def serve_from_spool(spool: Path, file_name: str, dest: Path) -> bool:
         return False
     except OSError:
         pass  # another file system: copy, then remove
+    from braid.ops.wal_fetch import write_atomically
+
     try:
         with open(source, "rb") as handle:
             write_atomically(dest, handle.read())
@@ -125,6 +128,10 @@ def _wanted(spool: Path, count: int, segment_size: int) -> list[str]:
 
 def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, count: int, staging: WalStaging | None = None) -> None:
     """Keep the `count` segments after the spool's position spooled, verified, until IDLE_EXIT seconds pass without a new position."""
+    from braid.errors import WalNotArchivedError
+    from braid.ops.wal import segment_size_of
+    from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
+
     size = segment_size_of(repository.store, name)
     last, idle_since = None, time.monotonic()
     while time.monotonic() - idle_since < IDLE_EXIT:
