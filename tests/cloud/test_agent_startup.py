@@ -78,11 +78,11 @@ def cloud_repo(aws_env: None) -> Iterator[tuple[str, dict[str, str]]]:
 
 # Not for an empty cloud backup either (issue 27: start-up <= 0.25 CPU-s): awscrt (~80 ms of CPU to load: the few small
 # objects it reads and writes are checksummed in Python, braid.format.checksum), a chunk buffer's mapping (ctypes), the
-# renderers and price tables (only for what is printed), a directory repository's store, and configparser without an
-# AWS config file to read.
+# renderers and price tables (only for what is printed), a directory repository's store, WAL names' parsers, and
+# configparser without an AWS config file to read.
 NOT_FOR_AN_EMPTY_BACKUP = (
     "awscrt", "ctypes", "configparser", "braid.cli.render", "braid.cli.storage_render", "braid.format.prices",
-    "braid.format.storage_class", "braid.format.summary", "braid.adapters.local",
+    "braid.format.storage_class", "braid.format.summary", "braid.adapters.local", "braid.format.wal",
 )
 # A cloud `wal-push` stages the file's raw bytes: no codec (zstandard, cryptography), no CRC library, no agent.
 NOT_FOR_A_CLOUD_WAL_PUSH = ("zstandard", "cryptography", "braid.format.chunk", "awscrt", "braid.agent", "braid.cli.render", "braid.adapters.local")
