@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -163,6 +165,37 @@ def test_a_checksum_of_parts_combines_to_the_whole() -> None:
     first, second = os.urandom(1000), os.urandom(333)
     assert combine_crc64nvme(crc64nvme(first), crc64nvme(second), len(second)) == crc64nvme(first + second)
     assert crc64nvme(second, crc64nvme(first)) == crc64nvme(first + second)
+
+
+def test_the_small_input_crc_in_python_is_awscrts() -> None:
+    """Before awscrt loads, small inputs are done in Python (braid.format.checksum): the same values, chained or not."""
+    from awscrt.checksums import crc64nvme as crt
+
+    from braid.format.checksum import _small_crc64nvme
+
+    assert _small_crc64nvme(b"123456789", 0) == 0xAE8B14860A799888
+    for size in (0, 1, 7, 8, 255, 1000, 16 * 1024):
+        data, previous = os.urandom(size), int.from_bytes(os.urandom(8), "big")
+        assert _small_crc64nvme(data, 0) == crt(data, 0)
+        assert _small_crc64nvme(memoryview(data), previous) == crt(data, previous)
+
+
+def test_a_small_crc_loads_no_awscrt_a_large_one_does() -> None:
+    """An empty cloud backup's few small objects (config, records) are checksummed without loading awscrt (~80 ms)."""
+    code = (
+        "import os, sys\n"
+        "from braid.format.checksum import crc64nvme, _small_crc64nvme\n"
+        "small = os.urandom(4096)\n"
+        "assert crc64nvme(small) == _small_crc64nvme(small, 0)\n"
+        "assert 'awscrt' not in sys.modules\n"
+        "large = os.urandom(1 << 20)\n"
+        "value = crc64nvme(large)\n"
+        "assert 'awscrt.checksums' in sys.modules\n"
+        "from awscrt.checksums import crc64nvme as crt\n"
+        "assert value == crt(large) and crc64nvme(small) == crt(small)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("text", ["md5:rosUhgp5mIg=", "rosUhgp5mIg=", "crc64nvme:", "crc64nvme:rosUhgp5", "crc64nvme:rosUhgp5mIg=AA=="])

@@ -39,7 +39,6 @@ from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
-from braid.format.stored import stored_objects
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.pipeline.policies import Policies
 from braid.ports.executions import Executions, ExecutionStatus
@@ -426,6 +425,7 @@ class CloudEngine:
 
     def check_chunks_listed(self, manifest: Manifest) -> None:
         """Every chunk present with its recorded size: one LIST per 1,000 chunks, no key needed."""
+        from braid.format.stored import stored_objects  # once published: not a --no-wait run's
         ref = BackupRef.parse(manifest.backup)
         sizes = {info.key: info.size for info in self.store.list(data_prefix(ref))}
         for stored in stored_objects(manifest):

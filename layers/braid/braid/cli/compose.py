@@ -14,7 +14,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from braid.adapters.local.store import LocalStore
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
 from braid.format.keys import DataKey, WrappedKey, encryption_context
@@ -50,6 +49,8 @@ def open_store(url: str, *, light: bool = False) -> ObjectStore:
         return S3Store.from_url(url, light=light)  # its client reports retries to store.retries
     if "://" in url:
         raise UsageError(f"unsupported repository URL {url!r}: use a directory path or s3://BUCKET/PREFIX")
+    from braid.adapters.local.store import LocalStore  # a directory's store (tempfile, its locks): not an s3:// run's
+
     return LocalStore(Path(url).expanduser().absolute())
 
 
@@ -63,6 +64,10 @@ def open_repository(url: str, *, light: bool = False) -> Repository:
     I/O error) is an unreadable repository (exit 3), not a failed write.
     """
     store = open_store(url, light=True) if light and is_s3_url(url) else open_store(url)
+    if is_s3_url(url):
+        return Repository.open(store)
+    from braid.adapters.local.store import LocalStore
+
     if not isinstance(store, LocalStore):
         return Repository.open(store)
     try:

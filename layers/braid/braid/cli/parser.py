@@ -253,8 +253,8 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
     for name, declare in _DECLARATIONS.items():
         if commands is None or name in commands:
             declare(sub, shared)
-        else:
-            sub.add_parser(name, help=SUMMARIES[name])
+        else:  # listed only (argparse never picks it: the command typed is named), so without a -h of its own
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     return parser
 
 

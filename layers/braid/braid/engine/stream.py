@@ -35,6 +35,19 @@ from braid.errors import BackupError, InputError
 from braid.format.buffers import WritableBuffer, new_buffer, read_full
 from braid.format.checksum import preload as preload_checksums
 
+_FIRST_READ = 64 * 1024  # an input's first read: the checksum library loads once it returns bytes (StreamReader._read)
+
+
+def _first_bytes(handle: RawIOBase, source: InputSource, size: int) -> bytearray:
+    """An input's first read, up to `size` bytes (empty at its end): what decides whether it is empty."""
+    first = bytearray(size)
+    try:
+        n = handle.readinto(first) or 0
+    except OSError as exc:
+        raise InputError(f"error reading input {source.label}: {exc.strerror or exc}") from None
+    del first[n:]
+    return first
+
 
 def pool_size(inputs: int, in_flight: int) -> int:
     """Buffers for `inputs` streams: one each to read into, and `in_flight` more for chunks being stored.
@@ -301,18 +314,24 @@ class StreamCutter:
             with opened as handle:
                 offset = 0
                 number = 0
-                while True:
+                # The first bytes are read before a chunk buffer is taken: an
+                # empty input maps no chunk buffer (~64 MiB of pages) and loads
+                # no checksum library. Every chunk read here is checksummed
+                # when it is stored, so once bytes arrive awscrt loads (~80 ms,
+                # holding the GIL) while this thread reads the rest of the
+                # chunk, not later on a worker's critical path (braid.format.checksum).
+                first = _first_bytes(handle, source, min(_FIRST_READ, self.pool.size))
+                if first:
+                    preload_checksums()
+                while first:  # an empty input has no chunk
                     buf = self.pool.acquire(self.cancelled)
                     if buf is None:
                         return
-                    if number == 0:
-                        # Every chunk read here is checksummed when it is
-                        # stored: awscrt loads (~50 ms, holding the GIL) while
-                        # this thread waits on the read rather than later on
-                        # a worker's critical path (braid.format.checksum).
-                        preload_checksums()
+                    view = memoryview(buf)
+                    n = len(first) if number == 0 else 0
+                    view[:n] = first[:n]
                     try:
-                        n = read_full(handle, memoryview(buf))
+                        n += read_full(handle, view[n:])
                     except OSError as exc:
                         self.pool.release(buf)
                         raise InputError(f"error reading input {source.label}: {exc.strerror or exc}") from None

@@ -37,31 +37,62 @@ Buffer = bytes | bytearray | memoryview
 
 
 def _checksums() -> ModuleType:
-    """awscrt's checksums, imported at the first CRC rather than with this module.
+    """awscrt's checksums, imported at the first CRC that needs them rather than with this module.
 
-    Loading awscrt costs ~50 ms of CPU holding the GIL (its native library
-    seeds a jitter-entropy generator when it loads): a tenth of a 256 MiB
-    restore, which computes no CRC at all, and in a backup it delayed the
-    first chunk's store by as much when the worker loaded it; `preload`
-    loads it while the first chunk is being read instead (measured,
-    scripts/bench local).
+    Loading awscrt costs ~80 ms of CPU holding the GIL (its native library
+    seeds a jitter-entropy generator when it loads, measured 2026-11-29): a
+    tenth of a 256 MiB restore, which computes no CRC at all, and in a backup
+    it delayed the first chunk's store by as much when the worker loaded it;
+    `preload` loads it while the first chunk is being read instead (measured,
+    scripts/bench local). Small inputs before that are done in Python
+    (`_small_crc64nvme`): an empty cloud backup and the repository's config
+    never load it.
     """
+    global _crt
     from awscrt import checksums
 
     module: ModuleType = checksums
+    _crt = module
     return module
 
 
+_crt: ModuleType | None = None
 _preloading = threading.Event()
+
+# CRC64NVME (reflected polynomial, initial value and final XOR all ones), a byte at a time from a table: the
+# value awscrt computes (tests/test_checksum_small.py compares them). ~0.1 us a byte, so only while awscrt is not
+# loaded, on inputs of at most _SMALL bytes and _PYTHON_BUDGET bytes in all: a config file and a few records,
+# never a chunk.
+_POLY = 0x9A6C9329AC4BC9B5
+_MASK = (1 << 64) - 1
+_SMALL = 16 * 1024
+_PYTHON_BUDGET = 256 * 1024
+_python_bytes = 0
+_table: list[int] = []
+
+
+def _small_crc64nvme(data: Buffer, previous: int) -> int:
+    if not _table:
+        for byte in range(256):
+            crc = byte
+            for _ in range(8):
+                crc = (crc >> 1) ^ _POLY if crc & 1 else crc >> 1
+            _table.append(crc)
+    table = _table
+    crc = previous ^ _MASK
+    for byte in bytes(data):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ _MASK
 
 
 def preload() -> None:
     """Import awscrt on a background thread now (once), so the first CRC does not wait for it.
 
-    For callers that know a CRC is coming while this process has a core to
-    spare and no other thread needs the GIL for a while (a backup while its
-    first chunk is read). A CRC asked for meanwhile waits for the import to
-    finish (Python's import lock), as it would have loaded it itself.
+    For callers that know a CRC of a large input is coming while this
+    process has a core to spare and no other thread needs the GIL for a
+    while (a backup once its first bytes arrive). A CRC asked for meanwhile
+    waits for the import to finish (Python's import lock), as it would have
+    loaded it itself.
     """
     if not _preloading.is_set():
         _preloading.set()
@@ -70,7 +101,12 @@ def preload() -> None:
 
 def crc64nvme(data: Buffer, previous: int = 0) -> int:
     """CRC64NVME of `data`, continuing from `previous` (the CRC of the bytes before it)."""
-    value: int = _checksums().crc64nvme(data, previous)
+    global _python_bytes
+    size = data.nbytes if isinstance(data, memoryview) else len(data)
+    if _crt is None and not _preloading.is_set() and size <= _SMALL and _python_bytes + size <= _PYTHON_BUDGET:
+        _python_bytes += size
+        return _small_crc64nvme(data, previous)
+    value: int = (_crt or _checksums()).crc64nvme(data, previous)
     return value
 
 
@@ -79,7 +115,7 @@ def combine_crc64nvme(first: int, second: int, second_length: int) -> int:
 
     How a multipart upload's full-object checksum follows from its parts'.
     """
-    value: int = _checksums().combine_crc64nvme(first, second, second_length)
+    value: int = (_crt or _checksums()).combine_crc64nvme(first, second, second_length)
     return value
 
 

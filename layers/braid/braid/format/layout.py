@@ -31,9 +31,13 @@ no other module spells `data/`, `manifests/` or a chunk number.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from braid.errors import UsageError
 from braid.format.ids import BackupRef, validate_name
-from braid.format.wal import HISTORY, SEGMENT, WalFile
+
+if TYPE_CHECKING:
+    from braid.format.wal import WalFile
 
 CONFIG = "config.json"
 MANIFESTS = "manifests/"
@@ -298,6 +302,8 @@ def archive_info_key(name: str) -> str:
 
 
 def history_prefix(name: str) -> str:
+    from braid.format.wal import HISTORY  # WAL names' parsers: not for a backup's keys
+
     return f"{wal_prefix(name)}{HISTORY}/"
 
 
@@ -326,6 +332,8 @@ def wal_file_of_key(name: str, key: str) -> WalFile | None:
     directory, slash, base = key[len(prefix) :].partition("/")
     if not slash or "/" in base:
         return None
+    from braid.format.wal import HISTORY, WalFile
+
     try:
         file = WalFile.parse(base)
     except UsageError:
@@ -354,6 +362,8 @@ def wal_staged_bundle(key: str) -> tuple[str, WalFile] | None:
     if not key.startswith(WAL_STAGING) or not key.endswith(".bundle"):
         return None
     found = wal_staged_file(key[: -len(".bundle")])
+    from braid.format.wal import SEGMENT
+
     return None if found is None or found[1].kind != SEGMENT else found
 
 
@@ -364,6 +374,8 @@ def wal_staged_file(key: str) -> tuple[str, WalFile] | None:
     name, slash, base = key[len(WAL_STAGING) :].partition("/")
     if not slash or "/" in base or not _valid_name(name):
         return None
+    from braid.format.wal import WalFile
+
     try:
         return name, WalFile.parse(base)
     except UsageError:

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 from braid.errors import IntegrityError
 from braid.format.canonical import canonical_json
-from braid.format.chunk import ChunkCodec, ChunkHeader
 from braid.format.keys import DataKey, WrappedKey, encryption_context
 
 MAGIC = b"BRDW"
@@ -76,6 +75,8 @@ class StoredWal:
 
     def plaintext_length(self, where: str) -> int:
         """The frame header's plaintext length (authenticated only once `decode` succeeded)."""
+        from braid.format.chunk import ChunkHeader  # the codec (zstandard, cryptography): not for a push that stages raw bytes
+
         return ChunkHeader.frame(self.frame, where)[0].plaintext_length
 
     def matches(self, key: DataKey, plaintext: bytes | memoryview, where: str) -> bool:
@@ -84,6 +85,8 @@ class StoredWal:
 
     def decode(self, key: DataKey, bound: str, where: str, level: int = 3) -> memoryview:
         """Authenticate, decrypt, decompress and check: the WAL file's bytes, or IntegrityError."""
+        from braid.format.chunk import ChunkCodec
+
         length = self.plaintext_length(where)
         codec = ChunkCodec(key, level)
         try:
@@ -96,6 +99,8 @@ class StoredWal:
 
 def encode_wal(key: DataKey, wrapped: WrappedKey, bound: str, plaintext: bytes | memoryview, level: int = 3) -> bytes:
     """The stored form of one WAL file under its own fresh data key."""
+    from braid.format.chunk import ChunkCodec
+
     encoded = ChunkCodec(key, level).encode(bound, WAL_INDEX, WAL_INPUT, plaintext)
     key_doc = canonical_json(wrapped.to_json())
     return b"".join((_HEAD.pack(MAGIC, VERSION, 0, 0, len(key_doc)), key_doc, encoded.plaintext_mac, encoded.stored))

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from braid.errors import IntegrityError, UsageError
 from braid.format.canonical import canonical_json
-from braid.format.chunk import ChunkCodec
 from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.wal import SEGMENT, WalFile
 from braid.format.wal_object import read_head
@@ -144,6 +143,8 @@ class StoredPack:
         position, entry = self.entry(file_name, where)
         if len(frame) != entry.stored_length:
             raise IntegrityError(f"{where}: {file_name}: the WAL pack is truncated")
+        from braid.format.chunk import ChunkCodec  # the codec (zstandard, cryptography): not for a push that stages raw bytes
+
         try:
             data = ChunkCodec(key).decode(frame, backup=bound, index=position, input_index=WAL_INPUT, plaintext_length=entry.length,
                                           plaintext_mac=bytes.fromhex(entry.mac))
@@ -162,6 +163,8 @@ def encode_pack(key: DataKey, wrapped: WrappedKey, bound: str, files: Iterable[t
     one buffer returned (the index, which follows the key, is fitted in front at the end), so a batch's
     pack never needs its frames twice in memory.
     """
+    from braid.format.chunk import ChunkCodec
+
     codec = ChunkCodec(key, level)
     frames = bytearray()
     entries: list[PackEntry] = []

@@ -19,16 +19,18 @@ the CA bundle AWS_CA_BUNDLE, else the profile's `ca_bundle`.
 
 from __future__ import annotations
 
-import configparser
 import http.client
 import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from braid.adapters.aws.sigv4 import Credentials
+
+if TYPE_CHECKING:
+    import configparser
 
 # Profile settings only botocore's full client implements: with any of them, it is used.
 _FULL_CLIENT_SETTINGS = frozenset(
@@ -64,9 +66,14 @@ def _profile_name() -> str:
     return os.environ.get("AWS_DEFAULT_PROFILE") or os.environ.get("AWS_PROFILE") or "default"
 
 
-def _read(path_env: str, default: str) -> configparser.RawConfigParser:
-    parser = configparser.RawConfigParser()
+def _read(path_env: str, default: str) -> configparser.RawConfigParser | None:
+    """The file's settings; None when there is no file (RawConfigParser.read skips it too; configparser is not loaded)."""
     path = os.path.expanduser(os.path.expandvars(os.environ.get(path_env) or default))
+    if not os.path.exists(path):
+        return None
+    import configparser
+
+    parser = configparser.RawConfigParser()
     try:
         parser.read(path, encoding="utf-8")
     except (configparser.Error, UnicodeDecodeError) as exc:
@@ -74,8 +81,8 @@ def _read(path_env: str, default: str) -> configparser.RawConfigParser:
     return parser
 
 
-def _section(parser: configparser.RawConfigParser, name: str) -> dict[str, str] | None:
-    return dict(parser.items(name)) if parser.has_section(name) else None
+def _section(parser: configparser.RawConfigParser | None, name: str) -> dict[str, str] | None:
+    return dict(parser.items(name)) if parser is not None and parser.has_section(name) else None
 
 
 def profile_settings() -> tuple[dict[str, str], dict[str, str]]:

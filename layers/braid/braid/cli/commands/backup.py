@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 from braid.cli.budget import check_backup_memory
 from braid.cli.compose import open_key_service, open_repository, repo_url
 from braid.cli.progress import Progress
-from braid.cli.render import operation_summary, print_backup_result, print_execution_status, print_json
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, default_chunk_size, format_size, parse_size
 from braid.engine.gate import stream_gate
 from braid.engine.port import BackupEngine, BackupRequest
@@ -25,7 +24,6 @@ from braid.errors import BackupError, ExecutionError, NotFoundError, UsageError
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef, validate_name
 from braid.format.labels import labels_of
-from braid.format.manifest import Manifest
 from braid.format.repository import Repository
 from braid.ports.progress import ProgressFn
 
@@ -33,6 +31,7 @@ if TYPE_CHECKING:
     from braid.engine.capture import Captured
     from braid.engine.producer import Producer
     from braid.engine.stream import InputSource
+    from braid.format.manifest import Manifest
     from braid.ops.open import OpenedBackup
 
 _CLOUD_ONLY = ("concurrency", "fan_out", "no_wait", "stall_timeout", "resume")
@@ -168,6 +167,8 @@ def _backup(args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int
 def _outcome(manifest: Manifest | None, args: argparse.Namespace, ref: BackupRef, progress: Progress) -> int:
     if manifest is None:
         if args.json:
+            from braid.cli.render import print_json  # the renderers (prices, summaries): only for what is printed
+
             print_json({"backup": str(ref), "name": ref.name, "id": ref.id, "status": "staged"}, indent=None)
         elif not progress.quiet:
             print(f"{ref} staged; the pipeline is running: follow it with 'braid status {ref}'", file=sys.stderr)
@@ -250,12 +251,13 @@ def _expected_size(args: argparse.Namespace, repository: Repository, ref: Backup
     if args.expected_size:
         return parse_size(args.expected_size)
     from braid.format.layout import summary_key
-    from braid.format.summary import open_summary
 
     try:
         previous = repository.backups(ref.name)
         if not previous:
             return None
+        from braid.format.summary import open_summary  # a first backup of the name reads no summary
+
         return open_summary(repository.store.get(summary_key(previous[-1])), "summary").summary.plaintext_bytes or None
     except BackupError:
         return None  # only the estimate is at stake
@@ -307,6 +309,8 @@ def _newest(repository: Repository, ref: BackupRef) -> BackupRef:
 
 def _published(manifest: Manifest, args: argparse.Namespace, progress: Progress) -> None:
     """The `done` event and the result on stdout: NAME@ID, or with --json the summary document."""
+    from braid.cli.render import operation_summary, print_backup_result
+
     elapsed = progress.elapsed()
     summary = operation_summary(manifest, "backup", elapsed)
     progress({"event": "done", **summary})
@@ -329,6 +333,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             cause = engine.held_message(ref)  # held for --resume: still running, but waiting on a person
         if cause is not None:
             doc["cause"] = cause
+        from braid.cli.render import print_execution_status
+
         print_execution_status(doc, args.json)
         if cause is not None:
             raise ExecutionError(cause)
