@@ -349,6 +349,7 @@ class S3Store:
         Were the new version lost in between, the locked old one is current again.
         """
         full = self.object_key(key)
+        retention = self._retention_of(key, full)
         try:
             response = self.client.copy_object(
                 Bucket=self.bucket,
@@ -360,7 +361,6 @@ class S3Store:
             )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, f"moving to {storage_class}", key, "s3:GetObject and s3:PutObject") from None
-        retention = self.retention(key)
         if not retention:
             return
         try:
@@ -372,6 +372,19 @@ class S3Store:
             )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "locking the moved version of", key, "s3:PutObjectRetention") from None
+
+    def _retention_of(self, key: str, full: str) -> dict[str, Any]:
+        """The Object Lock mode and date the current version of `key` carries, read before it is copied
+        (a date recomputed at the move would differ from the original's); a PUT's now if it carries none."""
+        if self.object_lock is None or not self.retention(key):
+            return {}
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=full)
+        except (ClientError, BotoCoreError) as exc:
+            raise self.error(exc, "reading the retention of", key, "s3:GetObject") from None
+        if head.get("ObjectLockMode") and head.get("ObjectLockRetainUntilDate"):
+            return {"ObjectLockMode": head["ObjectLockMode"], "ObjectLockRetainUntilDate": head["ObjectLockRetainUntilDate"]}
+        return self.retention(key)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self.list_after(prefix, "")
