@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from braid.errors import BackupError
+from braid.errors import BackupError, StorageError
 from braid.format.ids import BackupRef
 from braid.format.layout import WAL
 from braid.format.repository import Repository
@@ -234,3 +234,15 @@ def execute_wal_prune(repository: Repository, plans: Iterable[WalPrunePlan], *, 
             if not keep_going:
                 raise
             plan.error = str(exc)
+
+
+def wal_error(plans: Iterable[WalPrunePlan]) -> StorageError | None:
+    """The one-line error a prune ends with when some WAL could not be removed (None: all went)."""
+    failed = [plan for plan in plans if plan.error is not None]
+    if not failed:
+        return None
+    first = failed[0]
+    return StorageError(
+        f"the WAL of {len(failed)} name(s) could not be removed; first: {first.name}: {first.error}"
+        " (the backups' prune is done; the next prune removes that WAL)"
+    )

@@ -32,7 +32,7 @@ from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
 from braid.ops.storage_class import StoragePlan, execute_moves, load_storage_policies, plan_storage, refuse_local
-from braid.ops.wal_retention import execute_wal_prune, plans_for_prune
+from braid.ops.wal_retention import execute_wal_prune, plans_for_prune, wal_error
 
 
 def _rules(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,9 +96,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     storage_plan = _storage_plan(repository, plan)  # before anything is removed: the charges come from the storage records
     if not args.dry_run:
         execute_prune(repository, plan)
-        execute_wal_prune(repository, wal)
+        execute_wal_prune(repository, wal, keep_going=True)  # a failure is reported below, after the moves
         execute_moves(repository, storage_plan, plan.now)
-    error = unreadable_error(plan)
+    error = unreadable_error(plan) or wal_error(wal)
     if args.json or not args.quiet or error is not None or storage_plan.early:
         prices = load_prices(repository.store)
         print_prune_plan(plan, args.dry_run, args.json, wal, storage_plan.to_json(prices.currency))
