@@ -42,7 +42,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     logger.info("prune planned", extra={k: state[k] for k in ("items", "pruned", "unreadable", "moves")})
     for archive in state["wal"]:  # what WAL went, per archive (the plan record, then the run's report, lists every file)
         if archive["error"]:
-            logger.error("WAL prune failed", extra=archive)
+            logger.error("WAL prune failed", extra={"wal": archive})  # nested: a LogRecord's own `name` must not be overwritten
         else:
-            logger.info("WAL pruned" if archive["files"] else "no WAL pruned", extra=archive)
+            logger.info("WAL pruned" if archive["files"] else "no WAL pruned", extra={"wal": archive})
     return state
