@@ -15,14 +15,17 @@ from pathlib import Path
 import boto3
 import pytest
 from moto import mock_aws
-from tests.cloud.test_object_lock import BUCKET, LOCK, NOW, Locked
+from tests.cloud.test_object_lock import BUCKET, LOCK, NOW, Locked, server  # noqa: F401  (the moto server fixture)
+from tests.conftest import run_braid
 from tests.test_wal_pack import StoreStaging, _stage
 from tests.test_wal_retention import label_tar, seg
 from tests.wal_segments import write_segment
 
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.local.keys import LocalKeyFile
+from braid.format.ids import BackupRef
 from braid.format.layout import wal_key
+from braid.format.lock import ObjectLock
 from braid.format.repository import Repository, RepositoryConfig
 from braid.format.timestamps import format_timestamp, utc_now
 from braid.format.wal import WalFile
@@ -141,3 +144,41 @@ def test_without_a_lock_in_the_repository_no_object_is_headed(aws_env: None, tmp
         plan = plan_prune(repository, RetentionPolicy.of(keep_last=1), keys)
         (wal,) = plans_for_prune(repository, plan)
         assert wal.files() == [seg(1, 1), seg(1, 2)] and not [k for k in heads if k.startswith("wal/")]
+
+
+def test_the_cli_prune_says_which_wal_the_lock_keeps_dry_run_and_json(server: dict[str, str],  # noqa: F811
+    isolated_config: Path, tmp_path: Path) -> None:
+    """`braid prune --dry-run` (text and --json) on an s3:// repository under Object Lock: the WAL only a locked backup
+    needs and an object under its own retention are named, with their dates; the prune then removes only the rest."""
+    repo = f"s3://{BUCKET}/walrepo"
+    assert run_braid("init", "--repo", repo, "--engine", "local", "--object-lock", "GOVERNANCE:30", env=server).code == 0
+    source = tmp_path / "wal"
+    source.mkdir()
+    for n in range(1, 7):
+        pushed = run_braid("wal-push", "--repo", repo, "--name", "pg", str(write_segment(source, seg(1, n))), env=server)
+        assert pushed.code == 0, pushed.stderr
+    refs = []
+    for start in (2, 4):  # both started now: the older is under the lock when keep-last 1 lets it go
+        made = run_braid("backup", "--repo", repo, "--name", "pg", "--quiet", "--json", stdin=label_tar(1, start), env=server)
+        assert made.code == 0, made.stderr
+        refs.append(json.loads(made.out)["backup"])
+    client = boto3.client("s3", endpoint_url=server["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    own = wal_key("pg", WalFile.parse(seg(1, 1)))
+    until = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0)
+    client.put_object_retention(Bucket=BUCKET, Key=f"walrepo/{own}", Retention={"Mode": "GOVERNANCE", "RetainUntilDate": until})
+    held = format_timestamp(ObjectLock("GOVERNANCE", 30).until(BackupRef.parse(refs[0])))
+
+    dry = run_braid("prune", "--repo", repo, "--keep-last", "1", "--dry-run", env=server)
+    assert dry.code == 0, dry.stderr
+    assert f"kept 2 WAL file(s) of pg, {seg(1, 2)} .. {seg(1, 3)}, for backups under Object Lock retention ({refs[0]} until {held})" in dry.out
+    assert f"kept WAL object {own}: under Object Lock retention until {format_timestamp(until)}; a prune after that date removes it" in dry.out
+    assert "would remove" not in dry.out and "kept every WAL file" not in dry.out, dry.out
+    doc = json.loads(run_braid("prune", "--repo", repo, "--keep-last", "1", "--dry-run", "--json", env=server).out)
+    (wal,) = doc["wal"]
+    assert wal["files"] == [] and wal["kept_for_lock"] == {"files": [seg(1, 2), seg(1, 3)], "backups": {refs[0]: held}}
+    assert wal["locked"] == [{"key": own, "files": [seg(1, 1)], "until": format_timestamp(until)}]
+    done = run_braid("prune", "--repo", repo, "--keep-last", "1", env=server)
+    assert done.code == 0, done.stderr
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="walrepo/wal/pg/0000000100000000/")
+    assert sorted(o["Key"].rpartition("/")[2] for o in listed["Contents"]) == [seg(1, n) for n in range(1, 7)]
+    assert not client.list_object_versions(Bucket=BUCKET, Prefix=f"walrepo/{own}").get("DeleteMarkers")
