@@ -34,6 +34,8 @@ from braid.ops.wal import archived_files
 from braid.ops.wal_pack_process import process_staged_files
 from braid.ops.wal_push import push_wal
 from braid.ops.wal_retention import execute_wal_prune, plans_for_prune
+from braid.ports.pipeline import RecordingPublisher
+from support.prune_inline import InlinePruneRuns
 from support.s3_lock_semantics import AwsObjectLock
 
 pytestmark = pytest.mark.cloud
@@ -103,6 +105,27 @@ def test_the_wal_a_locked_backup_needs_stays_and_a_locked_object_is_reported_not
     assert (plan.forget, plan.locked) == ([held], [])
     (wal,) = plans_for_prune(locked.repository, plan)
     assert (wal.files(), wal.for_lock, wal.locked) == ([seg(1, n) for n in (2, 4, 5)], [], [])
+
+
+def test_the_scheduled_prune_keeps_and_reports_the_same_under_the_lock(locked: Locked) -> None:
+    """PlanPrune plans with the host's function: its state and the run's report carry what the lock kept."""
+    held = locked.backup(label_tar(1, 3), NOW - timedelta(days=5), name="pg")
+    locked.backup(label_tar(1, 5), NOW - timedelta(days=1), name="pg")
+    own = wal_key("pg", WalFile.parse(seg(1, 1)))
+    until = (NOW + timedelta(days=1)).replace(microsecond=0)
+    retain(locked, own, until)
+    runs = InlinePruneRuns(locked.repository, locked.keys, RecordingPublisher(), now=NOW)
+
+    runs.start("prune-wal-lock", {"keep_last": 1})
+
+    (state,) = runs.states
+    assert [(w["files"], w["kept_for_lock"], w["locked_objects"]) for w in state["wal"]] == [(1, 2, 1)]
+    (report,) = runs.reports
+    assert report.ok and report.pruned == [] and [entry["backup"] for entry in report.locked] == [str(held)]
+    (wal,) = report.wal
+    assert wal["files"] == [seg(1, 2)] and wal["kept_for_lock"]["files"] == [seg(1, 3), seg(1, 4)]
+    assert wal["locked"] == [{"key": own, "files": [seg(1, 1)], "until": format_timestamp(until)}]
+    assert archived(locked) == [seg(1, n) for n in (1, *range(3, 9))]
 
 
 def test_a_pack_under_its_own_retention_keeps_every_member(locked: Locked) -> None:
