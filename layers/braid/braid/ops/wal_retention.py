@@ -85,7 +85,7 @@ class WalPrunePlan:
     reason: str | None = None  # set when nothing is removed on purpose
     stays: set[str] = field(default_factory=set)  # files with another copy kept (in a pack a kept backup needs)
     for_lock: list[str] = field(default_factory=list)  # files only backups under Object Lock retention need
-    held_until: dict[str, datetime] = field(default_factory=dict)  # those backups (NAME@ID), with their dates
+    held_until: dict[str, datetime] = field(default_factory=dict)  # the locked backups (NAME@ID) that need them, with their dates
     locked: list[LockedWal] = field(default_factory=list)  # objects that would go but are under their own retention
     error: str | None = None  # the deletion failed (the scheduled prune reports it; the files stay for the next run)
 
@@ -177,10 +177,12 @@ def plan_wal_prune(
     held = {ref: until for ref, until in (held or {}).items() if ref.name == name}
     if held:
         free = _unneeded(by_key, [s for s in plan.kept_from if s.ref not in held], size)
-        plan.for_lock = sorted({f.name for key in free - gone for f in by_key[key]})
-        plan.held_until = {str(ref): until for ref, until in held.items()}
+        for_lock = [f for key in free - gone for f in by_key[key]]
+        plan.for_lock = sorted({f.name for f in for_lock})
+        needing = [s.ref for s in plan.kept_from if s.ref in held and any(not removable(f, [s], size) for f in for_lock)]
+        plan.held_until = {str(ref): held[ref] for ref in needing}
     if repository.object_lock is not None:
-        plan.locked = _under_retention(store, name, sorted(gone), by_key, now or datetime.now(UTC))
+        plan.locked = _under_retention(store, sorted(gone), by_key, now or datetime.now(UTC))
         gone -= {entry.key for entry in plan.locked}
     plan.remove = [(file, key) for key, files in by_key.items() if key in gone for file in files]
     plan.stays = {file.name for key, files in by_key.items() if key not in gone for file in files}
@@ -192,7 +194,7 @@ def _unneeded(by_key: Mapping[str, list[WalFile]], starts: Sequence[BackupStart]
     return {key for key, files in by_key.items() if all(removable(f, starts, size) for f in files)}
 
 
-def _under_retention(store: ObjectStore, name: str, keys: list[str], by_key: Mapping[str, list[WalFile]], now: datetime) -> list[LockedWal]:
+def _under_retention(store: ObjectStore, keys: list[str], by_key: Mapping[str, list[WalFile]], now: datetime) -> list[LockedWal]:
     """Of `keys`, the objects whose own Object Lock retain-until date is after `now` (a HEAD each, in parallel)."""
     from braid.ops.catalog import parallel
 
