@@ -15,9 +15,12 @@ from braid.adapters.local.store import LocalStore
 from braid.cli.compose import default_key_file
 from braid.format.keys import WrappedKey
 from braid.format.repository import Repository
+from braid.ops.rekey import rekey_repository
 from braid.ops.wal import archived_files
+from braid.ops.wal_fetch import fetch_wal_bytes
 from braid.ops.wal_pack_process import process_staged_files
 from conftest import run_braid
+from support.faulty_store import FaultRule, FaultyStore
 from test_wal_pack import StoreStaging, _stage
 from test_wal_retention import push, seg
 
@@ -102,3 +105,30 @@ def test_a_wal_object_that_cannot_be_rewrapped_fails_the_rekey_and_the_config_ke
     moved.unlink()
     done = run_braid("rekey", "--repo", str(repo), "--new-key-file", str(tmp_path / "new.key"), "--json")
     assert done.code == 0 and json.loads(done.out)["wal"] == {"rewrapped": 0, "already": 4, "failed": []} and json.loads(done.out)["config_switched"]
+
+
+def test_a_rekey_whose_wal_write_fails_keeps_every_object_openable_and_a_rerun_finishes(repo: Path, tmp_path: Path) -> None:
+    """A PUT of a re-wrapped WAL object that fails (the store refused it): that object keeps its old key and still opens;
+    the config stays on the old key; the rerun re-wraps what is left and switches."""
+    files = archive(repo, tmp_path)
+    opened = Repository.open(LocalStore(repo))
+    old = LocalKeyFile.open(default_key_file(opened.config.id))
+    new = LocalKeyFile.create(tmp_path / "new.key")
+    target = {"type": "local", "key_id": new.key_id}
+    pack = "wal/pg/0000000100000000/pack-00000003-00000004-00000005"
+    faulty = Repository(FaultyStore(opened.store, [FaultRule("put", 1.0, "fail", pack)]), opened.config)  # type: ignore[arg-type]
+
+    report = rekey_repository(faulty, old, new, old.rewrapper(new), target)
+
+    assert (report.wal.rewrapped, [k for k, _e in report.wal.failed]) == (3, [pack]) and not report.config_switched
+    assert "injected fault: put of " + pack in str(report.wal.failed[0][1])
+    assert split((repo / pack).read_bytes())[0].key_id == old.key_id  # untouched: it still opens under the old key
+    for name in (seg(1, 3), seg(1, 4), seg(1, 5)):
+        assert bytes(fetch_wal_bytes(opened, old, "pg", name)) == files[name]
+    assert json.loads((repo / "config.json").read_text())["key"]["key_id"] == old.key_id
+
+    again = rekey_repository(Repository.open(LocalStore(repo)), old, new, old.rewrapper(new), target)
+    assert (again.wal.rewrapped, again.wal.already, again.wal.failed, again.config_switched) == (1, 3, [], True)
+    reopened = Repository.open(LocalStore(repo))
+    for name, data in files.items():
+        assert bytes(fetch_wal_bytes(reopened, new, "pg", name)) == data
