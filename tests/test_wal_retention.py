@@ -35,7 +35,7 @@ def push(repo: Path, tmp_path: Path, *names: str, data: bytes | None = None) -> 
         assert result.code == 0, result.stderr
 
 
-def base_backup(repo: Path, timeline: int, start_segno: int) -> str:
+def label_tar(timeline: int, start_segno: int) -> bytes:
     """A pg_basebackup-shaped tar whose backup_label starts at segment `start_segno` of 1 MiB segments on `timeline`."""
     lsn = start_segno * MIB + 0x28
     label = (
@@ -49,7 +49,12 @@ def base_backup(repo: Path, timeline: int, start_segno: int) -> str:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
-    result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--quiet", "--json", stdin=out.getvalue())
+    return out.getvalue()
+
+
+def base_backup(repo: Path, timeline: int, start_segno: int) -> str:
+    """A backup through the CLI of label_tar(timeline, start_segno)."""
+    result = run_braid("backup", "--repo", str(repo), "--name", "pg", "--quiet", "--json", stdin=label_tar(timeline, start_segno))
     assert result.code == 0, result.stderr
     return str(json.loads(result.out)["backup"])
 

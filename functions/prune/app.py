@@ -5,7 +5,8 @@ state machine): {"prefix": "", "orphan_grace_hours": 48, "distrusted":
 {"NAME@ID": reason}, "slice_chunks": N} and any of the keep rules
 (braid.pipeline.prune_plan.policy_from_event); no rule: the policies stored
 in the repository. Returns: {"run", "items_object", "items",
-"max_concurrency", "now", "grace_hours", "pruned", "unreadable", "moves", "prefix"}.
+"max_concurrency", "now", "grace_hours", "pruned", "unreadable", "moves", "prefix", "wal"} ("wal": per archive,
+the WAL files removed, braid.pipeline.prune_plan.wal_summary).
 The stack's storage class policy (`braid:storageClass`) comes from BRAID_STORAGE_CLASS.
 """
 
@@ -39,4 +40,9 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     )
     add_metrics({contract.METRIC_BACKUPS_PRUNED: (MetricUnit.Count, state["pruned"])})
     logger.info("prune planned", extra={k: state[k] for k in ("items", "pruned", "unreadable", "moves")})
+    for archive in state["wal"]:  # what WAL went, per archive (the plan record, then the run's report, lists every file)
+        if archive["error"]:
+            logger.error("WAL prune failed", extra={"wal": archive})  # nested: a LogRecord's own `name` must not be overwritten
+        else:
+            logger.info("WAL pruned" if archive["files"] else "no WAL pruned", extra={"wal": archive})
     return state

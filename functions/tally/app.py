@@ -27,7 +27,7 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     add_metrics(
         {
             contract.METRIC_LEFTOVERS_COLLECTED: (MetricUnit.Count, len(report.collected)),
-            contract.METRIC_PRUNE_FAILURES: (MetricUnit.Count, report.failed_items + len(report.refused)),
+            contract.METRIC_PRUNE_FAILURES: (MetricUnit.Count, report.failed_items + len(report.refused) + len(report.wal_failed())),
         }
     )
     if not report.ok:
@@ -37,9 +37,10 @@ def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
 
 
 def _shown(value: Any) -> Any:
-    """The first SHOWN entries of a list, also inside a section (the plan's `storage`): the state stays small."""
+    """The first SHOWN entries of a list, also inside a section (the plan's `storage`, each archive's `wal` files):
+    the state stays small."""
     if isinstance(value, list):
-        return value[:SHOWN]
+        return [_shown(v) for v in value[:SHOWN]]
     if isinstance(value, dict):
-        return {k: (v[:SHOWN] if isinstance(v, list) else v) for k, v in value.items()}
+        return {k: _shown(v) for k, v in value.items()}
     return value

@@ -46,6 +46,8 @@ from braid_infra.storage import (
     SUMMARY_OBJECTS,
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
+    WAL_FILE_OBJECTS,
+    WAL_RECORDS,
     Storage,
 )
 
@@ -295,6 +297,13 @@ class PipelineFunctions(Construct):
         self._s3("prune", ["s3:GetObject"], CONFIG, MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, VERIFY_OBJECTS, PRICES)
         self._s3("prune", ["s3:PutObject"], CATALOG_LOG_OBJECTS, PRUNE_OBJECTS)
         self._s3("prune", ["s3:DeleteObject"], MANIFEST_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS, STORAGE_OBJECTS)
+        # ...then the archived WAL no kept backup needs (braid.ops.wal_retention): it reads each archive's record, deletes
+        # files and packs in segment directories only (never archive.json, never a history file), and, under Object Lock,
+        # reads each one's retention first (HEAD: s3:GetObject, with s3:GetObjectRetention for the date) so a locked one is not hidden.
+        self._s3("prune", ["s3:GetObject"], WAL_RECORDS)
+        self._s3("prune", ["s3:DeleteObject"], WAL_FILE_OBJECTS)
+        if self.storage.object_lock is not None:
+            self._s3("prune", ["s3:GetObject", "s3:GetObjectRetention"], WAL_FILE_OBJECTS)
         self._list("prune")
         self._events("prune")
         self.keys.allow_decrypt(self.roles["prune"])

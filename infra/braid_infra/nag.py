@@ -34,6 +34,9 @@ from braid_infra.storage import (
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
     WAKE_OBJECTS,
+    WAL_FILE_OBJECTS,
+    WAL_HISTORY_OBJECTS,
+    WAL_RECORDS,
 )
 from braid_infra.verify_pipeline import MAP_LABEL as VERIFY_MAP_LABEL
 
@@ -60,6 +63,8 @@ OBJECTS = {
     STORAGE_OBJECTS: "Storage class records are named per backup and time at run time (storage/NAME/ID/STAMP~CLASS); confined to storage/.",
     RESULT_OBJECTS: "A map item's result record is named per backup and first chunk at run time (staging/NAME/ID/results/N.json).",
     FAILURE_OBJECTS: "A map item's failure record is named per backup and first chunk at run time (staging/NAME/ID/failures/N.json).",
+    WAL_FILE_OBJECTS: "Archived WAL files and packs are named per backup name, timeline and segment at run time; the prune deletes only those in segment directories.",
+    WAL_RECORDS: "Each WAL archive's record is named per backup name (wal/NAME/archive.json); the prune only reads it.",
     PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
 
@@ -97,6 +102,7 @@ def suppress_findings(stack: BraidStack) -> None:
         "verifyrecord": [VERIFY_OBJECTS, VERIFY_RUN_OBJECTS],
         "prune": [
             MANIFEST_OBJECTS, CATALOG_OBJECTS, POLICY_OBJECTS, CATALOG_LOG_OBJECTS, PRUNE_OBJECTS, REKEY_OBJECTS, SUMMARY_OBJECTS, VERIFY_OBJECTS, STORAGE_OBJECTS,
+            WAL_FILE_OBJECTS, WAL_RECORDS,
         ],
         "sweep": [MANIFEST_OBJECTS, DATA_OBJECTS, STAGING_OBJECTS, SUMMARY_OBJECTS, PRUNE_OBJECTS],
         "tally": [MANIFEST_OBJECTS, CATALOG_OBJECTS, PRUNE_OBJECTS, CATALOG_INDEX_OBJECTS, CATALOG_LOG_OBJECTS, STORAGE_OBJECTS],
@@ -168,6 +174,8 @@ def suppress_findings(stack: BraidStack) -> None:
     operator = stack.operator.role.node.find_child("DefaultPolicy")
     acknowledge(operator, wildcard(f"{bucket}/{MANIFEST_OBJECTS}"), "braid rekey re-wraps every manifest (If-Match replacement only, by the bucket policy).")
     acknowledge(operator, wildcard(f"{bucket}/{REKEY_OBJECTS}"), "braid rekey's verified copies, named per backup, confined to rekey/.")
+    for pattern in (WAL_FILE_OBJECTS, WAL_HISTORY_OBJECTS):
+        acknowledge(operator, wildcard(f"{bucket}/{pattern}"), "braid rekey re-wraps every archived WAL object's key (If-Match replacement only, by the bucket policy).")
     acknowledge(restore, wildcard(f"{bucket}/{VERIFY_OBJECTS}"), OBJECTS[VERIFY_OBJECTS] + " Read, and created by braid verify --engine local.")
     acknowledge(restore, verify_executions, follow_verify)
     if stack.copy is not None:

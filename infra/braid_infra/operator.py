@@ -14,6 +14,10 @@ what `braid rekey` (braid.ops.rekey) and `braid init --stack` call:
   - delete a manifest whose backup a prune took while it was re-wrapped
     (rekey's step 4: the prune's removal is finished, never undone);
   - replace config.json (the key it names), which init also creates;
+  - read and replace each archived WAL object and pack, and each timeline
+    history file (their wrapped keys are in their heads: braid.ops.wal_rekey;
+    the bucket policy lets a PUT under wal/ through only create-only or with
+    If-Match on the version read), never an archive's archive.json;
   - list the bucket (manifests, and each backup's chunks, by name only);
   - KMS on the stack's key only, with the Braid encryption context:
     Decrypt (authenticate a manifest), ReEncryptFrom/ReEncryptTo (re-wrap
@@ -32,7 +36,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from braid_infra.keys import Keys
-from braid_infra.storage import CONFIG, MANIFEST_OBJECTS, REKEY_OBJECTS, Storage
+from braid_infra.storage import CONFIG, MANIFEST_OBJECTS, REKEY_OBJECTS, WAL_FILE_OBJECTS, WAL_HISTORY_OBJECTS, Storage
 
 
 class OperatorAccess(Construct):
@@ -46,6 +50,9 @@ class OperatorAccess(Construct):
                 sid="RewriteManifestsAndConfig",
                 actions=["s3:GetObject", "s3:PutObject"],
                 resources=[storage.arn(CONFIG), storage.arn(MANIFEST_OBJECTS), storage.arn(REKEY_OBJECTS)],
+            ),
+            iam.PolicyStatement(
+                sid="RewrapWal", actions=["s3:GetObject", "s3:PutObject"], resources=[storage.arn(WAL_FILE_OBJECTS), storage.arn(WAL_HISTORY_OBJECTS)]
             ),
             iam.PolicyStatement(sid="RemoveRekeyCopies", actions=["s3:DeleteObject"], resources=[storage.arn(MANIFEST_OBJECTS), storage.arn(REKEY_OBJECTS)]),
             iam.PolicyStatement(sid="ListRepository", actions=["s3:ListBucket"], resources=[storage.bucket.bucket_arn]),

@@ -79,6 +79,7 @@ from braid.format import layout
 from braid.format.lock import ObjectLock
 from braid.format.staging import keys as staging_keys
 from braid.format.storage_class import MOVABLE, StoragePolicy
+from braid.format.wal import HISTORY
 
 # Repository-relative key patterns for IAM resources and conditions, from the
 # package's one repository layout (braid.format.layout), never retyped here.
@@ -95,6 +96,11 @@ POLICY_OBJECTS = f"{layout.POLICIES}*"  # stored retention policies, read by the
 CATALOG_OBJECTS = f"{layout.CATALOG}*"  # what `list` reads: summaries, log markers, snapshots (braid.ops.catalog)
 PRICES = layout.PRICES  # the repository's price table, which `show` and `list` price each backup's usage with
 STORAGE_OBJECTS = f"{layout.STORAGE}*"  # storage class records: TallyPrune writes one per backup moved, PlanPrune removes a pruned backup's
+# Archived WAL files and packs in their segment directories (wal/NAME/TTTTTTTTXXXXXXXX/FILE): what the scheduled prune
+# may delete. The 16 `?` and the slashes around them match no `wal/NAME/archive.json` and no `wal/NAME/history/` key.
+WAL_FILE_OBJECTS = f"{layout.WAL}*/{'?' * 16}/*"
+WAL_RECORDS = f"{layout.WAL}*/archive.json"  # each archive's record (its segment size), which the prune reads
+WAL_HISTORY_OBJECTS = f"{layout.WAL}*/{HISTORY}/*"  # timeline history files (never pruned; re-wrapped by rekey)
 VERIFY_OBJECTS = f"{layout.VERIFICATIONS}*"  # verify records, one per verification of a backup (braid.format.verification)
 VERIFY_RUN_OBJECTS = f"{layout.VERIFY_RUNS}*"  # the cloud verify's work: its plan, map items and the map's exported results
 VERIFY_RUN_LIFETIME = Duration.days(8)  # a run's recorder deletes its work; what a failed run left expires
@@ -224,7 +230,9 @@ class Storage(Construct):
             ("ChunkCopiesOnlyMoveClass", DATA_OBJECTS, COPY_CLASS_CONDITION),
             ("ChunkCopiesKeepMetadata", DATA_OBJECTS, COPY_METADATA_CONDITION),
             ("ConditionalManifests", MANIFEST_OBJECTS, CONDITIONAL_CONDITION),
-            ("CreateOnlyWal", f"{layout.WAL}*", CREATE_ONLY_CONDITION),  # archived WAL is never replaced (braid.ops.wal_push, wal_process)
+            # Archived WAL is created once (braid.ops.wal_push, wal_process), or replaced only as the exact version its writer
+            # read (If-Match: `braid rekey` re-wraps each object's key in its head, braid.ops.wal_rekey), never blindly.
+            ("ConditionalWal", f"{layout.WAL}*", CONDITIONAL_CONDITION),
             # A staged WAL key holds one version at a time (the worker deletes it by id): braid.ops.wal_stage.
             ("CreateOnlyWalStaging", f"{layout.WAL_STAGING}*", CREATE_ONLY_CONDITION),
         ]

@@ -131,8 +131,24 @@ def new_key_policy(iam: StackIam) -> list[dict[str, Any]]:
     ]
 
 
-def test_the_operator_role_allows_every_call_of_a_rekey_under_lock_and_nothing_else(cloud: Cloud, synthesized: SynthesizedStack) -> None:
+def archive_wal(cloud: Cloud, tmp_path: Path) -> dict[str, bytes]:
+    """A segment and a history file archived under `pg` with the stack's key, as the WAL worker stores a file alone."""
+    from tests.wal_segments import write_segment
+
+    from braid.ops.wal_push import push_wal
+
+    keys = KmsKeyService(cloud.session.client("kms"), cloud.repository.config.key["key_id"])
+    history = tmp_path / "00000002.history"
+    history.write_bytes(b"1\t0/3000000\tno recovery target specified\n")
+    paths = [write_segment(tmp_path, "000000010000000000000003"), history]
+    for path in paths:
+        push_wal(cloud.repository, keys, "pg", path)
+    return {path.name: path.read_bytes() for path in paths}
+
+
+def test_the_operator_role_allows_every_call_of_a_rekey_under_lock_and_nothing_else(cloud: Cloud, synthesized: SynthesizedStack, tmp_path: Path) -> None:
     ref = publish(cloud, [pattern(4096 * 3, 3)])
+    wal = archive_wal(cloud, tmp_path)  # each WAL object's wrapped key is in its head: rekey replaces the objects
     iam = stack_iam(synthesized, cloud.deployed)
     assert iam.operator_role is not None
     operator = iam.principal_for(OPERATOR_KEY)
@@ -148,6 +164,11 @@ def test_the_operator_role_allows_every_call_of_a_rekey_under_lock_and_nothing_e
     report = rekey_repository(repository, unwrap, unwrap, KmsRewrap.to_key(kms, target), {"type": "kms", "key_id": target})
 
     assert report.rewrapped == [str(ref)] and not report.failed
+    assert (report.wal.rewrapped, report.wal.failed) == (2, [])
+    from braid.ops.wal_fetch import fetch_wal_bytes
+
+    for name, data in wal.items():
+        assert bytes(fetch_wal_bytes(repository, unwrap, "pg", name)) == data
     assert retention(cloud, manifest_key(ref)) == ("GOVERNANCE", LOCK.until(ref))  # the new version keeps the backup's date
     actions = {action for action, _, _ in recorder.checks}
     assert {"s3:PutObject", "s3:PutObjectRetention", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:Decrypt", "kms:DescribeKey"} <= actions
@@ -166,6 +187,10 @@ def test_the_operator_role_allows_every_call_of_a_rekey_under_lock_and_nothing_e
         ("s3:PutObject", f"{bucket}/{manifest_key(ref)}", {**creating, "s3:object-lock-mode": "GOVERNANCE"}),  # no If-Match: denied
         ("s3:PutObject", f"{bucket}/{manifest_key(ref)}", {**creating, "s3:if-match": '"etag"'}),  # no retention: denied
         ("s3:PutObject", f"{bucket}/{staging_prefix(ref)}session.json", creating),
+        ("s3:PutObject", f"{bucket}/wal/pg/0000000100000000/000000010000000000000003", creating),  # WAL: If-Match only
+        ("s3:PutObject", f"{bucket}/wal/pg/archive.json", {**creating, "s3:if-match": '"etag"'}),
+        ("s3:GetObject", f"{bucket}/wal-staging/pg/000000010000000000000004", {}),
+        ("s3:DeleteObject", f"{bucket}/wal/pg/0000000100000000/000000010000000000000003", {}),
         ("s3:GetObject", f"{bucket}/{staging_prefix(ref)}in0/seg0", {}),
         ("s3:PutObject", f"{bucket}/catalog/summaries/db/x.json", creating),
         ("s3:PutObject", f"{bucket}/policies/db.json", creating),

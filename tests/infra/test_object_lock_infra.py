@@ -97,6 +97,22 @@ def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_writ
         ), role
 
 
+def test_under_a_lock_the_prune_reads_wal_retention_before_deleting_and_never_bypasses_it(locked: dict[str, Any], plain: dict[str, Any]) -> None:
+    """The scheduled prune HEADs each archived WAL object it would delete (its retain-until date needs
+    s3:GetObjectRetention) so a locked one is reported, not hidden behind a delete marker; it may never shorten or
+    bypass a retention, nor delete a version. Without a lock it gets neither the read nor the retention grant."""
+    wal_files = "wal/*/????????????????/*"
+
+    def grants(template: dict[str, Any]) -> set[tuple[str, str]]:
+        return {(a, r) for a, r in s3_grants(Template.from_json(template), "FunctionsPruneRole") if r.startswith("wal/")}
+
+    assert grants(locked) == {("s3:GetObject", "wal/*/archive.json"), ("s3:DeleteObject", wal_files), ("s3:GetObject", wal_files),
+                              ("s3:GetObjectRetention", wal_files)}
+    assert grants(plain) == {("s3:GetObject", "wal/*/archive.json"), ("s3:DeleteObject", wal_files)}
+    actions = {a for s in statements_of(Template.from_json(locked), "FunctionsPruneRole") for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    assert not actions & {"s3:PutObjectRetention", "s3:BypassGovernanceRetention", "s3:DeleteObjectVersion"}
+
+
 def test_the_bucket_policy_refuses_a_manifest_without_retention(locked: dict[str, Any]) -> None:
     """Evaluated as IAM does: a writer that missed the setting cannot publish an unlocked backup."""
     from support.iam_policy import ALLOW, DENY, Request, evaluate

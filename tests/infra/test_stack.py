@@ -104,6 +104,7 @@ WAL_ROLES = {
                                 ("s3:ListBucket", "bucket"), ("s3:GetObject", "config.json"),
                                 ("s3:GetObject", "wal/*"), ("s3:PutObject", "wal/*")},
 }
+WAL_FILES = "wal/*/????????????????/*"  # archived WAL files and packs in their segment directories (braid_infra.storage)
 RECORDS = {"staging/*/*/session.json", "staging/*/*/stream-end.json", "staging/*/*/lease"}
 LEAST_PRIVILEGE = {
     "AccessAgentPolicy": {("s3:PutObject", OWN), ("s3:AbortMultipartUpload", OWN), ("s3:ListMultipartUploadParts", OWN), ("s3:GetObject", OWN),
@@ -141,7 +142,10 @@ LEAST_PRIVILEGE = {
     # It plans storage class moves too: prices.json prices early deletions; a pruned backup's storage records go with it.
     "FunctionsPruneRole": {("s3:GetObject", p) for p in ("config.json", "manifests/*", "catalog/*", "policies/*", "verify/*", "prices.json")}
     | {("s3:PutObject", "catalog/log/*"), ("s3:PutObject", "prune/*")}
-    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*", "storage/*")} | {("s3:ListBucket", "bucket")},
+    | {("s3:DeleteObject", p) for p in ("manifests/*", "rekey/*", "catalog/summaries/*", "verify/*", "storage/*")} | {("s3:ListBucket", "bucket")}
+    # ...then the WAL no kept backup needs: each archive's record read; files and packs deleted in segment directories only
+    # (the 16 `?`: never wal/NAME/archive.json, never wal/NAME/history/), and no WAL read (without Object Lock).
+    | {("s3:GetObject", "wal/*/archive.json"), ("s3:DeleteObject", WAL_FILES)},
     # Sweep: deletes data and staging (and a leftover's summary), never a manifest; HEADs manifests and reads leases.
     # Staging goes as Cleanup removes it: open uploads aborted, versions and delete markers purged.
     "FunctionsSweepRole": {("s3:GetObject", p) for p in ("manifests/*", "data/*", "staging/*")}
@@ -156,7 +160,8 @@ LEAST_PRIVILEGE = {
     # The map's ItemReader reads the run's items only (braid_infra.steps.ScopedJsonItemReader, not CDK's whole-bucket grant).
     "PrunePipelinePruneRole": {("s3:GetObject", "prune/*")},
     # braid init --stack and braid rekey (braid_infra.operator): manifests replaced with If-Match, rekey's copies, the config.
-    "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*")}
+    # ...and each archived WAL object, pack and history file, whose wrapped key is in its head (braid.ops.wal_rekey); never archive.json.
+    "OperatorOperatorRole": {(a, p) for a in ("s3:GetObject", "s3:PutObject") for p in ("config.json", "manifests/*", "rekey/*", WAL_FILES, "wal/*/history/*")}
     | {("s3:DeleteObject", "manifests/*"), ("s3:DeleteObject", "rekey/*"), ("s3:ListBucket", "bucket")},
     # The map's ItemReader reads plan rounds only, never a staged byte (review 3, L1: CDK's reader would grant the whole bucket).
     # SleepUntilWoken writes only each backup's wake record (braid.format.staging.wake).

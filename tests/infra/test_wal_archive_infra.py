@@ -89,11 +89,17 @@ def test_archived_wal_is_create_only_and_raw_versions_expire(template: Template)
     assert rule["Prefix"] == "wal-staging/" and rule["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
     assert "ExpirationInDays" not in rule, "an unprocessed file is WAL not archived yet: never expired"
     policy = only(template, "AWS::S3::BucketPolicy", "StorageRepositoryPolicy")["Properties"]["PolicyDocument"]["Statement"]
-    for sid, prefix in (("CreateOnlyWal", "/wal/*"), ("CreateOnlyWalStaging", "/wal-staging/*")):
+    for sid, prefix in (("ConditionalWal", "/wal/*"), ("CreateOnlyWalStaging", "/wal-staging/*")):
         (create_only,) = [s for s in policy if s.get("Sid") == sid]
         assert create_only["Effect"] == "Deny" and create_only["Principal"] == {"AWS": "*"} and create_only["Action"] == "s3:PutObject"
         assert json.dumps(create_only["Resource"]).endswith(f'{prefix}"]]}}')
         assert create_only["Condition"]["Null"]["s3:if-none-match"] == "true"
+    # Archived WAL may also be replaced as the exact version read (braid rekey re-wraps each object's key: If-Match), never blindly;
+    # staged WAL is create-only, one version per key.
+    (wal,) = [s for s in policy if s.get("Sid") == "ConditionalWal"]
+    assert wal["Condition"]["Null"] == {"s3:if-none-match": "true", "s3:if-match": "true"}
+    (staged,) = [s for s in policy if s.get("Sid") == "CreateOnlyWalStaging"]
+    assert staged["Condition"]["Null"] == {"s3:if-none-match": "true", "s3:x-amz-copy-source": "true"}
 
 
 def test_the_worker_uses_kms_only_for_wal_files_and_hosts_not_at_all(template: Template) -> None:

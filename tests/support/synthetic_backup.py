@@ -16,6 +16,7 @@ from braid.engine.finalize import InputRecord, finalize_backup
 from braid.format.chunk import ChunkCodec
 from braid.format.ids import BackupRef
 from braid.format.keys import encryption_context
+from braid.format.pg_backup import WalInfo
 from braid.format.repository import Repository
 from braid.format.timestamps import utc_now
 from braid.ports.keys import KeyService
@@ -23,13 +24,14 @@ from braid.ports.keys import KeyService
 CHUNK = 1024
 
 
-def write_backup(repository: Repository, keys: KeyService, name: str, when: datetime, chunks: int = 1) -> BackupRef:
+def write_backup(repository: Repository, keys: KeyService, name: str, when: datetime, chunks: int = 1, wal: WalInfo | None = None) -> BackupRef:
+    """`wal`: the manifest's `wal` field (where a PostgreSQL base backup's WAL starts), recorded as it is."""
     ref = BackupRef.new(name, now=when)
     key, wrapped = keys.generate_data_key(encryption_context(repository.config.id, str(ref)))
     codec = ChunkCodec(key, 3)
     entries = [store_chunk(codec, repository.store, ref, ChunkTask(i, 0, i * CHUNK), os.urandom(CHUNK)) for i in range(chunks)]
     finalize_backup(
         repository.store, ref=ref, repository_id=repository.config.id, key=key, wrapped=wrapped, chunk_size=CHUNK,
-        inputs=[InputRecord(0, "stdin", CHUNK * chunks)], entries=entries, level=3, created=utc_now(), timings={}, engine="local",
+        inputs=[InputRecord(0, "stdin", CHUNK * chunks)], entries=entries, level=3, created=utc_now(), timings={}, engine="local", wal=wal,
     )
     return ref

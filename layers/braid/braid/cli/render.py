@@ -423,7 +423,11 @@ def print_rekey(report: RekeyReport, as_json: bool) -> None:
         print(f"re-wrapped {backup}")
     for backup, error in report.failed:
         print(f"FAILED {backup}: {error}")
+    for key, error in report.wal.failed:
+        print(f"FAILED {key}: {error}")
     note = f"{len(report.rewrapped)} backup(s) re-wrapped under {report.target}, {len(report.already)} already were"
+    if report.wal.rewrapped or report.wal.already or report.wal.failed:
+        note += f"; {report.wal.rewrapped} WAL object(s) re-wrapped, {report.wal.already} already were"
     if report.config_switched:
         note += "; the repository now names this key"
     print(note, file=sys.stderr)

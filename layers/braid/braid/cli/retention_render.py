@@ -28,7 +28,15 @@ def print_prune_plan(plan: PrunePlan, dry_run: bool, as_json: bool, wal: Sequenc
         return
     verb = "would remove" if dry_run else "removed"
     for archive in wal:
-        print(f"{verb} {archive.describe()}" if archive.remove else f"kept every WAL file of {archive.name} ({archive.reason})")
+        lock = archive.describe_lock()
+        if archive.error is not None:
+            print(f"FAILED to remove {archive.describe()}: {archive.error}")
+        elif archive.remove:
+            print(f"{verb} {archive.describe()}")
+        elif archive.reason or not lock:
+            print(f"kept every WAL file of {archive.name} ({archive.reason or 'the kept backups need all of it'})")
+        for line in lock:
+            print(line)
     for ref in plan.forget:
         print(f"{verb} {ref}")
     for ref in plan.orphans:

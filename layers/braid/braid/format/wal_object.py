@@ -40,6 +40,35 @@ def read_head(view: memoryview, magic: bytes, version: int, kind: str, where: st
     if found_version != version:
         raise IntegrityError(f"{where}: {kind} version {found_version} is not supported by this Braid")
     return int(key_length)
+
+
+def head_key(raw: bytes | memoryview, magic: bytes, version: int, kind: str, where: str) -> WrappedKey:
+    """The wrapped data key in the head of a WAL object or pack (nothing authenticated: the key service's unwrap is the check)."""
+    view = memoryview(raw)
+    if len(view) < _HEAD.size:
+        raise IntegrityError(f"{where}: {kind} is truncated ({len(view)} bytes)")
+    key_length = read_head(view, magic, version, kind, where)
+    if len(view) < _HEAD.size + key_length:
+        raise IntegrityError(f"{where}: {kind} is truncated ({len(view)} bytes)")
+    try:
+        return WrappedKey.from_json(json.loads(bytes(view[_HEAD.size : _HEAD.size + key_length])))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"{where}: the wrapped key is damaged ({exc})") from None
+
+
+def with_head_key(raw: bytes | memoryview, magic: bytes, version: int, kind: str, wrapped: WrappedKey, where: str) -> bytes:
+    """The same WAL object or pack with `wrapped` in place of its wrapped key, every other byte as it was (`braid rekey`).
+
+    The frames' GCM authenticates their own headers, not the object's head, so a key that unwraps to the same
+    data key leaves the object opening exactly as before.
+    """
+    view = memoryview(raw)
+    head_key(view, magic, version, kind, where)  # checks the head
+    _magic, _version, flags, reserved, key_length = _HEAD.unpack_from(view)
+    key_doc = canonical_json(wrapped.to_json())
+    return b"".join((_HEAD.pack(magic, version, flags, reserved, len(key_doc)), key_doc, view[_HEAD.size + key_length :]))
+
+
 WAL_INDEX = 0
 WAL_INPUT = 0
 

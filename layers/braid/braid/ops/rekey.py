@@ -56,6 +56,7 @@ from braid.format.manifest import Manifest, open_manifest, seal_body
 from braid.format.repository import Repository
 from braid.format.stored import stored_objects
 from braid.format.timestamps import utc_now
+from braid.ops.wal_rekey import WalRekeyReport, rekey_wal
 from braid.ports.keys import KeyRewrapper, KeyService
 
 
@@ -66,6 +67,7 @@ class RekeyReport:
     already: list[str] = field(default_factory=list)
     failed: list[tuple[str, BackupError]] = field(default_factory=list)
     config_switched: bool = False
+    wal: WalRekeyReport = field(default_factory=WalRekeyReport)  # the WAL archive's objects (files and packs)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +76,7 @@ class RekeyReport:
             "already": self.already,
             "failed": [{"backup": b, "error": str(e)} for b, e in self.failed],
             "config_switched": self.config_switched,
+            "wal": self.wal.to_json(),
         }
 
 
@@ -154,7 +157,7 @@ def rekey_repository(
     new_config_key: dict[str, str],
     progress: Callable[[str, bool], None] = lambda backup, done: None,
 ) -> RekeyReport:
-    """Every backup, then the config's key, then any backup published under the old key meanwhile."""
+    """Every backup and WAL object, then the config's key, then any backup or WAL object written under the old key meanwhile."""
     report = RekeyReport(rewrap.target_key_id)
 
     def one_pass(seen: set[BackupRef]) -> None:
@@ -173,11 +176,14 @@ def rekey_repository(
             progress(str(ref), changed)
 
     seen: set[BackupRef] = set()
+    wal_seen: set[str] = set()
     one_pass(seen)
-    if not report.failed and repository.config.key != new_config_key:
+    rekey_wal(repository, old, new, rewrap, report.wal, wal_seen)
+    if not report.failed and not report.wal.failed and repository.config.key != new_config_key:
         config = replace(repository.config, key=dict(new_config_key))  # everything else kept (the cloud settings, the object lock)
         repository.store.put(CONFIG, config.to_bytes())  # the one other replaced object: atomic, like the manifest switch
         repository.config = config
         report.config_switched = True
     one_pass(seen)
+    rekey_wal(repository, old, new, rewrap, report.wal, wal_seen)
     return report

@@ -13,6 +13,14 @@ leftover candidate (judged again by braid.pipeline.sweep), and "move" slices
 (MOVE_SLICE_CHUNKS) of kept backups due a cheaper storage class
 (braid.ops.storage_class). The plan, with the early-deletion charges
 computed before the manifests went, stays beside the items for TallyPrune.
+
+WAL: once the manifests are gone, it removes the archived WAL that no
+backup the plan keeps (by rule or by Object Lock) needs, with the host's
+own planning (braid.ops.wal_retention.plans_for_prune: per timeline,
+nothing from the oldest kept start on, no `.history` file, a pack only
+when no kept backup needs a member, nothing under its own retention). The
+plan records it under "wal"; a failed deletion is recorded there too and
+TallyPrune reports it as a failure (the files stay for the next run).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, plan_prune, remove_manifest
 from braid.ops.storage_class import StoragePlan, plan_storage
 from braid.ops.verification import failed_verifications
+from braid.ops.wal_retention import WalPrunePlan, execute_wal_prune, plans_for_prune
 from braid.pipeline.failure import invalid_input
 from braid.ports.keys import KeyService
 from braid.ports.pipeline import EventPublisher
@@ -161,7 +170,9 @@ def plan_run(
     plan = plan_prune(repository, policy, keys, moment, distrusted=distrusted, from_catalog=True)
     announce_unreadable(repository, events, plan, distrusted)  # before anything is removed: a run that fails midway must not swallow them
     storage, sizes = _storage(repository, plan, moment, storage_default)  # before the manifests go: their storage records go with them
+    wal = plans_for_prune(repository, plan)  # reads only kept backups' manifests
     parallel(plan.forget, lambda ref: remove_manifest(store, ref))
+    execute_wal_prune(repository, wal, keep_going=True)  # after the manifests: a backup still listed keeps its WAL
     items: list[SweepItem] = []
     for ref in plan.forget:
         for after, until in slices(ref, plan.chunks.get(ref, 0), slice_chunks):
@@ -174,6 +185,7 @@ def plan_run(
     record = plan.to_json()
     record.update({"run": run, "repository": repository.url, "now": moment.isoformat(), "items": len(items)})
     record["storage"] = storage.to_json(load_prices(store).currency)
+    record["wal"] = [w.to_json() for w in wal]
     store.put(prune_plan_key(run), json.dumps(record, sort_keys=True).encode())
     store.put(prune_items_key(run), json.dumps([item.to_json() for item in items]).encode())
     return {
@@ -187,6 +199,16 @@ def plan_run(
         "pruned": len(plan.forget),
         "unreadable": len(plan.unreadable),
         "moves": len(storage.moves),
+        "wal": [wal_summary(w) for w in wal],
+    }
+
+
+def wal_summary(plan: WalPrunePlan) -> dict[str, Any]:
+    """What one archive's prune did, in a few fields (the run's state and the planner's log; the plan record has it all)."""
+    files = plan.files()
+    return {
+        "name": plan.name, "files": len(files), "first": files[0] if files else None, "last": files[-1] if files else None,
+        "kept_for_lock": len(plan.for_lock), "locked_objects": len(plan.locked), "reason": plan.reason, "error": plan.error,
     }
 
 

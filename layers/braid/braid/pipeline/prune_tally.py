@@ -49,15 +49,22 @@ class PruneReport:
     objects_moved: int = 0
     storage: dict[str, Any] = field(default_factory=dict)  # the plan's storage section: moves planned, early-deletion charges
     catalog: dict[str, Any] = field(default_factory=dict)
+    # Per archive, the plan's WAL section (braid.ops.wal_retention.WalPrunePlan.to_json): the files removed, those kept
+    # for Object Lock, objects under their own retention, and the error of a deletion that failed.
+    wal: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failed_items and not self.refused and not self.unreadable
+        return not self.failed_items and not self.refused and not self.unreadable and not self.wal_failed()
+
+    def wal_failed(self) -> list[dict[str, Any]]:
+        return [archive for archive in self.wal if archive.get("error")]
 
     def failures(self) -> list[str]:
         lines = [f"{ref}: its data could not be deleted; the next prune collects it as a leftover" for ref in self.incomplete]
         lines += [f"{ref}: has a manifest again; its slice was not deleted (run 'braid verify {ref}')" for ref in self.refused]
         lines += [f"{u['backup']}: {u['error']}" for u in self.unreadable]
+        lines += [f"WAL of {a['name']}: not removed ({a['error']}); the next prune tries again" for a in self.wal_failed()]
         lines += [f"{ref}: not all its chunks moved to another storage class; the next prune moves the rest" for ref in self.move_incomplete]
         if self.failed_items and not self.incomplete and not self.move_incomplete:
             lines.append(f"{self.failed_items} leftover item(s) failed; the next prune tries them again")
@@ -118,7 +125,7 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
     results = _results(repository, run)
     report = PruneReport(
         run, pruned=list(plan.get("forget", [])), unreadable=list(plan.get("unreadable", [])), locked=list(plan.get("locked", [])),
-        storage=dict(plan.get("storage", {})),
+        storage=dict(plan.get("storage", {})), wal=list(plan.get("wal", [])),
     )
     incomplete: set[str] = set()
     refused: set[str] = set()
@@ -151,7 +158,7 @@ def tally_run(repository: Repository, events: EventPublisher, *, run: str, now: 
     _record_moves(repository, moves, moment, report)
     report.catalog = refresh_catalog(repository, moment)
     store.put(prune_report_key(run), json.dumps(report.to_json(), sort_keys=True).encode())
-    if report.failed_items or report.refused:
+    if report.failed_items or report.refused or report.wal_failed():
         events.publish(
             contract.PRUNE_FAILED,
             {"repository": repository.url, "run": run, "failed_items": report.failed_items, "failures": report.failures()[:MAX_EVENT_FAILURES]},

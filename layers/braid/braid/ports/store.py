@@ -29,6 +29,8 @@ class ObjectInfo:
     version: str | None = None
     # The object's storage class where the store has them (S3: from LIST and HEAD, "STANDARD" when S3 names none).
     storage_class: str | None = None
+    # The object's Object Lock retain-until date (S3: from HEAD, given s3:GetObjectRetention); None: none, or not said.
+    retain_until: datetime | None = None
 
 
 class ObjectStore(Protocol):

@@ -334,6 +334,7 @@ class S3Store:
             response.get("LastModified"),
             response.get("ETag"),
             str(response.get("StorageClass") or "STANDARD"),  # HEAD names no class for Standard
+            response.get("ObjectLockRetainUntilDate"),  # only with s3:GetObjectRetention; S3 says nothing otherwise
         )
 
     def set_storage_class(self, key: str, storage_class: str) -> None:

@@ -32,7 +32,7 @@ from braid.ops.catalog import Unreadable, read_catalog
 from braid.ops.prices import load_prices
 from braid.ops.retention import PrunePlan, RetentionPolicy, delete_policy, execute_prune, load_policies, plan_prune, save_policy, unreadable_error
 from braid.ops.storage_class import StoragePlan, execute_moves, load_storage_policies, plan_storage, refuse_local
-from braid.ops.wal_retention import WalPrunePlan, archive_names, execute_wal_prune, plan_wal_prune
+from braid.ops.wal_retention import execute_wal_prune, plans_for_prune, wal_error
 
 
 def _rules(args: argparse.Namespace) -> dict[str, Any]:
@@ -42,13 +42,6 @@ def _rules(args: argparse.Namespace) -> dict[str, Any]:
 
 def _policy(args: argparse.Namespace, stored: bool) -> RetentionPolicy:
     return RetentionPolicy.of(orphan_grace_hours=args.orphan_grace_hours, stored=stored, **_rules(args))
-
-
-def _wal_plans(repository: Any, plan: PrunePlan, name: str | None) -> list[WalPrunePlan]:
-    """Per name with a WAL archive (and a policy this prune applied): the WAL no backup it keeps needs."""
-    kept = [*plan.keep, *(locked.ref for locked in plan.locked)]
-    names = [n for n in archive_names(repository.store) if name in (None, n) and n not in plan.unmanaged]
-    return [plan_wal_prune(repository, n, kept, [u.ref for u in plan.unreadable if u.ref.name == n]) for n in names]
 
 
 def _storage_plan(repository: Any, plan: PrunePlan) -> StoragePlan:
@@ -99,13 +92,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
     assert policy is not None
     keys = open_key_service(repository, args.key_file, unwrap_only=True, strict=args.strict_permissions)
     plan = plan_prune(repository, policy, keys, name=args.name)
-    wal = _wal_plans(repository, plan, args.name)
+    wal = plans_for_prune(repository, plan, args.name)
     storage_plan = _storage_plan(repository, plan)  # before anything is removed: the charges come from the storage records
     if not args.dry_run:
         execute_prune(repository, plan)
-        execute_wal_prune(repository, wal)
+        execute_wal_prune(repository, wal, keep_going=True)  # a failure is reported below, after the moves
         execute_moves(repository, storage_plan, plan.now)
-    error = unreadable_error(plan)
+    error = unreadable_error(plan) or wal_error(wal)
     if args.json or not args.quiet or error is not None or storage_plan.early:
         prices = load_prices(repository.store)
         print_prune_plan(plan, args.dry_run, args.json, wal, storage_plan.to_json(prices.currency))

@@ -5,8 +5,11 @@ command) unwraps, `--new-key-file` (created 0600 if missing) wraps; without
 it, the current key does, which finishes an interrupted run. s3://
 repositories: KMS ReEncrypt to `--kms-key`, or to the repository's key; the
 host needs kms:Decrypt (to re-seal each manifest) and kms:ReEncryptFrom /
-kms:ReEncryptTo. Exit 0 when every backup is under the target key; 4 or 6
-naming the first backup that could not be re-wrapped (the rest are done).
+kms:ReEncryptTo. The WAL archive's objects and packs are re-wrapped too
+(braid.ops.wal_rekey: each is rewritten, its key being in its head). Exit 0
+when every backup and WAL object is under the target key; 4 or 6 naming the
+first backup (or else WAL object) that could not be re-wrapped (the rest are
+done; the config keeps its key).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def cmd_rekey(args: argparse.Namespace) -> int:
         rewrap = KmsRewrap.to_key(client, args.kms_key or repository.config.key["key_id"])
         unwrap = KmsKeyService.for_unwrap(client)
         report = rekey_repository(repository, unwrap, unwrap, rewrap, {"type": "kms", "key_id": rewrap.target_key_id})
-    if args.json or not args.quiet or report.failed:
+    if args.json or not args.quiet or report.failed or report.wal.failed:
         print_rekey(report, args.json)
     if kind == "local" and args.new_key_file and report.config_switched and not args.json:
         path = Path(args.new_key_file).expanduser().absolute()
@@ -63,9 +66,12 @@ def cmd_rekey(args: argparse.Namespace) -> int:
             f" then point the config file at it: key_file = \"{path}\" (or BRAID_KEY_FILE={path})",
             file=sys.stderr,
         )
-    if report.failed:
-        backup, first = report.failed[0]
-        message = f"{len(report.failed)} backup(s) could not be re-wrapped (the others were); first: {backup}: {first}"
-        error: BackupError = KeyAccessError(message) if all(isinstance(e, KeyAccessError) for _, e in report.failed) else IntegrityError(message)
+    failed, what = (report.failed, "backup(s)") if report.failed else (report.wal.failed, "WAL object(s)")
+    if failed:
+        where, first = failed[0]
+        message = f"{len(failed)} {what} could not be re-wrapped (the others were); first: {where}: {first}"
+        if not report.config_switched:
+            message += "; the repository still names its old key: fix this and run rekey again"
+        error: BackupError = KeyAccessError(message) if all(isinstance(e, KeyAccessError) for _, e in failed) else IntegrityError(message)
         raise error
     return 0
