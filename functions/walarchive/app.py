@@ -60,7 +60,7 @@ def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
     for result in results.values():
         if isinstance(result, Processed):
             for file in result.files():
-                logger.info("WAL file processed", extra={"name": file.name, "file": file.file, "outcome": file.outcome})
+                logger.info("WAL file processed", extra={"archive": file.name, "file": file.file, "outcome": file.outcome})
                 if file.outcome == CONFLICT:
                     logger.error("a push with other bytes was refused; the archive keeps its copy", extra={"detail": file.detail})
     return [results[i] for i in range(len(records))]

@@ -124,6 +124,8 @@ def test_pushed_wal_is_archived_encrypted_and_no_raw_version_stays(cloud: Emulat
     assert all(archived(cloud)[p.name] == [archived_key(p.name)] for p in singles)
     wait_for("staging purged, every version", lambda: not versions(cloud, "wal-staging/"), cloud)
     assert len(cloud.requests(service="lambda", op="Invoke")) >= 2, "the failed batch was delivered again"
+    failed = [line for line in cloud.log.read_text(errors="replace").splitlines() if "failed its batch" in line]
+    assert failed and all("injected fault" in line for line in failed), failed  # only the injected failure: the worker's own run ends cleanly
     assert cloud.keys("wal/pg/archive.json")
     record = json.loads(cloud.client("s3").get_object(Bucket=cloud.bucket, Key="wal/pg/archive.json")["Body"].read())
     assert record["system_identifier"] == str(SYSID)
