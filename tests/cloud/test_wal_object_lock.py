@@ -162,8 +162,9 @@ def test_a_put_refused_for_want_of_put_object_retention_names_the_permission() -
             S3WalStaging(store).put_archived(key, b"blob", hashlib.sha256(b"blob").hexdigest())
     assert refused.value.exit_code == 7
     message = str(refused.value)
-    assert f"writing s3://{BUCKET}/repo/{key}" in message and "s3:PutObject and s3:PutObjectRetention" in message, message
-    assert "s3:PutObject on wal/* and s3:PutObjectRetention on wal/*" in str(refused_worker.value), str(refused_worker.value)
+    assert message == f"access denied while writing s3://{BUCKET}/repo/{key}: the role needs s3:PutObject and s3:PutObjectRetention on it (Access Denied)"
+    assert "the role needs s3:PutObject and s3:PutObjectRetention on wal/*" in str(refused_worker.value), str(refused_worker.value)
+    assert refused_worker.value.exit_code == 7
     unlocked = S3Store(client, BUCKET, "repo")
     with Stubber(client) as stub:
         stub.add_client_error("put_object", "AccessDenied", "Access Denied", 403)

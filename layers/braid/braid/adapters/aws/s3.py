@@ -182,7 +182,7 @@ class S3Store:
 
     def permission_for_put(self, key: str, where: str = "") -> str:
         """The IAM permissions a PUT of `key` takes: s3:PutObject, and s3:PutObjectRetention where it carries retention."""
-        return f"s3:PutObject{where} and s3:PutObjectRetention{where} (the repository has Object Lock)" if self.retention(key) else f"s3:PutObject{where}"
+        return f"s3:PutObject and s3:PutObjectRetention{where}" if self.retention(key) else f"s3:PutObject{where}"
 
     @classmethod
     def from_url(cls, url: str, client: S3Client | None = None, *, light: bool = False, **client_options: Any) -> S3Store:
