@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from braid.errors import StorageError
 from braid.format.layout import archive_info_key, wal_key
 from braid.format.lock import MIN_REMAINING, ObjectLock, locked_wal, retention_until, rewrite_until
 from braid.format.repository import Repository, RepositoryConfig
-from braid.format.timestamps import utc_now
+from braid.format.timestamps import format_timestamp, utc_now
 from braid.format.wal import WalFile
 from braid.ops.rekey import rekey_repository
 from braid.ops.wal_fetch import fetch_wal_bytes
@@ -199,6 +200,12 @@ def test_prune_reports_wal_locked_by_its_write_deletes_none_and_takes_it_after_t
     for entry in wal.locked:
         assert locked.lock.wal_until(before) <= entry.until <= locked.lock.wal_until(after)
     assert wal.describe_lock()[0].startswith(f"kept WAL object {wal_key('pg', WalFile.parse(seg(1, 1)))}: under Object Lock retention until")
+    many = replace(wal, locked=[*wal.locked, *wal.locked])  # past LOCKED_LINES objects: one line for them all
+    first, last = min(e.until for e in wal.locked), max(e.until for e in wal.locked)
+    assert many.describe_lock() == [
+        f"kept 4 WAL object(s) of pg holding {seg(1, 1)} .. {seg(1, 2)}: under Object Lock retention until {format_timestamp(first)}"
+        f" .. {format_timestamp(last)}; a prune after those dates removes them (--json lists each)"
+    ]
     execute_prune(locked.repository, plan)
     execute_wal_prune(locked.repository, [wal])
     assert [info.key.rpartition("/")[2] for info in locked.repository.store.list("wal/pg/0000000100000000/")] == [seg(1, n) for n in range(1, 5)]
