@@ -246,6 +246,7 @@ def test_the_wal_worker_puts_archived_wal_locked_and_may_lock_nothing_else(synth
         assert iam.decide(worker, "s3:PutObject", key, create) != ALLOW, key  # LockedWal: never archived unlocked
         rekey = {"s3:ObjectCreationOperation": "true", "s3:if-match": '"etag"', **lock}
         assert iam.decide(operator, "s3:PutObject", key, rekey) == ALLOW and iam.decide(operator, "s3:PutObjectRetention", key, rekey) == ALLOW
+        assert iam.decide(operator, "s3:GetObjectRetention", key, {}) == ALLOW  # the replaced version's date, which HEAD returns only so
         for principal in (worker, operator, agent, restore):
             assert iam.decide(principal, "s3:BypassGovernanceRetention", key, {}) != ALLOW, (principal.role_id, key)
             assert iam.decide(principal, "s3:DeleteObjectVersion", key, {}) != ALLOW, (principal.role_id, key)
