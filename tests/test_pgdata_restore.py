@@ -24,6 +24,7 @@ from braid.errors import IntegrityError
 from braid.format.ids import BackupRef
 from braid.format.layout import metadata_key
 from braid.ops.metadata import read_backup_metadata
+from braid.ops.recovery import restore_command
 from braid.ports.progress import event_problems
 from conftest import run_braid
 from test_tar_stream import CONTROL, LABEL, LONG, PG_MANIFEST
@@ -100,7 +101,13 @@ def test_base_backup_records_its_wal_and_restores_into_a_data_directory(repo: Pa
     assert (target / "recovery.signal").exists()
     conf = (target / "postgresql.auto.conf").read_text()
     braid = str(Path(sys.executable).parent / "braid")
-    assert f"restore_command = '{braid} wal-fetch --repo {repo} --name pg" in conf and conf.rstrip().endswith("recovery_target_action = 'promote'")
+    # The fast path's spool is in pg_wal (the file system of %p), this user's; else the same wal-fetch runs.
+    root = target / "pg_wal" / ".braid-prefetch"
+    box = next(root.glob("fetch-pg-*"))
+    assert stat.S_IMODE(box.stat().st_mode) == 0o700 and box.stat().st_uid == os.geteuid()
+    command = restore_command([braid], str(repo), "pg", None, (str(root), str(box)))
+    assert document["restore_command"] == command and f" exec {braid} wal-fetch --repo {repo} --name pg --spool {root} %f %p" in command
+    assert f"restore_command = '{command}'" in conf and conf.rstrip().endswith("recovery_target_action = 'promote'")
     assert "recovery_target_name = 'before-delete'" in conf
 
 

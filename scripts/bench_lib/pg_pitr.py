@@ -17,8 +17,10 @@ archive-async=y for its archive-push and archive-get.
   pgbench (a script of 1000-row range updates of pgbench_accounts), the
   last segment is switched and archived, and the cluster stops. Each rep
   copies the base backup (not timed) twice, writes recovery.signal and
-  one restore_command (`braid wal-fetch` with its default prefetch and a
-  fresh spool; `pgbackrest archive-get` with archive-async=y and a fresh
+  one restore_command (Braid's from `braid wal-fetch --print-restore-command
+  DATA`, the form `restore --pgdata` writes: a sh fast path over a fresh
+  spool in DATA/pg_wal, else `braid wal-fetch` with its default prefetch;
+  `pgbackrest archive-get` with archive-async=y and a fresh
   spool), starts the server with archive_mode off and times until the log
   says recovery ended and it promoted (`database system is ready to
   accept connections`). Each run must have replayed to the end of the
@@ -156,7 +158,7 @@ def _recoveries(host: PgHost, base: Path, end: int, reps: int, timeout: float, l
             host.run("cp", "-a", str(base), str(data))
             host.run("install", "-d", "-m", "0700", str(spool))
             with open(data / "postgresql.auto.conf", "a") as conf:
-                conf.write(f"restore_command = '{restore_command(data, spool)}'\n")
+                conf.write("restore_command = '" + restore_command(data, spool).replace("'", "''") + "'\n")
             (data / "recovery.signal").touch()
             subprocess.run(["chown", "postgres:", str(data / "recovery.signal")], check=True)
             try:
@@ -172,7 +174,10 @@ def _recoveries(host: PgHost, base: Path, end: int, reps: int, timeout: float, l
             return seconds
         return one
 
-    braid = side("braid", lambda data, spool: f"{host.braid} wal-fetch --name pg --spool {spool} %f %p")
+    def braid_command(data: Path, spool: Path) -> str:  # what restore --pgdata writes: its spool in DATA/pg_wal, a sh fast path
+        return host.run(str(host.braid), "wal-fetch", "--name", "pg", "--print-restore-command", str(data)).stdout.strip()
+
+    braid = side("braid", braid_command)
     pgbackrest = side("pgbackrest", lambda data, spool: " ".join(host.pgbackrest(f"--pg1-path={data}", f"--spool-path={spool}", "archive-get", "%f", '"%p"')))
     return _interleaved(reps, braid, pgbackrest, log, "recovery")
 

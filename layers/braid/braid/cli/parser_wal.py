@@ -77,8 +77,12 @@ def declare_wal_fetch(sub: Subparsers, shared: _Shared) -> None:
                     " more. The next segments are fetched in the background into a private spool (--prefetch).",
     ))
     fetch.add_argument("--name", type=_backup_name, help="the archive's name")
-    fetch.add_argument("walfile", metavar="WALFILE", help="the archived file's name (%%f)")
-    fetch.add_argument("dest", metavar="DEST", help="where to write it (%%p)")
+    fetch.add_argument("walfile", metavar="WALFILE", nargs="?", help="the archived file's name (%%f)")
+    fetch.add_argument("dest", metavar="DEST", nargs="?", help="where to write it (%%p)")
+    fetch.add_argument("--print-restore-command", metavar="PGDATA",
+                       help="print the restore_command for the data directory PGDATA (what restore --pgdata writes: a sh fast"
+                            " path serving spooled segments without starting Braid, else this wal-fetch), making its spool in"
+                            " PGDATA/pg_wal; run it as the server's user")
     fetch.add_argument("--prefetch", type=_count, default=DEFAULT_PREFETCH, metavar="N",
                        help=f"segments to fetch ahead in the background (default {DEFAULT_PREFETCH}; 0: none)")
     fetch.add_argument("--spool", metavar="DIR",

@@ -24,7 +24,7 @@ from braid.format.pg_backup import parse_lsn
 from braid.format.repository import Repository
 from braid.format.timestamps import parse_timestamp
 
-__all__ = ["RecoveryTarget", "backup_before", "parse_target_time", "restore_command", "write_recovery"]
+__all__ = ["RecoveryTarget", "backup_before", "fetch_spool", "parse_target_time", "restore_command", "write_recovery"]
 
 ACTIONS = ("promote", "pause", "shutdown")
 
@@ -109,12 +109,54 @@ def backup_before(repository: Repository, name: str, target: datetime) -> Backup
     raise NotFoundError(f"no backup of {name} ended before {target.isoformat()} (the oldest ended {oldest}); choose a later --target-time")
 
 
-def restore_command(executable: Sequence[str], repo: str, name: str, key_file: str | None) -> str:
-    """`braid wal-fetch --repo R --name NAME %f %p` as a shell command line, every path absolute."""
+def restore_command(executable: Sequence[str], repo: str, name: str, key_file: str | None, spool: tuple[str, str] | None = None) -> str:
+    """`braid wal-fetch --repo R --name NAME %f %p` as a shell command line, every path absolute.
+
+    With `spool` (the --spool root given to wal-fetch, and the prefetch spool
+    it resolves to, on DEST's file system), a POSIX sh fast path comes first:
+    a segment the prefetcher already spooled (verified, written atomically)
+    is recorded as the spool's position (a temporary file renamed onto it)
+    and hard-linked to %p, with no process but sh, mv and ln; anything else
+    (not spooled, another file system, a failed step) runs wal-fetch.
+    """
     words = [*executable, "wal-fetch", "--repo", repo, "--name", name]
     if key_file is not None:
         words += ["--key-file", key_file]
-    return " ".join(shlex.quote(word) for word in words) + " %f %p"
+    if spool is not None:
+        words += ["--spool", spool[0]]
+    full = " ".join(_word(word) for word in words) + " %f %p"
+    if spool is None:
+        return full
+    return (
+        f"f=%f s={_word(spool[1])}; if [ -f \"$s/$f\" ] && echo \"$f\" >\"$s/.position.$$\" && mv -f \"$s/.position.$$\" \"$s/position\""
+        f" && ln \"$s/$f\" %p 2>/dev/null; then rm -f \"$s/$f\"; exit 0; fi; exec {full}"
+    )
+
+
+def fetch_spool(directory: str, repo: str, name: str) -> tuple[str, str] | None:
+    """wal-fetch's --spool root and prefetch spool inside DIR/pg_wal (the file system of %p, this user's, 0700); None when not made there.
+
+    Inside pg_wal, a base backup of the recovered cluster leaves it out, and the fast path can hard-link a
+    spooled segment to %p (pg_wal/RECOVERYXLOG, relative to DIR) without a copy.
+    """
+    from pathlib import Path
+
+    from braid.errors import BackupError
+    from braid.ops.spool import spool_for
+
+    wal_directory = Path(directory, "pg_wal")
+    if not wal_directory.is_dir() or wal_directory.is_symlink():
+        return None  # pg_wal elsewhere: the default spool and plain wal-fetch
+    root = str(wal_directory / ".braid-prefetch")
+    try:
+        return root, str(spool_for(root, "fetch", repo, name, wal_directory))
+    except (BackupError, OSError):
+        return None
+
+
+def _word(word: str) -> str:
+    """One shell word, with PostgreSQL's placeholder character doubled (%% is a literal %)."""
+    return shlex.quote(word).replace("%", "%%")
 
 
 def _conf_value(value: str) -> str:

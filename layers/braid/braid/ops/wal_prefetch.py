@@ -11,6 +11,12 @@ before it is written there (atomically), so the spool only ever holds
 verified bytes. It exits once it has had nothing to do for IDLE_EXIT
 seconds; a request for a segment that is not archived (the end of
 recovery's archive) empties the spool.
+
+`braid restore --pgdata` writes a restore_command whose sh fast path serves
+a spooled segment without starting Python (braid.ops.recovery): it writes
+`position` the same way and hard-links the segment to DEST. The prefetcher
+reads `position` each round, so it keeps fetching ahead of that path, stays
+alive while positions change, and drops the spooled segments before it.
 """
 
 from __future__ import annotations
@@ -40,11 +46,15 @@ def spooled_segments(spool: Path) -> list[str]:
     return sorted(entry.name for entry in os.scandir(spool) if len(entry.name) == 24 and not entry.name.startswith("."))
 
 
-def serve_from_spool(spool: Path, file_name: str, dest: Path) -> bool:
-    """Move the spooled `file_name` to `dest` (atomically) and drop older ones; False when it is not spooled."""
+def _drop_before(spool: Path, file_name: str) -> None:
     for older in spooled_segments(spool):
         if older < file_name:
             _unlink(spool / older)
+
+
+def serve_from_spool(spool: Path, file_name: str, dest: Path) -> bool:
+    """Move the spooled `file_name` to `dest` (atomically) and drop older ones; False when it is not spooled."""
+    _drop_before(spool, file_name)
     source = spool / file_name
     try:
         os.replace(source, dest)  # the same file system: a rename, nothing copied
@@ -136,8 +146,10 @@ def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, c
     last, idle_since = None, time.monotonic()
     while time.monotonic() - idle_since < IDLE_EXIT:
         position = _position(spool)
-        if position != last:
+        if position != last:  # a new position, from wal-fetch or the restore_command's sh fast path
             last, idle_since = position, time.monotonic()
+            if position is not None:
+                _drop_before(spool, position.name)
         wanted = _wanted(spool, count, size)
         if not wanted:
             time.sleep(0.05)

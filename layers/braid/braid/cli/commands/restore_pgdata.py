@@ -25,7 +25,7 @@ from braid.format.ids import BackupRef
 from braid.format.repository import Repository
 from braid.ops.open import OpenedBackup, open_backup
 from braid.ops.pgdata import PgDataTarget, check_pgdata
-from braid.ops.recovery import RecoveryTarget, backup_before, parse_target_time, restore_command, write_recovery
+from braid.ops.recovery import RecoveryTarget, backup_before, fetch_spool, parse_target_time, restore_command, write_recovery
 from braid.ops.restore import restore_backup
 
 
@@ -46,7 +46,7 @@ def braid_executable() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "braid.cli"]
 
 
-def _explicit_key_file(args: argparse.Namespace) -> str | None:
+def explicit_key_file(args: argparse.Namespace) -> str | None:
     given = args.key_file or os.environ.get(ENV_KEY_FILE)
     return str(Path(given).expanduser().absolute()) if given else None
 
@@ -78,7 +78,7 @@ def cmd_restore_pgdata(args: argparse.Namespace, progress: Progress) -> int:
     else:
         _restore_full(args, progress, repository, OpenedBackup(manifest, key), directory)
     repo = url if is_s3_url(url) else os.path.abspath(os.path.expanduser(url))
-    command = restore_command(braid_executable(), repo, manifest.name, _explicit_key_file(args))
+    command = restore_command(braid_executable(), repo, manifest.name, explicit_key_file(args), fetch_spool(directory, repo, manifest.name))
     write_recovery(directory, command, target, manifest.backup)
     elapsed = progress.elapsed()
     summary = operation_summary(manifest, "restore", elapsed)

@@ -74,6 +74,10 @@ def cmd_wal_fetch(args: argparse.Namespace) -> int:
     from braid.format.wal import SEGMENT, WalFile
 
     name = _name(args, "wal-fetch")
+    if args.print_restore_command:
+        return _print_restore_command(args, name)
+    if args.walfile is None or args.dest is None:
+        raise UsageError("'braid wal-fetch' needs WALFILE DEST (restore_command's %f %p), or --print-restore-command PGDATA")
     file = WalFile.parse(args.walfile)
     dest = Path(args.dest)
     repo = args.repo or os.environ.get(ENV_REPO) or ""
@@ -102,4 +106,23 @@ def cmd_wal_fetch(args: argparse.Namespace) -> int:
         if spool is not None:
             wal_prefetch.forget_spool(spool)
         raise
+    return 0
+
+
+def _print_restore_command(args: argparse.Namespace, name: str) -> int:
+    """The restore_command `restore --pgdata` would write for PGDATA (its spool made in PGDATA/pg_wal), on stdout."""
+    import os
+
+    from braid.cli.commands.restore_pgdata import braid_executable, explicit_key_file
+    from braid.cli.compose import is_s3_url, repo_url
+    from braid.ops.recovery import fetch_spool, restore_command
+
+    if args.walfile is not None:
+        raise UsageError("--print-restore-command PGDATA takes no WALFILE DEST")
+    url = repo_url(args.repo)
+    repo = url if is_s3_url(url) else os.path.abspath(os.path.expanduser(url))
+    directory = os.path.abspath(args.print_restore_command)
+    if not os.path.isdir(directory):
+        raise UsageError(f"--print-restore-command: {directory} is not a directory (give the data directory to recover)")
+    print(restore_command(braid_executable(), repo, name, explicit_key_file(args), fetch_spool(directory, repo, name)))
     return 0
