@@ -107,6 +107,28 @@ def test_slowdown_past_the_host_budget_fails_after_ten_attempts_with_the_advice(
     assert max(waits) <= 30.0
 
 
+def test_a_locked_wal_push_sends_its_retention_with_the_checksum_s3_requires(light: tuple[S3Store, list[dict[str, Any]], list[float]], server: tuple[str, Script]) -> None:
+    """`wal-push` to an s3:// repository under Object Lock (the light client): the PUT carries the mode, the date
+    (braid.format.lock: the write plus the days) and an SDK checksum, without which S3 refuses a PUT with retention."""
+    from datetime import UTC, datetime
+
+    from braid.format.lock import ObjectLock
+
+    store, _, _ = light
+    _, script = server
+    lock = ObjectLock("COMPLIANCE", 30)
+    store.use_object_lock(lock)
+    before = datetime.now(UTC)
+    store.put("wal/pg/0000000100000000/000000010000000000000003", b"stored wal", create_only=True)
+    after = datetime.now(UTC)
+    ((method, path, headers, body),) = script.seen
+    assert (method, path, body) == ("PUT", "/bucket/repo/wal/pg/0000000100000000/000000010000000000000003", b"stored wal")
+    assert headers["x-amz-object-lock-mode"] == "COMPLIANCE" and headers["if-none-match"] == "*"
+    until = datetime.strptime(headers["x-amz-object-lock-retain-until-date"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    assert lock.wal_until(before) <= until <= lock.wal_until(after)
+    assert headers["x-amz-sdk-checksum-algorithm"] == "CRC64NVME" and headers["x-amz-checksum-crc64nvme"]
+
+
 def test_a_409_conflict_is_tried_again_and_a_412_is_already_exists(light: tuple[S3Store, list[dict[str, Any]], list[float]], server: tuple[str, Script]) -> None:
     store, _, _ = light
     _, script = server

@@ -60,7 +60,16 @@ class OperatorAccess(Construct):
         ]
         if storage.object_lock is not None:
             statements.append(
-                iam.PolicyStatement(sid="RetainManifests", actions=["s3:PutObjectRetention"], resources=[storage.arn(MANIFEST_OBJECTS)])
+                iam.PolicyStatement(
+                    sid="RetainManifestsAndWal", actions=["s3:PutObjectRetention"],
+                    resources=[storage.arn(MANIFEST_OBJECTS), storage.arn(WAL_FILE_OBJECTS), storage.arn(WAL_HISTORY_OBJECTS)],
+                )
+            )
+            # A rekeyed WAL object's new version keeps the replaced one's date, which HEAD returns only with this.
+            statements.append(
+                iam.PolicyStatement(
+                    sid="ReadWalRetention", actions=["s3:GetObjectRetention"], resources=[storage.arn(WAL_FILE_OBJECTS), storage.arn(WAL_HISTORY_OBJECTS)]
+                )
             )
         for statement in statements:
             self.role.add_to_policy(statement)

@@ -47,10 +47,11 @@ Object Lock (optional: the `object_lock` prop or the CDK context
 `braid:objectLock`, `{"mode": "GOVERNANCE"|"COMPLIANCE", "days": N}`): the
 bucket is created with Object Lock enabled and no default retention, since
 staging, leases, catalog records, policies and rekey's copies must stay
-deletable. Retention is set per object, on chunks and manifests only, by
-whoever writes them (braid.format.lock: the backup's start plus the days),
-and the bucket policy refuses a manifest PUT that carries none, so no
-backup is published unlocked by a writer that missed the setting. What
+deletable. Retention is set per object, on chunks, manifests and archived WAL only,
+by whoever writes them (braid.format.lock: the backup's start plus the
+days; a WAL object's write plus the days), and the bucket policy refuses a
+manifest or archived WAL PUT that carries none, so no backup or WAL is
+stored unlocked by a writer that missed the setting. What
 S3 does under it: a DELETE without a version id still succeeds (a delete
 marker; the locked version stays, still billed, until its date), a delete
 of a locked version is refused (GOVERNANCE: unless the caller has
@@ -238,6 +239,8 @@ class Storage(Construct):
         ]
         if object_lock is not None:
             denials.append(("LockedManifests", MANIFEST_OBJECTS, UNLOCKED_CONDITION))
+            # ...and so is archived WAL (each file, pack and history file; archive.json stays unlocked): braid.format.lock.
+            denials.extend([("LockedWal", WAL_FILE_OBJECTS, UNLOCKED_CONDITION), ("LockedWalHistory", WAL_HISTORY_OBJECTS, UNLOCKED_CONDITION)])
         for sid, pattern, condition in denials:
             self.bucket.add_to_resource_policy(
                 iam.PolicyStatement(

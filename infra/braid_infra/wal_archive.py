@@ -14,7 +14,8 @@ The staged object stays until processed: nothing is lost.
 
 Least privilege: the worker reads and deletes (by version) `wal-staging/` only, reads the
 repository config and `wal/`, writes only `wal/` (create-only for every
-principal: the bucket policy's CreateOnlyWal), and uses KMS only under an
+principal: the bucket policy's ConditionalWal; under Object Lock with
+retention, which the bucket policy's LockedWal requires), and uses KMS only under an
 encryption context naming a WAL file (`braid:backup` = `NAME@wal/FILE`).
 """
 
@@ -34,7 +35,7 @@ from braid import contract
 from braid.format import layout
 from braid_infra.functions import FunctionSpec, PipelineFunctions
 from braid_infra.keys import Keys
-from braid_infra.storage import CONFIG, Storage
+from braid_infra.storage import CONFIG, WAL_FILE_OBJECTS, WAL_HISTORY_OBJECTS, Storage
 
 if TYPE_CHECKING:
     from braid_infra.stack import BraidStack
@@ -162,6 +163,10 @@ class WalArchive(Construct):
         # The repository's id (the encryption context), the archive's identity record and archived files (duplicates).
         self._s3(["s3:GetObject"], CONFIG, WAL_OBJECTS)
         self._s3(["s3:PutObject"], WAL_OBJECTS)
+        if self.storage.object_lock is not None:
+            # Under Object Lock each archived file, pack and history file is PUT with retention (braid.format.lock): that
+            # PUT also takes s3:PutObjectRetention, on those keys only (archive.json stays unlocked).
+            self._s3(["s3:PutObjectRetention"], WAL_FILE_OBJECTS, WAL_HISTORY_OBJECTS)
         keys.allow_for_context(self.role, "WalDataKeys", ["kms:GenerateDataKey", "kms:Decrypt"], WAL_CONTEXT)
 
 
@@ -177,6 +182,9 @@ def acknowledge_wal_findings(stack: BraidStack) -> None:
     acknowledge(policy, wildcard(f"<{_ref(stack, stack.functions.node.find_child('WalarchiveLogs'))}.Arn>:*"), LOG_STREAMS)
     acknowledge(policy, wildcard(f"{bucket}/{WAL_STAGING_OBJECTS}"), "Staged WAL files are named per backup name and WAL file at run time; confined to wal-staging/.")
     acknowledge(policy, wildcard(f"{bucket}/{WAL_OBJECTS}"), "Archived WAL files are named per backup name and WAL file at run time; confined to wal/ (create-only).")
+    if stack.storage.object_lock is not None:
+        for pattern in (WAL_FILE_OBJECTS, WAL_HISTORY_OBJECTS):
+            acknowledge(policy, wildcard(f"{bucket}/{pattern}"), "Under Object Lock each archived WAL file is PUT with retention; named at run time, confined to wal/.")
     agent = stack.access.agent_policy
     for own in (OWN_WAL_STAGING, OWN_WAL):
         printed = own.replace("${", "<").replace("}", ">")  # as cdk-nag prints the policy variable

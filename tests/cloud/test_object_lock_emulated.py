@@ -92,3 +92,43 @@ def test_a_locked_stack_backs_up_locked_refuses_early_removal_and_rekeys(cloud: 
     restored = braid(cloud, "host-restore", "restore", str(refs[1]), "--output", str(out))
     assert restored.code == 0, restored.stderr
     assert out.read_bytes() == data[1]
+
+
+def test_the_wal_worker_archives_pushed_wal_locked_days_from_its_write(cloud: Emulator, tmp_path: Path) -> None:
+    """`wal-push` stages raw WAL (unlocked: the worker removes it); the WAL worker, signing as its role (checked
+    against the stack's IAM: s3:PutObjectRetention on archived WAL), stores each file, pack and history file locked."""
+    from datetime import UTC, datetime
+
+    from test_wal_cloud import wait_for
+    from tests.wal_segments import write_segment
+
+    from braid.ops.wal_packed import packed_members
+
+    history = tmp_path / "00000002.history"
+    history.write_bytes(b"1\t0/3000000\tno recovery target specified\n")
+    files = [write_segment(tmp_path, f"00000001000000000000000{n}") for n in (1, 2, 3)] + [history]
+    before = datetime.now(UTC)
+    for path in files:
+        pushed = braid(cloud, "host-agent-lockpg", "wal-push", "--name", "lockpg", str(path))
+        assert pushed.code == 0, pushed.stderr + cloud.tail()
+
+    def archived() -> dict[str, str]:
+        found = {}
+        for key in cloud.keys("wal/lockpg/"):
+            members = packed_members("lockpg", key)
+            for name in [m.name for m in members] if members else [key.rpartition("/")[2]]:
+                found[name] = key
+        return found
+
+    done = wait_for("every file archived", lambda: (lambda a: a if all(p.name in a for p in files) else None)(archived()), cloud)
+    after = datetime.now(UTC)
+    s3 = cloud.client("s3")
+    for key in set(done.values()) - {"wal/lockpg/archive.json"}:
+        head = s3.head_object(Bucket=cloud.bucket, Key=key)
+        assert head["ObjectLockMode"] == "GOVERNANCE", key
+        assert LOCK.wal_until(before) <= head["ObjectLockRetainUntilDate"] <= LOCK.wal_until(after), key
+    assert "ObjectLockMode" not in s3.head_object(Bucket=cloud.bucket, Key="wal/lockpg/archive.json")
+    wait_for("staging purged", lambda: not cloud.keys("wal-staging/lockpg/"), cloud)  # staged WAL stays unlocked
+    fetched = tmp_path / "fetched"
+    got = braid(cloud, "host-restore", "wal-fetch", "--name", "lockpg", "--prefetch", "0", files[1].name, str(fetched))
+    assert got.code == 0 and fetched.read_bytes() == files[1].read_bytes(), got.stderr

@@ -225,3 +225,34 @@ def test_stack_outputs_give_init_the_lock(synthesized: SynthesizedStack, cloud: 
         store, "2026-11-23T00:00:00.000000Z", REGION,
     )
     assert config.object_lock == LOCK
+
+
+def test_the_wal_worker_puts_archived_wal_locked_and_may_lock_nothing_else(synthesized: SynthesizedStack, cloud: Cloud) -> None:
+    """Under Object Lock the WAL worker's PUT of a file, pack or history file carries retention (s3:PutObjectRetention,
+    granted on those keys only); the bucket policy refuses one without; no host may lock or bypass a lock on WAL."""
+    iam = stack_iam(synthesized, cloud.deployed)
+    (role,) = [lid for lid in iam.roles if "WalarchiveRole" in lid]
+    worker, operator = iam.roles[role], iam.principal_for(OPERATOR_KEY)
+    agent, restore = iam.principal_for("host-agent-pg"), iam.principal_for("host-restore")
+    assert operator is not None and agent is not None and restore is not None
+    bucket = f"arn:aws:s3:::{cloud.deployed.bucket}"
+    archived = [f"{bucket}/wal/pg/0000000100000000/000000010000000000000003", f"{bucket}/wal/pg/0000000100000000/pack-00000004-00000005",
+                f"{bucket}/wal/pg/history/00000002.history"]
+    lock = {"s3:object-lock-mode": "GOVERNANCE", "s3:object-lock-retain-until-date": "2026-12-01T00:00:00Z"}
+    create = {"s3:ObjectCreationOperation": "true", "s3:if-none-match": "*"}
+    for key in archived:
+        assert iam.decide(worker, "s3:PutObject", key, {**create, **lock}) == ALLOW, key
+        assert iam.decide(worker, "s3:PutObjectRetention", key, {**create, **lock}) == ALLOW, key
+        assert iam.decide(worker, "s3:PutObject", key, create) != ALLOW, key  # LockedWal: never archived unlocked
+        rekey = {"s3:ObjectCreationOperation": "true", "s3:if-match": '"etag"', **lock}
+        assert iam.decide(operator, "s3:PutObject", key, rekey) == ALLOW and iam.decide(operator, "s3:PutObjectRetention", key, rekey) == ALLOW
+        assert iam.decide(operator, "s3:GetObjectRetention", key, {}) == ALLOW  # the replaced version's date, which HEAD returns only so
+        for principal in (worker, operator, agent, restore):
+            assert iam.decide(principal, "s3:BypassGovernanceRetention", key, {}) != ALLOW, (principal.role_id, key)
+            assert iam.decide(principal, "s3:DeleteObjectVersion", key, {}) != ALLOW, (principal.role_id, key)
+        for principal in (agent, restore):
+            assert iam.decide(principal, "s3:PutObjectRetention", key, lock) != ALLOW, (principal.role_id, key)
+    for key in (f"{bucket}/wal/pg/archive.json", f"{bucket}/wal-staging/pg/000000010000000000000003", f"{bucket}/{data_prefix(BackupRef.new('db'))}0000000000",
+                f"{bucket}/manifests/db/20261123T000000.000Z-1a2b3c4d.json"):
+        assert iam.decide(worker, "s3:PutObjectRetention", key, {**create, **lock}) != ALLOW, key
+    assert iam.decide(worker, "s3:PutObject", f"{bucket}/wal/pg/archive.json", create) == ALLOW  # the archive's record stays unlocked

@@ -77,6 +77,7 @@ def test_without_the_option_nothing_of_it_is_there(plain: dict[str, Any]) -> Non
     assert not any(contract.ENV_OBJECT_LOCK in f["Properties"]["Environment"]["Variables"] for f in functions)
     assert retention_grants(plain) == set()
     assert "LockedManifests" not in json.dumps(resources_of(plain, "AWS::S3::BucketPolicy"))
+    assert "LockedWal" not in json.dumps(resources_of(plain, "AWS::S3::BucketPolicy"))
 
 
 def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_write(locked: dict[str, Any]) -> None:
@@ -89,6 +90,11 @@ def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_writ
         ("FunctionsFinalizeRole", "manifests/*"),
         ("FunctionsFinalizeRole", "data/*/metadata/*"),  # a cloud backup's sealed metadata (backup_manifest), locked as its chunks
         ("OperatorOperatorRole", "manifests/*"),
+        # Archived WAL (files, packs, history files), written locked by the WAL worker and re-written by rekey; never archive.json.
+        ("FunctionsWalarchiveRole", "wal/*/????????????????/*"),
+        ("FunctionsWalarchiveRole", "wal/*/history/*"),
+        ("OperatorOperatorRole", "wal/*/????????????????/*"),
+        ("OperatorOperatorRole", "wal/*/history/*"),
     }
     for role in ("AccessAgentPolicy", "AccessRestoreRole", "FunctionsVerifyRole", "FunctionsCleanupRole"):
         granted = {a for s in statements_of(Template.from_json(locked), role) for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}

@@ -20,9 +20,16 @@ ran for almost DAYS) is retained until write time + MIN_REMAINING instead:
 S3 refuses a retain-until date in the past, and a backup that cannot be
 written is worse than one whose last objects stay a day longer.
 
-Only chunks and manifests are locked. Staging (plaintext, removed once a
-backup is published), leases, catalog records, policies, rekey's copies and
-held records must stay deletable; config.json is replaced by rekey.
+Archived WAL (each file, pack and history file under `wal/NAME/`) is
+locked too, for DAYS from its write: a WAL file is needed only by backups
+that started before it was written, whose own dates (start plus DAYS) fall
+before its, so the WAL a locked backup needs stays at least as long as the
+backup. A rewrite (`braid rekey`) keeps the original's date (`rewrite_until`).
+`retention_until` is the one mapping from a key to the date its write carries.
+
+Staging (plaintext, removed once a backup is published; `wal-staging/` too),
+leases, catalog records, policies, rekey's copies, held records and a WAL
+archive's `archive.json` must stay deletable; config.json is replaced by rekey.
 No bucket-default retention is set (see infra/braid_infra/storage.py).
 """
 
@@ -34,11 +41,12 @@ from typing import Any
 
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
-from braid.format.layout import DATA, LEASE, ref_from_manifest_key, ref_under
+from braid.format.layout import DATA, LEASE, WAL, ref_from_manifest_key, ref_under, wal_file_of_key
 
 MODES = ("GOVERNANCE", "COMPLIANCE")
 MAX_DAYS = 36500  # S3's limit on a retention period (100 years)
 MIN_REMAINING = timedelta(days=1)
+REWRITE_MARGIN = timedelta(minutes=1)  # a rewrite keeps its original's date only when it lies at least this far ahead
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,12 @@ class ObjectLock:
         floor = (moment + MIN_REMAINING).replace(microsecond=0)
         return max(self.until(ref), floor)
 
+    def wal_until(self, now: datetime | None = None) -> datetime:
+        """The date an archived WAL object written now carries: now plus the days, to the second (never before
+        `until` of a backup that started before now)."""
+        moment = (now or datetime.now(UTC)).astimezone(UTC)
+        return (moment + timedelta(days=self.days)).replace(microsecond=0)
+
     def holds(self, ref: BackupRef, now: datetime) -> bool:
         """Whether `ref` is still under retention at `now`."""
         return self.until(ref) > now
@@ -103,3 +117,46 @@ def locked_ref(key: str) -> BackupRef | None:
     if key.endswith(f"/{LEASE}"):
         return None
     return ref_under(DATA, key)
+
+
+def locked_wal(key: str) -> bool:
+    """Whether `key` is an archived WAL object: a file (segment, .partial, .backup, .history) or a pack, under `wal/NAME/`."""
+    if not key.startswith(WAL):
+        return False
+    name, slash, rest = key[len(WAL) :].partition("/")
+    if not slash:
+        return False
+    try:
+        if wal_file_of_key(name, key) is not None:
+            return True
+    except UsageError:  # not a backup name
+        return False
+    from braid.format.wal_pack import pack_members
+
+    directory, slash, base = rest.partition("/")
+    return bool(slash) and "/" not in base and pack_members(directory, base) is not None
+
+
+def retention_until(lock: ObjectLock, key: str, now: datetime | None = None) -> datetime | None:
+    """The retain-until date a write of `key` now carries under `lock`: a backup's object its backup's date
+    (`retain_until`), an archived WAL object now plus the days (`wal_until`); None for a key that stays deletable."""
+    ref = locked_ref(key)
+    if ref is not None:
+        return lock.retain_until(ref, now)
+    if locked_wal(key):
+        return lock.wal_until(now)
+    return None
+
+
+def rewrite_until(lock: ObjectLock, key: str, original: datetime | None, now: datetime | None = None) -> datetime | None:
+    """The date a new version of `key` replacing one retained until `original` carries: the original's date, so a
+    rewrite (rekey, a storage class move) neither shortens nor lengthens its object's retention; MIN_REMAINING from
+    now when that date is not REWRITE_MARGIN ahead (S3 refuses a date in the past); a write's date
+    (`retention_until`) when the original carries none."""
+    fresh = retention_until(lock, key, now)
+    if fresh is None or original is None:
+        return fresh
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    if original.astimezone(UTC) >= moment + REWRITE_MARGIN:
+        return original.astimezone(UTC)
+    return (moment + MIN_REMAINING).replace(microsecond=0)

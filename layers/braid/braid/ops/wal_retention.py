@@ -63,6 +63,9 @@ def wal_start(manifest: Any) -> tuple[int, int] | None:
     return (timeline, start) if isinstance(timeline, int) and isinstance(start, int) else None
 
 
+LOCKED_LINES = 3  # objects under their own retention named one per line; more are summed up in one
+
+
 @dataclass(frozen=True)
 class LockedWal:
     """An archived object (a file, or a pack of several) under its own Object Lock retention until `until`: not deleted."""
@@ -101,7 +104,8 @@ class WalPrunePlan:
         return f"{len(names)} WAL file(s) of {self.name}, {names[0]} .. {names[-1]}, that no kept backup needs (kept: {starts})"
 
     def describe_lock(self) -> list[str]:
-        """One line for the files kept for locked backups, one per object under its own retention."""
+        """One line for the files kept for locked backups; one per object under its own retention, or, beyond
+        LOCKED_LINES of them (WAL written locked: every recent object), one line for them all with their dates' range."""
         lines = []
         if self.for_lock:
             held = ", ".join(f"{ref} until {format_timestamp(until)}" for ref, until in sorted(self.held_until.items()))
@@ -109,6 +113,14 @@ class WalPrunePlan:
                 f"kept {len(self.for_lock)} WAL file(s) of {self.name}, {self.for_lock[0]} .. {self.for_lock[-1]}, for backups under"
                 f" Object Lock retention ({held}); a prune after their dates removes them"
             )
+        if len(self.locked) > LOCKED_LINES:
+            files = sorted(f for entry in self.locked for f in entry.files)
+            dates = sorted(entry.until for entry in self.locked)
+            lines.append(
+                f"kept {len(self.locked)} WAL object(s) of {self.name} holding {files[0]} .. {files[-1]}: under Object Lock retention"
+                f" until {format_timestamp(dates[0])} .. {format_timestamp(dates[-1])}; a prune after those dates removes them (--json lists each)"
+            )
+            return lines
         for entry in self.locked:
             lines.append(f"kept WAL object {entry.key}: under Object Lock retention until {format_timestamp(entry.until)}; a prune after that date removes it")
         return lines

@@ -7,10 +7,12 @@ quick verify without downloading. `create_only` is a conditional PUT
 worker can never replace a published chunk.
 
 With the repository's Object Lock setting (`use_object_lock`, from its
-config.json or the pipeline's environment) every chunk and manifest PUT also
-carries ObjectLockMode and ObjectLockRetainUntilDate (braid.format.lock
-says which keys and until when). S3 requires Content-MD5 or an SDK checksum
-on such a PUT: the CRC64NVME every PUT here sends is one.
+config.json or the pipeline's environment) every chunk, manifest and
+archived WAL object PUT also carries ObjectLockMode and
+ObjectLockRetainUntilDate (braid.format.lock says which keys and until
+when; a replacing PUT keeps the replaced version's date). S3 requires
+Content-MD5 or an SDK checksum on such a PUT: the CRC64NVME every PUT here
+sends is one. A PUT refused for want of s3:PutObjectRetention names it.
 
 Errors are turned into Braid's typed errors with one line naming the bucket,
 the key and, for access errors, the IAM permission the role lacks
@@ -34,7 +36,7 @@ from braid.adapters.aws.s3_body import request_body
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import checksum_from_header, crc64nvme, s3_checksum_value, stored_checksum, tagged_checksum
-from braid.format.lock import ObjectLock, locked_ref
+from braid.format.lock import ObjectLock, retention_until, rewrite_until
 from braid.ports.progress_relay import ProgressRelay
 from braid.ports.store import Buffer, ObjectInfo
 
@@ -156,10 +158,31 @@ class S3Store:
 
     def retention(self, key: str) -> dict[str, Any]:
         """The Object Lock parameters of a PUT of `key` now ({} for an object that stays deletable)."""
-        ref = locked_ref(key) if self.object_lock is not None else None
-        if ref is None or self.object_lock is None:
+        until = retention_until(self.object_lock, key) if self.object_lock is not None else None
+        if until is None or self.object_lock is None:
             return {}
-        return {"ObjectLockMode": self.object_lock.mode, "ObjectLockRetainUntilDate": self.object_lock.retain_until(ref)}
+        return {"ObjectLockMode": self.object_lock.mode, "ObjectLockRetainUntilDate": until}
+
+    def replacing_retention(self, key: str) -> dict[str, Any]:
+        """The Object Lock parameters of a PUT replacing the current version of `key` (braid.format.lock.rewrite_until:
+        the current version's date, read by a HEAD, so a rekeyed WAL object keeps the date of its write)."""
+        if self.object_lock is None or not self.retention(key):
+            return {}
+        full = self.object_key(key)
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=full)
+        except ClientError as exc:
+            if error_code(exc) in NOT_FOUND_CODES or http_status(exc) == 404:
+                return self.retention(key)  # gone: the conditional PUT says so
+            raise self.error(exc, "reading the retention of", key, "s3:GetObject and s3:GetObjectRetention") from None
+        except BotoCoreError as exc:
+            raise self.error(exc, "reading the retention of", key, "s3:GetObject and s3:GetObjectRetention") from None
+        until = rewrite_until(self.object_lock, key, head.get("ObjectLockRetainUntilDate"))
+        return {} if until is None else {"ObjectLockMode": head.get("ObjectLockMode") or self.object_lock.mode, "ObjectLockRetainUntilDate": until}
+
+    def permission_for_put(self, key: str, where: str = "") -> str:
+        """The IAM permissions a PUT of `key` takes: s3:PutObject, and s3:PutObjectRetention where it carries retention."""
+        return f"s3:PutObject and s3:PutObjectRetention{where}" if self.retention(key) else f"s3:PutObject{where}"
 
     @classmethod
     def from_url(cls, url: str, client: S3Client | None = None, *, light: bool = False, **client_options: Any) -> S3Store:
@@ -217,7 +240,7 @@ class S3Store:
             "Key": self.object_key(key),
             "ChecksumAlgorithm": "CRC64NVME",
             "ChecksumCRC64NVME": s3_checksum_value(actual),
-            **self.retention(key),
+            **(self.replacing_retention(key) if replacing is not None else self.retention(key)),
         }
         if create_only:
             params["IfNoneMatch"] = "*"
@@ -237,9 +260,9 @@ class S3Store:
                 raise AlreadyExistsError(f"object {key} already exists in {self.url}") from None
             if replacing is not None and (precondition or error_code(exc) in NOT_FOUND_CODES):
                 raise IntegrityError(f"object {key} in {self.url} changed or went since it was read; nothing was replaced") from None
-            raise self.error(exc, "writing", key, "s3:PutObject") from None
+            raise self.error(exc, "writing", key, self.permission_for_put(key)) from None
         except BotoCoreError as exc:
-            raise self.error(exc, "writing", key, "s3:PutObject") from None
+            raise self.error(exc, "writing", key, self.permission_for_put(key)) from None
 
     def get(self, key: str) -> bytes:
         try:
@@ -350,7 +373,7 @@ class S3Store:
         Were the new version lost in between, the locked old one is current again.
         """
         full = self.object_key(key)
-        retention = self._retention_of(key, full)
+        retention = self.replacing_retention(key)  # read before the copy: a date recomputed at the move would differ
         try:
             response = self.client.copy_object(
                 Bucket=self.bucket,
@@ -373,19 +396,6 @@ class S3Store:
             )
         except (ClientError, BotoCoreError) as exc:
             raise self.error(exc, "locking the moved version of", key, "s3:PutObjectRetention") from None
-
-    def _retention_of(self, key: str, full: str) -> dict[str, Any]:
-        """The Object Lock mode and date the current version of `key` carries, read before it is copied
-        (a date recomputed at the move would differ from the original's); a PUT's now if it carries none."""
-        if self.object_lock is None or not self.retention(key):
-            return {}
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=full)
-        except (ClientError, BotoCoreError) as exc:
-            raise self.error(exc, "reading the retention of", key, "s3:GetObject") from None
-        if head.get("ObjectLockMode") and head.get("ObjectLockRetainUntilDate"):
-            return {"ObjectLockMode": head["ObjectLockMode"], "ObjectLockRetainUntilDate": head["ObjectLockRetainUntilDate"]}
-        return self.retention(key)
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
         yield from self.list_after(prefix, "")

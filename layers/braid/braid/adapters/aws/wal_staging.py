@@ -4,7 +4,10 @@ A staged PUT carries `ChecksumSHA256` (S3 refuses bytes that do not match,
 and keeps the value: HEAD with ChecksumMode answers it without a download)
 and `If-None-Match: *`. The WAL worker's archived object records the
 plaintext's SHA-256 as user metadata `braid-sha256`, which is what lets a
-host without a key tell a duplicate push from a conflicting one. The staged
+host without a key tell a duplicate push from a conflicting one. Under the
+repository's Object Lock it carries the retention braid.format.lock gives
+archived WAL (S3Store.retention), beside the SHA-256 checksum S3 requires
+on a PUT with retention. The staged
 object goes by version id (the bucket is versioned: a plain DELETE would
 keep the raw bytes as a noncurrent version behind a delete marker).
 """
@@ -125,14 +128,14 @@ class S3WalStaging:
                 # botocore takes a bytearray as a blob (its validator: bytes, bytearray, str): a pack is not copied again.
                 Bucket=self.bucket, Key=self.store.object_key(key), Body=cast(bytes, blob), ChecksumAlgorithm="SHA256",
                 ChecksumSHA256=base64.b64encode(hashlib.sha256(blob).digest()).decode(), IfNoneMatch="*",
-                Metadata={SHA256_METADATA: sha256},
+                Metadata={SHA256_METADATA: sha256}, **self.store.retention(key),
             )
         except ClientError as exc:
             if error_code(exc) == "PreconditionFailed" or http_status(exc) in (409, 412):
                 raise AlreadyExistsError(f"object {key} already exists in {self.store.url}") from None
-            raise self.store.error(exc, "writing", key, "s3:PutObject on wal/*") from None
+            raise self.store.error(exc, "writing", key, self.store.permission_for_put(key, " on wal/*")) from None
         except BotoCoreError as exc:
-            raise self.store.error(exc, "writing", key, "s3:PutObject on wal/*") from None
+            raise self.store.error(exc, "writing", key, self.store.permission_for_put(key, " on wal/*")) from None
 
     def remove_staged(self, key: str, version: str | None) -> None:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key)}
