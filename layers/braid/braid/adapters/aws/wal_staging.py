@@ -83,16 +83,11 @@ class S3WalStaging:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key), "ChecksumMode": "ENABLED"}
         if version:
             params["VersionId"] = version
-        try:
-            response = self.client.get_object(**params)
-            data = bytes(response["Body"].read())
-        except ClientError as exc:
-            if self._missing(exc) or error_code(exc) in ("NoSuchVersion", "InvalidArgument"):
-                return None
-            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject (and s3:GetObjectVersion) on wal-staging/NAME/*") from None
-        except BotoCoreError as exc:
-            raise self.store.error(exc, "reading staged WAL", key, "s3:GetObject on wal-staging/NAME/*") from None
-        staged = self._staged(dict(response), key, data)
+        got = self._get(key, params)
+        if got is None:
+            return None
+        response, data = got
+        staged = self._staged(response, key, data)
         actual = hashlib.sha256(data).hexdigest()
         if actual != staged.sha256 or len(data) != staged.size:
             raise IntegrityError(f"staged WAL {self.store.url}/{key} does not match its SHA-256 (stored {staged.sha256}, read {actual}): damaged")
@@ -102,8 +97,14 @@ class S3WalStaging:
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": self.store.object_key(key), "Range": f"bytes={start}-{start + max(length, 1) - 1}"}
         if version:
             params["VersionId"] = version
+        got = self._get(key, params)
+        return None if got is None else got[1]
+
+    def _get(self, key: str, params: dict[str, Any]) -> tuple[dict[str, Any], bytes] | None:
+        """(the response, its body) of a GET of staged WAL; None when the object (or that version) is gone."""
         try:
-            return bytes(self.client.get_object(**params)["Body"].read())
+            response = self.client.get_object(**params)
+            return dict(response), bytes(response["Body"].read())
         except ClientError as exc:
             if self._missing(exc) or error_code(exc) in ("NoSuchVersion", "InvalidArgument"):
                 return None
