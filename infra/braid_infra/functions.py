@@ -320,6 +320,8 @@ class PipelineFunctions(Construct):
         # source and a PUT of the copy, which the bucket policy allows under data/ only as a class change.
         self._s3("sweep", ["s3:PutObject"], DATA_OBJECTS)
         self._retention("sweep", DATA_OBJECTS)
+        if self.storage.object_lock is not None:  # the moved version keeps the original's date: HEAD returns it only with this
+            self._s3("sweep", ["s3:GetObjectRetention"], DATA_OBJECTS)
         self._list("sweep")
         # TallyPrune: read the run's records, write its report and delete the rest; fold the
         # catalog log into a snapshot (reading summaries, or manifests where one is missing)

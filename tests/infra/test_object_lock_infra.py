@@ -119,6 +119,17 @@ def test_under_a_lock_the_prune_reads_wal_retention_before_deleting_and_never_by
     assert not actions & {"s3:PutObjectRetention", "s3:BypassGovernanceRetention", "s3:DeleteObjectVersion"}
 
 
+def test_under_a_lock_the_sweep_reads_a_chunks_retention_before_moving_it(locked: dict[str, Any], plain: dict[str, Any]) -> None:
+    """A storage-class move gives the new version the original's date, which HEAD returns only with
+    s3:GetObjectRetention (braid.adapters.aws.s3); without a lock there is nothing to read."""
+
+    def reads(template: dict[str, Any]) -> set[str]:
+        return {r for a, r in s3_grants(Template.from_json(template), "FunctionsSweepRole") if a == "s3:GetObjectRetention"}
+
+    assert reads(locked) == {"data/*"}
+    assert reads(plain) == set()
+
+
 def test_the_bucket_policy_refuses_a_manifest_without_retention(locked: dict[str, Any]) -> None:
     """Evaluated as IAM does: a writer that missed the setting cannot publish an unlocked backup."""
     from support.iam_policy import ALLOW, DENY, Request, evaluate
