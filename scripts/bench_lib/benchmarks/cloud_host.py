@@ -178,9 +178,8 @@ def run(ctx: Context) -> Section:
         sfn.stop()
 
 
-def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3proxy.Server, notes: list[str]) -> Section:
-    args = ctx.args
-    data = ctx.dataset()
+def agent_env(ctx: Context, s3: s3proxy.Server, sfn: s3proxy.Server) -> dict[str, str]:
+    """The agent's and boto3's environment against the bench's S3 and Step Functions servers (s3proxy's shim when it is one)."""
     base = ctx.env(**s3proxy.credentials_env())
     base.pop("AWS_ENDPOINT_URL", None)
     base.pop("AWS_PROFILE", None)
@@ -188,6 +187,13 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
     base["AWS_ENDPOINT_URL_SFN"] = sfn.endpoint
     env = s3proxy.compat_env(base) if s3.kind == "s3proxy" else base
     env["PYTHONPATH"] = os.pathsep.join([str(ctx.root / "scripts"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3proxy.Server, notes: list[str]) -> Section:
+    args = ctx.args
+    data = ctx.dataset()
+    env = agent_env(ctx, s3, sfn)
     runs = cloud_runs.variants(args.transports, max(1, args.pipes))
     if s3.secure_endpoint is None and any(v.transport == "https" for v in runs):
         notes.append(f"https skipped: {s3.kind} has no TLS endpoint here")

@@ -89,14 +89,9 @@ def _cell(value: object) -> object:
 
 
 def _env(ctx: Context, s3: s3proxy.Server, sfn: s3proxy.Server, transport: str) -> dict[str, str]:
-    base = ctx.env(**s3proxy.credentials_env())
-    base.pop("AWS_ENDPOINT_URL", None)
-    base.pop("AWS_PROFILE", None)
-    base["AWS_ENDPOINT_URL_S3"] = s3.endpoint
-    base["AWS_ENDPOINT_URL_SFN"] = sfn.endpoint
-    env = s3proxy.compat_env(base) if s3.kind == "s3proxy" else base
+    env = cloud_host.agent_env(ctx, s3, sfn)
     # The tracer is loaded by s3compat's sitecustomize, on the path whichever the server.
-    env["PYTHONPATH"] = os.pathsep.join([str(s3proxy.COMPAT_DIR), str(ctx.root / "scripts"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONPATH"] = os.pathsep.join([str(s3proxy.COMPAT_DIR), env["PYTHONPATH"]])
     if transport == "https":
         if s3.secure_endpoint is None or s3.ca_bundle is None:
             raise RuntimeError(f"{s3.kind} has no TLS endpoint here")
