@@ -18,11 +18,9 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
-from braid.agent.parent_wait import await_parent
-from braid.agent.published import check_covers_stream, same_inputs
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.wake import PipelineWaker
@@ -35,9 +33,8 @@ from braid.errors import BackupError, EmptyStreamError, ExecutionError, Integrit
 from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
 from braid.format.lease import heartbeat_seconds
-from braid.format.manifest import Manifest
 from braid.format.repository import Repository
-from braid.format.staging import ResumeRequest, Round, StagingArea, StreamEnd
+from braid.format.staging import ResumeRequest, StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.pipeline.policies import Policies
@@ -45,6 +42,10 @@ from braid.ports.executions import Executions, ExecutionStatus
 from braid.ports.multipart import MultipartStore, UploadGoneError
 from braid.ports.progress import PhaseReporter, ProgressFn
 from braid.ports.progress_relay import ProgressRelay
+
+if TYPE_CHECKING:
+    from braid.format.manifest import Manifest
+    from braid.format.staging.rounds import Round
 
 # How long an agent that abandoned its stream waits for the pipeline to fail
 # and remove the staging (one planner poll and Cleanup, normally seconds).
@@ -144,6 +145,8 @@ class CloudEngine:
                     raise missing from None
                 if not status.done:
                     return self.wait(ref, progress)
+                from braid.agent.published import same_inputs  # a resume's: not a new backup's
+
                 return same_inputs(self.outcome(ref, status), request.sources)
         else:
             check_worker_chunk_size(request.chunk_size)
@@ -193,6 +196,8 @@ class CloudEngine:
             with contextlib.nullcontext() if finished_upload else lease, watch:
                 sources = list(request.sources)
                 if request.lineage.is_incremental:  # Prepare opens the parent's chain first (braid.agent.parent_wait)
+                    from braid.agent.parent_wait import await_parent  # an incremental's only
+
                     sources = await_parent(area, self.pipeline, request, report, poll_seconds=self.options.poll_seconds, watch_seconds=self.options.watch_seconds)
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
@@ -411,6 +416,8 @@ class CloudEngine:
             raise ExecutionError(status.failure_message(ref))
         manifest = self.repository.load(ref).manifest
         if expected is not None:
+            from braid.agent.published import check_covers_stream  # once published: not a --no-wait run's
+
             check_covers_stream(manifest, expected)
         self.check_chunks_listed(manifest)
         return manifest

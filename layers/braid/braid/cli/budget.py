@@ -8,10 +8,13 @@ nothing else to run.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from braid.cli.sizes import format_size
 from braid.engine.memory import check_memory, cloud_backup_buffers, local_backup_buffers, restore_buffers
-from braid.format.manifest import Manifest
+
+if TYPE_CHECKING:
+    from braid.format.manifest import Manifest
 
 
 def _warn(warning: str | None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from braid.engine.capture import Captured
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
@@ -19,8 +19,10 @@ from braid.engine.gate import StreamGate
 from braid.engine.stream import InputSource
 from braid.format.chain import Lineage
 from braid.format.ids import BackupRef
-from braid.format.manifest import Manifest
 from braid.ports.progress import ProgressFn
+
+if TYPE_CHECKING:
+    from braid.format.manifest import Manifest  # the engines' result: loaded by what reads or writes one
 
 __all__ = ["BackupEngine", "BackupRequest"]
 

@@ -27,7 +27,6 @@ from braid import contract
 from braid.errors import UsageError
 from braid.format.ids import BackupRef
 from braid.format.staging.protocol import PROTOCOL, ProtocolMismatchError, check_protocol
-from braid.pipeline.failure import invalid_input
 from braid.pipeline.policies import Policies
 
 DEFAULT_MAX_CONCURRENCY = 100
@@ -115,6 +114,8 @@ class ExecutionInput:
         Refuses (ExecutionMismatchError) a backup other than the running execution's."""
         what = f"pipeline input of {event.get('backup')!r}" if isinstance(event, Mapping) else "pipeline input"
         check_protocol(dict(event), what)
+        from braid.pipeline.failure import invalid_input  # the pipeline's: the agent only writes the input
+
         with invalid_input("invalid pipeline input"):
             request = cls(
                 backup=_typed(event, "backup", str, None),

@@ -19,7 +19,6 @@ from typing import Any
 from braid.contract import CHUNKS_PER_PACK
 from braid.errors import IntegrityError, UsageError
 from braid.format.fields import Fields
-from braid.format.staging.rounds import pack_sizes
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,8 @@ class Policies:
 
     def packs(self, count: int) -> tuple[int, ...]:
         """The pack sizes of a planned item of `count` chunks, as these policies decide them."""
+        from braid.format.staging.rounds import pack_sizes  # the planner's: the agent only writes Policies into the input
+
         return tuple(pack_sizes(count, CHUNKS_PER_PACK))
 
     def to_json(self) -> dict[str, bool]:

@@ -14,16 +14,15 @@ from typing import TYPE_CHECKING, Any
 from braid.adapters.aws.clients import cloudformation_client, process_requests, stepfunctions_client
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
-from braid.adapters.aws.stack_outputs import VERIFY_STATE_MACHINE_SETTING, stack_outputs
 from braid.adapters.aws.stepfunctions import StepFunctionsExecutions
-from braid.adapters.aws.verify_runs import CloudVerifier
 from braid.agent.cloud_engine import CloudEngine, CloudOptions
-from braid.contract import OUTPUT_VERIFY_STATE_MACHINE
 from braid.errors import RepositoryError, UsageError
 from braid.format.repository import Repository
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
     from types_boto3_stepfunctions.client import SFNClient
+
+    from braid.adapters.aws.verify_runs import CloudVerifier
 
 
 def cloud_engine(repository: Repository, options: CloudOptions | Any, *, stepfunctions: SFNClient | None = None) -> CloudEngine:
@@ -60,6 +59,10 @@ def cloud_verifier(repository: Repository, *, stepfunctions: SFNClient | None = 
     a stack that has one; a repository initialised before that names the
     stack, whose outputs are then read.
     """
+    from braid.adapters.aws.stack_outputs import VERIFY_STATE_MACHINE_SETTING, stack_outputs  # verify's: not a backup's
+    from braid.adapters.aws.verify_runs import CloudVerifier
+    from braid.contract import OUTPUT_VERIFY_STATE_MACHINE
+
     store = repository.store
     if not isinstance(store, S3Store):
         return None

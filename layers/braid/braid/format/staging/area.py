@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
 from braid.format.keys import WrappedKey, encryption_context
-from braid.format.staging.chain import CapturedIndex, ParentRecord
 from braid.format.staging.keys import (
     CAPTURED,
     FAILURES,
@@ -54,10 +54,15 @@ from braid.format.staging.keys import (
 )
 from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.results import StagingResults
-from braid.format.staging.rounds import MapItem, Round
 from braid.format.staging.wake import WakeRecord
-from braid.ports.pipeline import StagingJanitor
-from braid.ports.store import ObjectInfo
+
+if TYPE_CHECKING:
+    # The plan (rounds) and a chain's records (captured members, the parent) are imported where used:
+    # an agent that only stages (--no-wait, wal-push) never loads it (docs/design/agent-startup.md).
+    from braid.format.staging.chain import ParentRecord
+    from braid.format.staging.rounds import MapItem, Round
+    from braid.ports.pipeline import StagingJanitor
+    from braid.ports.store import ObjectInfo
 
 
 class StagingArea(StagingResults):
@@ -135,6 +140,8 @@ class StagingArea(StagingResults):
     # -- captured members and the parent's values (braid.format.staging.chain) --
     def write_captured(self, members: Mapping[str, bytes]) -> None:
         """The members the stream carried, each its own object, then their index (what Finalize looks for)."""
+        from braid.format.staging.chain import CapturedIndex
+
         index = CapturedIndex.of(members)
         for number, name in enumerate(index.names):
             self.store.put(captured_member_key(self.ref, number), members[name])
@@ -142,6 +149,8 @@ class StagingArea(StagingResults):
 
     def read_captured(self) -> dict[str, bytes]:
         """The staged members, each checked against its index; empty when the agent staged none."""
+        from braid.format.staging.chain import CapturedIndex
+
         index = self._read(staging_key(self.ref, CAPTURED), CapturedIndex.from_bytes)
         if index is None:
             return {}
@@ -161,6 +170,8 @@ class StagingArea(StagingResults):
 
     def read_parent(self) -> tuple[ParentRecord, bytes | None] | None:
         """Prepare's answer and the parent's backup_manifest (checked against it); None until Prepare wrote it."""
+        from braid.format.staging.chain import ParentRecord
+
         record = self._read(staging_key(self.ref, PARENT), ParentRecord.from_bytes)
         if record is None:
             return None
@@ -217,6 +228,8 @@ class StagingArea(StagingResults):
 
         `known`: rounds read before (rounds are written once, never changed), so
         a poll GETs only the new ones: the agent's progress reads each round once."""
+        from braid.format.staging.rounds import Round
+
         rounds = list(known or [])
         have = {r.number for r in rounds}
         numbered = [
@@ -242,6 +255,8 @@ class StagingArea(StagingResults):
 
     def write_round(self, number: int, items: Iterable[MapItem]) -> Round:
         """Persist round `number` create-only; a round already there wins and is adopted."""
+        from braid.format.staging.rounds import Round
+
         found = Round(number, round_key(self.ref, number), tuple(items))
         try:
             self.store.put(found.key, found.to_bytes(), create_only=True)
@@ -252,10 +267,14 @@ class StagingArea(StagingResults):
     # -- retries -------------------------------------------------------------
     def read_items(self, key: str, number: int) -> list[MapItem]:
         """The items of a round or retry file, as the map read them."""
+        from braid.format.staging.rounds import Round
+
         return list(Round.from_bytes(self.store.get(key), number, key).items)
 
     def write_retry(self, round_number: int, attempt: int, items: Iterable[MapItem]) -> Round:
         """Items of a round planned again (same chunk indexes); overwrites: a retried planner writes the same."""
+        from braid.format.staging.rounds import Round
+
         found = Round(round_number, retry_key(self.ref, round_number, attempt), tuple(items))
         self.store.put(found.key, found.to_bytes())
         return found

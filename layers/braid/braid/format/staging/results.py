@@ -14,17 +14,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from braid.errors import IntegrityError, NotFoundError
 from braid.format.ids import BackupRef
 from braid.format.layout import staging_prefix
-from braid.format.manifest import ChunkEntry
 from braid.format.staging.keys import FOLDS, fold_key, result_key, staging_key
-from braid.format.staging.rounds import ItemResult, MapItem, Round, RoundFold
-from braid.format.usage import Usage
-from braid.ports.store import ObjectStore
 from braid.ports.usage import in_context
+
+if TYPE_CHECKING:
+    # Results and the plan are the pipeline's and a waiting agent's, imported where read or written:
+    # an agent that only stages never loads them (docs/design/agent-startup.md).
+    from braid.format.manifest import ChunkEntry
+    from braid.format.staging.rounds import ItemResult, MapItem, Round
+    from braid.format.usage import Usage
+    from braid.ports.store import ObjectStore
 
 # Records read at once by _get_many; the thread name lets a counting store tell parallel reads apart.
 READ_THREADS = 32
@@ -77,6 +81,8 @@ class StagingResults:
         Each item's result comes from the results index (the folds: a LIST and a GET per map), else from its own
         record (one GET per item no fold covers), and is checked against its planned item either way. `usages`, if
         given, receives each result's usage (those that have one)."""
+        from braid.format.staging.rounds import ItemResult
+
         items = [item for found in rounds for item in found.items]
         known = self._read_folds()
         missing = [item for item in items if item.first_index not in known]
@@ -102,6 +108,8 @@ class StagingResults:
         When none starts where the prefix the planner folded ends, the item's own record may list more (a later
         attempt stored further: a planner call retried after a late attempt); its entries are the same stored packs
         (create-only, identical layout), so only the rest is used."""
+        from braid.format.staging.rounds import ItemResult
+
         found: list[ItemResult] = []
         done = 0
         while done < item.count:
@@ -121,12 +129,16 @@ class StagingResults:
         return found
 
     def _result(self, index: int) -> ItemResult | None:
+        from braid.format.staging.rounds import ItemResult
+
         return self._read(result_key(self.ref, index), ItemResult.from_bytes)
 
     def read_item_results(self, items: Iterable[MapItem]) -> dict[int, ItemResult]:
         """The result records of `items` that exist, read back and match their item, by first chunk index.
 
         Anything else is left out: Finalize reads that item's record itself and refuses it there."""
+        from braid.format.staging.rounds import ItemResult
+
         items = list(items)
         keys = [result_key(self.ref, item.first_index) for item in items]
         found: dict[int, ItemResult] = {}
@@ -149,6 +161,8 @@ class StagingResults:
         the same records, and a late worker's record describes the same stored
         chunks, or, for a cut item, a prefix of them: the fold keeps the one the
         planner planned the rest after (braid.pipeline.replan)."""
+        from braid.format.staging.rounds import RoundFold
+
         finished = list(finished)
         read = read if read is not None else self.read_item_results(finished)
         results = [read[item.first_index] for item in finished if item.first_index in read]
@@ -160,6 +174,8 @@ class StagingResults:
 
     def _read_folds(self) -> dict[int, ItemResult]:
         """The results of every fold, by first chunk index (a malformed fold is an IntegrityError naming it)."""
+        from braid.format.staging.rounds import RoundFold
+
         keys = sorted(info.key for info in self.store.list(staging_key(self.ref, FOLDS)))
         folded: dict[int, ItemResult] = {}
         for key, raw in zip(keys, self._get_many(keys), strict=True):
