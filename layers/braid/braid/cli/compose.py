@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, cast
 
 from braid.contract import ENV_KEY_FILE, ENV_REPO
 from braid.errors import KeyAccessError, RepositoryError, StorageError, UsageError
-from braid.format.keys import DataKey, WrappedKey, encryption_context
 from braid.format.layout import CONFIG
-from braid.format.lock import ObjectLock
 from braid.format.repository import Repository, RepositoryConfig
-from braid.ports.keys import KeyService
 from braid.ports.store import ObjectStore
 
 if TYPE_CHECKING:
+    from braid.format.keys import DataKey, WrappedKey
+    from braid.format.lock import ObjectLock
     from braid.ops.copy import CopyTarget
     from braid.ops.init import LocalInit
+    from braid.ports.keys import KeyService
     from braid.ports.wal_staging import WalStaging
 
 
@@ -163,6 +163,7 @@ def init_store_with_kms(url: str, key_arn: str, object_lock: ObjectLock | None =
     """`braid init --repo s3://... --engine local --kms-key ARN`: data keys wrapped by KMS, made on this host."""
     from braid.adapters.aws.clients import kms_client
     from braid.adapters.aws.kms import KmsKeyService
+    from braid.format.keys import encryption_context
     from braid.ops.init import init_kms_repository
 
     keys = KmsKeyService(kms_client(), key_arn)

@@ -22,11 +22,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from braid.errors import IntegrityError
 from braid.format.digests import sha256
-from braid.format.keys import DataKey
+
+if TYPE_CHECKING:
+    from braid.format.keys import DataKey
 
 MAGIC = b"BRMD"
 VERSION = 1

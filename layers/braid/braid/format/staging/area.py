@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError
 from braid.format.canonical import canonical_json
-from braid.format.keys import WrappedKey, encryption_context
 from braid.format.staging.keys import (
     CAPTURED,
     FAILURES,
@@ -57,8 +56,9 @@ from braid.format.staging.results import StagingResults
 from braid.format.staging.wake import WakeRecord
 
 if TYPE_CHECKING:
-    # The plan (rounds) and a chain's records (captured members, the parent) are imported where used:
-    # an agent that only stages (--no-wait, wal-push) never loads it (docs/design/agent-startup.md).
+    # The plan (rounds), a chain's records (captured members, the parent) and the data key are imported where used:
+    # an agent that only stages (--no-wait, wal-push) loads none of them (docs/design/agent-startup.md).
+    from braid.format.keys import WrappedKey
     from braid.format.staging.chain import ParentRecord
     from braid.format.staging.rounds import MapItem, Round
     from braid.ports.pipeline import StagingJanitor
@@ -196,6 +196,8 @@ class StagingArea(StagingResults):
     # -- data key ------------------------------------------------------------
     def read_wrapped_key(self, repository_id: str) -> WrappedKey | None:
         """The staged wrapped key, checked to be bound to this backup; None before Prepare ran."""
+        from braid.format.keys import WrappedKey, encryption_context
+
         key = staging_key(self.ref, WRAPPED_KEY)
         raw = self._get(key)
         if raw is None:
@@ -210,6 +212,8 @@ class StagingArea(StagingResults):
 
     def write_wrapped_key(self, wrapped: WrappedKey) -> WrappedKey:
         """Create-only, so every worker of a backup uses one key: a racing writer's key wins and is returned."""
+        from braid.format.keys import encryption_context
+
         repository_id = wrapped.context.get("braid:repository", "")
         if wrapped.context != encryption_context(repository_id, str(self.ref)):
             raise IntegrityError(f"refusing to stage a data key bound to {wrapped.context} for {self.ref}")

@@ -20,9 +20,6 @@ from braid.format.metadata import MEMBER_LIMITS
 from braid.format.staging.keys import PARENT
 from braid.format.staging.protocol import PROTOCOL, check_protocol, document
 
-# What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders).
-PARENT_VALUES = ("parent_manifest", "parent_lsn")
-
 
 @dataclass(frozen=True)
 class CapturedIndex:

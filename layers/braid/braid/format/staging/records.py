@@ -18,10 +18,12 @@ from braid.format.canonical import canonical_json
 from braid.format.chain import Lineage
 from braid.format.fields import Fields
 from braid.format.ids import BackupRef
-from braid.format.staging.chain import PARENT_VALUES
 from braid.format.staging.keys import segment_key
 from braid.format.staging.protocol import PROTOCOL, Record, check_protocol, document
 from braid.format.usage import Usage
+
+# What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders), in its session record.
+PARENT_VALUES = ("parent_manifest", "parent_lsn")
 
 MAX_FAILURE_CAUSE = 2000
 
