@@ -84,6 +84,16 @@ NOT_FOR_AN_EMPTY_BACKUP = (
     "awscrt", "ctypes", "configparser", "braid.cli.render", "braid.cli.storage_render", "braid.format.prices",
     "braid.format.storage_class", "braid.format.summary", "braid.adapters.local", "braid.format.wal",
 )
+# Nor for any cloud backup that does not wait (`--no-wait`, with data or without): it stages and starts the pipeline,
+# so it reads no plan, no published manifest and no chain's records, and builds no verifier. The manifest's, the plan
+# rounds' and the results' types, a chain's hand-off (parent values, captured index), the published-backup checks and
+# the pipeline's failure records load where a waiting agent, `status` or the pipeline uses them (~1 ms of CPU per
+# dataclass on Python 3.11: docs/design/agent-startup.md).
+NOT_FOR_A_STAGING_AGENT = (
+    "braid.format.manifest", "braid.format.staging.rounds", "braid.format.staging.chain", "braid.agent.parent_wait",
+    "braid.agent.published", "braid.adapters.aws.verify_runs", "braid.adapters.aws.stack_outputs", "braid.pipeline.failure",
+    "braid.ports.keys",
+)
 # A cloud `wal-push` stages the file's raw bytes: no codec (zstandard, cryptography), no CRC library, no agent.
 NOT_FOR_A_CLOUD_WAL_PUSH = ("zstandard", "cryptography", "braid.format.chunk", "awscrt", "braid.agent", "braid.cli.render", "braid.adapters.local")
 
@@ -113,7 +123,7 @@ def test_an_empty_cloud_backup_loads_no_crc_library_no_chunk_buffer_and_no_rende
     url, env = cloud_repo
     modules = _loaded(tmp_path, {**env, **_no_aws_files(tmp_path)}, "backup", "--repo", url, "--name", "db", "--no-wait", "--allow-empty")
     assert {"braid.agent.uploader", "braid.adapters.aws.light_s3", "braid.format.checksum"} <= modules  # the run happened
-    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_AN_EMPTY_BACKUP) == []
+    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_AN_EMPTY_BACKUP + NOT_FOR_A_STAGING_AGENT) == []
 
 
 def test_a_cloud_backup_with_data_loads_the_crc_library_and_a_config_file_configparser(
@@ -126,7 +136,30 @@ def test_a_cloud_backup_with_data_loads_the_crc_library_and_a_config_file_config
     files = {**_no_aws_files(tmp_path), "AWS_CONFIG_FILE": str(config)}
     modules = _loaded(tmp_path, {**env, **files}, "backup", "--repo", url, "--name", "db", "--no-wait", "--quiet", stdin=os.urandom(100_000))
     assert {"awscrt.checksums", "ctypes", "configparser", "braid.agent.uploader"} <= modules
-    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT) == []
+    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_A_STAGING_AGENT) == []
+
+
+def test_the_pinned_names_are_modules_that_exist() -> None:
+    """A misspelt name would be absent from every run and pin nothing."""
+    import importlib.util
+
+    pinned = NOT_FOR_AN_EMPTY_BACKUP + NOT_FOR_A_STAGING_AGENT + NOT_FOR_A_CLOUD_WAL_PUSH + BOTOCORE_CLIENT + NOT_FOR_THE_AGENT
+    assert [name for name in pinned if importlib.util.find_spec(name) is None] == []
+
+
+def test_what_a_staging_agent_leaves_out_loads_where_it_is_used() -> None:
+    """The lazy names still resolve: braid.format.staging's plan types come from its rounds module on first use."""
+    script = (
+        "import sys, braid.format.staging as staging\n"
+        "assert 'braid.format.staging.rounds' not in sys.modules\n"
+        "from braid.format.staging import MapItem, Round\n"
+        "from braid.format.staging.rounds import MapItem as M, Round as R\n"
+        "assert (MapItem, Round) == (M, R)\n"
+        "try:\n    staging.NoSuchName\nexcept AttributeError as exc:\n    print(exc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "module 'braid.format.staging' has no attribute 'NoSuchName'"
 
 
 def test_a_cloud_wal_push_loads_no_botocore_client_nor_codec(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:
