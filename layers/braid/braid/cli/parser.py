@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from braid import __version__, contract
 from braid.cli import chain_options
+from braid.cli.help_format import HelpFormatter, RawDescriptionHelpFormatter
 from braid.cli.pgdata_options import add_pgdata_options
 from braid.cli.sizes import MAX_CHUNK, MIN_CHUNK, format_size, parse_size
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT
@@ -102,7 +103,7 @@ def _help(command: str, *examples: str, description: str | None = None) -> dict[
         "help": text,
         "description": fill(description or text[0].upper() + text[1:] + "."),
         "epilog": "examples:\n" + "\n".join(f"  {line}" for line in examples),
-        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "formatter_class": RawDescriptionHelpFormatter,
     }
 
 
@@ -199,7 +200,12 @@ def _command(name: str) -> Callable[[argparse.Namespace], int]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is a UsageError: one line and exit code 2, like every other failure."""
+    """argparse, but a usage error is a UsageError: one line and exit code 2, like every other failure; its
+    formatter sizes help as argparse's does, without importing shutil (braid.cli.help_format)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> Any:
         raise UsageError(f"{message} (see '{self.prog} --help')")
@@ -244,7 +250,7 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
         parents=[common],  # the global options, accepted before the subcommand too: braid --repo R list
         description="Stream database backups off the host; compress and encrypt them in parallel; restore them verified.",
         epilog=_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"braid {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
