@@ -83,6 +83,7 @@ def cloud_repo(aws_env: None) -> Iterator[tuple[str, dict[str, str]]]:
 NOT_FOR_AN_EMPTY_BACKUP = (
     "awscrt", "ctypes", "configparser", "braid.cli.render", "braid.cli.storage_render", "braid.format.prices",
     "braid.format.storage_class", "braid.format.summary", "braid.adapters.local", "braid.format.wal",
+    "braid.format.pg_backup",  # a base backup's label parser: only for a stream that carried a backup_label
 )
 # Nor for any cloud backup that does not wait (`--no-wait`, with data or without): it stages and starts the pipeline,
 # so it reads no plan, no published manifest and no chain's records, and builds no verifier. The manifest's, the plan

@@ -23,12 +23,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from braid.engine.xbstream import CHECKPOINTS, XbstreamCapture
 from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
 from braid.format.metadata import BACKUP_MANIFEST, MEMBER_LIMITS
-from braid.format.pg_backup import WalInfo, wal_info_from_members
 from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
+
+if TYPE_CHECKING:
+    from braid.format.pg_backup import WalInfo
 
 __all__ = ["CAPTURED", "MAX_CAPTURED", "Captured", "StreamCapture", "merge_captures"]
 
@@ -48,6 +51,11 @@ class Captured:
 
     @property
     def wal(self) -> WalInfo | None:
+        """A PostgreSQL base backup's WAL range (braid.format.pg_backup); None without a backup_label, as that reader says."""
+        if "backup_label" not in self.members:
+            return None  # not a base backup: its label parser is not loaded
+        from braid.format.pg_backup import wal_info_from_members
+
         return wal_info_from_members(self.members)
 
     @property
