@@ -86,14 +86,13 @@ NOT_FOR_AN_EMPTY_BACKUP = (
     "braid.format.pg_backup",  # a base backup's label parser: only for a stream that carried a backup_label
 )
 # Nor for any cloud backup that does not wait (`--no-wait`, with data or without): it stages and starts the pipeline,
-# so it reads no plan, no published manifest and no chain's records, and builds no verifier. The manifest's, the plan
-# rounds' and the results' types, a chain's hand-off (parent values, captured index), the published-backup checks and
-# the pipeline's failure records load where a waiting agent, `status` or the pipeline uses them (~1 ms of CPU per
-# dataclass on Python 3.11: docs/design/agent-startup.md).
+# so it reads no plan, no published manifest, no chain's records and no hold, and builds no verifier. The manifest's,
+# the plan rounds' and the results' types, a chain's hand-off (captured index, parent record), a stopped backup's
+# records (holds) and the pipeline's failure records load where a waiting or resuming agent, `status` or the pipeline
+# uses them (~1 ms of CPU per dataclass on Python 3.11: docs/design/agent-startup.md).
 NOT_FOR_A_STAGING_AGENT = (
-    "braid.format.manifest", "braid.format.staging.rounds", "braid.format.staging.chain", "braid.agent.parent_wait",
-    "braid.agent.published", "braid.adapters.aws.verify_runs", "braid.adapters.aws.stack_outputs", "braid.pipeline.failure",
-    "braid.ports.keys",
+    "braid.format.manifest", "braid.format.staging.rounds", "braid.format.staging.chain", "braid.format.staging.holds",
+    "braid.adapters.aws.verify_runs", "braid.adapters.aws.stack_outputs", "braid.pipeline.failure", "braid.ports.keys",
 )
 # shutil (with bz2 and lzma, ~3 ms): argparse's formatter asks it for the terminal's width on every add_argument;
 # braid.cli.help_format answers as it does without it.
@@ -152,13 +151,17 @@ def test_the_pinned_names_are_modules_that_exist() -> None:
 
 
 def test_what_a_staging_agent_leaves_out_loads_where_it_is_used() -> None:
-    """The lazy names still resolve: braid.format.staging's plan types come from its rounds module on first use."""
+    """The lazy names still resolve: braid.format.staging's plan types and a stopped backup's records come from their
+    modules (rounds, holds) on first use."""
     script = (
         "import sys, braid.format.staging as staging\n"
         "assert 'braid.format.staging.rounds' not in sys.modules\n"
         "from braid.format.staging import MapItem, Round\n"
         "from braid.format.staging.rounds import MapItem as M, Round as R\n"
         "assert (MapItem, Round) == (M, R)\n"
+        "from braid.format.staging import HoldRecord, ItemFailure, ResumeRequest\n"
+        "from braid.format.staging import holds\n"
+        "assert (HoldRecord, ItemFailure, ResumeRequest) == (holds.HoldRecord, holds.ItemFailure, holds.ResumeRequest)\n"
         "try:\n    staging.NoSuchName\nexcept AttributeError as exc:\n    print(exc)\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
+from braid.agent.parent_wait import await_parent
+from braid.agent.published import check_covers_stream, same_inputs
 from braid.agent.staging_sink import StagingSink
 from braid.agent.uploader import StagingUpload
 from braid.agent.wake import PipelineWaker
@@ -34,7 +36,7 @@ from braid.format.ids import BackupRef
 from braid.format.layout import data_prefix
 from braid.format.lease import heartbeat_seconds
 from braid.format.repository import Repository
-from braid.format.staging import ResumeRequest, StagingArea, StreamEnd
+from braid.format.staging import StagingArea, StreamEnd
 from braid.format.staging.keys import agent_lease_key
 from braid.pipeline.execution_input import DEFAULT_MAX_CONCURRENCY, DEFAULT_STALL_SECONDS, ExecutionInput
 from braid.pipeline.policies import Policies
@@ -145,8 +147,6 @@ class CloudEngine:
                     raise missing from None
                 if not status.done:
                     return self.wait(ref, progress)
-                from braid.agent.published import same_inputs  # a resume's: not a new backup's
-
                 return same_inputs(self.outcome(ref, status), request.sources)
         else:
             check_worker_chunk_size(request.chunk_size)
@@ -162,9 +162,8 @@ class CloudEngine:
                 parent_values=list(request.parent_values),
                 **upload_options,
             )
-        # The backup exists from here on: name it now, not at the end, so that
-        # after a crash (the host's, the network's, a SIGKILL) the user has the
-        # NAME@ID that --resume needs.
+        # The backup exists from here on: name it now, not at the end, so that after a crash
+        # (the host's, the network's, a SIGKILL) the user has the NAME@ID that --resume needs.
         progress({"event": "started", "backup": str(ref), "resumed": request.resume, "resumable": request.resumable})
         sources = list(request.sources)
         report.phase("uploading", total_bytes=expected_bytes(sources), total_chunks=expected_chunks(sources, upload.chunk_size))
@@ -177,14 +176,12 @@ class CloudEngine:
         # agent, and anything it wrote now could land after Finalize removed the staging, and stay there.
         finished_upload = upload.stream_end is not None and area.read_hold() is None
         if request.resume and not finished_upload:
-            # A held backup (workers kept failing) waits for this: the pipeline plans
-            # its unfinished items again, and only those (braid.pipeline.replan).
+            # A held backup (workers kept failing) waits for this: the pipeline plans its unfinished items again, and only those (braid.pipeline.replan).
             nonce = secrets.token_hex(8)
-            area.write_resume_request(ResumeRequest(nonce))
+            area.request_resume(nonce)
             self._resumed[str(ref)] = nonce
         try:
-            # The lease shows retention that this upload is alive between
-            # completed segments (S3 lists nothing for parts in progress).
+            # The lease shows retention that this upload is alive between completed segments (S3 lists nothing for parts in progress).
             watch = ExecutionWatch(ref, self.pipeline.describe, self.held_message, upload.stop, self.options.watch_seconds)
             # Renewed several times per stall window: it is the upload's progress to the planner.
             heartbeat = heartbeat_seconds(self.options.stall_seconds)
@@ -196,8 +193,6 @@ class CloudEngine:
             with contextlib.nullcontext() if finished_upload else lease, watch:
                 sources = list(request.sources)
                 if request.lineage.is_incremental:  # Prepare opens the parent's chain first (braid.agent.parent_wait)
-                    from braid.agent.parent_wait import await_parent  # an incremental's only
-
                     sources = await_parent(area, self.pipeline, request, report, poll_seconds=self.options.poll_seconds, watch_seconds=self.options.watch_seconds)
                 # upload.chunk_size: a resumed upload keeps the session's.
                 stream = drive(
@@ -338,7 +333,7 @@ class CloudEngine:
         progress({"event": "started", "backup": str(ref), "resumed": True, "resumable": False})
         if area.read_hold() is not None:  # the pipeline plans its unfinished items again (braid.pipeline.replan)
             nonce = secrets.token_hex(8)
-            area.write_resume_request(ResumeRequest(nonce))
+            area.request_resume(nonce)
             self._resumed[str(ref)] = nonce
         self.pipeline.start(ref, self._execution_input(ref))
         return self.wait(ref, progress, expected=end)
@@ -416,8 +411,6 @@ class CloudEngine:
             raise ExecutionError(status.failure_message(ref))
         manifest = self.repository.load(ref).manifest
         if expected is not None:
-            from braid.agent.published import check_covers_stream  # once published: not a --no-wait run's
-
             check_covers_stream(manifest, expected)
         self.check_chunks_listed(manifest)
         return manifest

@@ -8,10 +8,14 @@ inputs have the published sizes; nothing of them is read. Both raise typed error
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from braid.engine.stream import InputSource, input_lengths
 from braid.errors import IntegrityError, NotFoundError
-from braid.format.manifest import Manifest
 from braid.format.staging import StreamEnd
+
+if TYPE_CHECKING:
+    from braid.format.manifest import Manifest  # the published one, loaded by whoever read it
 
 
 def check_covers_stream(manifest: Manifest, expected: StreamEnd) -> None:

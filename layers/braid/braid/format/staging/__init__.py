@@ -9,34 +9,39 @@ rest, and the bucket's lifecycle aborts stray multipart uploads and expires
 leftover staging.
 
 keys: every key and the parsers listings need; protocol: the version and
-the strict codec; records: the flat records (the agent's, a hold, a worker's
-failure); chain: captured members and an incremental's parent values;
+the strict codec; records: the agent's flat records; holds: a hold, a resume
+request, a worker's failure; chain: captured members and an incremental's parent values;
 rounds: the plan and the workers' results; wake: the wake record; area:
 StagingArea (on results' StagingResults), the one reader and writer of all.
 
-The plan's types (rounds) load on first use: an agent that only stages
-(`--no-wait`, `wal-push`) reads no plan (docs/design/agent-startup.md).
+The plan's types (rounds) and the records of a backup that stopped (holds)
+load on first use: an agent that only stages (`--no-wait`) reads neither
+(docs/design/agent-startup.md).
 """
 
 from typing import TYPE_CHECKING
 
 from braid.format.staging.area import StagingArea
 from braid.format.staging.keys import parse_segment_key, segment_key, segment_record_key, session_key, stream_end_key, wake_key
-from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.wake import WakeRecord
 
 if TYPE_CHECKING:
+    from braid.format.staging.holds import HoldRecord, ItemFailure, ResumeRequest
     from braid.format.staging.rounds import ChunkSlice, ItemResult, MapItem, Round, RoundFold
 
-_ROUNDS = frozenset({"ChunkSlice", "ItemResult", "MapItem", "Round", "RoundFold"})
+_LAZY = {
+    **dict.fromkeys(("ChunkSlice", "ItemResult", "MapItem", "Round", "RoundFold"), "braid.format.staging.rounds"),
+    **dict.fromkeys(("HoldRecord", "ItemFailure", "ResumeRequest"), "braid.format.staging.holds"),
+}
 
 
 def __getattr__(name: str) -> object:
-    """The plan's types, imported from braid.format.staging.rounds when first asked for."""
-    if name in _ROUNDS:
-        from braid.format.staging import rounds
+    """The plan's types and the stopped backup's records, imported from their module when first asked for."""
+    if name in _LAZY:
+        import importlib
 
-        return getattr(rounds, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

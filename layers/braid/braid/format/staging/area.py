@@ -51,15 +51,16 @@ from braid.format.staging.keys import (
     stream_end_key,
     wake_key,
 )
-from braid.format.staging.records import HoldRecord, ItemFailure, ResumeRequest, SegmentRecord, SessionRecord, StreamEnd
+from braid.format.staging.records import SegmentRecord, SessionRecord, StreamEnd
 from braid.format.staging.results import StagingResults
 from braid.format.staging.wake import WakeRecord
 
 if TYPE_CHECKING:
-    # The plan (rounds), a chain's records (captured members, the parent) and the data key are imported where used:
+    # The plan (rounds), a chain's records (captured members, the parent), a stopped backup's (holds) and the data key are imported where used:
     # an agent that only stages (--no-wait, wal-push) loads none of them (docs/design/agent-startup.md).
     from braid.format.keys import WrappedKey
     from braid.format.staging.chain import ParentRecord
+    from braid.format.staging.holds import HoldRecord, ItemFailure, ResumeRequest
     from braid.format.staging.rounds import MapItem, Round
     from braid.ports.pipeline import StagingJanitor
     from braid.ports.store import ObjectInfo
@@ -301,6 +302,8 @@ class StagingArea(StagingResults):
         self.store.put(staging_key(self.ref, HELD), hold.to_bytes())
 
     def read_hold(self) -> HoldRecord | None:
+        from braid.format.staging.holds import HoldRecord
+
         return self._read(staging_key(self.ref, HELD), HoldRecord.from_bytes)
 
     def clear_hold(self) -> None:
@@ -309,7 +312,15 @@ class StagingArea(StagingResults):
     def write_resume_request(self, request: ResumeRequest) -> None:
         self.store.put(staging_key(self.ref, RESUME), request.to_bytes())
 
+    def request_resume(self, nonce: str) -> None:
+        """`braid backup --resume`'s request (a new nonce) that releases a hold: the pipeline plans the unfinished items again."""
+        from braid.format.staging.holds import ResumeRequest
+
+        self.write_resume_request(ResumeRequest(nonce))
+
     def read_resume_request(self) -> ResumeRequest | None:
+        from braid.format.staging.holds import ResumeRequest
+
         return self._read(staging_key(self.ref, RESUME), ResumeRequest.from_bytes)
 
     # -- failures ------------------------------------------------------------
@@ -322,6 +333,8 @@ class StagingArea(StagingResults):
     def first_failure(self) -> ItemFailure | None:
         """The failure of the lowest item that never stored a result (a retry that then succeeded is no failure);
         None when no worker recorded one. A malformed record is skipped: this only explains a failure."""
+        from braid.format.staging.holds import ItemFailure
+
         done = {info.key for info in self.store.list(staging_key(self.ref, RESULTS))}
         for info in sorted(self.store.list(staging_key(self.ref, FAILURES)), key=lambda i: i.key):
             raw = self._get(info.key)

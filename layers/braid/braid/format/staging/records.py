@@ -1,5 +1,5 @@
-"""The flat staging records: the agent's session, segment records and stream end; the planner's hold, a resume
-request, a worker's failure.
+"""The agent's flat staging records: its session, segment records and stream end (the planner's hold, a resume
+request and a worker's failure are braid.format.staging.holds').
 
 Each has one `to_bytes`, one `from_bytes` that checks every field's type
 and range (braid.format.staging.protocol.Record: a damaged or hand-edited
@@ -24,8 +24,6 @@ from braid.format.usage import Usage
 
 # What an incremental's producer command may ask of its parent (braid.ops.chain_placeholders), in its session record.
 PARENT_VALUES = ("parent_manifest", "parent_lsn")
-
-MAX_FAILURE_CAUSE = 2000
 
 
 @dataclass(frozen=True)
@@ -157,54 +155,3 @@ class StreamEnd(Record):
         """The record describes the session's inputs, no more, no fewer."""
         if len(self.lengths) != len(session.inputs):
             raise IntegrityError(f"stream-end record of {ref} describes {len(self.lengths)} inputs; the session has {len(session.inputs)}")
-
-
-@dataclass(frozen=True)
-class HoldRecord(Record):
-    """Written by the planner when items failed past every re-plan (or a coordinating step failed): the execution
-    waits until `until`, keeping finished work and the unfinished items' segments, for `braid backup --resume`."""
-
-    KIND = "hold record"
-
-    cause: str  # the first failed worker's error, or "STEP failed: ERROR: MESSAGE", for a person
-    since: str  # Braid timestamp
-    until: str  # Braid timestamp: after it the pipeline fails and removes the backup
-    released_by: str  # the nonce of the resume request the hold predates ("" for none): a request with another nonce releases it
-    items: int  # map items without a result (0: a coordinating step failed)
-
-
-@dataclass(frozen=True)
-class ResumeRequest(Record):
-    """Written by `braid backup --resume NAME@ID`: a new nonce releases a hold, and the planner plans the
-    unfinished items again (only them)."""
-
-    KIND = "resume request"
-
-    nonce: str
-
-    @classmethod
-    def from_bytes(cls, raw: bytes, where: str = "") -> ResumeRequest:
-        request = super().from_bytes(raw, where)
-        if not request.nonce:
-            raise IntegrityError(f"{cls.KIND} {where} is malformed: empty nonce")
-        return request
-
-
-@dataclass(frozen=True)
-class ItemFailure(Record):
-    """A worker's `failures/<first index>.json`: the error it raised for one map item (its last attempt's), written
-    before it re-raises so Cleanup can name it (Step Functions reports only the map's). For a person: the cause is
-    cut to MAX_FAILURE_CAUSE characters."""
-
-    KIND = "failure record"
-
-    first_index: int
-    count: int
-    error: str
-    cause: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "cause", self.cause[:MAX_FAILURE_CAUSE])
-
-    def describe(self) -> str:
-        return f"chunks {self.first_index}..{self.first_index + self.count - 1}: {self.error}: {self.cause}"
