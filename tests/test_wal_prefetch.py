@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from braid.format.layout import wal_key
 from braid.format.wal import WalFile
-from conftest import run_braid
+from conftest import BRAID, run_braid
 from wal_segments import write_segment
 
 SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
@@ -118,3 +119,18 @@ def test_a_spool_removed_between_its_making_and_the_position_is_made_again(tmp_p
     monkeypatch.setattr(wal_prefetch, "note_position", racing)
     box = wal_prefetch.open_spool(str(root), "/srv/repo", "pg", root.parent, SEGMENTS[0])
     assert removals == [box] and (box / "position").read_text() == SEGMENTS[0] and (box / "identity").exists()
+
+
+def test_a_relative_spool_outside_a_data_directory_is_not_made_and_the_fetch_goes_on(tmp_path: Path, repo: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    assert run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(source, SEGMENTS[0]))).code == 0
+    elsewhere = tmp_path / "home"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        [str(BRAID), "wal-fetch", "--repo", str(repo), "--name", "pg", "--spool", "pg_wal/.braid-prefetch", SEGMENTS[0], str(tmp_path / "out")],
+        cwd=elsewhere, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0 and (tmp_path / "out").read_bytes() == (source / SEGMENTS[0]).read_bytes()
+    assert f"warning: no prefetch: cannot make the spool {elsewhere}/pg_wal/.braid-prefetch: No such file or directory" in result.stderr
+    assert list(elsewhere.iterdir()) == []  # no pg_wal made where restore_command does not run

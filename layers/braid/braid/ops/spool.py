@@ -52,10 +52,11 @@ def spool_for(root: str | None, kind: str, repository: str, name: str, wal_direc
     A root directly inside that pg_wal (`restore --pgdata`'s DIR/pg_wal/.braid-prefetch) moves with the data
     directory, so its spool's identity names no path: a relative root finds the same spool after the data
     directory is moved. FileNotFoundError when the root vanishes meanwhile (a prefetcher removing its spool
-    on its idle exit): the caller may ask again.
+    on its idle exit), or a relative root's parent is missing (wal-fetch run outside the data directory): the
+    caller may ask again, or go on without a spool.
     """
     base = Path(root).expanduser() if root else default_spool_root()
-    private_directory(base)
+    private_directory(base, parents=base.is_absolute())  # a relative root is made only where its parent is (DIR/pg_wal)
     where = wal_directory.resolve()
     place = "(the pg_wal it is in)" if base.resolve().parent == where else str(where)
     identity = f"{kind}\n{repository}\n{name}\n{place}\n"

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from braid.errors import BackupError
+from braid.errors import BackupError, InputError
 from braid.format.wal import SEGMENT, WalFile, segment_name
 
 if TYPE_CHECKING:  # a call served from the spool loads no cryptography, zstd or repository code
@@ -102,15 +102,21 @@ def forget_spool(spool: Path) -> None:
 
 def open_spool(root: str | None, repo: str, name: str, wal_directory: Path, file_name: str) -> Path:
     """The fetch spool (braid.ops.spool.spool_for) with `file_name` noted as its position; made again, once, when a
-    prefetcher's idle exit removed it meanwhile."""
+    prefetcher's idle exit removed it meanwhile. InputError when it cannot be made (a relative root outside DIR)."""
     from braid.ops.spool import spool_for
 
     try:
         spool = spool_for(root, "fetch", repo, name, wal_directory)
         note_position(spool, file_name)
     except FileNotFoundError:
-        spool = spool_for(root, "fetch", repo, name, wal_directory)
-        note_position(spool, file_name)
+        try:
+            spool = spool_for(root, "fetch", repo, name, wal_directory)
+            note_position(spool, file_name)
+        except FileNotFoundError as exc:
+            raise InputError(
+                f"cannot make the spool {Path(root or '.').absolute()}: {exc.strerror} (a relative --spool is made in the working"
+                " directory, which for restore_command is the data directory)"
+            ) from None
     return spool
 
 
