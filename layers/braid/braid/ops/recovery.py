@@ -145,8 +145,9 @@ def fetch_spool(directory: str, repo: str, name: str) -> tuple[str, str] | None:
 
     Relative, so that a data directory moved or renamed after the restore keeps a working fast path and no process
     writes to its old place: PostgreSQL runs restore_command in the data directory. The postmaster chdir's there at
-    start (src/backend/utils/init/miscinit.c, ChangeToDataDir: "Most of the postmaster and backend code assumes that
-    we are in DataDir so it can use relative paths"), %p is relative to it (xlogarchive.c, RestoreArchivedFile:
+    start (src/backend/postmaster/postmaster.c, PostmasterMain: "And switch working directory into it",
+    ChangeToDataDir(); src/backend/utils/init/miscinit.c: "Most of the postmaster and backend code assumes that we
+    are in DataDir so it can use relative paths"), its children inherit it, %p is relative to it (xlogarchive.c, RestoreArchivedFile:
     XLOGDIR "/" RECOVERYXLOG, i.e. pg_wal/RECOVERYXLOG), and the documentation of restore_command says so: "The path
     name is relative to the current working directory, i.e., the cluster's data directory." wal-fetch starts the
     prefetcher in that directory too, with the spool's relative name. Inside pg_wal, a base backup of the recovered

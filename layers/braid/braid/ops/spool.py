@@ -30,11 +30,9 @@ def private_directory(path: Path, *, parents: bool = True) -> Path:
     try:
         path.mkdir(mode=0o700, parents=parents, exist_ok=True)
         status = path.lstat()
-    except FileNotFoundError as exc:
-        if not parents:
-            raise
-        raise InputError(f"cannot make the spool directory {path}: {exc.strerror or exc}") from None
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not parents:
+            raise
         raise InputError(f"cannot make the spool directory {path}: {exc.strerror or exc}") from None
     if not path.is_dir() or path.is_symlink():
         raise InputError(f"spool {path} is not a directory")
