@@ -7,8 +7,7 @@ with what it alone knows, that the manifest describes exactly the bytes it
 sent: every input's length, and every chunk present with its recorded size.
 
 The engine takes ports: the repository's store, its MultipartStore and the
-pipeline's Executions. braid.adapters.aws.wiring builds them for S3 and
-Step Functions.
+pipeline's Executions (braid.adapters.aws.wiring builds them for S3 and SFN).
 """
 
 from __future__ import annotations
@@ -65,10 +64,6 @@ class CloudOptions:
     # parts so a short stream fills the pipe. Off (--no-part-ramp): every part full-size; the session records 0.
     part_ramp: bool = True
     policies: Policies = Policies()  # the pipeline's optimisations (--no-policy NAME), in the execution input
-
-    def concurrency_for(self, inputs: int) -> int:
-        """Chunks in flight for a backup of `inputs` inputs: --concurrency if given, else the default for them."""
-        return self.concurrency or default_concurrency(inputs)
 
     @classmethod
     def from_cli(cls, args: Any) -> CloudOptions:
@@ -128,7 +123,7 @@ class CloudEngine:
         report = PhaseReporter(progress, str(ref))
         area = StagingArea(self.store, ref)
         labels = [s.label for s in request.sources] or list(request.input_labels)
-        concurrency = self.options.concurrency_for(len(labels))
+        concurrency = self.options.concurrency or default_concurrency(len(labels))  # --concurrency, or the default for the inputs
         upload_options: dict[str, Any] = {
             "concurrency": concurrency,
             "rate_limit": self.options.rate_limit,
