@@ -134,3 +134,25 @@ def test_a_relative_spool_outside_a_data_directory_is_not_made_and_the_fetch_goe
     assert result.returncode == 0 and (tmp_path / "out").read_bytes() == (source / SEGMENTS[0]).read_bytes()
     assert f"warning: no prefetch: cannot make the spool {elsewhere}/pg_wal/.braid-prefetch: No such file or directory" in result.stderr
     assert list(elsewhere.iterdir()) == []  # no pg_wal made where restore_command does not run
+
+
+def test_the_prefetcher_never_imports_from_the_data_directory(tmp_path: Path, repo: Path, spool: Path) -> None:
+    """PostgreSQL runs restore_command in the data directory: the prefetcher started there (`python -P -m ...`)
+    imports Braid's own modules, never a `braid` package lying in that directory."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in SEGMENTS[:3]:
+        assert run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(source, name))).code == 0
+    data = tmp_path / "data"
+    (data / "pg_wal").mkdir(parents=True)
+    marker = tmp_path / "shadow-imported"
+    for package in (data / "braid", data / "braid" / "cli"):
+        package.mkdir()
+        (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)\n")
+    argv = [str(BRAID), "wal-fetch", "--repo", str(repo), "--name", "pg", "--prefetch", "2", "--spool", str(spool), SEGMENTS[0], "pg_wal/RECOVERYXLOG"]
+    done = subprocess.run(argv, cwd=data, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    box = next(spool.glob("fetch-*"))
+    while not (marker.exists() or all((box / name).exists() for name in SEGMENTS[1:3])):  # the prefetcher ran, one way or the other
+        time.sleep(0.05)
+    assert not marker.exists()

@@ -173,7 +173,8 @@ def start_prefetcher(spool: Path, repo: str, name: str, count: int, key_file: st
     """Start the prefetcher, detached, unless one serves the spool already.
 
     It runs in this process's working directory, so a relative spool (restore --pgdata's, in the data directory)
-    names the same directory for both, and keeps naming it if the data directory is moved while it runs.
+    names the same directory for both, and keeps naming it if the data directory is moved while it runs. `-P`:
+    that directory (PostgreSQL's data directory) is never put on the import path.
     """
     fd = locked(spool)
     if fd is None:
@@ -181,7 +182,7 @@ def start_prefetcher(spool: Path, repo: str, name: str, count: int, key_file: st
     os.close(fd)
     import subprocess  # only when a prefetcher starts
 
-    command = [sys.executable, "-m", "braid.cli.wal_prefetcher", "--repo", repo, "--name", name, "--spool", str(spool), "--count", str(count)]
+    command = [sys.executable, "-P", "-m", "braid.cli.wal_prefetcher", "--repo", repo, "--name", name, "--spool", str(spool), "--count", str(count)]
     if key_file:
         command += ["--key-file", key_file]
     with open(spool / LOG, "ab") as log:
