@@ -101,12 +101,14 @@ def test_base_backup_records_its_wal_and_restores_into_a_data_directory(repo: Pa
     assert (target / "recovery.signal").exists()
     conf = (target / "postgresql.auto.conf").read_text()
     braid = str(Path(sys.executable).parent / "braid")
-    # The fast path's spool is in pg_wal (the file system of %p), this user's; else the same wal-fetch runs.
-    root = target / "pg_wal" / ".braid-prefetch"
-    box = next(root.glob("fetch-pg-*"))
+    # The fast path's spool is in pg_wal (the file system of %p), this user's; else the same wal-fetch runs. Both name
+    # it relative to the data directory (PostgreSQL's working directory), so the directory may be moved.
+    box = next((target / "pg_wal" / ".braid-prefetch").glob("fetch-pg-*"))
     assert stat.S_IMODE(box.stat().st_mode) == 0o700 and box.stat().st_uid == os.geteuid()
-    command = restore_command([braid], str(repo), "pg", None, (str(root), str(box)))
+    root = "pg_wal/.braid-prefetch"
+    command = restore_command([braid], str(repo), "pg", None, (root, f"{root}/{box.name}"))
     assert document["restore_command"] == command and f" exec {braid} wal-fetch --repo {repo} --name pg --spool {root} %f %p" in command
+    assert command.startswith(f"f=%f s={root}/fetch-pg-") and str(target) not in command
     assert f"restore_command = '{command}'" in conf and conf.rstrip().endswith("recovery_target_action = 'promote'")
     assert "recovery_target_name = 'before-delete'" in conf
 

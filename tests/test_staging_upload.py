@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import moto.s3.models
@@ -22,7 +23,16 @@ from braid.adapters.aws.retries import RetrySettings
 from braid.adapters.aws.s3 import S3Store
 from braid.adapters.aws.s3_multipart import S3Multipart
 from braid.adapters.local.store import LocalStore
-from braid.agent.limits import DEFAULT_CONCURRENCY, buffers_needed, check_part_chunks, default_part_chunks, default_ramp_parts, default_segment_chunks
+from braid.agent.limits import (
+    DEFAULT_BUFFERS,
+    DEFAULT_CONCURRENCY,
+    buffers_needed,
+    check_part_chunks,
+    default_concurrency,
+    default_part_chunks,
+    default_ramp_parts,
+    default_segment_chunks,
+)
 from braid.agent.resume import part_matches
 from braid.agent.segments import PartLayout
 from braid.agent.throttle import TokenBucket
@@ -612,6 +622,20 @@ def test_removing_staging_deletes_the_session_before_anything_else(tmp_path: Any
 
 
 # -- staging parts of several chunks ------------------------------------------------
+
+
+def test_the_default_concurrency_keeps_one_inputs_memory_whatever_the_inputs() -> None:
+    """--concurrency not given: 11 chunks in flight with one input, one fewer per further input, at least 2,
+    so the agent holds 13 chunk buffers (832 MiB at 64 MiB chunks) with up to ten inputs; a given value is kept."""
+    assert DEFAULT_BUFFERS == 13 and default_concurrency(1) == DEFAULT_CONCURRENCY == 11
+    assert [default_concurrency(n) for n in (2, 4, 10, 11, 40)] == [10, 8, 2, 2, 2]
+    for inputs in range(1, 11):
+        assert inputs + default_concurrency(inputs) + 1 == DEFAULT_BUFFERS
+        assert default_part_chunks(64 * 1024**2, inputs, default_concurrency(inputs)) >= 1
+    assert DEFAULT_BUFFERS * 64 * 1024**2 + 150 * 1024**2 < 1024**3  # the chunks and the interpreter and clients (866 MiB peak measured)
+    from braid.agent.cloud_engine import CloudOptions
+
+    assert CloudOptions.from_cli(SimpleNamespace()).concurrency is None  # not given: the engine takes the default for its inputs
 
 
 def test_part_chunks_follow_the_agents_buffers() -> None:

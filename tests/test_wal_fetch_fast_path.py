@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from braid.ops.recovery import restore_command
-from braid.ops.spool import spool_for
+from braid.ops.recovery import fetch_spool, restore_command
+from braid.ops.wal_prefetch import remove_spool
 from conftest import BRAID, run_braid
 from wal_segments import write_segment
 
@@ -66,7 +66,7 @@ def pgdata(tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "data dir's"
     (directory / "pg_wal").mkdir(parents=True, mode=0o700)
     yield directory
-    for lock in directory.glob("pg_wal/.braid-prefetch/*/prefetch.lock"):
+    for lock in tmp_path.rglob("prefetch.lock"):  # wherever the data directory was moved to
         text = lock.read_text().strip()
         if text:
             try:
@@ -80,25 +80,32 @@ def wait_for(condition: object) -> None:
         time.sleep(0.05)
 
 
-def test_a_spooled_segment_is_served_by_sh_alone_and_the_prefetcher_follows(tmp_path: Path, repo: Path, pgdata: Path) -> None:
+def test_a_moved_data_directory_keeps_its_fast_path_and_the_prefetcher_follows(tmp_path: Path, repo: Path, pgdata: Path) -> None:
     source = tmp_path / "source"
     source.mkdir()
     for name in SEGMENTS:
         assert run_braid("wal-push", "--repo", str(repo), "--name", "pg", str(write_segment(source, name))).code == 0
-    root = pgdata / "pg_wal" / ".braid-prefetch"
-    box = spool_for(str(root), "fetch", str(repo), "pg", pgdata / "pg_wal")
-    real = restore_command([str(BRAID)], str(repo), "pg", None, (str(root), str(box)))
+    spool = fetch_spool(str(pgdata), str(repo), "pg")
+    assert spool is not None and spool[0] == "pg_wal/.braid-prefetch" and spool[1].startswith("pg_wal/.braid-prefetch/fetch-pg-")
+    real = restore_command([str(BRAID)], str(repo), "pg", None, spool)
     failing = stub(tmp_path / "no braid", 99)  # called only when the fast path does not serve
-    fast = restore_command([str(failing)], str(repo), "pg", None, (str(root), str(box)))
-    dest = pgdata / "pg_wal" / "RECOVERYXLOG"
+    fast = restore_command([str(failing)], str(repo), "pg", None, spool)
+    assert str(pgdata) not in real
 
-    # Nothing spooled yet: wal-fetch runs, serves the segment and starts the prefetcher.
-    assert postgres_runs(real, SEGMENTS[0], pgdata).returncode == 0
+    # Restored, then moved into place (as DBAs do), into a directory whose name needs quoting.
+    moved = tmp_path / ODD / "main"
+    moved.parent.mkdir()
+    pgdata.rename(moved)
+    box, dest = moved / spool[1], moved / "pg_wal" / "RECOVERYXLOG"
+
+    # Nothing spooled yet: wal-fetch runs, serves the segment and starts the prefetcher in the moved directory.
+    assert postgres_runs(real, SEGMENTS[0], moved).returncode == 0
     assert dest.read_bytes() == (source / SEGMENTS[0]).read_bytes()
     wait_for(lambda: all((box / name).exists() for name in SEGMENTS[1:4]))
+    assert not pgdata.exists()  # nothing was written to the old place
 
     # Spooled: sh serves it (the stub is never run), writes the position, leaves nothing of it in the spool.
-    done = postgres_runs(fast, SEGMENTS[1], pgdata)
+    done = postgres_runs(fast, SEGMENTS[1], moved)
     assert (done.returncode, done.stderr) == (0, "")
     assert not (failing.parent / "called").exists()
     assert dest.read_bytes() == (source / SEGMENTS[1]).read_bytes()
@@ -107,19 +114,60 @@ def test_a_spooled_segment_is_served_by_sh_alone_and_the_prefetcher_follows(tmp_
     # The prefetcher learned the position from the fast path: it fetches further ahead.
     wait_for(lambda: (box / SEGMENTS[4]).exists())
 
-    # Skipping ahead: served by sh again, and the prefetcher drops the segment left behind.
-    assert postgres_runs(fast, SEGMENTS[3], pgdata).returncode == 0
+    # Moved again while the prefetcher runs (the server stopped, the directory renamed, started again): the fast
+    # path serves from the new place, and the prefetcher, which names the spool relative to its working
+    # directory, follows the move and drops the segment left behind there.
+    again = tmp_path / "renamed"
+    moved.rename(again)
+    box, dest = again / spool[1], again / "pg_wal" / "RECOVERYXLOG"
+    assert postgres_runs(fast, SEGMENTS[3], again).returncode == 0
     assert dest.read_bytes() == (source / SEGMENTS[3]).read_bytes()
     wait_for(lambda: not (box / SEGMENTS[2]).exists())
-    assert not (failing.parent / "called").exists()
+    assert not (failing.parent / "called").exists() and not moved.exists()
 
-    # Not spooled: the fallback runs wal-fetch (here the stub, with the same arguments) ...
-    assert postgres_runs(fast, "00000002.history", pgdata).returncode == 99
+    # Not spooled: the fallback runs wal-fetch (here the stub, with the same arguments).
+    assert postgres_runs(fast, "00000002.history", again).returncode == 99
     assert (failing.parent / "called").read_text().splitlines()[-2:] == ["00000002.history", "pg_wal/RECOVERYXLOG"]
-    # ... and the real one exits 1 for a file not in the archive, with nothing at DEST.
-    missing = postgres_runs(real, "0000000100000000000000FE", pgdata)
+
+    # No request for a while (recovery ended, or paused): the prefetcher's idle exit removes the spool, the
+    # segments it fetched ahead with it, and the emptied .braid-prefetch; pg_wal keeps what else is there.
+    (again / "pg_wal" / "archive_status").mkdir()
+    wait_for(lambda: not (again / "pg_wal" / ".braid-prefetch").exists())
+    assert sorted(p.name for p in (again / "pg_wal").iterdir()) == ["archive_status"]
+
+    # Recovery resumes later: the fast path misses (the stub is called) ...
+    (failing.parent / "called").unlink()
+    assert postgres_runs(fast, SEGMENTS[5], again).returncode == 99
+    assert (failing.parent / "called").read_text().splitlines()[-2:] == [SEGMENTS[5], "pg_wal/RECOVERYXLOG"]
+    # ... and wal-fetch fetches the segment, making the same spool again.
+    assert postgres_runs(real, SEGMENTS[5], again).returncode == 0
+    assert dest.read_bytes() == (source / SEGMENTS[5]).read_bytes()
+    assert (box / "position").read_text().strip() == SEGMENTS[5]
+    # The real one exits 1 for a file not in the archive, with nothing at DEST.
+    missing = postgres_runs(real, "0000000100000000000000FE", again)
     assert missing.returncode == 1 and "not in the WAL archive" in missing.stderr
     assert not dest.exists()
+
+
+def test_the_idle_cleanup_removes_only_braids_own_files(tmp_path: Path) -> None:
+    root = tmp_path / "pg_wal" / ".braid-prefetch"
+    spool = root / "fetch-pg-0badc0de"
+    spool.mkdir(parents=True)
+    ours = [SEGMENTS[0], "position", ".position.4242", "identity", "prefetch.log", "prefetch.lock", f".{SEGMENTS[1]}.braid-x1y2z3"]
+    for name in [*ours, "notes.txt", ".position"]:
+        (spool / name).write_text(name)
+    remove_spool(spool)
+    assert sorted(p.name for p in spool.iterdir()) == [".position", "notes.txt"]  # not Braid's: kept, and so is the directory
+    (spool / "notes.txt").unlink()
+    (spool / ".position").unlink()
+    remove_spool(spool)
+    assert not root.exists() and (tmp_path / "pg_wal").is_dir()
+    # A root of the user's (--spool DIR) is left in place, even empty.
+    mine = tmp_path / "mine" / "fetch-pg-0badc0de"
+    mine.mkdir(parents=True)
+    remove_spool(mine)
+    assert not mine.exists() and mine.parent.is_dir()
+    remove_spool(mine)  # already gone: nothing to do
 
 
 def test_print_restore_command_makes_the_spool_and_prints_what_restore_pgdata_writes(repo: Path, pgdata: Path) -> None:
@@ -128,7 +176,8 @@ def test_print_restore_command_makes_the_spool_and_prints_what_restore_pgdata_wr
     root = pgdata / "pg_wal" / ".braid-prefetch"
     box = next(root.glob("fetch-pg-*"))
     assert stat.S_IMODE(root.stat().st_mode) == stat.S_IMODE(box.stat().st_mode) == 0o700
-    assert result.stdout.decode().strip() == restore_command([str(BRAID)], str(repo), "pg", None, (str(root), str(box)))
+    spool = ("pg_wal/.braid-prefetch", f"pg_wal/.braid-prefetch/{box.name}")
+    assert result.stdout.decode().strip() == restore_command([str(BRAID)], str(repo), "pg", None, spool)
 
 
 def test_print_restore_command_without_pg_wal_prints_the_plain_form(repo: Path, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 import boto3
 import pytest
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, default_part_chunks, default_ramp_parts, default_segment_chunks
+from braid.agent.limits import DEFAULT_CONCURRENCY, default_concurrency, default_part_chunks, default_ramp_parts, default_segment_chunks
 from braid.agent.segments import PartLayout
 from support.signals import default_dispositions
 
@@ -270,9 +270,10 @@ def chunks_of(sizes: list[int], chunk: int = 5 * MiB) -> int:
     return sum(-(-size // chunk) for size in sizes)
 
 
-def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int = DEFAULT_CONCURRENCY) -> int:
+def parts_of(sizes: list[int], chunk: int = 5 * MiB, concurrency: int | None = None) -> int:
     """Staging parts the agent sends at its defaults: each input's first segment starts with the ramp's one-chunk
     parts, then `default_part_chunks` chunks each (a segment's last may hold fewer)."""
+    concurrency = concurrency or default_concurrency(len(sizes))  # the agent's default for that many inputs
     per_part, per_segment = default_part_chunks(chunk, len(sizes), concurrency), default_segment_chunks(chunk)
     ramp = default_ramp_parts(per_part, per_segment)
     parts = 0

@@ -102,6 +102,9 @@ ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 # `wal-push --async`'s policy `async-bundle` (braid.cli.wal_pusher): at a backlog, the ready segments of one slot
 # (braid.format.wal_bundle.BUNDLE_FILES wide) staged in one PUT. Off when the pusher's environment sets it to "off".
 ENV_WAL_BUNDLE = "BRAID_WAL_BUNDLE"
+# The host's policy `pipe-buffer` (braid.engine.pipe_buffer): the pipes a backup is read from and a restore written
+# into get a 1 MiB kernel buffer. Off when the process's environment sets it to "off".
+ENV_PIPE_BUFFER = "BRAID_PIPE_BUFFER"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

@@ -106,8 +106,9 @@ print(arn)
 def add_arguments(parser) -> None:
     add_engine_options(parser)
     add_option_once(
-        parser, "--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-        help=f"cloud: agent --concurrency and boto3 max_concurrency (default {DEFAULT_CONCURRENCY}, the agent's)",
+        parser, "--concurrency", type=int, default=None,
+        help=f"cloud: agent --concurrency and boto3 max_concurrency (default: none given to the agent, its default for the inputs, "
+             f"{DEFAULT_CONCURRENCY} with one; boto3 {DEFAULT_CONCURRENCY})",
     )
     add_option_once(
         parser, "--s3-server", choices=("s3proxy", "moto"), default="s3proxy",
@@ -160,11 +161,21 @@ def _remove(server: s3proxy.Server, env: dict[str, str], ctx: Context, prefix: s
     subprocess.run([str(ctx.python), "-c", script, server.endpoint, BUCKET, prefix], env=env, check=True, capture_output=True)
 
 
+def agent_concurrency(args) -> list[str]:
+    """The agent's --concurrency flag: none unless the run names one, so the agent runs at its defaults (issue 27)."""
+    return [] if args.concurrency is None else ["--concurrency", str(args.concurrency)]
+
+
+def reference_concurrency(args) -> int:
+    """boto3's max_concurrency: the run's --concurrency, else the agent's default for one input."""
+    return args.concurrency or DEFAULT_CONCURRENCY
+
+
 def run(ctx: Context) -> Section:
     args = ctx.args
     ctx.dataset()  # generate (or find) the data set before the servers start
-    chunk, conc = args.chunk_size, args.concurrency
-    section = Section(NAME, f"cloud agent staging upload, {chunk // 2**20} MiB parts, concurrency {conc}")
+    chunk = args.chunk_size
+    section = Section(NAME, f"cloud agent staging upload, {chunk // 2**20} MiB parts, concurrency {args.concurrency or 'default'}")
     if not shutil.which("zstd"):
         section.skipped = "zstd is not on PATH"
         return section
@@ -219,8 +230,8 @@ def _run(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, sfn: s3
             "those in the child processes. It accepts but does not verify CRC64NVME on UploadPart/PUT and ignores If-None-Match."
         )
     chunks = -(-data.size // args.chunk_size)
-    if chunks < 2 * args.concurrency:
-        notes.append(f"only {chunks} parts for concurrency {args.concurrency}: start-up and the last part's tail weigh more; use a larger --size")
+    if chunks < 2 * reference_concurrency(args):
+        notes.append(f"only {chunks} parts for concurrency {reference_concurrency(args)}: start-up and the last part's tail weigh more; use a larger --size")
     section.notes = notes
     return section
 
@@ -229,7 +240,7 @@ def _measure(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, env
     """One variant's interleaved reps (agent, boto3, zstd): its comparisons and host table into `section`, its figures returned."""
     args = ctx.args
     data = ctx.dataset()
-    chunk, conc, pipes = args.chunk_size, args.concurrency, variant.pipes
+    chunk, conc, pipes = args.chunk_size, reference_concurrency(args), variant.pipes
     braid = str(ctx.braid)
     log = work / "agent.log"
     empty = work / "empty.bin"
@@ -240,7 +251,7 @@ def _measure(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, env
 
     def agent_argv(prefix: str) -> list[str]:
         return [braid, "backup", "--repo", f"s3://{BUCKET}/{variant.prefix}{prefix}", "--name", "bench", "--chunk-size", str(chunk),
-                "--level", str(args.level), "--concurrency", str(conc), "--no-wait"]
+                "--level", str(args.level), *agent_concurrency(args), "--no-wait"]
 
     agent, reference, zstd, startup = Series(), Series(), Series(), Series()
     staged = Series()  # the agent's wall until its stream-end record was written: the upload, without --no-wait's linger
@@ -293,7 +304,7 @@ def _measure(ctx: Context, section: Section, work: Path, s3: s3proxy.Server, env
     section.comparisons += [
         Comparison(
             f"upload throughput (until the stream-end record){label}",
-            f"braid backup --repo s3://... --concurrency {conc} --no-wait{' --input FILE' * pipes if pipes > 1 else ' < FILE'} ({server}), until stream-end",
+            f"braid backup --repo s3://... {' '.join(agent_concurrency(args)) or '(default --concurrency)'} --no-wait{' --input FILE' * pipes if pipes > 1 else ' < FILE'} ({server}), until stream-end",
             f"boto3 upload_fileobj, TransferConfig {chunk // 2**20} MiB x {conc} threads, {pipes} at once, same server {wire}".rstrip(),
             nbytes, staged, reference, THROUGHPUT_TARGET,
         ),

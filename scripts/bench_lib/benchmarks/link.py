@@ -34,7 +34,7 @@ import subprocess
 from pathlib import Path
 
 from bench_lib import s3proxy
-from bench_lib.benchmarks.cloud_host import _REFERENCE, _SETUP, BUCKET, STATE_MACHINE, stream_end_at
+from bench_lib.benchmarks.cloud_host import _REFERENCE, _SETUP, BUCKET, STATE_MACHINE, agent_concurrency, reference_concurrency, stream_end_at
 from bench_lib.context import Context, add_engine_options, add_option_once
 from bench_lib.netns import LinkError, ShapedLink
 from bench_lib.report import MB, Section, Table
@@ -60,7 +60,7 @@ def _links(text: str) -> list[tuple[int, float]]:
 
 def add_arguments(parser) -> None:
     add_engine_options(parser)
-    add_option_once(parser, "--concurrency", type=int, default=DEFAULT_CONCURRENCY, help=f"agent --concurrency (default {DEFAULT_CONCURRENCY})")
+    add_option_once(parser, "--concurrency", type=int, default=None, help=f"agent --concurrency (default: the agent's own; boto3 {DEFAULT_CONCURRENCY})")
     add_option_once(parser, "--links", type=_links, default=_links("1000x1,1000x20,10000x1,10000x20"),
                     help="link: RATE_MBITxRTT_MS,... (default 1000x1,1000x20,10000x1,10000x20)")
 
@@ -120,7 +120,7 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
     def agent(prefix: str, source: Path, *extra: str) -> Sample:
         log.unlink(missing_ok=True)
         argv = [str(ctx.braid), "backup", "--repo", f"s3://{BUCKET}/{prefix}", "--name", "bench", "--chunk-size", str(args.chunk_size),
-                "--level", str(args.level), "--concurrency", str(args.concurrency), "--no-wait", *extra]
+                "--level", str(args.level), *agent_concurrency(args), "--no-wait", *extra]
         try:
             sample = run_command(argv, stdin=source, stderr=log, env=env)
         except CommandFailed as exc:
@@ -130,7 +130,7 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
         return Sample(stream_end_at(log) - sample.started_at, sample.cpu, sample.max_rss)
 
     def reference(key: str) -> Sample:
-        argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"{key}/data", str(args.chunk_size), str(args.concurrency)]
+        argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"{key}/data", str(args.chunk_size), str(reference_concurrency(args))]
         try:
             return run_command(argv, stderr=work / "reference.log", env=env)
         finally:

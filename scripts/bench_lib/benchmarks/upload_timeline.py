@@ -59,11 +59,11 @@ def run(ctx: Context) -> Section:
             traced = {**env, "BRAID_BENCH_TIMELINE": str(trace)}
             if name == "agent":
                 argv = [str(ctx.braid), "backup", "--repo", f"s3://{cloud_host.BUCKET}/tl", "--name", "bench", "--chunk-size", str(args.chunk_size),
-                        "--level", str(args.level), "--concurrency", str(args.concurrency), "--no-wait"]
+                        "--level", str(args.level), *cloud_host.agent_concurrency(args), "--no-wait"]
                 sample = run_command(argv, stdin=data.path, stderr=log, env=traced)
                 end = cloud_host.stream_end_at(log)
             else:
-                argv = [str(ctx.python), "-c", cloud_host._REFERENCE, str(data.path), cloud_host.BUCKET, "tl-ref/data", str(args.chunk_size), str(args.concurrency)]
+                argv = [str(ctx.python), "-c", cloud_host._REFERENCE, str(data.path), cloud_host.BUCKET, "tl-ref/data", str(args.chunk_size), str(cloud_host.reference_concurrency(args))]
                 sample = run_command(argv, stderr=log, env=traced)
                 end = sample.started_at + sample.wall
             drop_dirty_pages()

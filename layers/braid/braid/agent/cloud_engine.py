@@ -7,8 +7,7 @@ with what it alone knows, that the manifest describes exactly the bytes it
 sent: every input's length, and every chunk present with its recorded size.
 
 The engine takes ports: the repository's store, its MultipartStore and the
-pipeline's Executions. braid.adapters.aws.wiring builds them for S3 and
-Step Functions.
+pipeline's Executions (braid.adapters.aws.wiring builds them for S3 and SFN).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from braid.agent.limits import DEFAULT_CONCURRENCY, check_worker_chunk_size
+from braid.agent.limits import check_worker_chunk_size, default_concurrency
 from braid.agent.parent_wait import await_parent
 from braid.agent.published import check_covers_stream, same_inputs
 from braid.agent.staging_sink import StagingSink
@@ -56,7 +55,7 @@ ABANDON_WAIT_SECONDS = 120.0
 
 @dataclass(frozen=True)
 class CloudOptions:
-    concurrency: int = DEFAULT_CONCURRENCY
+    concurrency: int | None = None  # chunks in flight; None: braid.agent.limits.default_concurrency for the inputs
     rate_limit: float | None = None
     fan_out: int = DEFAULT_MAX_CONCURRENCY
     wait: bool = True
@@ -73,7 +72,7 @@ class CloudOptions:
     def from_cli(cls, args: Any) -> CloudOptions:
         """From `braid backup`/`status` arguments; what a command does not take keeps its default."""
         return cls(
-            concurrency=getattr(args, "concurrency", None) or DEFAULT_CONCURRENCY,
+            concurrency=getattr(args, "concurrency", None),
             rate_limit=getattr(args, "rate_limit_bytes", None),
             fan_out=getattr(args, "fan_out", None) or DEFAULT_MAX_CONCURRENCY,
             wait=not getattr(args, "no_wait", False),
@@ -126,13 +125,14 @@ class CloudEngine:
         self._report_retries(ref, progress)
         report = PhaseReporter(progress, str(ref))
         area = StagingArea(self.store, ref)
+        labels = [s.label for s in request.sources] or list(request.input_labels)
+        concurrency = self.options.concurrency or default_concurrency(len(labels))  # --concurrency, or the default for the inputs
         upload_options: dict[str, Any] = {
-            "concurrency": self.options.concurrency,
+            "concurrency": concurrency,
             "rate_limit": self.options.rate_limit,
             "progress": lambda snapshot: report(upload_event(snapshot)),
             "requests": self.requests,
         }
-        labels = [s.label for s in request.sources] or list(request.input_labels)
         if request.resume:
             try:
                 upload = StagingUpload.resume(area, self.uploads, inputs=labels, **upload_options)
@@ -198,7 +198,7 @@ class CloudEngine:
                 stream = drive(
                     sources,
                     StagingSink(upload),
-                    buffers=pool_size(len(request.sources), self.options.concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
+                    buffers=pool_size(len(request.sources), concurrency + 1),  # memory: (inputs + concurrency + 1) chunks
                     chunk_size=upload.chunk_size,
                     backup=str(ref),
                     open_timeout=request.open_timeout,

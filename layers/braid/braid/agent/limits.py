@@ -32,6 +32,9 @@ SEGMENT_TARGET_BYTES = 2 * 1024**3
 # chunks and one input 13 buffers, 832 MiB (~915 MiB resident with the interpreter and clients), under
 # 1 GiB; room for 256 MiB parts (PART_TARGET_BYTES) with 2 in flight beside the one being filled.
 DEFAULT_CONCURRENCY = contract.DEFAULT_AGENT_CONCURRENCY
+# The buffers one input gets at the default --concurrency (13: 832 MiB at 64 MiB chunks). More inputs
+# (--pipes N, several --input) get fewer chunks in flight by default, so memory stays this bound.
+DEFAULT_BUFFERS = 1 + DEFAULT_CONCURRENCY + 1
 # A staging part of up to this many bytes holds several chunks: S3 bills each
 # UploadPart, so k chunks per part cut the agent's request cost by k; the worker
 # still reads one chunk per ranged GET (by byte offset).
@@ -42,6 +45,17 @@ PART_TARGET_BYTES = 256 * MiB
 # stream wants a larger --concurrency, which keeps the part size and adds parts in
 # flight. (Measured: docs/design/2026-11-cloud-figures.md.)
 MIN_PARTS_IN_FLIGHT = 2
+
+
+def default_concurrency(inputs: int) -> int:
+    """Chunks in flight when --concurrency is not given: DEFAULT_BUFFERS whatever the inputs, at least two parts.
+
+    One input: DEFAULT_CONCURRENCY (11). Each further input takes one
+    buffer to read into from the chunks in flight (four inputs: 8), down to
+    MIN_PARTS_IN_FLIGHT, below which the upload starves: past ten inputs
+    the memory grows by a chunk per input. A --concurrency given is kept.
+    """
+    return max(MIN_PARTS_IN_FLIGHT, DEFAULT_BUFFERS - inputs - 1)
 
 
 def default_segment_chunks(chunk_size: int) -> int:

@@ -26,9 +26,9 @@ def check_backup_memory(*, cloud: bool, inputs: int, chunk_size: int, workers: i
     """`--workers` bounds a local backup, `--concurrency` a cloud one: the option the user can lower is named."""
     size = f"--chunk-size {format_size(chunk_size)}"
     if cloud:
-        from braid.agent.cloud_engine import CloudOptions  # the cloud agent's imports are not the local path's
+        from braid.agent.limits import default_concurrency  # the cloud agent's imports are not the local path's
 
-        uploads = concurrency or CloudOptions().concurrency
+        uploads = concurrency or default_concurrency(inputs)
         _warn(check_memory(cloud_backup_buffers(inputs, uploads), chunk_size, f"--concurrency {uploads} with {size}"))
     else:
         _warn(check_memory(local_backup_buffers(inputs, workers), chunk_size, f"--workers {workers} with {size}"))

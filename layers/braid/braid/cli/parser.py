@@ -320,7 +320,7 @@ def _declare_backup(sub: Subparsers, shared: _Shared) -> None:
     backup.add_argument("--engine", choices=("local", "stepfunctions"),
                         help="where chunks are compressed and encrypted (default: the repository's pipeline, else this host)")
     cloud = backup.add_argument_group("s3:// repositories (the cloud pipeline)")
-    cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY}), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
+    cloud.add_argument("--concurrency", type=_positive_int, metavar="N", help=f"chunks in flight (default {contract.DEFAULT_AGENT_CONCURRENCY} with one input, one fewer per further input, at least 2), sent in staging parts of up to 4 chunks; memory is (inputs + concurrency + 1) chunks")
     cloud.add_argument("--fan-out", type=_positive_int, metavar="N", help="Lambda workers at once for this backup (map MaxConcurrency, default 100)")
     cloud.add_argument("--no-part-ramp", action="store_true", help="send full-size staging parts from the first chunk (the part ramp policy off)")
     cloud.add_argument("--no-policy", action="append", choices=contract.PIPELINE_POLICIES, metavar="NAME",

@@ -82,7 +82,7 @@ def declare_wal_fetch(sub: Subparsers, shared: _Shared) -> None:
     fetch.add_argument("--print-restore-command", metavar="PGDATA",
                        help="print the restore_command for the data directory PGDATA (what restore --pgdata writes: a sh fast"
                             " path serving spooled segments without starting Braid, else this wal-fetch), making its spool in"
-                            " PGDATA/pg_wal; run it as the server's user")
+                            " PGDATA/pg_wal and naming it relative to PGDATA, so PGDATA may be moved; run it as the server's user")
     fetch.add_argument("--prefetch", type=_count, default=DEFAULT_PREFETCH, metavar="N",
                        help=f"segments to fetch ahead in the background (default {DEFAULT_PREFETCH}; 0: none)")
     fetch.add_argument("--spool", metavar="DIR",

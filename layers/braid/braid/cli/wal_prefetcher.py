@@ -23,8 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(option)
     parser.add_argument("--count", type=int, default=8)
     options = parser.parse_args(argv)
-    spool = Path(options.spool)
-    lock = locked(spool)
+    spool = Path(options.spool)  # relative (restore --pgdata's): in the data directory, the working directory it inherits
+    try:
+        lock = locked(spool)
+    except FileNotFoundError:
+        return 0  # the spool was removed meanwhile (an idle prefetcher's cleanup): the next wal-fetch makes it again
     if lock is None:
         return 0  # another prefetcher serves this spool
     os.ftruncate(lock, 0)

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from collections.abc import Sequence
 
+from braid.engine.pipe_buffer import widen
 from braid.errors import UsageError
 
 __all__ = ["HeldFifo", "PipeDir", "check_placeholders", "substitute"]
@@ -83,6 +84,7 @@ class HeldFifo:
             os.close(self._reader)
             raise
         os.set_blocking(self._reader, True)  # shared with a consumer that takes it as its stdin
+        widen(self._reader)
 
     @property
     def reader(self) -> int:

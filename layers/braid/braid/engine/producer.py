@@ -42,6 +42,7 @@ from braid.engine.child import Child, program_name
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, note_delay
 from braid.engine.fifos import PipeDir, check_placeholders, substitute
 from braid.engine.open_watch import OpenWatch
+from braid.engine.pipe_buffer import widen
 from braid.engine.stream import InputSource
 from braid.errors import ProducerError, UsageError
 from braid.format.buffers import WritableBuffer
@@ -203,6 +204,7 @@ class Producer:
                 self._child = Child("producer", self.argv, stdout=subprocess.PIPE, echo=self.echo)
                 assert self._child.proc.stdout is not None
                 stdout = self._child.proc.stdout.fileno()
+                widen(stdout)
                 self._wake = os.pipe()
                 self.sources = [_StdoutSource(0, f"stdout of {self.name}", None, fd=stdout, wake=self._wake[0], why=self._held_stdout)]
                 threading.Thread(target=self._watch_stdout, args=(self._child, stdout, self._wake[1]), name="braid-producer-stdout", daemon=True).start()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from io import RawIOBase
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, is_fifo, open_fifo_for_reading
+from braid.engine.pipe_buffer import widen
 from braid.errors import BackupError, InputError
 from braid.format.buffers import WritableBuffer, new_buffer, read_full
 from braid.format.checksum import preload as preload_checksums
@@ -166,10 +167,15 @@ class InputSource:
         `note` once if it takes a while); None if `cancelled` came first.
         """
         if self.path is None:
-            return os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+            fd = os.dup(sys.stdin.fileno())
+            widen(fd)
+            return os.fdopen(fd, "rb", buffering=0)
         if is_fifo(self.path):
-            fd = open_fifo_for_reading(self.path, timeout=timeout, note=note, cancelled=cancelled)
-            return None if fd is None else os.fdopen(fd, "rb", buffering=0)
+            got = open_fifo_for_reading(self.path, timeout=timeout, note=note, cancelled=cancelled)
+            if got is None:
+                return None
+            widen(got)
+            return os.fdopen(got, "rb", buffering=0)
         try:
             return open(self.path, "rb", buffering=0)
         except OSError as exc:

@@ -23,6 +23,7 @@ from braid.format.ids import BackupRef
 from braid.format.pg_backup import parse_lsn
 from braid.format.repository import Repository
 from braid.format.timestamps import parse_timestamp
+from braid.ops.spool import PGDATA_SPOOL
 
 __all__ = ["RecoveryTarget", "backup_before", "fetch_spool", "parse_target_time", "restore_command", "write_recovery"]
 
@@ -110,14 +111,16 @@ def backup_before(repository: Repository, name: str, target: datetime) -> Backup
 
 
 def restore_command(executable: Sequence[str], repo: str, name: str, key_file: str | None, spool: tuple[str, str] | None = None) -> str:
-    """`braid wal-fetch --repo R --name NAME %f %p` as a shell command line, every path absolute.
+    """`braid wal-fetch --repo R --name NAME %f %p` as a shell command line, every path absolute but the spool's.
 
     With `spool` (the --spool root given to wal-fetch, and the prefetch spool
-    it resolves to, on DEST's file system), a POSIX sh fast path comes first:
-    a segment the prefetcher already spooled (verified, written atomically)
-    is recorded as the spool's position (a temporary file renamed onto it)
-    and hard-linked to %p, with no process but sh, mv and ln; anything else
-    (not spooled, another file system, a failed step) runs wal-fetch.
+    it resolves to, on DEST's file system; both relative to the data
+    directory, see fetch_spool), a POSIX sh fast path comes first: a segment
+    the prefetcher already spooled (verified, written atomically) is
+    recorded as the spool's position (a temporary file renamed onto it) and
+    hard-linked to %p, with no process but sh, mv and ln; anything else (not
+    spooled, the spool removed by the prefetcher's idle exit, another file
+    system, a failed step) runs wal-fetch.
     """
     words = [*executable, "wal-fetch", "--repo", repo, "--name", name]
     if key_file is not None:
@@ -133,11 +136,22 @@ def restore_command(executable: Sequence[str], repo: str, name: str, key_file: s
     )
 
 
-def fetch_spool(directory: str, repo: str, name: str) -> tuple[str, str] | None:
-    """wal-fetch's --spool root and prefetch spool inside DIR/pg_wal (the file system of %p, this user's, 0700); None when not made there.
+SPOOL_ROOT = "pg_wal/" + PGDATA_SPOOL  # relative to the data directory
 
-    Inside pg_wal, a base backup of the recovered cluster leaves it out, and the fast path can hard-link a
-    spooled segment to %p (pg_wal/RECOVERYXLOG, relative to DIR) without a copy.
+
+def fetch_spool(directory: str, repo: str, name: str) -> tuple[str, str] | None:
+    """wal-fetch's --spool root and prefetch spool inside DIR/pg_wal (the file system of %p, this user's, 0700), both
+    relative to DIR; None when not made there.
+
+    Relative, so that a data directory moved or renamed after the restore keeps a working fast path and no process
+    writes to its old place: PostgreSQL runs restore_command in the data directory. The postmaster chdir's there at
+    start (src/backend/postmaster/postmaster.c, PostmasterMain: "And switch working directory into it",
+    ChangeToDataDir(); src/backend/utils/init/miscinit.c: "Most of the postmaster and backend code assumes that we
+    are in DataDir so it can use relative paths"), its children inherit it, %p is relative to it (xlogarchive.c, RestoreArchivedFile:
+    XLOGDIR "/" RECOVERYXLOG, i.e. pg_wal/RECOVERYXLOG), and the documentation of restore_command says so: "The path
+    name is relative to the current working directory, i.e., the cluster's data directory." wal-fetch starts the
+    prefetcher in that directory too, with the spool's relative name. Inside pg_wal, a base backup of the recovered
+    cluster leaves the spool out, and the fast path can hard-link a spooled segment to %p without a copy.
     """
     from pathlib import Path
 
@@ -147,11 +161,11 @@ def fetch_spool(directory: str, repo: str, name: str) -> tuple[str, str] | None:
     wal_directory = Path(directory, "pg_wal")
     if not wal_directory.is_dir() or wal_directory.is_symlink():
         return None  # pg_wal elsewhere: the default spool and plain wal-fetch
-    root = str(wal_directory / ".braid-prefetch")
     try:
-        return root, str(spool_for(root, "fetch", repo, name, wal_directory))
+        spool = spool_for(str(wal_directory / PGDATA_SPOOL), "fetch", repo, name, wal_directory)
     except (BackupError, OSError):
         return None
+    return SPOOL_ROOT, f"{SPOOL_ROOT}/{spool.name}"
 
 
 def _word(word: str) -> str:

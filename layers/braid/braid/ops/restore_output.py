@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from io import FileIO
 
 from braid.engine.fifo_open import DEFAULT_OPEN_TIMEOUT, is_fifo, open_fifo_for_writing
+from braid.engine.pipe_buffer import widen
 from braid.errors import InputError
 
 PARTIAL_SUFFIX = ".braid-partial"
@@ -80,10 +81,15 @@ class OutputTarget:
     ) -> Output | None:
         """The opened output; None if `cancelled` while waiting for a pipe's reader."""
         if self.path is None:
-            return Output(self.label, os.fdopen(os.dup(sys.stdout.fileno()), "wb", buffering=0))
+            fd = os.dup(sys.stdout.fileno())
+            widen(fd)
+            return Output(self.label, os.fdopen(fd, "wb", buffering=0))
         if is_fifo(self.path):
-            fd = open_fifo_for_writing(self.path, timeout=timeout, note=note, cancelled=cancelled)
-            return None if fd is None else Output(self.label, os.fdopen(fd, "wb", buffering=0))
+            got = open_fifo_for_writing(self.path, timeout=timeout, note=note, cancelled=cancelled)
+            if got is None:
+                return None
+            widen(got)
+            return Output(self.label, os.fdopen(got, "wb", buffering=0))
         partial = self.partial_path
         if partial is None:  # a device, e.g. /dev/null: written in place
             return Output(self.label, self._open_in_place())

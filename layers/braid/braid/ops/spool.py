@@ -13,6 +13,8 @@ from pathlib import Path
 
 from braid.errors import InputError
 
+PGDATA_SPOOL = ".braid-prefetch"  # the root `restore --pgdata` makes in DIR/pg_wal: Braid's own, removed once empty
+
 
 def default_spool_root() -> Path:
     """$XDG_RUNTIME_DIR/braid (a per-user tmpfs), else /tmp/braid-UID."""
@@ -20,12 +22,17 @@ def default_spool_root() -> Path:
     return Path(runtime) / "braid" if runtime else Path(f"/tmp/braid-{os.geteuid()}")
 
 
-def private_directory(path: Path) -> Path:
-    """`path` (and its missing parents), mode 0700, owned by this user; InputError for one that is not private."""
+def private_directory(path: Path, *, parents: bool = True) -> Path:
+    """`path` (and, with `parents`, its missing parents), mode 0700, owned by this user; InputError for one that is not private.
+
+    FileNotFoundError, without `parents`, when the parent is gone.
+    """
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=parents, exist_ok=True)
         status = path.lstat()
     except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not parents:
+            raise
         raise InputError(f"cannot make the spool directory {path}: {exc.strerror or exc}") from None
     if not path.is_dir() or path.is_symlink():
         raise InputError(f"spool {path} is not a directory")
@@ -38,11 +45,20 @@ def private_directory(path: Path) -> Path:
 
 
 def spool_for(root: str | None, kind: str, repository: str, name: str, wal_directory: Path) -> Path:
-    """The private spool of one kind (push, fetch) for one repository, archive name and pg_wal directory."""
+    """The private spool of one kind (push, fetch) for one repository, archive name and pg_wal directory.
+
+    A root directly inside that pg_wal (`restore --pgdata`'s DIR/pg_wal/.braid-prefetch) moves with the data
+    directory, so its spool's identity names no path: a relative root finds the same spool after the data
+    directory is moved. FileNotFoundError when the root vanishes meanwhile (a prefetcher removing its spool
+    on its idle exit), or a relative root's parent is missing (wal-fetch run outside the data directory): the
+    caller may ask again, or go on without a spool.
+    """
     base = Path(root).expanduser() if root else default_spool_root()
-    private_directory(base)
-    identity = f"{kind}\n{repository}\n{name}\n{wal_directory.resolve()}\n"
-    spool = private_directory(base / f"{kind}-{name}-{zlib.crc32(identity.encode()):08x}")
+    private_directory(base, parents=base.is_absolute())  # a relative root is made only where its parent is (DIR/pg_wal)
+    where = wal_directory.resolve()
+    place = "(the pg_wal it is in)" if base.resolve().parent == where else str(where)
+    identity = f"{kind}\n{repository}\n{name}\n{place}\n"
+    spool = private_directory(base / f"{kind}-{name}-{zlib.crc32(identity.encode()):08x}", parents=False)
     # The short name could collide: the spool says whose it is, and another's is refused, never shared.
     marker = spool / "identity"
     try:

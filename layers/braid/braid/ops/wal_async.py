@@ -54,11 +54,13 @@ def pusher_running(spool: Path) -> bool:
 
 
 def start_pusher(args: argparse.Namespace, name: str, wal_directory: Path, spool: Path, repo: str) -> subprocess.Popen[bytes]:
-    """Start the resident pusher, detached (its own session), logging to the spool's pusher.log."""
+    """Start the resident pusher, detached (its own session), logging to the spool's pusher.log.
+
+    `-P`: archive_command runs in the data directory, which is never put on the pusher's import path."""
     import subprocess  # only when a pusher must be started: most calls find their file stored already
 
     command = [
-        sys.executable, "-m", "braid.cli.wal_pusher", "--repo", repo, "--name", name, "--wal-dir", str(wal_directory),
+        sys.executable, "-P", "-m", "braid.cli.wal_pusher", "--repo", repo, "--name", name, "--wal-dir", str(wal_directory),
         "--spool", str(spool), "--workers", str(args.workers), "--level", str(args.level),
     ]
     if args.key_file:

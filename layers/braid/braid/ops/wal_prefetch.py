@@ -8,9 +8,20 @@ timeline ends the old timeline's too), and starts the prefetcher when none
 holds the spool's lock. The prefetcher keeps the `--prefetch` segments after
 `position` in the spool, each one authenticated, decrypted and checked
 before it is written there (atomically), so the spool only ever holds
-verified bytes. It exits once it has had nothing to do for IDLE_EXIT
-seconds; a request for a segment that is not archived (the end of
+verified bytes. A request for a segment that is not archived (the end of
 recovery's archive) empties the spool.
+
+Once it has had nothing to do for IDLE_EXIT seconds (recovery ended,
+paused or stopped) the prefetcher removes the spool: its segments, then
+Braid's own files in it (position, identity, log, lock, temporary files),
+then the directory and an emptied `.braid-prefetch` root, each only if
+nothing else appeared meanwhile. A file Braid did not write, or a call that
+is using the spool again, leaves the directory in place. Nothing it removes
+is needed: a later restore_command (recovery resumed after a pause or a
+restart) misses the fast path and runs wal-fetch, which makes the spool
+again (asking once more if it vanished under it) and starts a prefetcher.
+A prefetcher that fails drops its segments and keeps the spool with its
+log; one that is killed leaves the spool to the next one's idle exit.
 
 `braid restore --pgdata` writes a restore_command whose sh fast path serves
 a spooled segment without starting Python (braid.ops.recovery): it writes
@@ -28,7 +39,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from braid.errors import BackupError
+from braid.errors import BackupError, InputError
 from braid.format.wal import SEGMENT, WalFile, segment_name
 
 if TYPE_CHECKING:  # a call served from the spool loads no cryptography, zstd or repository code
@@ -43,7 +54,10 @@ IDLE_EXIT = 10.0
 
 
 def spooled_segments(spool: Path) -> list[str]:
-    return sorted(entry.name for entry in os.scandir(spool) if len(entry.name) == 24 and not entry.name.startswith("."))
+    try:
+        return sorted(entry.name for entry in os.scandir(spool) if len(entry.name) == 24 and not entry.name.startswith("."))
+    except FileNotFoundError:  # removed (by hand, or by an idle prefetcher): nothing spooled
+        return []
 
 
 def _drop_before(spool: Path, file_name: str) -> None:
@@ -86,6 +100,57 @@ def forget_spool(spool: Path) -> None:
         _unlink(spool / name)
 
 
+def open_spool(root: str | None, repo: str, name: str, wal_directory: Path, file_name: str) -> Path:
+    """The fetch spool (braid.ops.spool.spool_for) with `file_name` noted as its position; made again, once, when a
+    prefetcher's idle exit removed it meanwhile. InputError when it cannot be made (a relative root outside DIR)."""
+    from braid.ops.spool import spool_for
+
+    try:
+        spool = spool_for(root, "fetch", repo, name, wal_directory)
+        note_position(spool, file_name)
+    except FileNotFoundError:
+        try:
+            spool = spool_for(root, "fetch", repo, name, wal_directory)
+            note_position(spool, file_name)
+        except FileNotFoundError as exc:
+            raise InputError(
+                f"cannot make the spool {Path(root or '.').absolute()}: {exc.strerror} (a relative --spool is made in the working"
+                " directory, which for restore_command is the data directory)"
+            ) from None
+    return spool
+
+
+def remove_spool(spool: Path) -> None:
+    """The idle exit's cleanup: the spooled segments, Braid's own files, the spool and an emptied PGDATA_SPOOL root.
+
+    The lock goes last: a wal-fetch may start the next prefetcher only once this one is done with the files, and a
+    directory that is in use again (or holds anything else) stays.
+    """
+    from braid.ops.spool import PGDATA_SPOOL
+
+    forget_spool(spool)
+    try:
+        entries = [entry.name for entry in os.scandir(spool)]
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if _ours(entry):
+            _unlink(spool / entry)
+    _unlink(spool / LOCK)
+    for directory in (spool, spool.parent) if spool.parent.name == PGDATA_SPOOL else (spool,):
+        try:
+            directory.rmdir()
+        except OSError:  # not empty: a wal-fetch or the fast path is using it again, or it holds what is not Braid's
+            return
+
+
+def _ours(entry: str) -> bool:
+    """A file of the spool's that Braid writes (the lock aside): position and its temporary files (wal-fetch's,
+    the fast path's), identity, the prefetcher's log, write_atomically's temporary segments."""
+    temporary_segment = entry.startswith(".") and entry[25:32] == ".braid-" and len(entry) > 32
+    return entry in (POSITION, "identity", LOG) or entry.startswith(f".{POSITION}.") or temporary_segment
+
+
 def _unlink(path: Path) -> None:
     try:
         path.unlink()
@@ -105,14 +170,19 @@ def locked(spool: Path) -> int | None:
 
 
 def start_prefetcher(spool: Path, repo: str, name: str, count: int, key_file: str | None) -> None:
-    """Start the prefetcher, detached, unless one serves the spool already."""
+    """Start the prefetcher, detached, unless one serves the spool already.
+
+    It runs in this process's working directory, so a relative spool (restore --pgdata's, in the data directory)
+    names the same directory for both, and keeps naming it if the data directory is moved while it runs. `-P`:
+    that directory (PostgreSQL's data directory) is never put on the import path.
+    """
     fd = locked(spool)
     if fd is None:
         return
     os.close(fd)
     import subprocess  # only when a prefetcher starts
 
-    command = [sys.executable, "-m", "braid.cli.wal_prefetcher", "--repo", repo, "--name", name, "--spool", str(spool), "--count", str(count)]
+    command = [sys.executable, "-P", "-m", "braid.cli.wal_prefetcher", "--repo", repo, "--name", name, "--spool", str(spool), "--count", str(count)]
     if key_file:
         command += ["--key-file", key_file]
     with open(spool / LOG, "ab") as log:
@@ -137,12 +207,25 @@ def _wanted(spool: Path, count: int, segment_size: int) -> list[str]:
 
 
 def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, count: int, staging: WalStaging | None = None) -> None:
-    """Keep the `count` segments after the spool's position spooled, verified, until IDLE_EXIT seconds pass without a new position."""
-    from braid.errors import WalNotArchivedError
+    """Keep the `count` segments after the spool's position spooled, verified, until IDLE_EXIT seconds pass without a new
+    position; then remove the spool (remove_spool). On a failure, drop the spooled segments and raise."""
     from braid.ops.wal import segment_size_of
-    from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
 
     size = segment_size_of(repository.store, name)
+    try:
+        _prefetch_until_idle(repository, keys, name, spool, count, size, staging)
+    except BaseException:
+        forget_spool(spool)  # nothing spooled outlives the prefetcher; the log says what failed
+        raise
+    remove_spool(spool)  # no request for IDLE_EXIT seconds: recovery ended, paused or stopped; nothing stays behind
+
+
+def _prefetch_until_idle(
+    repository: Repository, keys: KeyService, name: str, spool: Path, count: int, size: int, staging: WalStaging | None
+) -> None:
+    from braid.errors import WalNotArchivedError
+    from braid.ops.wal_fetch import fetch_wal_bytes, write_atomically
+
     last, idle_since = None, time.monotonic()
     while time.monotonic() - idle_since < IDLE_EXIT:
         position = _position(spool)
@@ -161,4 +244,3 @@ def prefetch(repository: Repository, keys: KeyService, name: str, spool: Path, c
             continue
         if wanted[0] in _wanted(spool, count, size):  # still ahead of PostgreSQL (it may have asked past it meanwhile)
             write_atomically(spool / wanted[0], data)
-    forget_spool(spool)  # no wal-fetch for a while: recovery ended or stopped; nothing spooled stays behind

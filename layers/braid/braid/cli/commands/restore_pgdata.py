@@ -43,7 +43,7 @@ def braid_executable() -> list[str]:
     found = shutil.which(argv0) if argv0 and os.path.basename(argv0).startswith("braid") else None
     if found:
         return [os.path.abspath(found)]
-    return [os.path.abspath(sys.executable), "-m", "braid.cli"]
+    return [os.path.abspath(sys.executable), "-P", "-m", "braid.cli"]
 
 
 def explicit_key_file(args: argparse.Namespace) -> str | None:

@@ -84,11 +84,9 @@ def cmd_wal_fetch(args: argparse.Namespace) -> int:
     spool = None
     if args.prefetch and file.kind == SEGMENT and repo:
         from braid.ops import wal_prefetch
-        from braid.ops.spool import spool_for
 
-        try:
-            spool = spool_for(args.spool, "fetch", repo, name, dest.absolute().parent)
-            wal_prefetch.note_position(spool, file.name)
+        try:  # a relative --spool (restore --pgdata's) is in the data directory, PostgreSQL's working directory
+            spool = wal_prefetch.open_spool(args.spool, repo, name, dest.absolute().parent, file.name)
             if wal_prefetch.serve_from_spool(spool, file.name, dest):
                 wal_prefetch.start_prefetcher(spool, repo, name, args.prefetch, args.key_file)
                 return 0
