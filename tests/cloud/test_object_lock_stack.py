@@ -281,11 +281,21 @@ def archive_history(cloud: Cloud, tmp_path: Path, written: datetime, monkeypatch
 def test_finalize_keeps_the_history_file_of_a_timeline_2_backup_as_long_as_the_backup(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The Finalize Lambda (its environment's lock, its own store) lengthens the file's date before it publishes."""
+    """The Finalize Lambda (its environment's lock, its own store) lengthens the file's date before it publishes. Refused
+    (the role lacks the grant), Finalize fails before publishing: the backup is held, naming the error, as any Finalize
+    failure; `--resume` once it is granted publishes it."""
     import io
     import tarfile
 
+    from moto.s3.exceptions import S3AccessDeniedError
+    from moto.s3.responses import S3Response
+    from test_state_machine import wait_for_hold
     from tests.test_wal_retention import label_tar
+
+    from braid.format.staging import ResumeRequest
+
+    def denied(self: Any) -> Any:
+        raise S3AccessDeniedError
 
     key = archive_history(cloud, tmp_path, datetime.now(UTC) - timedelta(days=1), monkeypatch)  # 1 of the 2 days left
     ref = BackupRef.new("pg")
@@ -296,7 +306,15 @@ def test_finalize_keeps_the_history_file_of_a_timeline_2_backup_as_long_as_the_b
     StagingArea(cloud.store, ref).write_captured(members)
     cloud.stage_input(ref, 0, stream, 2)
     cloud.stage_end(ref, [stream], 2)
-    arn = cloud.start(ref, max_concurrency=2)
+    with monkeypatch.context() as refused:
+        refused.setattr(S3Response, "put_object_retention", denied)
+        arn = cloud.start(ref, max_concurrency=2)
+        hold = wait_for_hold(cloud, ref, arn)
+    assert hold.cause.startswith(f"Finalize failed: HistoryRetentionError: could not keep {key} (timeline 2's history, which a recovery of {ref} follows)")
+    assert "s3:PutObjectRetention" in hold.cause and hold.cause.endswith("; nothing was published"), hold.cause
+    assert cloud.store.head(manifest_key(ref)) is None
+
+    StagingArea(cloud.store, ref).write_resume_request(ResumeRequest("resume-1"))  # what `braid backup --resume` writes
     assert cloud.wait(arn)["status"] == "SUCCEEDED", cloud.failures(arn)
 
     manifest = cloud.repository.load(ref).manifest
