@@ -223,7 +223,7 @@ def _denied(self: Any) -> Any:
 def test_the_cli_publishes_only_once_the_history_is_kept_and_exits_7_when_it_cannot_be(
     server: dict[str, str], isolated_config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # noqa: F811
 ) -> None:
-    repo = f"s3://{LOCKED_BUCKET}/db"  # the fixture's bucket with Object Lock
+    repo = f"s3://{LOCKED_BUCKET}/histdb"  # the fixture's bucket with Object Lock; a prefix no other test uses (moto's state is the process's)
     assert run_braid("init", "--repo", repo, "--engine", "local", "--object-lock", "GOVERNANCE:10", env=server).code == 0
     history = tmp_path / HISTORY
     history.write_bytes(b"1\t0/3000000\tno recovery target specified\n")
@@ -231,7 +231,7 @@ def test_the_cli_publishes_only_once_the_history_is_kept_and_exits_7_when_it_can
         pushed = run_braid("wal-push", "--repo", repo, "--name", "pg", str(path), env=server)
         assert pushed.code == 0, pushed.stderr
     client = boto3.client("s3", endpoint_url=server["AWS_ENDPOINT_URL"], region_name="us-east-1")
-    key = f"db/{HISTORY_KEY}"
+    key = f"histdb/{HISTORY_KEY}"
     # As if it were pushed 9 of the 10 days ago (an administrator's bypass of GOVERNANCE, in the test only).
     client.put_object_retention(Bucket=LOCKED_BUCKET, Key=key, Retention={"Mode": "GOVERNANCE", "RetainUntilDate": NOW + timedelta(days=1)},
                                 BypassGovernanceRetention=True)
