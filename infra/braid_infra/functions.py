@@ -47,6 +47,7 @@ from braid_infra.storage import (
     VERIFY_OBJECTS,
     VERIFY_RUN_OBJECTS,
     WAL_FILE_OBJECTS,
+    WAL_HISTORY_OBJECTS,
     WAL_RECORDS,
     Storage,
 )
@@ -258,6 +259,11 @@ class PipelineFunctions(Construct):
         self._s3("finalize", ["s3:DeleteObject"], MANIFEST_OBJECTS)
         # ...with the backup's catalog summary and log marker, written before the manifest (braid.ops.catalog).
         self._s3("finalize", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], CATALOG_OBJECTS)
+        # ...and, under Object Lock, keep the history file of a backup's timeline as long as the backup before publishing it
+        # (braid.ops.wal_history_lock): its date by a HEAD (s3:GetObject, with s3:GetObjectRetention for the date), then a
+        # longer one (s3:PutObjectRetention; never s3:BypassGovernanceRetention), on history files only.
+        if self.storage.object_lock is not None:
+            self._s3("finalize", ["s3:GetObject", "s3:GetObjectRetention", "s3:PutObjectRetention"], WAL_HISTORY_OBJECTS)
         self._list("finalize")
         self._list_versions("finalize")
         self._uploads("finalize")

@@ -64,6 +64,7 @@ OBJECTS = {
     RESULT_OBJECTS: "A map item's result record is named per backup and first chunk at run time (staging/NAME/ID/results/N.json).",
     FAILURE_OBJECTS: "A map item's failure record is named per backup and first chunk at run time (staging/NAME/ID/failures/N.json).",
     WAL_FILE_OBJECTS: "Archived WAL files and packs are named per backup name, timeline and segment at run time; the prune deletes only those in segment directories.",
+    WAL_HISTORY_OBJECTS: "Timeline history files are named per backup name and timeline at run time; Finalize only reads and lengthens their retention.",
     WAL_RECORDS: "Each WAL archive's record is named per backup name (wal/NAME/archive.json); the prune only reads it.",
     PRUNE_OBJECTS: "A prune run's plan, items, results and report are named per run at run time; confined to prune/.",
 }
@@ -109,6 +110,8 @@ def suppress_findings(stack: BraidStack) -> None:
     }
     backup_steps = ("prepare", "plan", "worker", "finalize", "cleanup")
     prune_steps = ("prune", "sweep", "tally")
+    if stack.storage.object_lock is not None:
+        uses["finalize"].append(WAL_HISTORY_OBJECTS)  # under a lock, a published backup's history file is kept as long (braid.ops.wal_history_lock)
     for name, patterns in uses.items():
         policy = functions.roles[name].node.find_child("DefaultPolicy")
         acknowledge(policy, wildcard("*"), XRAY)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -22,14 +23,17 @@ from aws_cdk import Duration
 from botocore.config import Config
 from test_state_machine import REGION, Cloud, in_process_cloud, pattern
 
+import braid.adapters.aws.s3 as s3_adapter
 from braid import contract
 from braid.adapters.aws.kms import KmsKeyService, KmsRewrap
 from braid.adapters.aws.s3 import S3Store
 from braid.format.ids import BackupRef
-from braid.format.layout import CONFIG, data_prefix, manifest_key, staging_prefix
-from braid.format.lock import ObjectLock
+from braid.format.layout import CONFIG, data_prefix, manifest_key, staging_prefix, wal_key
+from braid.format.lock import ObjectLock, retention_until
 from braid.format.repository import Repository
+from braid.format.staging import StagingArea
 from braid.format.stored import stored_objects
+from braid.format.wal import WalFile
 from braid.ops.rekey import rekey_repository
 from support.emulated_cloud import stack_iam
 from support.emulated_iam import OPERATOR_KEY, StackIam, json_authorizations, s3_authorizations
@@ -256,3 +260,97 @@ def test_the_wal_worker_puts_archived_wal_locked_and_may_lock_nothing_else(synth
                 f"{bucket}/manifests/db/20261123T000000.000Z-1a2b3c4d.json"):
         assert iam.decide(worker, "s3:PutObjectRetention", key, {**create, **lock}) != ALLOW, key
     assert iam.decide(worker, "s3:PutObject", f"{bucket}/wal/pg/archive.json", create) == ALLOW  # the archive's record stays unlocked
+
+
+# --- a backup's timeline history file, kept as long as the backup by Finalize (braid.ops.wal_history_lock) --------
+
+
+def archive_history(cloud: Cloud, tmp_path: Path, written: datetime, monkeypatch: pytest.MonkeyPatch) -> str:
+    """00000002.history archived under `pg` with the stack's key, as a push at `written` would have: locked until then plus the days."""
+    from braid.ops.wal_push import push_wal
+
+    keys = KmsKeyService(cloud.session.client("kms"), cloud.repository.config.key["key_id"])
+    history = tmp_path / "00000002.history"
+    history.write_bytes(b"1\t0/3000000\tno recovery target specified\n")
+    with monkeypatch.context() as patched:
+        patched.setattr(s3_adapter, "retention_until", lambda lock, key, now=None: retention_until(lock, key, written))
+        push_wal(cloud.repository, keys, "pg", history)
+    return wal_key("pg", WalFile.parse(history.name))
+
+
+def test_finalize_keeps_the_history_file_of_a_timeline_2_backup_as_long_as_the_backup(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Finalize Lambda (its environment's lock, its own store) lengthens the file's date before it publishes. Refused
+    (the role lacks the grant), Finalize fails before publishing: the backup is held, naming the error, as any Finalize
+    failure; `--resume` once it is granted publishes it."""
+    import io
+    import tarfile
+
+    from moto.s3.exceptions import S3AccessDeniedError
+    from moto.s3.responses import S3Response
+    from test_state_machine import wait_for_hold
+    from tests.test_wal_retention import label_tar
+
+    from braid.format.staging import ResumeRequest
+
+    def denied(self: Any) -> Any:
+        raise S3AccessDeniedError
+
+    key = archive_history(cloud, tmp_path, datetime.now(UTC) - timedelta(days=1), monkeypatch)  # 1 of the 2 days left
+    ref = BackupRef.new("pg")
+    stream = label_tar(2, 3)
+    with tarfile.open(fileobj=io.BytesIO(stream)) as archive:  # what the agent captures from a base backup's tar and stages
+        members = {member.name: archive.extractfile(member).read() for member in archive}  # type: ignore[union-attr]
+    cloud.stage_session(ref, 1, 2)
+    StagingArea(cloud.store, ref).write_captured(members)
+    cloud.stage_input(ref, 0, stream, 2)
+    cloud.stage_end(ref, [stream], 2)
+    with monkeypatch.context() as refused:
+        refused.setattr(S3Response, "put_object_retention", denied)
+        arn = cloud.start(ref, max_concurrency=2)
+        hold = wait_for_hold(cloud, ref, arn)
+    assert hold.cause.startswith(f"Finalize failed: HistoryRetentionError: could not keep {key} (timeline 2's history, which a recovery of {ref} follows)")
+    assert "s3:PutObjectRetention" in hold.cause and hold.cause.endswith("; nothing was published"), hold.cause
+    assert cloud.store.head(manifest_key(ref)) is None
+
+    StagingArea(cloud.store, ref).write_resume_request(ResumeRequest("resume-1"))  # what `braid backup --resume` writes
+    assert cloud.wait(arn)["status"] == "SUCCEEDED", cloud.failures(arn)
+
+    manifest = cloud.repository.load(ref).manifest
+    assert manifest.wal is not None and manifest.wal.timeline == 2 and manifest.stats["wal_history_lock"] == "extended"
+    assert retention(cloud, key) == ("GOVERNANCE", LOCK.until(ref)) == retention(cloud, manifest_key(ref))
+
+
+def test_the_finalize_role_allows_every_call_of_keeping_a_history_file_and_nothing_more_of_the_wal(
+    cloud: Cloud, synthesized: SynthesizedStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What retain_history really sends (a HEAD, a PutObjectRetention), evaluated against the stack's Finalize role."""
+    from braid.format.pg_backup import WalInfo
+    from braid.ops.wal_history_lock import EXTENDED, retain_history
+
+    key = archive_history(cloud, tmp_path, datetime.now(UTC) - timedelta(days=1), monkeypatch)
+    iam = stack_iam(synthesized, cloud.deployed)
+    (role,) = [lid for lid in iam.roles if "FinalizeRole" in lid]
+    finalize = iam.roles[role]
+    recorder = Recorder(iam)
+    s3 = recorder.attach(cloud.session.client("s3", config=Config(s3={"addressing_style": "path"})))
+    ref = BackupRef.new("pg")
+
+    assert retain_history(S3Store(s3, cloud.deployed.bucket, "", object_lock=LOCK), ref, WalInfo({"timeline": 2})) == EXTENDED
+
+    assert retention(cloud, key) == ("GOVERNANCE", LOCK.until(ref))
+    assert {action for action, _, _ in recorder.checks} == {"s3:GetObject", "s3:PutObjectRetention"}
+    assert [(a, r) for a, r, c in recorder.checks if iam.decide(finalize, a, r, c) != ALLOW] == []
+    bucket = f"arn:aws:s3:::{cloud.deployed.bucket}"
+    assert iam.decide(finalize, "s3:GetObjectRetention", f"{bucket}/{key}", {}) == ALLOW  # the date HEAD returns on AWS only so
+    for action, resource in [
+        ("s3:BypassGovernanceRetention", f"{bucket}/{key}"),
+        ("s3:DeleteObjectVersion", f"{bucket}/{key}"),
+        ("s3:DeleteObject", f"{bucket}/{key}"),
+        ("s3:PutObject", f"{bucket}/{key}"),
+        ("s3:PutObjectRetention", f"{bucket}/wal/pg/0000000100000000/000000010000000000000003"),
+        ("s3:PutObjectRetention", f"{bucket}/wal/pg/archive.json"),
+        ("s3:GetObject", f"{bucket}/wal/pg/0000000100000000/000000010000000000000003"),
+    ]:
+        assert iam.decide(finalize, action, resource, {"s3:ObjectCreationOperation": "true"} if action == "s3:PutObject" else {}) != ALLOW, action

@@ -89,6 +89,7 @@ def test_writers_learn_the_setting_and_may_set_retention_exactly_where_they_writ
         ("FunctionsSweepRole", "data/*"),  # a moved chunk's new version gets its original's retention
         ("FunctionsFinalizeRole", "manifests/*"),
         ("FunctionsFinalizeRole", "data/*/metadata/*"),  # a cloud backup's sealed metadata (backup_manifest), locked as its chunks
+        ("FunctionsFinalizeRole", "wal/*/history/*"),  # a published backup's timeline history file, kept as long as the backup
         ("OperatorOperatorRole", "manifests/*"),
         # Archived WAL (files, packs, history files), written locked by the WAL worker and re-written by rekey; never archive.json.
         ("FunctionsWalarchiveRole", "wal/*/????????????????/*"),
@@ -128,6 +129,24 @@ def test_under_a_lock_the_sweep_reads_a_chunks_retention_before_moving_it(locked
 
     assert reads(locked) == {"data/*"}
     assert reads(plain) == set()
+
+
+def test_under_a_lock_finalize_may_lengthen_a_history_files_retention_and_nothing_else_of_the_wal(locked: dict[str, Any], plain: dict[str, Any]) -> None:
+    """Before publishing a backup on a timeline after the first, Finalize reads the date of that timeline's history file
+    (HEAD: s3:GetObject, with s3:GetObjectRetention for the date) and lengthens it (s3:PutObjectRetention), on history files
+    only (braid.ops.wal_history_lock): never a segment, pack or archive.json, never a bypass, never a version's removal.
+    Without a lock it has no grant under wal/ at all."""
+    history = "wal/*/history/*"
+
+    def grants(template: dict[str, Any]) -> set[tuple[str, str]]:
+        return {(a, r) for a, r in s3_grants(Template.from_json(template), "FunctionsFinalizeRole") if r.startswith("wal")}
+
+    assert grants(locked) == {("s3:GetObject", history), ("s3:GetObjectRetention", history), ("s3:PutObjectRetention", history)}
+    assert grants(plain) == set()
+    actions = {a for s in statements_of(Template.from_json(locked), "FunctionsFinalizeRole") for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    assert not actions & {"s3:BypassGovernanceRetention", "s3:PutObjectLegalHold"}
+    assert {r for a, r in s3_grants(Template.from_json(locked), "FunctionsFinalizeRole") if a in ("s3:GetObjectRetention", "s3:PutObjectRetention")} <= {
+        history, "manifests/*", "data/*/metadata/*"}
 
 
 def test_the_bucket_policy_refuses_a_manifest_without_retention(locked: dict[str, Any]) -> None:

@@ -2,7 +2,9 @@
 
 Shared by the local engine and the Finalize Lambda. The order is the safety
 argument: check every chunk the manifest will name (present with its
-recorded size, by LIST: 1,000 chunks per request), seal the manifest, publish it create-only (so two
+recorded size, by LIST: 1,000 chunks per request), under Object Lock keep
+the history file of its PostgreSQL timeline as long as the backup, seal
+the manifest, publish it create-only (so two
 finalizers can never both win), read it back and compare it with the sealed
 bytes, and check by LIST that no chunk went meanwhile. Only then is the
 backup complete; until then it does not exist.
@@ -29,6 +31,8 @@ from braid.format.stored import StoredObject, stored_objects
 from braid.format.timestamps import utc_now
 from braid.format.usage import Usage
 from braid.ops.catalog import write_summary
+from braid.ops.wal_history_lock import STAT as HISTORY_STAT
+from braid.ops.wal_history_lock import retain_history
 from braid.ports.store import ObjectStore
 
 
@@ -86,7 +90,8 @@ def finalize_backup(
     """Check, seal, publish and verify the manifest; `usage`: what the backup used, asked for once every
     chunk is checked (the finalizer's own requests so far included), sealed into the manifest.
 
-    `wal` is recorded as it is; each of `metadata` (kind -> bytes) is stored encrypted beside the chunks
+    `wal` is recorded as it is (and, under Object Lock, its timeline's history file kept as long as the backup,
+    recorded in `stats`: braid.ops.wal_history_lock); each of `metadata` (kind -> bytes) is stored encrypted beside the chunks
     (braid.format.metadata) before the manifest that names it, and removed with them on failure."""
     entries_by_kind = {kind: _store_metadata(store, key, ref, kind, plaintext) for kind, plaintext in sorted((metadata or {}).items())}
     manifest = Manifest(
@@ -118,6 +123,12 @@ def finalize_backup(
     objects = stored_objects(manifest)
     check_chunks_listed(store, ref, objects, when="before publishing")
     store.sync([*(stored.key for stored in objects), *(metadata_key(ref, kind) for kind in entries_by_kind)])
+    # Under Object Lock, the history file of the backup's timeline is kept as
+    # long as the backup before it is published (braid.ops.wal_history_lock):
+    # a failure fails the backup here, with nothing published.
+    history = retain_history(store, ref, wal)
+    if history is not None:
+        manifest = replace(manifest, stats={**manifest.stats, HISTORY_STAT: history})
     if usage is not None:
         manifest = replace(manifest, usage=usage(manifest))
     sealed = manifest.seal(key)

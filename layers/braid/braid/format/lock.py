@@ -26,6 +26,10 @@ that started before it was written, whose own dates (start plus DAYS) fall
 before its, so the WAL a locked backup needs stays at least as long as the
 backup. A rewrite (`braid rekey`) keeps the original's date (`rewrite_until`).
 `retention_until` is the one mapping from a key to the date its write carries.
+The one exception is a `.history` file: written at its timeline's switch,
+before the backups on that timeline start, so each backup's publication
+lengthens it to the backup's own date (`history_until`,
+braid.ops.wal_history_lock); S3 lets a date grow, never shrink.
 
 Staging (plaintext, removed once a backup is published; `wal-staging/` too),
 leases, catalog records, policies, rekey's copies, held records and a WAL
@@ -146,6 +150,14 @@ def retention_until(lock: ObjectLock, key: str, now: datetime | None = None) -> 
     if locked_wal(key):
         return lock.wal_until(now)
     return None
+
+
+def history_until(lock: ObjectLock, ref: BackupRef, now: datetime | None = None) -> datetime:
+    """The date the history file of `ref`'s timeline must carry at least when `ref` is published: the date `ref`'s
+    manifest is written with (`retain_until`), as of REWRITE_MARGIN from `now`, so a manifest PUT moments after the
+    extension never carries a later date (that differs from `until(ref)` only for a backup that ran almost the days)."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    return lock.retain_until(ref, moment + REWRITE_MARGIN)
 
 
 def rewrite_until(lock: ObjectLock, key: str, original: datetime | None, now: datetime | None = None) -> datetime | None:

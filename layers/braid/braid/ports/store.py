@@ -96,6 +96,34 @@ class RetainingStore(Protocol):
     def use_object_lock(self, lock: ObjectLock) -> None: ...
 
 
+@dataclass(frozen=True)
+class Retained:
+    """What `extend_retention` found and left: the date the object carried (None: none) and the one it carries now."""
+
+    key: str
+    before: datetime | None
+    until: datetime
+
+    @property
+    def extended(self) -> bool:
+        return self.before is None or self.until > self.before
+
+
+@runtime_checkable
+class RetentionExtending(Protocol):
+    """A store whose objects' retain-until dates can be lengthened in place (S3 Object Lock's PutObjectRetention).
+
+    Only ever lengthened: COMPLIANCE forbids a shorter date to everyone, and
+    GOVERNANCE allows one only with a bypass this port never asks for.
+    """
+
+    def extend_retention(self, key: str, until: datetime) -> Retained | None:
+        """Keep the current version of `key` at least until `until`: its date read first, a new one set only when
+        `until` is later (in the object's own mode, the store's when it has none). None when `key` does not exist;
+        StorageError (naming the permission) when the store refuses."""
+        ...
+
+
 @runtime_checkable
 class StorageClasses(Protocol):
     """A store whose objects have storage classes that can change in place (S3).

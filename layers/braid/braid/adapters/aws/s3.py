@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
@@ -33,12 +34,13 @@ from braid.adapters.aws.clients import s3_client
 from braid.adapters.aws.errors import AwsCall, aws_error, error_code, http_status
 from braid.adapters.aws.retries import retry_conflicts
 from braid.adapters.aws.s3_body import request_body
+from braid.adapters.aws.s3_retention import extend_retention, lock_head
 from braid.errors import AlreadyExistsError, BackupError, IntegrityError, NotFoundError, RepositoryError, StorageError, UsageError
 from braid.format.buffers import WritableBuffer
 from braid.format.checksum import checksum_from_header, crc64nvme, s3_checksum_value, stored_checksum, tagged_checksum
 from braid.format.lock import ObjectLock, retention_until, rewrite_until
 from braid.ports.progress_relay import ProgressRelay
-from braid.ports.store import Buffer, ObjectInfo
+from braid.ports.store import Buffer, ObjectInfo, Retained
 
 if TYPE_CHECKING:  # the stubs are a development dependency: the Lambda layer does not ship them
     from types_boto3_s3.client import S3Client
@@ -168,17 +170,15 @@ class S3Store:
         the current version's date, read by a HEAD, so a rekeyed WAL object keeps the date of its write)."""
         if self.object_lock is None or not self.retention(key):
             return {}
-        full = self.object_key(key)
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=full)
-        except ClientError as exc:
-            if error_code(exc) in NOT_FOUND_CODES or http_status(exc) == 404:
-                return self.retention(key)  # gone: the conditional PUT says so
-            raise self.error(exc, "reading the retention of", key, "s3:GetObject and s3:GetObjectRetention") from None
-        except BotoCoreError as exc:
-            raise self.error(exc, "reading the retention of", key, "s3:GetObject and s3:GetObjectRetention") from None
+        head = lock_head(self, key)
+        if head is None:
+            return self.retention(key)  # gone: the conditional PUT says so
         until = rewrite_until(self.object_lock, key, head.get("ObjectLockRetainUntilDate"))
         return {} if until is None else {"ObjectLockMode": head.get("ObjectLockMode") or self.object_lock.mode, "ObjectLockRetainUntilDate": until}
+
+    def extend_retention(self, key: str, until: datetime) -> Retained | None:
+        """braid.ports.store.RetentionExtending: never shortens, never bypasses (braid.adapters.aws.s3_retention)."""
+        return extend_retention(self, key, until)
 
     def permission_for_put(self, key: str, where: str = "") -> str:
         """The IAM permissions a PUT of `key` takes: s3:PutObject, and s3:PutObjectRetention where it carries retention."""
