@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from braid.format.layout import wal_key
 from braid.format.wal import WalFile
 from conftest import run_braid
+from support.residents import stop_residents
 from wal_segments import segment_bytes, write_segment
 
 SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
@@ -23,13 +23,7 @@ def spool(tmp_path: Path) -> Iterator[Path]:
     """The pusher's spool; whatever pusher serves it is stopped at the end (it would idle out after a minute)."""
     path = tmp_path / "spool"
     yield path
-    for lock in path.glob("*/pusher.lock"):
-        text = lock.read_text().strip()
-        if text:
-            try:
-                os.kill(int(text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    stop_residents(path.glob("*/pusher.lock"))
 
 
 def pg_wal(tmp_path: Path, names: list[str]) -> Path:

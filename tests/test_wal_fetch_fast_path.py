@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import stat
 import subprocess
 import time
@@ -15,6 +13,7 @@ import pytest
 from braid.ops.recovery import fetch_spool, restore_command
 from braid.ops.wal_prefetch import remove_spool
 from conftest import BRAID, run_braid
+from support.residents import stop_residents
 from wal_segments import write_segment
 
 SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
@@ -66,13 +65,7 @@ def pgdata(tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "data dir's"
     (directory / "pg_wal").mkdir(parents=True, mode=0o700)
     yield directory
-    for lock in tmp_path.rglob("prefetch.lock"):  # wherever the data directory was moved to
-        text = lock.read_text().strip()
-        if text:
-            try:
-                os.kill(int(text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    stop_residents(tmp_path.rglob("prefetch.lock"))  # wherever the data directory was moved to
 
 
 def wait_for(condition: object) -> None:

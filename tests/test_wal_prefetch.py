@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import stat
 import subprocess
 import time
@@ -15,6 +13,7 @@ import pytest
 from braid.format.layout import wal_key
 from braid.format.wal import WalFile
 from conftest import BRAID, run_braid
+from support.residents import stop_residents
 from wal_segments import write_segment
 
 SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
@@ -24,13 +23,7 @@ SEGMENTS = [f"0000000100000000000000{n:02X}" for n in range(1, 7)]
 def spool(tmp_path: Path) -> Iterator[Path]:
     path = tmp_path / "spool"
     yield path
-    for lock in path.glob("*/prefetch.lock"):
-        text = lock.read_text().strip()
-        if text:
-            try:
-                os.kill(int(text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    stop_residents(path.glob("*/prefetch.lock"))
 
 
 def fetch(repo: Path, name: str, dest: Path, spool: Path) -> tuple[int, str]:

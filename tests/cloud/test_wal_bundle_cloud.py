@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from tests.cloud.test_wal_cloud import AGENT, MARKER, all_bytes, archived, fetch
 from tests.wal_segments import SYSID, segment_bytes, write_segment
 
 from braid.format.wal_bundle import BUNDLE_FILES
+from support.residents import stop_residents
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 SIXTEEN = 16 << 20
@@ -57,13 +56,7 @@ def push_async(emulator: Emulator, path: Path, spool: Path, **env: str) -> Run:
 
 
 def stop_pushers(spool: Path) -> None:
-    for lock in spool.glob("*/pusher.lock"):  # a pusher idles out after a minute: stopped by the pid it wrote
-        text = lock.read_text().strip()
-        if text:
-            try:
-                os.kill(int(text), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+    stop_residents(spool.glob("*/pusher.lock"))  # a pusher idles out after a minute: stopped by the pid it wrote
 
 
 def staged_puts(emulator: Emulator) -> list[str]:
