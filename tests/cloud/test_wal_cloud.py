@@ -15,8 +15,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +23,8 @@ from typing import Any
 import pytest
 from tests.cloud.test_emulated_e2e import Emulator, braid
 from tests.wal_segments import SYSID, segment_bytes, write_segment
+
+from support.residents import stop_residents
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cloud]
 
@@ -182,11 +182,23 @@ def test_a_bad_file_in_a_batch_fails_alone_and_is_kept(cloud: Emulator, tmp_path
     wait_for("its staged version removed", lambda: not versions(cloud, bad), cloud)
 
 
+def spend_injected_fault(cloud: Emulator, tmp_path: Path) -> None:
+    """The fixture's one failed batch (--fail-wal first=1), spent on a segment of its own unless an earlier test
+    spent it: a batch that fails is delivered again message by message, so a test of what one batch makes sees its
+    files in one batch whichever tests ran before it (`-k`, a single test)."""
+    if "injected fault" in cloud.log.read_text(errors="replace"):
+        return
+    path = write_segment(tmp_path, "0000000100000000000000F0")
+    assert push(cloud, path).code == 0
+    wait_for("the failed batch delivered again and archived", lambda: path.name in archived(cloud), cloud)
+
+
 def test_segments_of_one_batch_are_one_pack_and_a_conflicting_push_of_a_packed_file_exits_7(cloud: Emulator, tmp_path: Path) -> None:
     """Policy wal-pack: whole segments of one directory batched together are one object under one data key; fetch reads
     each from it; a duplicate push is accepted and a push of other bytes (which the host's HEAD cannot see inside a
     pack: the LIST of the directory's packs and the pack's index answer) exits 7 naming both checksums; the worker
     drops its staged bytes: nothing archived again, nothing replaced, no raw bytes left."""
+    spend_injected_fault(cloud, tmp_path)
     names = ["000000010000000000000040", "000000010000000000000041"]
     s3 = cloud.client("s3")
     data = {name: segment_bytes(name, marker=MARKER) for name in names}
@@ -223,13 +235,7 @@ def test_segments_of_one_batch_are_one_pack_and_a_conflicting_push_of_a_packed_f
     try:  # the resident pusher (its own LIST of the directory's packs) refuses them the same way
         by_pusher = braid(cloud, AGENT, "wal-push", "--name", "pg", "--async", "--spool", str(spool), str(other))
     finally:
-        for lock in spool.glob("*/pusher.lock"):  # it would idle out after a minute
-            text = lock.read_text().strip()
-            if text:
-                try:
-                    os.kill(int(text), signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+        stop_residents(spool.glob("*/pusher.lock"))  # it would idle out after a minute
     assert by_pusher.code == 7 and "could not archive" in by_pusher.stderr, by_pusher.stderr
     assert f"archived sha256:{stored}" in by_pusher.stderr and f"pushed sha256:{pushed}" in by_pusher.stderr
     wait_for("the refused bytes removed from staging", lambda: not versions(cloud, "wal-staging/"), cloud)
