@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError, ConnectionClosedError
 from moto import mock_aws
 
 from braid.adapters.aws.clients import HOST, PIPELINE, PIPELINE_KMS
-from braid.adapters.aws.retries import RetrySettings, retry_conflicts
+from braid.adapters.aws.retries import RetryNotice, RetrySettings, retry_conflicts
 from braid.adapters.aws.s3 import S3Store
 from braid.errors import AlreadyExistsError, StorageError, UsageError
 
@@ -69,6 +69,12 @@ def s3(aws_env: None) -> Iterator[tuple[S3Store, Faults, Sleeps, list[dict[str, 
         store.client.meta.events.register_first("before-send.s3.PutObject", faults.before_send)
         store.retries.send_to(events.append)
         yield store, faults, sleeps, events
+
+
+def test_a_retrys_message_says_the_delay_its_event_carries() -> None:
+    """The jitter can draw 0.04996 s: the event's delay is 0.05, and the message says 0.1 s with it, not 0.0 s."""
+    event = RetryNotice("S3", "PutObject", "SlowDown", 1, 0.04996).to_event()
+    assert event["delay"] == 0.05 and event["message"] == f"SlowDown, retrying in {event['delay']:.1f} s" == "SlowDown, retrying in 0.1 s"
 
 
 def test_slowdown_is_retried_and_each_retry_is_reported_before_its_wait(s3: tuple[S3Store, Faults, Sleeps, list[dict[str, Any]]]) -> None:

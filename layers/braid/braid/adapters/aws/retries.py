@@ -90,7 +90,8 @@ class RetryNotice:
 
     @property
     def message(self) -> str:
-        return f"{self.reason}, retrying in {self.delay:.1f} s"
+        """Says the event's own `delay` (rounded to the millisecond first), so the two never disagree at a rounding edge."""
+        return f"{self.reason}, retrying in {round(self.delay, 3):.1f} s"
 
     def to_event(self) -> dict[str, Any]:
         return {
