@@ -175,19 +175,27 @@ def _wait_tls(endpoint: str, ca_bundle: Path, proc: subprocess.Popen, log_path: 
     raise ServerError(f"server at {endpoint} not ready after {timeout:.0f} s; see {log_path}")
 
 
+PROVIDERS = ("filesystem", "filesystem-nio2")  # s3proxy's jclouds providers that keep blobs as files under a directory
+
+
 def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, host: str = "127.0.0.1",
-                  wrap: list[str] | None = None, home_name: str = "s3proxy") -> Server:
+                  wrap: list[str] | None = None, home_name: str = "s3proxy", provider: str = "filesystem",
+                  data_dir: Path | None = None) -> Server:
     """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data; with `tls`, an HTTPS port too.
 
     `wrap` prefixes the java command (`ip netns exec NS`: the `link` benchmark's
     server behind a shaped link), `host` is the address it listens on there.
+    `provider` is one of PROVIDERS and `data_dir` where its blobs go (emptied
+    first; default HOME/data): a tmpfs directory keeps the disk out of a run.
     """
     if not shutil.which("java"):
         raise ServerError("java is not on PATH")
+    if provider not in PROVIDERS:
+        raise ServerError(f"s3proxy provider {provider!r} is not one of {', '.join(PROVIDERS)}")
     jar = fetch_s3proxy(workdir / "s3proxy", log)
     home = workdir / home_name
     home.mkdir(parents=True, exist_ok=True)
-    data = home / "data"
+    data = data_dir or home / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     port = free_port()
@@ -207,7 +215,7 @@ def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, hos
                 "s3proxy.authorization=aws-v2-or-v4",
                 f"s3proxy.identity={IDENTITY}",
                 f"s3proxy.credential={CREDENTIAL}",
-                "jclouds.provider=filesystem",
+                f"jclouds.provider={provider}",
                 f"jclouds.filesystem.basedir={data}",
                 "",
             ]
