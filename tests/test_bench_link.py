@@ -89,3 +89,59 @@ def test_shaped_link_sets_the_mtu_and_tbf_on_both_ends_and_removes_everything() 
         ns, host_if = link.ns, link.host_if
     assert ns not in _show("ip", "netns", "list")
     assert subprocess.run(["ip", "link", "show", host_if], capture_output=True).returncode != 0
+
+
+def _cached_s3proxy_jar() -> Path | None:
+    """The s3proxy jar if a benchmark or Maven already has it: a test never downloads it."""
+    from bench_lib import s3proxy
+
+    for version in s3proxy.S3PROXY_VERSIONS:
+        for jar in (ROOT / ".bench" / "s3proxy" / f"s3proxy-{version}-jar-with-dependencies.jar",
+                    Path.home() / ".m2/repository/org/gaul/s3proxy" / version / f"s3proxy-{version}-jar-with-dependencies.jar"):
+            if jar.exists():
+                return jar
+    return None
+
+
+@pytest.mark.skipif(not (shutil.which("java") and shutil.which("javac") and _cached_s3proxy_jar()), reason="needs java, javac and a cached s3proxy jar")
+def test_null_parts_store_counts_multipart_data_and_keeps_every_other_object(tmp_path: Path) -> None:
+    import boto3
+    from botocore.config import Config
+
+    from bench_lib import s3proxy
+
+    jar = _cached_s3proxy_jar()
+    assert jar is not None
+    cache = tmp_path / "work" / "s3proxy"
+    cache.mkdir(parents=True)
+    (cache / jar.name).symlink_to(jar)
+    server = s3proxy.start_s3proxy(tmp_path / "work", null_parts=True, data_dir=tmp_path / "blobs")
+    try:
+        assert "multipart data counted and discarded" in server.log_path.read_text()
+        client = boto3.client("s3", endpoint_url=server.endpoint, aws_access_key_id=s3proxy.IDENTITY, aws_secret_access_key=s3proxy.CREDENTIAL,
+                              region_name=s3proxy.REGION, config=Config(request_checksum_calculation="when_required", response_checksum_validation="when_required"))
+        client.create_bucket(Bucket="nullparts")
+        client.put_object(Bucket="nullparts", Key="repo/config.json", Body=b'{"kept": "whole"}')
+        assert client.get_object(Bucket="nullparts", Key="repo/config.json")["Body"].read() == b'{"kept": "whole"}'
+
+        upload = client.create_multipart_upload(Bucket="nullparts", Key="repo/segment")["UploadId"]
+        bodies = [b"a" * (5 * 2**20), b"b" * 12345]
+        etags = [client.upload_part(Bucket="nullparts", Key="repo/segment", UploadId=upload, PartNumber=n, Body=body)["ETag"]
+                 for n, body in enumerate(bodies, 1)]
+        listed = client.list_parts(Bucket="nullparts", Key="repo/segment", UploadId=upload)["Parts"]
+        assert [p["Size"] for p in listed] == [len(b) for b in bodies]  # the server counted every byte it received
+        client.complete_multipart_upload(Bucket="nullparts", Key="repo/segment", UploadId=upload,
+                                         MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in enumerate(etags, 1)]})
+        total = sum(len(b) for b in bodies)
+        assert client.head_object(Bucket="nullparts", Key="repo/segment")["ContentLength"] == total
+        assert client.get_object(Bucket="nullparts", Key="repo/segment")["Body"].read() == b"\0" * total  # the data itself was not kept
+        stored = sum(f.stat().st_size for f in (tmp_path / "blobs").rglob("*") if f.is_file())
+        assert stored < 1024  # a few stubs and the config, not the 5 MiB
+        # a part under S3's minimum is still refused: the sizes the server checks are the real ones
+        small = client.create_multipart_upload(Bucket="nullparts", Key="repo/small")["UploadId"]
+        tags = [client.upload_part(Bucket="nullparts", Key="repo/small", UploadId=small, PartNumber=n, Body=b"x" * 100)["ETag"] for n in (1, 2)]
+        with pytest.raises(client.exceptions.ClientError, match="EntityTooSmall"):
+            client.complete_multipart_upload(Bucket="nullparts", Key="repo/small", UploadId=small,
+                                             MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in zip((1, 2), tags, strict=True)]})
+    finally:
+        server.stop()

@@ -194,7 +194,9 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
             warm_page_cache(data.path)
             if rep % 2:
                 theirs.add(reference(f"l{index}ref{rep}", server["boto3"]))
-            ours.add(agent(f"l{index}r{rep}", data.path, server=server["agent"], wire=wire, rate_bytes_s=mbit * 1_000_000 / 8))
+            # the veth's counter counts a GSO packet's headers once: ~TCP payload, whose most is the rate x wire_ceiling
+            payload_rate = mbit * 1_000_000 / 8 * wire_ceiling(link.mtu)
+            ours.add(agent(f"l{index}r{rep}", data.path, server=server["agent"], wire=wire, rate_bytes_s=payload_rate))
             if not rep % 2:
                 theirs.add(reference(f"l{index}ref{rep}", server["boto3"]))
         rows.append(_row(mbit, rtt, data.size, ours, theirs, fixed, server, wire, link.mtu))
@@ -219,9 +221,10 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
 
 WHERE_TIME_GOES = (
     "where the rest goes, per agent run (medians): wire_ceiling is the most of the rate TCP's payload can be at this MTU "
-    "(the rest is IP/TCP/Ethernet headers); lead_s: start to the first byte on the wire (start-up, reading the input); "
-    "slow_s: seconds in between the link was not carrying at its rate (the agent or the server not keeping up); tail_s: after "
-    "the last busy interval to the stream-end record (completing the multipart uploads: the server's copy of each segment)."
+    "(the rest is IP/TCP/Ethernet headers); from the host veth's byte counter, sampled every 0.1 s: lead_s, start to the first "
+    "busy interval (start-up, the first chunk read); slow_s, seconds in between the link was not carrying payload at "
+    "rate x wire_ceiling (the agent or the server not keeping up); tail_s, after the last busy interval to the stream-end "
+    "record (completing the multipart uploads: with a store that copies at completion, the server's copy of each segment)."
 )
 
 
