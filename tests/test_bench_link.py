@@ -145,3 +145,13 @@ def test_null_parts_store_counts_multipart_data_and_keeps_every_other_object(tmp
                                              MultipartUpload={"Parts": [{"PartNumber": n, "ETag": e} for n, e in zip((1, 2), tags, strict=True)]})
     finally:
         server.stop()
+
+
+def test_link_alone_defaults_to_the_issue_s_4_gib_stream_and_the_null_parts_store() -> None:
+    from bench_lib.cli import build_parser, discover
+
+    parser = build_parser(discover())
+    link = parser.parse_args(["link"])
+    assert (link.size, link.reps, link.link_store, link.mtu) == (4 * 2**30, 3, "null-parts", 1500)
+    assert parser.parse_args(["link", "--size", "1GiB", "--reps", "1"]).size == 2**30
+    assert parser.parse_args(["cloud"]).size == 512 * 2**20  # the other benchmarks keep the common default
