@@ -163,12 +163,14 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
                 "--level", str(args.level), *agent_concurrency(args), "--no-wait", *extra]
         try:
             with WireMonitor(link.host_if) as trace:
-                sample = _with_server_cpu(s3, server, lambda: run_command(argv, stdin=source, stderr=log, env=env))
+                sample, server_cpu = _with_server_cpu(s3, lambda: run_command(argv, stdin=source, stderr=log, env=env))
         except CommandFailed as exc:
             raise RuntimeError(f"{exc}: {log.read_text(errors='replace').strip().splitlines()[-2:]}") from None
         finally:
             _drop(s3, prefix)
         end = stream_end_at(log)
+        if server is not None:  # per second of the timed upload: the --no-wait linger after stream-end asks nothing of it
+            server.append(server_cpu / (end - sample.started_at))
         if wire is not None:
             wire.append(trace.between(sample.started_at, end, rate_bytes_s))
             (work / f"wire-{prefix}.json").write_text(json.dumps({"started_at": sample.started_at, "stream_end": end, "samples": trace.samples}))
@@ -177,7 +179,9 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
     def reference(key: str, server: list[float]) -> Sample:
         argv = [str(ctx.python), "-c", _REFERENCE, str(data.path), BUCKET, f"{key}/data", str(args.chunk_size), str(reference_concurrency(args))]
         try:
-            return _with_server_cpu(s3, server, lambda: run_command(argv, stderr=work / "reference.log", env=env))
+            sample, server_cpu = _with_server_cpu(s3, lambda: run_command(argv, stderr=work / "reference.log", env=env))
+            server.append(server_cpu / sample.wall)
+            return sample
         finally:
             _drop(s3, key)
 
@@ -248,13 +252,11 @@ def s3_backend(s3: s3proxy.Server, args) -> str:
             "completion: tail_s)")
 
 
-def _with_server_cpu(s3: s3proxy.Server, into: list[float] | None, run) -> Sample:
-    """`run()`'s sample; the S3 server's CPU-seconds per second over the run's whole wall appended to `into`."""
+def _with_server_cpu(s3: s3proxy.Server, run) -> tuple[Sample, float]:
+    """`run()`'s sample and the CPU-seconds the S3 server used while it ran."""
     before = process_cpu_seconds(s3.pid)
     sample = run()
-    if into is not None:
-        into.append((process_cpu_seconds(s3.pid) - before) / sample.wall)
-    return sample
+    return sample, process_cpu_seconds(s3.pid) - before
 
 
 def _warm_up(ctx: Context, s3: s3proxy.Server, env: dict[str, str], source: Path, length: int, log: Path) -> None:
