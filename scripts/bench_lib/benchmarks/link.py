@@ -1,10 +1,12 @@
 """link: the agent's upload over a shaped link, as a fraction of the link's rate.
 
-The S3 endpoint (s3proxy, filesystem blobstore, by default on a tmpfs
-directory: --link-store) runs inside a network namespace reached over a veth
-pair shaped with tc (bench_lib.netns: tbf at the rate, netem for the delay
-where the kernel has it; --mtu), created and removed by this benchmark. One
-untimed agent upload warms the server's JIT first. For each link (default 1
+The S3 endpoint (s3proxy; by default over the null-parts store, which
+counts and discards multipart data and keeps every other object on tmpfs,
+see s3_backend and --link-store) runs inside a network namespace reached
+over a veth pair shaped with tc (bench_lib.netns: tbf at the rate, netem for
+the delay where the kernel has it; --mtu), created and removed by this
+benchmark. One untimed agent upload warms the server's JIT first. Run alone,
+the stream is 4 GiB (the issue's), 3 reps. For each link (default 1
 and 10 Gbit/s x 1 and 20 ms RTT) it runs, interleaved, the real agent
 (`braid backup --no-wait < FILE`, timed to its stream-end event as in
 `cloud`) and boto3's multipart upload of the same file, and an empty backup
