@@ -7,9 +7,10 @@ checked first. Its output parses the tar as it arrives
 the restore's writer thread, in stream order; the data of each restored
 chunk is cut into its files' byte ranges, which a small thread pool writes
 with `pwrite` side by side (file writes release the GIL) while the
-restore's decoders already decode the chunks after it. Each file is closed
-once written; at the end one syncfs(2) makes them all durable, then each
-directory is fsynced.
+restore's decoders already decode the chunks after it. Large files are
+written with O_DIRECT, past the page cache (policy `direct-restore`,
+braid.ops.pg_direct). Each file is closed once written; at the end one
+syncfs(2) makes them all durable, then each directory is fsynced.
 
 DIR must be empty or absent (`check_pgdata`): a failed restore removes
 what it extracted, so DIR is left as it was found. Member names are
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from braid.errors import InputError, IntegrityError, UsageError
 from braid.format.tar_stream import DIRECTORY, HARDLINK, REGULAR, SYMLINK, MemberConsumer, TarFormatError, TarMember, TarStream
+from braid.ops import pg_direct
 from braid.ops.restore_output import Output, OutputTarget
 
 __all__ = ["PgDataTarget", "check_pgdata", "server_running"]
@@ -103,20 +105,53 @@ class PgDataTarget(OutputTarget):
         return TarExtract(self.label, self.path, self.writers)
 
 
-class _File:
-    """One regular member being written: opened by the pool task that writes its first range, then pwrite at offsets."""
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    def __init__(self, owner: TarExtract, path: str, member: TarMember) -> None:
+
+class _File:
+    """One regular member being written: opened by the pool task that writes its first range, then pwrite at offsets.
+
+    At most one range of a file is queued per chunk, and a chunk's ranges are all written before the next chunk's
+    are queued, so one thread at a time writes a file, in order."""
+
+    def __init__(self, owner: TarExtract, path: str, member: TarMember, direct: bool) -> None:
         self.owner = owner
         self.path = path
         self.fd: int | None = None  # opened by a writer thread: file creation is most of a data directory's cost
         self.member = member
         self.written = 0
+        self.direct = pg_direct.DirectWriter(member.size) if direct else None
 
     def open(self) -> int:
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.member.mode & 0o7777 or 0o600)
+            mode = self.member.mode & 0o7777 or 0o600
+            if self.direct is None:
+                self.fd = os.open(self.path, _FLAGS, mode)
+            else:
+                self.fd, self.direct.direct = pg_direct.open_direct(self.path, _FLAGS, mode)
         return self.fd
+
+    def put(self, data: memoryview, offset: int) -> None:
+        """Write one range (on a writer thread)."""
+        fd = self.open()
+        if self.direct is not None:
+            self.direct.put(fd, data, offset)
+            return
+        view = data
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def end(self) -> None:
+        """The last block, the member's mtime, then close (on a writer thread)."""
+        fd = self.open()
+        try:
+            if self.direct is not None:
+                self.direct.end(fd)
+            os.utime(fd, (self.member.mtime, self.member.mtime))
+        finally:
+            os.close(fd)
 
     def write(self, data: memoryview) -> None:
         self.owner.tasks.append((self, data, self.written))
@@ -145,6 +180,7 @@ class TarExtract(Output):
         self.directories: set[str] = {self.root}
         self.pool = ThreadPoolExecutor(max_workers=max(1, writers), thread_name_prefix="braid-pgdata")
         self.writers = max(1, writers)
+        self.direct = pg_direct.applies(self.root)
         self.parser = TarStream(self._member)
 
     def _path(self, name: str) -> str:
@@ -184,7 +220,7 @@ class TarExtract(Output):
             return None
         if member.kind != REGULAR:
             raise IntegrityError(f"the backup's tar holds {member.name!r} of type {member.kind!r}; a data directory has only files, directories and links")
-        handle = _File(self, path, member)
+        handle = _File(self, path, member, self.direct and member.size >= pg_direct.DIRECT_MIN)
         self.open_files.append(handle)
         return handle
 
@@ -286,18 +322,9 @@ def _weight(handle: _File, data: memoryview) -> int:
 
 def _write_all(tasks: list[tuple[_File, memoryview, int]], closing: list[_File]) -> None:
     for handle, data, offset in tasks:
-        fd = handle.open()
-        view = data
-        while view:
-            written = os.pwrite(fd, view, offset)
-            view = view[written:]
-            offset += written
+        handle.put(data, offset)
     for handle in closing:
-        fd = handle.open()
-        try:
-            os.utime(fd, (handle.member.mtime, handle.member.mtime))
-        finally:
-            os.close(fd)
+        handle.end()
 
 
 def sync_filesystem(directory: str) -> None:
