@@ -14,6 +14,7 @@ import io
 import os
 import random
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,9 @@ def test_a_refused_write_goes_on_through_the_page_cache(tmp_path: Path, monkeypa
     fd, direct = pg_direct.open_direct(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
     writer = DirectWriter(len(data))
     writer.direct = direct
-    writer.put(fd, memoryview(data)[:1000], 0)
-    writer.put(fd, memoryview(data)[1000:], 1000)
+    assert writer.plan(memoryview(data)[:1000], 0) == []  # less than a block: kept for the next range
+    for position, parts in writer.plan(memoryview(data)[1000:], 1000):
+        writer.write(fd, position, parts)
     writer.end(fd)
     assert not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT
     os.close(fd)
@@ -154,3 +156,25 @@ def test_applies_only_to_local_block_file_systems(monkeypatch: pytest.MonkeyPatc
     assert pg_direct.applies("/anywhere")
     monkeypatch.setenv(ENV_DIRECT_RESTORE, "off")
     assert not pg_direct.applies("/anywhere")
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_pieces_written_out_of_order_by_several_threads_make_the_file(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    data = rng.randbytes(5 * PIECE + 3 * BLOCK + 123)
+    cuts = sorted(rng.sample(range(1, len(data)), 40))
+    path = tmp_path / "f"
+    fd, direct = pg_direct.open_direct(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    assert direct
+    writer = DirectWriter(len(data))
+    pieces = []
+    for start, stop in zip([0, *cuts], [*cuts, len(data)], strict=True):
+        pieces += writer.plan(memoryview(data)[start:stop], start)
+    assert all(position % BLOCK == 0 and sum(map(len, parts)) % BLOCK == 0 for position, parts in pieces)
+    assert all(sum(map(len, parts)) <= PIECE for _, parts in pieces)
+    rng.shuffle(pieces)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda piece: writer.write(fd, piece[0], piece[1]), pieces))
+    writer.end(fd)
+    os.close(fd)
+    assert path.read_bytes() == data

@@ -80,6 +80,10 @@ def open_direct(path: str, flags: int, mode: int) -> tuple[int, bool]:
     return os.open(path, flags, mode), False
 
 
+Piece = tuple[int, tuple[memoryview | bytes, ...]]
+"""A file position (a multiple of BLOCK) and the parts of the bytes that go there, BLOCK-whole, at most PIECE."""
+
+
 class DirectWriter:
     """One file's O_DIRECT writes: its partial last block between ranges (see the module docstring)."""
 
@@ -88,29 +92,48 @@ class DirectWriter:
         self.carry = b""
         self.direct = True
 
-    def put(self, fd: int, data: memoryview, offset: int) -> None:
-        """Write `data` at `offset` (the bytes given so far); whole blocks go now, the rest waits for the next range."""
-        buffer = _buffer()
-        filled = len(self.carry)
-        buffer[:filled] = self.carry
-        position = offset - filled
-        view = data
+    def plan(self, data: memoryview, offset: int) -> list[Piece]:
+        """Cut the range `data` at `offset` (the bytes given so far) into whole-block pieces; the rest waits.
+
+        Called in file order, from one thread; the pieces it returns may then be written by any threads, in any
+        order, before `end`."""
+        pieces: list[Piece] = []
+        parts: list[memoryview | bytes] = [self.carry] if self.carry else []
+        filled, position, view = len(self.carry), offset - len(self.carry), data
         while view:
             take = min(len(view), PIECE - filled)
-            buffer[filled : filled + take] = view[:take]
+            parts.append(view[:take])
             filled += take
             view = view[take:]
             if filled == PIECE:
-                self._write(fd, buffer[:PIECE], position)
+                pieces.append((position, tuple(parts)))
                 position += PIECE
-                filled = 0
-        whole = filled - filled % BLOCK
-        if whole:
-            self._write(fd, buffer[:whole], position)
-        self.carry = bytes(buffer[whole:filled])
+                parts, filled = [], 0
+        whole, kept, self.carry = filled - filled % BLOCK, [], b""
+        for index, part in enumerate(parts):
+            if whole >= len(part):
+                kept.append(part)
+                whole -= len(part)
+                continue
+            if whole:
+                kept.append(part[:whole])
+            self.carry = bytes(part[whole:]) + b"".join(parts[index + 1 :])  # less than BLOCK bytes
+            break
+        if kept:
+            pieces.append((position, tuple(kept)))
+        return pieces
+
+    def write(self, fd: int, position: int, parts: tuple[memoryview | bytes, ...]) -> None:
+        """Write one planned piece, through this thread's page-aligned buffer."""
+        buffer = _buffer()
+        filled = 0
+        for part in parts:
+            buffer[filled : filled + len(part)] = part
+            filled += len(part)
+        self._write(fd, buffer[:filled], position)
 
     def end(self, fd: int) -> None:
-        """Write the partial last block (zero-padded when direct) and cut the file to its size."""
+        """Once every piece is written: the partial last block (zero-padded when direct), and the file cut to its size."""
         if not self.carry:
             return
         tail, self.carry = self.carry, b""
@@ -141,10 +164,9 @@ class DirectWriter:
         _write_all(fd, data, position)
 
     def buffered(self, fd: int) -> None:
-        """The rest of this file through the page cache."""
-        if self.direct:
-            self.direct = False
-            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+        """The rest of this file through the page cache (writers racing here all clear the same flag)."""
+        self.direct = False
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
 
 
 def _write_all(fd: int, data: memoryview, position: int) -> None:

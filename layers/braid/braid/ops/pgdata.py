@@ -105,6 +105,8 @@ class PgDataTarget(OutputTarget):
         return TarExtract(self.label, self.path, self.writers)
 
 
+Payload = memoryview | tuple[memoryview | bytes, ...]
+"""A queued range of a file: its bytes, or a direct file's whole-block piece in parts (braid.ops.pg_direct)."""
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -112,7 +114,9 @@ class _File:
     """One regular member being written: opened by the pool task that writes its first range, then pwrite at offsets.
 
     At most one range of a file is queued per chunk, and a chunk's ranges are all written before the next chunk's
-    are queued, so one thread at a time writes a file, in order."""
+    are queued. A page-cache file is written by one thread at a time, in order. A direct file's range is queued as
+    whole-block pieces (braid.ops.pg_direct), which writer threads may write side by side: it is opened under a
+    lock, and closed only once every piece is written."""
 
     def __init__(self, owner: TarExtract, path: str, member: TarMember, direct: bool) -> None:
         self.owner = owner
@@ -121,21 +125,26 @@ class _File:
         self.member = member
         self.written = 0
         self.direct = pg_direct.DirectWriter(member.size) if direct else None
+        self.lock = threading.Lock() if direct else None
 
     def open(self) -> int:
         if self.fd is None:
             mode = self.member.mode & 0o7777 or 0o600
-            if self.direct is None:
+            if self.direct is None or self.lock is None:
                 self.fd = os.open(self.path, _FLAGS, mode)
-            else:
-                self.fd, self.direct.direct = pg_direct.open_direct(self.path, _FLAGS, mode)
+                return self.fd
+            with self.lock:
+                if self.fd is None:
+                    self.fd, self.direct.direct = pg_direct.open_direct(self.path, _FLAGS, mode)
+        assert self.fd is not None
         return self.fd
 
-    def put(self, data: memoryview, offset: int) -> None:
-        """Write one range (on a writer thread)."""
+    def put(self, data: Payload, offset: int) -> None:
+        """Write one range, or one direct piece (on a writer thread)."""
         fd = self.open()
-        if self.direct is not None:
-            self.direct.put(fd, data, offset)
+        if not isinstance(data, memoryview):
+            assert self.direct is not None
+            self.direct.write(fd, offset, data)
             return
         view = data
         while view:
@@ -154,7 +163,11 @@ class _File:
             os.close(fd)
 
     def write(self, data: memoryview) -> None:
-        self.owner.tasks.append((self, data, self.written))
+        if self.direct is None:
+            self.owner.tasks.append((self, data, self.written))
+        else:
+            self.owner.tasks.extend((self, parts, position) for position, parts in self.direct.plan(data, self.written))
+            self.owner.direct_queued = True
         self.written += len(data)
 
     def close(self) -> None:
@@ -173,7 +186,8 @@ class TarExtract(Output):
         if self.created_root:
             os.mkdir(self.root, 0o700)
         os.chmod(self.root, 0o700)
-        self.tasks: list[tuple[_File, memoryview, int]] = []
+        self.tasks: list[tuple[_File, Payload, int]] = []
+        self.direct_queued = False
         self.closing: list[_File] = []
         self.open_files: list[_File] = []
         self.symlinks: set[str] = set()
@@ -238,14 +252,20 @@ class TarExtract(Output):
         tasks, self.tasks = self.tasks, []
         closing, self.closing = self.closing, []
         total = sum(_weight(handle, data) for handle, data, _ in tasks) + _OPEN_COST * len(closing)
+        direct, self.direct_queued = self.direct_queued, False
         if total < _INLINE or self.writers == 1 or len(tasks) + len(closing) < 2:
             _write_all(tasks, closing)
+        elif direct:  # a direct file's pieces may be in several runs: every piece is written before any file is closed
+            self._run(_split(tasks, [], self.writers))
+            _write_all([], closing)
         else:
-            groups = _split(tasks, closing, self.writers)
-            for future in [self.pool.submit(_write_all, group_tasks, group_closing) for group_tasks, group_closing in groups]:
-                future.result()
+            self._run(_split(tasks, closing, self.writers))
         done = {id(f) for f in closing}
         self.open_files = [f for f in self.open_files if id(f) not in done]
+
+    def _run(self, groups: list[tuple[list[tuple[_File, Payload, int]], list[_File]]]) -> None:
+        for future in [self.pool.submit(_write_all, group_tasks, group_closing) for group_tasks, group_closing in groups]:
+            future.result()
 
     def finish(self) -> None:
         try:
@@ -293,11 +313,11 @@ class TarExtract(Output):
         return None
 
 
-def _split(tasks: list[tuple[_File, memoryview, int]], closing: list[_File], groups: int) -> list[tuple[list[tuple[_File, memoryview, int]], list[_File]]]:
+def _split(tasks: list[tuple[_File, Payload, int]], closing: list[_File], groups: int) -> list[tuple[list[tuple[_File, Payload, int]], list[_File]]]:
     """Cut the ranges into `groups` runs of about equal bytes; a file is closed by the run that writes its last range."""
     total = sum(_weight(handle, data) for handle, data, _ in tasks) + _OPEN_COST * len(closing) or 1
     share = -(-total // groups)
-    runs: list[tuple[list[tuple[_File, memoryview, int]], list[_File]]] = [([], [])]
+    runs: list[tuple[list[tuple[_File, Payload, int]], list[_File]]] = [([], [])]
     filled = 0
     last_run: dict[int, int] = {}
     for task in tasks:
@@ -316,11 +336,12 @@ def _split(tasks: list[tuple[_File, memoryview, int]], closing: list[_File], gro
     return runs
 
 
-def _weight(handle: _File, data: memoryview) -> int:
-    return len(data) + (_OPEN_COST if handle.fd is None else 0)
+def _weight(handle: _File, data: Payload) -> int:
+    size = data.nbytes if isinstance(data, memoryview) else sum(len(part) for part in data)
+    return size + (_OPEN_COST if handle.fd is None else 0)
 
 
-def _write_all(tasks: list[tuple[_File, memoryview, int]], closing: list[_File]) -> None:
+def _write_all(tasks: list[tuple[_File, Payload, int]], closing: list[_File]) -> None:
     for handle, data, offset in tasks:
         handle.put(data, offset)
     for handle in closing:
