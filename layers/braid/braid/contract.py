@@ -102,6 +102,9 @@ ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 # `wal-push --async`'s policy `async-bundle` (braid.cli.wal_pusher): at a backlog, the ready segments of one slot
 # (braid.format.wal_bundle.BUNDLE_FILES wide) staged in one PUT. Off when the pusher's environment sets it to "off".
 ENV_WAL_BUNDLE = "BRAID_WAL_BUNDLE"
+# The plain `wal-push`'s policy `sync-bundle` (braid.ops.wal_lookahead): at a backlog, the call stages its segment's ready
+# slot-mates with it in one PUT, and the next calls find theirs in it. Off when the environment sets it to "off".
+ENV_WAL_SYNC_BUNDLE = "BRAID_WAL_SYNC_BUNDLE"
 # The host's policy `pipe-buffer` (braid.engine.pipe_buffer): the pipes a backup is read from and a restore written
 # into get a 1 MiB kernel buffer. Off when the process's environment sets it to "off".
 ENV_PIPE_BUFFER = "BRAID_PIPE_BUFFER"

@@ -28,7 +28,7 @@ from pathlib import Path
 from braid.errors import AlreadyExistsError, IntegrityError, WalConflictError
 from braid.format.layout import wal_key, wal_staging_key
 from braid.format.repository import Repository
-from braid.format.wal import WalFile
+from braid.format.wal import SEGMENT, WalFile
 from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_packed import PackListing, read_pack_head
 from braid.ops.wal_push import ALREADY, PushResult, check_cluster, read_wal_file, segment_identity_of
@@ -125,6 +125,21 @@ def already_stored(
     return found is not None
 
 
+def _in_bundle(repository: Repository, name: str, file: WalFile, digest: str, recorded: ArchiveInfo | None) -> str | None:
+    """The key of `file`'s slot's staged bundle when it holds `file` with these bytes (one ranged GET, where the record
+    allows bundles), else None; WalConflictError naming both SHA-256 sums when it holds other bytes."""
+    if file.kind != SEGMENT or recorded is None or not recorded.may_stage_bundles:
+        return None
+    from braid.format.layout import wal_staging_bundle_key
+    from braid.format.wal_bundle import bundle_slot
+    from braid.ops.wal_bundled import bundled_sha256
+
+    found = bundled_sha256(repository.store, name, file)
+    if found is not None and found != digest:
+        raise conflict(file, name, "staged", found, digest)
+    return None if found is None else wal_staging_bundle_key(name, bundle_slot(file))
+
+
 def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None) -> PushResult:
     """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
 
@@ -140,6 +155,9 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
     digest = hashlib.sha256(data).hexdigest()
     key = wal_staging_key(name, file)
     outcome = STAGED
+    bundle = _in_bundle(repository, name, file, digest, recorded)
+    if bundle is not None:  # staged in its slot's bundle (by a look-ahead push, or the async pusher): no PUT
+        return PushResult(file.name, bundle, ALREADY, len(data), len(data))
     try:
         staging.put_staged(key, data, digest)
     except AlreadyExistsError:  # staged before (PostgreSQL pushes again after a crash), or by another pusher
@@ -150,7 +168,7 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
             raise
         return PushResult(file.name, key, ALREADY, len(data), len(data))
     # Archived before (this push was a duplicate, or another push won): that copy stays, and must hold these bytes.
-    if already_stored(repository, staging, name, file, digest, recorded, packs):
+    if already_stored(repository, staging, name, file, digest, recorded, packs, bundled=False):  # the bundle: looked at above
         outcome = ALREADY
     return PushResult(file.name, key, outcome, len(data), len(data))
 

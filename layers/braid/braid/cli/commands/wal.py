@@ -35,10 +35,14 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
         push_async(args, name, path)
         return 0
+    import os
+
     from braid.cli.compose import open_repository, repo_url
+    from braid.contract import ENV_WAL_SYNC_BUNDLE
 
     repository = open_repository(repo_url(args.repo), light=True)  # paid once per WAL segment: no botocore where it applies
-    result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level)
+    lookahead = os.environ.get(ENV_WAL_SYNC_BUNDLE, "on") != "off"  # policy sync-bundle (braid.ops.wal_lookahead)
+    result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level, lookahead=lookahead)
     if args.json:
         from braid.cli.render import print_json
 
@@ -48,13 +52,18 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
 def push_to(
     repository: Repository, key_file: str | None, engine: str | None, name: str, path: Path, level: int, keys: KeyService | None = None,
-    packs: PackListing | None = None,
+    packs: PackListing | None = None, *, lookahead: bool = False,
 ) -> PushResult:
     """Stage the file (a repository with a pipeline: braid.ops.wal_stage), else encode and store it here (braid.ops.wal_push),
-    with `keys` when the caller holds them open and `packs` when it keeps the packs' listing (the async pusher)."""
+    with `keys` when the caller holds them open and `packs` when it keeps the packs' listing (the async pusher);
+    `lookahead`: a plain wal-push's policy sync-bundle (its ready slot-mates staged with it: braid.ops.wal_lookahead)."""
     from braid.cli.compose import open_key_service, wal_staging_for
 
     staging = wal_staging_for(repository, engine)
+    if staging is not None and lookahead:
+        from braid.ops.wal_lookahead import stage_with_mates
+
+        return stage_with_mates(repository, staging, name, path)
     if staging is not None:
         from braid.ops.wal_stage import stage_wal
 

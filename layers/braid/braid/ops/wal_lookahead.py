@@ -1,0 +1,84 @@
+"""Policy `sync-bundle`: a plain `wal-push` at a backlog stages its segment's ready slot-mates with it, in ONE PUT.
+
+PostgreSQL runs archive_command once per segment, one at a time, so a
+synchronous push stages one object per segment: a PUT, an S3 event, an SQS
+message and a worker GET each, which alone cost about the backup path's
+whole TiB (docs/design/wal-archive.md, "Synchronous wal-push's cost"). At a
+backlog the segments after this one in its slot
+(braid.format.wal_bundle.bundle_slot) are complete and marked ready
+(`pg_wal/archive_status/FILE.ready` beside the file): this call stages them
+with its own as one bundle (braid.ops.wal_bundled.stage_bundle, the async
+pusher's code) and returns once the bundle is durable in staging.
+PostgreSQL's next calls find their segment in the bundle
+(braid.ops.wal_stage: a ranged GET of its head, before any PUT) and exit 0
+without staging.
+
+A slot-mate is bundled only if the archive does not hold it yet (its own
+object's HEAD and the directory's packs, listed once for the call): one
+that is archived, with the same bytes or other ones, is left for its own
+call, which reports it as before (exit 0 or exit 7 naming both sums). A
+quiet cluster (no ready slot-mate), a file that is not a whole segment, an
+archive whose record does not allow bundles (version 3), a slot bundled
+already, or the policy off (BRAID_WAL_SYNC_BUNDLE=off, contract.
+ENV_WAL_SYNC_BUNDLE): the file is staged alone, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from braid.errors import BackupError
+from braid.format.layout import wal_staging_bundle_key
+from braid.format.repository import Repository
+from braid.format.wal import SEGMENT, WalFile
+from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
+from braid.ops.wal import ArchiveInfo, read_archive_info
+from braid.ops.wal_bundled import read_bundle_head, stage_bundle
+from braid.ops.wal_packed import PackListing
+from braid.ops.wal_push import PushResult
+from braid.ops.wal_stage import already_stored, stage_wal
+from braid.ports.wal_staging import WalStaging
+
+
+def ready_slot_mates(path: Path) -> list[Path]:
+    """The segments after `path`'s in its slot that PostgreSQL marked ready (`archive_status/FILE.ready` beside it), ascending."""
+    file = WalFile.parse(path.name)
+    if file.kind != SEGMENT:
+        return []
+    slot = bundle_slot(file)
+    low, last = int(file.name[16:24], 16), int(slot[16:24], 16) + BUNDLE_FILES - 1
+    status = path.parent / "archive_status"
+    mates = []
+    for n in range(low + 1, last + 1):
+        name = f"{file.name[:16]}{n:08X}"
+        if (status / f"{name}.ready").exists() and (path.parent / name).is_file():
+            mates.append(path.parent / name)
+    return mates
+
+
+def _not_archived(repository: Repository, staging: WalStaging, name: str, mate: Path, recorded: ArchiveInfo, packs: PackListing) -> bool:
+    """Whether the archive holds no copy of `mate` (a HEAD, and the call's one listing of the directory's packs)."""
+    try:
+        data = mate.read_bytes()
+        return not already_stored(repository, staging, name, WalFile.parse(mate.name), hashlib.sha256(data).hexdigest(), recorded, packs, bundled=False)
+    except (BackupError, OSError):
+        return False  # archived with other bytes, or unreadable: its own call reports it
+
+
+def stage_with_mates(repository: Repository, staging: WalStaging, name: str, path: Path, *, bundle: bool = True) -> PushResult:
+    """Stage the WAL file at `path`, with its ready slot-mates in one bundle where the policy and the archive allow;
+    returns once `path`'s bytes are durable in staging (or archived or staged already with these bytes)."""
+    mates = ready_slot_mates(path) if bundle else []
+    if not mates:
+        return stage_wal(repository, staging, name, path)
+    file = WalFile.parse(path.name)
+    recorded = read_archive_info(repository.store, name)
+    if recorded is None or not recorded.may_stage_bundles or read_bundle_head(repository.store, wal_staging_bundle_key(name, bundle_slot(file))):
+        return stage_wal(repository, staging, name, path)  # an older archive, or the slot bundled already (once per slot)
+    packs = PackListing()  # the directory's packs listed once for this call (the checks before and after the PUT)
+    members = [path, *(m for m in mates if _not_archived(repository, staging, name, m, recorded, packs))]
+    result = stage_bundle(repository, staging, name, members, packs, recorded=recorded)[0]
+    if isinstance(result, BackupError):
+        raise result
+    return result
