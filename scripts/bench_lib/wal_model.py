@@ -114,18 +114,23 @@ class CountingStore(LocalStore):
 class CountingStaging:
     """braid.ports.wal_staging.WalStaging in memory, counting each call as the S3 request S3WalStaging makes."""
 
-    def __init__(self, counts: Counter[str]) -> None:
+    def __init__(self, counts: Counter[str], bucket: LocalStore | None = None) -> None:
         self.counts = counts
+        self.bucket = bucket  # where S3 keeps staged objects beside the repository's (a ranged GET of a bundle's head reads them)
+        self.tags: Counter[str] = Counter()  # which requests touch a staged object: the floor's items (`floor_row`)
         self.staged_objects: dict[str, tuple[bytes, str, str]] = {}
         self.archived: dict[str, tuple[bytes, str]] = {}
         self._version = 0
 
     def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
+        self.tags["staged_put"] += 1
         if key in self.staged_objects:
             raise AlreadyExistsError(key)
         self._version += 1
         self.staged_objects[key] = (bytes(data), sha256, str(self._version))
+        if self.bucket is not None:
+            self.bucket.put(key, bytes(data))
 
     def staged(self, key: str) -> StagedWal | None:
         self.counts["s3_get_class"] += 1
@@ -134,11 +139,13 @@ class CountingStaging:
 
     def read_staged(self, key: str, version: str | None = None) -> StagedWal | None:
         self.counts["s3_get_class"] += 1
+        self.tags["staged_get"] += 1
         found = self.staged_objects.get(key)
         return None if found is None else StagedWal(key, len(found[0]), found[1], found[2], found[0])
 
     def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
         self.counts["s3_get_class"] += 1
+        self.tags["staged_get"] += 1
         found = self.staged_objects.get(key)
         return None if found is None else found[0][start : start + length]
 
@@ -156,14 +163,16 @@ class CountingStaging:
 
     def remove_staged(self, key: str, version: str | None) -> None:
         self.counts["s3_delete_free"] += 1  # DELETE requests are free (S3 pricing)
-        self.staged_objects.pop(key, None)
+        if self.staged_objects.pop(key, None) is not None and self.bucket is not None:
+            self.bucket.delete([key])
 
 
 class CountingKeys:
     """A key service counting its requests as KMS's (GenerateDataKey, Decrypt)."""
 
-    def __init__(self, counts: Counter[str]) -> None:
+    def __init__(self, counts: Counter[str], bucket: LocalStore | None = None) -> None:
         self.counts = counts
+        self.bucket = bucket  # where S3 keeps staged objects beside the repository's (a ranged GET of a bundle's head reads them)
         self.key_id = "arn:aws:kms:us-east-1:000000000000:key/model"
         self._keys: dict[bytes, bytes] = {}
 
@@ -186,7 +195,7 @@ class CountingKeys:
 class Requests:
     """Requests per segment, counted from the real code, by price class: the host's and the WAL worker's; with the
     policy async-bundle, the pusher's and the worker's for bundles (`bundle_messages`: staged objects, so S3 events
-    and SQS messages, per segment)."""
+    and SQS messages, per segment); with sync-bundle, a plain wal-push's at a backlog."""
 
     host: dict[str, float]
     host_async: dict[str, float]
@@ -194,6 +203,15 @@ class Requests:
     host_bundle: dict[str, float]
     worker_bundle: dict[str, float]
     bundle_messages: float
+    # Policy sync-bundle: PostgreSQL's calls of a plain `wal-push` at a backlog (each its own process), the worker's
+    # requests for the bundles they staged, and staged objects per segment.
+    host_sync_bundle: dict[str, float]
+    worker_sync_bundle: dict[str, float]
+    sync_messages: float
+    # The quiet wal-push's requests that touch its staged object (tags, not prices): the host's staged PUTs and the
+    # worker's staged GETs per segment, the items no design of one staged object per segment avoids (`floor_row`).
+    staged_puts: float
+    staged_gets: float
 
 
 def _segment(name: str, size: int) -> bytes:
@@ -214,6 +232,7 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
     from braid.ops.wal import ArchiveInfo
     from braid.ops.wal_bundle_process import process_bundle
     from braid.ops.wal_bundled import stage_bundle
+    from braid.ops.wal_lookahead import stage_with_mates
     from braid.ops.wal_pack_process import Batch, process_staged_files
     from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
@@ -239,9 +258,10 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         first = Repository.open(CountingStore(root / "repo", setup))
         stage_wal(first, staging, "pg", files[0])
         process_staged(first, CountingKeys(setup), staging, "pg", WalFile.parse(names[0]), known=known)
-        staging.counts = host
-        for path in files[1:]:
-            stage_wal(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path)
+        staging.counts, staging.tags = host, Counter()
+        for path in files[1:]:  # a plain wal-push each (braid.cli.commands.wal): quiet, no slot-mate is ready
+            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path)
+        host_tags, staging.tags = staging.tags, Counter()
         pusher: Counter[str] = Counter()
         resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
         resident_staging = CountingStaging(pusher)
@@ -258,6 +278,7 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
             assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
+        worker_tags = staging.tags
         # async-bundle: two whole slots of segments (a backlog) to a new cluster's archive (a second name), bundled.
         bundler: Counter[str] = Counter()
         bundled = CountingStaging(setup)
@@ -284,14 +305,63 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             done_bundle = process_bundle(step, slot, bundled.staged_objects[key][2], pack_files=pack_files)  # the event's version
             assert not isinstance(done_bundle, Exception), done_bundle
         assert not bundled.staged_objects, "every staged bundle was processed and removed"
+        host_sync, worker_sync, sync_messages = _count_sync_bundle(root, first, resident.config, first_slot, size, known, pack_files)
 
     def each(counts: Counter[str], per: float = float(segments)) -> dict[str, float]:
         return {k: v / per for k, v in counts.items() if k != "stored_bytes"}
 
     bundled_segments = 2.0 * BUNDLE_FILES
     return Requests(
-        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments
+        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments,
+        each(host_sync, bundled_segments), each(worker_sync, bundled_segments), sync_messages / bundled_segments,
+        host_tags["staged_put"] / segments, worker_tags["staged_get"] / segments,
     )
+
+
+def _count_sync_bundle(
+    root: Path, first: Repository, config: RepositoryConfig, first_slot: int, size: int, known: dict[str, Any], pack_files: int
+) -> tuple[Counter[str], Counter[str], int]:
+    """Policy sync-bundle, counted: two whole slots of segments ready at once (a backlog) in a pg_wal directory, archived
+    as PostgreSQL does (one plain wal-push process per segment, in order, its `.ready` renamed `.done` after the call),
+    to a new archive (a third name), then each staged object processed by the worker's step. Returns the host's and
+    the worker's requests and the staged objects (S3 events, SQS messages)."""
+    from braid.format.wal_bundle import BUNDLE_FILES
+    from braid.ops.wal_bundle_process import process_bundle
+    from braid.ops.wal_lookahead import stage_with_mates
+    from braid.ops.wal_pack_process import Batch
+    from braid.ops.wal_process import process_staged
+    from braid.ops.wal_stage import stage_wal
+
+    setup: Counter[str] = Counter()
+    staging = CountingStaging(setup, LocalStore(root / "repo"))
+    wal = root / "pg_wal"
+    (wal / "archive_status").mkdir(parents=True)
+    opening = wal / "000000010000000000000001"  # the archive's first segment records it: outside the count
+    opening.write_bytes(_segment(opening.name, size))
+    stage_wal(Repository(CountingStore(root / "repo", setup), config), staging, "pg3", opening)
+    process_staged(first, CountingKeys(setup), staging, "pg3", WalFile.parse(opening.name), known=known)
+    order = []
+    for n in range(2 * BUNDLE_FILES):
+        path = wal / f"0000000100000000{first_slot + n:08X}"
+        path.write_bytes(_segment(path.name, size))
+        (wal / "archive_status" / f"{path.name}.ready").touch()
+        order.append(path)
+    host: Counter[str] = Counter()
+    staging.counts = host
+    for path in order:  # PostgreSQL: one call at a time, each a process that opens the repository
+        stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg3", path)
+        (wal / "archive_status" / f"{path.name}.ready").rename(wal / "archive_status" / f"{path.name}.done")
+    messages = len(staging.staged_objects)
+    assert messages == 2, "a backlog of two whole slots is two staged bundles"
+    worker: Counter[str] = Counter()
+    staging.counts = worker
+    step = Batch(Repository(CountingStore(root / "repo", worker), config), CountingKeys(worker), staging, "pg3", known=known)
+    for key in list(staging.staged_objects):
+        slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
+        done = process_bundle(step, slot, staging.staged_objects[key][2], pack_files=pack_files)
+        assert not isinstance(done, Exception), done
+    assert not staging.staged_objects, "every staged bundle was processed and removed"
+    return host, worker, messages
 
 
 def measure_codec_cpu(data: bytes, level: int = 3) -> float:

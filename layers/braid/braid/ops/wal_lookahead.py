@@ -36,8 +36,8 @@ from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
 from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_bundled import read_bundle_head, stage_bundle
 from braid.ops.wal_packed import PackListing
-from braid.ops.wal_push import PushResult
-from braid.ops.wal_stage import already_stored, stage_wal
+from braid.ops.wal_push import ALREADY, PushResult, read_wal_file
+from braid.ops.wal_stage import already_stored, conflict, stage_wal
 from braid.ports.wal_staging import WalStaging
 
 
@@ -68,14 +68,26 @@ def _not_archived(repository: Repository, staging: WalStaging, name: str, mate: 
 
 def stage_with_mates(repository: Repository, staging: WalStaging, name: str, path: Path, *, bundle: bool = True) -> PushResult:
     """Stage the WAL file at `path`, with its ready slot-mates in one bundle where the policy and the archive allow;
-    returns once `path`'s bytes are durable in staging (or archived or staged already with these bytes)."""
-    mates = ready_slot_mates(path) if bundle else []
-    if not mates:
-        return stage_wal(repository, staging, name, path)
+    returns once `path`'s bytes are durable in staging (or archived or staged already with these bytes).
+
+    A segment's slot's bundle is looked at first (one ranged GET: a 404 but at a backlog, the one the plain push
+    made after its PUT before this policy): a call whose segment a look-ahead staged answers from it alone."""
     file = WalFile.parse(path.name)
-    recorded = read_archive_info(repository.store, name)
-    if recorded is None or not recorded.may_stage_bundles or read_bundle_head(repository.store, wal_staging_bundle_key(name, bundle_slot(file))):
-        return stage_wal(repository, staging, name, path)  # an older archive, or the slot bundled already (once per slot)
+    if not bundle or file.kind != SEGMENT:
+        return stage_wal(repository, staging, name, path)
+    key = wal_staging_bundle_key(name, bundle_slot(file))
+    index = read_bundle_head(repository.store, key)
+    entry = None if index is None else index.entry(file.name)
+    if entry is not None:  # staged by an earlier call's look-ahead (or the async pusher): compared, no PUT
+        data = read_wal_file(path)
+        digest = hashlib.sha256(data).hexdigest()
+        if entry.sha256 != digest:
+            raise conflict(file, name, "staged", entry.sha256, digest)
+        return PushResult(file.name, key, ALREADY, len(data), len(data))
+    mates = ready_slot_mates(path) if index is None else []  # a slot is bundled once
+    recorded = read_archive_info(repository.store, name) if mates else None
+    if recorded is None or not recorded.may_stage_bundles:  # quiet, or an archive whose readers may predate bundles
+        return stage_wal(repository, staging, name, path, bundle_checked=True)
     packs = PackListing()  # the directory's packs listed once for this call (the checks before and after the PUT)
     members = [path, *(m for m in mates if _not_archived(repository, staging, name, m, recorded, packs))]
     result = stage_bundle(repository, staging, name, members, packs, recorded=recorded)[0]

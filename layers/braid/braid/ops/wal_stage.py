@@ -140,14 +140,17 @@ def _in_bundle(repository: Repository, name: str, file: WalFile, digest: str, re
     return None if found is None else wal_staging_bundle_key(name, bundle_slot(file))
 
 
-def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None) -> PushResult:
+def stage_wal(
+    repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None, *, bundle_checked: bool = False
+) -> PushResult:
     """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
 
-    The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive (and, in an archive
+    The PUT comes first (create-only), but for the look at the bundle: the common case is one PUT and one HEAD of the archive (and, in an archive
     that may hold packs, one LIST of the file's directory's packs, or `packs`' listing kept by the caller; in one
     that may stage bundles, a ranged GET of the segment's slot's bundle head, a 404 but at a backlog). A
     duplicate of a file already processed is staged again and found archived; the worker then removes the copy
-    (braid.ops.wal_process, braid.ops.wal_pack_process).
+    (braid.ops.wal_process, braid.ops.wal_pack_process). The bundle is looked at before the PUT (a file a bundle
+    holds is not staged again), unless the caller did (`bundle_checked`: braid.ops.wal_lookahead).
     """
     file = WalFile.parse(path.name)
     data = read_wal_file(path)
@@ -155,7 +158,7 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
     digest = hashlib.sha256(data).hexdigest()
     key = wal_staging_key(name, file)
     outcome = STAGED
-    bundle = _in_bundle(repository, name, file, digest, recorded)
+    bundle = None if bundle_checked else _in_bundle(repository, name, file, digest, recorded)
     if bundle is not None:  # staged in its slot's bundle (by a look-ahead push, or the async pusher): no PUT
         return PushResult(file.name, bundle, ALREADY, len(data), len(data))
     try:
