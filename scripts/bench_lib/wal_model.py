@@ -392,17 +392,21 @@ def segment_seconds(
 
 
 def cost_per_tib(
-    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False
+    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False,
+    lookahead: bool = False,
 ) -> dict[str, float]:
     """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
     `overlap`: the worker's policy worker-overlap (a pack's, or a bundle's, next member read during the codec);
     `bundle`: `--async`'s policy async-bundle at a backlog (whole bundles: one staged object, S3 event and SQS
-    message each)."""
+    message each); `lookahead`: a plain wal-push's policy sync-bundle at a backlog (PostgreSQL's calls: the slot's
+    first stages the bundle, the others find their segment in it)."""
     n = SEGMENTS_PER_TIB
     bundled = bundle and asynchronous
-    host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host
-    worker = requests.worker_bundle if bundled else requests.worker
-    messages = requests.bundle_messages if bundled else 1.0  # staged objects per segment: S3 events, SQS messages
+    looked = lookahead and not asynchronous
+    host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host_sync_bundle if looked else requests.host
+    worker = requests.worker_bundle if bundled else requests.worker_sync_bundle if looked else requests.worker
+    # staged objects per segment: S3 events, SQS messages
+    messages = requests.bundle_messages if bundled else requests.sync_messages if looked else 1.0
     batch = contract.WAL_BATCH_SIZE
     seconds = segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
@@ -436,18 +440,29 @@ def p99_seconds(
     }
 
 
+MODES = (
+    # (row, --async, at a backlog): as deployed, every policy on
+    ("wal-push", False, True),
+    ("wal-push --async", True, True),
+    ("wal-push, quiet", False, False),
+    ("wal-push --async, quiet", True, False),
+)
+
+
 def table_rows(
     requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None, *, overlap: bool = True
 ) -> list[dict[str, Any]]:
-    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on; `--async` at a
-    backlog, so in whole bundles)."""
+    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on), at a backlog
+    (two whole slots ready: `--async`'s bundles, a plain push's look-ahead bundles) and quiet (one segment ready at a
+    time: each staged alone), then the floor of one staged object per segment (`floor_row`)."""
     from braid.format.wal_bundle import BUNDLE_FILES
 
     rows = []
-    for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-        worker = requests.worker_bundle if asynchronous else requests.worker
-        p99 = p99_seconds(codec_cpu, stored_ratio, worker, overlap=overlap, files_per_message=BUNDLE_FILES if asynchronous else 1)
-        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=True)
+    for mode, asynchronous, backlog in MODES:
+        bundled = backlog  # a backlog is staged in bundles by both modes (async-bundle, sync-bundle)
+        worker = (requests.worker_bundle if asynchronous else requests.worker_sync_bundle) if bundled else requests.worker
+        p99 = p99_seconds(codec_cpu, stored_ratio, worker, overlap=overlap, files_per_message=BUNDLE_FILES if bundled else 1)
+        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundled, lookahead=bundled)
         total = sum(costs.values())
         rows.append({
             "mode": mode,
@@ -459,29 +474,61 @@ def table_rows(
             "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
             "p99_steps": {k: round(v, 3) for k, v in p99.items()},
         })
+    rows.append(floor_row(requests, codec_cpu, backup_cost_per_tib))
     return rows
+
+
+def floor_row(requests: Requests, codec_cpu: float, backup_cost_per_tib: float | None) -> dict[str, Any]:
+    """The least a TiB of WAL can cost when each segment is staged alone (a plain wal-push on a quiet cluster: PostgreSQL
+    hands over one segment per call, and exit 0 needs it durable in S3): the staged PUT, its S3 event's SQS message,
+    the worker's GET of it (counted: the tags of a quiet push's staged requests) and the codec's CPU, which bills
+    the same GB-s at any memory up to one vCPU (codec_cpu x 1,769 MB). Left out, so the floor is below any real
+    path: the host's checks, the final PUT, KMS, the invocations, the network's seconds and each request's round trip."""
+    n = SEGMENTS_PER_TIB
+    costs = {
+        "host s3 PUT-class": n * requests.staged_puts * PRICES["s3_put_class"],
+        "worker s3 GET-class": n * requests.staged_gets * PRICES["s3_get_class"],
+        "sqs requests": n * requests.staged_puts * PRICES["sqs_request"],
+        "lambda GB-seconds": n * codec_cpu * scale_sim.FULL_VCPU_MB / 1024 * PRICES["lambda_gb_s"],
+    }
+    total = sum(costs.values())
+    return {
+        "mode": "floor: one staged object per segment",
+        "wal_cost_per_tib": round(total, 4),
+        "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
+        "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
+        "p99_seconds_to_final": None,
+        "segment_seconds": round(codec_cpu * scale_sim.FULL_VCPU_MB / contract.WAL_MEMORY_MB, 3),
+        "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
+        "p99_steps": {},
+    }
 
 
 # The WAL path's policies, each built and its requests counted by running its code: `wal-pack`
 # (braid.ops.wal_pack_process), `worker-overlap` (its second lane: the staged GET hidden behind the codec, priced
-# here) and `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
-# braid.ops.wal_bundled, braid.ops.wal_bundle_process).
-POLICIES = ("wal-pack", "async-bundle", "worker-overlap")
-BUILT = {"wal-pack": True, "async-bundle": True, "worker-overlap": True}
+# here), `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
+# braid.ops.wal_bundled, braid.ops.wal_bundle_process) and `sync-bundle` (a plain wal-push doing so for its
+# segment's ready slot-mates: braid.ops.wal_lookahead).
+POLICIES = ("wal-pack", "async-bundle", "sync-bundle", "worker-overlap")
+BUILT = {"wal-pack": True, "async-bundle": True, "sync-bundle": True, "worker-overlap": True}
 
 
 def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
-    """$ per TiB per mode with each policy alone, all off, and all on: rows of the `wal policies` table."""
-    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))]
+    """$ per TiB per mode at a backlog with each policy alone, all off, and all on: rows of the `wal policies` table."""
+    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [
+        ("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))
+    ]
     rows = []
     for label, on in sets:
         requests = packed if "wal-pack" in on else unpacked
         for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-            if not asynchronous and "async-bundle" in on and len(on) == 1:
-                continue  # the policy is --async's alone
+            if on and on <= {"async-bundle", "sync-bundle"} and ("async-bundle" in on) != asynchronous:
+                continue  # each bundle policy is its own mode's alone
             overlap = {"worker-overlap", "wal-pack"} <= on  # the second lane reads a pack's members: alone, it has nothing to overlap
-            bundle = "async-bundle" in on
-            total = sum(cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundle).values())
+            costs = cost_per_tib(
+                requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle="async-bundle" in on, lookahead="sync-bundle" in on
+            )
+            total = sum(costs.values())
             rows.append({
                 "policies": label, "mode": mode, "built": all(BUILT[p] for p in on), "wal_cost_per_tib": round(total, 4),
                 "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
