@@ -223,11 +223,12 @@ def _segment(name: str, size: int) -> bytes:
     return header + os.urandom(size - len(header))
 
 
-def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True) -> Requests:
+def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True, list_once: bool = True) -> Requests:
     """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), as the
     `--async` pusher does (one process: each alone, then, policy async-bundle, in bundles of a slot), then process
-    them as the WAL worker does: one full batch (one container: the repository and archive record read once), each
-    bundle by its step, with the policy `wal-pack` on (`pack`) or off."""
+    them as the WAL worker does: one full batch (one container: the repository and archive record read once), and a
+    full batch of bundles (one per message: contract.WAL_BATCH_SIZE slots) by its step, with the policies `wal-pack`
+    (`pack`) and `worker-list-once` (`list_once`: the batch's bundles share a LIST per directory) on or off."""
     from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
     from braid.ops.wal import ArchiveInfo
     from braid.ops.wal_bundle_process import process_bundle
@@ -238,6 +239,7 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
 
+    slots = contract.WAL_BATCH_SIZE  # a backlog: one full batch of bundles, a message each
     with tempfile.TemporaryDirectory(prefix="wal-model-") as tmp:
         root = Path(tmp)
         setup: Counter[str] = Counter()
@@ -279,38 +281,41 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
         worker_tags = staging.tags
-        # async-bundle: two whole slots of segments (a backlog) to a new cluster's archive (a second name), bundled.
+        # async-bundle: a full batch of whole slots (a backlog) to a new cluster's archive (a second name), bundled.
         bundler: Counter[str] = Counter()
         bundled = CountingStaging(setup)
         stage_wal(Repository(CountingStore(root / "repo", setup), resident.config), bundled, "pg2", files[0])
         process_staged(first, CountingKeys(setup), bundled, "pg2", WalFile.parse(names[0]), known=known)
         bundled.counts = bundler
-        slots: dict[str, list[Path]] = {}
-        for n in range(2 * BUNDLE_FILES):
+        by_slot: dict[str, list[Path]] = {}
+        for n in range(slots * BUNDLE_FILES):
             path = root / "bundled" / f"0000000100000000{first_slot + n:08X}"
             path.parent.mkdir(exist_ok=True)
             path.write_bytes(_segment(path.name, size))
-            slots.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
+            by_slot.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
         bundle_packs = PackListing()
-        for members in slots.values():
+        for members in by_slot.values():
             results = stage_bundle(Repository(CountingStore(root / "repo", bundler), resident.config), bundled, "pg2", members, bundle_packs)
             assert all(not isinstance(r, Exception) for r in results), results
         messages = len(bundled.staged_objects)
-        assert messages == len(slots) == 2 and all(len(m) == BUNDLE_FILES for m in slots.values()), "whole bundles, one object each"
+        assert messages == len(by_slot) == slots and all(len(m) == BUNDLE_FILES for m in by_slot.values()), "whole bundles, one object each"
         worker_bundle: Counter[str] = Counter()
         bundled.counts = worker_bundle
-        step = Batch(Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known)
+        step = Batch(
+            Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known,
+            listings={} if list_once else None,
+        )
         for key in list(bundled.staged_objects):
             slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
             done_bundle = process_bundle(step, slot, bundled.staged_objects[key][2], pack_files=pack_files)  # the event's version
             assert not isinstance(done_bundle, Exception), done_bundle
         assert not bundled.staged_objects, "every staged bundle was processed and removed"
-        host_sync, worker_sync, sync_messages = _count_sync_bundle(root, first, resident.config, first_slot, size, known, pack_files)
+        host_sync, worker_sync, sync_messages = _count_sync_bundle(root, first, resident.config, first_slot, size, known, pack_files, list_once)
 
     def each(counts: Counter[str], per: float = float(segments)) -> dict[str, float]:
         return {k: v / per for k, v in counts.items() if k != "stored_bytes"}
 
-    bundled_segments = 2.0 * BUNDLE_FILES
+    bundled_segments = float(slots * BUNDLE_FILES)
     return Requests(
         each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments,
         each(host_sync, bundled_segments), each(worker_sync, bundled_segments), sync_messages / bundled_segments,
@@ -319,9 +324,9 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
 
 
 def _count_sync_bundle(
-    root: Path, first: Repository, config: RepositoryConfig, first_slot: int, size: int, known: dict[str, Any], pack_files: int
+    root: Path, first: Repository, config: RepositoryConfig, first_slot: int, size: int, known: dict[str, Any], pack_files: int, list_once: bool
 ) -> tuple[Counter[str], Counter[str], int]:
-    """Policy sync-bundle, counted: two whole slots of segments ready at once (a backlog) in a pg_wal directory, archived
+    """Policy sync-bundle, counted: a full batch of whole slots of segments ready at once (a backlog) in a pg_wal directory, archived
     as PostgreSQL does (one plain wal-push process per segment, in order, its `.ready` renamed `.done` after the call),
     to a new archive (a third name), then each staged object processed by the worker's step. Returns the host's and
     the worker's requests and the staged objects (S3 events, SQS messages)."""
@@ -341,7 +346,7 @@ def _count_sync_bundle(
     stage_wal(Repository(CountingStore(root / "repo", setup), config), staging, "pg3", opening)
     process_staged(first, CountingKeys(setup), staging, "pg3", WalFile.parse(opening.name), known=known)
     order = []
-    for n in range(2 * BUNDLE_FILES):
+    for n in range(contract.WAL_BATCH_SIZE * BUNDLE_FILES):
         path = wal / f"0000000100000000{first_slot + n:08X}"
         path.write_bytes(_segment(path.name, size))
         (wal / "archive_status" / f"{path.name}.ready").touch()
@@ -352,10 +357,12 @@ def _count_sync_bundle(
         stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg3", path)
         (wal / "archive_status" / f"{path.name}.ready").rename(wal / "archive_status" / f"{path.name}.done")
     messages = len(staging.staged_objects)
-    assert messages == 2, "a backlog of two whole slots is two staged bundles"
+    assert messages == contract.WAL_BATCH_SIZE, "a backlog of whole slots is one staged bundle each"
     worker: Counter[str] = Counter()
     staging.counts = worker
-    step = Batch(Repository(CountingStore(root / "repo", worker), config), CountingKeys(worker), staging, "pg3", known=known)
+    step = Batch(
+        Repository(CountingStore(root / "repo", worker), config), CountingKeys(worker), staging, "pg3", known=known, listings={} if list_once else None
+    )
     for key in list(staging.staged_objects):
         slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
         done = process_bundle(step, slot, staging.staged_objects[key][2], pack_files=pack_files)
@@ -453,7 +460,7 @@ def table_rows(
     requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None, *, overlap: bool = True
 ) -> list[dict[str, Any]]:
     """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on), at a backlog
-    (two whole slots ready: `--async`'s bundles, a plain push's look-ahead bundles) and quiet (one segment ready at a
+    (a full batch of whole slots ready: `--async`'s bundles, a plain push's look-ahead bundles) and quiet (one segment ready at a
     time: each staged alone), then the floor of one staged object per segment (`floor_row`)."""
     from braid.format.wal_bundle import BUNDLE_FILES
 
@@ -507,20 +514,34 @@ def floor_row(requests: Requests, codec_cpu: float, backup_cost_per_tib: float |
 # The WAL path's policies, each built and its requests counted by running its code: `wal-pack`
 # (braid.ops.wal_pack_process), `worker-overlap` (its second lane: the staged GET hidden behind the codec, priced
 # here), `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
-# braid.ops.wal_bundled, braid.ops.wal_bundle_process) and `sync-bundle` (a plain wal-push doing so for its
-# segment's ready slot-mates: braid.ops.wal_lookahead).
-POLICIES = ("wal-pack", "async-bundle", "sync-bundle", "worker-overlap")
-BUILT = {"wal-pack": True, "async-bundle": True, "sync-bundle": True, "worker-overlap": True}
+# braid.ops.wal_bundled, braid.ops.wal_bundle_process), `sync-bundle` (a plain wal-push doing so for its
+# segment's ready slot-mates: braid.ops.wal_lookahead) and `worker-list-once` (a batch's bundles share one LIST
+# per directory: braid.ops.wal_bundle_process).
+POLICIES = ("wal-pack", "async-bundle", "sync-bundle", "worker-list-once", "worker-overlap")
+BUILT = {"wal-pack": True, "async-bundle": True, "sync-bundle": True, "worker-list-once": True, "worker-overlap": True}
+COUNTED = frozenset({"wal-pack", "worker-list-once"})  # the policies that change what the code requests: counted on and off
 
 
-def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
+def count_policies() -> dict[frozenset[str], Requests]:
+    """count_requests for each combination of the COUNTED policies (the key: those on)."""
+    return {
+        frozenset(p for p, on in (("wal-pack", pack), ("worker-list-once", once)) if on): count_requests(pack=pack, list_once=once)
+        for pack in (True, False) for once in (True, False)
+    }
+
+
+def policy_rows(
+    counts: Mapping[frozenset[str], Requests], codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None
+) -> list[dict[str, Any]]:
     """$ per TiB per mode at a backlog with each policy alone, all off, and all on: rows of the `wal policies` table."""
     sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [
-        ("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))
+        ("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}),
+        ("all but worker-list-once", set(POLICIES) - {"worker-list-once"}),
+        ("all", set(POLICIES)),
     ]
     rows = []
     for label, on in sets:
-        requests = packed if "wal-pack" in on else unpacked
+        requests = counts[frozenset(on & COUNTED)]
         for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
             if on and on <= {"async-bundle", "sync-bundle"} and ("async-bundle" in on) != asynchronous:
                 continue  # each bundle policy is its own mode's alone

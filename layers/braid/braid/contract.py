@@ -97,6 +97,8 @@ WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for 
 # packs of up to WAL_PACK_FILES, one PUT and one KMS data key each. Off when the function's ENV_WAL_PACK is "off".
 WAL_PACK_FILES = WAL_BATCH_SIZE
 ENV_WAL_PACK = "BRAID_WAL_PACK"
+# Its policy `worker-list-once` (braid.ops.wal_bundle_process): a batch's bundles share one LIST per directory ("off": one each).
+ENV_WAL_LIST_ONCE = "BRAID_WAL_LIST_ONCE"
 # Its policy `worker-overlap`: a second lane reads a pack's next staged file while the codec encodes this one ("off": turns).
 ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 # `wal-push --async`'s policy `async-bundle` (braid.cli.wal_pusher): at a backlog, the ready segments of one slot
