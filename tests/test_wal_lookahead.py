@@ -22,7 +22,7 @@ from braid.format.wal_bundle import parse_head
 from braid.ops.wal_bundle_process import process_bundle
 from braid.ops.wal_bundled import BUNDLED
 from braid.ops.wal_fetch import fetch_wal_bytes
-from braid.ops.wal_lookahead import ready_slot_mates, stage_with_mates
+from braid.ops.wal_lookahead import Looked, ready_slot_mates, stage_with_mates
 from braid.ops.wal_pack_process import Batch, process_staged_files
 from braid.ops.wal_process import ALREADY, STORED, Processed
 from braid.ops.wal_stage import STAGED, stage_wal
@@ -129,3 +129,24 @@ def test_an_archive_that_may_not_stage_bundles_gets_one_object_per_call(tmp_path
     wal = _pg_wal(tmp_path, SLOT[:3])
     assert stage_with_mates(repository, staging, "pg", wal / SLOT[0]).outcome == STAGED
     assert list(staging.objects) == [wal_staging_key("pg", WalFile.parse(SLOT[0]))], "a reader of version 2 reads no bundle"
+
+
+def test_a_call_answers_from_its_slots_bundle_before_reading_the_config(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    from braid.ops.wal_lookahead import look_in_bundle
+
+    repository, _keys, staging = cloud
+    wal = _pg_wal(tmp_path, SLOT[:2])
+    assert look_in_bundle(repository.store, "pg", wal / SLOT[0]) == Looked(None), "no bundle yet: a 404"
+    stage_with_mates(repository, staging, "pg", wal / SLOT[0])
+    looked = look_in_bundle(repository.store, "pg", wal / SLOT[1])
+    assert looked is not None and looked.result is not None and (looked.result.outcome, looked.result.key) == (ALREADY, wal_staging_bundle_key("pg", SLOT[0]))
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(WalConflictError) as caught:
+        look_in_bundle(repository.store, "pg", write_segment(other, SLOT[1], seed=4))
+    assert caught.value.exit_code == 7 and "already staged" in str(caught.value)
+    missing = look_in_bundle(repository.store, "pg", write_segment(other, SLOT[2]))
+    assert missing is not None and missing.result is None and missing.index is not None, "the slot is bundled, without it"
+    history = wal / "00000002.history"
+    history.write_text("1\t0/3000000\tno recovery target specified\n")
+    assert look_in_bundle(repository.store, "pg", history) is None

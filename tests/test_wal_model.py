@@ -40,11 +40,11 @@ def unpacked(counts: dict[frozenset[str], wal_model.Requests]) -> wal_model.Requ
 
 PER = 1 / BUNDLE_FILES  # a bundle's share of a segment
 BATCH = contract.WAL_BATCH_SIZE
-# A plain wal-push at a backlog (sync-bundle), per slot of PostgreSQL's calls: the first reads config.json, the slot's
-# bundle head (a 404), archive.json, each of the 6 slot-mates' archived HEAD, then its own after the PUT, and each
-# member's single staged key (7); the 6 later calls read config.json and the bundle head. PUT-class: the bundle's PUT
-# and the call's one LIST of the directory's packs.
-SYNC_GETS, SYNC_PUTS = (3 + 6 + 1 + 7 + 6 * 2) * PER, 2 * PER
+# A plain wal-push at a backlog (sync-bundle), per slot of PostgreSQL's calls: the first reads the slot's bundle head
+# (a 404), config.json, archive.json, each of the 6 slot-mates' archived HEAD, then its own after the PUT, and each
+# member's single staged key (7); the 6 later calls read only the bundle head (before config.json). PUT-class: the
+# bundle's PUT and the call's one LIST of the directory's packs.
+SYNC_GETS, SYNC_PUTS = (3 + 6 + 1 + 7 + 6 * 1) * PER, 2 * PER
 
 
 def test_requests_per_segment_are_counted_from_the_code(requests: wal_model.Requests, unpacked: wal_model.Requests) -> None:

@@ -233,7 +233,7 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
     from braid.ops.wal import ArchiveInfo
     from braid.ops.wal_bundle_process import process_bundle
     from braid.ops.wal_bundled import stage_bundle
-    from braid.ops.wal_lookahead import stage_with_mates
+    from braid.ops.wal_lookahead import look_in_bundle, stage_with_mates
     from braid.ops.wal_pack_process import Batch, process_staged_files
     from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
@@ -261,8 +261,9 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         stage_wal(first, staging, "pg", files[0])
         process_staged(first, CountingKeys(setup), staging, "pg", WalFile.parse(names[0]), known=known)
         staging.counts, staging.tags = host, Counter()
-        for path in files[1:]:  # a plain wal-push each (braid.cli.commands.wal): quiet, no slot-mate is ready
-            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path)
+        for path in files[1:]:  # a plain wal-push each (braid.cli.commands.wal.cmd_wal_push): quiet, no slot-mate is ready
+            looked = look_in_bundle(CountingStore(root / "repo", host), "pg", path)  # before config.json
+            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path, looked=looked)
         host_tags, staging.tags = staging.tags, Counter()
         pusher: Counter[str] = Counter()
         resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
@@ -332,7 +333,7 @@ def _count_sync_bundle(
     the worker's requests and the staged objects (S3 events, SQS messages)."""
     from braid.format.wal_bundle import BUNDLE_FILES
     from braid.ops.wal_bundle_process import process_bundle
-    from braid.ops.wal_lookahead import stage_with_mates
+    from braid.ops.wal_lookahead import look_in_bundle, stage_with_mates
     from braid.ops.wal_pack_process import Batch
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
@@ -353,8 +354,10 @@ def _count_sync_bundle(
         order.append(path)
     host: Counter[str] = Counter()
     staging.counts = host
-    for path in order:  # PostgreSQL: one call at a time, each a process that opens the repository
-        stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg3", path)
+    for path in order:  # PostgreSQL: one call at a time, each a process (braid.cli.commands.wal.cmd_wal_push's steps)
+        looked = look_in_bundle(CountingStore(root / "repo", host), "pg3", path)  # before config.json
+        if looked is None or looked.result is None:
+            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg3", path, looked=looked)
         (wal / "archive_status" / f"{path.name}.ready").rename(wal / "archive_status" / f"{path.name}.done")
     messages = len(staging.staged_objects)
     assert messages == contract.WAL_BATCH_SIZE, "a backlog of whole slots is one staged bundle each"

@@ -32,18 +32,20 @@ ENV_WAL_SYNC_BUNDLE): the file is staged alone, as before.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from braid.errors import BackupError
 from braid.format.layout import wal_staging_bundle_key
 from braid.format.repository import Repository
 from braid.format.wal import SEGMENT, WalFile
-from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
+from braid.format.wal_bundle import BUNDLE_FILES, BundleIndex, bundle_slot
 from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_bundled import read_bundle_head, stage_bundle
 from braid.ops.wal_packed import PackListing
 from braid.ops.wal_push import ALREADY, PushResult, read_wal_file
 from braid.ops.wal_stage import already_stored, conflict, stage_wal
+from braid.ports.store import ObjectStore
 from braid.ports.wal_staging import WalStaging
 
 
@@ -72,28 +74,58 @@ def _not_archived(repository: Repository, staging: WalStaging, name: str, mate: 
         return False  # archived with other bytes, or unreadable: its own call reports it
 
 
-def stage_with_mates(repository: Repository, staging: WalStaging, name: str, path: Path, *, bundle: bool = True) -> PushResult:
+@dataclass(frozen=True)
+class Looked:
+    """What a call read of its segment's slot's bundle: its head (None: no bundle), and the answer when it holds the segment."""
+
+    index: BundleIndex | None
+    result: PushResult | None = None
+
+
+def look_in_bundle(store: ObjectStore, name: str, path: Path) -> Looked | None:
+    """The slot's bundle head for the segment at `path` (one ranged GET, needing no config: only the stack stages
+    bundles) and, when it holds the segment, the answer: ALREADY with the same SHA-256, WalConflictError naming both
+    with other bytes. None for a file that is not a whole segment, or when the bucket could not be read (the caller's
+    repository open then says why)."""
+    file = WalFile.parse(path.name)
+    if file.kind != SEGMENT:
+        return None
+    key = wal_staging_bundle_key(name, bundle_slot(file))
+    try:
+        index = read_bundle_head(store, key)
+    except BackupError:  # unreadable, or a damaged head: the usual path reads it again and says why
+        return None
+    entry = None if index is None else index.entry(file.name)
+    if index is None or entry is None:
+        return Looked(index)
+    data = read_wal_file(path)
+    digest = hashlib.sha256(data).hexdigest()
+    if entry.sha256 != digest:
+        raise conflict(file, name, "staged", entry.sha256, digest)
+    return Looked(index, PushResult(file.name, key, ALREADY, len(data), len(data)))
+
+
+def stage_with_mates(
+    repository: Repository, staging: WalStaging, name: str, path: Path, *, bundle: bool = True, looked: Looked | None = None
+) -> PushResult:
     """Stage the WAL file at `path`, with its ready slot-mates in one bundle where the policy and the archive allow;
     returns once `path`'s bytes are durable in staging (or archived or staged already with these bytes).
 
-    A segment's slot's bundle is looked at first (one ranged GET: a 404 but at a backlog, the one the plain push
-    made after its PUT before this policy): a call whose segment a look-ahead staged answers from it alone."""
+    A segment's slot's bundle is looked at first (one ranged GET, or `looked`, the caller's: a 404 but at a backlog,
+    the one the plain push made after its PUT before this policy): a call whose segment a look-ahead staged answers
+    from it alone."""
     file = WalFile.parse(path.name)
     if not bundle or file.kind != SEGMENT:
         return stage_wal(repository, staging, name, path)
-    key = wal_staging_bundle_key(name, bundle_slot(file))
-    index = read_bundle_head(repository.store, key)
-    entry = None if index is None else index.entry(file.name)
-    if entry is not None:  # staged by an earlier call's look-ahead (or the async pusher): compared, no PUT
-        data = read_wal_file(path)
-        digest = hashlib.sha256(data).hexdigest()
-        if entry.sha256 != digest:
-            raise conflict(file, name, "staged", entry.sha256, digest)
-        return PushResult(file.name, key, ALREADY, len(data), len(data))
-    mates = ready_slot_mates(path) if index is None else []  # a slot is bundled once
+    if looked is None:
+        looked = look_in_bundle(repository.store, name, path)
+    if looked is not None and looked.result is not None:  # staged by an earlier call's look-ahead (or the async pusher)
+        return looked.result
+    index = None if looked is None else looked.index
+    mates = ready_slot_mates(path) if looked is not None and index is None else []  # a slot is bundled once
     recorded = read_archive_info(repository.store, name) if mates else None
     if recorded is None or not recorded.may_stage_bundles:  # quiet, or an archive whose readers may predate bundles
-        return stage_wal(repository, staging, name, path, bundle_checked=True)
+        return stage_wal(repository, staging, name, path, bundle_checked=looked is not None)
     packs = PackListing()  # the directory's packs listed once for this call (the checks before and after the PUT)
     checked = frozenset(m for m in mates if _not_archived(repository, staging, name, m, recorded, packs))
     members = [path, *(m for m in mates if m in checked)]
