@@ -150,3 +150,17 @@ def test_a_call_answers_from_its_slots_bundle_before_reading_the_config(cloud, t
     history = wal / "00000002.history"
     history.write_text("1\t0/3000000\tno recovery target specified\n")
     assert look_in_bundle(repository.store, "pg", history) is None
+
+
+def test_a_call_whose_own_segment_is_archived_with_other_bytes_is_refused_and_bundles_nothing(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    repository, keys, staging = cloud
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for name in (SLOT[0], SLOT[5]):  # another cluster's copies, archived first (one pack)
+        stage_wal(repository, staging, "pg", write_segment(earlier, name, seed=1))
+    process_staged_files(repository, keys, staging, "pg", [(WalFile.parse(n), None) for n in (SLOT[0], SLOT[5])], pack_files=10)
+    wal = _pg_wal(tmp_path, SLOT[:3])
+    with pytest.raises(WalConflictError) as caught:
+        stage_with_mates(repository, staging, "pg", wal / SLOT[0])
+    assert caught.value.exit_code == 7 and "already archived" in str(caught.value)
+    assert wal_staging_bundle_key("pg", SLOT[0]) not in staging.objects, "nothing bundled with a refused segment"

@@ -13,16 +13,16 @@ PostgreSQL's next calls find their segment in the bundle
 (braid.ops.wal_stage: a ranged GET of its head, before any PUT) and exit 0
 without staging.
 
-A slot-mate is bundled only if the archive does not hold it yet (its own
-object's HEAD and the directory's packs, listed once for the call): one
-that is archived, with the same bytes or other ones, is left for its own
-call, which reports it as before (exit 0 or exit 7 naming both sums).
-After the PUT a slot-mate's single staged copy is compared, as the async
+A file is bundled only if the archive does not hold it yet (its own
+object's HEAD and the directory's packs, listed once for the call): a
+slot-mate that is archived, with the same bytes or other ones, is left for
+its own call, and this call's own file, if archived, is staged alone as
+before; either is reported as before (exit 0, or exit 7 naming both sums).
+After the PUT each member's single staged copy is compared, as the async
 pusher does, but not its archive again: a copy archived between that check
 and the PUT (another pusher's, staged and processed within the bundle's
 upload) is compared by the WAL worker, which refuses other bytes (metric
-WalConflicts, its alarm). This call's own file is checked after the PUT as
-a file staged alone is. A
+WalConflicts, its alarm). A
 quiet cluster (no ready slot-mate), a file that is not a whole segment, an
 archive whose record does not allow bundles (version 3), a slot bundled
 already, or the policy off (BRAID_WAL_SYNC_BUNDLE=off, contract.
@@ -126,8 +126,10 @@ def stage_with_mates(
     recorded = read_archive_info(repository.store, name) if mates else None
     if recorded is None or not recorded.may_stage_bundles:  # quiet, or an archive whose readers may predate bundles
         return stage_wal(repository, staging, name, path, bundle_checked=looked is not None)
-    packs = PackListing()  # the directory's packs listed once for this call (the checks before and after the PUT)
-    checked = frozenset(m for m in mates if _not_archived(repository, staging, name, m, recorded, packs))
+    packs = PackListing()  # the directory's packs listed once for this call
+    if not _not_archived(repository, staging, name, path, recorded, packs):  # archived: alone, compared and reported as before
+        return stage_wal(repository, staging, name, path, packs, bundle_checked=True)
+    checked = frozenset([path, *(m for m in mates if _not_archived(repository, staging, name, m, recorded, packs))])
     members = [path, *(m for m in mates if m in checked)]
     result = stage_bundle(repository, staging, name, members, packs, recorded=recorded, archived_checked=checked)[0]
     if isinstance(result, BackupError):
