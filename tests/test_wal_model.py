@@ -41,9 +41,9 @@ def unpacked(counts: dict[frozenset[str], wal_model.Requests]) -> wal_model.Requ
 PER = 1 / BUNDLE_FILES  # a bundle's share of a segment
 BATCH = contract.WAL_BATCH_SIZE
 # A plain wal-push at a backlog (sync-bundle), per slot of PostgreSQL's calls: the first reads the slot's bundle head
-# (a 404), config.json, archive.json, each of the 6 slot-mates' archived HEAD, then its own after the PUT, and each
-# member's single staged key (7); the 6 later calls read only the bundle head (before config.json). PUT-class: the
-# bundle's PUT and the call's one LIST of the directory's packs.
+# (a 404), config.json, archive.json, the archived HEAD of its own segment and the 6 slot-mates', and after the PUT
+# each member's single staged key (7); the 6 later calls read only the bundle head (before config.json). PUT-class:
+# the bundle's PUT and the call's one LIST of the directory's packs.
 SYNC_GETS, SYNC_PUTS = (3 + 6 + 1 + 7 + 6 * 1) * PER, 2 * PER
 
 
