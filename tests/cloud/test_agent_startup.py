@@ -84,6 +84,7 @@ NOT_FOR_AN_EMPTY_BACKUP = (
     "awscrt", "ctypes", "configparser", "braid.cli.render", "braid.cli.storage_render", "braid.format.prices",
     "braid.format.storage_class", "braid.format.summary", "braid.adapters.local", "braid.format.wal",
     "braid.format.pg_backup",  # a base backup's label parser: only for a stream that carried a backup_label
+    "braid.format.tar_stream", "braid.engine.xbstream",  # the stream's parsers (braid.engine.capture): from its first block
 )
 # Nor for any cloud backup that does not wait (`--no-wait`, with data or without): it stages and starts the pipeline,
 # so it reads no plan, no published manifest, no chain's records and no hold, and builds no verifier. The manifest's,
@@ -144,7 +145,7 @@ def test_a_cloud_backup_with_data_loads_the_crc_library_and_a_config_file_config
     config.write_text("[default]\nregion = us-east-1\n")
     files = {**_no_aws_files(tmp_path), "AWS_CONFIG_FILE": str(config)}
     modules = _loaded(tmp_path, {**env, **files}, "backup", "--repo", url, "--name", "db", "--no-wait", "--quiet", stdin=os.urandom(100_000))
-    assert {"awscrt.checksums", "ctypes", "configparser", "braid.agent.uploader"} <= modules
+    assert {"awscrt.checksums", "ctypes", "configparser", "braid.agent.uploader", "braid.format.tar_stream", "braid.engine.xbstream"} <= modules
     assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_A_STAGING_AGENT + NOT_FOR_THE_AGENTS_HTTP + NOT_OVER_PLAIN_HTTP) == []
 
 
