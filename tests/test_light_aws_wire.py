@@ -288,3 +288,13 @@ def _pump(source: socket.socket, target: socket.socket) -> None:
         pass
     finally:
         target.close()
+
+
+def test_a_body_reads_into_a_mapped_buffer_in_place() -> None:
+    """The restore path reads into mapped chunk buffers: readinto fills the caller's buffer, at most the body's length."""
+    import mmap
+
+    ours, _ = _both(ANSWERS["length"])
+    buffer = mmap.mmap(-1, 8)
+    assert ours.readinto(buffer) == 5 and buffer[:5] == b"hello"
+    assert ours.readinto(buffer) == 0

@@ -166,13 +166,12 @@ class Answer:
             return 0
         if self.chunked:
             data = self._read_chunked(len(buffer))
-            memoryview(buffer).cast("B")[: len(data)] = data
+            memoryview(buffer)[: len(data)] = data
             return len(data)
-        view = memoryview(buffer).cast("B")
-        if self.length is not None and len(view) > self.length:
-            view = view[: self.length]
-        n: int = self._fp.readinto(view)
-        self._count(n, len(view))
+        if self.length is not None and len(buffer) > self.length:
+            buffer = memoryview(buffer)[: self.length]  # as http.client: the caller's buffer itself, never a copy
+        n: int = self._fp.readinto(buffer)
+        self._count(n, len(buffer))
         return n
 
     def _count(self, n: int, asked: int) -> None:
