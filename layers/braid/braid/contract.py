@@ -105,6 +105,9 @@ ENV_WAL_BUNDLE = "BRAID_WAL_BUNDLE"
 # The host's policy `pipe-buffer` (braid.engine.pipe_buffer): the pipes a backup is read from and a restore written
 # into get a 1 MiB kernel buffer. Off when the process's environment sets it to "off".
 ENV_PIPE_BUFFER = "BRAID_PIPE_BUFFER"
+# The host's policy `direct-restore` (braid.ops.pg_direct): `restore --pgdata` writes large files with O_DIRECT.
+# Off when the process's environment sets it to "off".
+ENV_DIRECT_RESTORE = "BRAID_DIRECT_RESTORE"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

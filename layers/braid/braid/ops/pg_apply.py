@@ -309,7 +309,7 @@ class ApplyLink(TarExtract):
             return _Discard()  # only the newest link's WAL is kept
         if member.kind == REGULAR and relative in sizes:
             sizes[relative] = member.size
-            handle = _Overwrite(self, path, member)  # rewriting the file costs a tenth of replacing it (measured)
+            handle = _Overwrite(self, path, member, False)  # rewriting the file costs a tenth of replacing it (measured)
             self.open_files.append(handle)
             return handle
         sizes.pop(relative, None)

@@ -7,9 +7,10 @@ checked first. Its output parses the tar as it arrives
 the restore's writer thread, in stream order; the data of each restored
 chunk is cut into its files' byte ranges, which a small thread pool writes
 with `pwrite` side by side (file writes release the GIL) while the
-restore's decoders already decode the chunks after it. Each file is closed
-once written; at the end one syncfs(2) makes them all durable, then each
-directory is fsynced.
+restore's decoders already decode the chunks after it. Large files are
+written with O_DIRECT, past the page cache (policy `direct-restore`,
+braid.ops.pg_direct). Each file is closed once written; at the end one
+syncfs(2) makes them all durable, then each directory is fsynced.
 
 DIR must be empty or absent (`check_pgdata`): a failed restore removes
 what it extracted, so DIR is left as it was found. Member names are
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 
 from braid.errors import InputError, IntegrityError, UsageError
 from braid.format.tar_stream import DIRECTORY, HARDLINK, REGULAR, SYMLINK, MemberConsumer, TarFormatError, TarMember, TarStream
+from braid.ops import pg_direct
 from braid.ops.restore_output import Output, OutputTarget
 
 __all__ = ["PgDataTarget", "check_pgdata", "server_running"]
@@ -103,23 +105,69 @@ class PgDataTarget(OutputTarget):
         return TarExtract(self.label, self.path, self.writers)
 
 
-class _File:
-    """One regular member being written: opened by the pool task that writes its first range, then pwrite at offsets."""
+Payload = memoryview | tuple[memoryview | bytes, ...]
+"""A queued range of a file: its bytes, or a direct file's whole-block piece in parts (braid.ops.pg_direct)."""
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
-    def __init__(self, owner: TarExtract, path: str, member: TarMember) -> None:
+
+class _File:
+    """One regular member being written: opened by the pool task that writes its first range, then pwrite at offsets.
+
+    At most one range of a file is queued per chunk, and a chunk's ranges are all written before the next chunk's
+    are queued. A page-cache file is written by one thread at a time, in order. A direct file's range is queued as
+    whole-block pieces (braid.ops.pg_direct), which writer threads may write side by side: it is opened under a
+    lock, and closed only once every piece is written."""
+
+    def __init__(self, owner: TarExtract, path: str, member: TarMember, direct: bool) -> None:
         self.owner = owner
         self.path = path
         self.fd: int | None = None  # opened by a writer thread: file creation is most of a data directory's cost
         self.member = member
         self.written = 0
+        self.direct = pg_direct.DirectWriter(member.size) if direct else None
+        self.lock = threading.Lock() if direct else None
 
     def open(self) -> int:
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.member.mode & 0o7777 or 0o600)
+            mode = self.member.mode & 0o7777 or 0o600
+            if self.direct is None or self.lock is None:
+                self.fd = os.open(self.path, _FLAGS, mode)
+                return self.fd
+            with self.lock:
+                if self.fd is None:
+                    self.fd, self.direct.direct = pg_direct.open_direct(self.path, _FLAGS, mode)
+        assert self.fd is not None
         return self.fd
 
+    def put(self, data: Payload, offset: int) -> None:
+        """Write one range, or one direct piece (on a writer thread)."""
+        fd = self.open()
+        if not isinstance(data, memoryview):
+            assert self.direct is not None
+            self.direct.write(fd, offset, data)
+            return
+        view = data
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def end(self) -> None:
+        """The last block, the member's mtime, then close (on a writer thread)."""
+        fd = self.open()
+        try:
+            if self.direct is not None:
+                self.direct.end(fd)
+            os.utime(fd, (self.member.mtime, self.member.mtime))
+        finally:
+            os.close(fd)
+
     def write(self, data: memoryview) -> None:
-        self.owner.tasks.append((self, data, self.written))
+        if self.direct is None:
+            self.owner.tasks.append((self, data, self.written))
+        else:
+            self.owner.tasks.extend((self, parts, position) for position, parts in self.direct.plan(data, self.written))
+            self.owner.direct_queued = True
         self.written += len(data)
 
     def close(self) -> None:
@@ -138,13 +186,15 @@ class TarExtract(Output):
         if self.created_root:
             os.mkdir(self.root, 0o700)
         os.chmod(self.root, 0o700)
-        self.tasks: list[tuple[_File, memoryview, int]] = []
+        self.tasks: list[tuple[_File, Payload, int]] = []
+        self.direct_queued = False
         self.closing: list[_File] = []
         self.open_files: list[_File] = []
         self.symlinks: set[str] = set()
         self.directories: set[str] = {self.root}
         self.pool = ThreadPoolExecutor(max_workers=max(1, writers), thread_name_prefix="braid-pgdata")
         self.writers = max(1, writers)
+        self.direct = pg_direct.applies(self.root)
         self.parser = TarStream(self._member)
 
     def _path(self, name: str) -> str:
@@ -184,7 +234,7 @@ class TarExtract(Output):
             return None
         if member.kind != REGULAR:
             raise IntegrityError(f"the backup's tar holds {member.name!r} of type {member.kind!r}; a data directory has only files, directories and links")
-        handle = _File(self, path, member)
+        handle = _File(self, path, member, self.direct and member.size >= pg_direct.DIRECT_MIN)
         self.open_files.append(handle)
         return handle
 
@@ -202,14 +252,20 @@ class TarExtract(Output):
         tasks, self.tasks = self.tasks, []
         closing, self.closing = self.closing, []
         total = sum(_weight(handle, data) for handle, data, _ in tasks) + _OPEN_COST * len(closing)
+        direct, self.direct_queued = self.direct_queued, False
         if total < _INLINE or self.writers == 1 or len(tasks) + len(closing) < 2:
             _write_all(tasks, closing)
+        elif direct:  # a direct file's pieces may be in several runs: every piece is written before any file is closed
+            self._run(_split(tasks, [], self.writers))
+            _write_all([], closing)
         else:
-            groups = _split(tasks, closing, self.writers)
-            for future in [self.pool.submit(_write_all, group_tasks, group_closing) for group_tasks, group_closing in groups]:
-                future.result()
+            self._run(_split(tasks, closing, self.writers))
         done = {id(f) for f in closing}
         self.open_files = [f for f in self.open_files if id(f) not in done]
+
+    def _run(self, groups: list[tuple[list[tuple[_File, Payload, int]], list[_File]]]) -> None:
+        for future in [self.pool.submit(_write_all, group_tasks, group_closing) for group_tasks, group_closing in groups]:
+            future.result()
 
     def finish(self) -> None:
         try:
@@ -257,11 +313,11 @@ class TarExtract(Output):
         return None
 
 
-def _split(tasks: list[tuple[_File, memoryview, int]], closing: list[_File], groups: int) -> list[tuple[list[tuple[_File, memoryview, int]], list[_File]]]:
+def _split(tasks: list[tuple[_File, Payload, int]], closing: list[_File], groups: int) -> list[tuple[list[tuple[_File, Payload, int]], list[_File]]]:
     """Cut the ranges into `groups` runs of about equal bytes; a file is closed by the run that writes its last range."""
     total = sum(_weight(handle, data) for handle, data, _ in tasks) + _OPEN_COST * len(closing) or 1
     share = -(-total // groups)
-    runs: list[tuple[list[tuple[_File, memoryview, int]], list[_File]]] = [([], [])]
+    runs: list[tuple[list[tuple[_File, Payload, int]], list[_File]]] = [([], [])]
     filled = 0
     last_run: dict[int, int] = {}
     for task in tasks:
@@ -280,24 +336,16 @@ def _split(tasks: list[tuple[_File, memoryview, int]], closing: list[_File], gro
     return runs
 
 
-def _weight(handle: _File, data: memoryview) -> int:
-    return len(data) + (_OPEN_COST if handle.fd is None else 0)
+def _weight(handle: _File, data: Payload) -> int:
+    size = data.nbytes if isinstance(data, memoryview) else sum(len(part) for part in data)
+    return size + (_OPEN_COST if handle.fd is None else 0)
 
 
-def _write_all(tasks: list[tuple[_File, memoryview, int]], closing: list[_File]) -> None:
+def _write_all(tasks: list[tuple[_File, Payload, int]], closing: list[_File]) -> None:
     for handle, data, offset in tasks:
-        fd = handle.open()
-        view = data
-        while view:
-            written = os.pwrite(fd, view, offset)
-            view = view[written:]
-            offset += written
+        handle.put(data, offset)
     for handle in closing:
-        fd = handle.open()
-        try:
-            os.utime(fd, (handle.member.mtime, handle.member.mtime))
-        finally:
-            os.close(fd)
+        handle.end()
 
 
 def sync_filesystem(directory: str) -> None:

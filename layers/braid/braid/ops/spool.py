@@ -8,6 +8,7 @@ read or write it, so nothing in it was put there by someone else.
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 from pathlib import Path
 
@@ -64,10 +65,25 @@ def spool_for(root: str | None, kind: str, repository: str, name: str, wal_direc
     try:
         found = marker.read_text()
     except FileNotFoundError:
-        marker.write_text(identity)
-        found = identity
+        found = _claim(marker, identity)
     except OSError as exc:
         raise InputError(f"cannot read {marker}: {exc.strerror or exc}") from None
     if found != identity:
         raise InputError(f"spool {spool} belongs to another repository, name or pg_wal ({found.splitlines()}); give another --spool")
     return spool
+
+
+def _claim(marker: Path, identity: str) -> str:
+    """Publish a new spool's identity file, mode 0600 like everything in it, whole (written aside, then linked
+    into place); what the file says if another process published it first."""
+    aside = marker.with_name(f".identity.{os.getpid()}.{threading.get_ident()}")
+    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(identity)
+        os.link(aside, marker)
+    except FileExistsError:
+        return marker.read_text()
+    finally:
+        aside.unlink(missing_ok=True)
+    return identity
