@@ -8,8 +8,9 @@ under `wal/`: whole segments of one directory as one pack per batch (policy
 `wal-pack`, off with BRAID_WAL_PACK=off; each pack's next file read during
 the codec: `worker-overlap`, off with BRAID_WAL_OVERLAP=off), other files one object each; each
 staged version is then deleted by id (braid.ops.wal_pack_process). A staged bundle's members
-(`wal-push --async` at a backlog) become one pack, and the bundle is deleted once all of them
-are in their final form (braid.ops.wal_bundle_process).
+(`wal-push` at a backlog) become one pack, and the bundle is deleted once all of them
+are in their final form (braid.ops.wal_bundle_process); the batch's bundles share one LIST per
+directory (`worker-list-once`, off with BRAID_WAL_LIST_ONCE=off).
 Returns the partial batch response: the messages to deliver again.
 """
 
@@ -37,6 +38,7 @@ _known: dict[str, dict[str, ArchiveInfo]] = {}  # per container and prefix: each
 def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
     pack_files = 1 if os.environ.get(contract.ENV_WAL_PACK, "on") == "off" else contract.WAL_PACK_FILES
     overlap = os.environ.get(contract.ENV_WAL_OVERLAP, "on") != "off"
+    list_once = os.environ.get(contract.ENV_WAL_LIST_ONCE, "on") != "off"
     results: dict[int, Processed | BackupError] = {}
     groups: dict[tuple[str, str], list[int]] = {}
     for i, record in enumerate(records):
@@ -53,7 +55,7 @@ def _process(records: list[StagedRecord]) -> list[Processed | BackupError]:
             overlap=overlap, known=known,
         ) if files else []
         results.update(zip(files, done, strict=True))
-        batch = Batch(repository, keys, staging, name, known=known)
+        batch = Batch(repository, keys, staging, name, known=known, listings={} if list_once else None)  # after the single files
         for i in members:
             if records[i].bundle:  # a staged bundle (wal-push --async at a backlog): its members as one pack
                 results[i] = process_bundle(batch, records[i].file, records[i].version, pack_files=pack_files, overlap=overlap)

@@ -175,19 +175,49 @@ def _wait_tls(endpoint: str, ca_bundle: Path, proc: subprocess.Popen, log_path: 
     raise ServerError(f"server at {endpoint} not ready after {timeout:.0f} s; see {log_path}")
 
 
+PROVIDERS = ("filesystem", "filesystem-nio2")  # s3proxy's jclouds providers that keep blobs as files under a directory
+NULL_PARTS_SOURCE = Path(__file__).resolve().parent / "nullparts" / "NullParts.java"
+
+
+def build_null_parts(jar: Path, cache: Path) -> Path:
+    """The classes of nullparts/NullParts.java (s3proxy over a store that counts and discards multipart data), built
+    with the JDK's javac against `jar` into `cache`, once per source and jar."""
+    import hashlib
+
+    if not shutil.which("javac"):
+        raise ServerError("javac (the JDK's) is not on PATH to build the benchmark's null-parts s3proxy store")
+    digest = hashlib.sha256(NULL_PARTS_SOURCE.read_bytes() + jar.name.encode()).hexdigest()[:12]
+    classes = cache / f"nullparts-{digest}"
+    if (classes / "braidbench" / "NullParts.class").exists():
+        return classes
+    shutil.rmtree(classes, ignore_errors=True)
+    proc = subprocess.run(["javac", "-nowarn", "-cp", str(jar), "-d", str(classes), str(NULL_PARTS_SOURCE)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(classes, ignore_errors=True)
+        raise ServerError(f"javac {NULL_PARTS_SOURCE.name} failed: {(proc.stdout + proc.stderr).strip().splitlines()[-3:]}")
+    return classes
+
+
 def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, host: str = "127.0.0.1",
-                  wrap: list[str] | None = None, home_name: str = "s3proxy") -> Server:
+                  wrap: list[str] | None = None, home_name: str = "s3proxy", provider: str = "filesystem",
+                  data_dir: Path | None = None, null_parts: bool = False) -> Server:
     """s3proxy on a free loopback port, filesystem blobstore under workdir/s3proxy/data; with `tls`, an HTTPS port too.
 
     `wrap` prefixes the java command (`ip netns exec NS`: the `link` benchmark's
     server behind a shaped link), `host` is the address it listens on there.
+    `provider` is one of PROVIDERS and `data_dir` where its blobs go (emptied
+    first; default HOME/data): a tmpfs directory keeps the disk out of a run.
+    `null_parts`: the store under s3proxy counts and discards multipart
+    uploads' data (nullparts/NullParts.java), everything else as usual.
     """
     if not shutil.which("java"):
         raise ServerError("java is not on PATH")
+    if provider not in PROVIDERS:
+        raise ServerError(f"s3proxy provider {provider!r} is not one of {', '.join(PROVIDERS)}")
     jar = fetch_s3proxy(workdir / "s3proxy", log)
     home = workdir / home_name
     home.mkdir(parents=True, exist_ok=True)
-    data = home / "data"
+    data = data_dir or home / "data"
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
     port = free_port()
@@ -207,7 +237,7 @@ def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, hos
                 "s3proxy.authorization=aws-v2-or-v4",
                 f"s3proxy.identity={IDENTITY}",
                 f"s3proxy.credential={CREDENTIAL}",
-                "jclouds.provider=filesystem",
+                f"jclouds.provider={provider}",
                 f"jclouds.filesystem.basedir={data}",
                 "",
             ]
@@ -215,8 +245,10 @@ def start_s3proxy(workdir: Path, log=lambda msg: None, *, tls: bool = False, hos
     )
     log_path = home / "s3proxy.log"
     with open(log_path, "wb") as out:
+        main = ["-cp", f"{jar}{os.pathsep}{build_null_parts(jar, workdir / 's3proxy')}", "braidbench.NullParts", str(props)] if null_parts \
+            else ["-jar", str(jar), "--properties", str(props)]
         proc = subprocess.Popen(
-            [*(wrap or []), "java", "-Xmx1g", "-jar", str(jar), "--properties", str(props)],
+            [*(wrap or []), "java", "-Xmx1g", *main],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     server = Server("s3proxy", endpoint, proc, log_path, data, jar.name.split("-")[1], secure_endpoint=secure_endpoint, ca_bundle=ca_bundle)

@@ -126,6 +126,17 @@ def warm_page_cache(path: Path) -> None:
             pass
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU-seconds a running process (all its threads) has used so far, from /proc/PID/stat.
+
+    For a server the benchmark started but does not wait for (s3proxy): the
+    difference across one run is what the server spent on it.
+    """
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces and parentheses
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def drop_dirty_pages() -> None:
     """Flush written data between runs so one run's writeback does not bill the next."""
     os.sync()

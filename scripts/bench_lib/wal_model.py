@@ -114,18 +114,23 @@ class CountingStore(LocalStore):
 class CountingStaging:
     """braid.ports.wal_staging.WalStaging in memory, counting each call as the S3 request S3WalStaging makes."""
 
-    def __init__(self, counts: Counter[str]) -> None:
+    def __init__(self, counts: Counter[str], bucket: LocalStore | None = None) -> None:
         self.counts = counts
+        self.bucket = bucket  # where S3 keeps staged objects beside the repository's (a ranged GET of a bundle's head reads them)
+        self.tags: Counter[str] = Counter()  # which requests touch a staged object: the floor's items (`floor_row`)
         self.staged_objects: dict[str, tuple[bytes, str, str]] = {}
         self.archived: dict[str, tuple[bytes, str]] = {}
         self._version = 0
 
     def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
         self.counts["s3_put_class"] += 1
+        self.tags["staged_put"] += 1
         if key in self.staged_objects:
             raise AlreadyExistsError(key)
         self._version += 1
         self.staged_objects[key] = (bytes(data), sha256, str(self._version))
+        if self.bucket is not None:
+            self.bucket.put(key, bytes(data))
 
     def staged(self, key: str) -> StagedWal | None:
         self.counts["s3_get_class"] += 1
@@ -134,11 +139,13 @@ class CountingStaging:
 
     def read_staged(self, key: str, version: str | None = None) -> StagedWal | None:
         self.counts["s3_get_class"] += 1
+        self.tags["staged_get"] += 1
         found = self.staged_objects.get(key)
         return None if found is None else StagedWal(key, len(found[0]), found[1], found[2], found[0])
 
     def read_staged_range(self, key: str, version: str | None, start: int, length: int) -> bytes | None:
         self.counts["s3_get_class"] += 1
+        self.tags["staged_get"] += 1
         found = self.staged_objects.get(key)
         return None if found is None else found[0][start : start + length]
 
@@ -156,14 +163,16 @@ class CountingStaging:
 
     def remove_staged(self, key: str, version: str | None) -> None:
         self.counts["s3_delete_free"] += 1  # DELETE requests are free (S3 pricing)
-        self.staged_objects.pop(key, None)
+        if self.staged_objects.pop(key, None) is not None and self.bucket is not None:
+            self.bucket.delete([key])
 
 
 class CountingKeys:
     """A key service counting its requests as KMS's (GenerateDataKey, Decrypt)."""
 
-    def __init__(self, counts: Counter[str]) -> None:
+    def __init__(self, counts: Counter[str], bucket: LocalStore | None = None) -> None:
         self.counts = counts
+        self.bucket = bucket  # where S3 keeps staged objects beside the repository's (a ranged GET of a bundle's head reads them)
         self.key_id = "arn:aws:kms:us-east-1:000000000000:key/model"
         self._keys: dict[bytes, bytes] = {}
 
@@ -186,7 +195,7 @@ class CountingKeys:
 class Requests:
     """Requests per segment, counted from the real code, by price class: the host's and the WAL worker's; with the
     policy async-bundle, the pusher's and the worker's for bundles (`bundle_messages`: staged objects, so S3 events
-    and SQS messages, per segment)."""
+    and SQS messages, per segment); with sync-bundle, a plain wal-push's at a backlog."""
 
     host: dict[str, float]
     host_async: dict[str, float]
@@ -194,6 +203,15 @@ class Requests:
     host_bundle: dict[str, float]
     worker_bundle: dict[str, float]
     bundle_messages: float
+    # Policy sync-bundle: PostgreSQL's calls of a plain `wal-push` at a backlog (each its own process), the worker's
+    # requests for the bundles they staged, and staged objects per segment.
+    host_sync_bundle: dict[str, float]
+    worker_sync_bundle: dict[str, float]
+    sync_messages: float
+    # The quiet wal-push's requests that touch its staged object (tags, not prices): the host's staged PUTs and the
+    # worker's staged GETs per segment, the items no design of one staged object per segment avoids (`floor_row`).
+    staged_puts: float
+    staged_gets: float
 
 
 def _segment(name: str, size: int) -> bytes:
@@ -205,20 +223,23 @@ def _segment(name: str, size: int) -> bytes:
     return header + os.urandom(size - len(header))
 
 
-def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True) -> Requests:
+def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB, *, pack: bool = True, list_once: bool = True) -> Requests:
     """Push `segments` segments as `wal-push` does (a process each: the repository opened each time), as the
     `--async` pusher does (one process: each alone, then, policy async-bundle, in bundles of a slot), then process
-    them as the WAL worker does: one full batch (one container: the repository and archive record read once), each
-    bundle by its step, with the policy `wal-pack` on (`pack`) or off."""
+    them as the WAL worker does: one full batch (one container: the repository and archive record read once), and a
+    full batch of bundles (one per message: contract.WAL_BATCH_SIZE slots) by its step, with the policies `wal-pack`
+    (`pack`) and `worker-list-once` (`list_once`: the batch's bundles share a LIST per directory) on or off."""
     from braid.format.wal_bundle import BUNDLE_FILES, bundle_slot
     from braid.ops.wal import ArchiveInfo
     from braid.ops.wal_bundle_process import process_bundle
     from braid.ops.wal_bundled import stage_bundle
+    from braid.ops.wal_lookahead import look_in_bundle, stage_with_mates
     from braid.ops.wal_pack_process import Batch, process_staged_files
     from braid.ops.wal_packed import PackListing
     from braid.ops.wal_process import process_staged
     from braid.ops.wal_stage import stage_wal
 
+    slots = contract.WAL_BATCH_SIZE  # a backlog: one full batch of bundles, a message each
     with tempfile.TemporaryDirectory(prefix="wal-model-") as tmp:
         root = Path(tmp)
         setup: Counter[str] = Counter()
@@ -239,9 +260,11 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
         first = Repository.open(CountingStore(root / "repo", setup))
         stage_wal(first, staging, "pg", files[0])
         process_staged(first, CountingKeys(setup), staging, "pg", WalFile.parse(names[0]), known=known)
-        staging.counts = host
-        for path in files[1:]:
-            stage_wal(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path)
+        staging.counts, staging.tags = host, Counter()
+        for path in files[1:]:  # a plain wal-push each (braid.cli.commands.wal.cmd_wal_push): quiet, no slot-mate is ready
+            looked = look_in_bundle(CountingStore(root / "repo", host), "pg", path)  # before config.json
+            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg", path, looked=looked)
+        host_tags, staging.tags = staging.tags, Counter()
         pusher: Counter[str] = Counter()
         resident = Repository.open(CountingStore(root / "repo", Counter()))  # the async pusher opens it once
         resident_staging = CountingStaging(pusher)
@@ -258,40 +281,97 @@ def count_requests(segments: int = contract.WAL_BATCH_SIZE, size: int = 1 * MiB,
             done = process_staged_files(container, keys, staging, "pg", batch[start : start + contract.WAL_BATCH_SIZE], pack_files=pack_files, known=known)
             assert all(not isinstance(d, Exception) for d in done), done
         assert not staging.staged_objects, "every staged file was processed and removed"
-        # async-bundle: two whole slots of segments (a backlog) to a new cluster's archive (a second name), bundled.
+        worker_tags = staging.tags
+        # async-bundle: a full batch of whole slots (a backlog) to a new cluster's archive (a second name), bundled.
         bundler: Counter[str] = Counter()
         bundled = CountingStaging(setup)
         stage_wal(Repository(CountingStore(root / "repo", setup), resident.config), bundled, "pg2", files[0])
         process_staged(first, CountingKeys(setup), bundled, "pg2", WalFile.parse(names[0]), known=known)
         bundled.counts = bundler
-        slots: dict[str, list[Path]] = {}
-        for n in range(2 * BUNDLE_FILES):
+        by_slot: dict[str, list[Path]] = {}
+        for n in range(slots * BUNDLE_FILES):
             path = root / "bundled" / f"0000000100000000{first_slot + n:08X}"
             path.parent.mkdir(exist_ok=True)
             path.write_bytes(_segment(path.name, size))
-            slots.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
+            by_slot.setdefault(bundle_slot(WalFile.parse(path.name)), []).append(path)
         bundle_packs = PackListing()
-        for members in slots.values():
+        for members in by_slot.values():
             results = stage_bundle(Repository(CountingStore(root / "repo", bundler), resident.config), bundled, "pg2", members, bundle_packs)
             assert all(not isinstance(r, Exception) for r in results), results
         messages = len(bundled.staged_objects)
-        assert messages == len(slots) == 2 and all(len(m) == BUNDLE_FILES for m in slots.values()), "whole bundles, one object each"
+        assert messages == len(by_slot) == slots and all(len(m) == BUNDLE_FILES for m in by_slot.values()), "whole bundles, one object each"
         worker_bundle: Counter[str] = Counter()
         bundled.counts = worker_bundle
-        step = Batch(Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known)
+        step = Batch(
+            Repository(CountingStore(root / "repo", worker_bundle), resident.config), CountingKeys(worker_bundle), bundled, "pg2", known=known,
+            listings={} if list_once else None,
+        )
         for key in list(bundled.staged_objects):
             slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
             done_bundle = process_bundle(step, slot, bundled.staged_objects[key][2], pack_files=pack_files)  # the event's version
             assert not isinstance(done_bundle, Exception), done_bundle
         assert not bundled.staged_objects, "every staged bundle was processed and removed"
+        host_sync, worker_sync, sync_messages = _count_sync_bundle(root, first, resident.config, first_slot, size, known, pack_files, list_once)
 
     def each(counts: Counter[str], per: float = float(segments)) -> dict[str, float]:
         return {k: v / per for k, v in counts.items() if k != "stored_bytes"}
 
-    bundled_segments = 2.0 * BUNDLE_FILES
+    bundled_segments = float(slots * BUNDLE_FILES)
     return Requests(
-        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments
+        each(host), each(pusher), each(worker), each(bundler, bundled_segments), each(worker_bundle, bundled_segments), messages / bundled_segments,
+        each(host_sync, bundled_segments), each(worker_sync, bundled_segments), sync_messages / bundled_segments,
+        host_tags["staged_put"] / segments, worker_tags["staged_get"] / segments,
     )
+
+
+def _count_sync_bundle(
+    root: Path, first: Repository, config: RepositoryConfig, first_slot: int, size: int, known: dict[str, Any], pack_files: int, list_once: bool
+) -> tuple[Counter[str], Counter[str], int]:
+    """Policy sync-bundle, counted: a full batch of whole slots of segments ready at once (a backlog) in a pg_wal directory, archived
+    as PostgreSQL does (one plain wal-push process per segment, in order, its `.ready` renamed `.done` after the call),
+    to a new archive (a third name), then each staged object processed by the worker's step. Returns the host's and
+    the worker's requests and the staged objects (S3 events, SQS messages)."""
+    from braid.format.wal_bundle import BUNDLE_FILES
+    from braid.ops.wal_bundle_process import process_bundle
+    from braid.ops.wal_lookahead import look_in_bundle, stage_with_mates
+    from braid.ops.wal_pack_process import Batch
+    from braid.ops.wal_process import process_staged
+    from braid.ops.wal_stage import stage_wal
+
+    setup: Counter[str] = Counter()
+    staging = CountingStaging(setup, LocalStore(root / "repo"))
+    wal = root / "pg_wal"
+    (wal / "archive_status").mkdir(parents=True)
+    opening = wal / "000000010000000000000001"  # the archive's first segment records it: outside the count
+    opening.write_bytes(_segment(opening.name, size))
+    stage_wal(Repository(CountingStore(root / "repo", setup), config), staging, "pg3", opening)
+    process_staged(first, CountingKeys(setup), staging, "pg3", WalFile.parse(opening.name), known=known)
+    order = []
+    for n in range(contract.WAL_BATCH_SIZE * BUNDLE_FILES):
+        path = wal / f"0000000100000000{first_slot + n:08X}"
+        path.write_bytes(_segment(path.name, size))
+        (wal / "archive_status" / f"{path.name}.ready").touch()
+        order.append(path)
+    host: Counter[str] = Counter()
+    staging.counts = host
+    for path in order:  # PostgreSQL: one call at a time, each a process (braid.cli.commands.wal.cmd_wal_push's steps)
+        looked = look_in_bundle(CountingStore(root / "repo", host), "pg3", path)  # before config.json
+        if looked is None or looked.result is None:
+            stage_with_mates(Repository.open(CountingStore(root / "repo", host)), staging, "pg3", path, looked=looked)
+        (wal / "archive_status" / f"{path.name}.ready").rename(wal / "archive_status" / f"{path.name}.done")
+    messages = len(staging.staged_objects)
+    assert messages == contract.WAL_BATCH_SIZE, "a backlog of whole slots is one staged bundle each"
+    worker: Counter[str] = Counter()
+    staging.counts = worker
+    step = Batch(
+        Repository(CountingStore(root / "repo", worker), config), CountingKeys(worker), staging, "pg3", known=known, listings={} if list_once else None
+    )
+    for key in list(staging.staged_objects):
+        slot = WalFile.parse(key.rpartition("/")[2].removesuffix(".bundle"))
+        done = process_bundle(step, slot, staging.staged_objects[key][2], pack_files=pack_files)
+        assert not isinstance(done, Exception), done
+    assert not staging.staged_objects, "every staged bundle was processed and removed"
+    return host, worker, messages
 
 
 def measure_codec_cpu(data: bytes, level: int = 3) -> float:
@@ -322,17 +402,21 @@ def segment_seconds(
 
 
 def cost_per_tib(
-    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False
+    requests: Requests, codec_cpu: float, stored_ratio: float, *, asynchronous: bool = False, overlap: bool = False, bundle: bool = False,
+    lookahead: bool = False,
 ) -> dict[str, float]:
     """$ per TiB of WAL by item: the host's and the worker's requests, KMS, SQS, Lambda, raw bytes billed in staging.
     `overlap`: the worker's policy worker-overlap (a pack's, or a bundle's, next member read during the codec);
     `bundle`: `--async`'s policy async-bundle at a backlog (whole bundles: one staged object, S3 event and SQS
-    message each)."""
+    message each); `lookahead`: a plain wal-push's policy sync-bundle at a backlog (PostgreSQL's calls: the slot's
+    first stages the bundle, the others find their segment in it)."""
     n = SEGMENTS_PER_TIB
     bundled = bundle and asynchronous
-    host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host
-    worker = requests.worker_bundle if bundled else requests.worker
-    messages = requests.bundle_messages if bundled else 1.0  # staged objects per segment: S3 events, SQS messages
+    looked = lookahead and not asynchronous
+    host = requests.host_bundle if bundled else requests.host_async if asynchronous else requests.host_sync_bundle if looked else requests.host
+    worker = requests.worker_bundle if bundled else requests.worker_sync_bundle if looked else requests.worker
+    # staged objects per segment: S3 events, SQS messages
+    messages = requests.bundle_messages if bundled else requests.sync_messages if looked else 1.0
     batch = contract.WAL_BATCH_SIZE
     seconds = segment_seconds(codec_cpu, stored_ratio, worker, overlap=overlap)
     gb_s = seconds * contract.WAL_MEMORY_MB / 1024
@@ -366,18 +450,29 @@ def p99_seconds(
     }
 
 
+MODES = (
+    # (row, --async, at a backlog): as deployed, every policy on
+    ("wal-push", False, True),
+    ("wal-push --async", True, True),
+    ("wal-push, quiet", False, False),
+    ("wal-push --async, quiet", True, False),
+)
+
+
 def table_rows(
     requests: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None, *, overlap: bool = True
 ) -> list[dict[str, Any]]:
-    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on; `--async` at a
-    backlog, so in whole bundles)."""
+    """The `wal` table's rows (stable names): one per archive_command mode, as deployed (every policy on), at a backlog
+    (a full batch of whole slots ready: `--async`'s bundles, a plain push's look-ahead bundles) and quiet (one segment ready at a
+    time: each staged alone), then the floor of one staged object per segment (`floor_row`)."""
     from braid.format.wal_bundle import BUNDLE_FILES
 
     rows = []
-    for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-        worker = requests.worker_bundle if asynchronous else requests.worker
-        p99 = p99_seconds(codec_cpu, stored_ratio, worker, overlap=overlap, files_per_message=BUNDLE_FILES if asynchronous else 1)
-        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=True)
+    for mode, asynchronous, backlog in MODES:
+        bundled = backlog  # a backlog is staged in bundles by both modes (async-bundle, sync-bundle)
+        worker = (requests.worker_bundle if asynchronous else requests.worker_sync_bundle) if bundled else requests.worker
+        p99 = p99_seconds(codec_cpu, stored_ratio, worker, overlap=overlap, files_per_message=BUNDLE_FILES if bundled else 1)
+        costs = cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundled, lookahead=bundled)
         total = sum(costs.values())
         rows.append({
             "mode": mode,
@@ -389,29 +484,75 @@ def table_rows(
             "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
             "p99_steps": {k: round(v, 3) for k, v in p99.items()},
         })
+    rows.append(floor_row(requests, codec_cpu, backup_cost_per_tib))
     return rows
+
+
+def floor_row(requests: Requests, codec_cpu: float, backup_cost_per_tib: float | None) -> dict[str, Any]:
+    """The least a TiB of WAL can cost when each segment is staged alone (a plain wal-push on a quiet cluster: PostgreSQL
+    hands over one segment per call, and exit 0 needs it durable in S3): the staged PUT, its S3 event's SQS message,
+    the worker's GET of it (counted: the tags of a quiet push's staged requests) and the codec's CPU, which bills
+    the same GB-s at any memory up to one vCPU (codec_cpu x 1,769 MB). Left out, so the floor is below any real
+    path: the host's checks, the final PUT, KMS, the invocations, the network's seconds and each request's round trip."""
+    n = SEGMENTS_PER_TIB
+    costs = {
+        "host s3 PUT-class": n * requests.staged_puts * PRICES["s3_put_class"],
+        "worker s3 GET-class": n * requests.staged_gets * PRICES["s3_get_class"],
+        "sqs requests": n * requests.staged_puts * PRICES["sqs_request"],
+        "lambda GB-seconds": n * codec_cpu * scale_sim.FULL_VCPU_MB / 1024 * PRICES["lambda_gb_s"],
+    }
+    total = sum(costs.values())
+    return {
+        "mode": "floor: one staged object per segment",
+        "wal_cost_per_tib": round(total, 4),
+        "backup_cost_per_tib": None if backup_cost_per_tib is None else round(backup_cost_per_tib, 4),
+        "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),
+        "p99_seconds_to_final": None,
+        "segment_seconds": round(codec_cpu * scale_sim.FULL_VCPU_MB / contract.WAL_MEMORY_MB, 3),
+        "costs_per_tib": {k: round(v, 5) for k, v in costs.items()},
+        "p99_steps": {},
+    }
 
 
 # The WAL path's policies, each built and its requests counted by running its code: `wal-pack`
 # (braid.ops.wal_pack_process), `worker-overlap` (its second lane: the staged GET hidden behind the codec, priced
-# here) and `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
-# braid.ops.wal_bundled, braid.ops.wal_bundle_process).
-POLICIES = ("wal-pack", "async-bundle", "worker-overlap")
-BUILT = {"wal-pack": True, "async-bundle": True, "worker-overlap": True}
+# here), `async-bundle` (wal-push --async staging a slot's ready segments in one PUT at a backlog:
+# braid.ops.wal_bundled, braid.ops.wal_bundle_process), `sync-bundle` (a plain wal-push doing so for its
+# segment's ready slot-mates: braid.ops.wal_lookahead) and `worker-list-once` (a batch's bundles share one LIST
+# per directory: braid.ops.wal_bundle_process).
+POLICIES = ("wal-pack", "async-bundle", "sync-bundle", "worker-list-once", "worker-overlap")
+BUILT = {"wal-pack": True, "async-bundle": True, "sync-bundle": True, "worker-list-once": True, "worker-overlap": True}
+COUNTED = frozenset({"wal-pack", "worker-list-once"})  # the policies that change what the code requests: counted on and off
 
 
-def policy_rows(packed: Requests, unpacked: Requests, codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None) -> list[dict[str, Any]]:
-    """$ per TiB per mode with each policy alone, all off, and all on: rows of the `wal policies` table."""
-    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}), ("all", set(POLICIES))]
+def count_policies() -> dict[frozenset[str], Requests]:
+    """count_requests for each combination of the COUNTED policies (the key: those on)."""
+    return {
+        frozenset(p for p, on in (("wal-pack", pack), ("worker-list-once", once)) if on): count_requests(pack=pack, list_once=once)
+        for pack in (True, False) for once in (True, False)
+    }
+
+
+def policy_rows(
+    counts: Mapping[frozenset[str], Requests], codec_cpu: float, stored_ratio: float, backup_cost_per_tib: float | None
+) -> list[dict[str, Any]]:
+    """$ per TiB per mode at a backlog with each policy alone, all off, and all on: rows of the `wal policies` table."""
+    sets: list[tuple[str, set[str]]] = [("none (before)", set())] + [(p, {p}) for p in POLICIES] + [
+        ("wal-pack + worker-overlap", {"wal-pack", "worker-overlap"}),
+        ("all but worker-list-once", set(POLICIES) - {"worker-list-once"}),
+        ("all", set(POLICIES)),
+    ]
     rows = []
     for label, on in sets:
-        requests = packed if "wal-pack" in on else unpacked
+        requests = counts[frozenset(on & COUNTED)]
         for mode, asynchronous in (("wal-push", False), ("wal-push --async", True)):
-            if not asynchronous and "async-bundle" in on and len(on) == 1:
-                continue  # the policy is --async's alone
+            if on and on <= {"async-bundle", "sync-bundle"} and ("async-bundle" in on) != asynchronous:
+                continue  # each bundle policy is its own mode's alone
             overlap = {"worker-overlap", "wal-pack"} <= on  # the second lane reads a pack's members: alone, it has nothing to overlap
-            bundle = "async-bundle" in on
-            total = sum(cost_per_tib(requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle=bundle).values())
+            costs = cost_per_tib(
+                requests, codec_cpu, stored_ratio, asynchronous=asynchronous, overlap=overlap, bundle="async-bundle" in on, lookahead="sync-bundle" in on
+            )
+            total = sum(costs.values())
             rows.append({
                 "policies": label, "mode": mode, "built": all(BUILT[p] for p in on), "wal_cost_per_tib": round(total, 4),
                 "wal_over_backup": None if not backup_cost_per_tib else round(total / backup_cost_per_tib, 3),

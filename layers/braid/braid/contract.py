@@ -91,17 +91,27 @@ LAMBDA_INIT_SECONDS = 10  # "The Init phase is limited to 10 seconds" (Lambda, U
 # (~76 MB/s below 2 GB whatever the memory), so a smaller function bills fewer GB-s per segment than a full vCPU would.
 WAL_MEMORY_MB = 512
 WAL_TIMEOUT_SECONDS = 120  # a full batch of 16 MiB segments, with S3's retries
-WAL_BATCH_SIZE = 10  # SQS messages (staged files) per invocation
+# SQS messages (staged files or bundles) per invocation. AWS allows up to 10,000 for a standard queue with a batching
+# window of up to 300 s (Lambda, "Lambda parameters for Amazon SQS event source mappings":
+# https://docs.aws.amazon.com/lambda/latest/dg/services-sqs-parameters.html); 10 is the p99's bound: a batch of
+# bundles is processed one segment after another, 10 x 7 x 0.53 s (docs/design/wal-archive.md, "Synchronous
+# wal-push's cost": a larger batch was weighed there and rejected).
+WAL_BATCH_SIZE = 10
 WAL_BATCH_WINDOW_SECONDS = 5  # the longest the first file of a batch waits for the batch to fill
 # The WAL worker's policy `wal-pack` (braid.ops.wal_pack_process): a batch's whole segments of one directory stored as
 # packs of up to WAL_PACK_FILES, one PUT and one KMS data key each. Off when the function's ENV_WAL_PACK is "off".
 WAL_PACK_FILES = WAL_BATCH_SIZE
 ENV_WAL_PACK = "BRAID_WAL_PACK"
+# Its policy `worker-list-once` (braid.ops.wal_bundle_process): a batch's bundles share one LIST per directory ("off": one each).
+ENV_WAL_LIST_ONCE = "BRAID_WAL_LIST_ONCE"
 # Its policy `worker-overlap`: a second lane reads a pack's next staged file while the codec encodes this one ("off": turns).
 ENV_WAL_OVERLAP = "BRAID_WAL_OVERLAP"
 # `wal-push --async`'s policy `async-bundle` (braid.cli.wal_pusher): at a backlog, the ready segments of one slot
 # (braid.format.wal_bundle.BUNDLE_FILES wide) staged in one PUT. Off when the pusher's environment sets it to "off".
 ENV_WAL_BUNDLE = "BRAID_WAL_BUNDLE"
+# The plain `wal-push`'s policy `sync-bundle` (braid.ops.wal_lookahead): at a backlog, the call stages its segment's ready
+# slot-mates with it in one PUT, and the next calls find theirs in it. Off when the environment sets it to "off".
+ENV_WAL_SYNC_BUNDLE = "BRAID_WAL_SYNC_BUNDLE"
 # The host's policy `pipe-buffer` (braid.engine.pipe_buffer): the pipes a backup is read from and a restore written
 # into get a 1 MiB kernel buffer. Off when the process's environment sets it to "off".
 ENV_PIPE_BUFFER = "BRAID_PIPE_BUFFER"

@@ -5,7 +5,11 @@ bundle's head is read with a ranged GET of that version and checked (its
 index's SHA-256); each member is then read with its own ranged GET and
 checked against its recorded SHA-256 and its cluster against the
 archive's record. One LIST of the members' directory finds copies
-archived already (a redelivery after the pack's PUT, a duplicate push):
+archived already (a redelivery after the pack's PUT, a duplicate push;
+policy `worker-list-once`, off with BRAID_WAL_LIST_ONCE=off: one LIST per
+directory for all the batch's bundles, taken after its single staged
+files are processed; the packs its earlier bundles write hold other
+slots' segments, and a slot met twice is listed again):
 compared by their authenticated bytes (same: ALREADY; other: CONFLICT,
 the archive keeps its copy). The others become ONE WAL pack (policy
 `wal-pack`: one PUT, one KMS data key), each member encoded as it arrives
@@ -82,9 +86,7 @@ def process_bundle(batch: Batch, slot: WalFile, version: str | None, *, pack_fil
         index = _head(b, key, version, where)
         if index is None:
             return Processed(b.name, label, GONE)
-        copies: dict[str, str] = {}
-        for file, archived_key in archived_files(b.repository.store, b.name, directory_prefix(b.name, slot.name)):
-            copies.setdefault(file.name, archived_key)
+        copies = _copies(b, slot)
     except BackupError as exc:
         return exc
     bundle = _Staged(b, key, version, index, where)
@@ -109,6 +111,22 @@ def process_bundle(batch: Batch, slot: WalFile, version: str | None, *, pack_fil
         return exc
     outcome = STORED if any(d.outcome == STORED for d in done) else ALREADY
     return Processed(b.name, label, outcome, sum(d.size for d in done), sum(d.stored_size for d in done), members=tuple(done))
+
+
+def _copies(batch: Batch, slot: WalFile) -> dict[str, str]:
+    """The archived copies (file name -> key) in `slot`'s directory: one LIST, or with worker-list-once the batch's
+    listing of it (listed again for a slot processed since: a second message of one bundle sees what the first stored)."""
+    prefix = directory_prefix(batch.name, slot.name)
+    cached = None if batch.listings is None else batch.listings.get(prefix)
+    if cached is not None and slot.name not in cached[1]:
+        cached[1].add(slot.name)
+        return cached[0]
+    copies: dict[str, str] = {}
+    for file, archived_key in archived_files(batch.repository.store, batch.name, prefix):
+        copies.setdefault(file.name, archived_key)
+    if batch.listings is not None:
+        batch.listings[prefix] = (copies, {slot.name})
+    return copies
 
 
 def _compared(batch: Batch, file: WalFile, data: bytes, key: str) -> Processed:

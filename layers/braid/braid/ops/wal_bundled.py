@@ -31,7 +31,7 @@ from braid.format.layout import wal_staging_bundle_key, wal_staging_key
 from braid.format.repository import Repository
 from braid.format.wal import SEGMENT, WalFile
 from braid.format.wal_bundle import HEAD_READ, BundleIndex, BundleWriter, WalBundle, bundle_slot, head_length, parse_head
-from braid.ops.wal import read_archive_info
+from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_packed import PackListing
 from braid.ops.wal_push import ALREADY, PushResult
 from braid.ports.store import ObjectStore
@@ -100,12 +100,15 @@ def _read_into(path: Path, view: memoryview) -> None:
 
 
 def stage_bundle(
-    repository: Repository, staging: WalStaging, name: str, paths: Sequence[Path], packs: PackListing | None = None
+    repository: Repository, staging: WalStaging, name: str, paths: Sequence[Path], packs: PackListing | None = None, *,
+    recorded: ArchiveInfo | None = None, archived_checked: frozenset[Path] = frozenset(),
 ) -> list[PushResult | BackupError]:
     """Stage the whole segments at `paths` (one slot, ascending) in one bundle; one result per path, in order: a
     PushResult once the bundle is durable in staging (or the file was archived or staged with these bytes), else
     the file's error. Fewer than two members, an archive that may not stage bundles, or a slot whose bundle is
-    there already: each file goes alone (braid.ops.wal_stage.stage_wal)."""
+    there already: each file goes alone (braid.ops.wal_stage.stage_wal). `recorded`: the archive's record when the
+    caller has read it (else it is read here); `archived_checked`: paths the caller found not archived just before
+    (braid.ops.wal_lookahead), whose archive is not looked at again after the PUT (their single staged copy is)."""
     from braid.ops.wal_stage import already_stored, check_staged_identity, stage_wal
 
     def alone(indices: Sequence[int]) -> dict[int, PushResult | BackupError]:
@@ -118,7 +121,7 @@ def stage_bundle(
         return out
 
     files = [WalFile.parse(p.name) for p in paths]
-    recorded = read_archive_info(repository.store, name)
+    recorded = recorded or read_archive_info(repository.store, name)
     if len(paths) < 2 or recorded is None or not recorded.may_stage_bundles:
         done = alone(range(len(paths)))
         return [done[i] for i in range(len(paths))]
@@ -146,7 +149,7 @@ def stage_bundle(
     if any(i in results for i in members):  # a file that cannot be bundled: the others again, without it
         del writer
         rest = [i for i in members if i not in results]
-        again = stage_bundle(repository, staging, name, [paths[i] for i in rest], packs)
+        again = stage_bundle(repository, staging, name, [paths[i] for i in rest], packs, recorded=recorded, archived_checked=archived_checked)
         results.update(zip(rest, again, strict=True))
         return [results[i] for i in range(len(paths))]
     key = wal_staging_bundle_key(name, writer.slot)
@@ -165,7 +168,8 @@ def stage_bundle(
     for i, digest in digests.items():  # durable now; each member compared with what the archive and staging hold
         file = files[i]
         try:
-            outcome = ALREADY if already_stored(repository, staging, name, file, digest, recorded, packs, bundled=False) else BUNDLED
+            stored = paths[i] not in archived_checked and already_stored(repository, staging, name, file, digest, recorded, packs, bundled=False)
+            outcome = ALREADY if stored else BUNDLED
             single = staging.staged(wal_staging_key(name, file))
             if single is not None and single.sha256 != digest:
                 from braid.ops.wal_stage import conflict

@@ -61,6 +61,9 @@ class Batch:
     name: str
     level: int = 3
     known: dict[str, ArchiveInfo] | None = None
+    # Policy worker-list-once (braid.ops.wal_bundle_process): each directory's archived copies listed once for the
+    # batch's bundles, with the slots processed since; None when off (a LIST per bundle).
+    listings: dict[str, tuple[dict[str, str], set[str]]] | None = None
 
 
 @dataclass(frozen=True)

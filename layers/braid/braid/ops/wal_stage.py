@@ -28,7 +28,7 @@ from pathlib import Path
 from braid.errors import AlreadyExistsError, IntegrityError, WalConflictError
 from braid.format.layout import wal_key, wal_staging_key
 from braid.format.repository import Repository
-from braid.format.wal import WalFile
+from braid.format.wal import SEGMENT, WalFile
 from braid.ops.wal import ArchiveInfo, read_archive_info
 from braid.ops.wal_packed import PackListing, read_pack_head
 from braid.ops.wal_push import ALREADY, PushResult, check_cluster, read_wal_file, segment_identity_of
@@ -125,14 +125,32 @@ def already_stored(
     return found is not None
 
 
-def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None) -> PushResult:
+def _in_bundle(repository: Repository, name: str, file: WalFile, digest: str, recorded: ArchiveInfo | None) -> str | None:
+    """The key of `file`'s slot's staged bundle when it holds `file` with these bytes (one ranged GET, where the record
+    allows bundles), else None; WalConflictError naming both SHA-256 sums when it holds other bytes."""
+    if file.kind != SEGMENT or recorded is None or not recorded.may_stage_bundles:
+        return None
+    from braid.format.layout import wal_staging_bundle_key
+    from braid.format.wal_bundle import bundle_slot
+    from braid.ops.wal_bundled import bundled_sha256
+
+    found = bundled_sha256(repository.store, name, file)
+    if found is not None and found != digest:
+        raise conflict(file, name, "staged", found, digest)
+    return None if found is None else wal_staging_bundle_key(name, bundle_slot(file))
+
+
+def stage_wal(
+    repository: Repository, staging: WalStaging, name: str, path: Path, packs: PackListing | None = None, *, bundle_checked: bool = False
+) -> PushResult:
     """Stage the WAL file at `path` for `name`; returns once S3 holds it (or it was archived or staged with these bytes).
 
-    The PUT comes first (create-only): the common case is one PUT and one HEAD of the archive (and, in an archive
+    The PUT comes first (create-only), but for the look at the bundle: the common case is one PUT and one HEAD of the archive (and, in an archive
     that may hold packs, one LIST of the file's directory's packs, or `packs`' listing kept by the caller; in one
     that may stage bundles, a ranged GET of the segment's slot's bundle head, a 404 but at a backlog). A
     duplicate of a file already processed is staged again and found archived; the worker then removes the copy
-    (braid.ops.wal_process, braid.ops.wal_pack_process).
+    (braid.ops.wal_process, braid.ops.wal_pack_process). The bundle is looked at before the PUT (a file a bundle
+    holds is not staged again), unless the caller did (`bundle_checked`: braid.ops.wal_lookahead).
     """
     file = WalFile.parse(path.name)
     data = read_wal_file(path)
@@ -140,6 +158,9 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
     digest = hashlib.sha256(data).hexdigest()
     key = wal_staging_key(name, file)
     outcome = STAGED
+    bundle = None if bundle_checked else _in_bundle(repository, name, file, digest, recorded)
+    if bundle is not None:  # staged in its slot's bundle (by a look-ahead push, or the async pusher): no PUT
+        return PushResult(file.name, bundle, ALREADY, len(data), len(data))
     try:
         staging.put_staged(key, data, digest)
     except AlreadyExistsError:  # staged before (PostgreSQL pushes again after a crash), or by another pusher
@@ -150,7 +171,7 @@ def stage_wal(repository: Repository, staging: WalStaging, name: str, path: Path
             raise
         return PushResult(file.name, key, ALREADY, len(data), len(data))
     # Archived before (this push was a duplicate, or another push won): that copy stays, and must hold these bytes.
-    if already_stored(repository, staging, name, file, digest, recorded, packs):
+    if already_stored(repository, staging, name, file, digest, recorded, packs, bundled=False):  # the bundle: looked at above
         outcome = ALREADY
     return PushResult(file.name, key, outcome, len(data), len(data))
 

@@ -22,6 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.errors import error_code, http_status
 from braid.adapters.aws.s3 import NOT_FOUND_CODES, S3Store
+from braid.adapters.aws.s3_body import request_body
 from braid.errors import AlreadyExistsError, IntegrityError
 from braid.ports.wal_staging import StagedWal
 
@@ -51,9 +52,11 @@ class S3WalStaging:
         return error_code(exc) in NOT_FOUND_CODES or http_status(exc) == 404
 
     def put_staged(self, key: str, data: bytes | bytearray, sha256: str) -> None:
+        """A bundle's bytearray (braid.ops.wal_bundled) is sent as it is, through either client (s3_body.request_body)."""
         try:
             self.client.put_object(
-                Bucket=self.bucket, Key=self.store.object_key(key), Body=cast(bytes, data), ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256), IfNoneMatch="*"
+                Bucket=self.bucket, Key=self.store.object_key(key), Body=request_body(data), ChecksumAlgorithm="SHA256", ChecksumSHA256=_b64(sha256),
+                IfNoneMatch="*",
             )
         except ClientError as exc:
             if error_code(exc) == "PreconditionFailed" or http_status(exc) in (409, 412):

@@ -16,6 +16,7 @@ from braid.errors import UsageError
 
 if TYPE_CHECKING:
     from braid.format.repository import Repository
+    from braid.ops.wal_lookahead import Looked
     from braid.ops.wal_packed import PackListing
     from braid.ops.wal_push import PushResult
     from braid.ports.keys import KeyService
@@ -35,10 +36,24 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
         push_async(args, name, path)
         return 0
-    from braid.cli.compose import open_repository, repo_url
+    import os
 
-    repository = open_repository(repo_url(args.repo), light=True)  # paid once per WAL segment: no botocore where it applies
-    result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level)
+    from braid.cli.compose import is_s3_url, open_repository, repo_url
+    from braid.contract import ENV_WAL_SYNC_BUNDLE
+
+    url = repo_url(args.repo)
+    lookahead = os.environ.get(ENV_WAL_SYNC_BUNDLE, "on") != "off"  # policy sync-bundle (braid.ops.wal_lookahead)
+    looked = None
+    if lookahead and is_s3_url(url) and getattr(args, "engine", None) != "local":
+        from braid.cli.compose import open_store
+        from braid.ops.wal_lookahead import look_in_bundle
+
+        looked = look_in_bundle(open_store(url, light=True), name, path)  # before config.json: a staged member answers alone
+    if looked is not None and looked.result is not None:
+        result = looked.result
+    else:
+        repository = open_repository(url, light=True)  # paid once per WAL segment: no botocore where it applies
+        result = push_to(repository, args.key_file, getattr(args, "engine", None), name, path, args.level, lookahead=lookahead, looked=looked)
     if args.json:
         from braid.cli.render import print_json
 
@@ -48,13 +63,19 @@ def cmd_wal_push(args: argparse.Namespace) -> int:
 
 def push_to(
     repository: Repository, key_file: str | None, engine: str | None, name: str, path: Path, level: int, keys: KeyService | None = None,
-    packs: PackListing | None = None,
+    packs: PackListing | None = None, *, lookahead: bool = False, looked: Looked | None = None,
 ) -> PushResult:
     """Stage the file (a repository with a pipeline: braid.ops.wal_stage), else encode and store it here (braid.ops.wal_push),
-    with `keys` when the caller holds them open and `packs` when it keeps the packs' listing (the async pusher)."""
+    with `keys` when the caller holds them open and `packs` when it keeps the packs' listing (the async pusher);
+    `lookahead`: a plain wal-push's policy sync-bundle (its ready slot-mates staged with it: braid.ops.wal_lookahead),
+    `looked` what the call read of its slot's bundle already."""
     from braid.cli.compose import open_key_service, wal_staging_for
 
     staging = wal_staging_for(repository, engine)
+    if staging is not None and lookahead:
+        from braid.ops.wal_lookahead import stage_with_mates
+
+        return stage_with_mates(repository, staging, name, path, looked=looked)
     if staging is not None:
         from braid.ops.wal_stage import stage_wal
 
