@@ -60,11 +60,17 @@ def test_the_tracer_records_each_request_of_a_child_process(tmp_path: Path) -> N
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     trace = tmp_path / "trace.jsonl"
-    script = (
+    script = (  # botocore's way (http.client) and the agent's light client's (braid.adapters.aws.light_wire)
         "import http.client, sys\n"
         "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]))\n"
         "c.request('PUT', '/b/k?partNumber=1&uploadId=u', body=b'x' * 1000)\n"
         "c.getresponse().read()\n"
+        "from braid.adapters.aws.light_wire import Connection\n"
+        "w = Connection('127.0.0.1', int(sys.argv[1]), 10.0)\n"
+        "w.connect()\n"
+        "w.send_head('PUT', '/b/k?partNumber=2&uploadId=u', {'Host': 'h', 'Content-Length': '500'})\n"
+        "w.send(b'y' * 500)\n"
+        "w.getresponse('PUT').read()\n"
     )
     env = {**os.environ, "BRAID_BENCH_TIMELINE": str(trace), "PYTHONPATH": str(s3proxy.COMPAT_DIR)}
     try:
@@ -72,6 +78,7 @@ def test_the_tracer_records_each_request_of_a_child_process(tmp_path: Path) -> N
     finally:
         httpd.shutdown()
         httpd.server_close()
-    (line,) = [json.loads(text) for text in trace.read_text().splitlines()]
-    assert line["k"] == "http" and line["method"] == "PUT" and line["bytes"] == 1000 and isinstance(line["port"], int)
-    assert line["t0"] <= line["sent"] <= line["head"]
+    lines = [json.loads(text) for text in trace.read_text().splitlines()]
+    assert [(line["k"], line["method"], line["bytes"]) for line in lines] == [("http", "PUT", 1000), ("http", "PUT", 500)]
+    for line in lines:
+        assert isinstance(line["port"], int) and line["t0"] <= line["sent"] <= line["head"]

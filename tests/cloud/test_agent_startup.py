@@ -84,6 +84,7 @@ NOT_FOR_AN_EMPTY_BACKUP = (
     "awscrt", "ctypes", "configparser", "braid.cli.render", "braid.cli.storage_render", "braid.format.prices",
     "braid.format.storage_class", "braid.format.summary", "braid.adapters.local", "braid.format.wal",
     "braid.format.pg_backup",  # a base backup's label parser: only for a stream that carried a backup_label
+    "braid.format.tar_stream", "braid.engine.xbstream",  # the stream's parsers (braid.engine.capture): from its first block
 )
 # Nor for any cloud backup that does not wait (`--no-wait`, with data or without): it stages and starts the pipeline,
 # so it reads no plan, no published manifest, no chain's records and no hold, and builds no verifier. The manifest's,
@@ -97,6 +98,11 @@ NOT_FOR_A_STAGING_AGENT = (
 # shutil (with bz2 and lzma, ~3 ms): argparse's formatter asks it for the terminal's width on every add_argument;
 # braid.cli.help_format answers as it does without it.
 NOT_FOR_A_COMMAND_LINE = ("shutil", "bz2", "lzma")
+# The light clients' HTTP is braid.adapters.aws.light_wire: not http.client, which loads the email package (~0.02
+# CPU-s), nor the idna codec (stringprep, unicodedata) for an ASCII host name. ssl loads only for an https endpoint
+# (so on AWS, always; these runs use moto over plain http).
+NOT_FOR_THE_AGENTS_HTTP = ("http.client", "email", "encodings.idna", "stringprep", "unicodedata")
+NOT_OVER_PLAIN_HTTP = ("ssl", "_ssl")
 # A cloud `wal-push` stages the file's raw bytes: no codec (zstandard, cryptography), no CRC library, no agent.
 NOT_FOR_A_CLOUD_WAL_PUSH = ("zstandard", "cryptography", "braid.format.chunk", "awscrt", "braid.agent", "braid.cli.render", "braid.adapters.local")
 
@@ -126,7 +132,8 @@ def test_an_empty_cloud_backup_loads_no_crc_library_no_chunk_buffer_and_no_rende
     url, env = cloud_repo
     modules = _loaded(tmp_path, {**env, **_no_aws_files(tmp_path)}, "backup", "--repo", url, "--name", "db", "--no-wait", "--allow-empty")
     assert {"braid.agent.uploader", "braid.adapters.aws.light_s3", "braid.format.checksum"} <= modules  # the run happened
-    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_AN_EMPTY_BACKUP + NOT_FOR_A_STAGING_AGENT + NOT_FOR_A_COMMAND_LINE) == []
+    pinned = NOT_FOR_AN_EMPTY_BACKUP + NOT_FOR_A_STAGING_AGENT + NOT_FOR_A_COMMAND_LINE + NOT_FOR_THE_AGENTS_HTTP + NOT_OVER_PLAIN_HTTP
+    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + pinned) == []
 
 
 def test_a_cloud_backup_with_data_loads_the_crc_library_and_a_config_file_configparser(
@@ -138,8 +145,8 @@ def test_a_cloud_backup_with_data_loads_the_crc_library_and_a_config_file_config
     config.write_text("[default]\nregion = us-east-1\n")
     files = {**_no_aws_files(tmp_path), "AWS_CONFIG_FILE": str(config)}
     modules = _loaded(tmp_path, {**env, **files}, "backup", "--repo", url, "--name", "db", "--no-wait", "--quiet", stdin=os.urandom(100_000))
-    assert {"awscrt.checksums", "ctypes", "configparser", "braid.agent.uploader"} <= modules
-    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_A_STAGING_AGENT) == []
+    assert {"awscrt.checksums", "ctypes", "configparser", "braid.agent.uploader", "braid.format.tar_stream", "braid.engine.xbstream"} <= modules
+    assert found(modules, NOT_FOR_THE_AGENT + BOTOCORE_CLIENT + NOT_FOR_A_STAGING_AGENT + NOT_FOR_THE_AGENTS_HTTP + NOT_OVER_PLAIN_HTTP) == []
 
 
 def test_the_pinned_names_are_modules_that_exist() -> None:
@@ -147,6 +154,7 @@ def test_the_pinned_names_are_modules_that_exist() -> None:
     import importlib.util
 
     pinned = NOT_FOR_AN_EMPTY_BACKUP + NOT_FOR_A_STAGING_AGENT + NOT_FOR_A_CLOUD_WAL_PUSH + BOTOCORE_CLIENT + NOT_FOR_THE_AGENT + NOT_FOR_A_COMMAND_LINE
+    pinned += NOT_FOR_THE_AGENTS_HTTP + NOT_OVER_PLAIN_HTTP
     assert [name for name in pinned if importlib.util.find_spec(name) is None] == []
 
 
@@ -175,7 +183,7 @@ def test_a_cloud_wal_push_loads_no_botocore_client_nor_codec(tmp_path: Path, clo
     path = write_segment(tmp_path, "000000010000000000000003")
     modules = _loaded(tmp_path, {**env, **_no_aws_files(tmp_path)}, "wal-push", "--repo", url, "--name", "pg", str(path))
     assert {"braid.ops.wal_stage", "braid.adapters.aws.wal_staging", "braid.adapters.aws.light_s3"} <= modules  # the push happened
-    assert found(modules, ("boto3", "s3transfer", *BOTOCORE_CLIENT, *NOT_FOR_A_CLOUD_WAL_PUSH, *NOT_FOR_A_COMMAND_LINE)) == []
+    assert found(modules, ("boto3", "s3transfer", *BOTOCORE_CLIENT, *NOT_FOR_A_CLOUD_WAL_PUSH, *NOT_FOR_A_COMMAND_LINE, *NOT_FOR_THE_AGENTS_HTTP, *NOT_OVER_PLAIN_HTTP)) == []
 
 
 def test_with_the_opt_out_a_cloud_backup_builds_botocores_clients(tmp_path: Path, cloud_repo: tuple[str, dict[str, str]]) -> None:

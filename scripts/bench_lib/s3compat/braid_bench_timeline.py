@@ -3,9 +3,9 @@
 Appends one JSON line per HTTP request (and, in the agent, per chunk
 handed to the uploader, per part task and per read) to PATH, so that the
 agent's UploadParts and boto3's can be laid side by side
-(bench_lib.timeline). Both clients go through http.client (the agent's
-light client directly, botocore through urllib3), so one wrapper of
-http.client.HTTPConnection covers both. Times are time.time() (epoch
+(bench_lib.timeline). botocore goes through http.client (by urllib3), the
+agent's light client through braid.adapters.aws.light_wire: one wrapper
+of each connection class gives the same `http` and `body` lines. Times are time.time() (epoch
 seconds): the analysis compares them with the process's start.
 
 It changes nothing the clients send or when; the cost is a few
@@ -95,6 +95,41 @@ def _wrap_method(cls, name, kind, describe):
     setattr(cls, name, wrapper)
 
 
+def _agent_wire(module):
+    cls = module.Connection
+    real_head, real_response = cls.send_head, cls.getresponse
+    real_read = module.Answer.read
+
+    def send_head(self, method, path, headers):
+        length = next((v for k, v in headers.items() if k.lower() == "content-length"), 0)
+        self._bench_request = {"method": method, "path": path, "t0": time.time(), "bytes": int(length)}
+        return real_head(self, method, path, headers)
+
+    def getresponse(self, method):
+        request = getattr(self, "_bench_request", None)
+        sent = time.time()
+        try:
+            return real_response(self, method)
+        finally:
+            if request is not None:
+                try:
+                    port = self.sock.getsockname()[1] if self.sock is not None else None
+                except OSError:
+                    port = None
+                emit("http", sent=sent, head=time.time(), port=port, **request)
+                self._bench_request = None
+
+    def answer_read(self, *args, **kwargs):
+        t0 = time.time()
+        try:
+            return real_read(self, *args, **kwargs)
+        finally:
+            if time.time() - t0 > 0.05:
+                emit("body", t0=t0, t1=time.time())
+
+    cls.send_head, cls.getresponse, module.Answer.read = send_head, getresponse, answer_read
+
+
 def _agent_uploader(module):
     _wrap_method(module.StagingUpload, "submit", "submit", lambda self, i, n, data, release: {"input": i, "n": n, "bytes": len(data)})
 
@@ -143,6 +178,7 @@ def _boto3_upload(module):
 
 
 REGISTER = {
+    "braid.adapters.aws.light_wire": _agent_wire,
     "braid.agent.uploader": _agent_uploader,
     "braid.agent.part_sender": _agent_sender,
     "braid.engine.stream": _agent_stream,

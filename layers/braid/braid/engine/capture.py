@@ -25,13 +25,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from braid.engine.xbstream import CHECKPOINTS, XbstreamCapture
-from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
-from braid.format.metadata import BACKUP_MANIFEST, MEMBER_LIMITS
-from braid.format.tar_stream import BLOCK, MemberConsumer, TarFormatError, TarMember, TarStream, looks_like_tar
+from braid.format.metadata import BACKUP_MANIFEST, CHECKPOINTS, MEMBER_LIMITS
 
 if TYPE_CHECKING:
+    from braid.engine.xbstream import XbstreamCapture
     from braid.format.pg_backup import WalInfo
+    from braid.format.tar_stream import MemberConsumer, TarMember, TarStream
 
 __all__ = ["CAPTURED", "MAX_CAPTURED", "Captured", "StreamCapture", "merge_captures"]
 
@@ -109,6 +108,9 @@ class StreamCapture:
         if self._xbstream is not None:
             self._xbstream.feed(data)
             return
+        # The parsers load with an input's first block: an empty input (and a cloud backup's start-up) needs neither.
+        from braid.format.tar_stream import BLOCK, TarFormatError, TarStream, looks_like_tar
+
         try:
             if self._parser is None:
                 used = BLOCK - len(self._start)
@@ -116,6 +118,9 @@ class StreamCapture:
                 if len(self._start) < BLOCK:
                     return
                 if not looks_like_tar(bytes(self._start)):
+                    from braid.engine.xbstream import MAGIC as XBSTREAM_MAGIC
+                    from braid.engine.xbstream import XbstreamCapture
+
                     if self._start.startswith(XBSTREAM_MAGIC):
                         self._xbstream = XbstreamCapture()
                         self._xbstream.feed(memoryview(bytes(self._start)))
@@ -139,6 +144,8 @@ class StreamCapture:
             elif self._xbstream.note is not None:
                 self.note = f"input {self.label}: stopped reading its xbstream ({self._xbstream.note})"
         if self._parser is not None and not self._done:
+            from braid.format.tar_stream import TarFormatError
+
             try:
                 self._parser.end()
             except TarFormatError as exc:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import re
 
-from braid.format.metadata import MEMBER_LIMITS
+from braid.format.metadata import CHECKPOINTS, MEMBER_LIMITS
 
 __all__ = ["CHECKPOINTS", "MAGIC", "XbstreamCapture", "to_lsn"]
 
 MAGIC = b"XBSTCK01"
-CHECKPOINTS = "xtrabackup_checkpoints"
 MAX_CHECKPOINTS = MEMBER_LIMITS[CHECKPOINTS]
 _FIXED = 14  # magic, flags, type, path length
 _MAX_PATH = 1 << 12

@@ -35,10 +35,11 @@ VERSION = 1
 _HEADER = 4 + 1 + 1 + 12
 KIND = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 BACKUP_MANIFEST = "backup_manifest"
+CHECKPOINTS = "xtrabackup_checkpoints"  # a MariaDB xbstream's (braid.engine.xbstream)
 # The members of a stream Braid keeps, and the most bytes of each (a prefix for pg_control: only its first fields are
 # read). The engine captures them (braid.engine.capture, braid.engine.xbstream); staging's captured index accepts these.
 MEMBER_LIMITS: dict[str, int] = {
-    "backup_label": 1 << 16, BACKUP_MANIFEST: 64 << 20, "PG_VERSION": 64, "global/pg_control": 64, "xtrabackup_checkpoints": 1 << 16,
+    "backup_label": 1 << 16, BACKUP_MANIFEST: 64 << 20, "PG_VERSION": 64, "global/pg_control": 64, CHECKPOINTS: 1 << 16,
 }
 MAX_METADATA = 256 << 20  # decompressed size a reader accepts
 

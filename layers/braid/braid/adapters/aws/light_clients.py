@@ -5,7 +5,7 @@ WAL segment. botocore costs most of it: its imports (urllib3, email,
 dateutil, jmespath, awscrt through botocore.compat) ~0.27 CPU-s, the
 endpoint data, the S3 model and rule set ~0.12 more (docs/design/agent-startup.md),
 against a target of 0.25 CPU-s for the whole start-up. These clients
-(LightS3, LightStepFunctions) answer the agent's few calls over http.client
+(LightS3, LightStepFunctions) answer the agent's few calls over HTTP/1.1 (braid.adapters.aws.light_wire)
 with SigV4 (braid.adapters.aws.sigv4), the HOST retry budget
 (braid.adapters.aws.light_http) and botocore's exception classes, so every
 adapter above them is unchanged.

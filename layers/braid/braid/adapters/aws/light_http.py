@@ -1,4 +1,4 @@
-"""The light AWS client's HTTP: pooled http.client connections, SigV4, and botocore's standard retries.
+"""The light AWS client's HTTP: pooled HTTP/1.1 connections (braid.adapters.aws.light_wire), SigV4, botocore's standard retries.
 
 Every request is signed (braid.adapters.aws.sigv4), counted as one billed
 attempt per try (braid.adapters.aws.clients.process_requests, as botocore's
@@ -18,23 +18,25 @@ it is.
 
 from __future__ import annotations
 
-import http.client
 import random
 import socket
-import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from botocore.exceptions import ClientError, ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 
 from braid.adapters.aws.light_credentials import CredentialCache
+from braid.adapters.aws.light_wire import Connection
 from braid.adapters.aws.retries import RetryNotice, RetrySettings
 from braid.adapters.aws.sigv4 import sign
 from braid.ports.progress import ProgressFn
+
+if TYPE_CHECKING:
+    import ssl
 
 # botocore.retries.standard: TransientRetryableChecker, ThrottledRetryableChecker, ThrottlingStatusCodeChecker.
 TRANSIENT_CODES = frozenset({"RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete"})
@@ -74,6 +76,16 @@ def _is_error_document(body: bytes) -> bool:
     return head.startswith(b"<Error>")
 
 
+def _phrase(status: int) -> str:
+    """http.client.responses' phrase for a status ("" for one HTTP does not define)."""
+    from http import HTTPStatus  # an enum of every status: loaded for an error answer only
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
 class RetryQuota:
     """botocore.retries.quota.RetryQuota: a retry takes 14, a success gives back what its retries took, or 1."""
 
@@ -99,12 +111,14 @@ class Response:
     status: int
     headers: dict[str, str]  # lower-case names
     body: bytes = b""
-    stream: Any = None  # the open http.client response when the caller streams the body (GetObject)
+    stream: Any = None  # the open light_wire.Answer when the caller streams the body (GetObject)
     release: Callable[[bool], None] = field(default=lambda reusable: None)  # give the connection back (True) or drop it
 
 
 def _context(ca_bundle: str | None) -> ssl.SSLContext:
     """Certificates as botocore finds them: AWS_CA_BUNDLE (or the profile's), else certifi's bundle when installed, else the system's."""
+    import ssl  # only over https: a plain-http endpoint never loads it
+
     if ca_bundle:
         return ssl.create_default_context(cafile=ca_bundle)
     try:
@@ -146,25 +160,23 @@ class Transport:
         self.s3 = s3
         self.ca_bundle = ca_bundle
         self.quota = RetryQuota(max(INITIAL_QUOTA, pool * (retries.attempts - 1) * RETRY_COST))
-        self._idle: dict[tuple[str, str, int | None], list[http.client.HTTPConnection]] = {}
+        self._idle: dict[tuple[str, str, int | None], list[Connection]] = {}
         self._lock = threading.Lock()
         self._rng = random.Random()
         self._tls: ssl.SSLContext | None = None
 
     # -- connections -----------------------------------------------------------
 
-    def _connection(self, scheme: str, host: str, port: int | None) -> http.client.HTTPConnection:
+    def _connection(self, scheme: str, host: str, port: int | None) -> Connection:
         with self._lock:
             idle = self._idle.get((scheme, host, port))
             if idle:
                 return idle.pop()
             if scheme == "https" and self._tls is None:
                 self._tls = _context(self.ca_bundle)
-        if scheme == "https":
-            return http.client.HTTPSConnection(host, port, timeout=self.connect_timeout, context=self._tls)
-        return http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
+        return Connection(host, port, self.connect_timeout, self._tls if scheme == "https" else None)
 
-    def _give_back(self, key: tuple[str, str, int | None], connection: http.client.HTTPConnection, reusable: bool) -> None:
+    def _give_back(self, key: tuple[str, str, int | None], connection: Connection, reusable: bool) -> None:
         if reusable:
             with self._lock:
                 idle = self._idle.setdefault(key, [])
@@ -189,17 +201,14 @@ class Transport:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # botocore's tcp_keepalive=True
                 sock.settimeout(self.read_timeout)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-            for name, value in headers.items():
-                connection.putheader(name, value)
-            connection.endheaders()
+            connection.send_head(method, path, headers)
             if isinstance(body, bytes):
                 if body:
                     connection.send(body)
             elif body is not None:
                 for view in body.views():  # the caller's buffers, sent without a copy
-                    connection.sock.sendall(view)
-            answer = connection.getresponse()
+                    connection.send(view)
+            answer = connection.getresponse(method)
         except BaseException:
             connection.close()
             raise
@@ -254,7 +263,7 @@ class Transport:
             except TimeoutError as exc:
                 failure = ReadTimeoutError(endpoint_url=url, error=exc)
                 reason, retry = type(failure).__name__, True
-            except (OSError, http.client.HTTPException) as exc:
+            except OSError as exc:  # light_wire.ProtocolError too: an answer cut short or unreadable
                 failure = ConnectionClosedError(endpoint_url=url, error=exc)
                 reason, retry = type(failure).__name__, True
             else:
@@ -262,7 +271,7 @@ class Transport:
                     self.quota.release(RETRY_COST if attempt > 1 else NO_RETRY_INCREMENT)  # what the last retry took, as botocore
                     return response
                 code, message = self.error_parser(response.status, response.headers, response.body)
-                error = {"Code": code or str(response.status), "Message": message or http.client.responses.get(response.status, "")}
+                error = {"Code": code or str(response.status), "Message": message or _phrase(response.status)}
                 document: Any = {
                         "Error": error,
                         "ResponseMetadata": {

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import email.utils
 import hashlib
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -72,6 +71,23 @@ def _strip(tag: str) -> str:
 def _text(node: ElementTree.Element, name: str) -> str | None:
     found = node.find(f"{{*}}{name}")
     return None if found is None else (found.text or "")
+
+
+_MONTHS = {name: number for number, name in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}
+
+
+def http_date(text: str) -> datetime.datetime:
+    """A Last-Modified header as email.utils.parsedate_to_datetime reads it: `Sun, 06 Nov 1994 08:49:37 GMT` (what S3
+    sends) directly, any other form through email.utils (which loads the email package, ~0.01 CPU-s, only then)."""
+    words = text.split()
+    if len(words) == 6 and words[0][-1:] == "," and words[5] == "GMT" and words[2] in _MONTHS and words[3].isdigit() and len(words[3]) == 4:
+        clock = words[4].split(":")
+        if words[1].isdigit() and len(clock) == 3 and all(part.isdigit() for part in clock):
+            hour, minute, second = (int(part) for part in clock)
+            return datetime.datetime(int(words[3]), _MONTHS[words[2]], int(words[1]), hour, minute, second, tzinfo=datetime.UTC)
+    import email.utils
+
+    return email.utils.parsedate_to_datetime(text)
 
 
 def _timestamp(text: str) -> datetime.datetime:
@@ -232,7 +248,7 @@ class LightS3(FullClientFallback):
         if "content-length" in headers:
             out["ContentLength"] = int(headers["content-length"])
         if "last-modified" in headers:
-            out["LastModified"] = email.utils.parsedate_to_datetime(headers["last-modified"])
+            out["LastModified"] = http_date(headers["last-modified"])
         if "x-amz-object-lock-retain-until-date" in headers:
             out["ObjectLockRetainUntilDate"] = _timestamp(headers["x-amz-object-lock-retain-until-date"])
         metadata = {k[len("x-amz-meta-") :]: v for k, v in headers.items() if k.startswith("x-amz-meta-")}
