@@ -49,19 +49,24 @@ def putheader(self, header, *values):
     return _putheader(self, header, *values)
 
 
-def getresponse(self, *args, **kwargs):
-    request = getattr(self, "_bench_request", None)
+def _answered(connection, call):
+    """`call()`'s answer; then one "http" event for the request `connection` sent (either client)."""
+    request = getattr(connection, "_bench_request", None)
     sent = time.time()
     try:
-        return _getresponse(self, *args, **kwargs)
+        return call()
     finally:
         if request is not None:
             try:
-                port = self.sock.getsockname()[1] if self.sock is not None else None
+                port = connection.sock.getsockname()[1] if connection.sock is not None else None
             except OSError:
                 port = None
             emit("http", sent=sent, head=time.time(), port=port, **request)
-            self._bench_request = None
+            connection._bench_request = None
+
+
+def getresponse(self, *args, **kwargs):
+    return _answered(self, lambda: _getresponse(self, *args, **kwargs))
 
 
 _read = http.client.HTTPResponse.read
@@ -106,18 +111,7 @@ def _agent_wire(module):
         return real_head(self, method, path, headers)
 
     def getresponse(self, method):
-        request = getattr(self, "_bench_request", None)
-        sent = time.time()
-        try:
-            return real_response(self, method)
-        finally:
-            if request is not None:
-                try:
-                    port = self.sock.getsockname()[1] if self.sock is not None else None
-                except OSError:
-                    port = None
-                emit("http", sent=sent, head=time.time(), port=port, **request)
-                self._bench_request = None
+        return _answered(self, lambda: real_response(self, method))
 
     def answer_read(self, *args, **kwargs):
         t0 = time.time()
