@@ -79,13 +79,19 @@ def test_quiet_policy_off_or_not_a_segment_is_staged_alone(cloud, tmp_path: Path
     assert ready_slot_mates(history) == [] and stage_with_mates(repository, staging, "pg", history).outcome == STAGED
 
 
-def test_a_slot_mate_archived_with_other_bytes_is_left_out_and_its_own_call_refuses_it(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    repository, keys, staging = cloud
+def _archived_elsewhere(fixture, tmp_path: Path, names: tuple[str, ...]) -> list:  # type: ignore[no-untyped-def]
+    """Another cluster's copies of `names` (in tmp_path/earlier), staged and archived first (one pack); the worker's outcomes."""
+    repository, keys, staging = fixture
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    for name in (SLOT[2], SLOT[5]):  # another cluster's copies, archived first (one pack)
+    for name in names:
         stage_wal(repository, staging, "pg", write_segment(earlier, name, seed=1))
-    done = process_staged_files(repository, keys, staging, "pg", [(WalFile.parse(n), None) for n in (SLOT[2], SLOT[5])], pack_files=10)
+    return process_staged_files(repository, keys, staging, "pg", [(WalFile.parse(n), None) for n in names], pack_files=10)
+
+
+def test_a_slot_mate_archived_with_other_bytes_is_left_out_and_its_own_call_refuses_it(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    repository, keys, staging = cloud
+    done = _archived_elsewhere(cloud, tmp_path, (SLOT[2], SLOT[5]))
     assert all(isinstance(d, Processed) and d.outcome == STORED for d in done) and staging.puts[-1].rpartition("/")[2].startswith("pack-")
     wal = _pg_wal(tmp_path, SLOT[:4])
     assert stage_with_mates(repository, staging, "pg", wal / SLOT[0]).outcome == BUNDLED
@@ -95,7 +101,7 @@ def test_a_slot_mate_archived_with_other_bytes_is_left_out_and_its_own_call_refu
         _archived(wal, name)
     with pytest.raises(WalConflictError) as caught:
         stage_with_mates(repository, staging, "pg", wal / SLOT[2])
-    sums = (hashlib.sha256((earlier / SLOT[2]).read_bytes()).hexdigest(), hashlib.sha256((wal / SLOT[2]).read_bytes()).hexdigest())
+    sums = (hashlib.sha256((tmp_path / "earlier" / SLOT[2]).read_bytes()).hexdigest(), hashlib.sha256((wal / SLOT[2]).read_bytes()).hexdigest())
     assert caught.value.exit_code == 7 and all(s in str(caught.value) for s in sums)
     assert stage_with_mates(repository, staging, "pg", wal / SLOT[3]).outcome == ALREADY
 
@@ -154,11 +160,7 @@ def test_a_call_answers_from_its_slots_bundle_before_reading_the_config(cloud, t
 
 def test_a_call_whose_own_segment_is_archived_with_other_bytes_is_refused_and_bundles_nothing(cloud, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     repository, keys, staging = cloud
-    earlier = tmp_path / "earlier"
-    earlier.mkdir()
-    for name in (SLOT[0], SLOT[5]):  # another cluster's copies, archived first (one pack)
-        stage_wal(repository, staging, "pg", write_segment(earlier, name, seed=1))
-    process_staged_files(repository, keys, staging, "pg", [(WalFile.parse(n), None) for n in (SLOT[0], SLOT[5])], pack_files=10)
+    _archived_elsewhere(cloud, tmp_path, (SLOT[0], SLOT[5]))
     wal = _pg_wal(tmp_path, SLOT[:3])
     with pytest.raises(WalConflictError) as caught:
         stage_with_mates(repository, staging, "pg", wal / SLOT[0])
