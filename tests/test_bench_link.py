@@ -15,6 +15,7 @@ if str(ROOT / "scripts") not in sys.path:
     sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_lib.benchmarks.link import _blob_dir, _is_tmpfs, _links  # noqa: E402
+from bench_lib.delay_line import parse_stats  # noqa: E402
 from bench_lib.netns import LinkError, ShapedLink, WireTrace, wire_ceiling  # noqa: E402
 from bench_lib.timing import process_cpu_seconds  # noqa: E402
 
@@ -83,13 +84,61 @@ def test_shaped_link_sets_the_mtu_and_tbf_on_both_ends_and_removes_everything() 
         for qdisc in (_show("tc", "qdisc", "show", "dev", link.host_if), _show("tc", "-n", link.ns, "qdisc", "show", "dev", link.ns_if)):
             assert "tbf" in qdisc and "rate 1Gbit" in qdisc
             assert "burst 500000b" in qdisc  # a 4 ms tick's worth at 1 Gbit/s: a raw TCP stream reaches wire_ceiling
-        if not link.can_delay:
-            with pytest.raises(LinkError, match="sch_netem"):
+        if not link.can_delay:  # no build directory: only netem could delay
+            with pytest.raises(LinkError, match="a delay cannot be made: this kernel has no sch_netem"):
                 link.shape(1000, 20)
         ns, host_if = link.ns, link.host_if
     assert ns not in _show("ip", "netns", "list")
     assert subprocess.run(["ip", "link", "show", host_if], capture_output=True).returncode != 0
 
+
+
+def test_delay_line_counters_are_read_from_its_last_line() -> None:
+    text = "noise\ndelayline: queue 0 delay_us 500 packets 12 dropped 1 most_waiting 3 latest_release_us 41.5\n"
+    assert parse_stats(text) == {"delay_us": 500.0, "packets": 12.0, "dropped": 1.0, "most_waiting": 3.0, "latest_release_us": 41.5}
+    assert parse_stats("delayline: netlink socket: Operation not permitted\n") == {}
+
+
+def _listener(link: ShapedLink) -> tuple[subprocess.Popen, int]:
+    """A TCP listener inside the link's namespace that accepts and closes: what a connect's RTT is timed against."""
+    code = ("import socket,sys\ns=socket.create_server((sys.argv[1],0));print(s.getsockname()[1],flush=True)\n"
+            "while True: s.accept()[0].close()")
+    proc = subprocess.Popen([*link.wrap, sys.executable, "-c", code, link.ns_ip], stdout=subprocess.PIPE, text=True)
+    return proc, int(proc.stdout.readline())  # type: ignore[union-attr]
+
+
+@needs_root
+@pytest.mark.skipif(not (shutil.which("cc") and shutil.which("iptables")), reason="the delay line needs cc and iptables")
+def test_a_delayed_link_has_its_rtt_and_a_dead_delay_line_cuts_the_link(tmp_path: Path) -> None:
+    with ShapedLink(tag=f"8{os.getpid() % 100000}", build_dir=tmp_path) as link:
+        assert link.can_delay and link.delay_by in ("netem", "delay line"), link.no_delay
+        listener, port = _listener(link)
+        try:
+            link.shape(1000, 0)
+            assert link.measured_rtt_ms(port) < 5
+            link.shape(1000, 20)
+            assert 19.5 <= link.measured_rtt_ms(port) < 40
+            if link.delay_by != "delay line":
+                return
+            rules = _show(*link.wrap, "iptables", "-S")
+            assert f"-A INPUT -i {link.ns_if} -j NFQUEUE" in rules and f"-A OUTPUT -o {link.ns_if} -j NFQUEUE" in rules
+            stats = link.end_delay()  # the rate stays, the delay and its rules go
+            assert stats["delay_us"] == 10_000 and stats["packets"] >= 4 * 21 and stats["dropped"] == 0
+            assert "NFQUEUE" not in _show(*link.wrap, "iptables", "-S")
+            assert link.measured_rtt_ms(port) < 5
+            link.shape(1000, 2)
+            assert link._delay is not None and link._delay._proc is not None
+            link._delay._proc.kill()  # the delay line dies mid-run: the link is cut, never left undelayed
+            link._delay._proc.wait()
+            with pytest.raises(OSError):
+                link.measured_rtt_ms(port, count=1, timeout=1.0)
+            with pytest.raises(LinkError, match="delayline exited -9"):
+                link.end_delay()
+        finally:
+            listener.kill()
+            listener.wait()
+        ns = link.ns
+    assert ns not in _show("ip", "netns", "list")
 
 def _cached_s3proxy_jar() -> Path | None:
     """The s3proxy jar if a benchmark or Maven already has it: a test never downloads it."""

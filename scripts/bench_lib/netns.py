@@ -7,19 +7,26 @@ from 10.213.0.0/16 after checking no route on the host uses it, and no
 other interface, route, sysctl or qdisc is touched. Needs root (`ip`, `tc`).
 
 Shaping: tbf at the link rate on both veth ends (the upload's data and its
-ACKs), and netem delay of RTT/2 on each end where the kernel has sch_netem.
-Without it (some VM kernels ship tbf and htb only) the delay cannot be
-made: `can_delay` is False and the RTT rows are reported as skipped, not
-measured at the veth's ~0.05 ms and mislabelled.
+ACKs), and a delay of RTT/2 each way: netem on each end where the kernel
+has sch_netem, else (some VM kernels ship tbf and htb only) the benchmark's
+user-space delay line on the namespace end (bench_lib.delay_line: NFQUEUE,
+needs iptables and a C compiler; `delay_by` says which). With neither,
+`can_delay` is False and the RTT rows are reported as skipped, not measured
+at the veth's ~0.05 ms and mislabelled (`no_delay`: why).
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import statistics
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench_lib import delay_line
 
 
 class LinkError(RuntimeError):
@@ -42,8 +49,14 @@ class ShapedLink:
     host_ip: str = ""
     ns_ip: str = ""
     can_delay: bool = False
+    delay_by: str = ""  # "netem" or "delay line" (bench_lib.delay_line), when can_delay
+    no_delay: str = ""  # why not, when not
+    build_dir: Path | None = None  # where the delay line is compiled; without it only netem can delay
+    delay_stats: list[dict[str, float]] = field(default_factory=list)  # each closed delay line's counters
     mtu: int = 1500  # of both veth ends; the TCP payload per frame sets the ceiling a stream can reach (wire_ceiling)
     _made: list[str] = field(default_factory=list)
+    _delay: delay_line.DelayLine | None = None
+    _binary: Path | None = None
 
     def __post_init__(self) -> None:
         self.ns, self.host_if, self.ns_if = f"braidbench{self.tag}", f"bbh{self.tag}"[:15], f"bbn{self.tag}"[:15]
@@ -76,33 +89,85 @@ class ShapedLink:
             _run(["ip", "-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if])
             _run(["ip", "-n", self.ns, "link", "set", self.ns_if, "up"])
             _run(["ip", "-n", self.ns, "link", "set", "lo", "up"])
-            self.can_delay = subprocess.run(
-                ["tc", "-n", self.ns, "qdisc", "replace", "dev", self.ns_if, "root", "netem", "delay", "1ms"], capture_output=True
-            ).returncode == 0
-            subprocess.run(["tc", "-n", self.ns, "qdisc", "del", "dev", self.ns_if, "root"], capture_output=True)
+            self.delay_by, self.no_delay = self._delay_kind()
+            self.can_delay = bool(self.delay_by)
         except BaseException:
             self.close()
             raise
         return self
 
+    def _delay_kind(self) -> tuple[str, str]:
+        """("netem" | "delay line", "") if a delay can be made on this link, else ("", why not)."""
+        netem = ["tc", "-n", self.ns, "qdisc", "replace", "dev", self.ns_if, "root", "netem", "delay", "1ms"]
+        if subprocess.run(netem, capture_output=True).returncode == 0:
+            subprocess.run(["tc", "-n", self.ns, "qdisc", "del", "dev", self.ns_if, "root"], capture_output=True)
+            return "netem", ""
+        why = "this kernel has no sch_netem, and " + (delay_line.available() or "no build directory was given for the delay line")
+        if self.build_dir is None or delay_line.available():
+            return "", why
+        try:
+            binary = delay_line.build(self.build_dir)
+            with delay_line.DelayLine(binary, self.ns, self.ns_if, 1.0, 1000):  # its rule and queue can be made here
+                pass
+        except delay_line.DelayLineError as exc:
+            return "", f"this kernel has no sch_netem, and the delay line failed: {exc}"
+        self._binary = binary
+        return "delay line", ""
+
     def shape(self, mbit: int, rtt_ms: float) -> None:
-        """tbf at `mbit` on both ends (as netem's child when delaying RTT/2 on each)."""
+        """tbf at `mbit` on both ends, and RTT/2 of delay each way: netem (tbf as its child) or the delay line."""
         if rtt_ms and not self.can_delay:
-            raise LinkError("the kernel has no sch_netem: a delay cannot be made")
+            raise LinkError(f"a delay cannot be made: {self.no_delay}")
+        self.end_delay()
         rate_bytes = mbit * 1_000_000 // 8
         burst = max(256 * 1024, rate_bytes // 250)  # at least one timer tick's worth at HZ=250, and a GSO packet
         queue_ms = max(50, 2 * rtt_ms)
+        packets = max(10_000, int(2 * rate_bytes * rtt_ms / 1000 / 1500))  # netem's limit, the delay line's too
         for prefix, dev in ((["tc"], self.host_if), (["tc", "-n", self.ns], self.ns_if)):
             subprocess.run([*prefix, "qdisc", "del", "dev", dev, "root"], capture_output=True)
             tbf = ["tbf", "rate", f"{mbit}mbit", "burst", str(burst), "latency", f"{queue_ms}ms"]
-            if rtt_ms:
-                packets = max(10_000, int(2 * rate_bytes * rtt_ms / 1000 / 1500))
+            if rtt_ms and self.delay_by == "netem":
                 _run([*prefix, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay", f"{rtt_ms / 2}ms", "limit", str(packets)])
                 _run([*prefix, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", *tbf])
             else:
                 _run([*prefix, "qdisc", "add", "dev", dev, "root", *tbf])
+        if rtt_ms and self.delay_by == "delay line":
+            assert self._binary is not None
+            try:
+                self._delay = delay_line.DelayLine(self._binary, self.ns, self.ns_if, rtt_ms / 2, packets).start()
+            except delay_line.DelayLineError as exc:
+                raise LinkError(str(exc)) from None
+
+    def end_delay(self) -> dict[str, float]:
+        """Ends a running delay line (the link keeps its rate, undelayed) and returns its counters, also kept in
+        `delay_stats`; {} if none ran. A delay line that failed while running is a LinkError."""
+        line, self._delay = self._delay, None
+        if line is None:
+            return {}
+        try:
+            line.close()
+        except delay_line.DelayLineError as exc:
+            raise LinkError(str(exc)) from None
+        finally:
+            self.delay_stats.append(line.stats)
+        return line.stats
+
+    def measured_rtt_ms(self, port: int, count: int = 21, timeout: float = 10.0) -> float:
+        """The median time of `count` TCP connects to `port` in the namespace: one SYN and its SYN-ACK, so one RTT."""
+        times = []
+        for _ in range(count):
+            started = time.perf_counter()
+            with socket.create_connection((self.ns_ip, port), timeout=timeout):
+                times.append(time.perf_counter() - started)
+        return round(statistics.median(times) * 1000, 2)
 
     def close(self) -> None:
+        try:
+            self.end_delay()
+        finally:
+            self._remove()
+
+    def _remove(self) -> None:
         if "ns" in self._made:
             subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
         if "veth" in self._made:

@@ -39,6 +39,7 @@ import signal
 import statistics
 import subprocess
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bench_lib import s3proxy
 from bench_lib.benchmarks.cloud_host import _REFERENCE, _SETUP, BUCKET, STATE_MACHINE, agent_concurrency, reference_concurrency, stream_end_at
@@ -97,7 +98,7 @@ def run(ctx: Context) -> Section:
     blobs = None
     try:
         blobs = _blob_dir(ctx.args.link_store, work)
-        with ShapedLink(mtu=ctx.args.mtu) as link:
+        with ShapedLink(mtu=ctx.args.mtu, build_dir=ctx.workdir / "delayline") as link:
             s3 = s3proxy.start_s3proxy(ctx.workdir, ctx.log, host=link.ns_ip, wrap=link.wrap, home_name="s3proxy-link",
                                        provider=ctx.args.link_provider, data_dir=blobs, null_parts=ctx.args.link_store == "null-parts")
             sfn = s3proxy.start_moto(work, ctx.venv_bin, "moto-sfn")
@@ -146,7 +147,7 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
     links = [(mbit, rtt) for mbit, rtt in args.links]
     no_delay = []  # the links asked for that this kernel cannot make: listed as skipped, never measured under their label
     if not link.can_delay:  # the rates can still be measured, at the veth's own RTT, and say so
-        no_delay = [{"link_mbit_s": mbit, "rtt_ms": rtt, "skipped": "this kernel has no sch_netem: no delay can be made"} for mbit, rtt in links if rtt]
+        no_delay = [{"link_mbit_s": mbit, "rtt_ms": rtt, "skipped": f"no delay can be made: {link.no_delay}"} for mbit, rtt in links if rtt]
         links = list(dict.fromkeys((mbit, 0.0) for mbit, _ in links))
     prefixes = [f"l{i}r{r}" for i in range(len(links)) for r in range(ctx.reps)] + [f"l{i}e{r}" for i in range(len(links)) for r in range(ctx.reps)]
     prefixes.append(WARM_PREFIX)
@@ -195,7 +196,8 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
         except LinkError as exc:
             skipped.append(f"{mbit} Mbit/s, {rtt:g} ms: {exc}")
             continue
-        ctx.log(f"link: {mbit} Mbit/s, {rtt:g} ms RTT ...")
+        rtt_measured = link.measured_rtt_ms(urlsplit(s3.endpoint).port or 80)
+        ctx.log(f"link: {mbit} Mbit/s, {rtt:g} ms RTT (measured {rtt_measured:g} ms) ...")
         ours, theirs, fixed = Series(), Series(), Series()
         server: dict[str, list[float]] = {"agent": [], "boto3": []}  # the S3 server's CPU-s per second of each run
         wire: list[dict] = []  # where each agent run's time went on the wire
@@ -210,11 +212,13 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
             if not rep % 2:
                 theirs.add(reference(f"l{index}ref{rep}", server["boto3"]))
         rows.append(_row(mbit, rtt, data.size, ours, theirs, fixed, server, wire, link.mtu))
-    columns = ["link_mbit_s", "rtt_ms", "mtu", "agent_mb_s", "boto3_mb_s", "fraction_of_link", "boto3_fraction_of_link", "wire_ceiling", "fraction_of_ceiling",
+        rows[-1]["rtt_measured_ms"] = rtt_measured
+        rows[-1]["delay_late_ms"] = round(link.end_delay().get("latest_release_us", 0.0) / 1000, 2)
+    columns = ["link_mbit_s", "rtt_ms", "rtt_measured_ms", "delay_late_ms", "mtu", "agent_mb_s", "boto3_mb_s", "fraction_of_link", "boto3_fraction_of_link", "wire_ceiling", "fraction_of_ceiling",
                "startup_share", "lead_s", "slow_s", "tail_s", "agent_cpu_per_s", "server_cpu_per_s", "boto3_server_cpu_per_s",
                "tib_hours", "tib_cpu_seconds"]
     section.tables.append(Table(f"{format(data.size / 2**20, '.0f')} MiB stream over the shaped link", columns, [[r[c] for c in columns] for r in rows]))
-    section.facts = {"netns": link.ns, "s3": s3.endpoint, "s3_backend": s3_backend(s3, args), "netem (delay) available": link.can_delay,
+    section.facts = {"netns": link.ns, "s3": s3.endpoint, "s3_backend": s3_backend(s3, args), "delay": link.delay_by or f"none: {link.no_delay}",
                      "cores": ctx.cores, "mtu": link.mtu, "skipped_links": no_delay}
     section.notes = skipped + [
         "fraction_of_link: the agent's median throughput (start to stream-end, start-up included) over the link's rate; "
@@ -224,7 +228,7 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
     section.notes.append(WHERE_TIME_GOES)
     if no_delay:
         asked = ", ".join(f"{r['link_mbit_s']} Mbit/s x {r['rtt_ms']:g} ms" for r in no_delay)
-        section.notes.append(f"this kernel has no sch_netem: the links with an RTT ({asked}) could not be made and are skipped;"
+        section.notes.append(f"no delay can be made here ({link.no_delay}): the links with an RTT ({asked}) are skipped;"
                              " the rows above are the rates alone at rtt_ms 0 (the veth's own RTT is ~0.05 ms)")
     return section
 

@@ -1,0 +1,117 @@
+"""A fixed delay on a link where the kernel has no sch_netem: delayline/delayline.c behind an NFQUEUE rule.
+
+`DelayLine` builds the C program with the machine's C compiler (once per
+source, into `cache`), starts it inside a network namespace, and only once
+it has bound its queue adds the iptables rules that send the namespace end
+of a veth pair's packets, both directions, to it. Each packet waits
+`one_way_ms` in the kernel (only its id crosses to user space) and is then
+accepted, in order; beyond `limit` waiting packets one is dropped, as netem
+does. So an RTT of 2 x one_way_ms, on top of tbf's rate on the veth.
+
+Closing removes the rules and stops the program, whose counters
+(`stats`: packets, dropped, most_waiting, latest_release_us: the most a
+release came after its time) say how exact the delay was. If the program
+dies, the queue has no listener and the kernel drops the link's packets:
+a run then fails, it is never measured undelayed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parent / "delayline" / "delayline.c"
+QUEUE = 0  # NFQUEUE numbers are per network namespace: the benchmark's own namespace holds only this one
+
+
+class DelayLineError(RuntimeError):
+    pass
+
+
+def available() -> str:
+    """Empty if a delay line can be made here, else what is missing."""
+    missing = [tool for tool in ("cc", "iptables") if not shutil.which(tool)]
+    return f"not on PATH: {', '.join(missing)} (a C compiler, and iptables for its NFQUEUE rule)" if missing else ""
+
+
+def build(cache: Path) -> Path:
+    """delayline.c compiled with `cc -O2` into `cache`, once per source."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    binary = cache / f"delayline-{digest}"
+    if binary.exists():
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    partial = binary.with_suffix(".partial")
+    proc = subprocess.run(["cc", "-O2", "-Wall", "-o", str(partial), str(SOURCE)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise DelayLineError(f"cc {SOURCE.name} failed: {(proc.stdout + proc.stderr).strip().splitlines()[-3:]}")
+    partial.rename(binary)
+    return binary
+
+
+class DelayLine:
+    """`one_way_ms` on every packet in and out of `interface` inside namespace `ns`, while open."""
+
+    def __init__(self, binary: Path, ns: str, interface: str, one_way_ms: float, limit: int) -> None:
+        self.binary, self.ns, self.interface = binary, ns, interface
+        self.one_way_us, self.limit = round(one_way_ms * 1000), limit
+        self.stats: dict[str, float] = {}
+        self._proc: subprocess.Popen | None = None
+        self._rules: list[list[str]] = []
+
+    def _iptables(self, action: str, rule: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.ns, "iptables", "-w", action, *rule], capture_output=True, text=True)
+
+    def __enter__(self) -> DelayLine:
+        return self.start()
+
+    def start(self) -> DelayLine:
+        """The program bound to its queue, then the rules that send it the interface's packets."""
+        argv = ["ip", "netns", "exec", self.ns, str(self.binary), str(QUEUE), str(self.one_way_us), str(self.limit)]
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            if self._proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+                self._proc.wait(timeout=5)
+                raise DelayLineError(f"delayline did not start: {self._proc.stderr.read().strip()}")  # type: ignore[union-attr]
+            for rule in (["INPUT", "-i", self.interface], ["OUTPUT", "-o", self.interface]):
+                rule = [*rule, "-j", "NFQUEUE", "--queue-num", str(QUEUE)]
+                proc = self._iptables("-A", rule)
+                if proc.returncode != 0:
+                    raise DelayLineError(f"iptables -A {' '.join(rule)}: {(proc.stderr or proc.stdout).strip()}")
+                self._rules.append(rule)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Rules first (no packet is queued to a stopped listener), then the program; its counters into `stats`."""
+        while self._rules:
+            self._iptables("-D", self._rules.pop())
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        self.stats = parse_stats(err)
+        if proc.returncode != 0:
+            raise DelayLineError(f"delayline exited {proc.returncode}: {err.strip()}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_stats(text: str) -> dict[str, float]:
+    """The counters of delayline's last line (`delayline: queue 0 delay_us 500 packets 12 ...`)."""
+    for line in reversed(text.splitlines()):
+        words = line.split()
+        if words[:1] == ["delayline:"] and len(words) % 2 == 1:
+            return {key: float(value) for key, value in zip(words[1::2], words[2::2], strict=True) if key != "queue"}
+    return {}
