@@ -2,17 +2,23 @@
 
 `DelayLine` builds the C program with the machine's C compiler (once per
 source, into `cache`), starts it inside a network namespace, and only once
-it has bound its queue adds the iptables rules that send the namespace end
-of a veth pair's packets, both directions, to it. Each packet waits
-`one_way_ms` in the kernel (only its id crosses to user space) and is then
-accepted, in order; beyond `limit` waiting packets one is dropped, as netem
-does. So an RTT of 2 x one_way_ms, on top of tbf's rate on the veth.
+it has bound its queue adds the iptables rule that sends it every packet
+arriving on the namespace end of a veth pair. Each waits `delay_ms` in the
+kernel (only its id crosses to user space) and is then accepted, in order;
+beyond `limit` waiting packets one is dropped, as netem does.
 
-Closing removes the rules and stops the program, whose counters
-(`stats`: packets, dropped, most_waiting, latest_release_us: the most a
-release came after its time) say how exact the delay was. If the program
-dies, the queue has no listener and the kernel drops the link's packets:
-a run then fails, it is never measured undelayed.
+The whole RTT is put on the way in (the upload's data), none on the way
+out (its ACKs and responses): TCP and HTTP see only the sum, and the delay
+line then handles half the packets (its CPU is the host's, which a real
+link's is not).
+
+Closing removes the rule and stops the program, whose counters (`stats`:
+packets, dropped, most_waiting, latest_release_us: the most a release came
+after its time, late_1ms: releases over 1 ms late, cpu_s over seconds, and
+realtime: whether it ran SCHED_FIFO) say how exact the delay was and what it
+took from the host's cores. If the program dies, the queue has no listener
+and the kernel drops the link's packets: a run then fails, it is never
+measured undelayed.
 """
 
 from __future__ import annotations
@@ -52,11 +58,11 @@ def build(cache: Path) -> Path:
 
 
 class DelayLine:
-    """`one_way_ms` on every packet in and out of `interface` inside namespace `ns`, while open."""
+    """`delay_ms` on every packet arriving on `interface` inside namespace `ns`, while open."""
 
-    def __init__(self, binary: Path, ns: str, interface: str, one_way_ms: float, limit: int) -> None:
+    def __init__(self, binary: Path, ns: str, interface: str, delay_ms: float, limit: int) -> None:
         self.binary, self.ns, self.interface = binary, ns, interface
-        self.one_way_us, self.limit = round(one_way_ms * 1000), limit
+        self.delay_us, self.limit = round(delay_ms * 1000), limit
         self.stats: dict[str, float] = {}
         self._proc: subprocess.Popen | None = None
         self._rules: list[list[str]] = []
@@ -68,26 +74,25 @@ class DelayLine:
         return self.start()
 
     def start(self) -> DelayLine:
-        """The program bound to its queue, then the rules that send it the interface's packets."""
-        argv = ["ip", "netns", "exec", self.ns, str(self.binary), str(QUEUE), str(self.one_way_us), str(self.limit)]
+        """The program bound to its queue, then the rule that sends it the interface's arriving packets."""
+        argv = ["ip", "netns", "exec", self.ns, str(self.binary), str(QUEUE), str(self.delay_us), str(self.limit)]
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             if self._proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
                 self._proc.wait(timeout=5)
                 raise DelayLineError(f"delayline did not start: {self._proc.stderr.read().strip()}")  # type: ignore[union-attr]
-            for rule in (["INPUT", "-i", self.interface], ["OUTPUT", "-o", self.interface]):
-                rule = [*rule, "-j", "NFQUEUE", "--queue-num", str(QUEUE)]
-                proc = self._iptables("-A", rule)
-                if proc.returncode != 0:
-                    raise DelayLineError(f"iptables -A {' '.join(rule)}: {(proc.stderr or proc.stdout).strip()}")
-                self._rules.append(rule)
+            rule = ["INPUT", "-i", self.interface, "-j", "NFQUEUE", "--queue-num", str(QUEUE)]
+            proc = self._iptables("-A", rule)
+            if proc.returncode != 0:
+                raise DelayLineError(f"iptables -A {' '.join(rule)}: {(proc.stderr or proc.stdout).strip()}")
+            self._rules.append(rule)
         except BaseException:
             self.close()
             raise
         return self
 
     def close(self) -> None:
-        """Rules first (no packet is queued to a stopped listener), then the program; its counters into `stats`."""
+        """The rule first (no packet is queued to a stopped listener), then the program; its counters into `stats`."""
         while self._rules:
             self._iptables("-D", self._rules.pop())
         proc, self._proc = self._proc, None

@@ -7,10 +7,11 @@ from 10.213.0.0/16 after checking no route on the host uses it, and no
 other interface, route, sysctl or qdisc is touched. Needs root (`ip`, `tc`).
 
 Shaping: tbf at the link rate on both veth ends (the upload's data and its
-ACKs), and a delay of RTT/2 each way: netem on each end where the kernel
-has sch_netem, else (some VM kernels ship tbf and htb only) the benchmark's
-user-space delay line on the namespace end (bench_lib.delay_line: NFQUEUE,
-needs iptables and a C compiler; `delay_by` says which). With neither,
+ACKs), and the delay: netem of RTT/2 on each end where the kernel has
+sch_netem, else (some VM kernels ship tbf and htb only) the benchmark's
+user-space delay line, the whole RTT on packets arriving at the namespace
+end (bench_lib.delay_line: NFQUEUE, needs iptables and a C compiler;
+`delay_by` says which). With neither,
 `can_delay` is False and the RTT rows are reported as skipped, not measured
 at the veth's ~0.05 ms and mislabelled (`no_delay`: why).
 """
@@ -115,7 +116,7 @@ class ShapedLink:
         return "delay line", ""
 
     def shape(self, mbit: int, rtt_ms: float) -> None:
-        """tbf at `mbit` on both ends, and RTT/2 of delay each way: netem (tbf as its child) or the delay line."""
+        """tbf at `mbit` on both ends, and the RTT: netem of RTT/2 on each (tbf as its child), or the delay line's RTT inbound."""
         if rtt_ms and not self.can_delay:
             raise LinkError(f"a delay cannot be made: {self.no_delay}")
         self.end_delay()
@@ -134,7 +135,7 @@ class ShapedLink:
         if rtt_ms and self.delay_by == "delay line":
             assert self._binary is not None
             try:
-                self._delay = delay_line.DelayLine(self._binary, self.ns, self.ns_if, rtt_ms / 2, packets).start()
+                self._delay = delay_line.DelayLine(self._binary, self.ns, self.ns_if, rtt_ms, packets).start()
             except delay_line.DelayLineError as exc:
                 raise LinkError(str(exc)) from None
 

@@ -3,8 +3,9 @@
 The S3 endpoint (s3proxy; by default over the null-parts store, which
 counts and discards multipart data and keeps every other object on tmpfs,
 see s3_backend and --link-store) runs inside a network namespace reached
-over a veth pair shaped with tc (bench_lib.netns: tbf at the rate, netem for
-the delay where the kernel has it; --mtu), created and removed by this
+over a veth pair shaped with tc (bench_lib.netns: tbf at the rate; the delay
+by netem where the kernel has it, else by the benchmark's user-space delay
+line, bench_lib.delay_line; --mtu), created and removed by this
 benchmark. One untimed agent upload warms the server's JIT first. Run alone,
 the stream is 4 GiB (the issue's), 3 reps. For each link (default 1
 and 10 Gbit/s x 1 and 20 ms RTT) it runs, interleaved, the real agent
@@ -21,10 +22,16 @@ slow_s, tail_s from the veth's byte counter, see WHERE_TIME_GOES; the
 agent's and the server's CPU-seconds per second: near the cores' count
 means the host, not the link, is the limit), and the 1 TiB
 projection from the measured slope: time = start-up + 1 TiB / (bytes /
-(time - start-up)), CPU = (CPU - start-up CPU) per byte x 1 TiB. A link
-with an RTT the kernel cannot make (no sch_netem) is not measured: it is
-listed under facts.skipped_links (link_mbit_s, rtt_ms, skipped: why), with
-no fraction_of_link, and the rates are measured at rtt_ms 0.
+(time - start-up)), CPU = (CPU - start-up CPU) per byte x 1 TiB. Each
+row also gives rtt_measured_ms (the median TCP connect to the server, one
+RTT, before the runs) and delay_late_ms (with the delay line: the most any
+packet's release came after its time; delay_late_share, the share of
+packets released over 1 ms late; delay_cpu_per_s, the cores it
+used while it ran). A link with an RTT that cannot be
+made here (no sch_netem, and no iptables or C compiler for the delay line)
+is not measured: it is listed under facts.skipped_links (link_mbit_s,
+rtt_ms, skipped: why), with no fraction_of_link, and the rates are measured
+at rtt_ms 0.
 
 Not in `all`: it needs root, and at 10 Gbit/s a small shared machine is
 the limit, not the link.
@@ -213,9 +220,12 @@ def _run(ctx: Context, section: Section, work: Path, link: ShapedLink, s3: s3pro
                 theirs.add(reference(f"l{index}ref{rep}", server["boto3"]))
         rows.append(_row(mbit, rtt, data.size, ours, theirs, fixed, server, wire, link.mtu))
         rows[-1]["rtt_measured_ms"] = rtt_measured
-        rows[-1]["delay_late_ms"] = round(link.end_delay().get("latest_release_us", 0.0) / 1000, 2)
-    columns = ["link_mbit_s", "rtt_ms", "rtt_measured_ms", "delay_late_ms", "mtu", "agent_mb_s", "boto3_mb_s", "fraction_of_link", "boto3_fraction_of_link", "wire_ceiling", "fraction_of_ceiling",
-               "startup_share", "lead_s", "slow_s", "tail_s", "agent_cpu_per_s", "server_cpu_per_s", "boto3_server_cpu_per_s",
+        delay = link.end_delay()
+        rows[-1]["delay_late_ms"] = round(delay.get("latest_release_us", 0.0) / 1000, 2)
+        rows[-1]["delay_late_share"] = round(delay.get("late_1ms", 0.0) / max(delay.get("packets", 0.0), 1.0), 5)
+        rows[-1]["delay_cpu_per_s"] = round(delay.get("cpu_s", 0.0) / max(delay.get("seconds", 0.0), 1e-9), 3)
+    columns = ["link_mbit_s", "rtt_ms", "rtt_measured_ms", "delay_late_ms", "delay_late_share", "mtu", "agent_mb_s", "boto3_mb_s", "fraction_of_link", "boto3_fraction_of_link", "wire_ceiling", "fraction_of_ceiling",
+               "startup_share", "lead_s", "slow_s", "tail_s", "agent_cpu_per_s", "server_cpu_per_s", "boto3_server_cpu_per_s", "delay_cpu_per_s",
                "tib_hours", "tib_cpu_seconds"]
     section.tables.append(Table(f"{format(data.size / 2**20, '.0f')} MiB stream over the shaped link", columns, [[r[c] for c in columns] for r in rows]))
     section.facts = {"netns": link.ns, "s3": s3.endpoint, "s3_backend": s3_backend(s3, args), "delay": link.delay_by or f"none: {link.no_delay}",
