@@ -292,3 +292,34 @@ def test_a_complete_that_answers_200_with_an_error_is_retried(light: tuple[S3Sto
     script.answers = [(200, failed, {}), (200, done, {})]
     answer = store.client.complete_multipart_upload(Bucket="bucket", Key="repo/k", UploadId="u", MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": '"e"'}]})
     assert answer["ETag"] == '"e-1"' and [n["reason"] for n in notices] == ["InternalError"]
+
+
+def test_the_path_to_s3_is_measured_on_the_clients_own_connection(light: tuple[S3Store, list[dict[str, Any]], list[float]], tmp_path: Any) -> None:
+    """The part-grouping policy's inputs: the RTT the kernel measured on a pooled connection, and the host's tcp_wmem."""
+    from braid.adapters.aws.light_wire import round_trip_seconds, send_buffer_max
+    from braid.adapters.aws.s3_multipart import S3Multipart
+
+    store, _, _ = light
+    assert store.client.round_trip_seconds() is None  # no connection yet: nothing measured
+    store.put("data/x", b"hello")
+    rtt = store.client.round_trip_seconds()
+    assert rtt is not None and 0 < rtt < 0.5  # loopback: microseconds to a few milliseconds
+    sample = S3Multipart(store).path_sample()
+    wmem = send_buffer_max()
+    assert (sample is None) == (wmem is None) and (sample is None or sample == (rtt, wmem))
+    import socket
+
+    with socket.socket() as unconnected:
+        assert round_trip_seconds(unconnected) is None
+    (tmp_path / "wmem").write_text("4096\t16384\t4194304\n")
+    assert send_buffer_max(str(tmp_path / "wmem")) == 4194304
+    (tmp_path / "bad").write_text("4096 16384\n")
+    assert send_buffer_max(str(tmp_path / "bad")) is None and send_buffer_max(str(tmp_path / "gone")) is None
+
+
+def test_botocores_client_has_no_path_sample(aws_env: None, server: tuple[str, Script]) -> None:
+    from braid.adapters.aws.s3_multipart import S3Multipart
+
+    endpoint, _ = server
+    full = S3Store(s3_client(light=False, endpoint_url=endpoint), "bucket", "repo")
+    assert S3Multipart(full).path_sample() is None  # then parts are grouped as before the policy knew the RTT

@@ -26,8 +26,11 @@ from braid.adapters.local.store import LocalStore
 from braid.agent.limits import (
     DEFAULT_BUFFERS,
     DEFAULT_CONCURRENCY,
+    GROUPED_RATE_FLOOR,
+    SEND_BUFFER_IN_FLIGHT,
     buffers_needed,
     check_part_chunks,
+    connection_rate,
     default_concurrency,
     default_part_chunks,
     default_ramp_parts,
@@ -665,6 +668,37 @@ def test_part_chunks_follow_the_agents_buffers() -> None:
     with pytest.raises(UsageError, match="outside S3's part sizes"):
         StagingUpload(StagingArea(store, REF), S3Multipart(store), SessionRecord("db@x", "s3://b", 2 * 1024**3, 4, 3, ["-"], "now", part_chunks=3))
 
+
+
+def test_part_grouping_keeps_the_parts_in_flight_able_to_fill_ten_gigabits_at_the_measured_rtt(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a 4 MiB send buffer (half of it in flight), 256 MiB parts up to 3.4 ms of RTT, then 3, 2 and 1 chunk;
+    unmeasured, as before; off (BRAID_PART_GROUPING=off), one-chunk parts and no ramp, written in the session."""
+    mib, wmem = 1024**2, 4 * 1024**2
+    assert connection_rate(None) is None and connection_rate((0.02, wmem)) == wmem * SEND_BUFFER_IN_FLIGHT / 0.02
+    chunks = [default_part_chunks(64 * mib, 1, DEFAULT_CONCURRENCY, connection_rate((rtt / 1000, wmem))) for rtt in (0.05, 1, 3.3, 3.4, 5, 5.1, 8.3, 8.5, 20)]
+    assert chunks == [4, 4, 4, 3, 3, 2, 2, 1, 1]
+    assert default_part_chunks(64 * mib, 1, DEFAULT_CONCURRENCY, None) == 4
+    assert default_part_chunks(64 * mib, 4, DEFAULT_CONCURRENCY, connection_rate((0.001, wmem))) == 2  # never more than the buffers allow
+    for rtt in (0.001, 0.004, 0.006, 0.02):  # whatever it picks, its parts in flight carry the floor, or it is down to one chunk
+        k = default_part_chunks(64 * mib, 1, DEFAULT_CONCURRENCY, connection_rate((rtt, wmem)))
+        assert k == 1 or (DEFAULT_BUFFERS // k - 1) * wmem * SEND_BUFFER_IN_FLIGHT / rtt >= GROUPED_RATE_FLOOR
+    store = LocalStore(tmp_path)
+    uploads = MemoryMultipart(store, min_part_size=SMALL_PART)
+
+    def session(name: str) -> tuple[int, int]:
+        area = StagingArea(store, BackupRef("db", name))
+        with StagingUpload.start(area, uploads, repository_id=REPOSITORY_ID, inputs=["-"], chunk_size=64 * mib, level=3):
+            pass
+        record = area.read_session()
+        return record.part_chunks, record.ramp_parts
+
+    assert session("a1") == (4, 32)
+    uploads.path = (0.02, wmem)  # 20 ms away: 11 one-chunk parts in flight, as the ramp
+    assert session("a2") == (1, 0)
+    uploads.path = (0.0005, wmem)
+    assert session("a3") == (4, 32)
+    monkeypatch.setenv("BRAID_PART_GROUPING", "off")
+    assert session("a4") == (1, 0)
 
 def test_session_keeps_part_chunks_and_its_protocol_and_refuses_another_protocol() -> None:
     grouped = SessionRecord(str(REF), REPOSITORY_ID, CHUNK, 4, 3, ["-"], "now", part_chunks=4)

@@ -37,6 +37,7 @@ class MemoryMultipart:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.calls: list[str] = []  # operation names, in order (what a test counts)
+        self.path: tuple[float, int] | None = None  # what path_sample answers: (RTT seconds, send buffer bytes)
 
     def _upload(self, upload_id: str, key: str) -> _Upload:
         upload = self._uploads.get(upload_id)
@@ -95,6 +96,9 @@ class MemoryMultipart:
             upload = self._upload(upload_id, key)
             parts = [StoredPart(n, len(data), etag, encode_crc64nvme(crc64nvme(data))) for n, (data, etag) in sorted(upload.parts.items())]
         yield from parts
+
+    def path_sample(self) -> tuple[float, int] | None:
+        return self.path  # None unless a test gives the store a path (RTT seconds, send buffer bytes)
 
     def abort_upload(self, key: str, upload_id: str) -> None:
         with self._lock:

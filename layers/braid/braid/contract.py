@@ -118,6 +118,9 @@ ENV_PIPE_BUFFER = "BRAID_PIPE_BUFFER"
 # The host's policy `direct-restore` (braid.ops.pg_direct): `restore --pgdata` writes large files with O_DIRECT.
 # Off when the process's environment sets it to "off".
 ENV_DIRECT_RESTORE = "BRAID_DIRECT_RESTORE"
+# The agent's policy `part-grouping` (braid.agent.limits.default_part_chunks): staging parts of several chunks after
+# the first segment, as far as the RTT to S3 allows. Off when the agent's environment sets it to "off".
+ENV_PART_GROUPING = "BRAID_PART_GROUPING"
 EXPRESS_CHILD_SECONDS = 300
 # The Plan function watches staging for half of this (braid.pipeline.pacing).
 PLAN_TIMEOUT_SECONDS = 900

@@ -9,6 +9,8 @@ backup).
 
 from __future__ import annotations
 
+import os
+
 from braid import contract
 from braid.errors import UsageError
 from braid.pipeline.worker_buffers import chunk_buffers
@@ -45,6 +47,14 @@ PART_TARGET_BYTES = 256 * MiB
 # stream wants a larger --concurrency, which keeps the part size and adds parts in
 # flight. (Measured: docs/design/2026-11-cloud-figures.md.)
 MIN_PARTS_IN_FLIGHT = 2
+# The part-grouping policy (off: contract.ENV_PART_GROUPING=off, one-chunk parts throughout). Grouped parts
+# leave fewer connections in flight, and one connection carries at most its send buffer per round trip: the
+# parts are grouped only as far as the parts in flight still carry GROUPED_RATE_FLOOR at the measured RTT.
+GROUPED_RATE_FLOOR = 10 * 1000**3 / 8  # bytes/s: 10 Gbit/s, the fastest link issue 27 asks the agent to fill
+# Of a socket's largest send buffer (tcp_wmem), what its connection keeps in flight: Linux sizes the buffer at
+# twice the congestion window's memory (tcp_sndbuf_expand in net/ipv4/tcp_input.c). Measured here 0.65 (137 MB/s
+# per connection at 20 ms with a 4 MiB buffer); how the decision moves with it: docs/design/agent-line-rate.md.
+SEND_BUFFER_IN_FLIGHT = 0.5
 
 
 def default_concurrency(inputs: int) -> int:
@@ -78,7 +88,20 @@ def buffers_needed(inputs: int, part_chunks: int) -> int:
     return (inputs + 1) * part_chunks
 
 
-def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
+def part_grouping_on() -> bool:
+    """Whether the part-grouping policy is on in this process (contract.ENV_PART_GROUPING unset or not "off")."""
+    return os.environ.get(contract.ENV_PART_GROUPING, "").strip().lower() != "off"
+
+
+def connection_rate(path: tuple[float, int] | None) -> float | None:
+    """Bytes per second one connection can carry on a path of (RTT seconds, largest send buffer bytes); None if unknown."""
+    if path is None:
+        return None
+    rtt, send_buffer = path
+    return send_buffer * SEND_BUFFER_IN_FLIGHT / rtt
+
+
+def default_part_chunks(chunk_size: int, inputs: int, concurrency: int, rate_per_connection: float | None = None) -> int:
     """Chunks per staging part: up to PART_TARGET_BYTES, within what the agent's buffers allow.
 
     --concurrency counts chunks in flight, so memory stays (inputs +
@@ -88,10 +111,17 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int) -> int:
     MIN_PARTS_IN_FLIGHT parts being sent fit in that bound: at the default
     --concurrency 11, 4 chunks (256 MiB parts) with one input, 3 with two,
     2 with three or four; with one input, 3 at --concurrency 8 or 9, 4 from 10.
+
+    Given `rate_per_connection` (connection_rate of the path to the store),
+    it shrinks further until the parts in flight carry GROUPED_RATE_FLOOR:
+    at the defaults and a 4 MiB send buffer, 4 chunks up to 3.4 ms of RTT,
+    3 to 5.0 ms, 2 to 8.4 ms, then one-chunk parts.
     """
     buffers = inputs + concurrency + 1
     chunks = max(1, min(PART_TARGET_BYTES // chunk_size, MAX_PART_SIZE // chunk_size))
     while chunks > 1 and (inputs + MIN_PARTS_IN_FLIGHT) * chunks > buffers:
+        chunks -= 1
+    while chunks > 1 and rate_per_connection and (buffers // chunks - inputs) * rate_per_connection < GROUPED_RATE_FLOOR:
         chunks -= 1
     return chunks
 

@@ -51,9 +51,11 @@ from typing import Any
 
 from braid.agent.limits import (
     DEFAULT_CONCURRENCY,
+    connection_rate,
     default_part_chunks,
     default_ramp_parts,
     default_segment_chunks,
+    part_grouping_on,
 )
 from braid.agent.part_sender import Cancelled, PartSender, Release
 from braid.agent.resume import load_staged, session_to_resume
@@ -94,7 +96,9 @@ class StagingUpload(PartSender):
         `repository_id` is the repository config's id: the pipeline checks the
         session against it and binds the data key and manifest to it.
         `part_chunks` defaults to what the inputs and --concurrency allow
-        (braid.agent.limits.default_part_chunks); the session keeps it, so a
+        (braid.agent.limits.default_part_chunks, at the rate one connection
+        carries on the path to the store, when `uploads` has measured it; one
+        chunk with the part-grouping policy off); the session keeps it, so a
         resumed upload sends its parts as the first run did. `ramp_parts`
         (one-chunk parts first, braid.agent.limits.default_ramp_parts) is
         defaulted only with `part_chunks`: a caller that names the part size
@@ -105,7 +109,8 @@ class StagingUpload(PartSender):
         concurrency = options.get("concurrency", DEFAULT_CONCURRENCY)
         segment_chunks = segment_chunks or default_segment_chunks(chunk_size)
         if part_chunks is None:
-            part_chunks = default_part_chunks(chunk_size, len(inputs), concurrency)
+            rate = connection_rate(uploads.path_sample())
+            part_chunks = default_part_chunks(chunk_size, len(inputs), concurrency, rate) if part_grouping_on() else 1
             if ramp_parts is None:
                 ramp_parts = default_ramp_parts(part_chunks, segment_chunks)
         session = SessionRecord(

@@ -95,6 +95,11 @@ class MultipartStore(Protocol):
         """Drop an open upload and its parts; one already gone is not an error."""
         ...
 
+    def path_sample(self) -> tuple[float, int] | None:
+        """(RTT in seconds, the most bytes one TCP connection's send buffer may hold) on the way to the store, from a
+        connection already made; None when either is not known (a store not reached over TCP, or no TCP_INFO)."""
+        ...
+
     def purge_versions(self, prefix: str, exact: bool = False) -> int:
         """Delete every version and delete marker under `prefix` (`exact`: of the object
         named `prefix` only), current objects included; returns how many. A store that

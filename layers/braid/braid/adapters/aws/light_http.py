@@ -176,6 +176,12 @@ class Transport:
                 self._tls = _context(self.ca_bundle)
         return Connection(host, port, self.connect_timeout, self._tls if scheme == "https" else None)
 
+    def round_trip_seconds(self) -> float | None:
+        """The least smoothed RTT among the idle pooled connections (the path's, queueing aside); None with none measured."""
+        with self._lock:
+            samples = [rtt for idle in self._idle.values() for connection in idle if (rtt := connection.round_trip_seconds())]
+        return min(samples, default=None)
+
     def _give_back(self, key: tuple[str, str, int | None], connection: Connection, reusable: bool) -> None:
         if reusable:
             with self._lock:

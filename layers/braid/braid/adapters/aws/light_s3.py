@@ -194,6 +194,10 @@ class LightS3(FullClientFallback):
 
     # -- requests -------------------------------------------------------------------
 
+    def round_trip_seconds(self) -> float | None:
+        """The RTT to the endpoint of a connection this client has made (Transport.round_trip_seconds)."""
+        return self._transport.round_trip_seconds()
+
     def _url(self, bucket: str, key: str | None, query: str) -> tuple[str, str | None]:
         path = "" if key is None else "/" + quote(key, safe="/~")
         suffix = f"?{query}" if query else ""

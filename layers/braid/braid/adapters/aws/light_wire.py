@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 MAX_LINE = 65536  # http.client._MAXLINE
 MAX_HEADERS = 100  # http.client._MAXHEADERS
 _NO_BODY = (204, 304)
+# struct tcp_info (linux/tcp.h): tcpi_rtt, the smoothed RTT in microseconds (u32), after 8 one-byte fields and 15 u32s
+_TCPI_RTT = slice(68, 72)
+TCP_WMEM = "/proc/sys/net/ipv4/tcp_wmem"  # min, default and max of a TCP socket's send buffer (Linux ip-sysctl: tcp_wmem)
 
 
 class ProtocolError(ConnectionError):
@@ -291,7 +295,34 @@ class Connection:
             raise ProtocolError("not connected")
         return self.sock
 
+    def round_trip_seconds(self) -> float | None:
+        """The kernel's smoothed RTT of this connection, None when not connected or not known."""
+        return round_trip_seconds(self.sock) if self.sock is not None else None
+
     def close(self) -> None:
         sock, self.sock = self.sock, None
         if sock is not None:
             sock.close()
+
+
+def round_trip_seconds(sock: socket.socket) -> float | None:
+    """A connected TCP socket's smoothed RTT from TCP_INFO (tcpi_rtt); None where the system has no TCP_INFO or no sample."""
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 104)
+    except OSError:
+        return None
+    micros = int.from_bytes(info[_TCPI_RTT], sys.byteorder) if len(info) >= _TCPI_RTT.stop else 0
+    return micros / 1e6 if micros else None
+
+
+def send_buffer_max(path: str = TCP_WMEM) -> int | None:
+    """The most a TCP socket's send buffer may grow to here (tcp_wmem's third field), None where it cannot be read."""
+    try:
+        with open(path) as handle:
+            fields = handle.read().split()
+        return int(fields[2]) if len(fields) == 3 else None
+    except (OSError, ValueError):
+        return None

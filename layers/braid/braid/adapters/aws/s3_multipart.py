@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from botocore.exceptions import BotoCoreError, ClientError
 
 from braid.adapters.aws.errors import error_code
+from braid.adapters.aws.light_wire import send_buffer_max
 from braid.adapters.aws.s3 import DELETE_BATCH, S3Store, batches, checksum_from_response
 from braid.adapters.aws.s3_body import request_body
 from braid.errors import StorageError
@@ -58,6 +59,13 @@ class S3Multipart:
             raise self.store.error(exc, action, key, permission) from None
         except BotoCoreError as exc:
             raise self.store.error(exc, action, key, permission) from None
+
+    def path_sample(self) -> tuple[float, int] | None:
+        """The light client's measured RTT and the host's tcp_wmem maximum; None for botocore's client (no RTT)."""
+        measure = getattr(type(self.client), "round_trip_seconds", None)  # on the type: never the full client's fallback
+        rtt = measure(self.client) if measure is not None else None
+        window = send_buffer_max() if rtt else None
+        return (rtt, window) if rtt and window else None
 
     def create_upload(self, key: str) -> str:
         response = self._call(
