@@ -119,11 +119,16 @@ def default_part_chunks(chunk_size: int, inputs: int, concurrency: int, rate_per
     """
     buffers = inputs + concurrency + 1
     chunks = max(1, min(PART_TARGET_BYTES // chunk_size, MAX_PART_SIZE // chunk_size))
-    while chunks > 1 and (inputs + MIN_PARTS_IN_FLIGHT) * chunks > buffers:
+    while chunks > 1 and parts_in_flight(buffers, inputs, chunks) < MIN_PARTS_IN_FLIGHT:
         chunks -= 1
-    while chunks > 1 and rate_per_connection and (buffers // chunks - inputs) * rate_per_connection < GROUPED_RATE_FLOOR:
+    while chunks > 1 and rate_per_connection and parts_in_flight(buffers, inputs, chunks) * rate_per_connection < GROUPED_RATE_FLOOR:
         chunks -= 1
     return chunks
+
+
+def parts_in_flight(buffers: int, inputs: int, chunks: int) -> int:
+    """Whole parts of `chunks` chunks that can be sent at once beside every input's part being filled."""
+    return buffers // chunks - inputs
 
 
 def default_ramp_parts(part_chunks: int, segment_chunks: int) -> int:
