@@ -143,6 +143,19 @@ def test_a_delayed_link_has_its_rtt_and_a_dead_delay_line_cuts_the_link(tmp_path
         ns = link.ns
     assert ns not in _show("ip", "netns", "list")
 
+
+@needs_root
+@pytest.mark.skipif(not (shutil.which("cc") and shutil.which("iptables")), reason="the delay line needs cc and iptables")
+def test_a_delay_line_that_cannot_start_says_why_and_adds_no_rule(tmp_path: Path) -> None:
+    from bench_lib import delay_line
+
+    binary = delay_line.build(tmp_path)
+    assert delay_line.build(tmp_path) == binary  # built once per source
+    line = delay_line.DelayLine(binary, f"braid-no-such-ns-{os.getpid()}", "eth0", 1.0, 10)
+    with pytest.raises(delay_line.DelayLineError, match=r"delayline did not start \(exit [1-9]\d*\): .*braid-no-such-ns"):
+        line.start()
+    assert line._rules == [] and line._proc is None
+
 def _cached_s3proxy_jar() -> Path | None:
     """The s3proxy jar if a benchmark or Maven already has it: a test never downloads it."""
     from bench_lib import s3proxy

@@ -78,26 +78,35 @@ class DelayLine:
         argv = ["ip", "netns", "exec", self.ns, str(self.binary), str(QUEUE), str(self.delay_us), str(self.limit)]
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            if self._proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
-                self._proc.wait(timeout=5)
-                raise DelayLineError(f"delayline did not start: {self._proc.stderr.read().strip()}")  # type: ignore[union-attr]
-            rule = ["INPUT", "-i", self.interface, "-j", "NFQUEUE", "--queue-num", str(QUEUE)]
-            proc = self._iptables("-A", rule)
-            if proc.returncode != 0:
-                raise DelayLineError(f"iptables -A {' '.join(rule)}: {(proc.stderr or proc.stdout).strip()}")
-            self._rules.append(rule)
+            ready = self._proc.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+            if ready:
+                rule = ["INPUT", "-i", self.interface, "-j", "NFQUEUE", "--queue-num", str(QUEUE)]
+                proc = self._iptables("-A", rule)
+                if proc.returncode != 0:
+                    raise DelayLineError(f"iptables -A {' '.join(rule)}: {(proc.stderr or proc.stdout).strip()}")
+                self._rules.append(rule)
         except BaseException:
-            self.close()
+            self._stop()
             raise
+        if not ready:
+            code, err = self._stop()
+            raise DelayLineError(f"delayline did not start (exit {code}): {err.strip()}")
         return self
 
     def close(self) -> None:
-        """The rule first (no packet is queued to a stopped listener), then the program; its counters into `stats`."""
+        """The rule first (no packet is queued to a stopped listener), then the program; its counters into `stats`.
+        A program that had exited with an error (it died while running) is a DelayLineError."""
+        code, err = self._stop()
+        if code:
+            raise DelayLineError(f"delayline exited {code}: {err.strip()}")
+
+    def _stop(self) -> tuple[int, str]:
+        """Removes the rule and stops the program; its exit status (0 if none ran) and what it wrote on stderr."""
         while self._rules:
             self._iptables("-D", self._rules.pop())
         proc, self._proc = self._proc, None
         if proc is None:
-            return
+            return 0, ""
         if proc.poll() is None:
             proc.terminate()
         try:
@@ -106,8 +115,7 @@ class DelayLine:
             proc.kill()
             _, err = proc.communicate()
         self.stats = parse_stats(err)
-        if proc.returncode != 0:
-            raise DelayLineError(f"delayline exited {proc.returncode}: {err.strip()}")
+        return proc.returncode, err
 
     def __exit__(self, *exc: object) -> None:
         self.close()

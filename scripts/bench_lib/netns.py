@@ -53,7 +53,6 @@ class ShapedLink:
     delay_by: str = ""  # "netem" or "delay line" (bench_lib.delay_line), when can_delay
     no_delay: str = ""  # why not, when not
     build_dir: Path | None = None  # where the delay line is compiled; without it only netem can delay
-    delay_stats: list[dict[str, float]] = field(default_factory=list)  # each closed delay line's counters
     mtu: int = 1500  # of both veth ends; the TCP payload per frame sets the ceiling a stream can reach (wire_ceiling)
     _made: list[str] = field(default_factory=list)
     _delay: delay_line.DelayLine | None = None
@@ -103,9 +102,9 @@ class ShapedLink:
         if subprocess.run(netem, capture_output=True).returncode == 0:
             subprocess.run(["tc", "-n", self.ns, "qdisc", "del", "dev", self.ns_if, "root"], capture_output=True)
             return "netem", ""
-        why = "this kernel has no sch_netem, and " + (delay_line.available() or "no build directory was given for the delay line")
-        if self.build_dir is None or delay_line.available():
-            return "", why
+        missing = delay_line.available()
+        if missing or self.build_dir is None:
+            return "", "this kernel has no sch_netem, and " + (missing or "no build directory was given for the delay line")
         try:
             binary = delay_line.build(self.build_dir)
             with delay_line.DelayLine(binary, self.ns, self.ns_if, 1.0, 1000):  # its rule and queue can be made here
@@ -140,8 +139,8 @@ class ShapedLink:
                 raise LinkError(str(exc)) from None
 
     def end_delay(self) -> dict[str, float]:
-        """Ends a running delay line (the link keeps its rate, undelayed) and returns its counters, also kept in
-        `delay_stats`; {} if none ran. A delay line that failed while running is a LinkError."""
+        """Ends a running delay line (the link keeps its rate, undelayed) and returns its counters; {} if none ran.
+        A delay line that failed while running is a LinkError."""
         line, self._delay = self._delay, None
         if line is None:
             return {}
@@ -149,8 +148,6 @@ class ShapedLink:
             line.close()
         except delay_line.DelayLineError as exc:
             raise LinkError(str(exc)) from None
-        finally:
-            self.delay_stats.append(line.stats)
         return line.stats
 
     def measured_rtt_ms(self, port: int, count: int = 21, timeout: float = 10.0) -> float:
